@@ -1,0 +1,46 @@
+"""Production kernels for crystallographic electron density.
+
+Read a model (:func:`read_model`), pick a grid (:class:`GridSpec`), splat its density
+(:func:`splat_density`), add the symmetry mates (:func:`symmetrize`) and write the map
+(:func:`write_map`). Every function takes torch tensors; the device of the atoms picks
+CPU or GPU, and ``backend=`` picks the implementation (see :mod:`kernels.dispatch`).
+"""
+
+from kernels.crystal import (
+    AtomLabel,
+    AtomSet,
+    Cell,
+    GridError,
+    GridSpec,
+    Model,
+    ModelError,
+    example_structure,
+    read_model,
+)
+from kernels.density import DEFAULT_CUTOFF, cutoff_radius, splat_density
+from kernels.dispatch import BackendError, available_backends, resolve_backend
+from kernels.mapio import read_map, write_map
+from kernels.symmetry import symmetrize
+
+__all__ = [
+    "AtomLabel",
+    "AtomSet",
+    "BackendError",
+    "Cell",
+    "DEFAULT_CUTOFF",
+    "GridError",
+    "GridSpec",
+    "Model",
+    "ModelError",
+    "available_backends",
+    "cutoff_radius",
+    "example_structure",
+    "read_map",
+    "read_model",
+    "resolve_backend",
+    "splat_density",
+    "symmetrize",
+    "write_map",
+]
+
+__version__ = "0.1.0"

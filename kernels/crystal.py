@@ -1,0 +1,732 @@
+"""Unit cells, map grids and reading an atomic model into atom tensors.
+
+Everything that enters a kernel passes through here: :func:`read_model` turns a PDB or
+mmCIF file (read by gemmi) into a :class:`Model` whose :class:`AtomSet` holds float64
+torch tensors, validated on the host; :class:`Cell` carries the fractional/Cartesian
+matrices; :class:`GridSpec` says where each voxel of a map sits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "AtomLabel",
+    "AtomSet",
+    "Cell",
+    "GridError",
+    "GridSpec",
+    "Model",
+    "ModelError",
+    "example_structure",
+    "read_model",
+]
+
+MODEL_SUFFIXES = (".pdb", ".ent", ".cif", ".mmcif")
+_DATA_DIR = Path(__file__).resolve().parent / "data"
+_EXAMPLES = {"1orc": "1orc.pdb.gz", "1pfe": "1pfe.cif.gz", "1aki": "1aki.cif.gz"}
+
+
+class ModelError(ValueError):
+    """A model file cannot be turned into atoms: the message names the file and the problem."""
+
+
+class GridError(ValueError):
+    """A grid is malformed, or its map would not fit in the memory of the device asked for."""
+
+
+def example_structure(name: str = "1orc") -> Path:
+    """Path of a structure bundled with the package.
+
+    Parameters
+    ----------
+    name : {"1orc", "1pfe", "1aki"}
+        1ORC (559 atoms, orthogonal cell, the default), 1PFE (342 atoms, hexagonal cell,
+        DNA with Cl and P) or 1AKI (1,079 atoms, lysozyme).
+
+    Returns
+    -------
+    pathlib.Path
+        The gzip-compressed PDB or mmCIF file inside the installed package.
+    """
+    key = name.lower()
+    if key not in _EXAMPLES:
+        raise ValueError(f"no bundled example {name!r}; choose one of {sorted(_EXAMPLES)}")
+    return _DATA_DIR / _EXAMPLES[key]
+
+
+# --------------------------------------------------------------------------- cells
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """A unit cell: six parameters and the matrices kernels use.
+
+    Attributes
+    ----------
+    parameters : tuple of 6 float
+        a, b, c in Å and α, β, γ in degrees.
+    orth : torch.Tensor, shape (3, 3), float64
+        Fractional → Cartesian; its columns are the cell vectors a, b, c (gemmi's
+        convention: upper triangular, a along x).
+    frac : torch.Tensor, shape (3, 3), float64
+        Cartesian → fractional, ``orth⁻¹``.
+    metric : torch.Tensor, shape (3, 3), float64
+        ``G = orthᵀ·orth``: squared length of a fractional difference d is ``dᵀ G d``.
+    """
+
+    parameters: tuple[float, float, float, float, float, float]
+    orth: torch.Tensor
+    frac: torch.Tensor
+    metric: torch.Tensor
+
+    @classmethod
+    def from_parameters(
+        cls, a: float, b: float, c: float, alpha: float = 90.0, beta: float = 90.0, gamma: float = 90.0
+    ) -> Cell:
+        """Cell from lengths (Å) and angles (degrees), in gemmi's orientation convention."""
+        import gemmi
+
+        params = (float(a), float(b), float(c), float(alpha), float(beta), float(gamma))
+        if not all(math.isfinite(p) for p in params) or min(params[:3]) <= 0:
+            raise ValueError(f"cell lengths must be finite and positive, got {params}")
+        if not all(0 < p < 180 for p in params[3:]):
+            raise ValueError(f"cell angles must lie strictly between 0 and 180 degrees, got {params[3:]}")
+        return cls.from_gemmi(gemmi.UnitCell(*params))
+
+    @classmethod
+    def from_gemmi(cls, unit_cell) -> Cell:
+        """Cell from a ``gemmi.UnitCell``."""
+        orth = torch.tensor(unit_cell.orth.mat.tolist(), dtype=torch.float64)
+        if not torch.isfinite(orth).all() or abs(float(torch.linalg.det(orth))) < 1e-6:
+            raise ValueError(f"degenerate unit cell {unit_cell.parameters}")
+        frac = torch.linalg.inv(orth)
+        return cls(tuple(unit_cell.parameters), orth, frac, orth.T @ orth)
+
+    def to_gemmi(self):
+        """The same cell as a ``gemmi.UnitCell``."""
+        import gemmi
+
+        return gemmi.UnitCell(*self.parameters)
+
+    @property
+    def volume(self) -> float:
+        """Cell volume in Å³."""
+        return abs(float(torch.linalg.det(self.orth)))
+
+    @property
+    def reciprocal_lengths(self) -> tuple[float, float, float]:
+        """|a*|, |b*|, |c*| in 1/Å: the inverse spacings of the lattice planes."""
+        return tuple(float(v) for v in torch.linalg.norm(self.frac, dim=1))
+
+    @property
+    def kind(self) -> str:
+        """Which metric cross terms the cell has, as the separable kernels see it.
+
+        ``"orthogonal"`` (G diagonal), ``"monoclinic"`` (only G13, the a–c pair couples),
+        ``"hexagonal"`` (only G12, the a–b pair couples) or ``"triclinic"`` (anything else).
+        """
+        g = self.metric
+        scale = float(g.diagonal().max())
+        off = [abs(float(g[i, j])) > 1e-9 * scale for i, j in ((0, 1), (0, 2), (1, 2))]
+        if not any(off):
+            return "orthogonal"
+        if off == [False, True, False]:
+            return "monoclinic"
+        if off == [True, False, False]:
+            return "hexagonal"
+        return "triclinic"
+
+    def __repr__(self) -> str:
+        a, b, c, al, be, ga = self.parameters
+        return f"Cell({a:g}, {b:g}, {c:g}, {al:g}, {be:g}, {ga:g})"
+
+
+# --------------------------------------------------------------------------- grids
+
+
+def _has_small_factors(n: int) -> bool:
+    for p in (2, 3, 5):
+        while n % p == 0:
+            n //= p
+    return n == 1
+
+
+@dataclasses.dataclass(frozen=True)
+class GridSpec:
+    """Where each voxel of a map sits in a unit cell.
+
+    The cell is sampled ``sampling = (mx, my, mz)`` times along a, b, c. A map on this
+    grid has ``shape = (nx, ny, nz)`` voxels starting at voxel ``origin``; voxel
+    (i, j, k) of the map sits at fractional position
+    ``((origin[0] + i) / mx, (origin[1] + j) / my, (origin[2] + k) / mz)``.
+    With the default origin (0, 0, 0) and ``sampling = shape`` the map covers the whole
+    cell, which is what crystal maps and the periodic kernels use; a box map (a region
+    inside or across cells, as bounded interpolation needs) has its own shape and origin.
+
+    Parameters
+    ----------
+    cell : Cell
+    shape : tuple of 3 int
+        Voxels of the map along a, b, c.
+    origin : tuple of 3 int, optional
+        Voxel index (in the cell's sampling) of the map's first voxel.
+    sampling : tuple of 3 int, optional
+        Voxels per cell edge; defaults to ``shape``.
+    """
+
+    cell: Cell
+    shape: tuple[int, int, int]
+    origin: tuple[int, int, int] = (0, 0, 0)
+    sampling: tuple[int, int, int] | None = None
+
+    def __post_init__(self):
+        shape = tuple(int(n) for n in self.shape)
+        origin = tuple(int(o) for o in self.origin)
+        sampling = shape if self.sampling is None else tuple(int(m) for m in self.sampling)
+        if len(shape) != 3 or len(origin) != 3 or len(sampling) != 3:
+            raise GridError(f"shape, origin and sampling need 3 values each, got {shape}, {origin}, {sampling}")
+        if min(shape) < 1 or min(sampling) < 1:
+            raise GridError(f"grid shape and sampling must be positive, got shape {shape}, sampling {sampling}")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "origin", origin)
+        object.__setattr__(self, "sampling", sampling)
+
+    @classmethod
+    def for_spacing(cls, cell: Cell, spacing: float, spacegroup: str | None = None) -> GridSpec:
+        """The whole-cell grid gemmi picks for a requested spacing.
+
+        Follows gemmi's rule (``Grid.set_size_from_spacing`` rounding up): along each
+        axis at least ``edge / spacing`` voxels, rounded up to an even multiple of the
+        space group's grid factor times a product of 2, 3 and 5, with symmetry-related
+        (or nearly equal) axes sharing a size. So a map made here lines up voxel for
+        voxel with gemmi's ``DensityCalculatorX`` at ``spacing = d_min / (2·rate)``.
+
+        Parameters
+        ----------
+        cell : Cell
+        spacing : float
+            Requested voxel spacing in Å (an upper bound: the grid is at least this fine).
+        spacegroup : str, optional
+            Hermann–Mauguin name; the grid is then compatible with its operators
+            (needed by :func:`kernels.symmetrize`). P 1 when omitted.
+        """
+        import gemmi
+
+        if not (isinstance(spacing, (int, float)) and math.isfinite(spacing) and spacing > 0):
+            raise GridError(f"grid spacing must be a positive number of Å, got {spacing!r}")
+        if spacegroup is None:
+            ops = gemmi.find_spacegroup_by_name("P 1").operations()
+        else:
+            sg = gemmi.find_spacegroup_by_name(spacegroup)
+            if sg is None:
+                raise GridError(f"unknown space group {spacegroup!r}")
+            ops = sg.operations()
+        factors = list(ops.find_grid_factors())
+        limits = [edge / spacing for edge in cell.parameters[:3]]
+        if max(limits) > 1e6:
+            raise GridError(f"spacing {spacing} Å on cell {cell} asks for over a million voxels per axis")
+        # Symmetry-related axes must share a size; nearly equal ones share it for looks.
+        same_as = [None, None, None]
+        for i in range(1, 3):
+            for j in range(i):
+                if _directions_related(ops, i, j) or (abs(limits[i] - limits[j]) < 0.5 and factors[i] == factors[j]):
+                    limits[j] = max(limits[i], limits[j])
+                    same_as[i] = j
+                    factors[i] = -1 - j
+        sizes = [0, 0, 0]
+        for i in range(3):
+            if same_as[i] is not None:
+                sizes[i] = sizes[same_as[i]]
+                continue
+            f = factors[i] if factors[i] % 2 == 0 else 2 * factors[i]
+            n = max(int(math.ceil(limits[i] / f)), 1)
+            while not _has_small_factors(n):
+                n += 1
+            sizes[i] = n * f
+        return cls(cell, tuple(sizes))
+
+    @property
+    def n_voxels(self) -> int:
+        """Number of voxels in the map, ``nx·ny·nz``."""
+        nx, ny, nz = self.shape
+        return nx * ny * nz
+
+    @property
+    def is_whole_cell(self) -> bool:
+        """True when the map covers the cell exactly once (origin 0, shape = sampling)."""
+        return self.origin == (0, 0, 0) and self.shape == self.sampling
+
+    @property
+    def spacing(self) -> tuple[float, float, float]:
+        """Distance between voxel planes along each axis in Å (gemmi's ``Grid.spacing``)."""
+        return tuple(1.0 / (m * r) for m, r in zip(self.sampling, self.cell.reciprocal_lengths))
+
+    @property
+    def voxel_volume(self) -> float:
+        """Volume of one voxel in Å³ (a map's sum times this is its number of electrons)."""
+        mx, my, mz = self.sampling
+        return self.cell.volume / (mx * my * mz)
+
+    def voxel_fractional(self) -> torch.Tensor:
+        """Fractional coordinates of every voxel, shape (nx, ny, nz, 3), float64."""
+        axes = [
+            (torch.arange(n, dtype=torch.float64) + o) / m for n, o, m in zip(self.shape, self.origin, self.sampling)
+        ]
+        return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)
+
+    def voxel_positions(self) -> torch.Tensor:
+        """Cartesian coordinates of every voxel in Å, shape (nx, ny, nz, 3), float64."""
+        return self.voxel_fractional() @ self.cell.orth.T
+
+    def require_memory(self, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", copies: int = 1):
+        """Raise :class:`GridError` if ``copies`` maps of this grid would not fit on ``device``.
+
+        Called before any map is allocated, so a grid that is too fine fails with a
+        message instead of taking the machine down.
+        """
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        need = self.n_voxels * itemsize * copies
+        free = _free_memory(torch.device(device))
+        if need > 0.8 * free:
+            raise GridError(
+                f"a {self.shape[0]}×{self.shape[1]}×{self.shape[2]} map in {dtype} needs "
+                f"{need / 2**30:.2f} GiB ({copies} cop{'y' if copies == 1 else 'ies'}) but only "
+                f"{free / 2**30:.2f} GiB is free on {device}: use a coarser grid spacing"
+            )
+
+    def __repr__(self) -> str:
+        extra = "" if self.is_whole_cell else f", origin={self.origin}, sampling={self.sampling}"
+        return f"GridSpec({self.cell!r}, shape={self.shape}{extra})"
+
+
+def _directions_related(ops, i: int, j: int) -> bool:
+    """True when a rotation of the space group maps axis i onto axis j (e.g. a and b in P 3)."""
+    for op in ops.sym_ops:
+        rot = op.rot
+        # column i of the rotation is the image of axis i
+        col = [rot[k][i] for k in range(3)]
+        if all((k == j) == (col[k] != 0) for k in range(3)):
+            return True
+    return False
+
+
+def _free_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 1 << 40
+
+
+# --------------------------------------------------------------------------- atoms
+
+
+class AtomLabel(NamedTuple):
+    """Where an atom comes from in the model file."""
+
+    chain: str
+    res_name: str
+    seq_num: int
+    icode: str
+    atom_name: str
+    altloc: str
+
+    def __str__(self) -> str:
+        alt = f" altloc {self.altloc}" if self.altloc else ""
+        icode = self.icode.strip()
+        return f"{self.chain}/{self.res_name} {self.seq_num}{icode}/{self.atom_name}{alt}"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AtomSet:
+    """Atoms as tensors: what every kernel takes.
+
+    Attributes
+    ----------
+    xyz : torch.Tensor, shape (N, 3)
+        Cartesian positions in Å.
+    b_iso : torch.Tensor, shape (N,)
+        Isotropic B-factors in Å², all > 0.
+    occ : torch.Tensor, shape (N,)
+        Occupancies in [0, 1].
+    a, b : torch.Tensor, shape (N, 5)
+        IT92 form-factor coefficients from gemmi: the four Gaussians (a₁..a₄, b₁..b₄)
+        and the constant c as a fifth term with width 0.
+    elements : tuple of str, length N
+        Element symbols.
+    labels : tuple of AtomLabel, length N
+        Chain / residue / atom name / altloc of each atom.
+
+    Constructing an AtomSet validates it on the host (finite positions, B > 0,
+    occupancy in [0, 1], matching shapes) and raises ``ValueError`` naming the first
+    bad atom. All tensors share one device and dtype.
+    """
+
+    xyz: torch.Tensor
+    b_iso: torch.Tensor
+    occ: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    elements: tuple[str, ...] = ()
+    labels: tuple[AtomLabel, ...] = ()
+    _validate: dataclasses.InitVar[bool] = True
+
+    def __post_init__(self, _validate: bool):
+        n = self.xyz.shape[0] if self.xyz.ndim == 2 else -1
+        expected = {"xyz": (n, 3), "b_iso": (n,), "occ": (n,), "a": (n, 5), "b": (n, 5)}
+        for name, shape in expected.items():
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"AtomSet.{name} must be a tensor of shape {shape} (N = {n}), got {got}")
+        devices = {t.device for t in (self.xyz, self.b_iso, self.occ, self.a, self.b)}
+        dtypes = {t.dtype for t in (self.xyz, self.b_iso, self.occ, self.a, self.b)}
+        if len(devices) != 1 or len(dtypes) != 1:
+            raise ValueError(f"AtomSet tensors must share one device and dtype, got {devices} and {dtypes}")
+        if not self.xyz.dtype.is_floating_point:
+            raise ValueError(f"AtomSet tensors must be floating point, got {self.xyz.dtype}")
+        if not self.elements:
+            object.__setattr__(self, "elements", ("?",) * n)
+        if not self.labels:
+            object.__setattr__(self, "labels", tuple(AtomLabel("", "", i + 1, "", f"#{i + 1}", "") for i in range(n)))
+        if len(self.elements) != n or len(self.labels) != n:
+            raise ValueError(f"AtomSet needs {n} element symbols and labels, got {len(self.elements)} and {len(self.labels)}")
+        if _validate and n > 0:
+            self._check_values()
+
+    def _check_values(self):
+        checks = [
+            (~torch.isfinite(self.xyz).all(dim=1), "has a non-finite coordinate", lambda i: self.xyz[i].tolist()),
+            (~(torch.isfinite(self.b_iso) & (self.b_iso > 0)), "has B ≤ 0 or non-finite B", lambda i: float(self.b_iso[i])),
+            (
+                ~(torch.isfinite(self.occ) & (self.occ >= 0) & (self.occ <= 1)),
+                "has an occupancy outside [0, 1]",
+                lambda i: float(self.occ[i]),
+            ),
+        ]
+        for bad, what, value in checks:
+            bad = bad.detach().cpu()
+            if bad.any():
+                idx = int(bad.nonzero()[0, 0])
+                count = int(bad.sum())
+                more = f" ({count - 1} more atoms too)" if count > 1 else ""
+                raise ValueError(f"atom {self.labels[idx]} (index {idx}) {what}: {value(idx)}{more}")
+        if not torch.isfinite(self.a).all() or not torch.isfinite(self.b).all() or (self.b < 0).any():
+            raise ValueError("form-factor coefficients must be finite with widths b ≥ 0")
+
+    def __len__(self) -> int:
+        return self.xyz.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.xyz.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.xyz.dtype
+
+    def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> AtomSet:
+        """Copy to another device and/or floating dtype (no re-validation: values are unchanged)."""
+        kw = {}
+        if device is not None:
+            kw["device"] = device
+        if dtype is not None:
+            kw["dtype"] = dtype
+        moved = {name: getattr(self, name).to(**kw) for name in ("xyz", "b_iso", "occ", "a", "b")}
+        return AtomSet(**moved, elements=self.elements, labels=self.labels, _validate=False)
+
+    def replace(self, **changes) -> AtomSet:
+        """A new AtomSet with some tensors replaced (validated again), e.g. ``replace(b_iso=b)``."""
+        fields = {name: getattr(self, name) for name in ("xyz", "b_iso", "occ", "a", "b", "elements", "labels")}
+        fields.update(changes)
+        return AtomSet(**fields)
+
+    def select(self, index: torch.Tensor | Sequence[int]) -> AtomSet:
+        """The atoms at ``index`` (integer indices or a boolean mask), in that order."""
+        idx = torch.as_tensor(index, device="cpu")
+        if idx.dtype == torch.bool:
+            idx = idx.nonzero().flatten()
+        sel = idx.tolist()
+        dev_idx = idx.to(self.device)
+        tensors = {name: getattr(self, name)[dev_idx] for name in ("xyz", "b_iso", "occ", "a", "b")}
+        return AtomSet(
+            **tensors, elements=tuple(self.elements[i] for i in sel), labels=tuple(self.labels[i] for i in sel),
+            _validate=False,
+        )
+
+    @classmethod
+    def from_elements(
+        cls,
+        elements: Sequence[str],
+        xyz,
+        b_iso,
+        occ=None,
+        *,
+        labels: Sequence[AtomLabel] | None = None,
+        dtype: torch.dtype = torch.float64,
+    ) -> AtomSet:
+        """Build atoms from element symbols, taking the IT92 coefficients from gemmi.
+
+        Parameters
+        ----------
+        elements : sequence of str, length N
+        xyz : array-like, shape (N, 3), Å
+        b_iso : array-like, shape (N,) or scalar, Å²
+        occ : array-like, shape (N,) or scalar, optional (default 1)
+        labels : sequence of AtomLabel, optional
+        dtype : torch.dtype
+        """
+        n = len(elements)
+        xyz = torch.as_tensor(np.asarray(xyz, dtype=np.float64).reshape(n, 3), dtype=dtype)
+        b_iso = torch.as_tensor(np.broadcast_to(np.asarray(b_iso, dtype=np.float64), (n,)).copy(), dtype=dtype)
+        occ = torch.as_tensor(
+            np.broadcast_to(np.asarray(1.0 if occ is None else occ, dtype=np.float64), (n,)).copy(), dtype=dtype
+        )
+        labels = tuple(labels) if labels is not None else tuple(
+            AtomLabel("", "", i + 1, "", f"{el}{i + 1}", "") for i, el in enumerate(elements)
+        )
+        a, b = it92_coefficients(elements, labels)
+        return cls(xyz, b_iso, occ, a.to(dtype), b.to(dtype), tuple(elements), labels)
+
+
+def it92_coefficients(elements: Sequence[str], labels: Sequence[AtomLabel] | None = None):
+    """IT92 coefficients from gemmi as two float64 tensors ``a (N, 5)``, ``b (N, 5)``.
+
+    The constant c is the fifth term, with width 0. Raises ``ValueError`` naming the
+    first atom whose element gemmi does not know or has no IT92 entry for.
+    """
+    import gemmi
+
+    table: dict[str, tuple[list[float], list[float]]] = {}
+    a = np.zeros((len(elements), 5))
+    b = np.zeros((len(elements), 5))
+    for i, symbol in enumerate(elements):
+        if symbol not in table:
+            el = gemmi.Element(symbol)
+            coef = el.it92 if el.atomic_number > 0 else None
+            if coef is None or not any(coef.a):
+                who = f"atom {labels[i]}" if labels else f"atom {i}"
+                raise ValueError(
+                    f"{who} has element {symbol!r}, which has no IT92 form factor in gemmi: "
+                    "fix the element column of the file"
+                )
+            table[symbol] = (list(coef.a) + [coef.c], list(coef.b) + [0.0])
+        a[i], b[i] = table[symbol]
+    return torch.from_numpy(a), torch.from_numpy(b)
+
+
+# --------------------------------------------------------------------------- models
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Model:
+    """An atomic model read from a file.
+
+    Attributes
+    ----------
+    atoms : AtomSet
+        float64 tensors on the CPU, one row per atom site kept.
+    cell : Cell
+    spacegroup : str
+        Hermann–Mauguin name (``"P 1"`` for a box built with ``box_padding``).
+    path : pathlib.Path or None
+        The file it was read from.
+    structure : gemmi.Structure
+        The filtered structure, one model, atoms in the same order as ``atoms``
+        (chain → residue → atom); used to find planes, write models, show residues.
+    notes : tuple of str
+        What reading changed or assumed (e.g. B derived from ANISOU, a padded box).
+    """
+
+    atoms: AtomSet
+    cell: Cell
+    spacegroup: str
+    path: Path | None
+    structure: object
+    notes: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.atoms)
+
+    def __repr__(self) -> str:
+        name = self.path.name if self.path else "<memory>"
+        return f"Model({name}: {len(self.atoms)} atoms, {self.cell!r}, {self.spacegroup!r})"
+
+
+def read_model(
+    path: str | os.PathLike,
+    *,
+    model_index: int = 0,
+    altlocs: str = "all",
+    water: bool = True,
+    hydrogens: bool = True,
+    box_padding: float | None = None,
+) -> Model:
+    """Read a PDB or mmCIF file (optionally gzipped) into atom tensors.
+
+    Parameters
+    ----------
+    path : str or path-like
+        ``.pdb``, ``.ent``, ``.cif``, ``.mmcif``, each optionally ``.gz``.
+    model_index : int
+        Which model of a multi-model file (0 = the first).
+    altlocs : str
+        ``"all"`` keeps every alternative conformation (each at its own occupancy, what
+        gemmi splats); ``"first"`` keeps only the first conformer of each atom; a single
+        letter such as ``"A"`` keeps atoms without altloc plus that conformer.
+    water : bool
+        Keep waters (HOH/WAT/DOD).
+    hydrogens : bool
+        Keep hydrogen (and deuterium) atoms.
+    box_padding : float, optional
+        For a model without a unit cell (no CRYST1, or a 1×1×1 placeholder): build a
+        P 1 orthogonal box around the atoms with this margin in Å. Without it such a
+        model is an error.
+
+    Returns
+    -------
+    Model
+
+    Raises
+    ------
+    ModelError
+        The file is missing, unreadable or truncated, has no atoms, no unit cell, an
+        unknown element, a non-finite coordinate, B ≤ 0 or an occupancy outside [0, 1].
+        The message names the file and, where it applies, the atom.
+    """
+    import gemmi
+
+    path = Path(path)
+    where = str(path)
+    if not path.exists():
+        raise ModelError(f"{where}: no such file")
+    if not path.is_file():
+        raise ModelError(f"{where}: not a file")
+    name = path.name.lower()
+    stem = name[:-3] if name.endswith(".gz") else name
+    if not stem.endswith(MODEL_SUFFIXES):
+        raise ModelError(f"{where}: unknown model format; expected one of {', '.join(MODEL_SUFFIXES)} (optionally .gz)")
+    if altlocs != "all" and altlocs != "first" and not (len(altlocs) == 1 and altlocs.isalnum()):
+        raise ModelError(f"{where}: altlocs must be 'all', 'first' or one altloc letter, got {altlocs!r}")
+    try:
+        st = gemmi.read_structure(str(path), merge_chain_parts=True)
+    except Exception as exc:  # gemmi raises RuntimeError/ValueError/OSError with its own text
+        raise ModelError(f"{where}: cannot read the file ({exc}); is it complete and in PDB or mmCIF format?") from exc
+    if len(st) == 0:
+        raise ModelError(f"{where}: the file has no models (no ATOM/HETATM records)")
+    if not 0 <= model_index < len(st):
+        raise ModelError(f"{where}: model_index {model_index} out of range; the file has {len(st)} model(s)")
+    for i in range(len(st) - 1, -1, -1):
+        if i != model_index:
+            del st[i]
+    if not water:
+        st.remove_waters()
+    if not hydrogens:
+        st.remove_hydrogens()
+    if altlocs == "first":
+        st.remove_alternative_conformations()
+    elif altlocs != "all":
+        _keep_altloc(st, altlocs)
+    st.remove_empty_chains()
+
+    notes: list[str] = []
+    rows = []
+    for chain in st[0]:
+        for res in chain:
+            for atom in res:
+                rows.append((chain.name, res, atom))
+    if not rows:
+        raise ModelError(f"{where}: no atoms left to read (after the water/hydrogen/altloc filters)")
+
+    labels = tuple(
+        AtomLabel(ch, res.name, res.seqid.num, res.seqid.icode, atom.name, atom.altloc if atom.altloc != "\0" else "")
+        for ch, res, atom in rows
+    )
+    elements = tuple(atom.element.name for _, _, atom in rows)
+    for i, (_, _, atom) in enumerate(rows):
+        if atom.element.atomic_number == 0:
+            raise ModelError(
+                f"{where}: atom {labels[i]} has an unknown element {elements[i]!r}: fix its element column "
+                "(columns 77-78 in PDB, type_symbol in mmCIF)"
+            )
+    xyz = np.array([atom.pos.tolist() for _, _, atom in rows], dtype=np.float64)
+    occ = np.array([atom.occ for _, _, atom in rows], dtype=np.float64)
+    b_iso = np.array([atom.b_iso for _, _, atom in rows], dtype=np.float64)
+    # ANISOU atoms: splat the file's isotropic B (gemmi's b_iso); derive it from U only
+    # where the file gives none.
+    derived = 0
+    for i, (_, _, atom) in enumerate(rows):
+        if not b_iso[i] > 0 and atom.aniso.nonzero():
+            u = atom.aniso
+            b_iso[i] = 8 * math.pi**2 * (u.u11 + u.u22 + u.u33) / 3
+            derived += 1
+    if derived:
+        msg = f"{derived} atom(s) had no isotropic B; used 8π²·trace(U)/3 from their ANISOU"
+        warnings.warn(f"{where}: {msg}", stacklevel=2)
+        notes.append(msg)
+
+    cell_ok = st.cell.is_crystal() and not (st.cell.a == 1 and st.cell.b == 1 and st.cell.c == 1)
+    if cell_ok:
+        cell = Cell.from_gemmi(st.cell)
+        sg = st.find_spacegroup()
+        spacegroup = sg.hm if sg is not None else "P 1"
+        if sg is None:
+            notes.append(f"space group {st.spacegroup_hm!r} not recognised; using P 1")
+    elif box_padding is not None:
+        if not (math.isfinite(box_padding) and box_padding > 0):
+            raise ModelError(f"{where}: box_padding must be a positive number of Å, got {box_padding!r}")
+        finite = np.isfinite(xyz).all(axis=1)
+        lo, hi = xyz[finite].min(axis=0), xyz[finite].max(axis=0)
+        edges = hi - lo + 2 * box_padding
+        cell = Cell.from_parameters(*edges)
+        xyz = xyz - lo + box_padding
+        st.cell = cell.to_gemmi()
+        st.spacegroup_hm = "P 1"
+        for (_, _, atom), p in zip(rows, xyz):
+            atom.pos = gemmi.Position(*p)
+        spacegroup = "P 1"
+        notes.append(
+            f"no unit cell in the file: built a P 1 box {edges[0]:.2f}×{edges[1]:.2f}×{edges[2]:.2f} Å "
+            f"with {box_padding} Å padding (atoms shifted by {(box_padding - lo).round(3).tolist()} Å)"
+        )
+    else:
+        raise ModelError(
+            f"{where}: the file has no unit cell (CRYST1 missing or 1×1×1): pass box_padding=<Å> to build a "
+            "P 1 box around the atoms"
+        )
+
+    try:
+        a, b = it92_coefficients(elements, labels)
+        atoms = AtomSet(
+            torch.from_numpy(xyz), torch.from_numpy(b_iso), torch.from_numpy(occ), a, b, elements, labels
+        )
+    except ValueError as exc:
+        raise ModelError(f"{where}: {exc}") from exc
+    return Model(atoms, cell, spacegroup, path, st, tuple(notes))
+
+
+def _keep_altloc(st, letter: str):
+    for chain in st[0]:
+        for res in chain:
+            for i in range(len(res) - 1, -1, -1):
+                alt = res[i].altloc
+                if alt not in ("\0", " ", "", letter):
+                    del res[i]

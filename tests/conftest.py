@@ -1,0 +1,83 @@
+"""Shared fixtures: paths of the real structures, cached models and gemmi reference maps."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import kernels
+
+DATA = Path(__file__).resolve().parent / "data"
+STRUCTURES = {
+    "1orc": kernels.example_structure("1orc"),
+    "1pfe": kernels.example_structure("1pfe"),
+    "1aki": kernels.example_structure("1aki"),
+    "3o5r": DATA / "3o5r.cif.gz",
+    "5h73": DATA / "5h73.cif.gz",
+    "3wip": DATA / "3wip.cif.gz",
+}
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none is visible here")
+
+
+@functools.lru_cache(maxsize=None)
+def model(name: str) -> kernels.Model:
+    """The structure ``name`` read with default options (cached: do not modify)."""
+    return kernels.read_model(STRUCTURES[name])
+
+
+@functools.lru_cache(maxsize=None)
+def gemmi_density(name: str, spacing: float = 2.0 / 3.0, cutoff: float = 1e-5, symmetry: bool = False) -> np.ndarray:
+    """gemmi's DensityCalculatorX map of ``name`` (ANISOU zeroed), float32 (nx, ny, nz)."""
+    import gemmi
+
+    st = gemmi.read_structure(str(STRUCTURES[name]))
+    for chain in st[0]:
+        for res in chain:
+            for atom in res:
+                atom.aniso = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
+    dc = gemmi.DensityCalculatorX()
+    dc.d_min = 2 * 1.5 * spacing
+    dc.rate = 1.5
+    dc.cutoff = cutoff
+    dc.set_grid_cell_and_spacegroup(st)
+    if symmetry:
+        dc.put_model_density_on_grid(st[0])
+    else:
+        dc.initialize_grid()
+        dc.add_model_density_to_grid(st[0])
+    return np.array(dc.grid, copy=True)
+
+
+def report(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> str:
+    """How many elements of ``out`` miss ``|out-ref| <= atol + rtol|ref|`` and the worst one."""
+    out = out.detach().double().cpu()
+    ref = ref.detach().double().cpu()
+    diff = (out - ref).abs()
+    bad = diff > atol + rtol * ref.abs()
+    flat = int(diff.argmax())
+    idx = np.unravel_index(flat, tuple(diff.shape)) if diff.ndim else ()
+    return (
+        f"{int(bad.sum())} of {diff.numel()} elements over tolerance (atol {atol:.2e}, rtol {rtol:.2e}); "
+        f"worst at {tuple(int(i) for i in idx)}: got {float(out.reshape(-1)[flat]):.8g}, "
+        f"expected {float(ref.reshape(-1)[flat]):.8g} (|diff| {float(diff.max()):.3e}, max|ref| {float(ref.abs().max()):.3e})"
+    )
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float = 0.0) -> None:
+    """Assert ``|out − ref| ≤ atol + rtol·|ref|`` elementwise, with a verbose report on failure."""
+    assert out.shape == ref.shape, f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    out_d, ref_d = out.detach().double().cpu(), ref.detach().double().cpu()
+    assert torch.isfinite(out_d).all(), "non-finite values in the output"
+    ok = (out_d - ref_d).abs() <= atol + rtol * ref_d.abs()
+    assert bool(ok.all()), report(out, ref, atol, rtol)
+
+
+def assert_kernel_close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """KERNELS.md's float32 contract: ``|out − ref| ≤ 1e-5·max|ref| + 1e-5·|ref|``."""
+    scale = float(ref.detach().abs().max()) if ref.numel() else 0.0
+    assert_close(out, ref, atol=1e-5 * scale, rtol=1e-5)
