@@ -1,4 +1,4 @@
-"""Shared fixtures: paths of the real structures, cached models and gemmi reference maps."""
+"""Shared test helpers: real structures, cached models, gemmi reference maps, verbose comparisons."""
 
 from __future__ import annotations
 
