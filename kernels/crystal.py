@@ -12,8 +12,9 @@ import dataclasses
 import math
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -408,14 +409,20 @@ class AtomSet:
         if not self.labels:
             object.__setattr__(self, "labels", tuple(AtomLabel("", "", i + 1, "", f"#{i + 1}", "") for i in range(n)))
         if len(self.elements) != n or len(self.labels) != n:
-            raise ValueError(f"AtomSet needs {n} element symbols and labels, got {len(self.elements)} and {len(self.labels)}")
+            raise ValueError(
+                f"AtomSet needs {n} element symbols and labels, got {len(self.elements)} and {len(self.labels)}"
+            )
         if _validate and n > 0:
             self._check_values()
 
     def _check_values(self):
         checks = [
             (~torch.isfinite(self.xyz).all(dim=1), "has a non-finite coordinate", lambda i: self.xyz[i].tolist()),
-            (~(torch.isfinite(self.b_iso) & (self.b_iso > 0)), "has B ≤ 0 or non-finite B", lambda i: float(self.b_iso[i])),
+            (
+                ~(torch.isfinite(self.b_iso) & (self.b_iso > 0)),
+                "has B ≤ 0 or non-finite B",
+                lambda i: float(self.b_iso[i]),
+            ),
             (
                 ~(torch.isfinite(self.occ) & (self.occ >= 0) & (self.occ <= 1)),
                 "has an occupancy outside [0, 1]",
@@ -462,13 +469,17 @@ class AtomSet:
     def select(self, index: torch.Tensor | Sequence[int]) -> AtomSet:
         """The atoms at ``index`` (integer indices or a boolean mask), in that order."""
         idx = torch.as_tensor(index, device="cpu")
+        if idx.numel() == 0:
+            idx = idx.to(torch.int64)
         if idx.dtype == torch.bool:
             idx = idx.nonzero().flatten()
         sel = idx.tolist()
         dev_idx = idx.to(self.device)
         tensors = {name: getattr(self, name)[dev_idx] for name in ("xyz", "b_iso", "occ", "a", "b")}
         return AtomSet(
-            **tensors, elements=tuple(self.elements[i] for i in sel), labels=tuple(self.labels[i] for i in sel),
+            **tensors,
+            elements=tuple(self.elements[i] for i in sel),
+            labels=tuple(self.labels[i] for i in sel),
             _validate=False,
         )
 
@@ -500,8 +511,10 @@ class AtomSet:
         occ = torch.as_tensor(
             np.broadcast_to(np.asarray(1.0 if occ is None else occ, dtype=np.float64), (n,)).copy(), dtype=dtype
         )
-        labels = tuple(labels) if labels is not None else tuple(
-            AtomLabel("", "", i + 1, "", f"{el}{i + 1}", "") for i, el in enumerate(elements)
+        labels = (
+            tuple(labels)
+            if labels is not None
+            else tuple(AtomLabel("", "", i + 1, "", f"{el}{i + 1}", "") for i, el in enumerate(elements))
         )
         a, b = it92_coefficients(elements, labels)
         return cls(xyz, b_iso, occ, a.to(dtype), b.to(dtype), tuple(elements), labels)
@@ -715,9 +728,7 @@ def read_model(
 
     try:
         a, b = it92_coefficients(elements, labels)
-        atoms = AtomSet(
-            torch.from_numpy(xyz), torch.from_numpy(b_iso), torch.from_numpy(occ), a, b, elements, labels
-        )
+        atoms = AtomSet(torch.from_numpy(xyz), torch.from_numpy(b_iso), torch.from_numpy(occ), a, b, elements, labels)
     except ValueError as exc:
         raise ModelError(f"{where}: {exc}") from exc
     return Model(atoms, cell, spacegroup, path, st, tuple(notes))

@@ -24,13 +24,13 @@ STRUCTURES = {
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none is visible here")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model(name: str) -> kernels.Model:
     """The structure ``name`` read with default options (cached: do not modify)."""
     return kernels.read_model(STRUCTURES[name])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gemmi_density(name: str, spacing: float = 2.0 / 3.0, cutoff: float = 1e-5, symmetry: bool = False) -> np.ndarray:
     """gemmi's DensityCalculatorX map of ``name`` (ANISOU zeroed), float32 (nx, ny, nz)."""
     import gemmi

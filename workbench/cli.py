@@ -1,13 +1,33 @@
-"""Command line: ``python -m workbench splat …`` (and, later, ``lab`` / ``app``)."""
+"""Command line of the density workbench.
+
+``workbench lab``    JupyterLab on 127.0.0.1 (token kept) with the quickstart notebook open.
+``workbench app``    the quickstart notebook as a standalone Voilà app.
+``workbench splat``  splat a model's density and write a CCP4 map.
+
+The notebooks ship inside the package (``workbench/notebooks``); ``lab`` and ``app`` copy
+them into a folder of the user's (default ``~/density-workbench/notebooks``) and only ever
+add missing files, so a user's edits survive every launch and every upgrade.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
+import socket
+import subprocess
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["main", "install_notebooks", "notebook_dir", "QUICKSTART", "NOTEBOOK_DIR_ENV"]
+
+#: The notebook ``workbench lab`` opens and ``workbench app`` serves.
+QUICKSTART = "01_quickstart.ipynb"
+#: Environment variable naming the user's notebook folder (``--dir`` wins over it).
+NOTEBOOK_DIR_ENV = "WORKBENCH_NOTEBOOK_DIR"
+_DEFAULT_NOTEBOOK_DIR = Path("~/density-workbench/notebooks")
 
 
 def _splat(args: argparse.Namespace) -> int:
@@ -45,8 +65,10 @@ def _splat(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     electrons = float(rho.sum()) * grid.voxel_volume
-    print(f"splat   backend {backend} on {atoms.device}: {elapsed * 1e3:.1f} ms "
-          f"({'with' if args.symmetrize else 'without'} symmetry mates)")
+    print(
+        f"splat   backend {backend} on {atoms.device}: {elapsed * 1e3:.1f} ms "
+        f"({'with' if args.symmetrize else 'without'} symmetry mates)"
+    )
     print(f"map     max {float(rho.max()):.3f} e/Å³, {electrons:.1f} electrons in the cell")
     out = kernels.write_map(args.out, rho, grid, model.spacegroup if args.symmetrize else "P 1")
     print(f"wrote   {out}")
@@ -67,11 +89,232 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--symmetrize", action="store_true", help="add the space group's symmetry mates")
     sp.add_argument("--out", default="map.ccp4", help="output map (default map.ccp4)")
     sp.set_defaults(func=_splat)
+
+    for name, helptext, default_port in (
+        ("lab", "start JupyterLab on 127.0.0.1 with the quickstart notebook open", 8888),
+        ("app", "serve the quickstart notebook as a standalone Voilà app on 127.0.0.1", 8866),
+    ):
+        lp = sub.add_parser(
+            name,
+            help=helptext,
+            description=helptext
+            + ". Arguments this command does not know are passed on to "
+            + ("JupyterLab (e.g. --allow-root)." if name == "lab" else "Voilà (e.g. --theme=dark)."),
+        )
+        lp.add_argument(
+            "--dir",
+            type=Path,
+            help=f"folder for your copy of the notebooks (default ${NOTEBOOK_DIR_ENV} or {_DEFAULT_NOTEBOOK_DIR}); "
+            "missing notebooks are copied there, existing ones are never overwritten",
+        )
+        lp.add_argument("--port", type=int, help=f"port on 127.0.0.1 (default: the first free one from {default_port})")
+        lp.add_argument("--no-browser", action="store_true", help="do not open a web browser")
+        if name == "app":
+            lp.add_argument("notebook", nargs="?", default=QUICKSTART, help=f"notebook to serve (default {QUICKSTART})")
+        lp.set_defaults(func=_lab if name == "lab" else _app, default_port=default_port, passthrough=True)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``workbench`` command."""
+    """Entry point of the ``workbench`` command.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Arguments without the program name (default ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit status (``lab`` and ``app`` return the server's).
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
     return args.func(args)
+
+
+# --------------------------------------------------------------------------- notebooks
+
+
+def notebook_dir(path: str | os.PathLike | None = None) -> Path:
+    """The user's notebook folder: ``path``, else ``$WORKBENCH_NOTEBOOK_DIR``, else ``~/density-workbench/notebooks``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike, optional
+        An explicit folder (the ``--dir`` option).
+
+    Returns
+    -------
+    pathlib.Path
+        Absolute, with ``~`` expanded; not created here.
+    """
+    chosen = path or os.environ.get(NOTEBOOK_DIR_ENV) or _DEFAULT_NOTEBOOK_DIR
+    return Path(chosen).expanduser().resolve()
+
+
+def _packaged_notebooks() -> dict[str, bytes]:
+    """The notebooks shipped in ``workbench/notebooks``: file name -> contents."""
+    folder = resources.files("workbench").joinpath("notebooks")
+    found = {}
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            if entry.name.endswith(".ipynb") and entry.is_file():
+                found[entry.name] = entry.read_bytes()
+    if not found:
+        raise FileNotFoundError(f"no notebooks found in the installed package ({folder}); reinstall density-workbench")
+    return found
+
+
+def install_notebooks(dest: str | os.PathLike) -> tuple[list[Path], list[Path]]:
+    """Copy the packaged notebooks into ``dest``, adding only the missing ones.
+
+    A notebook already in ``dest`` is never overwritten, whatever its contents: it may
+    hold the user's edits. Delete it to get the packaged version back.
+
+    Parameters
+    ----------
+    dest : str or os.PathLike
+        Target folder; created (with parents) if missing.
+
+    Returns
+    -------
+    copied : list of pathlib.Path
+        Notebooks written by this call.
+    edited : list of pathlib.Path
+        Notebooks left alone that differ from the packaged version.
+    """
+    dest = Path(dest).expanduser()
+    if dest.exists() and not dest.is_dir():
+        raise NotADirectoryError(f"{dest} exists and is not a folder; choose another with --dir")
+    dest.mkdir(parents=True, exist_ok=True)
+    copied, edited = [], []
+    for name, data in sorted(_packaged_notebooks().items()):
+        target = dest / name
+        if target.exists():
+            if target.read_bytes() != data:
+                edited.append(target)
+            continue
+        # Write a temporary file and link it into place exclusively: a notebook that
+        # appears meanwhile (a second launch, the user saving) is kept, never clobbered.
+        tmp = dest / f".{name}.{os.getpid()}.tmp"
+        tmp.write_bytes(data)
+        try:
+            os.link(tmp, target)
+            copied.append(target)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links
+            try:
+                with open(target, "xb") as fh:
+                    fh.write(data)
+                copied.append(target)
+            except FileExistsError:
+                pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    return copied, edited
+
+
+def _prepare_notebooks(args: argparse.Namespace) -> Path | None:
+    """Install the notebooks for ``lab``/``app`` and say what happened; None on error (printed)."""
+    dest = notebook_dir(args.dir)
+    try:
+        copied, edited = install_notebooks(dest)
+    except (OSError, FileNotFoundError) as exc:
+        print(f"error: cannot set up the notebooks in {dest}: {exc}", file=sys.stderr)
+        return None
+    print(f"notebooks  {dest}")
+    for path in copied:
+        print(f"  copied   {path.name}")
+    for path in edited:
+        print(f"  kept     {path.name} (your edits; delete it to get the packaged version back)")
+    return dest
+
+
+def _free_port(start: int) -> int:
+    """The first port from ``start`` that 127.0.0.1 can bind now."""
+    for port in range(start, start + 100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port on 127.0.0.1 in {start}–{start + 99}; choose one with --port")
+
+
+def _serve(cmd: list[str], url: str, token: str) -> int:
+    """Run a server command with the token in its environment (not its argv) and wait for it."""
+    env = dict(os.environ, JUPYTER_TOKEN=token)
+    print(f"open       {url}", flush=True)
+    print("stop with  Ctrl-C", flush=True)
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:  # the server got the same SIGINT and shuts down itself
+        return 130
+
+
+def _lab(args: argparse.Namespace) -> int:
+    if not _has_module("jupyterlab"):
+        print("error: JupyterLab is not installed; pip install jupyterlab", file=sys.stderr)
+        return 2
+    dest = _prepare_notebooks(args)
+    if dest is None:
+        return 2
+    port = args.port or _free_port(args.default_port)
+    # Keep the user's own token if they set one; otherwise a fresh random one per launch.
+    token = os.environ.get("JUPYTER_TOKEN") or secrets.token_urlsafe(24)
+    page = f"/lab/tree/{QUICKSTART}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",  # the printed URL must be the one served
+        f"--ServerApp.root_dir={dest}",
+        f"--LabApp.default_url={page}",
+        f"--ServerApp.open_browser={not args.no_browser}",
+        *args.extra,
+    ]
+    return _serve(cmd, f"http://127.0.0.1:{port}{page}?token={token}", token)
+
+
+def _app(args: argparse.Namespace) -> int:
+    dest = _prepare_notebooks(args)
+    if dest is None:
+        return 2
+    notebook = dest / args.notebook
+    if not notebook.is_file():
+        names = ", ".join(sorted(p.name for p in dest.glob("*.ipynb")))
+        print(f"error: no notebook {notebook}; choose one of: {names}", file=sys.stderr)
+        return 2
+    port = args.port or _free_port(args.default_port)
+    token = os.environ.get("JUPYTER_TOKEN") or secrets.token_urlsafe(24)
+    if not _has_module("voila"):
+        print("error: Voilà is not installed; pip install voila", file=sys.stderr)
+        return 2
+    cmd = [
+        sys.executable,
+        "-m",
+        "voila",
+        str(notebook),
+        "--Voila.ip=127.0.0.1",
+        f"--port={port}",
+        "--Voila.port_retries=0",
+        # Voilà serves without auth unless asked; --token makes it take JUPYTER_TOKEN.
+        "--token",
+        *(["--no-browser"] if args.no_browser else []),
+        *args.extra,
+    ]
+    return _serve(cmd, f"http://127.0.0.1:{port}/?token={token}", token)
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
