@@ -21,6 +21,7 @@ from kernels.density import DEFAULT_CUTOFF, cutoff_radius, splat_density
 from kernels.dispatch import BackendError, available_backends, resolve_backend
 from kernels.mapio import read_map, write_map
 from kernels.symmetry import symmetrize
+from kernels.tricubic import tricubic_sample
 
 __all__ = [
     "AtomLabel",
@@ -40,6 +41,7 @@ __all__ = [
     "resolve_backend",
     "splat_density",
     "symmetrize",
+    "tricubic_sample",
     "write_map",
 ]
 
