@@ -1,0 +1,724 @@
+"""Triton density splat: forward (scatter) and backward (gather), float32 maps.
+
+Design (see ``benchmarks/README.md``, "Density, GPU (H100)", for what was measured):
+
+- One program per atom on a GPU (``ATOMS`` atoms per program, a constexpr: the
+  interpreter pays per program, so CI packs many atoms into one). The program walks its
+  atom's box of voxels as 2-D tiles over the (x, z) plane, ``BP × BQ`` voxels (z is the
+  contiguous axis, so the atomics of a tile row hit consecutive addresses), and loops over
+  y rows. Tiles past ``BP``/``BQ`` are chunked in a loop, so an atom of any radius — a
+  sphere larger than the cell included — is splatted exactly; the host's tile size is a
+  performance choice only and never needs the atoms' values (no host sync).
+- Separable exponent where the cell allows it: orthogonal and monoclinic cells (gemmi's
+  upper-triangular ``orth`` couples only a–c) factor exp(−α r²) = E(x, z)·e(y) with
+  E = exp(−α(H00 dx² + 2 H02 dx dz + H22 dz²)) computed once per tile and e(y) once per
+  row: every factor ≤ 1, so nothing overflows. Hexagonal and triclinic cells evaluate the
+  full exponent per voxel (r² ≥ 0, so exp(−α r²) ≤ 1 as well).
+- Per-atom tables live in registers (tensors of the program), never in a global scratch
+  buffer: a public kernel of this design that wrote tables to global memory and read them
+  back without a barrier returned wrong maps on the first call after each compile.
+- Per-atom radii are computed on the device by ``_radius_kernel``, a port of gemmi's
+  ``estimate_radius`` rule (the same steps as :func:`kernels.density.radius.cutoff_radius`,
+  in float32, with early exit): one launch of a few µs instead of the ~500 small torch
+  launches of the vectorised rule. No ``.item()``/``.cpu()`` anywhere in forward or
+  backward, so a training step can be captured in a CUDA graph.
+- Atom centres are converted to voxel units in float64 inside the kernel (a few flops per
+  atom): in float32, a 240 Å cell loses ~2e-5 Å, which at B = 2 Å² moves the density of
+  N by more than the 1e-5 contract.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._util import to_float32
+from kernels.crystal import AtomSet, GridError, GridSpec
+from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
+from kernels.dispatch import BackendError, triton_interpreted
+
+__all__ = ["splat_triton"]
+
+_LOG2E = 1.4426950408889634
+# Tuning knobs the benchmark may override (None = the launcher's choice).
+_TUNING: dict[str, int | None] = {"atoms_per_program": None, "num_warps": None, "bp": None, "bq": None}
+# Interpreter: atoms per program (it costs per program, not per element).
+_INTERPRET_ATOMS = 64
+# B (Å²) of the nominal carbon whose radius sets the tile size; larger atoms take more tiles.
+_NOMINAL_B = 40.0
+
+
+# --------------------------------------------------------------------------- device helpers
+
+
+@triton.jit
+def _density_slope(x, amp0, ex0, amp1, ex1, amp2, ex2, amp3, ex3, amp4, ex4):
+    """ρ(x) and dρ/dx of the radial density Σ amp·exp(ex·x²) (ex < 0)."""
+    x2 = x * x
+    t0 = amp0 * tl.exp(ex0 * x2)
+    t1 = amp1 * tl.exp(ex1 * x2)
+    t2 = amp2 * tl.exp(ex2 * x2)
+    t3 = amp3 * tl.exp(ex3 * x2)
+    t4 = amp4 * tl.exp(ex4 * x2)
+    y = t0 + t1 + t2 + t3 + t4
+    dy = 2.0 * x * (ex0 * t0 + ex1 * t1 + ex2 * t2 + ex3 * t3 + ex4 * t4)
+    return y, dy
+
+
+@triton.jit
+def _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, k: tl.constexpr):
+    """Amplitude (4π/B_k)^{3/2}·a_k (unit occupancy), α_k = 4π²/B_k and B_k of Gaussian k."""
+    ak = tl.load(a_ptr + ia * 5 + k, mask=valid, other=0.0)
+    bk = tl.load(b_ptr + ia * 5 + k, mask=valid, other=0.0) + b_iso
+    s = 12.566370614359172 / bk
+    return ak * s * tl.sqrt(s), 39.47841760435743 / bk, bk
+
+
+@triton.jit
+def _radius_kernel(
+    b_iso_ptr,  # (N,) float32, Å²
+    a_ptr,  # (N, 5) float32
+    b_ptr,  # (N, 5) float32, Å²
+    out_ptr,  # (N,) float32, Å (written)
+    n_atoms,
+    cutoff,  # float, e/Å³
+    MAX_STEPS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # Same steps as kernels.density.radius.cutoff_radius (gemmi's estimate_radius), lane-wise,
+    # each loop leaving as soon as no lane of the block still moves.
+    ia = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = ia < n_atoms
+    bb = tl.load(b_iso_ptr + ia, mask=valid, other=1.0)
+    amp0, al0, _b0 = _radial_coef(a_ptr, b_ptr, ia, valid, bb, 0)
+    amp1, al1, _b1 = _radial_coef(a_ptr, b_ptr, ia, valid, bb, 1)
+    amp2, al2, _b2 = _radial_coef(a_ptr, b_ptr, ia, valid, bb, 2)
+    amp3, al3, _b3 = _radial_coef(a_ptr, b_ptr, ia, valid, bb, 3)
+    amp4, al4, _b4 = _radial_coef(a_ptr, b_ptr, ia, valid, bb, 4)
+    ex0, ex1, ex2, ex3, ex4 = -al0, -al1, -al2, -al3, -al4
+
+    x1 = (8.5 + 0.075 * bb) / (2.4 + 0.0045 * bb)
+    y1, dy = _density_slope(x1, amp0, ex0, amp1, ex1, amp2, ex2, amp3, ex3, amp4, ex4)
+    # Move past a maximum (only reachable with addends; kept for fidelity).
+    up = valid & (dy > 0)
+    it = 0
+    while (tl.max(up.to(tl.int32), axis=0) > 0) & (it < MAX_STEPS):
+        x1 = tl.where(up, x1 + 1.0, x1)
+        y1n, dyn = _density_slope(x1, amp0, ex0, amp1, ex1, amp2, ex2, amp3, ex3, amp4, ex4)
+        y1 = tl.where(up, y1n, y1)
+        dy = tl.where(up, dyn, dy)
+        up = valid & (dy > 0)
+        it += 1
+    x2 = x1
+    y2 = y1
+    # Case A: the guess is already below the level: walk inwards in 0.5 Å steps.
+    inward = valid & (y1 < cutoff)
+    active = inward
+    rose = valid & (y1 != y1)  # all False
+    it = 0
+    while (tl.max(active.to(tl.int32), axis=0) > 0) & (it < MAX_STEPS):
+        step = active & (y1 < cutoff)
+        x2 = tl.where(step, x1, x2)
+        y2 = tl.where(step, y1, y2)
+        x1 = tl.where(step, x1 - 0.5, x1)
+        y1n, dyn = _density_slope(x1, amp0, ex0, amp1, ex1, amp2, ex2, amp3, ex3, amp4, ex4)
+        y1 = tl.where(step, y1n, y1)
+        dy = tl.where(step, dyn, dy)
+        rising = step & (dy > 0)
+        rose = rose | rising
+        neg = step & (dy <= 0) & (x1 < 0)
+        y0, _s0 = _density_slope(x1 * 0.0, amp0, ex0, amp1, ex1, amp2, ex2, amp3, ex3, amp4, ex4)
+        x1 = tl.where(neg, 0.0, x1)
+        y1 = tl.where(neg, y0, y1)
+        active = step & (dy <= 0) & (neg == 0) & (y1 < cutoff)
+        it += 1
+    # Landed left of a maximum: walk back up in 0.1 Å steps (gemmi's rule).
+    for _ in range(6):
+        mv = rose & (dy > 0) & (x1 + 0.1 < x2)
+        x1 = tl.where(mv, x1 + 0.1, x1)
+        y1n, dyn = _density_slope(x1, amp0, ex0, amp1, ex1, amp2, ex2, amp3, ex3, amp4, ex4)
+        y1 = tl.where(mv, y1n, y1)
+        dy = tl.where(mv, dyn, dy)
+    done_early = rose & (y1 < cutoff)
+    # Case B: the guess is above the level: walk outwards in 0.5 Å steps.
+    active = valid & (inward == 0)
+    it = 0
+    while (tl.max(active.to(tl.int32), axis=0) > 0) & (it < MAX_STEPS):
+        step = active & (y2 > cutoff)
+        x1 = tl.where(step, x2, x1)
+        y1 = tl.where(step, y2, y1)
+        x2 = tl.where(step, x2 + 0.5, x2)
+        y2n, _s2 = _density_slope(x2, amp0, ex0, amp1, ex1, amp2, ex2, amp3, ex3, amp4, ex4)
+        y2 = tl.where(step, y2n, y2)
+        active = step & (y2 > cutoff)
+        it += 1
+    denom = y1 - y2
+    safe = tl.where(denom == 0, 1.0, denom)
+    radius = tl.where(denom == 0, x1, x1 + (x1 - x2) / safe * (cutoff - y1))
+    radius = tl.where(done_early, x1, radius)
+    tl.store(out_ptr + ia, tl.maximum(radius, 0.0), mask=valid)
+
+
+@triton.jit
+def _wrap(v, n):
+    """v modulo n in [0, n): integer % truncates toward zero on the GPU and in the interpreter."""
+    return ((v % n) + n) % n
+
+
+@triton.jit
+def _atom_box(xyz_ptr, radius_ptr, m_ptr, ia, valid, radius_all, nx, ny, nz, rx, ry, rz, PER_ATOM_RADIUS: tl.constexpr):
+    """Per-atom geometry, shape (ATOMS,): sub-voxel offset t, wrapped base voxel, box start/extent, R²."""
+    x = tl.load(xyz_ptr + ia * 3 + 0, mask=valid, other=0.0).to(tl.float64)
+    y = tl.load(xyz_ptr + ia * 3 + 1, mask=valid, other=0.0).to(tl.float64)
+    z = tl.load(xyz_ptr + ia * 3 + 2, mask=valid, other=0.0).to(tl.float64)
+    # Centre in voxel units, in float64 (m = diag(n)·frac).
+    cx = tl.load(m_ptr + 0) * x + tl.load(m_ptr + 1) * y + tl.load(m_ptr + 2) * z
+    cy = tl.load(m_ptr + 3) * x + tl.load(m_ptr + 4) * y + tl.load(m_ptr + 5) * z
+    cz = tl.load(m_ptr + 6) * x + tl.load(m_ptr + 7) * y + tl.load(m_ptr + 8) * z
+    fx = tl.floor(cx)
+    fy = tl.floor(cy)
+    fz = tl.floor(cz)
+    tx = (cx - fx).to(tl.float32)
+    ty = (cy - fy).to(tl.float32)
+    tz = (cz - fz).to(tl.float32)
+    # Base voxel folded into the cell in float64 (exact for any |centre| < 2^40 voxels).
+    bx = tl.minimum(tl.maximum((fx - nx * tl.floor(fx / nx)).to(tl.int32), 0), nx - 1)
+    by = tl.minimum(tl.maximum((fy - ny * tl.floor(fy / ny)).to(tl.int32), 0), ny - 1)
+    bz = tl.minimum(tl.maximum((fz - nz * tl.floor(fz / nz)).to(tl.int32), 0), nz - 1)
+    if PER_ATOM_RADIUS:
+        rad = tl.load(radius_ptr + ia, mask=valid, other=0.0)
+    else:
+        rad = tl.zeros_like(tx) + radius_all
+    # |offset along axis i| < R·|a*_i|·n_i for every voxel with r < R: the box [lo, lo + cnt).
+    lox = tl.floor(tx - rad * rx)
+    loy = tl.floor(ty - rad * ry)
+    loz = tl.floor(tz - rad * rz)
+    cntx = tl.where(valid, (-tl.floor(-(tx + rad * rx)) - lox + 1.0).to(tl.int32), 0)
+    cnty = tl.where(valid, (-tl.floor(-(ty + rad * ry)) - loy + 1.0).to(tl.int32), 0)
+    cntz = tl.where(valid, (-tl.floor(-(tz + rad * rz)) - loz + 1.0).to(tl.int32), 0)
+    return (
+        tx,
+        ty,
+        tz,
+        bx,
+        by,
+        bz,
+        lox.to(tl.int32),
+        loy.to(tl.int32),
+        loz.to(tl.int32),
+        cntx,
+        cnty,
+        cntz,
+        rad * rad,
+    )
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _splat_fwd_kernel(
+    xyz_ptr,  # (N, 3) float32, Å
+    b_iso_ptr,  # (N,) float32, Å²
+    occ_ptr,  # (N,) float32
+    a_ptr,  # (N, 5) float32, IT92 amplitudes (c as the 5th)
+    b_ptr,  # (N, 5) float32, IT92 widths in Å² (0 for c)
+    radius_ptr,  # (N,) float32, Å (read when PER_ATOM_RADIUS)
+    m_ptr,  # (9,) float64, Cartesian Å → voxel units, row-major diag(n)·frac
+    out_ptr,  # (nx·ny·nz,) float32, zero-filled; accumulated with atomics
+    n_atoms,
+    nx,
+    ny,
+    nz,
+    radius_all,  # float, Å (when not PER_ATOM_RADIUS)
+    h00,  # floats: voxel-unit metric, r² = Σ h_ij d_i d_j (Å²)
+    h11,
+    h22,
+    h01,
+    h02,
+    h12,
+    rx,  # floats: |a*_i|·n_i, voxels of box half-extent per Å of radius
+    ry,
+    rz,
+    ATOMS: tl.constexpr,
+    BP: tl.constexpr,
+    BQ: tl.constexpr,
+    SEPARABLE: tl.constexpr,
+    PER_ATOM_RADIUS: tl.constexpr,
+    INDEX64: tl.constexpr,
+):
+    ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
+    valid = ia < n_atoms
+    tx, ty, tz, bx, by, bz, lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(
+        xyz_ptr, radius_ptr, m_ptr, ia, valid, radius_all, nx, ny, nz, rx, ry, rz, PER_ATOM_RADIUS
+    )
+    b_iso = tl.load(b_iso_ptr + ia, mask=valid, other=1.0)
+    occ = tl.load(occ_ptr + ia, mask=valid, other=0.0)
+    amp0, al0, _b0 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 0)
+    amp1, al1, _b1 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 1)
+    amp2, al2, _b2 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 2)
+    amp3, al3, _b3 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 3)
+    amp4, al4, _b4 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 4)
+    # (ATOMS, 1, 1): per-atom scalars broadcast over the tile.
+    amp0 = (amp0 * occ)[:, None, None]
+    amp1 = (amp1 * occ)[:, None, None]
+    amp2 = (amp2 * occ)[:, None, None]
+    amp3 = (amp3 * occ)[:, None, None]
+    amp4 = (amp4 * occ)[:, None, None]
+    be0 = (al0 * 1.4426950408889634)[:, None, None]
+    be1 = (al1 * 1.4426950408889634)[:, None, None]
+    be2 = (al2 * 1.4426950408889634)[:, None, None]
+    be3 = (al3 * 1.4426950408889634)[:, None, None]
+    be4 = (al4 * 1.4426950408889634)[:, None, None]
+    r2max = r2max[:, None, None]
+    n_pc = tl.cdiv(tl.max(cntx, axis=0), BP)
+    n_qc = tl.cdiv(tl.max(cntz, axis=0), BQ)
+    n_rows = tl.max(cnty, axis=0)
+    tx = tx[:, None, None]
+    ty = ty[:, None, None]
+    tz = tz[:, None, None]
+    pp = tl.arange(0, BP)[None, :, None]
+    qq = tl.arange(0, BQ)[None, None, :]
+    pc = 0
+    while pc < n_pc:
+        kx = pc * BP + pp  # (1, BP, 1) step inside the box
+        ox = lox[:, None, None] + kx
+        dx = ox.to(tl.float32) - tx
+        ix = _wrap(bx[:, None, None] + ox, nx)
+        if INDEX64:
+            ix = ix.to(tl.int64)
+        in_x = kx < cntx[:, None, None]
+        qc = 0
+        while qc < n_qc:
+            kz = qc * BQ + qq
+            oz = loz[:, None, None] + kz
+            dz = oz.to(tl.float32) - tz
+            iz = _wrap(bz[:, None, None] + oz, nz)
+            in_xz = in_x & (kz < cntz[:, None, None])
+            qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # (ATOMS, BP, BQ) Å²
+            base_xz = ix * (ny * nz) + iz
+            if SEPARABLE:
+                e0 = amp0 * tl.exp2(-be0 * qxz)
+                e1 = amp1 * tl.exp2(-be1 * qxz)
+                e2 = amp2 * tl.exp2(-be2 * qxz)
+                e3 = amp3 * tl.exp2(-be3 * qxz)
+                e4 = amp4 * tl.exp2(-be4 * qxz)
+            else:
+                lin = 2.0 * (h01 * dx + h12 * dz)
+            r = 0
+            while r < n_rows:
+                oy = loy[:, None, None] + r
+                dy = oy.to(tl.float32) - ty
+                iy = _wrap(by[:, None, None] + oy, ny)
+                qy = h11 * dy * dy
+                if SEPARABLE:
+                    r2 = qxz + qy
+                    val = (
+                        e0 * tl.exp2(-be0 * qy)
+                        + e1 * tl.exp2(-be1 * qy)
+                        + e2 * tl.exp2(-be2 * qy)
+                        + e3 * tl.exp2(-be3 * qy)
+                        + e4 * tl.exp2(-be4 * qy)
+                    )
+                else:
+                    r2 = qxz + dy * lin + qy
+                    val = (
+                        amp0 * tl.exp2(-be0 * r2)
+                        + amp1 * tl.exp2(-be1 * r2)
+                        + amp2 * tl.exp2(-be2 * r2)
+                        + amp3 * tl.exp2(-be3 * r2)
+                        + amp4 * tl.exp2(-be4 * r2)
+                    )
+                inside = in_xz & (r < cnty[:, None, None]) & (r2 < r2max)
+                tl.atomic_add(out_ptr + (base_xz + iy * nz), val, mask=inside, sem="relaxed")
+                r += 1
+            qc += 1
+        pc += 1
+
+
+@triton.jit
+def _splat_bwd_kernel(
+    grad_ptr,  # (nx·ny·nz,) float32, upstream gradient of the map
+    xyz_ptr,  # (N, 3) float32, Å
+    b_iso_ptr,  # (N,) float32, Å²
+    occ_ptr,  # (N,) float32
+    a_ptr,  # (N, 5) float32
+    b_ptr,  # (N, 5) float32, Å²
+    radius_ptr,  # (N,) float32, Å (read when PER_ATOM_RADIUS)
+    m_ptr,  # (9,) float64, Cartesian Å → voxel units, row-major
+    gxyz_ptr,  # (N, 3) float32, written: ∂L/∂xyz
+    gb_ptr,  # (N,) float32, written: ∂L/∂b_iso
+    gocc_ptr,  # (N,) float32, written: ∂L/∂occ
+    n_atoms,
+    nx,
+    ny,
+    nz,
+    radius_all,
+    h00,
+    h11,
+    h22,
+    h01,
+    h02,
+    h12,
+    rx,
+    ry,
+    rz,
+    m00,  # floats: the same m as m_ptr in float32, for the chain rule voxel → Cartesian
+    m01,
+    m02,
+    m10,
+    m11,
+    m12,
+    m20,
+    m21,
+    m22,
+    ATOMS: tl.constexpr,
+    BP: tl.constexpr,
+    BQ: tl.constexpr,
+    SEPARABLE: tl.constexpr,
+    PER_ATOM_RADIUS: tl.constexpr,
+    INDEX64: tl.constexpr,
+):
+    ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
+    valid = ia < n_atoms
+    tx, ty, tz, bx, by, bz, lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(
+        xyz_ptr, radius_ptr, m_ptr, ia, valid, radius_all, nx, ny, nz, rx, ry, rz, PER_ATOM_RADIUS
+    )
+    b_iso = tl.load(b_iso_ptr + ia, mask=valid, other=1.0)
+    occ = tl.load(occ_ptr + ia, mask=valid, other=0.0)
+    # Unit-occupancy amplitudes c_k and the weights of the three sums the gradients need:
+    # u0 = Σ c_k e_k (ρ/occ), u1 = Σ c_k α_k e_k (−∂(ρ/occ)/∂r²), u2 = Σ c_k (α_k r² − 3/2)/B_k e_k (∂(ρ/occ)/∂B).
+    c0, al0, w0 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 0)
+    c1, al1, w1 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 1)
+    c2, al2, w2 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 2)
+    c3, al3, w3 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 3)
+    c4, al4, w4 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 4)
+    ca0 = (c0 * al0)[:, None, None]
+    ca1 = (c1 * al1)[:, None, None]
+    ca2 = (c2 * al2)[:, None, None]
+    ca3 = (c3 * al3)[:, None, None]
+    ca4 = (c4 * al4)[:, None, None]
+    cab0 = (c0 * al0 / w0)[:, None, None]
+    cab1 = (c1 * al1 / w1)[:, None, None]
+    cab2 = (c2 * al2 / w2)[:, None, None]
+    cab3 = (c3 * al3 / w3)[:, None, None]
+    cab4 = (c4 * al4 / w4)[:, None, None]
+    cb0 = (c0 * 1.5 / w0)[:, None, None]
+    cb1 = (c1 * 1.5 / w1)[:, None, None]
+    cb2 = (c2 * 1.5 / w2)[:, None, None]
+    cb3 = (c3 * 1.5 / w3)[:, None, None]
+    cb4 = (c4 * 1.5 / w4)[:, None, None]
+    c0 = c0[:, None, None]
+    c1 = c1[:, None, None]
+    c2 = c2[:, None, None]
+    c3 = c3[:, None, None]
+    c4 = c4[:, None, None]
+    be0 = (al0 * 1.4426950408889634)[:, None, None]
+    be1 = (al1 * 1.4426950408889634)[:, None, None]
+    be2 = (al2 * 1.4426950408889634)[:, None, None]
+    be3 = (al3 * 1.4426950408889634)[:, None, None]
+    be4 = (al4 * 1.4426950408889634)[:, None, None]
+    r2max = r2max[:, None, None]
+    n_pc = tl.cdiv(tl.max(cntx, axis=0), BP)
+    n_qc = tl.cdiv(tl.max(cntz, axis=0), BQ)
+    n_rows = tl.max(cnty, axis=0)
+    tx = tx[:, None, None]
+    ty = ty[:, None, None]
+    tz = tz[:, None, None]
+    pp = tl.arange(0, BP)[None, :, None]
+    qq = tl.arange(0, BQ)[None, None, :]
+    acc_o = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ g·u0
+    acc_x = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ g·u1·dx (voxel units)
+    acc_y = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+    acc_z = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+    acc_b = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ g·u2
+    pc = 0
+    while pc < n_pc:
+        kx = pc * BP + pp
+        ox = lox[:, None, None] + kx
+        dx = ox.to(tl.float32) - tx
+        ix = _wrap(bx[:, None, None] + ox, nx)
+        if INDEX64:
+            ix = ix.to(tl.int64)
+        in_x = kx < cntx[:, None, None]
+        qc = 0
+        while qc < n_qc:
+            kz = qc * BQ + qq
+            oz = loz[:, None, None] + kz
+            dz = oz.to(tl.float32) - tz
+            iz = _wrap(bz[:, None, None] + oz, nz)
+            in_xz = in_x & (kz < cntz[:, None, None])
+            qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz
+            base_xz = ix * (ny * nz) + iz
+            if SEPARABLE:
+                x0 = tl.exp2(-be0 * qxz)
+                x1 = tl.exp2(-be1 * qxz)
+                x2 = tl.exp2(-be2 * qxz)
+                x3 = tl.exp2(-be3 * qxz)
+                x4 = tl.exp2(-be4 * qxz)
+            else:
+                lin = 2.0 * (h01 * dx + h12 * dz)
+            r = 0
+            while r < n_rows:
+                oy = loy[:, None, None] + r
+                dy = oy.to(tl.float32) - ty
+                iy = _wrap(by[:, None, None] + oy, ny)
+                qy = h11 * dy * dy
+                if SEPARABLE:
+                    r2 = qxz + qy
+                    e0 = x0 * tl.exp2(-be0 * qy)
+                    e1 = x1 * tl.exp2(-be1 * qy)
+                    e2 = x2 * tl.exp2(-be2 * qy)
+                    e3 = x3 * tl.exp2(-be3 * qy)
+                    e4 = x4 * tl.exp2(-be4 * qy)
+                else:
+                    r2 = qxz + dy * lin + qy
+                    e0 = tl.exp2(-be0 * r2)
+                    e1 = tl.exp2(-be1 * r2)
+                    e2 = tl.exp2(-be2 * r2)
+                    e3 = tl.exp2(-be3 * r2)
+                    e4 = tl.exp2(-be4 * r2)
+                inside = in_xz & (r < cnty[:, None, None]) & (r2 < r2max)
+                g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
+                u0 = c0 * e0 + c1 * e1 + c2 * e2 + c3 * e3 + c4 * e4
+                u1 = ca0 * e0 + ca1 * e1 + ca2 * e2 + ca3 * e3 + ca4 * e4
+                u2 = r2 * (cab0 * e0 + cab1 * e1 + cab2 * e2 + cab3 * e3 + cab4 * e4) - (
+                    cb0 * e0 + cb1 * e1 + cb2 * e2 + cb3 * e3 + cb4 * e4
+                )
+                gh = g * u1
+                acc_o += g * u0
+                acc_x += gh * dx
+                acc_y += gh * dy
+                acc_z += gh * dz
+                acc_b += g * u2
+                r += 1
+            qc += 1
+        pc += 1
+    s_o = tl.sum(tl.sum(acc_o, axis=2), axis=1)
+    s_x = tl.sum(tl.sum(acc_x, axis=2), axis=1) * occ
+    s_y = tl.sum(tl.sum(acc_y, axis=2), axis=1) * occ
+    s_z = tl.sum(tl.sum(acc_z, axis=2), axis=1) * occ
+    s_b = tl.sum(tl.sum(acc_b, axis=2), axis=1) * occ
+    # ∂ρ/∂centre = 2·H·d·Σ α c e (d = voxel − centre), then centre = m·xyz.
+    gcx = 2.0 * (h00 * s_x + h01 * s_y + h02 * s_z)
+    gcy = 2.0 * (h01 * s_x + h11 * s_y + h12 * s_z)
+    gcz = 2.0 * (h02 * s_x + h12 * s_y + h22 * s_z)
+    tl.store(gxyz_ptr + ia * 3 + 0, m00 * gcx + m10 * gcy + m20 * gcz, mask=valid)
+    tl.store(gxyz_ptr + ia * 3 + 1, m01 * gcx + m11 * gcy + m21 * gcz, mask=valid)
+    tl.store(gxyz_ptr + ia * 3 + 2, m02 * gcx + m12 * gcy + m22 * gcz, mask=valid)
+    tl.store(gb_ptr + ia, s_b, mask=valid)
+    tl.store(gocc_ptr + ia, s_o, mask=valid)
+
+
+# --------------------------------------------------------------------------- host launchers
+
+
+class _Plan:
+    """Host constants of one (cell, grid, radius setting, device): computed once and cached."""
+
+    def __init__(self, grid: GridSpec, radius: float | None, cutoff: float, device: torch.device):
+        cell = grid.cell
+        nx, ny, nz = grid.shape
+        self.shape = (nx, ny, nz)
+        self.n_voxels = nx * ny * nz
+        n = torch.tensor([nx, ny, nz], dtype=torch.float64)
+        m = n[:, None] * cell.frac  # Cartesian → voxel units
+        self.m_dev = m.reshape(-1).contiguous().to(device)
+        self.m = [float(v) for v in m.reshape(-1)]
+        h = cell.metric / (n[:, None] * n[None, :])
+        self.h = (float(h[0, 0]), float(h[1, 1]), float(h[2, 2]), float(h[0, 1]), float(h[0, 2]), float(h[1, 2]))
+        recip = cell.reciprocal_lengths
+        self.reach = tuple(float(r * k) for r, k in zip(recip, (nx, ny, nz)))
+        self.separable = cell.kind in ("orthogonal", "monoclinic")
+        self.per_atom = radius is None
+        self.radius = 0.0 if radius is None else float(radius)
+        self.cutoff = float(cutoff)
+        self.index64 = self.n_voxels >= 2**31 - 1
+        # Tile: the box of a nominal atom (the given radius, or carbon at B = 40 Å²), rounded up
+        # to a power of two; atoms with larger boxes take more tiles, never a wrong answer.
+        nominal = self.radius if radius is not None else _nominal_radius(self.cutoff)
+        ext_x = 2 * math.ceil(nominal * self.reach[0]) + 1
+        ext_z = 2 * math.ceil(nominal * self.reach[2]) + 1
+        self.interpret = triton_interpreted() and device.type != "cuda"
+        self.bp = _TUNING["bp"] or min(triton.next_power_of_2(ext_x), 16)
+        self.bq = _TUNING["bq"] or max(min(triton.next_power_of_2(ext_z), 64), 4)
+        if self.interpret:
+            self.atoms = _TUNING["atoms_per_program"] or _INTERPRET_ATOMS
+        else:
+            self.atoms = _TUNING["atoms_per_program"] or 1
+        self.num_warps = _TUNING["num_warps"] or max(1, min(8, self.atoms * self.bp * self.bq // 64))
+
+    def common_args(self):
+        h00, h11, h22, h01, h02, h12 = self.h
+        rx, ry, rz = self.reach
+        return (*self.shape, self.radius, h00, h11, h22, h01, h02, h12, rx, ry, rz)
+
+    def meta(self):
+        return dict(
+            ATOMS=self.atoms,
+            BP=self.bp,
+            BQ=self.bq,
+            SEPARABLE=self.separable,
+            PER_ATOM_RADIUS=self.per_atom,
+            INDEX64=self.index64,
+            num_warps=self.num_warps,
+        )
+
+
+@functools.lru_cache(maxsize=8)
+def _nominal_radius(cutoff: float) -> float:
+    from kernels.crystal import it92_coefficients
+
+    a, b = it92_coefficients(["C"])
+    r = cutoff_radius(torch.tensor([_NOMINAL_B], dtype=torch.float64), a, b, cutoff)
+    return float(r[0])
+
+
+_plans: dict[tuple, _Plan] = {}
+
+
+def _plan(grid: GridSpec, radius: float | None, cutoff: float, device: torch.device) -> _Plan:
+    key = (
+        grid.cell.parameters,
+        grid.shape,
+        radius,
+        cutoff if radius is None else None,
+        str(device),
+        tuple(sorted(_TUNING.items())),
+        triton_interpreted(),
+    )
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) > 64:
+            _plans.clear()
+        plan = _plans[key] = _Plan(grid, radius, cutoff, device)
+    return plan
+
+
+def _radii_device(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cutoff: float) -> torch.Tensor:
+    """Per-atom cutoff radii in Å, shape (N,), float32, on the atoms' device (gemmi's rule)."""
+    n = b_iso.shape[0]
+    out = torch.empty(n, dtype=torch.float32, device=b_iso.device)
+    block = 128 if not triton_interpreted() else 1024
+    _radius_kernel[(triton.cdiv(n, block),)](b_iso, a, b, out, n, cutoff, MAX_STEPS=80, BLOCK=block, num_warps=4)
+    return out
+
+
+def _launch_forward(plan: _Plan, xyz, b_iso, occ, a, b, radii) -> torch.Tensor:
+    n = xyz.shape[0]
+    out = torch.zeros(plan.n_voxels, dtype=torch.float32, device=xyz.device)
+    if n:
+        grid = (triton.cdiv(n, plan.atoms),)
+        _splat_fwd_kernel[grid](xyz, b_iso, occ, a, b, radii, plan.m_dev, out, n, *plan.common_args(), **plan.meta())
+    return out.view(plan.shape)
+
+
+def _launch_backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii):
+    n = xyz.shape[0]
+    g_xyz = torch.empty_like(xyz)
+    g_b = torch.empty_like(b_iso)
+    g_occ = torch.empty_like(occ)
+    if n:
+        grid = (triton.cdiv(n, plan.atoms),)
+        _splat_bwd_kernel[grid](
+            grad, xyz, b_iso, occ, a, b, radii, plan.m_dev, g_xyz, g_b, g_occ, n,
+            *plan.common_args(), *plan.m, **plan.meta(),
+        )  # fmt: skip
+    return g_xyz, g_b, g_occ
+
+
+class _SplatTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, xyz, b_iso, occ, a, b, radii, plan):
+        ctx.save_for_backward(xyz, b_iso, occ, a, b, radii)
+        ctx.plan = plan
+        return _launch_forward(plan, xyz, b_iso, occ, a, b, radii)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xyz, b_iso, occ, a, b, radii = ctx.saved_tensors
+        if not any(ctx.needs_input_grad[:3]):
+            return (None,) * 7
+        grad = grad.contiguous().to(torch.float32).reshape(-1)
+        g_xyz, g_b, g_occ = _launch_backward(ctx.plan, grad, xyz, b_iso, occ, a, b, radii)
+        need = ctx.needs_input_grad
+        return (
+            g_xyz if need[0] else None,
+            g_b if need[1] else None,
+            g_occ if need[2] else None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+# --------------------------------------------------------------------------- public
+
+
+def splat_triton(
+    atoms: AtomSet, grid: GridSpec, *, radius: float | None = None, cutoff: float = DEFAULT_CUTOFF
+) -> torch.Tensor:
+    """Electron density of ``atoms`` on a whole-cell ``grid``, by Triton kernels.
+
+    Parameters
+    ----------
+    atoms : AtomSet
+        CUDA tensors (CPU tensors only under ``TRITON_INTERPRET=1``); float32, or float64
+        cast to float32 with one warning per dtype.
+    grid : GridSpec
+        Whole-cell grid (periodic); any cell, orthogonal or not.
+    radius : float, optional
+        One cutoff radius in Å for every atom. Default: per atom, where its density falls
+        to ``cutoff`` (gemmi's rule), computed on the device.
+    cutoff : float
+        Density level in e/Å³ for the per-atom radius (default 1e-5).
+
+    Returns
+    -------
+    torch.Tensor, shape grid.shape, float32
+        Density in e/Å³ on the atoms' device; differentiable with respect to
+        ``atoms.xyz``, ``atoms.b_iso`` and ``atoms.occ``. No host synchronisation, so
+        forward and backward can be captured in a CUDA graph.
+
+    Raises
+    ------
+    kernels.BackendError
+        CPU tensors without ``TRITON_INTERPRET=1``.
+    kernels.GridError
+        A box grid (not the whole cell).
+    ValueError
+        ``radius`` or ``cutoff`` not a positive finite number.
+    """
+    device = atoms.device
+    if device.type != "cuda" and not triton_interpreted():
+        raise BackendError(
+            "splat_triton runs on CUDA tensors; move the atoms to a GPU with atoms.to('cuda') "
+            "(or set TRITON_INTERPRET=1 before importing kernels to run it slowly in the interpreter)"
+        )
+    if not grid.is_whole_cell:
+        raise GridError("splat_triton splats whole-cell grids only; use backend='reference' for a box")
+    if radius is not None and not (
+        isinstance(radius, (int, float)) and not isinstance(radius, bool) and math.isfinite(radius) and radius > 0
+    ):
+        raise ValueError(f"radius must be a positive number of Å, got {radius!r}")
+    if not (isinstance(cutoff, (int, float)) and math.isfinite(cutoff) and cutoff > 0):
+        raise ValueError(f"density cutoff must be a positive number of e/Å³, got {cutoff!r}")
+    op = "splat_triton"
+    xyz = to_float32(atoms.xyz, op).contiguous()
+    b_iso = to_float32(atoms.b_iso, op).contiguous()
+    occ = to_float32(atoms.occ, op).contiguous()
+    a = to_float32(atoms.a, op).detach().contiguous()
+    b = to_float32(atoms.b, op).detach().contiguous()
+    plan = _plan(grid, radius, cutoff, device)
+    if xyz.shape[0] == 0:
+        return torch.zeros(grid.shape, dtype=torch.float32, device=device)
+    if plan.per_atom:
+        radii = _radii_device(b_iso.detach(), a, b, plan.cutoff)
+    else:
+        radii = b_iso.detach()  # not read (PER_ATOM_RADIUS=False); any float32 pointer will do
+    return _SplatTriton.apply(xyz, b_iso, occ, a, b, radii, plan)
