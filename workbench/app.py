@@ -1,0 +1,393 @@
+"""The Workbench: controls, views and the debounced recompute, assembled into one app."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import ipywidgets as widgets
+
+import kernels
+from workbench import compute
+from workbench.compute import Cancelled, Pipeline, Result, WorkbenchError
+from workbench.scheduler import Scheduler
+from workbench.state import WorkbenchState, cuda_unavailable_reason
+from workbench.views import AtomTableView, DifferenceView, ProfileView, Scene3DView, SliceView, StatusView, TimingView
+from workbench.views.controls import Controls
+
+__all__ = ["Workbench"]
+
+log = logging.getLogger("workbench")
+
+# Traits whose change needs a recompute (the others are set by the app itself).
+_INPUTS = [
+    "structure", "b_mode", "b_global", "b_offset", "radius_mode", "radius", "density_cutoff", "spacing", "device",
+    "backend", "slice_axis", "slice_index", "iso_sigma", "distort_amplitude", "distort_seed", "gradient_kind",
+    "region", "region_padding", "profile_atoms", "target_map", "table_sort", "table_ascending",
+]  # fmt: skip
+
+# Models above this many atoms open with the first residue as 3D region, not the whole model.
+_WHOLE_MODEL_ATOMS = 5000
+
+
+def _friendly(exc: BaseException) -> str:
+    """A one-line message for an unexpected error (the traceback goes to the log, not the notebook)."""
+    if isinstance(exc, (kernels.BackendError, kernels.GridError, kernels.ModelError)):
+        return f"{exc}"
+    if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():
+        return f"out of memory ({exc}): choose a coarser spacing or a smaller region"
+    return f"unexpected {type(exc).__name__}: {exc} — try backend 'auto' or 'reference'; details in the 'workbench' log"
+
+
+class Workbench(widgets.VBox):
+    """Live controls and views on the production kernels, as one widget.
+
+    Parameters
+    ----------
+    model : kernels.Model, str, path-like or None
+        A model read already, a bundled example name (``"1orc"``, ``"1pfe"``, ``"1aki"``),
+        or a PDB/mmCIF path. Default: the bundled 1ORC example.
+    debounce : float
+        Seconds of quiet after a change before recomputing (default 0.05). ``0``
+        recomputes synchronously inside every change (deterministic; for tests and
+        scripts).
+    threaded : bool
+        Recompute on a worker thread (default). With ``False`` and ``debounce > 0``
+        nothing runs until :meth:`poll` or :meth:`flush` is called (tests with a fake clock).
+    clock : callable
+        Monotonic seconds for the debouncer (a fake clock in tests).
+    lib_path : str or path-like, optional
+        Local ``3Dmol-min.js`` for the 3D view; default ``$WORKBENCH_3DMOL_JS``, else the CDN.
+    **settings
+        Initial values of :class:`~workbench.state.WorkbenchState` traits, e.g. ``spacing=1.0``.
+
+    Notes
+    -----
+    Stable CSS classes (for browser tests and styling): ``wb-app`` (the whole app),
+    ``wb-status`` (status line; also ``wb-status-idle|busy|warning|error|cancelled``),
+    ``wb-progress``, ``wb-cancel``; controls ``wb-structure`` (examples),
+    ``wb-structure-path`` (text, Enter loads), ``wb-structure-upload``, ``wb-bmode``,
+    ``wb-bfactor`` (global B slider; moving it selects global mode), ``wb-boffset``,
+    ``wb-radius-mode``, ``wb-radius``, ``wb-cutoff``, ``wb-spacing``, ``wb-grid-shape``,
+    ``wb-device``, ``wb-device-reason``, ``wb-backend``, ``wb-slice-axis``,
+    ``wb-slice-index``, ``wb-iso``, ``wb-distort`` (distortion amplitude),
+    ``wb-distort-seed``, ``wb-gradient-kind``, ``wb-region``, ``wb-region-padding``,
+    ``wb-profile-a``, ``wb-profile-b``, ``wb-target-map``, ``wb-table-sort``,
+    ``wb-table-asc``, ``wb-export-path``, ``wb-export-map``, ``wb-export-grad``; views
+    ``wb-slice`` (the section PNG), ``wb-slice-caption``, ``wb-view3d`` (the 3Dmol.js
+    widget; its canvas sits in ``wb-view3d-canvas``), ``wb-view3d-caption`` (arrow
+    scale), ``wb-profile``, ``wb-atom-table``, ``wb-diff-a``, ``wb-diff-b``,
+    ``wb-diff-run``, ``wb-diff-slice``, ``wb-diff-stats``, ``wb-timing``,
+    ``wb-compare-all``, ``wb-timing-all``.
+
+    Examples
+    --------
+    >>> wb = Workbench("1pfe", spacing=1.0, debounce=0)   # doctest: +SKIP
+    >>> wb.controls.b_global.value = 30.0                   # recomputes; see wb.result
+    """
+
+    def __init__(
+        self,
+        model=None,
+        *,
+        debounce: float = 0.05,
+        threaded: bool = True,
+        clock=time.monotonic,
+        lib_path=None,
+        **settings,
+    ):
+        memory = {}
+        if model is None:
+            source = "1orc"
+        elif isinstance(model, kernels.Model):
+            name = model.path.name if model.path else "model"
+            source = f"<memory:{name}>"
+            memory[source] = model
+        else:
+            source = str(model)
+        self.state = WorkbenchState(structure=source)
+        self.pipeline = Pipeline(memory)
+        self.cuda_reason = cuda_unavailable_reason()
+        self.status = StatusView()
+        self.controls = Controls(self.state, self._control_error, self.cuda_reason)
+        self.slice = SliceView()
+        self.profile = ProfileView()
+        self.table = AtomTableView()
+        self.scene = Scene3DView(lib_path=lib_path)
+        self.difference = DifferenceView()
+        self.timing = TimingView()
+        self.result: Result | None = None
+        self.difference_result = None
+        self.n_applied = 0
+        self.n_stale = 0
+        self._applied_generation = -1
+        self._upload_dir: str | None = None
+        self._model_version = None
+
+        tabs = widgets.Tab(
+            [self.profile.widget, self.table.widget, self.difference.widget, self.timing.widget],
+        )
+        for i, title in enumerate(("line profile", "density at atoms", "difference", "timing")):
+            tabs.set_title(i, title)
+        views = widgets.VBox([widgets.HBox([self.slice.widget, self.scene.widget]), tabs])
+        super().__init__([self.status.widget, widgets.HBox([self.controls.widget, views])])
+        self.add_class("wb-app")
+
+        self.status.cancel.on_click(lambda _: self.cancel())
+        self.difference.run.on_click(lambda _: self.compare())
+        self.timing.compare.on_click(lambda _: self.compare_all_backends())
+        self.controls.export_map.on_click(lambda _: self._export("map"))
+        self.controls.export_gradients.on_click(lambda _: self._export("gradients"))
+        self.controls.upload.observe(self._uploaded, names="value")
+
+        self.scheduler = Scheduler(self._recompute, delay=debounce, threaded=threaded, clock=clock)
+        for name, value in settings.items():
+            if name not in _INPUTS:
+                raise TypeError(f"Workbench got an unknown setting {name!r}; settings are {_INPUTS}")
+            setattr(self.state, name, value)
+        self.state.observe(self._changed, names=_INPUTS)
+        self.scheduler.changed()
+
+    # ------------------------------------------------------------------ public API
+
+    def set(self, **values) -> None:
+        """Set several state traits at once with a single recompute."""
+        with self.state.hold_trait_notifications():
+            for name, value in values.items():
+                setattr(self.state, name, value)
+
+    def flush(self, timeout: float = 120.0) -> None:
+        """Run any pending recompute now and wait until the app is idle (tests, scripts)."""
+        self.scheduler.flush(timeout)
+
+    def poll(self) -> bool:
+        """Run a due recompute in this thread (``threaded=False``); True if one ran."""
+        return self.scheduler.poll()
+
+    def cancel(self) -> None:
+        """Cancel the running computation at its next stage (the status line says so)."""
+        self.scheduler.cancel()
+
+    def close(self) -> None:
+        """Stop the worker thread and close every widget."""
+        self.scheduler.close()
+        super().close()
+
+    def compare(self, a: str | None = None, b: str | None = None) -> None:
+        """Run the difference view on ``device:backend`` pairs ``a`` and ``b`` (default: its dropdowns)."""
+        if a is not None:
+            self.difference.a.value = a
+        if b is not None:
+            self.difference.b.value = b
+        self.scheduler.submit(self._compare_job)
+
+    def compare_all_backends(self) -> None:
+        """Time forward and backward of every backend that can run here (timing panel)."""
+        self.scheduler.submit(self._timing_job)
+
+    def export_map(self, path: str | os.PathLike) -> Path:
+        """Write the current model map as a CCP4/MRC file (:func:`kernels.write_map`)."""
+        r = self._require_result()
+        return kernels.write_map(path, r.rho, r.grid)
+
+    def export_gradients(self, path: str | os.PathLike) -> Path:
+        """Write the current gradients (one row per atom) as CSV."""
+        r = self._require_result()
+        if r.gradient is None:
+            raise WorkbenchError(f"no gradient to export: {r.unavailable.get('gradient', 'none computed')}")
+        path = Path(path)
+        path.write_text(
+            compute.gradients_csv(r.model, r.atoms.xyz.numpy(), r.gradient.grad, r.gradient.kind, r.gradient.units)
+        )
+        return path
+
+    def to_py3dmol(self, width: int = 640, height: int = 480):
+        """A py3Dmol view of the current 3D scene (model, isosurface, arrows)."""
+        return self.scene.to_py3dmol(width, height)
+
+    # ------------------------------------------------------------------ internals
+
+    def _require_result(self) -> Result:
+        if self.result is None:
+            raise WorkbenchError("nothing computed yet: wait for the status line to say ready")
+        return self.result
+
+    def _changed(self, change) -> None:
+        self.scheduler.changed()
+
+    def _control_error(self, message: str) -> None:
+        self.status.set("error", message)
+
+    def _uploaded(self, change) -> None:
+        files = change["new"]
+        if not files:
+            return
+        f = files[0]
+        if self._upload_dir is None:
+            self._upload_dir = tempfile.mkdtemp(prefix="workbench-upload-")
+        path = compute.save_upload(f["name"], f["content"], self._upload_dir)
+        self.state.structure = str(path)
+
+    def _check(self, generation: int):
+        def check():
+            if not self.scheduler.is_current(generation):
+                raise Cancelled()
+
+        return check
+
+    def _recompute(self, generation: int) -> None:
+        """Compute for the current settings and apply to the views unless superseded."""
+        settings = self.state.snapshot()
+        check = self._check(generation)
+        try:
+            result = self.pipeline.run(settings, check=check, progress=self.status.step)
+            self._apply(result, generation, check)
+        except Cancelled:
+            if self.scheduler.cancel_requested and generation == self.scheduler.generation:
+                self.status.set("cancelled", "cancelled: change a control to compute again")
+            else:
+                self.n_stale += 1  # superseded by newer settings: their own run reports
+        except WorkbenchError as exc:
+            if generation == self.scheduler.generation:
+                self.status.set("error", f"error: {exc}")
+        except Exception as exc:  # noqa: BLE001 - no traceback in the notebook: log it, say what to do
+            log.error("workbench recompute failed:\n%s", traceback.format_exc())
+            if generation == self.scheduler.generation:
+                self.status.set("error", f"error: {_friendly(exc)}")
+
+    def _apply(self, r: Result, generation: int, check) -> None:
+        check()
+        if generation < self._applied_generation:
+            raise Cancelled()
+        s = r.settings
+        # The slice view first: it is what a drag changes, and what the latency benchmark waits for.
+        self.slice.update(r.section, near_uv=r.near[1])
+        self.result = r
+        self._applied_generation = generation
+        self.n_applied += 1
+        shape = "×".join(str(n) for n in r.grid.shape)
+        self.controls.grid_shape.value = f"<small>grid {shape} = {r.grid.n_voxels:,} voxels</small>"
+        new_model = self._model_version != r.atoms_key[0]
+        if new_model:
+            self._model_version = r.atoms_key[0]
+            n = len(r.model)
+            residues = compute.residue_keys(r.model)
+            self.controls.set_regions([(label, key) for key, label in residues])
+            with self.state.hold_trait_notifications():
+                self.state.n_atoms = n
+                if self.state.region and not any(k == self.state.region for k, _ in residues):
+                    self.state.region = ""
+                if n > _WHOLE_MODEL_ATOMS and not self.state.region:
+                    self.state.region = residues[0][0]
+                a, b = self.state.profile_atoms
+                if not (a < n and b < n):
+                    self.state.profile_atoms = (0, min(1, n - 1))
+        self.state.grid_shape = r.grid.shape
+        self.state.slice_index_max = r.grid.shape[s.axis] - 1
+        check()
+        names = r.model.atoms.labels
+        if r.profile is not None:
+            i, j = s.profile_atoms
+            dist, values = r.profile
+            target = None
+            try:
+                _, target = compute.line_profile(
+                    r.target, r.grid, r.atoms.xyz[i].numpy(), r.atoms.xyz[j].numpy(), backend=s.backend
+                )
+            except WorkbenchError:
+                pass
+            self.profile.update(dist, values, target, title=f"{names[i]} → {names[j]}, {dist[-1]:.2f} Å (tricubic)")
+            self.controls.profile_names.value = f"<small>{names[i]} → {names[j]}</small>"
+        else:
+            self.profile.unavailable(r.unavailable.get("tricubic", "not computed"))
+        if r.atom_rho is not None:
+            self.table.update(
+                names,
+                r.atom_rho,
+                r.atom_target,
+                sort=s.table_sort,
+                ascending=s.table_ascending,
+                target_source=r.target_source,
+            )
+        else:
+            self.table.unavailable(r.unavailable.get("tricubic", "not computed"))
+        check()
+        self.scene.update(r, model_key=r.atoms_key, map_key=r.map_key)
+        self.timing.update(r.timings, backend=r.backend, device=s.device, grid_shape=r.grid.shape, n_atoms=len(r.model))
+        self._report(r)
+
+    def _report(self, r: Result) -> None:
+        ms = 1e3 * sum(r.timings.values())
+        parts = [f"ready: {len(r.model)} atoms, grid {'×'.join(map(str, r.grid.shape))}, {r.backend} on "
+                 f"{r.settings.device}, {ms:.0f} ms of kernels"]  # fmt: skip
+        level = "idle"
+        if r.unavailable:
+            level = "warning"
+            parts += [f"{k} unavailable: {v}" for k, v in r.unavailable.items()]
+        if r.notes:
+            level = "warning"
+            parts += [f"note: {n}" for n in r.notes]
+        self.status.set(level, " | ".join(parts))
+
+    def _compare_job(self) -> None:
+        r = self.result
+        if r is None:
+            self.status.set("error", "error: nothing computed yet to compare")
+            return
+        gen = self.scheduler.generation
+        self.status.set("busy", f"comparing {self.difference.a.value} with {self.difference.b.value} …")
+        try:
+            planes = r.planes if r.gradient is not None and r.gradient.kind == "planarity" else None
+            diff = compute.compare_backends(
+                self.difference.a.value, self.difference.b.value, r.atoms, r.grid, r.settings,
+                target=r.target, planes=planes, check=self._check(gen),
+            )  # fmt: skip
+            self.difference.update(diff)
+            self.difference_result = diff
+            verdict = "within" if diff.maps.ok else "OUTSIDE"
+            self.status.set(
+                "idle" if diff.maps.ok else "warning",
+                f"difference {diff.a} vs {diff.b}: max |Δρ| {diff.maps.max_abs:.2e} e/Å³, relative L2 "
+                f"{diff.maps.rel_l2:.2e}, {verdict} the float32 tolerance",
+            )
+        except Cancelled:
+            self.status.set("cancelled", "comparison cancelled (settings changed or cancel pressed)")
+        except WorkbenchError as exc:
+            self.status.set("error", f"error: {exc}")
+        except Exception as exc:  # noqa: BLE001
+            log.error("workbench compare failed:\n%s", traceback.format_exc())
+            self.status.set("error", f"error: {_friendly(exc)}")
+
+    def _timing_job(self) -> None:
+        r = self.result
+        if r is None:
+            self.status.set("error", "error: nothing computed yet to time")
+            return
+        gen = self.scheduler.generation
+        self.status.set("busy", "timing every backend …")
+        try:
+            rows = compute.time_backends(
+                r.atoms, r.grid, r.settings, target=r.target, planes=r.planes, check=self._check(gen)
+            )
+            self.timing.update_all(rows)
+            self.status.set("idle", f"timed {len(rows)} backend runs")
+        except Cancelled:
+            self.status.set("cancelled", "timing cancelled (settings changed or cancel pressed)")
+        except Exception as exc:  # noqa: BLE001
+            log.error("workbench timing failed:\n%s", traceback.format_exc())
+            self.status.set("error", f"error: {_friendly(exc)}")
+
+    def _export(self, what: str) -> None:
+        path = Path(self.controls.export_path.value).expanduser()
+        try:
+            if what == "map":
+                out = self.export_map(path)
+            else:
+                out = self.export_gradients(path.with_suffix(".csv"))
+            self.status.set("idle", f"wrote {out}")
+        except (WorkbenchError, OSError, ValueError) as exc:
+            self.status.set("error", f"error: export failed: {exc}; check the folder exists and is writable")

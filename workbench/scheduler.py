@@ -1,0 +1,216 @@
+"""Debounced, cancellable recomputation off the notebook's main thread.
+
+:class:`Debouncer` is a pure clock-driven state machine (tested with a fake clock);
+:class:`Scheduler` owns one worker thread that waits for the debouncer, then runs the
+recompute, and runs queued one-off jobs (compare backends, timings) in between. The
+kernel's main thread only records that something changed, so a slider dragged for
+ten seconds never blocks it. Each change bumps ``generation``; a computation checks it
+between stages and its result is applied only if no newer change arrived meanwhile.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["Debouncer", "Scheduler"]
+
+log = logging.getLogger("workbench")
+
+
+class Debouncer:
+    """Fires once a quiet period of ``delay`` seconds follows the last :meth:`trigger`.
+
+    Parameters
+    ----------
+    delay : float
+        Seconds of quiet before :meth:`due` becomes true.
+    clock : callable returning float
+        Monotonic seconds (``time.monotonic``; a fake clock in tests).
+    """
+
+    def __init__(self, delay: float, clock: Callable[[], float] = time.monotonic):
+        if not delay >= 0:
+            raise ValueError(f"debounce delay must be ≥ 0 seconds, got {delay!r}")
+        self.delay = float(delay)
+        self.clock = clock
+        self._last: float | None = None
+        self._first: float | None = None
+
+    @property
+    def pending(self) -> bool:
+        """A trigger has not been taken yet."""
+        return self._last is not None
+
+    def trigger(self) -> None:
+        """Record a change now (restarts the quiet period)."""
+        now = self.clock()
+        if self._last is None:
+            self._first = now
+        self._last = now
+
+    def remaining(self) -> float:
+        """Seconds until due (0 when due or nothing pending)."""
+        if self._last is None:
+            return 0.0
+        return max(0.0, self._last + self.delay - self.clock())
+
+    def due(self) -> bool:
+        """Pending and quiet for ``delay`` seconds."""
+        return self._last is not None and self.clock() - self._last >= self.delay
+
+    def take(self) -> float | None:
+        """If due, clear and return when the first coalesced trigger happened; else None."""
+        if not self.due():
+            return None
+        first = self._first
+        self._last = self._first = None
+        return first
+
+    def force(self) -> None:
+        """Make a pending trigger due now (flush)."""
+        if self._last is not None:
+            self._last = self.clock() - self.delay
+
+
+class Scheduler:
+    """Runs ``recompute(generation)`` debounced, and queued jobs, on one worker thread.
+
+    Parameters
+    ----------
+    recompute : callable(int)
+        Called with the generation it computes for.
+    delay : float
+        Debounce delay in seconds; 0 runs ``recompute`` synchronously inside :meth:`changed`.
+    threaded : bool
+        With ``False`` (tests) nothing runs until :meth:`poll` or :meth:`flush` is called.
+    clock : callable
+        Monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        recompute: Callable[[int], None],
+        *,
+        delay: float = 0.05,
+        threaded: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.recompute = recompute
+        self.debouncer = Debouncer(delay, clock)
+        self.generation = 0
+        self.n_runs = 0
+        self.cancel_requested = False
+        self._jobs: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._busy = False
+        self._stop = False
+        self._thread = None
+        self.synchronous = delay == 0
+        if threaded and not self.synchronous:
+            self._thread = threading.Thread(target=self._loop, name="workbench-recompute", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ producer side (main thread)
+
+    def changed(self) -> None:
+        """A setting changed: bump the generation and (re)start the quiet period."""
+        with self._cond:
+            self.generation += 1
+            self.cancel_requested = False
+            if self.synchronous:
+                gen = self.generation
+            else:
+                self.debouncer.trigger()
+                self._cond.notify_all()
+                return
+        self._run(gen)
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run ``job`` once on the worker (immediately when synchronous or not threaded)."""
+        if self._thread is None:
+            job()
+            return
+        with self._cond:
+            self._jobs.append(job)
+            self._cond.notify_all()
+
+    def cancel(self) -> None:
+        """Ask the running computation to stop at its next stage boundary."""
+        self.cancel_requested = True
+
+    def is_current(self, generation: int) -> bool:
+        """``generation`` is still the newest and not cancelled."""
+        return generation == self.generation and not self.cancel_requested
+
+    def poll(self) -> bool:
+        """Run a due recompute in the caller's thread (unthreaded mode); True if one ran."""
+        with self._cond:
+            if self.debouncer.take() is None:
+                return False
+            gen = self.generation
+        self._run(gen)
+        return True
+
+    def flush(self, timeout: float = 120.0) -> None:
+        """Run anything pending now and wait until the worker is idle."""
+        if self._thread is None:
+            with self._cond:
+                self.debouncer.force()
+            self.poll()
+            return
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self.debouncer.force()
+            self._cond.notify_all()
+            while self.debouncer.pending or self._busy or self._jobs:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"the workbench did not finish within {timeout:g} s")
+                self._cond.wait(min(left, 0.05))
+
+    def close(self) -> None:
+        """Stop the worker thread."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # ------------------------------------------------------------------ worker side
+
+    def _run(self, gen: int) -> None:
+        self.n_runs += 1
+        self.recompute(gen)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self.debouncer.pending and not self._jobs:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                if self.debouncer.pending:
+                    wait = self.debouncer.remaining()
+                    if wait > 0:
+                        self._cond.wait(wait)
+                        continue
+                    self.debouncer.take()
+                    task = ("recompute", self.generation)
+                else:
+                    task = ("job", self._jobs.popleft())
+                self._busy = True
+            try:
+                if task[0] == "recompute":
+                    self._run(task[1])
+                else:
+                    task[1]()
+            except Exception:  # the app reports its own errors; never let the worker die silently
+                log.exception("workbench worker: unhandled error")
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()

@@ -1,0 +1,197 @@
+"""Traitlets state of the workbench: every control's value and its valid range.
+
+A :class:`WorkbenchState` is the single source of truth the controls write into and the
+compute pipeline reads from (through an immutable :class:`Settings` snapshot, so a
+computation started for one set of values never sees a later change half-way through).
+Ranges are class constants so the controls, the validators and the tests share them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import traitlets
+
+__all__ = [
+    "BACKENDS",
+    "B_MODES",
+    "EXAMPLES",
+    "GRADIENT_KINDS",
+    "RANGES",
+    "SLICE_AXES",
+    "Settings",
+    "WorkbenchState",
+    "compare_choices",
+    "cuda_unavailable_reason",
+]
+
+EXAMPLES = ("1orc", "1pfe", "1aki")
+B_MODES = ("model", "global", "offset")
+BACKENDS = ("auto", "cpu", "triton", "reference")
+SLICE_AXES = ("a", "b", "c")
+GRADIENT_KINDS = ("planarity", "density")
+
+# name -> (min, max, step); one table for the widgets, the validators and the tests.
+RANGES: dict[str, tuple[float, float, float]] = {
+    "b_global": (1.0, 300.0, 1.0),  # Å²; B must stay > 0 (gemmi gives NaN at B = 0)
+    "b_offset": (-50.0, 200.0, 1.0),  # Å²; an offset that drives some B ≤ 0 is reported, not clipped
+    "radius": (0.5, 12.0, 0.1),  # Å
+    "density_cutoff": (1e-8, 1e-2, 0.0),  # e/Å³, a log slider
+    "spacing": (0.25, 3.0, 0.01),  # Å
+    "iso_sigma": (0.1, 10.0, 0.1),  # σ above the map mean
+    "distort_amplitude": (0.0, 1.0, 0.01),  # Å, RMS of the random displacement per coordinate
+    "distort_seed": (0, 2**31 - 1, 1),
+    "region_padding": (1.0, 12.0, 0.5),  # Å of map shown around the chosen residue
+}
+
+
+def cuda_unavailable_reason() -> str | None:
+    """None when a CUDA GPU is usable; otherwise why ``cuda`` cannot be chosen."""
+    if not torch.cuda.is_available():
+        if torch.version.cuda is None:
+            return "this torch build has no CUDA support (CPU-only wheel)"
+        return "no CUDA GPU is visible to torch (torch.cuda.is_available() is False)"
+    return None
+
+
+def compare_choices() -> tuple[str, ...]:
+    """``device:backend`` pairs the difference view can compare on this machine."""
+    pairs = ["cpu:reference", "cpu:cpu", "cpu:triton"]
+    if cuda_unavailable_reason() is None:
+        pairs += ["cuda:triton", "cuda:reference"]
+    return tuple(pairs)
+
+
+def _round(value: float, step: float) -> float:
+    # Keyboard steps on a FloatSlider give 0.7999999999999999: snap to the step.
+    if step <= 0:
+        return float(value)
+    digits = max(0, -int(math.floor(math.log10(step))))
+    return round(float(value), digits + 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """An immutable snapshot of :class:`WorkbenchState` (what one computation sees).
+
+    Field meanings and units are those of the traits of the same name.
+    """
+
+    structure: str
+    b_mode: str
+    b_global: float
+    b_offset: float
+    radius_mode: str
+    radius: float
+    density_cutoff: float
+    spacing: float
+    device: str
+    backend: str
+    slice_axis: str
+    slice_index: int
+    iso_sigma: float
+    distort_amplitude: float
+    distort_seed: int
+    gradient_kind: str
+    region: str
+    region_padding: float
+    profile_atoms: tuple[int, int]
+    target_map: str
+    table_sort: str
+    table_ascending: bool
+
+    @property
+    def radius_arg(self) -> float | None:
+        """``radius=`` for :func:`kernels.splat_density` (None: per-atom from the cutoff)."""
+        return self.radius if self.radius_mode == "radius" else None
+
+    @property
+    def axis(self) -> int:
+        """Slice axis as 0, 1, 2."""
+        return SLICE_AXES.index(self.slice_axis)
+
+
+class WorkbenchState(traitlets.HasTraits):
+    """Every control of the workbench as a validated trait.
+
+    Values outside a range raise ``traitlets.TraitError`` naming the range; the app turns
+    that into a message in the status line and puts the control back.
+    """
+
+    structure = traitlets.Unicode("1orc", help="bundled example name (1orc, 1pfe, 1aki) or a model file path")
+    b_mode = traitlets.Enum(B_MODES, default_value="model", help="model's own B / one global B / model's B + offset")
+    b_global = traitlets.Float(20.0, help="Å², the B of every atom in 'global' mode")
+    b_offset = traitlets.Float(0.0, help="Å², added to every atom's B in 'offset' mode")
+    radius_mode = traitlets.Enum(("auto", "radius"), default_value="auto", help="per-atom radius from a cutoff, or one")
+    radius = traitlets.Float(3.0, help="Å, one cutoff radius for every atom in 'radius' mode")
+    density_cutoff = traitlets.Float(1e-5, help="e/Å³, sets each atom's radius in 'auto' mode")
+    spacing = traitlets.Float(0.667, help="Å, requested grid spacing (an upper bound)")
+    grid_shape = traitlets.Tuple((0, 0, 0), help="grid shape for the current spacing (set by the app)")
+    device = traitlets.Enum(("cpu", "cuda"), default_value="cpu")
+    backend = traitlets.Enum(BACKENDS, default_value="auto")
+    slice_axis = traitlets.Enum(SLICE_AXES, default_value="c", help="the section is perpendicular to this cell axis")
+    slice_index = traitlets.Int(0, help="voxel index along the slice axis")
+    slice_index_max = traitlets.Int(0, help="last valid slice index for the current grid (set by the app)")
+    iso_sigma = traitlets.Float(1.5, help="isosurface level in σ above the map mean")
+    distort_amplitude = traitlets.Float(0.0, help="Å, RMS random displacement per coordinate")
+    distort_seed = traitlets.Int(0)
+    gradient_kind = traitlets.Enum(GRADIENT_KINDS, default_value="planarity")
+    region = traitlets.Unicode("", help="residue 'chain/seq' for the isosurface, '' for the whole model")
+    region_padding = traitlets.Float(5.0, help="Å of map shown around the region")
+    profile_atoms = traitlets.Tuple((0, 1), help="indices of the two atoms of the line profile")
+    n_atoms = traitlets.Int(0, help="atoms in the current model (set by the app)")
+    target_map = traitlets.Unicode("", help="CCP4/MRC path of ρ_target; '' = the map of the undistorted model")
+    table_sort = traitlets.Enum(("index", "rho", "target", "ratio"), default_value="ratio")
+    table_ascending = traitlets.Bool(True)
+
+    @traitlets.validate(*[name for name in RANGES if name != "distort_seed"])
+    def _check_range(self, proposal):
+        name = proposal["trait"].name
+        lo, hi, step = RANGES[name]
+        value = proposal["value"]
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi):
+            raise traitlets.TraitError(f"{name} must lie in [{lo:g}, {hi:g}], got {value!r}")
+        return _round(value, step)
+
+    @traitlets.validate("distort_seed")
+    def _check_seed(self, proposal):
+        lo, hi, _ = RANGES["distort_seed"]
+        if not lo <= proposal["value"] <= hi:
+            raise traitlets.TraitError(f"distort_seed must lie in [{lo}, {hi}], got {proposal['value']}")
+        return proposal["value"]
+
+    @traitlets.validate("device")
+    def _check_device(self, proposal):
+        if proposal["value"] == "cuda":
+            why = cuda_unavailable_reason()
+            if why is not None:
+                raise traitlets.TraitError(f"device 'cuda' is not available: {why}; use device 'cpu'")
+        return proposal["value"]
+
+    @traitlets.validate("slice_index")
+    def _check_slice(self, proposal):
+        value = proposal["value"]
+        if not 0 <= value <= self.slice_index_max:
+            raise traitlets.TraitError(f"slice_index must lie in [0, {self.slice_index_max}], got {value}")
+        return value
+
+    @traitlets.validate("profile_atoms")
+    def _check_profile(self, proposal):
+        value = tuple(int(v) for v in proposal["value"])
+        if len(value) != 2:
+            raise traitlets.TraitError(f"profile_atoms needs two atom indices, got {value}")
+        if self.n_atoms and not all(0 <= v < self.n_atoms for v in value):
+            raise traitlets.TraitError(f"profile atoms must be indices in [0, {self.n_atoms - 1}], got {value}")
+        return value
+
+    @traitlets.observe("slice_index_max")
+    def _clamp_slice(self, change):
+        # A coarser grid has fewer sections: keep the index valid rather than reject the grid.
+        if self.slice_index > change["new"]:
+            self.slice_index = change["new"]
+
+    def snapshot(self) -> Settings:
+        """The current values as an immutable :class:`Settings`."""
+        return Settings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Settings)})

@@ -1,0 +1,331 @@
+"""The control panel: one widget per state trait, two-way bound, with stable CSS classes.
+
+A widget change is written into the :class:`~workbench.state.WorkbenchState`; a value
+the state rejects (out of range, ``cuda`` with no GPU) is reported through ``on_error``
+and the widget is put back, so a control never shows a value the computation is not
+using. State changes made from code flow back into the widgets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import ipywidgets as widgets
+import traitlets
+
+from workbench.state import B_MODES, BACKENDS, EXAMPLES, GRADIENT_KINDS, RANGES, SLICE_AXES, WorkbenchState
+
+__all__ = ["Controls"]
+
+_STYLE = {"description_width": "110px"}
+_LAYOUT = {"width": "330px"}
+
+
+def _slider(cls, name: str, description: str, **kw):
+    lo, hi, step = RANGES[name]
+    return cls(
+        min=lo, max=hi, step=step, description=description, continuous_update=True, style=_STYLE, layout=_LAYOUT, **kw
+    )
+
+
+class Controls:
+    """Every control of the workbench (see :class:`workbench.Workbench` for the CSS classes).
+
+    Parameters
+    ----------
+    state : WorkbenchState
+    on_error : callable(str)
+        Receives the message when the state rejects a widget value.
+    cuda_reason : str or None
+        Why ``cuda`` cannot be chosen (None when it can).
+    """
+
+    def __init__(self, state: WorkbenchState, on_error: Callable[[str], None], cuda_reason: str | None):
+        self.state = state
+        self.on_error = on_error
+        self._syncing = False
+        w = widgets
+        self.structure = w.Dropdown(options=[*EXAMPLES, "file"], description="structure", style=_STYLE, layout=_LAYOUT)
+        self.path = w.Text(
+            placeholder="path to .pdb/.cif[.gz], Enter to load",
+            description="path",
+            style=_STYLE,
+            layout=_LAYOUT,
+            continuous_update=False,
+        )
+        self.upload = w.FileUpload(accept=".pdb,.ent,.cif,.mmcif,.gz", multiple=False, description="upload model")
+        self.b_mode = w.ToggleButtons(options=B_MODES, description="B-factor", style={"button_width": "70px", **_STYLE})
+        self.b_global = _slider(w.FloatSlider, "b_global", "global B (Å²)")
+        self.b_offset = _slider(w.FloatSlider, "b_offset", "B offset (Å²)")
+        self.radius_mode = w.ToggleButtons(
+            options=("auto", "radius"), description="cutoff", style={"button_width": "70px", **_STYLE}
+        )
+        self.radius = _slider(w.FloatSlider, "radius", "radius (Å)")
+        lo, hi, _ = RANGES["density_cutoff"]
+        self.density_cutoff = w.FloatLogSlider(
+            min=-8,
+            max=-2,
+            step=0.25,
+            base=10,
+            description="ρ cutoff (e/Å³)",
+            style=_STYLE,
+            layout=_LAYOUT,
+            readout_format=".0e",
+        )
+        self.spacing = _slider(w.FloatSlider, "spacing", "spacing (Å)", readout_format=".3f")
+        self.spacing.continuous_update = False  # each value is a new grid: recompute on release
+        self.grid_shape = w.HTML()
+        self.device = w.Dropdown(
+            options=("cpu", "cuda"),
+            description="device",
+            style=_STYLE,
+            layout=_LAYOUT,
+            disabled=cuda_reason is not None,
+        )
+        self.device_reason = w.HTML(f"<small>cuda unavailable: {cuda_reason}</small>" if cuda_reason else "")
+        self.backend = w.Dropdown(options=BACKENDS, description="backend", style=_STYLE, layout=_LAYOUT)
+        self.slice_axis = w.ToggleButtons(
+            options=SLICE_AXES, description="slice ⟂", style={"button_width": "40px", **_STYLE}
+        )
+        self.slice_index = w.IntSlider(min=0, max=0, description="slice index", style=_STYLE, layout=_LAYOUT)
+        self.iso_sigma = _slider(w.FloatSlider, "iso_sigma", "iso level (σ)")
+        self.distort_amplitude = _slider(w.FloatSlider, "distort_amplitude", "distort (Å)")
+        self.distort_seed = w.BoundedIntText(
+            min=0, max=RANGES["distort_seed"][1], description="seed", style=_STYLE, layout=_LAYOUT
+        )
+        self.gradient_kind = w.ToggleButtons(
+            options=GRADIENT_KINDS, description="arrows", style={"button_width": "80px", **_STYLE}
+        )
+        self.region = w.Dropdown(options=[("whole model", "")], description="3D region", style=_STYLE, layout=_LAYOUT)
+        self.region_padding = _slider(w.FloatSlider, "region_padding", "region pad (Å)")
+        self.profile_a = w.BoundedIntText(min=0, max=0, description="profile atom 1", style=_STYLE, layout=_LAYOUT)
+        self.profile_b = w.BoundedIntText(min=0, max=1, description="profile atom 2", style=_STYLE, layout=_LAYOUT)
+        self.profile_names = w.HTML()
+        self.target_map = w.Text(
+            placeholder="CCP4/MRC path; empty = undistorted model",
+            description="ρ target",
+            style=_STYLE,
+            layout=_LAYOUT,
+            continuous_update=False,
+        )
+        self.table_sort = w.Dropdown(
+            options=[("target/model", "ratio"), ("ρ model", "rho"), ("ρ target", "target"), ("index", "index")],
+            description="sort atoms by",
+            style=_STYLE,
+            layout=_LAYOUT,
+        )
+        self.table_ascending = w.Checkbox(description="ascending", indent=False)
+        self.export_path = w.Text(value="workbench_map.ccp4", description="export to", style=_STYLE, layout=_LAYOUT)
+        self.export_map = w.Button(description="map (CCP4)", icon="download")
+        self.export_gradients = w.Button(description="gradients (CSV)", icon="download")
+
+        css = {
+            "structure": "wb-structure",
+            "path": "wb-structure-path",
+            "upload": "wb-structure-upload",
+            "b_mode": "wb-bmode",
+            "b_global": "wb-bfactor",
+            "b_offset": "wb-boffset",
+            "radius_mode": "wb-radius-mode",
+            "radius": "wb-radius",
+            "density_cutoff": "wb-cutoff",
+            "spacing": "wb-spacing",
+            "grid_shape": "wb-grid-shape",
+            "device": "wb-device",
+            "device_reason": "wb-device-reason",
+            "backend": "wb-backend",
+            "slice_axis": "wb-slice-axis",
+            "slice_index": "wb-slice-index",
+            "iso_sigma": "wb-iso",
+            "distort_amplitude": "wb-distort",
+            "distort_seed": "wb-distort-seed",
+            "gradient_kind": "wb-gradient-kind",
+            "region": "wb-region",
+            "region_padding": "wb-region-padding",
+            "profile_a": "wb-profile-a",
+            "profile_b": "wb-profile-b",
+            "target_map": "wb-target-map",
+            "table_sort": "wb-table-sort",
+            "table_ascending": "wb-table-asc",
+            "export_path": "wb-export-path",
+            "export_map": "wb-export-map",
+            "export_gradients": "wb-export-grad",
+        }
+        for attr, cls in css.items():
+            getattr(self, attr).add_class(cls)
+
+        # widget attribute -> state trait, bound both ways
+        self.bound = [
+            "b_mode",
+            "b_global",
+            "b_offset",
+            "radius_mode",
+            "radius",
+            "density_cutoff",
+            "spacing",
+            "device",
+            "backend",
+            "slice_axis",
+            "slice_index",
+            "iso_sigma",
+            "distort_amplitude",
+            "distort_seed",
+            "gradient_kind",
+            "region",
+            "region_padding",
+            "target_map",
+            "table_sort",
+            "table_ascending",
+        ]
+        for name in self.bound:
+            self._bind(name)
+        # Touching a slider selects its mode: moving "global B" means "use one global B".
+        for slider, trait, mode in (
+            (self.b_global, "b_mode", "global"),
+            (self.b_offset, "b_mode", "offset"),
+            (self.radius, "radius_mode", "radius"),
+            (self.density_cutoff, "radius_mode", "auto"),
+        ):
+            slider.observe(lambda ch, t=trait, m=mode: self._select_mode(t, m), names="value")
+        self.profile_a.observe(self._profile_changed, names="value")
+        self.profile_b.observe(self._profile_changed, names="value")
+        state.observe(self._profile_from_state, names="profile_atoms")
+        state.observe(self._range_from_state, names=["slice_index_max", "n_atoms"])
+        self.structure.observe(self._structure_changed, names="value")
+        self.path.observe(self._path_changed, names="value")
+        state.observe(self._structure_from_state, names="structure")
+        self._structure_from_state(None)
+        self.widget = self._layout()
+
+    # ------------------------------------------------------------------ binding
+
+    def _bind(self, name: str) -> None:
+        widget = getattr(self, name)
+        widget.value = getattr(self.state, name)
+
+        def from_widget(change):
+            if self._syncing:
+                return
+            try:
+                setattr(self.state, name, change["new"])
+            except traitlets.TraitError as exc:
+                self.on_error(str(exc))
+                self._set_widget(widget, getattr(self.state, name))
+
+        def from_state(change):
+            self._set_widget(widget, change["new"])
+
+        widget.observe(from_widget, names="value")
+        self.state.observe(from_state, names=name)
+
+    def _set_widget(self, widget, value) -> None:
+        if widget.value == value:
+            return
+        self._syncing = True
+        try:
+            widget.value = value
+        finally:
+            self._syncing = False
+
+    def _select_mode(self, trait: str, mode: str) -> None:
+        if not self._syncing and getattr(self.state, trait) != mode:
+            setattr(self.state, trait, mode)
+
+    def _profile_changed(self, change) -> None:
+        if self._syncing:
+            return
+        try:
+            self.state.profile_atoms = (self.profile_a.value, self.profile_b.value)
+        except traitlets.TraitError as exc:
+            self.on_error(str(exc))
+
+    def _profile_from_state(self, change) -> None:
+        a, b = change["new"]
+        self._set_widget(self.profile_a, a)
+        self._set_widget(self.profile_b, b)
+
+    def _range_from_state(self, change) -> None:
+        self._syncing = True
+        try:
+            with self.slice_index.hold_sync():
+                self.slice_index.max = self.state.slice_index_max
+                self.slice_index.value = self.state.slice_index
+            top = max(self.state.n_atoms - 1, 0)
+            self.profile_a.max = self.profile_b.max = top
+        finally:
+            self._syncing = False
+
+    def _structure_changed(self, change) -> None:
+        if self._syncing or change["new"] == "file":
+            return
+        self.state.structure = change["new"]
+
+    def _path_changed(self, change) -> None:
+        if self._syncing or not change["new"].strip():
+            return
+        self.state.structure = change["new"].strip()
+
+    def _structure_from_state(self, change) -> None:
+        value = self.state.structure
+        self._syncing = True
+        try:
+            if value in EXAMPLES:
+                self.structure.value = value
+            else:
+                self.structure.value = "file"
+                if not value.startswith("<memory"):
+                    self.path.value = value
+        finally:
+            self._syncing = False
+
+    def set_regions(self, options: list[tuple[str, str]]) -> None:
+        """Residues offered for the 3D region, ``(label, key)`` pairs."""
+        self._syncing = True
+        try:
+            self.region.options = [("whole model", ""), *options]
+            self.region.value = self.state.region if any(k == self.state.region for _, k in options) else ""
+        finally:
+            self._syncing = False
+
+    # ------------------------------------------------------------------ layout
+
+    def _layout(self) -> widgets.Widget:
+        w = widgets
+        sections = [
+            ("structure", [self.structure, self.path, self.upload]),
+            (
+                "density",
+                [
+                    self.b_mode,
+                    self.b_global,
+                    self.b_offset,
+                    self.radius_mode,
+                    self.radius,
+                    self.density_cutoff,
+                    self.spacing,
+                    self.grid_shape,
+                ],
+            ),
+            ("compute", [self.device, self.device_reason, self.backend]),
+            (
+                "views",
+                [
+                    self.slice_axis,
+                    self.slice_index,
+                    self.iso_sigma,
+                    self.region,
+                    self.region_padding,
+                    self.profile_a,
+                    self.profile_b,
+                    self.profile_names,
+                    self.table_sort,
+                    self.table_ascending,
+                ],
+            ),
+            ("gradients", [self.gradient_kind, self.distort_amplitude, self.distort_seed, self.target_map]),
+            ("export", [self.export_path, w.HBox([self.export_map, self.export_gradients])]),
+        ]
+        boxes = [w.VBox([w.HTML(f"<b>{title}</b>"), *items]) for title, items in sections]
+        panel = w.VBox(boxes, layout=w.Layout(width="350px"))
+        panel.add_class("wb-controls")
+        return panel

@@ -1,0 +1,56 @@
+"""Timing panel: forward and backward time of the current backend; compare all backends."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+
+__all__ = ["TimingView"]
+
+
+class TimingView:
+    """Current timings (``wb-timing``) and a "compare all backends" button (``wb-compare-all``)
+    with its table (``wb-timing-all``).
+    """
+
+    def __init__(self):
+        self.current = widgets.HTML()
+        self.current.add_class("wb-timing")
+        self.compare = widgets.Button(description="compare all backends", icon="clock-o")
+        self.compare.add_class("wb-compare-all")
+        self.table = widgets.HTML()
+        self.table.add_class("wb-timing-all")
+        self.widget = widgets.VBox([self.current, self.compare, self.table])
+        self.rows: list[dict] = []
+
+    def update(self, timings: dict[str, float], *, backend: str, device: str, grid_shape, n_atoms: int) -> None:
+        """Show the last computation's timings (seconds) of ``backend`` on ``device``."""
+        cells = "".join(f"<tr><td>{html.escape(k)}</td><td>{v * 1e3:.1f} ms</td></tr>" for k, v in timings.items())
+        shape = "×".join(str(n) for n in grid_shape)
+        self.current.value = (
+            f"<b>{html.escape(backend)} on {html.escape(device)}</b>, {n_atoms} atoms, grid {shape} "
+            "(last computation; first calls include compilation)"
+            f"<table>{cells}</table>"
+        )
+
+    def update_all(self, rows: list[dict]) -> None:
+        """Show the rows of :func:`workbench.compute.time_backends`."""
+        self.rows = rows
+        body = []
+        for r in rows:
+            if r["error"]:
+                body.append(
+                    f"<tr><td>{r['device']}</td><td>{r['backend']}</td><td>{r['op']}</td>"
+                    f"<td colspan=2>{html.escape(r['error'])}</td></tr>"
+                )
+            else:
+                body.append(
+                    f"<tr><td>{r['device']}</td><td>{r['backend']}</td><td>{r['op']}</td>"
+                    f"<td>{r['forward_ms']:.1f} ms</td><td>{r['backward_ms']:.1f} ms</td></tr>"
+                )
+        self.table.value = (
+            "<table><tr><th>device</th><th>backend</th><th>op</th><th>forward</th><th>backward</th></tr>"
+            + "".join(body)
+            + "</table><small>best of 2 runs each; density backward is that of ½‖ρ − ρ_target‖²</small>"
+        )
