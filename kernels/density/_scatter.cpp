@@ -1,0 +1,886 @@
+// Separable Gaussian density splat on a periodic whole-cell grid, and its gradient (CPU).
+//
+// Plain C++17 + the CPython C API (no torch headers): tensors arrive as data_ptr()
+// integers and sizes; kernels/density/cpu.py owns the shapes, dtypes and contiguity.
+//
+// Forward (splat): every atom's density is built separably from small per-atom tables
+// (KERNELS.md): r² = dᵀGd over the fractional offset d splits into a part over one
+// coupled pair of axes and a part over the remaining axis —
+//   orthogonal / hexagonal (only G12 couples x,y): 2-D table over (x,y) × 1-D table over z,
+//   monoclinic (only G13 couples x,z):              1-D table over y × 2-D table over (x,z),
+//   triclinic (all three couple):                   the full exponent per voxel.
+// Every factor is exp(−α·q) with q ≥ 0 (a positive-definite form), so nothing overflows.
+// The innermost loop runs over the fastest map axis z, over exactly the voxels of the row
+// inside the sphere, and adds Σ_k c_k·T_k[z] (5 Gaussians) to the map.
+//
+// Partitioned scatter: the map is cut into slabs along x (the slowest axis), each slab is
+// one task owned by one thread, so no two threads ever write the same voxel (no atomics).
+// The x-ranges of the atoms' boxes ("segments", split where they wrap around the cell) are
+// counting-sorted by their first x plane; a slab walks only the segments that can reach
+// it, in that one global order. Each voxel therefore receives its contributions in the
+// same order whatever the number of threads or slabs: results are bitwise reproducible.
+//
+// Backward (gather): for each atom, Σ over its voxels of upstream-gradient × ∂ρ/∂parameter,
+// with the same tables and the same voxel set. Atoms are independent tasks; each atom's
+// sums are formed by one thread in a fixed order (deterministic for any thread count).
+//
+// Threads: OpenMP when built with it, std::thread otherwise (macro KERNELS_NO_OPENMP).
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <new>
+#include <thread>
+#include <vector>
+
+#ifndef KERNELS_NO_OPENMP
+#include <omp.h>
+#endif
+
+#if defined(_OPENMP)
+#define KERNELS_SIMD _Pragma("omp simd")
+#else
+#define KERNELS_SIMD
+#endif
+
+// Hot functions get an AVX2+FMA clone next to the baseline one, picked at load time by
+// the CPU (GCC function multi-versioning, Linux/x86-64 only). Wheels stay portable: no
+// -march=native. A given machine always runs the same clone, so reproducibility holds.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+    !defined(KERNELS_NO_CLONES)
+#define KERNELS_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KERNELS_HOT
+#endif
+
+#if defined(__GNUC__)
+#define KERNELS_INLINE inline __attribute__((always_inline))
+#else
+#define KERNELS_INLINE inline
+#endif
+
+namespace {
+
+constexpr int NG = 5;  // Gaussians per atom: four IT92 terms + the constant c (width 0)
+constexpr double PI = 3.14159265358979323846;
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// ------------------------------------------------------------------ exp(x) for x <= 0
+
+// exp of a non-positive float, vectorisable (no libm call, no branches).
+// Cody–Waite reduction x = n·ln2 + r, |r| ≤ ln2/2, and a degree-7 Taylor polynomial:
+// relative error < 3e-7 (a few float ulps; KERNELS.md allows 1e-5). Arguments below −30
+// return 0: exp(−30) ≈ 9e-14 of a term is far below float resolution of any voxel sum,
+// and cutting there keeps products of two or three factors out of the slow denormal range.
+KERNELS_INLINE float exp_neg(float x) {
+    const float xc = x < -30.0f ? -30.0f : x;
+    // round to nearest through the 1.5·2^23 trick: exact for |v| < 2^22, SSE2-vectorisable
+    const float shifter = 12582912.0f;
+    const float n = (xc * 1.44269504088896341f + shifter) - shifter;
+    const float r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return x < -30.0f ? 0.0f : p * scale;
+}
+
+// ------------------------------------------------------------------ geometry
+
+enum Kind { kZSep = 0, kYSep = 1, kTriclinic = 2 };
+
+struct Geom {
+    int64_t n[3];      // grid size = sampling (whole cell)
+    double m[3];       // the same as doubles
+    double G00, G11, G22, G01x2, G02x2, G12x2;  // metric; cross terms pre-doubled as the reference does
+    double recip[3];   // |a*|, |b*|, |c*| (row norms of the fractional matrix)
+    double orth[9];    // fractional -> Cartesian, row-major
+    int kind;
+};
+
+// r² exactly as kernels/density/reference.py evaluates it (same operations, same order,
+// no fused multiply-add), so a voxel at an exact tie r² == R² lands on the same side.
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((noinline, optimize("fp-contract=off")))
+#endif
+double r2_exact(const Geom& g, double dx, double dy, double dz) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    double s = g.G00 * dx * dx;
+    s = s + g.G11 * dy * dy;
+    s = s + g.G22 * dz * dz;
+    s = s + g.G01x2 * dx * dy;
+    s = s + g.G02x2 * dx * dz;
+    s = s + g.G12x2 * dy * dz;
+    return s;
+}
+
+KERNELS_INLINE int64_t floor_mod(int64_t a, int64_t n) {
+    int64_t r = a % n;
+    return r < 0 ? r + n : r;
+}
+
+struct AtomP {
+    double f[3];       // fractional position
+    double R2;         // cutoff radius² (Å²)
+    int64_t lo[3];     // box of lattice voxels (inclusive, unwrapped), as the reference
+    int64_t hi[3];
+    double amp[NG];    // a_k·(4π/W_k)^{3/2}, W_k = b_k + B (unit occupancy)
+    double alpha[NG];  // 4π²/W_k
+    double width[NG];  // W_k
+    double occ;
+};
+
+void prepare_atom(const Geom& g, const double* frac, const double* radii, const double* b_iso, const double* occ,
+                  const double* a, const double* b, int64_t i, AtomP& A) {
+    const double R = radii[i];
+    A.R2 = R * R;
+    for (int d = 0; d < 3; ++d) {
+        A.f[d] = frac[3 * i + d];
+        const double centre = A.f[d] * g.m[d];
+        const double reach = R * g.recip[d] * g.m[d];
+        A.lo[d] = static_cast<int64_t>(std::floor(centre - reach));
+        A.hi[d] = static_cast<int64_t>(std::ceil(centre + reach));
+    }
+    for (int k = 0; k < NG; ++k) {
+        const double w = b[NG * i + k] + b_iso[i];
+        A.width[k] = w;
+        A.amp[k] = a[NG * i + k] * std::pow(4.0 * PI / w, 1.5);
+        A.alpha[k] = 4.0 * PI * PI / w;
+    }
+    A.occ = occ[i];
+}
+
+// Voxels along z (lattice coordinates [wa, wb]) of row (dx, dy) with r² < R²; false if none.
+// The interval comes from the quadratic in dz; only an end that lies within 1e-6 voxel of
+// a lattice point (or a row that grazes the sphere) is settled with the exact test.
+KERNELS_INLINE bool row_range(const Geom& g, const AtomP& A, double dx, double dy, double Q, double Lz, int64_t& wa,
+                      int64_t& wb) {
+    constexpr double kNear = 1e-6;
+    const double qa = g.G22, qb = Lz, qc = Q - A.R2;
+    const double disc = qb * qb - 4.0 * qa * qc;
+    const double scale = qb * qb + 4.0 * qa * (std::fabs(Q) + A.R2);
+    const double fz = A.f[2], mz = g.m[2];
+    const int64_t zlo = A.lo[2], zhi = A.hi[2];
+    if (!(disc > -1e-6 * scale)) return false;  // clearly misses the sphere (also catches R = 0)
+    auto inside = [&](int64_t w) { return r2_exact(g, dx, dy, static_cast<double>(w) / mz - fz) < A.R2; };
+    if (disc < 1e-6 * scale) {
+        // grazing row: a handful of candidates around the vertex, each decided exactly
+        const double wc = (-qb / (2.0 * qa) + fz) * mz;
+        const double hw = std::sqrt(std::max(disc, 0.0) + 1e-6 * scale) / (2.0 * qa) * mz + 1.0;
+        int64_t s = std::max(zlo, static_cast<int64_t>(std::floor(wc - hw)));
+        int64_t e = std::min(zhi, static_cast<int64_t>(std::ceil(wc + hw)));
+        while (s <= e && !inside(s)) ++s;
+        while (e >= s && !inside(e)) --e;
+        wa = s;
+        wb = e;
+        return s <= e;
+    }
+    const double sq = std::sqrt(disc);
+    const double q = -0.5 * (qb + std::copysign(sq, qb));  // stable roots q/qa and qc/q
+    double z1 = q / qa, z2 = qc / q;
+    if (z1 > z2) std::swap(z1, z2);
+    const double wlo = (z1 + fz) * mz, whi = (z2 + fz) * mz;
+    int64_t s = static_cast<int64_t>(std::ceil(wlo - kNear));
+    int64_t e = static_cast<int64_t>(std::floor(whi + kNear));
+    s = std::max(s, zlo);
+    e = std::min(e, zhi);
+    if (static_cast<double>(s) - wlo < kNear)
+        while (s <= e && !inside(s)) ++s;
+    if (whi - static_cast<double>(e) < kNear)
+        while (e >= s && !inside(e)) --e;
+    wa = s;
+    wb = e;
+    return s <= e;
+}
+
+// ------------------------------------------------------------------ per-thread scratch
+
+struct Scratch {
+    std::vector<float> tab_a;    // 1-D table (z for kZSep, y for kYSep), NG rows
+    std::vector<float> tab_b;    // 2-D table over the coupled pair, NG planes
+    std::vector<float> tab_r;    // triclinic: one row of full-exponent values, NG rows
+    std::vector<double> q;       // quadratic forms before the exp
+    std::vector<float> dzf;      // fractional dz per z of the box (backward)
+    std::vector<float> dz2f;     // dz² (backward)
+    std::vector<double> dzd;     // fractional dz per z of the box (double)
+    std::vector<double> dyd;     // fractional dy per y of the box
+    std::vector<int64_t> jw;     // wrapped y index per y of the box
+};
+
+// exp tables: out[k*len + t] = exp(−alpha_k · q[t]) (vectorised over t)
+KERNELS_INLINE void exp_table(const AtomP& A, const double* q, int64_t len, float* out) {
+    for (int k = 0; k < NG; ++k) {
+        const double al = A.alpha[k];
+        float* o = out + k * len;
+        KERNELS_SIMD
+        for (int64_t t = 0; t < len; ++t) o[t] = exp_neg(static_cast<float>(-al * q[t]));
+    }
+}
+
+// o[l] += Σ_k c_k · t_k[l]
+KERNELS_INLINE void add_row(float* __restrict o, int64_t n, const float* __restrict t, int64_t stride, const float* c) {
+    const float c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3], c4 = c[4];
+    const float* __restrict t0 = t;
+    const float* __restrict t1 = t + stride;
+    const float* __restrict t2 = t + 2 * stride;
+    const float* __restrict t3 = t + 3 * stride;
+    const float* __restrict t4 = t + 4 * stride;
+    KERNELS_SIMD
+    for (int64_t l = 0; l < n; ++l) o[l] += c0 * t0[l] + c1 * t1[l] + c2 * t2[l] + c3 * t3[l] + c4 * t4[l];
+}
+
+// acc[k] += (Σ_l g·t_k, Σ_l g·t_k·dz, Σ_l g·t_k·dz²)
+KERNELS_INLINE void gather_row(const float* __restrict gr, int64_t n, const float* __restrict t, int64_t stride,
+                       const float* __restrict dz, const float* __restrict dz2, float acc[NG][3]) {
+    for (int k = 0; k < NG; ++k) {
+        const float* __restrict tk = t + k * stride;
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f;
+#if defined(_OPENMP)
+#pragma omp simd reduction(+ : s0, s1, s2)
+#endif
+        for (int64_t l = 0; l < n; ++l) {
+            const float v = gr[l] * tk[l];
+            s0 += v;
+            s1 += v * dz[l];
+            s2 += v * dz2[l];
+        }
+        acc[k][0] += s0;
+        acc[k][1] += s1;
+        acc[k][2] += s2;
+    }
+}
+
+// Per-atom gradient sums over its voxels of g·e_k·(1, dx, dy, dz, r²), e_k = exp(−α_k r²).
+struct GradSums {
+    double p0[NG], pdx[NG], pdy[NG], pdz[NG], pr2[NG];
+};
+
+// Visit every row (i, j) of atom A with i in [ia, ib] (lattice), build the tables and
+// either add its density to `out` (Forward) or gather gradient sums from `grad` (backward).
+template <class Idx, bool Forward>
+KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int64_t ib, float* out, const float* grad,
+                  Scratch& S, GradSums* gs) {
+    const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
+    const int64_t ylo = A.lo[1], zlo = A.lo[2];
+    const int64_t nyb = A.hi[1] - ylo + 1, nzb = A.hi[2] - zlo + 1, nib = ib - ia + 1;
+    const double fx = A.f[0], fy = A.f[1], fz = A.f[2];
+
+    double* dyd = S.dyd.data();
+    double* dzd = S.dzd.data();
+    int64_t* jw = S.jw.data();
+    for (int64_t s = 0; s < nyb; ++s) {
+        dyd[s] = static_cast<double>(ylo + s) / g.m[1] - fy;
+        jw[s] = floor_mod(ylo + s, ny);
+    }
+    for (int64_t t = 0; t < nzb; ++t) dzd[t] = static_cast<double>(zlo + t) / g.m[2] - fz;
+    if (!Forward) {
+        for (int64_t t = 0; t < nzb; ++t) {
+            S.dzf[t] = static_cast<float>(dzd[t]);
+            S.dz2f[t] = static_cast<float>(dzd[t] * dzd[t]);
+        }
+    }
+    float* ta = S.tab_a.data();
+    float* tb = S.tab_b.data();
+    double* q = S.q.data();
+    // Tables. Vectorised loops run over the full box extent of their inner axis, so a
+    // value never depends on where a slab boundary clips the atom (reproducibility).
+    if (g.kind == kZSep) {
+        for (int64_t t = 0; t < nzb; ++t) q[t] = g.G22 * dzd[t] * dzd[t];
+        exp_table(A, q, nzb, ta);  // ta[k*nzb + t]
+        for (int64_t i = ia; i <= ib; ++i) {
+            const double dx = static_cast<double>(i) / g.m[0] - fx;
+            double* qi = q + (i - ia) * nyb;
+            for (int64_t s = 0; s < nyb; ++s)
+                qi[s] = g.G00 * dx * dx + g.G11 * dyd[s] * dyd[s] + g.G01x2 * dx * dyd[s];
+        }
+        exp_table(A, q, nib * nyb, tb);  // tb[k*nib*nyb + (i-ia)*nyb + s]
+    } else if (g.kind == kYSep) {
+        for (int64_t s = 0; s < nyb; ++s) q[s] = g.G11 * dyd[s] * dyd[s];
+        exp_table(A, q, nyb, ta);  // ta[k*nyb + s]
+        for (int64_t i = ia; i <= ib; ++i) {
+            const double dx = static_cast<double>(i) / g.m[0] - fx;
+            double* qi = q + (i - ia) * nzb;
+            for (int64_t t = 0; t < nzb; ++t)
+                qi[t] = g.G00 * dx * dx + g.G22 * dzd[t] * dzd[t] + g.G02x2 * dx * dzd[t];
+        }
+        exp_table(A, q, nib * nzb, tb);  // tb[k*nib*nzb + (i-ia)*nzb + t]
+    }
+
+    float ampf[NG];
+    for (int k = 0; k < NG; ++k) ampf[k] = static_cast<float>(A.amp[k] * A.occ);
+    const int64_t plane_b = g.kind == kZSep ? nib * nyb : nib * nzb;
+
+    for (int64_t i = ia; i <= ib; ++i) {
+        const double dx = static_cast<double>(i) / g.m[0] - fx;
+        const Idx iw = static_cast<Idx>(floor_mod(i, nx));
+        for (int64_t s = 0; s < nyb; ++s) {
+            const double dy = dyd[s];
+            const double Q = g.G00 * dx * dx + g.G11 * dy * dy + g.G01x2 * dx * dy;
+            const double Lz = g.G02x2 * dx + g.G12x2 * dy;
+            int64_t wa, wb;
+            if (!row_range(g, A, dx, dy, Q, Lz, wa, wb)) continue;
+            // row factor c_k and the z-table (base pointer at z = wa, stride between Gaussians)
+            float rowf[NG];
+            const float* tab;
+            int64_t stride;
+            if (g.kind == kZSep) {
+                for (int k = 0; k < NG; ++k) rowf[k] = tb[k * plane_b + (i - ia) * nyb + s];
+                tab = ta + (wa - zlo);
+                stride = nzb;
+            } else if (g.kind == kYSep) {
+                for (int k = 0; k < NG; ++k) rowf[k] = ta[k * nyb + s];
+                tab = tb + (i - ia) * nzb + (wa - zlo);
+                stride = plane_b;
+            } else {
+                const int64_t len = wb - wa + 1;
+                double* qr = q;
+                const double* dz = dzd + (wa - zlo);
+                for (int64_t t = 0; t < len; ++t) qr[t] = Q + Lz * dz[t] + g.G22 * dz[t] * dz[t];
+                exp_table(A, qr, len, S.tab_r.data());
+                for (int k = 0; k < NG; ++k) rowf[k] = 1.0f;
+                tab = S.tab_r.data();
+                stride = len;
+            }
+            const Idx base = (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
+            if (Forward) {
+                float c[NG];
+                for (int k = 0; k < NG; ++k) c[k] = ampf[k] * rowf[k];
+                int64_t w = wa;
+                int64_t wz = floor_mod(w, nz);
+                while (w <= wb) {  // pieces split where the row wraps around the cell along z
+                    const int64_t run = std::min(wb - w + 1, nz - wz);
+                    add_row(out + base + static_cast<Idx>(wz), run, tab + (w - wa), stride, c);
+                    w += run;
+                    wz = 0;
+                }
+            } else {
+                float acc[NG][3] = {};
+                int64_t w = wa;
+                int64_t wz = floor_mod(w, nz);
+                while (w <= wb) {
+                    const int64_t run = std::min(wb - w + 1, nz - wz);
+                    gather_row(grad + base + static_cast<Idx>(wz), run, tab + (w - wa), stride,
+                               S.dzf.data() + (w - zlo), S.dz2f.data() + (w - zlo), acc);
+                    w += run;
+                    wz = 0;
+                }
+                for (int k = 0; k < NG; ++k) {
+                    const double c = rowf[k];
+                    const double s0 = c * acc[k][0], s1 = c * acc[k][1], s2 = c * acc[k][2];
+                    gs->p0[k] += s0;
+                    gs->pdx[k] += dx * s0;
+                    gs->pdy[k] += dy * s0;
+                    gs->pdz[k] += s1;
+                    gs->pr2[k] += Q * s0 + Lz * s1 + g.G22 * s2;
+                }
+            }
+        }
+    }
+}
+
+void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
+    const int64_t big = std::max(nxb * nyb, nxb * nzb);
+    S.tab_a.resize(NG * std::max(nyb, nzb));
+    S.tab_b.resize(NG * big);
+    S.tab_r.resize(NG * nzb);
+    S.q.resize(std::max(big, std::max(nyb, nzb)));
+    S.dzf.resize(nzb);
+    S.dz2f.resize(nzb);
+    S.dzd.resize(nzb);
+    S.dyd.resize(nyb);
+    S.jw.resize(nyb);
+}
+
+// ------------------------------------------------------------------ threads
+
+// fn(task, worker) for task in [0, n_tasks), dynamically scheduled over n_threads workers.
+template <class F>
+void parallel_for(int64_t n_tasks, int n_threads, F&& fn) {
+    n_threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(n_threads, n_tasks)));
+    if (n_threads <= 1) {
+        for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
+        return;
+    }
+#ifndef KERNELS_NO_OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
+    for (int64_t t = 0; t < n_tasks; ++t) fn(t, omp_get_thread_num());
+#else
+    std::atomic<int64_t> next{0};
+    auto worker = [&](int id) {
+        for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) fn(t, id);
+    };
+    std::vector<std::thread> pool;
+    pool.reserve(n_threads - 1);
+    for (int id = 1; id < n_threads; ++id) pool.emplace_back(worker, id);
+    worker(0);
+    for (auto& th : pool) th.join();
+#endif
+}
+
+// ------------------------------------------------------------------ forward
+
+struct Segment {
+    int64_t atom;
+    int64_t u0;   // first lattice x of the segment (unwrapped)
+    int64_t len;  // planes; xs + len <= nx
+};
+
+struct Inputs {
+    Geom g;
+    int64_t n_atoms;
+    const double *frac, *radii, *b_iso, *occ, *a, *b;
+};
+
+KERNELS_HOT
+void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
+              const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0, int64_t x1, float* out, Scratch& S,
+              bool use64) {
+    const int64_t nx = in.g.n[0];
+    const int64_t first = bucket[std::max<int64_t>(0, x0 - lmax + 1)];
+    const int64_t last = bucket[x1];
+    for (int64_t p = first; p < last; ++p) {
+        const Segment& sg = segs[p];
+        const int64_t xs = floor_mod(sg.u0, nx);
+        if (xs + sg.len <= x0) continue;
+        const int64_t ia = sg.u0 + std::max<int64_t>(0, x0 - xs);
+        const int64_t ib = sg.u0 + std::min<int64_t>(sg.len, x1 - xs) - 1;
+        if (use64)
+            process_atom<int64_t, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr);
+        else
+            process_atom<int32_t, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr);
+    }
+}
+
+struct Timings {
+    double prepare = 0, partition = 0, compute = 0;
+    int64_t tasks = 0;
+};
+
+void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int64_t box_max[3]) {
+    atoms.resize(in.n_atoms);
+    const int64_t per = 1024;
+    const int64_t n_tasks = (in.n_atoms + per - 1) / per;
+    parallel_for(n_tasks, n_threads, [&](int64_t t, int) {
+        for (int64_t i = t * per; i < std::min(in.n_atoms, (t + 1) * per); ++i)
+            prepare_atom(in.g, in.frac, in.radii, in.b_iso, in.occ, in.a, in.b, i, atoms[i]);
+    });
+    box_max[0] = box_max[1] = box_max[2] = 1;
+    for (const AtomP& A : atoms)
+        for (int d = 0; d < 3; ++d) box_max[d] = std::max(box_max[d], A.hi[d] - A.lo[d] + 1);
+}
+
+void splat(const Inputs& in, float* out, int n_threads, bool use64, Timings& tm) {
+    auto t0 = Clock::now();
+    std::vector<AtomP> atoms;
+    int64_t box[3];
+    prepare_all(in, atoms, n_threads, box);
+    tm.prepare = seconds_since(t0);
+
+    // Segments: each atom's x-range split where it wraps, counting-sorted by first plane.
+    t0 = Clock::now();
+    const int64_t nx = in.g.n[0];
+    std::vector<Segment> raw;
+    raw.reserve(in.n_atoms + in.n_atoms / 4 + 8);
+    std::vector<int64_t> count(nx + 1, 0);
+    std::vector<double> work(nx + 1, 0.0);  // per-plane cost estimate (difference array)
+    int64_t lmax = 1;
+    for (int64_t i = 0; i < in.n_atoms; ++i) {
+        const AtomP& A = atoms[i];
+        if (!(A.R2 > 0)) continue;
+        const double area = static_cast<double>(A.hi[1] - A.lo[1] + 1) * static_cast<double>(A.hi[2] - A.lo[2] + 1);
+        for (int64_t u = A.lo[0]; u <= A.hi[0];) {
+            const int64_t xs = floor_mod(u, nx);
+            const int64_t len = std::min(A.hi[0] - u + 1, nx - xs);
+            raw.push_back({i, u, len});
+            count[xs + 1] += 1;
+            work[xs] += area;
+            work[xs + len] -= area;
+            lmax = std::max(lmax, len);
+            u += len;
+        }
+    }
+    std::vector<int64_t> bucket(nx + 1, 0);  // bucket[x] = first segment with xs >= x
+    for (int64_t x = 0; x < nx; ++x) bucket[x + 1] = bucket[x] + count[x + 1];
+    std::vector<Segment> segs(raw.size());
+    {
+        std::vector<int64_t> fill(bucket.begin(), bucket.end() - 1);
+        for (const Segment& sg : raw) segs[fill[floor_mod(sg.u0, nx)]++] = sg;  // stable
+    }
+    // Slabs of about equal work; more slabs than threads so a busy core does not hold the rest up.
+    const int64_t n_slabs = n_threads <= 1 ? 1 : std::min<int64_t>(nx, 4 * static_cast<int64_t>(n_threads));
+    std::vector<int64_t> edge(1, 0);
+    {
+        double total = 0;
+        std::vector<double> cum(nx + 1, 0.0);
+        double run = 0;
+        for (int64_t x = 0; x < nx; ++x) {
+            run += work[x];
+            cum[x + 1] = cum[x] + run + 1.0;  // +1: every plane costs something, keeps edges distinct
+        }
+        total = cum[nx];
+        int64_t x = 0;
+        for (int64_t s = 1; s < n_slabs; ++s) {
+            const double target = total * static_cast<double>(s) / static_cast<double>(n_slabs);
+            while (x < nx && cum[x + 1] < target) ++x;
+            const int64_t e = std::max(edge.back() + 1, std::min(x + 1, nx - (n_slabs - s)));
+            edge.push_back(e);
+        }
+        edge.push_back(nx);
+    }
+    std::vector<Scratch> scratch(n_threads);
+    for (Scratch& S : scratch) size_scratch(S, box[0], box[1], box[2]);
+    tm.partition = seconds_since(t0);
+    tm.tasks = static_cast<int64_t>(edge.size()) - 1;
+
+    t0 = Clock::now();
+    parallel_for(tm.tasks, n_threads, [&](int64_t s, int worker) {
+        run_slab(in, atoms, segs, bucket, lmax, edge[s], edge[s + 1], out, scratch[worker], use64);
+    });
+    tm.compute = seconds_since(t0);
+}
+
+// ------------------------------------------------------------------ backward
+
+KERNELS_HOT
+void gather_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last, const float* grad,
+                  Scratch& S, bool use64, double* gxyz, double* gb, double* gocc) {
+    const Geom& g = in.g;
+    for (int64_t i = first; i < last; ++i) {
+        const AtomP& A = atoms[i];
+        GradSums gs;
+        std::memset(&gs, 0, sizeof gs);
+        if (A.R2 > 0) {
+            if (use64)
+                process_atom<int64_t, false>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
+            else
+                process_atom<int32_t, false>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
+        }
+        double d_occ = 0, d_b = 0, df[3] = {0, 0, 0};
+        for (int k = 0; k < NG; ++k) {
+            const double amp = A.amp[k];
+            d_occ += amp * gs.p0[k];
+            d_b += amp * (-1.5 * gs.p0[k] + A.alpha[k] * gs.pr2[k]) / A.width[k];
+            const double w = 2.0 * amp * A.alpha[k];
+            df[0] += w * gs.pdx[k];
+            df[1] += w * gs.pdy[k];
+            df[2] += w * gs.pdz[k];
+        }
+        // ∂r²/∂xyz = −2·orth·d (d = voxel − atom, fractional): ∂ρ/∂xyz = 2·occ·Σ amp·α·e·orth·d
+        for (int r = 0; r < 3; ++r)
+            gxyz[3 * i + r] = A.occ * (g.orth[3 * r] * df[0] + g.orth[3 * r + 1] * df[1] + g.orth[3 * r + 2] * df[2]);
+        gb[i] = A.occ * d_b;
+        gocc[i] = d_occ;
+    }
+}
+
+void gather(const Inputs& in, const float* grad, int n_threads, bool use64, double* gxyz, double* gb, double* gocc,
+            Timings& tm) {
+    auto t0 = Clock::now();
+    std::vector<AtomP> atoms;
+    int64_t box[3];
+    prepare_all(in, atoms, n_threads, box);
+    std::vector<Scratch> scratch(n_threads);
+    for (Scratch& S : scratch) size_scratch(S, box[0], box[1], box[2]);
+    tm.prepare = seconds_since(t0);
+    t0 = Clock::now();
+    const int64_t per = 32;
+    tm.tasks = (in.n_atoms + per - 1) / per;
+    parallel_for(tm.tasks, n_threads, [&](int64_t t, int worker) {
+        gather_atoms(in, atoms, t * per, std::min(in.n_atoms, (t + 1) * per), grad, scratch[worker], use64, gxyz, gb,
+                     gocc);
+    });
+    tm.compute = seconds_since(t0);
+}
+
+// ------------------------------------------------------------------ cutoff radius (gemmi's rule)
+
+// Port of kernels/density/radius.py (gemmi's DensityCalculator::estimate_radius), one atom
+// at a time: the same steps in the same order, so the radii agree to rounding.
+double cutoff_radius_one(double B, const double* a, const double* b, double cutoff) {
+    double amp[NG], expo[NG];
+    for (int k = 0; k < NG; ++k) {
+        const double w = b[k] + B;
+        amp[k] = a[k] * std::pow(4.0 * PI / w, 1.5);
+        expo[k] = -4.0 * PI * PI / w;
+    }
+    auto value = [&](double x) {
+        double s = 0;
+        for (int k = 0; k < NG; ++k) s += amp[k] * std::exp(expo[k] * (x * x));
+        return s;
+    };
+    auto value_slope = [&](double x, double& y, double& dy) {
+        y = 0;
+        dy = 0;
+        for (int k = 0; k < NG; ++k) {
+            const double e = amp[k] * std::exp(expo[k] * (x * x));
+            y += e;
+            dy += 2 * x * expo[k] * e;
+        }
+    };
+    constexpr int kMaxSteps = 80;
+    double x1 = (8.5 + 0.075 * B) / (2.4 + 0.0045 * B), y1, dy;
+    value_slope(x1, y1, dy);
+    for (int s = 0; s < kMaxSteps && dy > 0; ++s) {
+        x1 += 1.0;
+        value_slope(x1, y1, dy);
+    }
+    double x2 = x1, y2 = y1;
+    bool rose = false;
+    if (y1 < cutoff) {
+        for (int s = 0; s < kMaxSteps; ++s) {
+            x2 = x1;
+            y2 = y1;
+            x1 -= 0.5;
+            value_slope(x1, y1, dy);
+            if (dy > 0) {
+                rose = true;
+                break;
+            }
+            if (x1 < 0) {
+                x1 = 0;
+                y1 = value(0.0);
+                break;
+            }
+            if (!(y1 < cutoff)) break;
+        }
+        if (rose) {
+            for (int s = 0; s < 6; ++s) {
+                if (dy > 0 && x1 + 0.1 < x2) {
+                    x1 += 0.1;
+                    value_slope(x1, y1, dy);
+                }
+            }
+            if (y1 < cutoff) return std::max(x1, 0.0);
+        }
+    } else {
+        for (int s = 0; s < kMaxSteps && y2 > cutoff; ++s) {
+            x1 = x2;
+            y1 = y2;
+            x2 += 0.5;
+            y2 = value(x2);
+        }
+    }
+    const double denom = y1 - y2;
+    const double r = denom == 0 ? x1 : x1 + (x1 - x2) / denom * (cutoff - y1);
+    return std::max(r, 0.0);
+}
+
+// ------------------------------------------------------------------ Python bindings
+
+template <class T>
+T* as_ptr(PyObject* o) {
+    return reinterpret_cast<T*>(PyLong_AsVoidPtr(o));
+}
+
+bool parse_doubles(PyObject* seq, int n, double* out, const char* what) {
+    PyObject* fast = PySequence_Fast(seq, what);
+    if (!fast) return false;
+    if (PySequence_Fast_GET_SIZE(fast) != n) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "%s: expected %d numbers", what, n);
+        return false;
+    }
+    for (int i = 0; i < n; ++i) {
+        out[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
+        if (PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return false;
+        }
+    }
+    Py_DECREF(fast);
+    return true;
+}
+
+// Common arguments: shape (3 ints), n_atoms, 6 atom pointers, metric (9), recip (3),
+// orth (9), kind, n_threads, force_int64.
+bool parse_inputs(PyObject* args, Py_ssize_t start, Inputs& in, int& n_threads, bool& use64) {
+    PyObject *shape, *pf, *pr, *pb, *po, *pa, *pbb, *metric, *recip, *orth;
+    int kind, force64;
+    long long n_atoms;
+    PyObject* sub = PyTuple_GetSlice(args, start, PyTuple_GET_SIZE(args));
+    if (!sub) return false;
+    const int ok = PyArg_ParseTuple(sub, "OLOOOOOOOOOiip", &shape, &n_atoms, &pf, &pr, &pb, &po, &pa, &pbb, &metric,
+                                    &recip, &orth, &kind, &n_threads, &force64);
+    Py_DECREF(sub);
+    if (!ok) return false;
+    double sh[3], G[9];
+    if (!parse_doubles(shape, 3, sh, "shape") || !parse_doubles(metric, 9, G, "metric") ||
+        !parse_doubles(recip, 3, in.g.recip, "recip") || !parse_doubles(orth, 9, in.g.orth, "orth"))
+        return false;
+    for (int d = 0; d < 3; ++d) {
+        in.g.n[d] = static_cast<int64_t>(sh[d]);
+        in.g.m[d] = sh[d];
+        if (in.g.n[d] < 1) {
+            PyErr_SetString(PyExc_ValueError, "grid shape must be positive");
+            return false;
+        }
+    }
+    in.g.G00 = G[0];
+    in.g.G11 = G[4];
+    in.g.G22 = G[8];
+    in.g.G01x2 = 2 * G[1];
+    in.g.G02x2 = 2 * G[2];
+    in.g.G12x2 = 2 * G[5];
+    if (kind < 0 || kind > 2) {
+        PyErr_SetString(PyExc_ValueError, "kind must be 0 (z separable), 1 (y separable) or 2 (triclinic)");
+        return false;
+    }
+    in.g.kind = kind;
+    in.n_atoms = n_atoms;
+    in.frac = as_ptr<const double>(pf);
+    in.radii = as_ptr<const double>(pr);
+    in.b_iso = as_ptr<const double>(pb);
+    in.occ = as_ptr<const double>(po);
+    in.a = as_ptr<const double>(pa);
+    in.b = as_ptr<const double>(pbb);
+    if (PyErr_Occurred()) return false;
+    n_threads = std::max(1, n_threads);
+    const int64_t nvox = in.g.n[0] * in.g.n[1] * in.g.n[2];
+    use64 = force64 || nvox >= (int64_t(1) << 31);
+    return true;
+}
+
+PyObject* timings_dict(const Timings& tm, bool use64) {
+    return Py_BuildValue("{s:d,s:d,s:d,s:L,s:s}", "prepare", tm.prepare, "partition", tm.partition, "compute",
+                         tm.compute, "tasks", static_cast<long long>(tm.tasks), "index", use64 ? "int64" : "int32");
+}
+
+const char splat_doc[] =
+    "splat(out_ptr, shape, n_atoms, frac_ptr, radii_ptr, b_iso_ptr, occ_ptr, a_ptr, b_ptr, metric, recip, orth,\n"
+    "      kind, n_threads, force_int64) -> dict of phase timings\n\n"
+    "Adds the density of n_atoms atoms to the float32 C-contiguous map at out_ptr (shape nx, ny, nz).\n"
+    "Atom arrays are float64, C-contiguous: frac (N,3), radii (N,), b_iso (N,), occ (N,), a (N,5), b (N,5).";
+
+PyObject* py_splat(PyObject*, PyObject* args) {
+    if (PyTuple_GET_SIZE(args) < 1) {
+        PyErr_SetString(PyExc_TypeError, "splat: missing arguments");
+        return nullptr;
+    }
+    float* out = as_ptr<float>(PyTuple_GET_ITEM(args, 0));
+    if (PyErr_Occurred()) return nullptr;
+    Inputs in;
+    int n_threads;
+    bool use64;
+    if (!parse_inputs(args, 1, in, n_threads, use64)) return nullptr;
+    Timings tm;
+    bool oom = false;
+    Py_BEGIN_ALLOW_THREADS
+    try {
+        if (in.n_atoms > 0) splat(in, out, n_threads, use64, tm);
+    } catch (const std::bad_alloc&) {
+        oom = true;
+    }
+    Py_END_ALLOW_THREADS
+    if (oom) return PyErr_NoMemory();
+    return timings_dict(tm, use64);
+}
+
+const char gather_doc[] =
+    "gather(grad_ptr, gxyz_ptr, gb_ptr, gocc_ptr, shape, n_atoms, frac_ptr, radii_ptr, b_iso_ptr, occ_ptr, a_ptr,\n"
+    "       b_ptr, metric, recip, orth, kind, n_threads, force_int64) -> dict of phase timings\n\n"
+    "Gradient of sum(grad * splat) with respect to xyz (N,3), b_iso (N,) and occ (N,), written as float64.";
+
+PyObject* py_gather(PyObject*, PyObject* args) {
+    if (PyTuple_GET_SIZE(args) < 4) {
+        PyErr_SetString(PyExc_TypeError, "gather: missing arguments");
+        return nullptr;
+    }
+    const float* grad = as_ptr<const float>(PyTuple_GET_ITEM(args, 0));
+    double* gxyz = as_ptr<double>(PyTuple_GET_ITEM(args, 1));
+    double* gb = as_ptr<double>(PyTuple_GET_ITEM(args, 2));
+    double* gocc = as_ptr<double>(PyTuple_GET_ITEM(args, 3));
+    if (PyErr_Occurred()) return nullptr;
+    Inputs in;
+    int n_threads;
+    bool use64;
+    if (!parse_inputs(args, 4, in, n_threads, use64)) return nullptr;
+    Timings tm;
+    bool oom = false;
+    Py_BEGIN_ALLOW_THREADS
+    try {
+        if (in.n_atoms > 0) gather(in, grad, n_threads, use64, gxyz, gb, gocc, tm);
+    } catch (const std::bad_alloc&) {
+        oom = true;
+    }
+    Py_END_ALLOW_THREADS
+    if (oom) return PyErr_NoMemory();
+    return timings_dict(tm, use64);
+}
+
+const char radii_doc[] =
+    "radii(out_ptr, n_atoms, b_iso_ptr, a_ptr, b_ptr, cutoff, n_threads)\n\n"
+    "Per-atom cutoff radius (Å) with gemmi's rule, float64 in and out: b_iso (N,), a (N,5), b (N,5).";
+
+PyObject* py_radii(PyObject*, PyObject* args) {
+    PyObject *po, *pb, *pa, *pbb;
+    long long n;
+    double cutoff;
+    int n_threads;
+    if (!PyArg_ParseTuple(args, "OLOOOdi", &po, &n, &pb, &pa, &pbb, &cutoff, &n_threads)) return nullptr;
+    double* out = as_ptr<double>(po);
+    const double* b_iso = as_ptr<const double>(pb);
+    const double* a = as_ptr<const double>(pa);
+    const double* b = as_ptr<const double>(pbb);
+    if (PyErr_Occurred()) return nullptr;
+    Py_BEGIN_ALLOW_THREADS
+    const int64_t per = 512;
+    parallel_for((n + per - 1) / per, std::max(1, n_threads), [&](int64_t t, int) {
+        for (int64_t i = t * per; i < std::min<int64_t>(n, (t + 1) * per); ++i)
+            out[i] = cutoff_radius_one(b_iso[i], a + NG * i, b + NG * i, cutoff);
+    });
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+PyObject* py_build_info(PyObject*, PyObject*) {
+#ifndef KERNELS_NO_OPENMP
+    const char* threads = "openmp";
+#else
+    const char* threads = "std::thread";
+#endif
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+    !defined(KERNELS_NO_CLONES)
+    const int clones = 1;
+#else
+    const int clones = 0;
+#endif
+    return Py_BuildValue("{s:s,s:O}", "threads", threads, "avx2_clone", clones ? Py_True : Py_False);
+}
+
+PyMethodDef methods[] = {
+    {"splat", py_splat, METH_VARARGS, splat_doc},
+    {"gather", py_gather, METH_VARARGS, gather_doc},
+    {"radii", py_radii, METH_VARARGS, radii_doc},
+    {"build_info", py_build_info, METH_NOARGS, "How this module was built: thread backend, CPU clones."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_scatter",
+    "Separable density splat and its gradient gather on the CPU (C++, OpenMP or std::thread).", -1, methods,
+};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__scatter(void) { return PyModule_Create(&module); }

@@ -1,0 +1,195 @@
+"""CPU production splat: separable per-atom tables + C++ partitioned scatter-add, with gradients.
+
+The work happens in the C++ extension ``kernels.density._scatter`` (built at install
+time; see ``_scatter.cpp`` for the algorithm). This module checks the inputs, casts them
+to float32 (warning once per dtype), derives the per-atom quantities the kernel needs,
+and wraps forward (scatter) and backward (gather) in a ``torch.autograd.Function``.
+
+The result is bitwise identical run to run and for any number of threads; the thread
+count follows ``torch.get_num_threads()``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels._util import to_float32
+from kernels.crystal import AtomSet, GridError, GridSpec
+from kernels.density.reference import atom_radii
+from kernels.density.radius import DEFAULT_CUTOFF
+
+try:
+    from kernels.density import _scatter
+except ImportError as exc:  # the dispatcher turns this into a BackendError with the reason
+    raise ImportError(
+        "the C++ extension kernels.density._scatter is not built; build it with "
+        "`pip install --no-build-isolation -e .` in the source tree (needs a C++17 compiler)"
+    ) from exc
+
+__all__ = ["splat_cpu", "cutoff_radius_cpu"]
+
+_OP = "splat_density"
+# Private switch for tests: force the int64 index path on a small grid (it is otherwise
+# taken only when the map has >= 2**31 voxels).
+_FORCE_INT64 = False
+# Cell kinds as the C++ kernel takes them: which axis stays separable.
+_KIND = {"orthogonal": 0, "hexagonal": 0, "monoclinic": 1, "triclinic": 2}
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def cutoff_radius_cpu(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cutoff: float = DEFAULT_CUTOFF):
+    """Per-atom cutoff radius in Å with gemmi's rule, computed in C++ (CPU tensors).
+
+    The same steps as :func:`kernels.density.radius.cutoff_radius` (which the reference
+    uses), atom by atom in float64: the radii agree with it to rounding (~1e-15 Å). That
+    vectorised torch version takes 0.3–5 s on 17k atoms because every atom runs the
+    longest walk; this takes about a millisecond.
+
+    Parameters
+    ----------
+    b_iso : torch.Tensor, shape (N,)
+        Isotropic B in Å² (> 0), any floating dtype, CPU.
+    a, b : torch.Tensor, shape (N, 5)
+        IT92 coefficients, c as the fifth term with width 0.
+    cutoff : float
+        Density level in e/Å³ (> 0).
+
+    Returns
+    -------
+    torch.Tensor, shape (N,), float64
+        Not differentiable.
+    """
+    if not (isinstance(cutoff, (int, float)) and math.isfinite(cutoff) and cutoff > 0):
+        raise ValueError(f"density cutoff must be a positive number of e/Å³, got {cutoff!r}")
+    bb = b_iso.detach().to(torch.float64).contiguous()
+    aa = a.detach().to(torch.float64).contiguous()
+    wb = b.detach().to(torch.float64).contiguous()
+    out = torch.empty(bb.shape[0], dtype=torch.float64)
+    if bb.shape[0]:
+        _scatter.radii(_ptr(out), bb.shape[0], _ptr(bb), _ptr(aa), _ptr(wb), float(cutoff), torch.get_num_threads())
+    return out
+
+
+def _call_args(grid: GridSpec, frac, radii, b_iso, occ, a, b, force_int64: bool):
+    cell = grid.cell
+    kind = _KIND[cell.kind]
+    recip = torch.linalg.norm(cell.frac, dim=1)
+    return (
+        tuple(float(n) for n in grid.shape),
+        frac.shape[0],
+        _ptr(frac),
+        _ptr(radii),
+        _ptr(b_iso),
+        _ptr(occ),
+        _ptr(a),
+        _ptr(b),
+        cell.metric.reshape(-1).tolist(),
+        recip.tolist(),
+        cell.orth.reshape(-1).tolist(),
+        kind,
+        torch.get_num_threads(),
+        bool(force_int64),
+    )
+
+
+def _as_f64(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(torch.float64).contiguous()
+
+
+class _SplatFunction(torch.autograd.Function):
+    """float32 map from float32 atoms; backward is the C++ gather (no dense graph)."""
+
+    @staticmethod
+    def forward(ctx, xyz, b_iso, occ, a, b, grid, radii, force_int64):
+        # The same float64 product as the reference, so voxel membership (r² < R²) agrees
+        # with it bit for bit at exact ties.
+        frac = (xyz.detach().to(torch.float64) @ grid.cell.frac.T).contiguous()
+        b64, o64, a64, w64 = _as_f64(b_iso), _as_f64(occ), _as_f64(a), _as_f64(b)
+        out = torch.zeros(grid.shape, dtype=torch.float32)
+        info = _scatter.splat(_ptr(out), *_call_args(grid, frac, radii, b64, o64, a64, w64, force_int64))
+        ctx.grid = grid
+        ctx.force_int64 = force_int64
+        ctx.info = info
+        ctx.save_for_backward(frac, radii, b64, o64, a64, w64)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        frac, radii, b64, o64, a64, w64 = ctx.saved_tensors
+        n = frac.shape[0]
+        g = grad_out.detach().to(torch.float32).contiguous()
+        gxyz = torch.zeros((n, 3), dtype=torch.float64)
+        gb = torch.zeros(n, dtype=torch.float64)
+        gocc = torch.zeros(n, dtype=torch.float64)
+        if n:
+            _scatter.gather(
+                _ptr(g),
+                _ptr(gxyz),
+                _ptr(gb),
+                _ptr(gocc),
+                *_call_args(ctx.grid, frac, radii, b64, o64, a64, w64, ctx.force_int64),
+            )
+        want = ctx.needs_input_grad
+        f32 = torch.float32
+        return (
+            gxyz.to(f32) if want[0] else None,
+            gb.to(f32) if want[1] else None,
+            gocc.to(f32) if want[2] else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def splat_cpu(
+    atoms: AtomSet, grid: GridSpec, *, radius: float | None = None, cutoff: float = DEFAULT_CUTOFF
+) -> torch.Tensor:
+    """Electron density of ``atoms`` on a whole-cell ``grid``, float32, on the CPU.
+
+    Parameters
+    ----------
+    atoms : AtomSet
+        CPU tensors; float32 (float64 is cast, with one warning per dtype).
+    grid : GridSpec
+        Whole-cell grid (periodic). Any cell: orthogonal, monoclinic, hexagonal, triclinic.
+    radius : float, optional
+        One cutoff radius in Å for every atom; default: per atom from ``cutoff``
+        (gemmi's rule, see :func:`cutoff_radius_cpu`).
+    cutoff : float
+        Density level in e/Å³ that sets each atom's radius when ``radius`` is None.
+
+    Returns
+    -------
+    torch.Tensor, shape grid.shape, float32
+        Density in e/Å³, differentiable with respect to ``atoms.xyz``, ``atoms.b_iso``
+        and ``atoms.occ`` (backward is a C++ gather over the same voxels).
+
+    Raises
+    ------
+    kernels.GridError
+        ``grid`` is a box, not the whole cell.
+    ValueError
+        Atoms not on the CPU, a radius or cutoff that is not a positive number.
+    """
+    if not grid.is_whole_cell:
+        raise GridError("the cpu density backend splats whole-cell grids only; use backend='reference' for a box")
+    if atoms.device.type != "cpu":
+        raise ValueError(f"splat_cpu needs CPU tensors, got {atoms.device}; use atoms.to('cpu') or backend='auto'")
+    xyz = to_float32(atoms.xyz, _OP)
+    b_iso = to_float32(atoms.b_iso, _OP)
+    occ = to_float32(atoms.occ, _OP)
+    a = to_float32(atoms.a, _OP)
+    b = to_float32(atoms.b, _OP)
+    if radius is not None:
+        radii = atom_radii(atoms, radius, cutoff)
+    else:
+        radii = cutoff_radius_cpu(b_iso, a, b, cutoff)
+    return _SplatFunction.apply(xyz, b_iso, occ, a, b, grid, radii, _FORCE_INT64)
