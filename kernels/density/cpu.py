@@ -17,8 +17,8 @@ import torch
 
 from kernels._util import to_float32
 from kernels.crystal import AtomSet, GridError, GridSpec
-from kernels.density.reference import atom_radii
 from kernels.density.radius import DEFAULT_CUTOFF
+from kernels.density.reference import atom_radii
 
 try:
     from kernels.density import _scatter
