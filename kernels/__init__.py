@@ -20,6 +20,7 @@ from kernels.crystal import (
 from kernels.density import DEFAULT_CUTOFF, cutoff_radius, splat_density
 from kernels.dispatch import BackendError, available_backends, resolve_backend
 from kernels.mapio import read_map, write_map
+from kernels.planarity import PlaneSet, find_planes, planarity_nll
 from kernels.symmetry import symmetrize
 from kernels.tricubic import tricubic_sample
 
@@ -33,9 +34,12 @@ __all__ = [
     "GridSpec",
     "Model",
     "ModelError",
+    "PlaneSet",
     "available_backends",
     "cutoff_radius",
     "example_structure",
+    "find_planes",
+    "planarity_nll",
     "read_map",
     "read_model",
     "resolve_backend",
