@@ -45,7 +45,13 @@ __all__ = ["splat_triton"]
 
 _LOG2E = 1.4426950408889634
 # Tuning knobs the benchmark may override (None = the launcher's choice).
-_TUNING: dict[str, int | None] = {"atoms_per_program": None, "num_warps": None, "bp": None, "bq": None}
+_TUNING: dict[str, int | None] = {
+    "atoms_per_program": None,
+    "num_warps": None,
+    "bp": None,
+    "bq": None,
+    "separable": None,  # 0 forces the full per-voxel exponent (for the benchmark's comparison)
+}
 # Interpreter: atoms per program (it costs per program, not per element).
 _INTERPRET_ATOMS = 64
 # B (Å²) of the nominal carbon whose radius sets the tile size; larger atoms take more tiles.
@@ -533,7 +539,7 @@ class _Plan:
         self.h = (float(h[0, 0]), float(h[1, 1]), float(h[2, 2]), float(h[0, 1]), float(h[0, 2]), float(h[1, 2]))
         recip = cell.reciprocal_lengths
         self.reach = tuple(float(r * k) for r, k in zip(recip, (nx, ny, nz)))
-        self.separable = cell.kind in ("orthogonal", "monoclinic")
+        self.separable = cell.kind in ("orthogonal", "monoclinic") and _TUNING["separable"] != 0
         self.per_atom = radius is None
         self.radius = 0.0 if radius is None else float(radius)
         self.cutoff = float(cutoff)
