@@ -1,0 +1,123 @@
+"""Every shipped notebook, executed end to end in a fresh kernel, as a user would run it.
+
+The notebooks run from a copy made by ``workbench.cli.install_notebooks`` (what
+``workbench lab`` does), so a notebook that reaches for a file next to itself in the
+source tree fails here. nbclient rather than nbmake: the test sets the environment and
+working folder per notebook, and ``pytest tests`` collects it with no extra flags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from workbench.cli import install_notebooks
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "workbench" / "notebooks"
+NAMES = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+# Each notebook is meant to run in seconds; a cell that takes a minute on 2 cores is a bug.
+CELL_TIMEOUT_S = 120
+
+
+def execute(path: Path, env: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    """Run ``path`` in a fresh python3 kernel in its own folder; raise on the first failing cell."""
+    nb = nbformat.read(path, as_version=4)
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    try:
+        client = NotebookClient(
+            nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        )
+        client.execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return nb
+
+
+def text_output(nb: nbformat.NotebookNode) -> str:
+    """All stream and text/plain output of a notebook, joined."""
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                parts.append(out["text"])
+            elif "text/plain" in out.get("data", {}):
+                parts.append(out["data"]["text/plain"])
+    return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def user_folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("user-notebooks")
+    copied, _ = install_notebooks(folder)
+    assert sorted(p.name for p in copied) == NAMES
+    return folder
+
+
+def test_notebooks_are_stripped_and_shipped():
+    """Committed notebooks carry no outputs or execution counts, and the five are all there."""
+    assert NAMES == [
+        "01_quickstart.ipynb",
+        "02_how_a_map_arises.ipynb",
+        "03_planarity.ipynb",
+        "04_kernel_debugging.ipynb",
+        "05_benchmarks.ipynb",
+    ], NAMES
+    for name in NAMES:
+        nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+        nbformat.validate(nb)
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, f"{name} cell {i} has outputs"
+        assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), f"{name} has no title"
+
+
+def test_notebooks_import_only_public_api():
+    """No notebook reaches into a private module (``kernels.density.cpu``, ``workbench.compute._x``)."""
+    for name in NAMES:
+        nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        for line in code.splitlines():
+            stripped = line.strip()
+            if stripped.startswith(("import kernels", "from kernels", "import workbench", "from workbench")):
+                module = stripped.split()[1]
+                assert module in ("kernels", "workbench"), f"{name}: {stripped!r} imports a submodule"
+        assert "._" not in code.replace("__", ""), f"{name} touches a private name"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs(name, user_folder):
+    start = time.perf_counter()
+    nb = execute(user_folder / name)
+    elapsed = time.perf_counter() - start
+    print(f"{name}: {elapsed:.1f} s")
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, errors
+
+
+def test_benchmarks_notebook_plots_results(tmp_path, user_folder):
+    """With a results folder of the documented shape, notebook 5 reads every record and draws one plot per file."""
+    results = tmp_path / "results"
+    results.mkdir()
+    rows = [
+        {"structure": s, "backend": b, "median_ms": t}
+        for s, b, t in [("1orc", "reference", 95.0), ("1orc", "cpu", 2.5), ("1aki", "reference", 210.0)]
+    ]
+    (results / "density_cpu_ci_2026-11-22.json").write_text(
+        json.dumps({"op": "density", "device": "cpu", "results": rows})
+    )
+    (results / "not_results.json").write_text(json.dumps({"note": "no timings here"}))
+    nb = execute(user_folder / "05_benchmarks.ipynb", env={"WORKBENCH_BENCHMARKS_DIR": str(results)})
+    text = text_output(nb)
+    assert "3 timed records" in text, text
+    assert "skipped not_results.json" in text, text
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(images) == 1, f"expected one plot (one readable file), got {len(images)}"
