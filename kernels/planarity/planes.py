@@ -310,7 +310,7 @@ def _omega(ca1, c1, n2, ca2) -> float:
     return math.degrees(math.atan2(float(np.dot(m1, n2_)), float(np.dot(n1, n2_))))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_amino_acid(name: str) -> bool:
     import gemmi
 

@@ -47,6 +47,10 @@ def planarity_nll_reference(xyz: torch.Tensor, planes: PlaneSet) -> torch.Tensor
         return (x * 0.0).sum() + planes.constant
     w = planes.weight(torch.float64)  # (P, K), 0 in padding
     pts = x[planes.index.long()]  # (P, K, 3)
+    # A plane with a non-finite coordinate is zeroed before anything is formed from it,
+    # so that no NaN reaches the backward pass (NaN·0 is NaN).
+    finite_pts = torch.isfinite(pts).all(dim=2).all(dim=1)
+    pts = torch.where(finite_pts[:, None, None], pts, torch.zeros_like(pts))
     wsum = w.sum(dim=1)  # (P,)
     centroid = (w[..., None] * pts).sum(dim=1) / wsum[:, None]
     y = pts - centroid[:, None, :]
@@ -55,7 +59,7 @@ def planarity_nll_reference(xyz: torch.Tensor, planes: PlaneSet) -> torch.Tensor
     # Which planes have a normal: decided without gradient, then degenerate planes get a
     # harmless stand-in matrix so that eigh's backward (1/(λi − λj)) stays finite.
     with torch.no_grad():
-        finite = torch.isfinite(cov).all(dim=(1, 2))
+        finite = torch.isfinite(cov).all(dim=(1, 2)) & finite_pts
         stand_in = torch.diag(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64, device=x.device))
         lam = torch.linalg.eigvalsh(torch.where(finite[:, None, None], cov, stand_in))
         trace = lam.sum(dim=1)
