@@ -20,10 +20,12 @@ from kernels.planarity.reference import planarity_nll_reference
 from kernels.planarity.triton import planarity_nll_triton
 from tests.helpers import STRUCTURES, assert_close, assert_kernel_close, model, requires_cuda
 
+# Triton runs on the GPU when there is one, else in the interpreter on CPU tensors.
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FAST = {
-    "cpu-float32": (planarity_nll_cpu, torch.float32),
-    "cpu-float64": (planarity_nll_cpu, torch.float64),
-    "triton": (planarity_nll_triton, torch.float32),
+    "cpu-float32": (planarity_nll_cpu, torch.float32, "cpu"),
+    "cpu-float64": (planarity_nll_cpu, torch.float64, "cpu"),
+    "triton": (planarity_nll_triton, torch.float32, TRITON_DEVICE),
 }
 
 
@@ -248,9 +250,9 @@ def test_gradcheck_reference():
 @pytest.mark.parametrize("path", list(FAST))
 @pytest.mark.parametrize("noise", [0.01, 0.3])
 def test_fast_paths_match_reference_synthetic(path, noise):
-    fn, dtype = FAST[path]
+    fn, dtype, device = FAST[path]
     xyz, planes = _synthetic(seed=2, n_planes=40, noise=noise)
-    _check_against_reference(fn, dtype, xyz, planes)
+    _check_against_reference(fn, dtype, xyz, planes, device)
 
 
 # --------------------------------------------------------------------------- real structures
@@ -281,9 +283,9 @@ def _check_against_reference(fn, dtype, xyz, planes, device="cpu"):
 @pytest.mark.parametrize("path", list(FAST))
 @pytest.mark.parametrize("name", ["1aki", "3wip", "1pfe"])
 def test_fast_paths_match_reference_real(path, name):
-    fn, dtype = FAST[path]
+    fn, dtype, device = FAST[path]
     m = model(name)
-    _check_against_reference(fn, dtype, m.atoms.xyz, kernels.find_planes(m))
+    _check_against_reference(fn, dtype, m.atoms.xyz, kernels.find_planes(m), device)
 
 
 def test_public_api_dispatch_and_errors():
@@ -310,7 +312,7 @@ def test_public_api_dispatch_and_errors():
 
 @pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
 def test_empty_planeset(backend):
-    x = torch.randn(5, 3, requires_grad=True)
+    x = torch.randn(5, 3, device=TRITON_DEVICE if backend == "triton" else "cpu", requires_grad=True)
     planes = PlaneSet.from_lists([], n_atoms=5)
     out = kernels.planarity_nll(x, planes, backend=backend)
     out.backward()
@@ -350,12 +352,13 @@ def _degenerate_case():
 
 
 @pytest.mark.parametrize(
-    "fn,dtype",
-    [(planarity_nll_reference, torch.float64), *FAST.values()],
+    "fn,dtype,device",
+    [(planarity_nll_reference, torch.float64, "cpu"), *FAST.values()],
     ids=["reference", *FAST],
 )
-def test_degenerate_planes_finite_zero_gradient(fn, dtype):
+def test_degenerate_planes_finite_zero_gradient(fn, dtype, device):
     xyz, full, good, bad_rows = _degenerate_case()
+    xyz, bad_rows = xyz.to(device), bad_rows.to(device)
     x = xyz.to(dtype).clone().requires_grad_(True)
     out = fn(x, full)
     out.backward()
@@ -368,6 +371,7 @@ def test_degenerate_planes_finite_zero_gradient(fn, dtype):
     ref.backward()
     assert_close(out.double() - full.constant, ref.double() - good.constant, atol=1e-4 * abs(float(ref)), rtol=1e-5)
     assert_close(x.grad[~bad_rows], x2.grad[~bad_rows], atol=1e-5 * float(x2.grad.abs().max()), rtol=1e-5)
+    assert out.device.type == torch.device(device).type
 
 
 # --------------------------------------------------------------------------- CUDA

@@ -1,0 +1,157 @@
+"""Planarity NLL forward+backward on 3WIP: eager torch (torch.linalg.eigh) vs this package.
+
+Side by side in one run: the CPU with 2 threads (eager float32 vs the C++ backend) and,
+when a GPU is present, CUDA (eager float32 vs the Triton backend). Both on all planes
+of 3WIP and on the peptide planes + rings only (the subset a public Triton kernel was
+timed on). Median of per-call wall times, each call synchronised.
+
+    python benchmarks/bench_planarity.py [--reps 200] [--out benchmarks/results/planarity_<device>_<date>.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import kernels  # noqa: E402
+from kernels.planarity.planes import PlaneSet  # noqa: E402
+
+STRUCTURE = ROOT / "tests" / "data" / "3wip.cif.gz"
+RINGS = {"PHE", "TYR", "TRP", "HIS"}
+
+
+def eager_nll(xyz: torch.Tensor, planes: PlaneSet) -> torch.Tensor:
+    """What one would write in plain torch: weighted fit with torch.linalg.eigh, autograd."""
+    w = planes.weight(xyz.dtype)
+    pts = xyz[planes.index.long()]
+    wsum = w.sum(1)
+    c = (w[..., None] * pts).sum(1) / wsum[:, None]
+    y = pts - c[:, None, :]
+    cov = torch.einsum("pk,pki,pkj->pij", w, y, y)
+    n = torch.linalg.eigh(cov).eigenvectors[:, :, 0]
+    d = (y * n[:, None, :]).sum(-1)
+    return 0.5 * (w * d * d).sum() + planes.constant
+
+
+def subset(planes: PlaneSet, keep) -> PlaneSet:
+    rows = [r for r, k in enumerate(planes.kinds) if keep(k)]
+    lists = [planes.index[r, : planes.size[r]].tolist() for r in rows]
+    sig = [planes.sigma[r, : planes.size[r]].tolist() for r in rows]
+    return PlaneSet.from_lists(lists, sig, n_atoms=planes.n_atoms, kinds=[planes.kinds[r] for r in rows])
+
+
+def time_fb(fn, xyz, planes, reps: int, device: torch.device) -> dict:
+    x = xyz.detach().clone().requires_grad_(True)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(10):  # compile / cache the planes on the device
+        x.grad = None
+        fn(x, planes).backward()
+    sync()
+    times = []
+    for _ in range(reps):
+        x.grad = None
+        sync()
+        t0 = time.perf_counter()
+        fn(x, planes).backward()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return {
+        "median_ms": statistics.median(times),
+        "p10_ms": times[len(times) // 10],
+        "p90_ms": times[(9 * len(times)) // 10],
+        "reps": reps,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--cpu-threads", type=int, default=2)
+    args = ap.parse_args()
+
+    model = kernels.read_model(STRUCTURE)
+    planes_all = kernels.find_planes(model)
+    planes_sub = subset(planes_all, lambda k: k.endswith("peptide") or k in RINGS)
+    sets = {"all": planes_all, "peptide+rings": planes_sub}
+    print(f"3WIP: {len(model.atoms)} atoms; planes: all {len(planes_all)}, peptide+rings {len(planes_sub)}")
+    print(f"plane kinds: {planes_all.counts()}")
+
+    rows = []
+    torch.set_num_threads(args.cpu_threads)
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    for device in devices:
+        xyz = model.atoms.xyz.to(device=device, dtype=torch.float32)
+        ours = "cpu" if device.type == "cpu" else "triton"
+        impls = {
+            "eager torch float32 (eigh, autograd)": eager_nll,
+            f"kernels {ours} float32": lambda x, p, b=ours: kernels.planarity_nll(x, p, backend=b),
+        }
+        if device.type == "cuda":
+            from kernels.planarity.triton import planarity_nll_triton
+
+            for bp in (16, 64):
+                impls[f"kernels triton float32 BLOCK_P={bp}"] = lambda x, p, bp=bp: planarity_nll_triton(
+                    x, p, block_p=bp
+                )
+        for set_name, planes in sets.items():
+            for impl, fn in impls.items():
+                if "BLOCK_P" in impl and set_name != "all":
+                    continue
+                stats = time_fb(fn, xyz, planes, args.reps if "eager" not in impl else max(args.reps // 4, 20), device)
+                row = {"device": device.type, "planes": set_name, "n_planes": len(planes), "impl": impl, **stats}
+                rows.append(row)
+                print(f"{device.type:5s} {set_name:14s} {len(planes):5d}  {impl:44s} {stats['median_ms']:9.4f} ms")
+
+    def med(device, set_name, prefix):
+        return next(r["median_ms"] for r in rows if r["device"] == device and r["planes"] == set_name
+                    and r["impl"].startswith(prefix))  # fmt: skip
+
+    speedups = {}
+    for device in devices:
+        ours = "kernels cpu" if device.type == "cpu" else "kernels triton float32"
+        for set_name in sets:
+            e, o = med(device.type, set_name, "eager"), med(device.type, set_name, ours)
+            speedups[f"{device.type}/{set_name}"] = e / o
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    result = {
+        "benchmark": "planarity_nll forward+backward, 3WIP",
+        "date": datetime.date.today().isoformat(),
+        "gpu": gpu,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_threads": args.cpu_threads,
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "n_atoms": len(model.atoms),
+        "n_planes": {k: len(v) for k, v in sets.items()},
+        "plane_kinds": planes_all.counts(),
+        "rows": rows,
+        "speedup_eager_over_ours": speedups,
+        "targets": {"cuda_fwd_bwd_ms": 0.15, "cpu_2threads_fwd_bwd_ms": 5.0},
+    }
+    print("\nspeed-up of ours over eager torch (median):")
+    for k, v in speedups.items():
+        print(f"  {k:24s} {v:7.1f}x")
+    if args.out is None:
+        tag = "cuda_" + gpu.split()[-1].lower().replace("-", "") if gpu else "cpu"
+        args.out = ROOT / "benchmarks" / "results" / f"planarity_{tag}_{result['date']}.json"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
