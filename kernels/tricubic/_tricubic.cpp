@@ -20,6 +20,7 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -230,58 +231,61 @@ void parallel(int n_threads, F body) {
 // than 2^20 of them.
 constexpr int64_t CHUNK = int64_t(1) << 18;
 
-// Calls body(p, stencil, state) for every point in [lo, hi), chunk by chunk in x-plane order.
+// Calls body(p, stencil, state) for every point, chunk by chunk in x-plane order. Threads take
+// chunks from a shared counter (not a fixed share each): on a busy machine a descheduled
+// thread then delays one chunk, not half the work.
 template <typename T, typename F>
-void for_each_sorted(const Params& P, const T* pts, int64_t lo, int64_t hi, F body) {
+void for_each_sorted(const Params& P, const T* pts, int64_t n_points, int n_threads, F body) {
     const int64_t nx = P.n[0];
-    std::vector<int32_t> key, order;
-    std::vector<int64_t> start(nx + 1);
-    for (int64_t c0 = lo; c0 < hi; c0 += CHUNK) {
-        const int64_t m = std::min(CHUNK, hi - c0);
-        key.resize(m);
-        order.resize(m);
-        std::fill(start.begin(), start.end(), 0);
-        for (int64_t k = 0; k < m; ++k) {
-            const T* q = pts + 3 * (c0 + k);
-            int64_t ix[4];
-            double t;
-            int64_t b = 0;
-            if (locate_axis(voxel_coord(P, 0, q[0], q[1], q[2]), nx, P.inv_n[0], P.periodic, ix, t) == INSIDE)
-                b = ix[1];  // the plane at floor(u)
-            key[k] = static_cast<int32_t>(b);
-            ++start[b + 1];
+    const int64_t chunk = std::max<int64_t>(1024, std::min<int64_t>(CHUNK, n_points / (4 * n_threads) + 1));
+    std::atomic<int64_t> next{0};
+    parallel(n_threads, [&](int, int) {
+        std::vector<int32_t> key, order;
+        std::vector<int64_t> start(nx + 1);
+        for (int64_t c0 = next.fetch_add(chunk); c0 < n_points; c0 = next.fetch_add(chunk)) {
+            const int64_t m = std::min(chunk, n_points - c0);
+            key.resize(m);
+            order.resize(m);
+            std::fill(start.begin(), start.end(), 0);
+            for (int64_t k = 0; k < m; ++k) {
+                const T* q = pts + 3 * (c0 + k);
+                int64_t ix[4];
+                double t;
+                int64_t b = 0;
+                if (locate_axis(voxel_coord(P, 0, q[0], q[1], q[2]), nx, P.inv_n[0], P.periodic, ix, t) == INSIDE)
+                    b = ix[1];  // the plane at floor(u)
+                key[k] = static_cast<int32_t>(b);
+                ++start[b + 1];
+            }
+            for (int64_t b = 0; b < nx; ++b) start[b + 1] += start[b];
+            for (int64_t k = 0; k < m; ++k) order[start[key[k]]++] = static_cast<int32_t>(k);
+            for (int64_t k = 0; k < m; ++k) {
+                const int64_t p = c0 + order[k];
+                Stencil s;
+                const State st = locate(P, pts + 3 * p, s);
+                body(p, s, st);
+            }
         }
-        for (int64_t b = 0; b < nx; ++b) start[b + 1] += start[b];
-        for (int64_t k = 0; k < m; ++k) order[start[key[k]]++] = static_cast<int32_t>(k);
-        for (int64_t k = 0; k < m; ++k) {
-            const int64_t p = c0 + order[k];
-            Stencil s;
-            const State st = locate(P, pts + 3 * p, s);
-            body(p, s, st);
-        }
-    }
+    });
 }
 
 template <typename T>
 void forward(const Params& P, const T* rho, const T* pts, int64_t n_points, T* out, int method, T fill,
              int n_threads) {
-    parallel(n_threads, [&](int tid, int nt) {
-        const int64_t lo = n_points * tid / nt, hi = n_points * (tid + 1) / nt;
-        for_each_sorted(P, pts, lo, hi, [&](int64_t p, const Stencil& s, State st) {
-            if (st == NONFINITE) {
-                out[p] = std::numeric_limits<T>::quiet_NaN();
-                return;
-            }
-            if (st == OUTSIDE) {
-                out[p] = fill;
-                return;
-            }
-            T wx[4], wy[4], wz[4];
-            weights<T>(method, T(s.t[0]), wx);
-            weights<T>(method, T(s.t[1]), wy);
-            weights<T>(method, T(s.t[2]), wz);
-            out[p] = contract(rho, s, wx, wy, wz);
-        });
+    for_each_sorted(P, pts, n_points, n_threads, [&](int64_t p, const Stencil& s, State st) {
+        if (st == NONFINITE) {
+            out[p] = std::numeric_limits<T>::quiet_NaN();
+            return;
+        }
+        if (st == OUTSIDE) {
+            out[p] = fill;
+            return;
+        }
+        T wx[4], wy[4], wz[4];
+        weights<T>(method, T(s.t[0]), wx);
+        weights<T>(method, T(s.t[1]), wy);
+        weights<T>(method, T(s.t[2]), wz);
+        out[p] = contract(rho, s, wx, wy, wz);
     });
 }
 
@@ -292,45 +296,41 @@ void backward_points(const Params& P, const T* rho, const T* pts, int64_t n_poin
     double J[9];
     for (int r = 0; r < 3; ++r)
         for (int k = 0; k < 3; ++k) J[3 * r + k] = P.frac[3 * r + k] * P.m[r];
-    parallel(n_threads, [&](int tid, int nt) {
-        const int64_t lo = n_points * tid / nt, hi = n_points * (tid + 1) / nt;
-        for (int64_t p = lo; p < hi; ++p) {
-            Stencil s;
-            T* gp = grad_pts + 3 * p;
-            if (locate(P, pts + 3 * p, s) != INSIDE) {
-                gp[0] = gp[1] = gp[2] = 0;
-                continue;
-            }
-            T wx[4], wy[4], wz[4], dx[4], dy[4], dz[4];
-            weights<T>(method, T(s.t[0]), wx);
-            weights<T>(method, T(s.t[1]), wy);
-            weights<T>(method, T(s.t[2]), wz);
-            dweights<T>(method, T(s.t[0]), dx);
-            dweights<T>(method, T(s.t[1]), dy);
-            dweights<T>(method, T(s.t[2]), dz);
-            T gx = 0, gy = 0, gz = 0;
-            for (int a = 0; a < 4; ++a) {
-                T va = 0, ya = 0, za = 0;
-                for (int b = 0; b < 4; ++b) {
-                    const T* row = rho + s.ox[a] + s.oy[b];
-                    T sv = 0, sd = 0;
-                    for (int c = 0; c < 4; ++c) {
-                        const T r = row[s.oz[c]];
-                        sv += wz[c] * r;
-                        sd += dz[c] * r;
-                    }
-                    va += wy[b] * sv;
-                    ya += dy[b] * sv;
-                    za += wy[b] * sd;
-                }
-                gx += dx[a] * va;
-                gy += wx[a] * ya;
-                gz += wx[a] * za;
-            }
-            const double g = grad_out[p];
-            const double gu[3] = {g * gx, g * gy, g * gz};
-            for (int k = 0; k < 3; ++k) gp[k] = T(J[k] * gu[0] + J[3 + k] * gu[1] + J[6 + k] * gu[2]);
+    for_each_sorted(P, pts, n_points, n_threads, [&](int64_t p, const Stencil& s, State st) {
+        T* gp = grad_pts + 3 * p;
+        if (st != INSIDE) {
+            gp[0] = gp[1] = gp[2] = 0;
+            return;
         }
+        T wx[4], wy[4], wz[4], dx[4], dy[4], dz[4];
+        weights<T>(method, T(s.t[0]), wx);
+        weights<T>(method, T(s.t[1]), wy);
+        weights<T>(method, T(s.t[2]), wz);
+        dweights<T>(method, T(s.t[0]), dx);
+        dweights<T>(method, T(s.t[1]), dy);
+        dweights<T>(method, T(s.t[2]), dz);
+        T gx = 0, gy = 0, gz = 0;
+        for (int a = 0; a < 4; ++a) {
+            T va = 0, ya = 0, za = 0;
+            for (int b = 0; b < 4; ++b) {
+                const T* row = rho + s.ox[a] + s.oy[b];
+                T sv = 0, sd = 0;
+                for (int c = 0; c < 4; ++c) {
+                    const T r = row[s.oz[c]];
+                    sv += wz[c] * r;
+                    sd += dz[c] * r;
+                }
+                va += wy[b] * sv;
+                ya += dy[b] * sv;
+                za += wy[b] * sd;
+            }
+            gx += dx[a] * va;
+            gy += wx[a] * ya;
+            gz += wx[a] * za;
+        }
+        const double g = grad_out[p];
+        const double gu[3] = {g * gx, g * gy, g * gz};
+        for (int k = 0; k < 3; ++k) gp[k] = T(J[k] * gu[0] + J[3 + k] * gu[1] + J[6 + k] * gu[2]);
     });
 }
 

@@ -19,7 +19,8 @@ from tests.helpers import assert_close, assert_kernel_close, gemmi_density, mode
 
 METHODS = ("catmull-rom", "lagrange")
 MODES = ("periodic", "bounded")
-FAST = ["cpu", "triton"]  # triton runs in the interpreter on CPU tensors in CI
+FAST = ["cpu", "triton"]  # triton runs in the interpreter on CPU tensors in CI, on CUDA tensors where a GPU is
+DEVICE = {"reference": "cpu", "cpu": "cpu", "triton": "cuda" if torch.cuda.is_available() else "cpu"}
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -48,7 +49,9 @@ def gemmi_grid(rho: torch.Tensor, cell: kernels.Cell):
 
 
 def fast(backend: str, rho, grid, points, **kw):
-    return kernels.tricubic_sample(rho, grid, points, backend=backend, **kw)
+    """``tricubic_sample`` on ``backend``'s device, result back on the CPU (differentiable)."""
+    dev = DEVICE[backend]
+    return kernels.tricubic_sample(rho.to(dev), grid, points.to(dev), backend=backend, **kw).cpu()
 
 
 # --------------------------------------------------------------------------- vs gemmi
@@ -223,7 +226,7 @@ def test_fast_paths_match_reference(case, mode, method, backend):
         (ref * upstream).sum().backward()
         r = rho.clone().requires_grad_()
         p = pts32.clone().requires_grad_()
-        out = kernels.tricubic_sample(r, grid, p, method=method, mode=mode, fill_value=-3.0, backend=backend)
+        out = fast(backend, r, grid, p, method=method, mode=mode, fill_value=-3.0)
         (out * upstream.float()).sum().backward()
     assert out.dtype == torch.float32 and out.shape == ref.shape
     assert_kernel_close(out, ref)
@@ -315,7 +318,7 @@ def test_bounded_mode_warns_once_with_count(backend):
     assert 0 < expected < len(pts)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = kernels.tricubic_sample(sub, box, pts, mode="bounded", fill_value=-7.0, backend=backend)
+        out = fast(backend, sub, box, pts, mode="bounded", fill_value=-7.0)
     ours = [w for w in caught if issubclass(w.category, OutsideMapWarning)]
     assert len(ours) == 1, [str(w.message) for w in caught]
     assert f"{expected} of {len(pts)} points" in str(ours[0].message)
@@ -324,7 +327,7 @@ def test_bounded_mode_warns_once_with_count(backend):
     inside = pts[out != -7.0]
     with warnings.catch_warnings():
         warnings.simplefilter("error", OutsideMapWarning)
-        kernels.tricubic_sample(sub, box, inside, mode="bounded", backend=backend)
+        fast(backend, sub, box, inside, mode="bounded")
 
 
 @pytest.mark.parametrize("backend", ["reference", *FAST])
@@ -344,7 +347,7 @@ def test_box_with_origin_matches_whole_map(backend, method):
     whole = kernels.tricubic_sample(rho, grid, pts, method=method, backend="reference")
     with warnings.catch_warnings():
         warnings.simplefilter("error", OutsideMapWarning)
-        boxed = kernels.tricubic_sample(sub.contiguous(), box, pts, method=method, mode="bounded", backend=backend)
+        boxed = fast(backend, sub.contiguous(), box, pts, method=method, mode="bounded")
     assert_kernel_close(boxed, whole)
 
 

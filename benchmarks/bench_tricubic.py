@@ -1,0 +1,165 @@
+"""Benchmark tricubic interpolation on the 3wip map, side by side with gemmi.
+
+10^5 and 10^7 random points (uniform over the unit cell) on 3WIP's density at spacing
+0.667 Å (360×120×200 voxels, made by gemmi's DensityCalculatorX), Catmull-Rom, periodic:
+
+- gemmi ``FloatGrid.interpolate_position_array(order=3)`` (single-threaded);
+- ``kernels.tricubic_sample`` on the CPU with 2 threads (and 1);
+- ``kernels.tricubic_sample`` on CUDA when a GPU is visible (forward, and forward+backward).
+
+Prints a table and writes JSON to ``benchmarks/results/tricubic_<device>_<date>.json``.
+
+    python benchmarks/bench_tricubic.py [--out-dir DIR] [--sizes 100000 10000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import kernels
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def density_3wip(spacing: float = 0.667):
+    """3WIP's density (no symmetry mates, ANISOU ignored) as gemmi computes it, and our GridSpec for it."""
+    import gemmi
+
+    st = gemmi.read_structure(str(ROOT / "tests" / "data" / "3wip.cif.gz"))
+    for chain in st[0]:
+        for res in chain:
+            for atom in res:
+                atom.aniso = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
+    dc = gemmi.DensityCalculatorX()
+    dc.d_min = 2 * 1.5 * spacing
+    dc.rate = 1.5
+    dc.set_grid_cell_and_spacegroup(st)
+    dc.initialize_grid()
+    dc.add_model_density_to_grid(st[0])
+    rho = torch.from_numpy(np.array(dc.grid, copy=True))
+    cell = kernels.Cell.from_gemmi(st.cell)
+    return dc.grid, rho, kernels.GridSpec(cell, tuple(rho.shape))
+
+
+def timed(fn, reps: int, sync=None) -> float:
+    """Median wall time of ``reps`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def cuda_time(fn, reps: int) -> float:
+    """Median seconds per call with CUDA events, after warm-up."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10**5, 10**7])
+    ap.add_argument("--threads", type=int, nargs="+", default=[2, 1])
+    args = ap.parse_args()
+
+    ggrid, rho, grid = density_3wip()
+    rows = []
+    rng = np.random.default_rng(0)
+    for n in args.sizes:
+        frac = rng.random((n, 3))
+        pts64 = torch.from_numpy(frac) @ grid.cell.orth.T
+        pts_np = np.ascontiguousarray(pts64.numpy())
+        pts32 = pts64.float().contiguous()
+        reps = 5 if n <= 10**6 else 3
+        t_gemmi = timed(lambda: ggrid.interpolate_position_array(pts_np, order=3), reps)
+        expected = torch.from_numpy(ggrid.interpolate_position_array(pts_np, order=3))
+        rows.append(dict(impl="gemmi", device="cpu", threads=1, points=n, seconds=t_gemmi, points_per_s=n / t_gemmi))
+        before = torch.get_num_threads()
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            t = timed(lambda: kernels.tricubic_sample(rho, grid, pts32, backend="cpu"), reps)
+            out = kernels.tricubic_sample(rho, grid, pts32, backend="cpu")
+            err = float((out.double() - expected.double()).abs().max() / expected.abs().max())
+            rows.append(
+                dict(impl="kernels.cpu", device="cpu", threads=threads, points=n, seconds=t, points_per_s=n / t,
+                     vs_gemmi=t_gemmi / t, max_rel_diff_vs_gemmi=err)
+            )  # fmt: skip
+        torch.set_num_threads(before)
+        if torch.cuda.is_available():
+            rho_c, pts_c = rho.cuda(), pts32.cuda()
+            t = cuda_time(lambda: kernels.tricubic_sample(rho_c, grid, pts_c), 20)
+            out = kernels.tricubic_sample(rho_c, grid, pts_c).cpu()
+            err = float((out.double() - expected.double()).abs().max() / expected.abs().max())
+            rows.append(
+                dict(impl="kernels.triton", device="cuda", threads=None, points=n, seconds=t, points_per_s=n / t,
+                     vs_gemmi=t_gemmi / t, max_rel_diff_vs_gemmi=err, what="forward")
+            )  # fmt: skip
+            r_c = rho_c.clone().requires_grad_()
+            p_c = pts_c.clone().requires_grad_()
+
+            def fwd_bwd():
+                kernels.tricubic_sample(r_c, grid, p_c).sum().backward()
+                r_c.grad = None
+                p_c.grad = None
+
+            t = cuda_time(fwd_bwd, 10)
+            rows.append(
+                dict(impl="kernels.triton", device="cuda", threads=None, points=n, seconds=t, points_per_s=n / t,
+                     what="forward+backward (points and map)")
+            )  # fmt: skip
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        tag = "cuda_" + ("h100" if "H100" in name else "h200" if "H200" in name else "gpu")
+    else:
+        name, tag = platform.processor() or platform.machine(), "cpu"
+    date = datetime.date.today().isoformat()
+    meta = dict(
+        date=date, device=name, torch=torch.__version__, map="3wip, spacing 0.667 Å",
+        grid=list(grid.shape), method="catmull-rom", mode="periodic", points="uniform random over the unit cell",
+        host_cpus=__import__("os").cpu_count(),
+    )  # fmt: skip
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    path = args.out_dir / f"tricubic_{tag}_{date}.json"
+    path.write_text(json.dumps(dict(meta=meta, results=rows), indent=2))
+
+    print(f"\ntricubic_sample vs gemmi on 3wip {grid.shape} ({name}, {date})")
+    print(f"{'impl':16s} {'dev':5s} {'thr':>3s} {'points':>9s} {'what':>12s} {'points/s':>10s} {'vs gemmi':>8s}")
+    for r in rows:
+        ratio = f"{r['vs_gemmi']:.2f}x" if "vs_gemmi" in r else ""
+        what = "fwd+bwd" if "backward" in r.get("what", "") else "fwd"
+        thr = "" if r["threads"] is None else str(r["threads"])
+        print(
+            f"{r['impl']:16s} {r['device']:5s} {thr:>3s} {r['points']:9d} {what:>12s} {r['points_per_s']:10.3e} {ratio:>8s}"
+        )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
