@@ -81,6 +81,53 @@ def cuda_time(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def bench_size(n, rng, ggrid, rho, grid, thread_counts) -> list[dict]:
+    """Rows of timings for ``n`` random points: gemmi, the CPU kernel per thread count, CUDA when present."""
+    rows = []
+    frac = rng.random((n, 3))
+    pts64 = torch.from_numpy(frac) @ grid.cell.orth.T
+    pts_np = np.ascontiguousarray(pts64.numpy())
+    pts32 = pts64.float().contiguous()
+    reps = 5 if n <= 10**6 else 3
+    t_gemmi = timed(lambda: ggrid.interpolate_position_array(pts_np, order=3), reps)
+    expected = torch.from_numpy(ggrid.interpolate_position_array(pts_np, order=3))
+    rows.append(dict(impl="gemmi", device="cpu", threads=1, points=n, seconds=t_gemmi, points_per_s=n / t_gemmi))
+    before = torch.get_num_threads()
+    for threads in thread_counts:
+        torch.set_num_threads(threads)
+        t = timed(lambda: kernels.tricubic_sample(rho, grid, pts32, backend="cpu"), reps)
+        out = kernels.tricubic_sample(rho, grid, pts32, backend="cpu")
+        err = float((out.double() - expected.double()).abs().max() / expected.abs().max())
+        rows.append(
+            dict(impl="kernels.cpu", device="cpu", threads=threads, points=n, seconds=t, points_per_s=n / t,
+                 vs_gemmi=t_gemmi / t, max_rel_diff_vs_gemmi=err)
+        )  # fmt: skip
+    torch.set_num_threads(before)
+    if torch.cuda.is_available():
+        rho_c, pts_c = rho.cuda(), pts32.cuda()
+        t = cuda_time(lambda: kernels.tricubic_sample(rho_c, grid, pts_c), 20)
+        out = kernels.tricubic_sample(rho_c, grid, pts_c).cpu()
+        err = float((out.double() - expected.double()).abs().max() / expected.abs().max())
+        rows.append(
+            dict(impl="kernels.triton", device="cuda", threads=None, points=n, seconds=t, points_per_s=n / t,
+                 vs_gemmi=t_gemmi / t, max_rel_diff_vs_gemmi=err, what="forward")
+        )  # fmt: skip
+        r_c = rho_c.clone().requires_grad_()
+        p_c = pts_c.clone().requires_grad_()
+
+        def fwd_bwd():
+            kernels.tricubic_sample(r_c, grid, p_c).sum().backward()
+            r_c.grad = None
+            p_c.grad = None
+
+        t = cuda_time(fwd_bwd, 10)
+        rows.append(
+            dict(impl="kernels.triton", device="cuda", threads=None, points=n, seconds=t, points_per_s=n / t,
+                 what="forward+backward (points and map)")
+        )  # fmt: skip
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
@@ -92,47 +139,7 @@ def main() -> None:
     rows = []
     rng = np.random.default_rng(0)
     for n in args.sizes:
-        frac = rng.random((n, 3))
-        pts64 = torch.from_numpy(frac) @ grid.cell.orth.T
-        pts_np = np.ascontiguousarray(pts64.numpy())
-        pts32 = pts64.float().contiguous()
-        reps = 5 if n <= 10**6 else 3
-        t_gemmi = timed(lambda: ggrid.interpolate_position_array(pts_np, order=3), reps)
-        expected = torch.from_numpy(ggrid.interpolate_position_array(pts_np, order=3))
-        rows.append(dict(impl="gemmi", device="cpu", threads=1, points=n, seconds=t_gemmi, points_per_s=n / t_gemmi))
-        before = torch.get_num_threads()
-        for threads in args.threads:
-            torch.set_num_threads(threads)
-            t = timed(lambda: kernels.tricubic_sample(rho, grid, pts32, backend="cpu"), reps)
-            out = kernels.tricubic_sample(rho, grid, pts32, backend="cpu")
-            err = float((out.double() - expected.double()).abs().max() / expected.abs().max())
-            rows.append(
-                dict(impl="kernels.cpu", device="cpu", threads=threads, points=n, seconds=t, points_per_s=n / t,
-                     vs_gemmi=t_gemmi / t, max_rel_diff_vs_gemmi=err)
-            )  # fmt: skip
-        torch.set_num_threads(before)
-        if torch.cuda.is_available():
-            rho_c, pts_c = rho.cuda(), pts32.cuda()
-            t = cuda_time(lambda: kernels.tricubic_sample(rho_c, grid, pts_c), 20)
-            out = kernels.tricubic_sample(rho_c, grid, pts_c).cpu()
-            err = float((out.double() - expected.double()).abs().max() / expected.abs().max())
-            rows.append(
-                dict(impl="kernels.triton", device="cuda", threads=None, points=n, seconds=t, points_per_s=n / t,
-                     vs_gemmi=t_gemmi / t, max_rel_diff_vs_gemmi=err, what="forward")
-            )  # fmt: skip
-            r_c = rho_c.clone().requires_grad_()
-            p_c = pts_c.clone().requires_grad_()
-
-            def fwd_bwd():
-                kernels.tricubic_sample(r_c, grid, p_c).sum().backward()
-                r_c.grad = None
-                p_c.grad = None
-
-            t = cuda_time(fwd_bwd, 10)
-            rows.append(
-                dict(impl="kernels.triton", device="cuda", threads=None, points=n, seconds=t, points_per_s=n / t,
-                     what="forward+backward (points and map)")
-            )  # fmt: skip
+        rows += bench_size(n, rng, ggrid, rho, grid, args.threads)
 
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
