@@ -33,6 +33,7 @@ RINGS = {"PHE", "TYR", "TRP", "HIS"}
 
 def eager_nll(xyz: torch.Tensor, planes: PlaneSet) -> torch.Tensor:
     """What one would write in plain torch: weighted fit with torch.linalg.eigh, autograd."""
+    planes = planes.to(xyz.device)  # cached after the first call
     w = planes.weight(xyz.dtype)
     pts = xyz[planes.index.long()]
     wsum = w.sum(1)
