@@ -52,7 +52,7 @@ class Workbench(widgets.VBox):
         A model read already, a bundled example name (``"1orc"``, ``"1pfe"``, ``"1aki"``),
         or a PDB/mmCIF path. Default: the bundled 1ORC example.
     debounce : float
-        Seconds of quiet after a change before recomputing (default 0.05). ``0``
+        Seconds of quiet after a change before recomputing (default 0.03). ``0``
         recomputes synchronously inside every change (deterministic; for tests and
         scripts).
     threaded : bool
@@ -94,7 +94,7 @@ class Workbench(widgets.VBox):
         self,
         model=None,
         *,
-        debounce: float = 0.05,
+        debounce: float = 0.03,
         threaded: bool = True,
         clock=time.monotonic,
         lib_path=None,
@@ -113,7 +113,8 @@ class Workbench(widgets.VBox):
         self.pipeline = Pipeline(memory)
         self.cuda_reason = cuda_unavailable_reason()
         self.status = StatusView()
-        self.controls = Controls(self.state, self._control_error, self.cuda_reason)
+        self.scheduler = Scheduler(self._recompute, delay=debounce, threaded=threaded, clock=clock)
+        self.controls = Controls(self.state, self._control_error, self.cuda_reason, batch=self.scheduler.batch)
         self.slice = SliceView()
         self.profile = ProfileView()
         self.table = AtomTableView()
@@ -144,7 +145,6 @@ class Workbench(widgets.VBox):
         self.controls.export_gradients.on_click(lambda _: self._export("gradients"))
         self.controls.upload.observe(self._uploaded, names="value")
 
-        self.scheduler = Scheduler(self._recompute, delay=debounce, threaded=threaded, clock=clock)
         for name, value in settings.items():
             if name not in _INPUTS:
                 raise TypeError(f"Workbench got an unknown setting {name!r}; settings are {_INPUTS}")
@@ -156,7 +156,7 @@ class Workbench(widgets.VBox):
 
     def set(self, **values) -> None:
         """Set several state traits at once with a single recompute."""
-        with self.state.hold_trait_notifications():
+        with self.scheduler.batch(), self.state.hold_trait_notifications():
             for name, value in values.items():
                 setattr(self.state, name, value)
 
@@ -233,24 +233,34 @@ class Workbench(widgets.VBox):
         self.state.structure = str(path)
 
     def _check(self, generation: int):
+        """A stage-boundary check: raise Cancelled on the cancel button, or when a newer
+        result than ``generation``'s has already been shown (an old result never replaces
+        a newer one). Work for settings that are merely superseded runs on: during a
+        drag it is what keeps the views live, and its splat lands in the cache."""
+
         def check():
-            if not self.scheduler.is_current(generation):
+            if self.scheduler.cancel_requested or generation < self._applied_generation:
                 raise Cancelled()
 
         return check
 
     def _recompute(self, generation: int) -> None:
-        """Compute for the current settings and apply to the views unless superseded."""
+        """Compute for the current settings and apply to the views unless a newer result is shown."""
         settings = self.state.snapshot()
         check = self._check(generation)
         try:
-            result = self.pipeline.run(settings, check=check, progress=self.status.step)
+
+            def early(sec, near):
+                check()
+                self.slice.update(sec, near_uv=near[1])
+
+            result = self.pipeline.run(settings, check=check, progress=self.status.step, on_section=early)
             self._apply(result, generation, check)
         except Cancelled:
-            if self.scheduler.cancel_requested and generation == self.scheduler.generation:
+            if self.scheduler.cancel_requested:
                 self.status.set("cancelled", "cancelled: change a control to compute again")
             else:
-                self.n_stale += 1  # superseded by newer settings: their own run reports
+                self.n_stale += 1  # a newer result is already shown; nothing to report
         except WorkbenchError as exc:
             if generation == self.scheduler.generation:
                 self.status.set("error", f"error: {exc}")
@@ -261,11 +271,7 @@ class Workbench(widgets.VBox):
 
     def _apply(self, r: Result, generation: int, check) -> None:
         check()
-        if generation < self._applied_generation:
-            raise Cancelled()
         s = r.settings
-        # The slice view first: it is what a drag changes, and what the latency benchmark waits for.
-        self.slice.update(r.section, near_uv=r.near[1])
         self.result = r
         self._applied_generation = generation
         self.n_applied += 1
@@ -321,6 +327,9 @@ class Workbench(widgets.VBox):
         self._report(r)
 
     def _report(self, r: Result) -> None:
+        if self.scheduler.debouncer.pending:
+            self.status.set("busy", "computing: newer settings …")
+            return
         ms = 1e3 * sum(r.timings.values())
         parts = [f"ready: {len(r.model)} atoms, grid {'×'.join(map(str, r.grid.shape))}, {r.backend} on "
                  f"{r.settings.device}, {ms:.0f} ms of kernels"]  # fmt: skip

@@ -303,7 +303,7 @@ def planarity_gradient(xyz: torch.Tensor, planes, settings: Settings, *, backend
     nll, fwd = _timed(lambda: planarity_nll(x, p, backend=name), device)
     _, bwd = _timed(lambda: nll.backward(), device)
     grad = x.grad.detach().to("cpu", torch.float64).numpy()
-    return GradientResult("planarity", float(nll), grad, "1/Å", name, fwd, bwd)
+    return GradientResult("planarity", float(nll.detach()), grad, "1/Å", name, fwd, bwd)
 
 
 def _tricubic():
@@ -368,6 +368,8 @@ class Section:
         The in-plane cell vectors in the section frame (e_u = (|u|, 0)).
     depth : float
         Distance in Å of the section from the origin plane along the plane normal.
+    map_range : tuple of 2 float or None
+        Minimum and maximum of the whole map (one colour scale for every section).
     """
 
     values: np.ndarray
@@ -377,6 +379,7 @@ class Section:
     e_u: np.ndarray
     e_v: np.ndarray
     depth: float
+    map_range: tuple[float, float] | None = None
 
     @property
     def corners(self) -> np.ndarray:
@@ -395,14 +398,16 @@ def _in_plane_frame(grid: GridSpec, axis: int):
     return (u, v), np.array([len_u, 0.0]), np.array([along, perp])
 
 
-def section(rho: torch.Tensor, grid: GridSpec, axis: int, index: int) -> Section:
+def section(
+    rho: torch.Tensor, grid: GridSpec, axis: int, index: int, map_range: tuple[float, float] | None = None
+) -> Section:
     """The section ``index`` perpendicular to cell ``axis`` of a whole-cell map."""
     if not 0 <= index < grid.shape[axis]:
         raise WorkbenchError(f"slice index {index} outside [0, {grid.shape[axis] - 1}] for grid {grid.shape}")
     values = rho.detach().select(axis, index).to("cpu", torch.float32).numpy()
     in_plane, e_u, e_v = _in_plane_frame(grid, axis)
     depth = index / grid.sampling[axis] / grid.cell.reciprocal_lengths[axis]
-    return Section(np.ascontiguousarray(values), axis, index, in_plane, e_u, e_v, depth)
+    return Section(np.ascontiguousarray(values), axis, index, in_plane, e_u, e_v, depth, map_range)
 
 
 def atoms_near_section(xyz: torch.Tensor, grid: GridSpec, sec: Section, tolerance: float = 1.0):
@@ -517,7 +522,8 @@ def compare_backends(
     grads = compare_arrays(ga.grad, gb.grad) if ga is not None and gb is not None else None
     note = "" if grads is not None else "no gradient compared (planarity unavailable)"
     diff = (ra.double() - rb.double()).float()
-    sec = section(diff, grid, settings.axis, min(settings.slice_index, grid.shape[settings.axis] - 1))
+    index = min(settings.slice_index, grid.shape[settings.axis] - 1)
+    sec = section(diff, grid, settings.axis, index, (float(diff.min()), float(diff.max())))
     return DifferenceResult(a, b, ra, rb, maps, grads, ga.kind if ga else "", note, sec)
 
 
@@ -744,8 +750,13 @@ class Pipeline:
         *,
         check: Callable[[], None] = lambda: None,
         progress: Callable[[int, int, str], None] = lambda i, n, what: None,
+        on_section: Callable[[Section, tuple], None] = lambda sec, near: None,
     ) -> Result:
-        """Compute every result for ``settings``; raise WorkbenchError or Cancelled."""
+        """Compute every result for ``settings``; raise WorkbenchError or Cancelled.
+
+        ``on_section(section, near)`` is called as soon as the section exists, before the
+        gradients and the tricubic samples (so the slice view updates first).
+        """
         total = 6
         notes: list[str] = []
         unavailable: dict[str, str] = {}
@@ -770,10 +781,10 @@ class Pipeline:
 
         progress(1, total, "splatting the model map")
         want_fit = settings.gradient_kind == "density"
-        target, target_source, target_key = self._target(grid, undistorted, settings, base)
-        check()
         gradient = None
         if want_fit:
+            target, target_source, target_key = self._target(grid, undistorted, settings, base)
+            check()
             rho_key = ("fit", *base, d_key, target_key)
             gradient, rho = self._splat(rho_key, lambda: density_fit_gradient(atoms, grid, target, settings))
             backend = gradient.backend
@@ -786,11 +797,24 @@ class Pipeline:
         check()
 
         progress(2, total, "map statistics and the section")
-        mean, sigma, rho_cpu = self._stage(
-            "stats", rho_key, lambda: (float(rho.mean()), float(rho.double().std()), rho.detach().cpu())
+        mean, sigma, lo, hi, rho_cpu = self._stage(
+            "stats",
+            rho_key,
+            lambda: (
+                float(rho.mean()),
+                float(rho.double().std()),
+                float(rho.min()),
+                float(rho.max()),
+                rho.detach().cpu(),
+            ),
         )
-        sec = section(rho_cpu, grid, settings.axis, min(settings.slice_index, grid.shape[settings.axis] - 1))
+        sec = section(rho_cpu, grid, settings.axis, min(settings.slice_index, grid.shape[settings.axis] - 1), (lo, hi))
         near = atoms_near_section(atoms.xyz, grid, sec)
+        check()
+        # The section is what a slider drag changes: show it before the slower stages.
+        on_section(sec, near)
+        if not want_fit:
+            target, target_source, target_key = self._target(grid, undistorted, settings, base)
         check()
 
         progress(3, total, "planarity")

@@ -4,13 +4,15 @@
 :class:`Scheduler` owns one worker thread that waits for the debouncer, then runs the
 recompute, and runs queued one-off jobs (compare backends, timings) in between. The
 kernel's main thread only records that something changed, so a slider dragged for
-ten seconds never blocks it. Each change bumps ``generation``; a computation checks it
-between stages and its result is applied only if no newer change arrived meanwhile.
+ten seconds never blocks it (and, through ``max_wait``, still shows a result every
+quarter second). Each change bumps ``generation``; the app applies a result only if no
+newer one has been shown (see :meth:`workbench.Workbench._recompute`).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -22,20 +24,29 @@ log = logging.getLogger("workbench")
 
 
 class Debouncer:
-    """Fires once a quiet period of ``delay`` seconds follows the last :meth:`trigger`.
+    """Fires once a quiet period of ``delay`` seconds follows the last :meth:`trigger`,
+    or ``max_wait`` seconds after the first trigger it coalesces, whichever is first.
+
+    The second rule keeps a long drag live (a result at least every ``max_wait``)
+    instead of showing nothing until the pointer is released.
 
     Parameters
     ----------
     delay : float
         Seconds of quiet before :meth:`due` becomes true.
+    max_wait : float or None
+        Longest a trigger waits while new triggers keep arriving (None: no limit).
     clock : callable returning float
         Monotonic seconds (``time.monotonic``; a fake clock in tests).
     """
 
-    def __init__(self, delay: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, delay: float, clock: Callable[[], float] = time.monotonic, max_wait: float | None = None):
         if not delay >= 0:
             raise ValueError(f"debounce delay must be ≥ 0 seconds, got {delay!r}")
+        if max_wait is not None and not max_wait >= delay:
+            raise ValueError(f"max_wait must be ≥ the delay ({delay} s), got {max_wait!r}")
         self.delay = float(delay)
+        self.max_wait = max_wait
         self.clock = clock
         self._last: float | None = None
         self._first: float | None = None
@@ -52,15 +63,21 @@ class Debouncer:
             self._first = now
         self._last = now
 
+    def _due_at(self) -> float:
+        at = self._last + self.delay
+        if self.max_wait is not None:
+            at = min(at, self._first + self.max_wait)
+        return at
+
     def remaining(self) -> float:
         """Seconds until due (0 when due or nothing pending)."""
         if self._last is None:
             return 0.0
-        return max(0.0, self._last + self.delay - self.clock())
+        return max(0.0, self._due_at() - self.clock())
 
     def due(self) -> bool:
-        """Pending and quiet for ``delay`` seconds."""
-        return self._last is not None and self.clock() - self._last >= self.delay
+        """Pending, and quiet for ``delay`` seconds or waiting for ``max_wait``."""
+        return self._last is not None and self.clock() >= self._due_at()
 
     def take(self) -> float | None:
         """If due, clear and return when the first coalesced trigger happened; else None."""
@@ -74,6 +91,7 @@ class Debouncer:
         """Make a pending trigger due now (flush)."""
         if self._last is not None:
             self._last = self.clock() - self.delay
+            self._first = min(self._first, self._last)
 
 
 class Scheduler:
@@ -85,6 +103,8 @@ class Scheduler:
         Called with the generation it computes for.
     delay : float
         Debounce delay in seconds; 0 runs ``recompute`` synchronously inside :meth:`changed`.
+    max_wait : float
+        During a continuous drag, recompute at least this often (seconds).
     threaded : bool
         With ``False`` (tests) nothing runs until :meth:`poll` or :meth:`flush` is called.
     clock : callable
@@ -95,12 +115,13 @@ class Scheduler:
         self,
         recompute: Callable[[int], None],
         *,
-        delay: float = 0.05,
+        delay: float = 0.03,
+        max_wait: float = 0.25,
         threaded: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.recompute = recompute
-        self.debouncer = Debouncer(delay, clock)
+        self.debouncer = Debouncer(delay, clock, max_wait=max(max_wait, delay))
         self.generation = 0
         self.n_runs = 0
         self.cancel_requested = False
@@ -108,6 +129,8 @@ class Scheduler:
         self._cond = threading.Condition()
         self._busy = False
         self._stop = False
+        self._batch_depth = 0
+        self._batch_dirty = False
         self._thread = None
         self.synchronous = delay == 0
         if threaded and not self.synchronous:
@@ -116,8 +139,23 @@ class Scheduler:
 
     # ------------------------------------------------------------------ producer side (main thread)
 
+    @contextlib.contextmanager
+    def batch(self):
+        """Changes inside count as one (e.g. a slider that also switches its mode)."""
+        self._batch_depth += 1
+        try:
+            yield
+        finally:
+            self._batch_depth -= 1
+            if self._batch_depth == 0 and self._batch_dirty:
+                self._batch_dirty = False
+                self.changed()
+
     def changed(self) -> None:
         """A setting changed: bump the generation and (re)start the quiet period."""
+        if self._batch_depth:
+            self._batch_dirty = True
+            return
         with self._cond:
             self.generation += 1
             self.cancel_requested = False
@@ -141,10 +179,6 @@ class Scheduler:
     def cancel(self) -> None:
         """Ask the running computation to stop at its next stage boundary."""
         self.cancel_requested = True
-
-    def is_current(self, generation: int) -> bool:
-        """``generation`` is still the newest and not cancelled."""
-        return generation == self.generation and not self.cancel_requested
 
     def poll(self) -> bool:
         """Run a due recompute in the caller's thread (unthreaded mode); True if one ran."""

@@ -8,6 +8,7 @@ using. State changes made from code flow back into the widgets.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import ipywidgets as widgets
@@ -17,6 +18,13 @@ from workbench.state import B_MODES, BACKENDS, EXAMPLES, GRADIENT_KINDS, RANGES,
 
 __all__ = ["Controls"]
 
+# Touching one of these sliders selects the mode it belongs to.
+_SELECTS_MODE = {
+    "b_global": ("b_mode", "global"),
+    "b_offset": ("b_mode", "offset"),
+    "radius": ("radius_mode", "radius"),
+    "density_cutoff": ("radius_mode", "auto"),
+}
 _STYLE = {"description_width": "110px"}
 _LAYOUT = {"width": "330px"}
 
@@ -38,11 +46,20 @@ class Controls:
         Receives the message when the state rejects a widget value.
     cuda_reason : str or None
         Why ``cuda`` cannot be chosen (None when it can).
+    batch : callable returning a context manager
+        Groups the state changes of one widget event into one recompute.
     """
 
-    def __init__(self, state: WorkbenchState, on_error: Callable[[str], None], cuda_reason: str | None):
+    def __init__(
+        self,
+        state: WorkbenchState,
+        on_error: Callable[[str], None],
+        cuda_reason: str | None,
+        batch: Callable = contextlib.nullcontext,
+    ):
         self.state = state
         self.on_error = on_error
+        self.batch = batch
         self._syncing = False
         w = widgets
         self.structure = w.Dropdown(options=[*EXAMPLES, "file"], description="structure", style=_STYLE, layout=_LAYOUT)
@@ -179,14 +196,6 @@ class Controls:
         ]
         for name in self.bound:
             self._bind(name)
-        # Touching a slider selects its mode: moving "global B" means "use one global B".
-        for slider, trait, mode in (
-            (self.b_global, "b_mode", "global"),
-            (self.b_offset, "b_mode", "offset"),
-            (self.radius, "radius_mode", "radius"),
-            (self.density_cutoff, "radius_mode", "auto"),
-        ):
-            slider.observe(lambda ch, t=trait, m=mode: self._select_mode(t, m), names="value")
         self.profile_a.observe(self._profile_changed, names="value")
         self.profile_b.observe(self._profile_changed, names="value")
         state.observe(self._profile_from_state, names="profile_atoms")
@@ -207,7 +216,10 @@ class Controls:
             if self._syncing:
                 return
             try:
-                setattr(self.state, name, change["new"])
+                with self.batch():
+                    if name in _SELECTS_MODE:  # moving "global B" means "use one global B"
+                        setattr(self.state, *_SELECTS_MODE[name])
+                    setattr(self.state, name, change["new"])
             except traitlets.TraitError as exc:
                 self.on_error(str(exc))
                 self._set_widget(widget, getattr(self.state, name))
@@ -227,15 +239,12 @@ class Controls:
         finally:
             self._syncing = False
 
-    def _select_mode(self, trait: str, mode: str) -> None:
-        if not self._syncing and getattr(self.state, trait) != mode:
-            setattr(self.state, trait, mode)
-
     def _profile_changed(self, change) -> None:
         if self._syncing:
             return
         try:
-            self.state.profile_atoms = (self.profile_a.value, self.profile_b.value)
+            with self.batch():
+                self.state.profile_atoms = (self.profile_a.value, self.profile_b.value)
         except traitlets.TraitError as exc:
             self.on_error(str(exc))
 

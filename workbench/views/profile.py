@@ -1,11 +1,15 @@
-"""Line profile of the density between two atoms (tricubic samples)."""
+"""Line profile of the density between two atoms (tricubic samples).
+
+The y range snaps to a "nice" number, so while a slider drags it rarely changes: the
+axes and tick labels are then kept as a blitted background and only the lines redrawn.
+"""
 
 from __future__ import annotations
 
 import ipywidgets as widgets
 import numpy as np
 
-from workbench.views._figure import new_figure, png_bytes
+from workbench.views._figure import canvas_png, new_figure
 
 __all__ = ["ProfileView"]
 
@@ -33,6 +37,8 @@ class ProfileView:
         self.image.add_class("wb-profile")
         self.caption = widgets.HTML()
         self.widget = widgets.VBox([self.image, self.caption])
+        self._layout_key = None
+        self._background = None
 
     def update(self, distance, values, target=None, *, title: str = "") -> bytes:
         """Draw the profile ``values`` (n,) e/Å³ at ``distance`` (n,) Å, and ``target`` if given."""
@@ -42,10 +48,22 @@ class ProfileView:
         else:
             self.target.set_data(distance, target)
         both = np.concatenate([values, target]) if target is not None else np.asarray(values)
-        lo, hi = float(both.min()), float(both.max())
-        self.ax.set_xlim(0, max(float(distance[-1]), 1e-6))
-        self.ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
-        data = png_bytes(self.fig)
+        lo, hi = _nice(float(min(both.min(), 0.0))), _nice(float(both.max()))
+        key = (round(float(distance[-1]), 6), lo, hi)
+        if key != self._layout_key or self._background is None:
+            self.ax.set_xlim(0, max(float(distance[-1]), 1e-6))
+            self.ax.set_ylim(lo, hi if hi > lo else lo + 1.0)
+            self.line.set_visible(False)
+            self.target.set_visible(False)
+            self.fig.canvas.draw()
+            self._background = self.fig.canvas.copy_from_bbox(self.fig.bbox)
+            self.line.set_visible(True)
+            self.target.set_visible(True)
+            self._layout_key = key
+        self.fig.canvas.restore_region(self._background)
+        self.ax.draw_artist(self.line)
+        self.ax.draw_artist(self.target)
+        data = canvas_png(self.fig)
         with self.image.hold_sync():
             self.image.value = data
             self.caption.value = f"<small>{title}</small>"
@@ -56,3 +74,14 @@ class ProfileView:
         with self.image.hold_sync():
             self.image.value = b""
             self.caption.value = f"<small>line profile unavailable: {why}</small>"
+
+
+def _nice(x: float) -> float:
+    """Round |x| up to 1, 2 or 5 × 10ⁿ (keeping the sign): a y limit that rarely changes."""
+    if x == 0 or not np.isfinite(x):
+        return 0.0
+    mag = 10 ** np.floor(np.log10(abs(x)))
+    for m in (1, 2, 5, 10):
+        if abs(x) <= m * mag:
+            return float(np.sign(x) * m * mag)
+    return float(x)
