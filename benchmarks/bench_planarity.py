@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import statistics
 import sys
@@ -133,6 +134,8 @@ def main() -> int:
         "gpu": gpu,
         "cpu": platform.processor() or platform.machine(),
         "cpu_threads": args.cpu_threads,
+        "cpu_count": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0],  # other processes on the machine skew the CPU rows
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "n_atoms": len(model.atoms),
