@@ -177,12 +177,12 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
     rows = []
     variants = [
         {},
-        {"num_warps": 2},
-        {"num_warps": 8},
-        {"bp": 8},
-        {"bp": 4, "num_warps": 2},
-        {"bq": 32},
-        {"bp": 32, "num_warps": 8},
+        {"bp": 16, "num_warps": 4},  # the first run's default
+        {"num_warps": 1},
+        {"num_warps": 4},
+        {"bp": 2, "num_warps": 1},
+        {"bp": 16, "num_warps": 2},
+        {"atoms_per_program": 2, "num_warps": 4},
         {"separable": 0},
     ]
     for spacing in spacings:

@@ -267,7 +267,8 @@ _FIRST_CALL_SCRIPT = textwrap.dedent(
 
 @requires_cuda
 def test_first_call_correct_with_empty_triton_cache(tmp_path):
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"), PYTHONPATH=str(ROOT))
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"), PYTHONPATH=path)
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run(
         [sys.executable, "-c", _FIRST_CALL_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
