@@ -104,7 +104,7 @@ def main() -> int:
         if device.type == "cuda":
             from kernels.planarity.triton import planarity_nll_triton
 
-            for bp in (16, 64):
+            for bp in (32, 64):
                 impls[f"kernels triton float32 BLOCK_P={bp}"] = lambda x, p, bp=bp: planarity_nll_triton(
                     x, p, block_p=bp
                 )

@@ -1,11 +1,14 @@
-"""Triton planarity NLL: one forward launch fits every plane, one backward launch scatters.
+"""Triton planarity NLL: one launch fits every plane and scatters the analytic gradient.
 
 Every plane of a :class:`PlaneSet` sits in one padded ``(P, K)`` table, so a single launch
 of :func:`_planarity_fwd_kernel` handles all plane sizes (a program takes ``BLOCK_P``
-planes × ``BLOCK_K`` slots; padding slots have weight 0). The forward writes, per plane,
-the unit normal and ``w·d`` per atom; the backward kernel multiplies them by the upstream
-gradient (read from device memory: no host synchronisation anywhere) and adds them to the
-atoms with atomics. float32 throughout.
+planes × ``BLOCK_K`` slots; padding slots have weight 0). Because ∂NLL/∂x_a = (d_a/σ_a²)·n
+is exact for the weighted fit, the kernel adds each atom's gradient with atomics in the
+same pass when ``xyz`` requires grad; the backward is then one elementwise multiply by
+the upstream gradient on the device. A separate backward kernel (recomputing or reloading
+per-plane normals) measured 0.31–0.46 ms forward+backward on an H100 for 3WIP, almost all
+of it host-side launch overhead; fusing removes one Triton launch and two allocations.
+No host synchronisation anywhere. float32 throughout.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ def _planarity_fwd_kernel(
     index_ptr,  # (P, K) int32: atom per slot, padding repeats the plane's first atom
     weight_ptr,  # (P, K) float32: 1/σ², 0 in padding
     loss_ptr,  # (1,) float32, zeroed: Σ ½ w d² is added here
-    normal_ptr,  # (P, 3) float32 out: unit normal, 0 for a degenerate plane
-    coef_ptr,  # (P, K) float32 out: w·d, 0 for a degenerate plane
+    grad_ptr,  # (N, 3) float32, zeroed: ∂(Σ ½ w d²)/∂xyz accumulates here when WITH_GRAD
     P,
     K,
+    WITH_GRAD: tl.constexpr,
     GAP: tl.constexpr,  # DEGENERATE_GAP
     NEWTON: tl.constexpr,  # NEWTON_STEPS
     BLOCK_P: tl.constexpr,
@@ -133,52 +136,24 @@ def _planarity_fwd_kernel(
 
     d = tl.where(ok[:, None], x * nx[:, None] + y * ny[:, None] + z * nz[:, None], 0.0)
     coef = w * d
-    tl.store(coef_ptr + offs, coef, mask=mask)
-    rmask = rows < P
-    tl.store(normal_ptr + rows * 3 + 0, nx, mask=rmask)
-    tl.store(normal_ptr + rows * 3 + 1, ny, mask=rmask)
-    tl.store(normal_ptr + rows * 3 + 2, nz, mask=rmask)
     tl.atomic_add(loss_ptr, 0.5 * tl.sum(tl.sum(coef * d, axis=1), axis=0))
-
-
-@triton.jit
-def _planarity_bwd_kernel(
-    grad_out_ptr,  # (1,) float32: upstream gradient of the loss
-    index_ptr,  # (P, K) int32
-    coef_ptr,  # (P, K) float32: w·d from the forward
-    normal_ptr,  # (P, 3) float32 from the forward
-    grad_ptr,  # (N, 3) float32, zeroed: ∂NLL/∂xyz accumulates here
-    P,
-    K,
-    BLOCK_P: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    rows = pid * BLOCK_P + tl.arange(0, BLOCK_P)
-    cols = tl.arange(0, BLOCK_K)
-    mask = (rows[:, None] < P) & (cols[None, :] < K)
-    offs = rows[:, None] * K + cols[None, :]
-    g = tl.load(grad_out_ptr)
-    coef = tl.load(coef_ptr + offs, mask=mask, other=0.0) * g
-    idx = tl.load(index_ptr + offs, mask=mask, other=0)
-    rmask = rows < P
-    nx = tl.load(normal_ptr + rows * 3 + 0, mask=rmask, other=0.0)
-    ny = tl.load(normal_ptr + rows * 3 + 1, mask=rmask, other=0.0)
-    nz = tl.load(normal_ptr + rows * 3 + 2, mask=rmask, other=0.0)
-    # ∂NLL/∂x_a = (d_a/σ_a²)·n, exact for the weighted fit (KERNELS.md). Padding and
-    # degenerate planes have coef 0: skip their atomics.
-    live = mask & (coef != 0.0)
-    tl.atomic_add(grad_ptr + idx * 3 + 0, coef * nx[:, None], mask=live)
-    tl.atomic_add(grad_ptr + idx * 3 + 1, coef * ny[:, None], mask=live)
-    tl.atomic_add(grad_ptr + idx * 3 + 2, coef * nz[:, None], mask=live)
+    if WITH_GRAD:
+        # ∂NLL/∂x_a = (d_a/σ_a²)·n, exact for the weighted fit (KERNELS.md), so the
+        # gradient is known here; padding and degenerate planes (coef 0) skip the atomics.
+        live = mask & (coef != 0.0)
+        tl.atomic_add(grad_ptr + idx * 3 + 0, coef * nx[:, None], mask=live)
+        tl.atomic_add(grad_ptr + idx * 3 + 1, coef * ny[:, None], mask=live)
+        tl.atomic_add(grad_ptr + idx * 3 + 2, coef * nz[:, None], mask=live)
 
 
 def _blocks(k: int, block_p: int | None) -> tuple[int, int]:
     block_k = max(triton.next_power_of_2(k), 2)
     if block_p is None:
         # The interpreter costs per program, not per element: few wide programs there.
-        # On a GPU, 32 planes × BLOCK_K slots per program (the benchmark sweeps 16/32/64).
-        block_p = 256 if triton_interpreted() else 32
+        # On a GPU, 16 planes × BLOCK_K slots per program: on an H100 with 3WIP, BLOCK_P
+        # 16/32/64 measured 0.31/0.46/0.34 ms forward+backward (unfused version; the
+        # benchmark keeps sweeping 32 and 64).
+        block_p = 256 if triton_interpreted() else 16
     return block_p, block_k
 
 
@@ -186,29 +161,27 @@ class _PlanarityTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, xyz, index, weight, constant, block_p):
         p, k = index.shape
+        n = xyz.shape[0]
         bp, bk = _blocks(k, block_p)
-        loss = torch.zeros(1, dtype=torch.float32, device=xyz.device)
-        normal = torch.empty((p, 3), dtype=torch.float32, device=xyz.device)
-        coef = torch.empty((p, k), dtype=torch.float32, device=xyz.device)
-        grid = (triton.cdiv(p, bp),)
-        _planarity_fwd_kernel[grid](
-            xyz, index, weight, loss, normal, coef, p, k,
-            GAP=DEGENERATE_GAP, NEWTON=NEWTON_STEPS, BLOCK_P=bp, BLOCK_K=bk,
+        with_grad = ctx.needs_input_grad[0]
+        # One zeroed buffer for the gradient and the loss: one fill launch, not two.
+        buf = torch.zeros(3 * n + 1 if with_grad else 1, dtype=torch.float32, device=xyz.device)
+        loss = buf[-1:]
+        grad = buf[: 3 * n].view(n, 3) if with_grad else buf
+        _planarity_fwd_kernel[(triton.cdiv(p, bp),)](
+            xyz, index, weight, loss, grad, p, k,
+            WITH_GRAD=with_grad, GAP=DEGENERATE_GAP, NEWTON=NEWTON_STEPS, BLOCK_P=bp, BLOCK_K=bk,
         )  # fmt: skip
-        ctx.save_for_backward(index, coef, normal)
-        ctx.n_atoms = xyz.shape[0]
-        ctx.blocks = (bp, bk)
+        if with_grad:
+            ctx.save_for_backward(grad)
         return loss[0] + constant
 
     @staticmethod
     def backward(ctx, grad_out):
-        index, coef, normal = ctx.saved_tensors
-        p, k = index.shape
-        bp, bk = ctx.blocks
-        grad = torch.zeros((ctx.n_atoms, 3), dtype=torch.float32, device=coef.device)
-        g = grad_out.reshape(1).to(torch.float32).contiguous()
-        _planarity_bwd_kernel[(triton.cdiv(p, bp),)](g, index, coef, normal, grad, p, k, BLOCK_P=bp, BLOCK_K=bk)
-        return grad, None, None, None, None
+        (grad,) = ctx.saved_tensors
+        # The analytic gradient came out of the forward kernel; scaling it by the upstream
+        # gradient is one elementwise launch, with grad_out read on the device (no sync).
+        return grad * grad_out.to(torch.float32), None, None, None, None
 
 
 def planarity_nll_triton(xyz: torch.Tensor, planes: PlaneSet, *, block_p: int | None = None) -> torch.Tensor:
@@ -221,7 +194,7 @@ def planarity_nll_triton(xyz: torch.Tensor, planes: PlaneSet, *, block_p: int | 
     planes : PlaneSet
         Planes whose indices point into ``xyz`` (moved to ``xyz.device`` once, cached).
     block_p : int, optional
-        Planes per program (a power of 2); default 32 on a GPU, 256 in the interpreter.
+        Planes per program (a power of 2); default 16 on a GPU, 256 in the interpreter.
 
     Returns
     -------
