@@ -234,8 +234,12 @@ constexpr int64_t CHUNK = int64_t(1) << 18;
 // Calls body(p, stencil, state) for every point, chunk by chunk in x-plane order. Threads take
 // chunks from a shared counter (not a fixed share each): on a busy machine a descheduled
 // thread then delays one chunk, not half the work.
+// How many points (in sorted order) ahead the map lines are prefetched: small chunks (few
+// points per plane) and maps larger than the caches leave each point latency-bound otherwise.
+constexpr int AHEAD = 8;
+
 template <typename T, typename F>
-void for_each_sorted(const Params& P, const T* pts, int64_t n_points, int n_threads, F body) {
+void for_each_sorted(const Params& P, const T* rho, const T* pts, int64_t n_points, int n_threads, F body) {
     const int64_t nx = P.n[0];
     const int64_t chunk = std::max<int64_t>(1024, std::min<int64_t>(CHUNK, n_points / (4 * n_threads) + 1));
     std::atomic<int64_t> next{0};
@@ -259,11 +263,19 @@ void for_each_sorted(const Params& P, const T* pts, int64_t n_points, int n_thre
             }
             for (int64_t b = 0; b < nx; ++b) start[b + 1] += start[b];
             for (int64_t k = 0; k < m; ++k) order[start[key[k]]++] = static_cast<int32_t>(k);
+            Stencil ring[AHEAD];
+            State state[AHEAD];
+            auto fetch = [&](int64_t k, int slot) {
+                state[slot] = locate(P, pts + 3 * (c0 + order[k]), ring[slot]);
+                if (state[slot] == INSIDE) prefetch_stencil(rho, sizeof(T), ring[slot]);
+            };
+            for (int64_t k = 0; k < std::min<int64_t>(AHEAD, m); ++k) fetch(k, static_cast<int>(k));
             for (int64_t k = 0; k < m; ++k) {
-                const int64_t p = c0 + order[k];
-                Stencil s;
-                const State st = locate(P, pts + 3 * p, s);
-                body(p, s, st);
+                const int slot = static_cast<int>(k % AHEAD);
+                const Stencil s = ring[slot];
+                const State st = state[slot];
+                if (k + AHEAD < m) fetch(k + AHEAD, slot);
+                body(c0 + order[k], s, st);
             }
         }
     });
@@ -272,7 +284,7 @@ void for_each_sorted(const Params& P, const T* pts, int64_t n_points, int n_thre
 template <typename T>
 void forward(const Params& P, const T* rho, const T* pts, int64_t n_points, T* out, int method, T fill,
              int n_threads) {
-    for_each_sorted(P, pts, n_points, n_threads, [&](int64_t p, const Stencil& s, State st) {
+    for_each_sorted(P, rho, pts, n_points, n_threads, [&](int64_t p, const Stencil& s, State st) {
         if (st == NONFINITE) {
             out[p] = std::numeric_limits<T>::quiet_NaN();
             return;
@@ -296,7 +308,7 @@ void backward_points(const Params& P, const T* rho, const T* pts, int64_t n_poin
     double J[9];
     for (int r = 0; r < 3; ++r)
         for (int k = 0; k < 3; ++k) J[3 * r + k] = P.frac[3 * r + k] * P.m[r];
-    for_each_sorted(P, pts, n_points, n_threads, [&](int64_t p, const Stencil& s, State st) {
+    for_each_sorted(P, rho, pts, n_points, n_threads, [&](int64_t p, const Stencil& s, State st) {
         T* gp = grad_pts + 3 * p;
         if (st != INSIDE) {
             gp[0] = gp[1] = gp[2] = 0;

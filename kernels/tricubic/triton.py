@@ -181,7 +181,9 @@ def _stencil(params_ptr, pts_ptr, offs, n_points, nx, ny, nz, PERIODIC: tl.const
     return x0, x1, x2, x3, y0, y1, y2, y3, z0, z1, z2, z3, tx, ty, tz, inside, finite, valid
 
 
-@triton.jit
+# Sizes are never specialised: Triton turns an int argument equal to 1 into a Python constant,
+# and a map one voxel thick (a valid tiny cell) would then fail to compile.
+@triton.jit(do_not_specialize=["n_points", "nx", "ny", "nz"])
 def _tricubic_fwd_kernel(
     rho_ptr,  # (nx, ny, nz) float32, C-contiguous
     pts_ptr,  # (N, 3) float32, C-contiguous
@@ -215,7 +217,7 @@ def _tricubic_fwd_kernel(
     tl.store(out_ptr + offs, val, mask=valid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_points", "nx", "ny", "nz"])
 def _tricubic_bwd_kernel(
     rho_ptr,  # (nx, ny, nz) float32
     pts_ptr,  # (N, 3) float32
