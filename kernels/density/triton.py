@@ -473,11 +473,11 @@ def _splat_bwd_kernel(
                 t2 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
                 t3 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
                 t4 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                w0 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ_rows g·y_k·dy
-                w1 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                w2 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                w3 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                w4 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+                yd0 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ_rows g·y_k·dy
+                yd1 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+                yd2 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+                yd3 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+                yd4 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
                 v0 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ_rows g·y_k·qy
                 v1 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
                 v2 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
@@ -501,11 +501,11 @@ def _splat_bwd_kernel(
                     t2 += g2
                     t3 += g3
                     t4 += g4
-                    w0 += g0 * dy
-                    w1 += g1 * dy
-                    w2 += g2 * dy
-                    w3 += g3 * dy
-                    w4 += g4 * dy
+                    yd0 += g0 * dy
+                    yd1 += g1 * dy
+                    yd2 += g2 * dy
+                    yd3 += g3 * dy
+                    yd4 += g4 * dy
                     v0 += g0 * qy
                     v1 += g1 * qy
                     v2 += g2 * qy
@@ -516,7 +516,7 @@ def _splat_bwd_kernel(
                 hh = ca0 * x0 * t0 + ca1 * x1 * t1 + ca2 * x2 * t2 + ca3 * x3 * t3 + ca4 * x4 * t4
                 acc_x += hh * dx
                 acc_z += hh * dz
-                acc_y += ca0 * x0 * w0 + ca1 * x1 * w1 + ca2 * x2 * w2 + ca3 * x3 * w3 + ca4 * x4 * w4
+                acc_y += ca0 * x0 * yd0 + ca1 * x1 * yd1 + ca2 * x2 * yd2 + ca3 * x3 * yd3 + ca4 * x4 * yd4
                 acc_b += (
                     x0 * (cab0 * (qxz * t0 + v0) - cb0 * t0)
                     + x1 * (cab1 * (qxz * t1 + v1) - cb1 * t1)
