@@ -9,8 +9,9 @@ Drawing text dominates a matplotlib redraw (~40 ms here), so the frame, ticks, l
 and colour bar are drawn once per section geometry and colour range and kept as a
 background; an update restores it and draws only the image, the outline and the atom
 markers. The colour range snaps up to a "nice" value (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6,
-8 × 10ⁿ e/Å³) so it, and the background, rarely change while a slider drags; the caption
-states the exact minimum and maximum.
+8 × 10ⁿ e/Å³) and is kept while the map still spans 60 % of it, so it, and the
+background, rarely change while a slider drags; the caption states the exact minimum
+and maximum of the section and of the map.
 """
 
 from __future__ import annotations
@@ -79,14 +80,7 @@ class SliceView:
         vmin, vmax = float(values.min()), float(values.max())
         # One colour scale for the whole map, so stepping through sections keeps it.
         cmin, cmax = sec.map_range if sec.map_range is not None else (vmin, vmax)
-        if self.symmetric:
-            hi = _nice_up(max(abs(cmin), abs(cmax), 1e-30))
-            lo = -hi
-        else:
-            lo = -_nice_up(-cmin) if cmin < 0 else 0.0
-            hi = _nice_up(cmax) if cmax > 0 else lo + 1e-12
-        if (lo, hi) != tuple(self.im.get_clim()):
-            self.im.set_clim(lo, hi)
+        lo, hi = self._colour_range(cmin, cmax)
         corners = sec.corners
         ring = np.vstack([corners, corners[:1]])
         self.outline.set_data(ring[:, 0], ring[:, 1])
@@ -107,6 +101,30 @@ class SliceView:
             )
         self.n_updates += 1
         return data
+
+    def _colour_range(self, cmin: float, cmax: float) -> tuple[float, float]:
+        """A nice colour range covering [cmin, cmax], kept while it still fits well.
+
+        Hysteresis: the current range stays while the data span at least 60 % of it, so
+        a B-factor drag redraws the colour bar (a full ~50 ms redraw) only now and then.
+        """
+        if self.symmetric:
+            top = max(abs(cmin), abs(cmax), 1e-30)
+            old = self.im.get_clim()[1]
+            hi = old if 0.6 * old <= top <= old else _nice_up(top)
+            lo = -hi
+        else:
+            old_lo, old_hi = self.im.get_clim()
+            lo = -_nice_up(-cmin) if cmin < 0 else 0.0
+            if cmax <= 0:
+                hi = lo + 1e-12
+            elif lo == old_lo and 0.6 * (old_hi - lo) <= cmax - lo <= old_hi - lo:
+                hi = old_hi
+            else:
+                hi = _nice_up(cmax)
+        if (lo, hi) != tuple(self.im.get_clim()):
+            self.im.set_clim(lo, hi)
+        return lo, hi
 
     def _render(self, layout_key) -> bytes:
         canvas = self.fig.canvas

@@ -1,0 +1,349 @@
+"""The Workbench as a person (or a browser message) drives it, without a browser.
+
+Every test sets widget values or calls ``set_state`` (the path a browser message
+takes) and asserts on the state, the computed arrays, the view traits, the image bytes
+and the status line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gzip
+import io
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import kernels
+from tests.helpers import STRUCTURES, model
+from workbench.compute import WorkbenchError
+from workbench.views.view3d import CDN_URL, LIB_ENV, View3D
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    return img.size
+
+
+def test_default_app_builds_every_view(make_wb):
+    wb = make_wb()
+    r = wb.result
+    assert wb.status.level == "idle", wb.status.message
+    assert wb.status.message.startswith("ready: 559 atoms")
+    assert r.grid.shape == wb.state.grid_shape == (24, 30, 36)
+    assert "24×30×36" in wb.controls.grid_shape.value
+    assert bytes(wb.slice.image.value).startswith(PNG) and _png_size(bytes(wb.slice.image.value)) == (416, 352)
+    assert bytes(wb.profile.image.value).startswith(PNG)
+    assert "<table" in wb.table.html.value and "map of the undistorted model" in wb.table.html.value
+    view = wb.scene.view
+    assert sum(line.startswith(("ATOM", "HETATM")) for line in view.model_text.splitlines()) == 559
+    assert view.map_bytes[208:212] == b"MAP "  # a CCP4 header, sent as bytes
+    assert view.iso_level == pytest.approx(r.mean + 1.5 * r.sigma)
+    assert r.gradient is not None and r.gradient.kind == "planarity"
+    assert "planarity forward" in wb.timing.current.value
+    # the CSS classes the browser tests look for
+    for widget, css in [
+        (wb, "wb-app"), (wb.status.label, "wb-status"), (wb.controls.b_global, "wb-bfactor"),
+        (wb.slice.image, "wb-slice"), (view, "wb-view3d"), (wb.controls.distort_amplitude, "wb-distort"),
+        (wb.controls.path, "wb-structure-path"),
+    ]:  # fmt: skip
+        assert css in widget._dom_classes
+
+
+def test_b_factor_slider_recomputes_the_map_with_one_global_b(make_wb):
+    wb = make_wb()
+    before = bytes(wb.slice.image.value)
+    wb.controls.b_global.value = 45.0  # moving the global-B slider selects global mode
+    assert wb.state.b_mode == "global" and wb.controls.b_mode.value == "global"
+    r = wb.result
+    assert (r.atoms.b_iso == 45.0).all()
+    m = model("1orc")
+    expected = kernels.splat_density(
+        m.atoms.replace(b_iso=torch.full_like(m.atoms.b_iso, 45.0)).to(dtype=torch.float32), r.grid
+    )
+    torch.testing.assert_close(r.rho, expected)
+    assert bytes(wb.slice.image.value) != before
+    runs = wb.scheduler.n_runs
+    wb.controls.b_offset.set_state({"value": 5.0})  # browser path; selects offset mode, one recompute
+    assert wb.scheduler.n_runs == runs + 1
+    torch.testing.assert_close(wb.result.atoms.b_iso, m.atoms.b_iso + 5.0)
+
+
+def test_slice_index_and_axis_update_the_section_in_place(make_wb):
+    wb = make_wb()
+    image = wb.slice.image
+    before = bytes(image.value)
+    wb.controls.slice_index.set_state({"value": 7})
+    assert wb.state.slice_index == 7 and wb.result.section.index == 7
+    np.testing.assert_array_equal(wb.result.section.values, wb.result.rho[:, :, 7].numpy())
+    assert wb.slice.image is image and bytes(image.value) != before  # same widget, new bytes
+    wb.controls.slice_axis.value = "a"
+    assert wb.state.slice_index_max == 23 and wb.controls.slice_index.max == 23
+    assert wb.result.section.values.shape == (30, 36)
+    wb.controls.spacing.value = 3.0  # coarser grid: fewer sections, index clamped
+    assert wb.result.grid.shape[0] - 1 == wb.state.slice_index_max
+    assert wb.state.slice_index <= wb.state.slice_index_max
+
+
+def test_hexagonal_section_is_not_square(make_wb):
+    wb = make_wb("1pfe", spacing=1.5)
+    sec = wb.result.section
+    cos = np.dot(sec.e_u, sec.e_v) / np.linalg.norm(sec.e_u) / np.linalg.norm(sec.e_v)
+    assert cos == pytest.approx(-0.5)
+    # the image transform maps voxel (n_u, 0) → a and (0, n_v) → b of the rhombus
+    n_u, n_v = sec.values.shape
+    trans = wb.slice.im.get_transform() - wb.slice.ax.transData
+    np.testing.assert_allclose(trans.transform([[n_u, 0], [0, n_v]]), [sec.e_u, sec.e_v], atol=1e-9)
+
+
+def test_distortion_draws_planarity_arrows_with_a_stated_scale(make_wb):
+    wb = make_wb()
+    r0 = wb.result
+    wb.controls.distort_amplitude.value = 0.3
+    r = wb.result
+    assert r.gradient.kind == "planarity" and r.gradient.loss > r0.gradient.loss
+    arrows = wb.scene.view.arrow_array
+    assert len(arrows) > 50
+    scale = wb.scene.arrow_scale
+    assert f"1 Å of arrow = {1 / scale:.3g} 1/Å" in wb.scene.caption.value
+    # every arrow starts at an atom and points along −∇, scaled by the stated scale
+    xyz = r.atoms.xyz.numpy()
+    for start, end in zip(arrows[:20, :3], arrows[:20, 3:]):
+        i = int(np.argmin(np.linalg.norm(xyz - start, axis=1)))
+        np.testing.assert_allclose(start, xyz[i], atol=1e-4)
+        np.testing.assert_allclose(end - start, -r.gradient.grad[i] * scale, rtol=1e-4, atol=1e-4)
+    assert np.linalg.norm(arrows[:, 3:] - arrows[:, :3], axis=1).max() == pytest.approx(2.0, rel=1e-5)
+    assert "wb-view3d" in wb.scene.view._dom_classes
+
+
+def test_density_fit_gradient_against_the_undistorted_model(make_wb):
+    wb = make_wb("1pfe", spacing=1.5, gradient_kind="density")
+    assert wb.result.gradient.kind == "density"
+    assert wb.result.gradient.loss == 0  # undistorted: ρ_model = ρ_target
+    assert "no arrows" in wb.scene.caption.value or "zero" in wb.scene.caption.value
+    wb.controls.distort_amplitude.value = 0.2
+    g = wb.result.gradient
+    assert g.loss > 0 and np.abs(g.grad).max() > 0 and "density backward" in wb.result.timings
+    assert len(wb.scene.view.arrow_array) > 0 and "(e/Å³)²/Å" in wb.scene.caption.value
+    # atoms moved away from their density: target/model ratio < 1 for the worst ones
+    ratio = wb.result.atom_target / wb.result.atom_rho
+    assert wb.table.order[0] == int(np.argmin(ratio)) and ratio.min() < 0.9
+
+
+def test_loaded_target_map(make_wb, tmp_path):
+    wb = make_wb("1pfe", spacing=1.5, gradient_kind="density")
+    path = tmp_path / "target.ccp4"
+    wb.export_map(path)  # the undistorted map, written by kernels.write_map
+    wb.controls.distort_amplitude.value = 0.2
+    loss_default = wb.result.gradient.loss
+    wb.controls.target_map.value = str(path)
+    assert wb.result.target_source == "target.ccp4"
+    assert wb.result.gradient.loss == pytest.approx(loss_default, rel=1e-5)
+    wb.controls.spacing.value = 1.2  # a different grid: the map is resampled (tricubic)
+    assert "resampled" in wb.result.target_source and wb.result.gradient.loss > 0
+    wb.controls.target_map.value = str(tmp_path / "nope.ccp4")
+    assert wb.status.level == "error" and "no such map file" in wb.status.message
+
+
+def test_switching_backend_or_device_never_changes_the_physics(make_wb):
+    wb = make_wb("1pfe", spacing=1.5)
+    cpu = wb.result.rho.clone()
+    wb.controls.backend.value = "reference"
+    assert wb.result.backend == "reference" and wb.result.rho.dtype == torch.float64
+    torch.testing.assert_close(cpu.double(), wb.result.rho, atol=1e-5 * float(cpu.max()), rtol=1e-5)
+    wb.compare("cpu:cpu", "cpu:reference")
+    d = wb.difference_result
+    assert d.maps.ok and d.maps.n_total == cpu.numel() and d.maps.rel_l2 < 1e-5
+    assert d.gradients is not None and d.gradient_kind == "planarity" and d.gradients.ok
+    assert "within" in wb.difference.stats.value and bytes(wb.difference.slice.image.value).startswith(PNG)
+    assert "within the float32 tolerance" in wb.status.message
+    if torch.cuda.is_available():
+        wb.compare("cuda:triton", "cpu:reference")
+        assert wb.difference_result.maps.ok
+
+
+def test_cuda_without_a_gpu_is_disabled_and_refused_with_the_reason(make_wb):
+    wb = make_wb()
+    if torch.cuda.is_available():
+        wb.controls.device.value = "cuda"
+        assert wb.result.settings.device == "cuda" and wb.status.level != "error"
+        return
+    assert wb.controls.device.disabled
+    assert "cuda unavailable" in wb.controls.device_reason.value
+    wb.controls.device.set_state({"index": 1})  # a browser message may still send it (Dropdowns sync "index")
+    assert wb.state.device == "cpu" and wb.controls.device.value == "cpu"
+    assert wb.status.level == "error"
+    assert "device 'cuda' is not available" in wb.status.message and "use device 'cpu'" in wb.status.message
+
+
+def test_a_backend_that_cannot_run_reports_it(make_wb, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # as in a notebook on a machine without GPU
+    wb = make_wb()  # device cpu: triton needs CUDA tensors (or the interpreter) there, GPU or not
+    wb.controls.backend.value = "triton"
+    assert wb.status.level == "error"
+    assert "triton backend runs on CUDA tensors" in wb.status.message and "Choose backend 'auto'" in wb.status.message
+    wb.controls.backend.value = "auto"
+    assert wb.status.level == "idle"
+
+
+def test_truncated_file_reports_an_error_and_keeps_the_last_result(make_wb, tmp_path):
+    wb = make_wb()
+    good = wb.result
+    data = gzip.decompress(STRUCTURES["1pfe"].read_bytes())
+    bad = tmp_path / "truncated.cif.gz"
+    bad.write_bytes(gzip.compress(data)[: len(data) // 20])
+    wb.controls.path.value = str(bad)
+    assert wb.state.structure == str(bad) and wb.controls.structure.value == "file"
+    assert wb.status.level == "error"
+    assert "truncated.cif.gz" in wb.status.message and "Choose another file or a bundled example" in wb.status.message
+    assert "Traceback" not in wb.status.message
+    assert wb.result is good  # nothing half-computed replaced the views
+    wb.controls.structure.value = "1orc"
+    assert wb.status.level == "idle" and len(wb.result.model) == 559
+
+
+def test_model_without_a_cell_gets_a_box_and_says_so(make_wb, tmp_path):
+    text = gzip.decompress(STRUCTURES["1orc"].read_bytes()).decode()
+    lines = [ln for ln in text.splitlines() if not ln.startswith(("CRYST1", "SCALE", "ORIGX"))]
+    path = tmp_path / "nocell.pdb"
+    path.write_text("\n".join(lines) + "\n")
+    wb = make_wb(path)
+    assert wb.status.level == "warning"
+    assert "note: no unit cell in the file: built a P 1 box" in wb.status.message
+    r = wb.result
+    assert r.model.spacegroup == "P 1" and float(r.rho.sum()) * r.grid.voxel_volume > 3000
+
+
+def test_uploaded_file_is_read(make_wb):
+    wb = make_wb()
+    content = STRUCTURES["1pfe"].read_bytes()
+    wb.controls.upload.value = (
+        {"name": "my 1pfe.cif.gz", "type": "", "size": len(content), "content": memoryview(content),
+         "last_modified": datetime.datetime.now()},
+    )  # fmt: skip
+    assert wb.state.structure.endswith("my_1pfe.cif.gz")
+    assert len(wb.result.model) == 342 and wb.status.level == "idle"
+
+
+def test_model_object_and_exports(make_wb, tmp_path):
+    m = kernels.read_model(STRUCTURES["1orc"])
+    wb = make_wb(m, distort_amplitude=0.2)
+    assert wb.result.model is m
+    out = wb.export_map(tmp_path / "map.ccp4")
+    rho, grid = kernels.read_map(out)
+    assert grid.shape == wb.result.grid.shape
+    np.testing.assert_array_equal(rho.numpy(), wb.result.rho.numpy())
+    csv = wb.export_gradients(tmp_path / "grad.csv").read_text().splitlines()
+    assert len(csv) == len(m) + 2
+    gx = np.array([float(line.split(",")[9]) for line in csv[2:]])
+    np.testing.assert_allclose(gx, wb.result.gradient.grad[:, 0], rtol=1e-6)
+    wb.controls.export_path.value = str(tmp_path / "no_such_dir" / "x.ccp4")
+    wb.controls.export_map.click()
+    assert wb.status.level == "error" and "export failed" in wb.status.message
+
+
+def test_to_py3dmol_carries_the_scene(make_wb):
+    wb = make_wb(distort_amplitude=0.3)
+    view = wb.to_py3dmol()
+    js = view.startjs
+    assert "addVolumetricData" in js and "addArrow" in js and "addModel" in js
+
+
+def test_3dmol_loads_from_a_configured_local_file(tmp_path, monkeypatch):
+    lib = tmp_path / "3Dmol-min.js"
+    lib.write_text("window.$3Dmol = {createViewer(){}};")
+    monkeypatch.setenv(LIB_ENV, str(lib))
+    assert View3D().lib_source == lib.read_text()
+    monkeypatch.delenv(LIB_ENV)
+    default = View3D()
+    assert default.lib_source == "" and default.lib_url == CDN_URL
+    with pytest.raises(WorkbenchError, match="3Dmol.js not found"):
+        View3D(lib_path=tmp_path / "missing.js")
+
+
+def test_an_old_result_never_replaces_a_newer_one(make_wb):
+    wb = make_wb()
+    original_step = wb.status.step
+    fired = []
+
+    def step(i, n, what):
+        original_step(i, n, what)
+        # While the B = 30 computation is half-way (after its section), the user moves on:
+        if what.startswith("planarity") and wb.state.b_global == 30.0 and not fired:
+            fired.append(True)
+            wb.controls.b_global.value = 60.0  # debounce=0: computes and applies at once
+
+    wb.status.step = step
+    wb.controls.b_global.value = 30.0
+    assert fired and wb.n_stale == 1
+    assert wb.result.settings.b_global == 60.0  # the B = 30 result came back later and was dropped
+    assert (wb.result.atoms.b_iso == 60.0).all()
+    np.testing.assert_array_equal(wb.result.section.values, wb.result.rho[:, :, 0].numpy())
+
+
+def test_cancel_stops_at_the_next_stage_and_says_so(make_wb):
+    wb = make_wb()
+    original_step = wb.status.step
+
+    def step(i, n, what):
+        original_step(i, n, what)
+        if what.startswith("planarity"):
+            wb.cancel()
+
+    wb.status.step = step
+    wb.controls.b_global.value = 25.0
+    assert wb.status.level == "cancelled" and "cancelled" in wb.status.message
+    assert wb.status.cancel.disabled and wb.status.progress.value == 0
+
+
+def test_threaded_app_debounces_a_drag_and_keeps_the_caller_free(make_wb):
+    wb = make_wb(debounce=0.05)
+    wb.flush()
+    threads = []
+    original = wb._recompute
+
+    def recompute(gen):
+        threads.append(threading.current_thread().name)
+        original(gen)
+
+    wb.scheduler.recompute = recompute
+    for i in range(40):
+        wb.controls.b_global.set_state({"value": 20.0 + i})
+    wb.flush()
+    assert 1 <= len(threads) < 40 and set(threads) == {"workbench-recompute"}
+    assert wb.result.settings.b_global == 59.0 and (wb.result.atoms.b_iso == 59.0).all()
+    assert wb.status.level == "idle"
+
+
+def test_fake_clock_debounce_in_the_app(make_wb):
+    clock = [0.0]
+    wb = make_wb(debounce=0.1, threaded=False, clock=lambda: clock[0])
+    assert wb.result is None  # nothing computed until polled
+    clock[0] = 0.2
+    assert wb.poll() and wb.result is not None
+    runs = wb.scheduler.n_runs
+    for i in range(5):
+        wb.controls.slice_index.value = i + 1
+        clock[0] += 0.05
+    assert not wb.poll() and wb.scheduler.n_runs == runs
+    clock[0] += 0.1
+    assert wb.poll() and wb.scheduler.n_runs == runs + 1 and wb.result.section.index == 5
+
+
+def test_compare_all_backends_times_forward_and_backward(make_wb):
+    wb = make_wb("1pfe", spacing=2.0)
+    wb.compare_all_backends()
+    rows = wb.timing.rows
+    ran = {(r["op"], r["backend"]) for r in rows if not r["error"]}
+    assert {("density", "cpu"), ("density", "reference"), ("planarity", "cpu"), ("planarity", "reference")} <= ran
+    for r in rows:
+        if not r["error"]:
+            assert r["forward_ms"] > 0 and r["backward_ms"] > 0
+    assert "<table>" in wb.timing.table.value and wb.status.level == "idle"

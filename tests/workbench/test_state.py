@@ -1,0 +1,72 @@
+"""State: validated ranges, snapshots, the cuda rule."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import traitlets
+
+from workbench.state import RANGES, WorkbenchState, cuda_unavailable_reason
+
+
+@pytest.mark.parametrize("name", ["b_global", "b_offset", "radius", "spacing", "iso_sigma", "distort_amplitude"])
+def test_out_of_range_values_are_refused_with_the_range(name):
+    state = WorkbenchState()
+    lo, hi, _ = RANGES[name]
+    before = getattr(state, name)
+    for bad in (hi + 1.0, lo - 1.0, float("nan")):
+        with pytest.raises(traitlets.TraitError, match=rf"{name} must lie in \[{lo:g}, {hi:g}\]"):
+            setattr(state, name, bad)
+    assert getattr(state, name) == before
+    setattr(state, name, hi)
+    assert getattr(state, name) == hi
+
+
+def test_keyboard_step_artefacts_are_rounded():
+    state = WorkbenchState()
+    state.spacing = 0.7999999999999999
+    assert state.spacing == 0.8
+    state.b_global = 30.000000000000004
+    assert state.b_global == 30.0
+
+
+def test_slice_index_is_bounded_by_the_grid_and_clamped_when_it_shrinks():
+    state = WorkbenchState()
+    with pytest.raises(traitlets.TraitError, match=r"slice_index must lie in \[0, 0\]"):
+        state.slice_index = 3
+    state.slice_index_max = 40
+    state.slice_index = 35
+    state.slice_index_max = 20  # a coarser grid
+    assert state.slice_index == 20
+
+
+def test_profile_atoms_must_exist():
+    state = WorkbenchState(n_atoms=10)
+    state.profile_atoms = (2, 9)
+    with pytest.raises(traitlets.TraitError, match="profile atoms"):
+        state.profile_atoms = (2, 10)
+
+
+def test_cuda_is_refused_without_a_gpu_and_says_why():
+    state = WorkbenchState()
+    if torch.cuda.is_available():
+        state.device = "cuda"
+        assert state.device == "cuda" and cuda_unavailable_reason() is None
+    else:
+        with pytest.raises(traitlets.TraitError, match="device 'cuda' is not available: .*use device 'cpu'"):
+            state.device = "cuda"
+        assert state.device == "cpu"
+
+
+def test_snapshot_is_immutable_and_complete():
+    state = WorkbenchState(b_mode="global", b_global=42.0, radius_mode="radius", radius=2.5)
+    snap = state.snapshot()
+    assert snap.b_global == 42.0 and snap.radius_arg == 2.5 and snap.axis == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.b_global = 1.0
+    state.b_global = 50.0
+    assert snap.b_global == 42.0
+    state.radius_mode = "auto"
+    assert state.snapshot().radius_arg is None
