@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     parser.add_argument("--changes", type=int, default=20, help="timed control changes (default 20)")
-    parser.add_argument("--debounce", type=float, default=0.03, help="debounce delay in s (default 0.03, the app's)")
+    parser.add_argument("--debounce", type=float, default=0.02, help="debounce delay in s (default 0.02, the app's)")
     parser.add_argument("--drag-seconds", type=float, default=10.0, help="length of the simulated drag (default 10)")
     parser.add_argument("--out", help="JSON path (default benchmarks/results/workbench_<device>_<date>.json)")
     args = parser.parse_args(argv)
