@@ -598,8 +598,8 @@ class _Plan:
         nominal = self.radius if radius is not None else _nominal_radius(self.cutoff)
         ext_x = 2 * math.ceil(nominal * self.reach[0]) + 1
         ext_z = 2 * math.ceil(nominal * self.reach[2]) + 1
-        # H100, 3wip (run of 2026-11-22): x tiles of 8 (0.67 Å) and 4 (0.33 Å) with 2 warps beat 16 with
-        # 4 warps by 13% / 33% forward and 12% / 24% forward+backward; 8 warps or 32-wide z tiles lost.
+        # H100, 3wip (run 1 of 2026-11-22): x tiles of 8 (0.67 Å) and 4 (0.33 Å) beat 16 by 13% / 33%
+        # forward and 12% / 24% forward+backward; 8 warps or 32-wide z tiles at 0.67 Å lost.
         self.bq = _TUNING["bq"] or max(min(triton.next_power_of_2(ext_z), 64), 4)
         self.interpret = triton_interpreted() and device.type != "cuda"
         # The interpreter pays per loop trip, not per element: wide tiles there.
@@ -609,7 +609,10 @@ class _Plan:
             self.atoms = _TUNING["atoms_per_program"] or _INTERPRET_ATOMS
         else:
             self.atoms = _TUNING["atoms_per_program"] or 1
-        self.num_warps = _TUNING["num_warps"] or max(1, min(4, self.bp * self.bq // 64))
+        # One warp per atom: 0.18 vs 0.20 ms (2 warps) and 0.31 ms (4 warps) forward on 3wip at 0.67 Å,
+        # 0.90 vs 1.07 / 1.62 ms at 0.33 Å (H100, run 2): the scatter is bound by the atomics' issue rate,
+        # and more, smaller programs keep more atoms' rows in flight.
+        self.num_warps = _TUNING["num_warps"] or 1
 
     def common_args(self):
         h00, h11, h22, h01, h02, h12 = self.h

@@ -249,15 +249,17 @@ _FIRST_CALL_SCRIPT = textwrap.dedent(
         at = atoms.to("cuda", torch.float32)
         xyz = at.xyz.clone().requires_grad_()
         at = AtomSet(xyz, at.b_iso, at.occ, at.a, at.b, at.elements, at.labels, _validate=False)
+        # Random upstream weights: the gradient of a plain sum nearly cancels over each sphere.
+        w = torch.randn(grid.shape, generator=gen, dtype=torch.float64).cuda()
         call1 = kernels.splat_density(at, grid, radius=radius, backend="triton")
-        g1 = torch.autograd.grad(call1.sum(), xyz)[0]
+        g1 = torch.autograd.grad(call1, xyz, grad_outputs=w.float())[0]
         call2 = kernels.splat_density(at, grid, radius=radius, backend="triton")
-        g2 = torch.autograd.grad(call2.sum(), xyz)[0]
+        g2 = torch.autograd.grad(call2, xyz, grad_outputs=w.float())[0]
         ref_at = atoms.to("cuda", torch.float32).to(dtype=torch.float64)
         rxyz = ref_at.xyz.clone().requires_grad_()
         ref_at = AtomSet(rxyz, ref_at.b_iso, ref_at.occ, ref_at.a, ref_at.b, _validate=False)
         ref = splat_reference(ref_at, grid, radius=radius)
-        rg = torch.autograd.grad(ref.sum(), rxyz)[0]
+        rg = torch.autograd.grad(ref, rxyz, grad_outputs=w)[0]
         results.append(dict(name=name, call1=rel(call1, ref), call2=rel(call2, ref),
                             grad1=rel(g1, rg), grad2=rel(g2, rg)))
     print(json.dumps(results))
@@ -278,7 +280,8 @@ def test_first_call_correct_with_empty_triton_cache(tmp_path):
     assert len(results) == 3
     for r in results:
         for key in ("call1", "call2", "grad1", "grad2"):
-            assert r[key] < 2e-6, r  # float32 level; the public kernel's first calls were 0.065–1.3
+            # float32 level (1e-7–1e-6 measured on the H100); the public kernel's first calls were 0.065–1.3.
+            assert r[key] < 1e-5, r
     assert any((tmp_path / "triton-cache").iterdir()), "the subprocess did not compile into the empty cache"
 
 
