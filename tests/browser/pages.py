@@ -1,0 +1,168 @@
+"""Driving the workbench in a real page: what a person does (keys, typing) and sees (pixels).
+
+Shared by the JupyterLab and Voilà tests; every locator uses the app's stable CSS
+classes (see :class:`workbench.Workbench`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = Path(os.environ.get("WORKBENCH_SCREENSHOTS", ROOT / "artifacts" / "screenshots"))
+# "ready: 559 atoms, …": the status line after a finished computation (it starts as plain "ready").
+READY = r"/^ready: \d+ atoms/"
+
+
+def screenshot(locator_or_page, name: str) -> Path:
+    """Save a screenshot under artifacts/screenshots (kept by CI) and return its path."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    locator_or_page.screenshot(path=str(path))
+    return path
+
+
+def image_stats(png: bytes) -> dict[str, float]:
+    """What a person would call blank or not: distinct colours, spread, share of non-background pixels."""
+    import numpy as np
+    from PIL import Image
+
+    rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(np.int32)
+    flat = rgb.reshape(-1, 3)
+    background = np.bincount((flat[:, 0] << 16) | (flat[:, 1] << 8) | flat[:, 2]).argmax()
+    bg = np.array([(background >> 16) & 255, (background >> 8) & 255, background & 255])
+    off = np.abs(flat - bg).sum(axis=1) > 30
+    red = (rgb[..., 0] > 170) & (rgb[..., 1] < 90) & (rgb[..., 2] < 90)
+    return {
+        "colours": float(len(np.unique((flat[:, 0] << 16) | (flat[:, 1] << 8) | flat[:, 2]))),
+        "std": float(rgb.std()),
+        "non_background": float(off.mean()),
+        "red": float(red.mean()),
+    }
+
+
+def images_differ(a: bytes, b: bytes) -> float:
+    """Fraction of pixels that differ by more than a little between two PNGs of one size."""
+    import numpy as np
+    from PIL import Image
+
+    x = np.asarray(Image.open(io.BytesIO(a)).convert("RGB")).astype(np.int32)
+    y = np.asarray(Image.open(io.BytesIO(b)).convert("RGB")).astype(np.int32)
+    if x.shape != y.shape:
+        return 1.0
+    return float((np.abs(x - y).sum(axis=-1) > 12).mean())
+
+
+class WorkbenchUI:
+    """The workbench as seen in ``page`` (a Playwright page showing one Workbench)."""
+
+    def __init__(self, page):
+        self.page = page
+
+    def status(self) -> tuple[str, str]:
+        """Text and CSS classes of the status line."""
+        loc = self.page.locator(".wb-status")
+        return loc.inner_text().strip(), loc.get_attribute("class") or ""
+
+    def wait_ready(self, timeout_ms: int = 120_000) -> str:
+        """Wait until a computation has finished and the status line says so; its text."""
+        self.page.wait_for_function(
+            f"""() => {{
+                const s = document.querySelector('.wb-status');
+                return s && !s.classList.contains('wb-status-busy') && {READY}.test(s.textContent.trim());
+            }}""",
+            timeout=timeout_ms,
+        )
+        return self.status()[0]
+
+    def slice_png(self) -> bytes:
+        return self.page.locator(".wb-slice").screenshot()
+
+    def canvas_png(self) -> bytes:
+        return self.page.locator(".wb-view3d canvas").first.screenshot()
+
+    def wait_canvas_drawn(self, timeout_ms: int = 60_000) -> None:
+        """Wait until the 3D canvas holds more than a blank background."""
+        self.page.locator(".wb-view3d canvas").first.wait_for(state="visible", timeout=timeout_ms)
+        self.page.wait_for_timeout(500)  # one more frame after the last render call
+
+    def watch_slice(self) -> None:
+        """Record (performance.now()) every time the slice image gets new contents."""
+        self.page.evaluate(
+            """() => {
+                const img = document.querySelector('.wb-slice');
+                window.__wbSliceChanges = [];
+                new MutationObserver(() => window.__wbSliceChanges.push(performance.now()))
+                    .observe(img, { attributes: true, attributeFilter: ['src'] });
+            }"""
+        )
+
+    def bfactor_value(self) -> float:
+        return float(self.page.locator(".wb-bfactor .noUi-handle").get_attribute("aria-valuenow"))
+
+    def move_bfactor(self, key: str = "ArrowRight", timeout_ms: int = 60_000) -> float:
+        """Press ``key`` on the B-factor slider's handle; ms until the slice image changed."""
+        handle = self.page.locator(".wb-bfactor .noUi-handle")
+        handle.focus()
+        before = self.page.evaluate("() => window.__wbSliceChanges.length")
+        start = self.page.evaluate("() => performance.now()")
+        self.page.keyboard.press(key)
+        self.page.wait_for_function(f"() => window.__wbSliceChanges.length > {before}", timeout=timeout_ms)
+        return self.page.evaluate(f"() => window.__wbSliceChanges[{before}]") - start
+
+    def type_into_readout(self, css: str, text: str) -> None:
+        """Type a value into a slider's editable readout and press Enter (as a person would)."""
+        readout = self.page.locator(f"{css} .widget-readout")
+        readout.scroll_into_view_if_needed()
+        readout.click()
+        self.page.keyboard.press("Control+A")
+        self.page.keyboard.type(text)
+        self.page.keyboard.press("Enter")
+
+    def load_path(self, path: str) -> None:
+        """Type a model path into the path box and press Enter."""
+        box = self.page.locator(".wb-structure-path input")
+        box.scroll_into_view_if_needed()
+        box.fill(path)
+        box.press("Enter")
+
+    def go_to_middle_slice(self) -> int:
+        """Type the middle section's index into the slice slider; the index."""
+        last = int(float(self.page.locator(".wb-slice-index .noUi-handle").get_attribute("aria-valuemax")))
+        middle = last // 2
+        self.type_into_readout(".wb-slice-index", str(middle))
+        self.page.wait_for_function(
+            f"() => parseFloat(document.querySelector('.wb-slice-index .noUi-handle').getAttribute('aria-valuenow')) === {middle}",
+            timeout=30_000,
+        )
+        return middle
+
+    def choose_region(self, index: int) -> str:
+        """Pick the ``index``-th entry of the 3D region dropdown (0 is the whole model); its label."""
+        select = self.page.locator(".wb-region select")
+        label = select.locator("option").nth(index).inner_text()
+        select.select_option(index=index)
+        self.page.wait_for_function(
+            "() => /residue/.test(document.querySelector('.wb-view3d-caption').textContent)", timeout=60_000
+        )
+        return label.replace("\xa0", " ")
+
+    def caption_3d(self) -> str:
+        return self.page.locator(".wb-view3d-caption").inner_text().strip()
+
+
+def median_latency(ui: WorkbenchUI, moves: int = 10) -> list[float]:
+    """Slider-to-new-image latency of ``moves`` single key presses, each waited for (ms)."""
+    ui.watch_slice()
+    return [ui.move_bfactor() for _ in range(moves)]
+
+
+def summary(latencies: list[float]) -> str:
+    ordered = sorted(latencies)
+    return (
+        f"median {statistics.median(ordered):.0f} ms over {len(ordered)} moves "
+        f"(min {ordered[0]:.0f}, max {ordered[-1]:.0f}): " + ", ".join(f"{x:.0f}" for x in latencies)
+    )
