@@ -5,8 +5,20 @@ name or a model path; the 1ORC example by default); display it as the last expre
 of a notebook cell.
 """
 
-from workbench.app import Workbench
-from workbench.compute import WorkbenchError
-from workbench.state import WorkbenchState
+import os as _os
+import sys as _sys
+
+# The views are drawn by a Python thread right after each OpenMP splat. With OpenMP's
+# default (active) waiting, the splat's idle threads spin and starve that thread on a
+# small machine: on the 2-core CI machine the median slider-to-image latency was 179 ms
+# with spinning and 62 ms with passive waiting (benchmarks/README.md, "Workbench").
+# OpenMP reads the variable when torch loads it, so this only applies when the
+# workbench is imported first, and never overrides a value the user set.
+if "torch" not in _sys.modules:
+    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from workbench.app import Workbench  # noqa: E402
+from workbench.compute import WorkbenchError  # noqa: E402
+from workbench.state import WorkbenchState  # noqa: E402
 
 __all__ = ["Workbench", "WorkbenchError", "WorkbenchState"]
