@@ -135,7 +135,10 @@ class Workbench(widgets.VBox):
         )
         for i, title in enumerate(("line profile", "density at atoms", "difference", "timing")):
             tabs.set_title(i, title)
-        views = widgets.VBox([widgets.HBox([self.slice.widget, self.scene.widget]), tabs])
+        # slice and 3D side by side when there is room, one above the other when not
+        top = widgets.HBox([self.slice.widget, self.scene.widget], layout=widgets.Layout(flex_flow="row wrap"))
+        self.scene.widget.layout = widgets.Layout(flex="1 1 420px", min_width="360px")
+        views = widgets.VBox([top, tabs], layout=widgets.Layout(flex="1 1 auto", min_width="0"))
         super().__init__([self.status.widget, widgets.HBox([self.controls.widget, views])])
         self.add_class("wb-app")
 
@@ -146,6 +149,9 @@ class Workbench(widgets.VBox):
         self.controls.export_gradients.on_click(lambda _: self._export("gradients"))
         self.controls.upload.observe(self._uploaded, names="value")
 
+        self._keep_slice_index = "slice_index" in settings
+        if self._keep_slice_index:
+            self.state.slice_index_max = 1 << 20  # the grid is not known yet: clamped at the first result
         for name, value in settings.items():
             if name not in _INPUTS:
                 raise TypeError(f"Workbench got an unknown setting {name!r}; settings are {_INPUTS}")
@@ -295,6 +301,10 @@ class Workbench(widgets.VBox):
                     self.state.profile_atoms = (0, min(1, n - 1))
         self.state.grid_shape = r.grid.shape
         self.state.slice_index_max = r.grid.shape[s.axis] - 1
+        if new_model and not self._keep_slice_index:
+            # Open on the section through the middle of the model, not an empty cell corner.
+            self.state.slice_index = compute.central_index(r.atoms.xyz, r.grid, s.axis)
+        self._keep_slice_index = False
         check()
         names = r.model.atoms.labels
         if r.profile is not None:

@@ -39,6 +39,7 @@ __all__ = [
     "Section",
     "WorkbenchError",
     "atoms_near_section",
+    "central_index",
     "compare_arrays",
     "compare_backends",
     "density_at_points",
@@ -63,6 +64,9 @@ __all__ = [
 BOX_PADDING = 5.0
 # Largest box sent to the 3D view: 4 M float32 voxels = 16 MB per update.
 MAX_VIEW_VOXELS = 4_000_000
+# Boxes above this are subsampled for the 3D view: 3Dmol.js contours in the browser's
+# main thread, and a 260k-voxel box held a headless (software WebGL) page for ~2 s.
+VIEW_VOXELS = 150_000
 
 
 class WorkbenchError(Exception):
@@ -427,6 +431,17 @@ def section(
     return Section(np.ascontiguousarray(values), axis, index, in_plane, e_u, e_v, depth, map_range)
 
 
+def central_index(xyz: torch.Tensor, grid: GridSpec, axis: int) -> int:
+    """Index of the section through the middle of the atoms along ``axis``.
+
+    A circular mean of the fractional coordinates, so a model straddling the cell edge
+    (or lying outside the first cell, as most do) still lands on its own middle.
+    """
+    f = (xyz.detach().to("cpu", torch.float64) @ grid.cell.frac.T)[:, axis].numpy()
+    angle = math.atan2(float(np.sin(2 * np.pi * f).mean()), float(np.cos(2 * np.pi * f).mean()))
+    return int(round(angle / (2 * np.pi) * grid.shape[axis])) % grid.shape[axis]
+
+
 def atoms_near_section(xyz: torch.Tensor, grid: GridSpec, sec: Section, tolerance: float = 1.0):
     """Atoms within ``tolerance`` Å of the section plane (periodic images included).
 
@@ -554,27 +569,48 @@ def compare_backends(
 # --------------------------------------------------------------------------- 3D scene and export
 
 
-def region_box(rho: torch.Tensor, grid: GridSpec, xyz: torch.Tensor, padding: float) -> tuple[torch.Tensor, GridSpec]:
+def region_box(
+    rho: torch.Tensor, grid: GridSpec, xyz: torch.Tensor, padding: float, *, max_voxels: int = VIEW_VOXELS
+) -> tuple[torch.Tensor, GridSpec, int]:
     """The part of a periodic whole-cell map covering ``xyz`` (M, 3) Å plus ``padding`` Å.
 
-    Returns a box map (float32, CPU) and its :class:`GridSpec` (origin in the cell's
-    voxel units, possibly negative or past the cell: the periodic map is wrapped).
+    A box over ``max_voxels`` is subsampled: every ``stride``-th voxel along each axis
+    (a stride dividing the cell sampling, so the box is still a grid of the cell), since
+    3Dmol.js contours it in the browser's main thread on every update.
+
+    Returns
+    -------
+    box : torch.Tensor, float32, CPU
+    box_grid : GridSpec
+        Origin in units of the (subsampled) cell sampling, possibly negative or past the
+        cell: the periodic map is wrapped.
+    stride : int
+        1 for the full grid.
     """
     frac = (xyz.detach().to("cpu", torch.float64) @ grid.cell.frac.T).numpy()
     pad = padding * np.asarray(grid.cell.reciprocal_lengths)
     m = np.asarray(grid.sampling)
     lo = np.floor((frac.min(axis=0) - pad) * m).astype(int)
     hi = np.ceil((frac.max(axis=0) + pad) * m).astype(int)
-    shape = hi - lo + 1
+    n_full = int(np.prod(hi - lo + 1))
+    stride = 1
+    while n_full / stride**3 > max_voxels:
+        bigger = [s for s in range(stride + 1, 9) if all(int(v) % s == 0 for v in m)]
+        if not bigger:
+            break
+        stride = bigger[0]
+    lo_s, hi_s = np.floor_divide(lo, stride), -np.floor_divide(-hi, stride)
+    shape = hi_s - lo_s + 1
     if int(np.prod(shape)) > MAX_VIEW_VOXELS:
         raise WorkbenchError(
             f"the 3D map box around the region would have {int(np.prod(shape)):,} voxels (limit "
             f"{MAX_VIEW_VOXELS:,}): choose a residue as region, or a coarser spacing"
         )
     full = rho.detach().to("cpu", torch.float32).numpy()
-    idx = [np.arange(lo[k], hi[k] + 1) % grid.shape[k] for k in range(3)]
-    box = full[np.ix_(*idx)]
-    return torch.from_numpy(np.ascontiguousarray(box)), GridSpec(grid.cell, tuple(shape), tuple(lo), grid.sampling)
+    idx = [(np.arange(lo_s[k], hi_s[k] + 1) * stride) % grid.shape[k] for k in range(3)]
+    box = np.ascontiguousarray(full[np.ix_(*idx)])
+    sampling = tuple(int(v) // stride for v in m)
+    return torch.from_numpy(box), GridSpec(grid.cell, tuple(shape), tuple(lo_s), sampling), stride
 
 
 def map_ccp4_bytes(rho: torch.Tensor, grid: GridSpec) -> bytes:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import kernels
-from tests.helpers import STRUCTURES, model
+from tests.helpers import STRUCTURES, model, requires_cuda
 from workbench.compute import WorkbenchError
 from workbench.views.view3d import CDN_URL, LIB_ENV, View3D
 
@@ -281,11 +281,12 @@ def test_an_old_result_never_replaces_a_newer_one(make_wb):
             wb.controls.b_global.value = 60.0  # debounce=0: computes and applies at once
 
     wb.status.step = step
+    stale = wb.n_stale
     wb.controls.b_global.value = 30.0
-    assert fired and wb.n_stale == 1
+    assert fired and wb.n_stale == stale + 1
     assert wb.result.settings.b_global == 60.0  # the B = 30 result came back later and was dropped
     assert (wb.result.atoms.b_iso == 60.0).all()
-    np.testing.assert_array_equal(wb.result.section.values, wb.result.rho[:, :, 0].numpy())
+    np.testing.assert_array_equal(wb.result.section.values, wb.result.rho[:, :, wb.state.slice_index].numpy())
 
 
 def test_cancel_stops_at_the_next_stage_and_says_so(make_wb):
@@ -347,3 +348,28 @@ def test_compare_all_backends_times_forward_and_backward(make_wb):
         if not r["error"]:
             assert r["forward_ms"] > 0 and r["backward_ms"] > 0
     assert "<table>" in wb.timing.table.value and wb.status.level == "idle"
+
+
+def test_opens_on_the_middle_of_the_model_and_shows_a_residue_region(make_wb):
+    wb = make_wb()
+    assert len(wb.result.near[0]) > 10  # the opening section cuts through the model
+    whole = len(wb.scene.view.map_bytes)
+    key, label = wb.controls.region.options[5][1], wb.controls.region.options[5][0]
+    wb.controls.region.value = key
+    assert wb.state.region == key and f"residue {key}" in wb.scene.caption.value
+    assert len(wb.scene.view.map_bytes) < whole / 5
+    chain, seq = key.split("/")
+    assert wb.scene.view.focus == {"chain": chain, "resi": int(seq)} and label.startswith(chain)
+    sel = [i for i, lab in enumerate(wb.result.model.atoms.labels) if f"{lab.chain}/{lab.seq_num}" == key]
+    assert len(sel) > 0
+
+
+@requires_cuda
+def test_cuda_device_gives_the_cpu_physics(make_wb):
+    wb = make_wb("1pfe", spacing=1.0)
+    cpu = wb.result.rho.clone()
+    wb.controls.device.value = "cuda"
+    assert wb.result.settings.device == "cuda" and wb.result.backend == "triton", wb.status.message
+    torch.testing.assert_close(wb.result.rho, cpu, atol=1e-5 * float(cpu.max()), rtol=1e-5)
+    wb.compare("cuda:triton", "cpu:reference")
+    assert wb.difference_result.maps.ok and wb.difference_result.gradients.ok

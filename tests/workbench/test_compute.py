@@ -145,7 +145,8 @@ def test_region_box_wraps_the_periodic_map_and_survives_a_ccp4_round_trip(tmp_pa
     grid = kernels.GridSpec.for_spacing(m.cell, 1.5, m.spacegroup)
     rho = torch.rand(grid.shape)
     sel = m.atoms.xyz[:5]
-    box, bgrid = compute.region_box(rho, grid, sel, padding=3.0)
+    box, bgrid, stride = compute.region_box(rho, grid, sel, padding=3.0)
+    assert stride == 1
     i, j, k = (np.arange(o, o + n) % s for o, n, s in zip(bgrid.origin, bgrid.shape, grid.shape))
     np.testing.assert_array_equal(box.numpy(), rho.numpy()[np.ix_(i, j, k)])
     frac = (sel @ m.cell.frac.T).numpy()
@@ -156,8 +157,16 @@ def test_region_box_wraps_the_periodic_map_and_survives_a_ccp4_round_trip(tmp_pa
     back, back_grid = kernels.read_map(path)
     assert back_grid.origin == bgrid.origin and back_grid.sampling == grid.sampling
     np.testing.assert_array_equal(back.numpy(), box.numpy())
+    # a large box is subsampled by a stride dividing the sampling, and still lines up
+    big, big_grid, stride = compute.region_box(rho, grid, m.atoms.xyz, padding=3.0, max_voxels=2000)
+    assert stride == 3 and all(s % 3 == 0 for s in grid.sampling) and big.numel() <= 2000 * 1.6
+    assert big_grid.sampling == tuple(s // 3 for s in grid.sampling)
+    i, j, k = (np.arange(o, o + n) * 3 % s for o, n, s in zip(big_grid.origin, big_grid.shape, grid.shape))
+    np.testing.assert_array_equal(big.numpy(), rho.numpy()[np.ix_(i, j, k)])
     with pytest.raises(WorkbenchError, match="choose a residue"):
-        compute.region_box(rho, kernels.GridSpec(grid.cell, (400, 400, 400)), m.atoms.xyz, padding=3.0)
+        compute.region_box(
+            torch.zeros(401, 401, 401), kernels.GridSpec(grid.cell, (401, 401, 401)), m.atoms.xyz, padding=3.0
+        )
 
 
 def test_model_pdb_and_gradients_csv_carry_the_moved_atoms():

@@ -335,6 +335,7 @@ class Controls:
             ("export", [self.export_path, w.HBox([self.export_map, self.export_gradients])]),
         ]
         boxes = [w.VBox([w.HTML(f"<b>{title}</b>"), *items]) for title, items in sections]
-        panel = w.VBox(boxes, layout=w.Layout(width="350px"))
+        # never squeezed by the views beside it (a narrow notebook cuts the sliders otherwise)
+        panel = w.VBox(boxes, layout=w.Layout(width="350px", min_width="350px", flex="0 0 350px"))
         panel.add_class("wb-controls")
         return panel

@@ -135,9 +135,9 @@ class Scene3DView:
             self._keys["model"] = model_key
         box_key = (map_key, s.region, s.region_padding)
         if self._keys.get("box") != box_key:
-            box, box_grid = region_box(result.rho, result.grid, xyz[torch.as_tensor(sel)], s.region_padding)
+            box, box_grid, stride = region_box(result.rho, result.grid, xyz[torch.as_tensor(sel)], s.region_padding)
             updates["map_bytes"] = map_ccp4_bytes(box, box_grid)
-            self._box = (box, box_grid)
+            self._box = (box, box_grid, stride)
             self._keys["box"] = box_key
         updates["iso_level"] = float(result.iso_level)
         arrows, scale, text = self._arrows(result, sel)
@@ -152,8 +152,10 @@ class Scene3DView:
             for name, value in updates.items():
                 setattr(self.view, name, value)
         region = "whole model" if not s.region else f"residue {s.region}"
+        stride = self._box[2] if self._box else 1
+        sub = f" (every {stride}th voxel: {self._box[0].numel():,} shown)" if stride > 1 else ""
         self.caption.value = (
-            f"<small>{region}, map box ± {s.region_padding:g} Å; isosurface {s.iso_sigma:g} σ = "
+            f"<small>{region}, map box ± {s.region_padding:g} Å{sub}; isosurface {s.iso_sigma:g} σ = "
             f"{result.iso_level:.3f} e/Å³; {text}</small>"
         )
 
