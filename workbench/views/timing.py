@@ -27,6 +27,11 @@ class TimingView:
     def update(self, timings: dict[str, float], *, backend: str, device: str, grid_shape, n_atoms: int) -> None:
         """Show the last computation's timings (seconds) of ``backend`` on ``device``."""
         cells = "".join(f"<tr><td>{html.escape(k)}</td><td>{v * 1e3:.1f} ms</td></tr>" for k, v in timings.items())
+        if "density backward" not in timings:
+            cells += (
+                "<tr><td>density backward</td><td>— (computed with the density-fit arrows, or by "
+                "“compare all backends”)</td></tr>"
+            )
         shape = "×".join(str(n) for n in grid_shape)
         self.current.value = (
             f"<b>{html.escape(backend)} on {html.escape(device)}</b>, {n_atoms} atoms, grid {shape} "

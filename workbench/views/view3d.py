@@ -32,7 +32,7 @@ LIB_ENV = "WORKBENCH_3DMOL_JS"
 ARROW_MAX_LENGTH = 2.0
 # Arrows shorter than this (Å) are not drawn; at most MAX_ARROWS, the longest first.
 ARROW_MIN_LENGTH = 0.05
-MAX_ARROWS = 2000
+MAX_ARROWS = 800  # each is a mesh in 3Dmol.js; more slows a software-WebGL page
 
 
 def _local_library(lib_path: str | os.PathLike | None) -> str:
