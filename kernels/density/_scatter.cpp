@@ -45,6 +45,10 @@
 #include <omp.h>
 #endif
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #if defined(_OPENMP)
 #define KERNELS_SIMD _Pragma("omp simd")
 #else
@@ -59,6 +63,13 @@
 #define KERNELS_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define KERNELS_HOT
+#endif
+
+// Nothing here reads floating-point exception flags, and GCC's default -ftrapping-math
+// stops it from vectorising loops that contain ceil/floor or value selects (the per-row
+// interval pass below), so it is turned off for this file.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
 #endif
 
 #if defined(__GNUC__)
@@ -81,15 +92,16 @@ double seconds_since(Clock::time_point t0) {
 
 // exp of a non-positive float, vectorisable (no libm call, no branches).
 // Cody–Waite reduction x = n·ln2 + r, |r| ≤ ln2/2, and a degree-7 Taylor polynomial:
-// relative error < 3e-7 (a few float ulps; KERNELS.md allows 1e-5). Arguments below −30
-// return 0: exp(−30) ≈ 9e-14 of a term is far below float resolution of any voxel sum,
-// and cutting there keeps products of two or three factors out of the slow denormal range.
+// relative error < 3e-7 (a few float ulps; KERNELS.md allows 1e-5). Results below
+// 2^-43 ≈ 1e-13 are returned as 0 by clamping the integer exponent (an integer select: a
+// float select here stops GCC from vectorising under the default -ftrapping-math). 1e-13
+// of a term is far below float resolution of any voxel sum, and the cut keeps products
+// of two or three table factors out of the slow denormal range.
 KERNELS_INLINE float exp_neg(float x) {
-    const float xc = x < -30.0f ? -30.0f : x;
-    // round to nearest through the 1.5·2^23 trick: exact for |v| < 2^22, SSE2-vectorisable
+    // round to nearest through the 1.5·2^23 trick (SSE2-vectorisable, no roundps needed)
     const float shifter = 12582912.0f;
-    const float n = (xc * 1.44269504088896341f + shifter) - shifter;
-    const float r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+    const float n = (x * 1.44269504088896341f + shifter) - shifter;
+    const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
@@ -98,10 +110,12 @@ KERNELS_INLINE float exp_neg(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+    int32_t ni = static_cast<int32_t>(n);
+    ni = ni < -43 ? -127 : ni;  // biased exponent 0: scale = +0
+    const int32_t bits = (ni + 127) << 23;
     float scale;
     std::memcpy(&scale, &bits, sizeof scale);
-    return x < -30.0f ? 0.0f : p * scale;
+    return p * scale;
 }
 
 // ------------------------------------------------------------------ geometry
@@ -112,6 +126,7 @@ struct Geom {
     int64_t n[3];      // grid size = sampling (whole cell)
     double m[3];       // the same as doubles
     double G00, G11, G22, G01x2, G02x2, G12x2;  // metric; cross terms pre-doubled as the reference does
+    double inv2G22;    // 1 / (2·G33)
     double recip[3];   // |a*|, |b*|, |c*| (row norms of the fractional matrix)
     double orth[9];    // fractional -> Cartesian, row-major
     int kind;
@@ -148,6 +163,7 @@ struct AtomP {
     double amp[NG];    // a_k·(4π/W_k)^{3/2}, W_k = b_k + B (unit occupancy)
     double alpha[NG];  // 4π²/W_k
     double width[NG];  // W_k
+    double gw[4][NG];  // backward weights amp_k·{1, 1/W_k, α_k, α_k/W_k}
     double occ;
 };
 
@@ -167,51 +183,58 @@ void prepare_atom(const Geom& g, const double* frac, const double* radii, const 
         A.width[k] = w;
         A.amp[k] = a[NG * i + k] * std::pow(4.0 * PI / w, 1.5);
         A.alpha[k] = 4.0 * PI * PI / w;
+        A.gw[0][k] = A.amp[k];
+        A.gw[1][k] = A.amp[k] / w;
+        A.gw[2][k] = A.amp[k] * A.alpha[k];
+        A.gw[3][k] = A.amp[k] * A.alpha[k] / w;
     }
     A.occ = occ[i];
 }
 
-// Voxels along z (lattice coordinates [wa, wb]) of row (dx, dy) with r² < R²; false if none.
-// The interval comes from the quadratic in dz; only an end that lies within 1e-6 voxel of
-// a lattice point (or a row that grazes the sphere) is settled with the exact test.
-KERNELS_INLINE bool row_range(const Geom& g, const AtomP& A, double dx, double dy, double Q, double Lz, int64_t& wa,
-                      int64_t& wb) {
-    constexpr double kNear = 1e-6;
-    const double qa = g.G22, qb = Lz, qc = Q - A.R2;
-    const double disc = qb * qb - 4.0 * qa * qc;
-    const double scale = qb * qb + 4.0 * qa * (std::fabs(Q) + A.R2);
+// Grazing rows and ends close to a lattice point: settle each candidate with the exact test.
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+bool row_range_exact(const Geom& g, const AtomP& A, double dx, double dy, double wlo, double whi, bool fix_lo,
+                     bool fix_hi, int64_t& wa, int64_t& wb) {
     const double fz = A.f[2], mz = g.m[2];
-    const int64_t zlo = A.lo[2], zhi = A.hi[2];
-    if (!(disc > -1e-6 * scale)) return false;  // clearly misses the sphere (also catches R = 0)
     auto inside = [&](int64_t w) { return r2_exact(g, dx, dy, static_cast<double>(w) / mz - fz) < A.R2; };
-    if (disc < 1e-6 * scale) {
-        // grazing row: a handful of candidates around the vertex, each decided exactly
-        const double wc = (-qb / (2.0 * qa) + fz) * mz;
-        const double hw = std::sqrt(std::max(disc, 0.0) + 1e-6 * scale) / (2.0 * qa) * mz + 1.0;
-        int64_t s = std::max(zlo, static_cast<int64_t>(std::floor(wc - hw)));
-        int64_t e = std::min(zhi, static_cast<int64_t>(std::ceil(wc + hw)));
+    int64_t s = std::max(A.lo[2], static_cast<int64_t>(std::floor(wlo)));
+    int64_t e = std::min(A.hi[2], static_cast<int64_t>(std::ceil(whi)));
+    if (fix_lo)
         while (s <= e && !inside(s)) ++s;
-        while (e >= s && !inside(e)) --e;
-        wa = s;
-        wb = e;
-        return s <= e;
-    }
-    const double sq = std::sqrt(disc);
-    const double q = -0.5 * (qb + std::copysign(sq, qb));  // stable roots q/qa and qc/q
-    double z1 = q / qa, z2 = qc / q;
-    if (z1 > z2) std::swap(z1, z2);
-    const double wlo = (z1 + fz) * mz, whi = (z2 + fz) * mz;
-    int64_t s = static_cast<int64_t>(std::ceil(wlo - kNear));
-    int64_t e = static_cast<int64_t>(std::floor(whi + kNear));
-    s = std::max(s, zlo);
-    e = std::min(e, zhi);
-    if (static_cast<double>(s) - wlo < kNear)
-        while (s <= e && !inside(s)) ++s;
-    if (whi - static_cast<double>(e) < kNear)
+    if (fix_hi)
         while (e >= s && !inside(e)) --e;
     wa = s;
     wb = e;
     return s <= e;
+}
+
+// Voxels along z (lattice coordinates [wa, wb]) of row (dx, dy) with r² < R²; false if none.
+// r² = Q + Lz·dz + G33·dz² is a quadratic in dz: the interval comes from its roots, and
+// only an end within 1e-6 voxel of a lattice point (or a row that grazes the sphere, where
+// the roots are ill-conditioned) is settled with the exact test, so the voxel set is the
+// reference's, ties included.
+KERNELS_INLINE bool row_range(const Geom& g, const AtomP& A, double dx, double dy, double Q, double Lz, int64_t& wa,
+                              int64_t& wb) {
+    constexpr double kNear = 1e-6;
+    const double disc = Lz * Lz - 4.0 * g.G22 * (Q - A.R2);
+    const double scale = Lz * Lz + 4.0 * g.G22 * (std::fabs(Q) + A.R2);
+    if (!(disc > -1e-6 * scale)) return false;  // clearly misses the sphere (also R = 0)
+    const double wc = (A.f[2] - Lz * g.inv2G22) * g.m[2];
+    if (disc < 1e-6 * scale) {
+        // grazing: the interval is at most ~1e-3 of the radius wide around the vertex
+        const double hw = std::sqrt(std::max(disc, 0.0) + 1e-6 * scale) * g.inv2G22 * g.m[2] + 1.0;
+        return row_range_exact(g, A, dx, dy, wc - hw, wc + hw, true, true, wa, wb);
+    }
+    const double half = std::sqrt(disc) * g.inv2G22 * g.m[2];
+    const double wlo = wc - half, whi = wc + half;
+    const double cs = std::ceil(wlo - kNear), ce = std::floor(whi + kNear);
+    const bool fix_lo = cs - wlo < kNear, fix_hi = whi - ce < kNear;
+    if (fix_lo || fix_hi) return row_range_exact(g, A, dx, dy, cs, ce, fix_lo, fix_hi, wa, wb);
+    wa = std::max(A.lo[2], static_cast<int64_t>(cs));
+    wb = std::min(A.hi[2], static_cast<int64_t>(ce));
+    return wa <= wb;
 }
 
 // ------------------------------------------------------------------ per-thread scratch
@@ -226,6 +249,9 @@ struct Scratch {
     std::vector<double> dzd;     // fractional dz per z of the box (double)
     std::vector<double> dyd;     // fractional dy per y of the box
     std::vector<int64_t> jw;     // wrapped y index per y of the box
+    std::vector<int64_t> zw;     // wrapped z index per z of the box
+    std::vector<double> rq, rl, rlo, rhi;  // per row of one x plane: Q, Lz, first/last z candidate
+    std::vector<int64_t> rst;    // per row: 0 empty, 1 interval ready, 2 settle with the exact test
 };
 
 // exp tables: out[k*len + t] = exp(−alpha_k · q[t]) (vectorised over t)
@@ -250,30 +276,84 @@ KERNELS_INLINE void add_row(float* __restrict o, int64_t n, const float* __restr
     for (int64_t l = 0; l < n; ++l) o[l] += c0 * t0[l] + c1 * t1[l] + c2 * t2[l] + c3 * t3[l] + c4 * t4[l];
 }
 
-// acc[k] += (Σ_l g·t_k, Σ_l g·t_k·dz, Σ_l g·t_k·dz²)
-KERNELS_INLINE void gather_row(const float* __restrict gr, int64_t n, const float* __restrict t, int64_t stride,
-                       const float* __restrict dz, const float* __restrict dz2, float acc[NG][3]) {
-    for (int k = 0; k < NG; ++k) {
-        const float* __restrict tk = t + k * stride;
-        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f;
-#if defined(_OPENMP)
-#pragma omp simd reduction(+ : s0, s1, s2)
-#endif
-        for (int64_t l = 0; l < n; ++l) {
-            const float v = gr[l] * tk[l];
-            s0 += v;
-            s1 += v * dz[l];
-            s2 += v * dz2[l];
+// Rows are short (a sphere of radius ~4 Å is ~13 voxels across at 0.67 Å): a loop with an
+// exact trip count spends more on its epilogues and mispredicted branches than on the
+// arithmetic. These versions always process whole blocks of kW lanes and mask the lanes
+// past the row's end (their table entries are readable padding, their map voxels belong to
+// the same row and receive +0.0f, which changes nothing), so the branch pattern does not
+// depend on the row. Used when the block stays inside the row of the map.
+constexpr int64_t kW = 16;
+
+KERNELS_INLINE void add_row_w(float* __restrict o, int64_t n, const float* __restrict t, int64_t stride,
+                              const float* c) {
+    const float c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3], c4 = c[4];
+    for (int64_t b = 0; b < n; b += kW) {
+        const float* __restrict t0 = t + b;
+        const float* __restrict t1 = t + b + stride;
+        const float* __restrict t2 = t + b + 2 * stride;
+        const float* __restrict t3 = t + b + 3 * stride;
+        const float* __restrict t4 = t + b + 4 * stride;
+        float* __restrict ob = o + b;
+        const int64_t m = n - b;
+        KERNELS_SIMD
+        for (int64_t l = 0; l < kW; ++l) {
+            const float v = c0 * t0[l] + c1 * t1[l] + c2 * t2[l] + c3 * t3[l] + c4 * t4[l];
+            ob[l] += l < m ? v : 0.0f;
         }
-        acc[k][0] += s0;
-        acc[k][1] += s1;
-        acc[k][2] += s2;
     }
 }
 
+// Backward over one row: with e_k the row's Gaussian factors (row factor × table) and
+// per-Gaussian weights cu[m][k] (amp_k·{1, 1/W_k, α_k, α_k/W_k}·row factor), form per voxel
+// u_m = Σ_k cu[m][k]·t_k and accumulate the 7 row sums the gradients need:
+// Σg·u0, Σg·u1, Σg·u2, Σg·u2·dz, Σg·u3, Σg·u3·dz, Σg·u3·dz². One pass over the row, 7
+// accumulators; Masked: whole kW blocks with the lanes past the row's end zeroed.
+template <bool Masked>
+KERNELS_INLINE void gather_row(const float* __restrict gr, int64_t n, const float* __restrict t, int64_t stride,
+                               const float* __restrict dz, const float* __restrict dz2, const float cu[4][NG],
+                               float acc[7]) {
+    const float* __restrict t0 = t;
+    const float* __restrict t1 = t + stride;
+    const float* __restrict t2 = t + 2 * stride;
+    const float* __restrict t3 = t + 3 * stride;
+    const float* __restrict t4 = t + 4 * stride;
+    float a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0;
+    const int64_t step = Masked ? kW : n;
+    for (int64_t b = 0; b < n; b += step) {
+        const int64_t m = n - b;
+#if defined(_OPENMP)
+#pragma omp simd reduction(+ : a0, a1, a2, a3, a4, a5, a6)
+#endif
+        for (int64_t l = b; l < b + step; ++l) {
+            const float e0 = t0[l], e1 = t1[l], e2 = t2[l], e3 = t3[l], e4 = t4[l];
+            const float u0 = cu[0][0] * e0 + cu[0][1] * e1 + cu[0][2] * e2 + cu[0][3] * e3 + cu[0][4] * e4;
+            const float u1 = cu[1][0] * e0 + cu[1][1] * e1 + cu[1][2] * e2 + cu[1][3] * e3 + cu[1][4] * e4;
+            const float u2 = cu[2][0] * e0 + cu[2][1] * e1 + cu[2][2] * e2 + cu[2][3] * e3 + cu[2][4] * e4;
+            const float u3 = cu[3][0] * e0 + cu[3][1] * e1 + cu[3][2] * e2 + cu[3][3] * e3 + cu[3][4] * e4;
+            const float gl = Masked ? (l - b < m ? gr[l] : 0.0f) : gr[l];
+            const float g2 = gl * u2, g3 = gl * u3;
+            a0 += gl * u0;
+            a1 += gl * u1;
+            a2 += g2;
+            a3 += g2 * dz[l];
+            a4 += g3;
+            a5 += g3 * dz[l];
+            a6 += g3 * dz2[l];
+        }
+    }
+    acc[0] += a0;
+    acc[1] += a1;
+    acc[2] += a2;
+    acc[3] += a3;
+    acc[4] += a4;
+    acc[5] += a5;
+    acc[6] += a6;
+}
+
 // Per-atom gradient sums over its voxels of g·e_k·(1, dx, dy, dz, r²), e_k = exp(−α_k r²).
+// Per-atom gradient sums (double): Σg·u0 (→ occ), Σg·u1 and Σg·u3·r² (→ B), Σg·u2·d (→ xyz).
 struct GradSums {
-    double p0[NG], pdx[NG], pdy[NG], pdz[NG], pr2[NG];
+    double occ, b1, b3, d[3];
 };
 
 // Visit every row (i, j) of atom A with i in [ia, ib] (lattice), build the tables and
@@ -293,7 +373,11 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
         dyd[s] = static_cast<double>(ylo + s) / g.m[1] - fy;
         jw[s] = floor_mod(ylo + s, ny);
     }
-    for (int64_t t = 0; t < nzb; ++t) dzd[t] = static_cast<double>(zlo + t) / g.m[2] - fz;
+    int64_t* zw = S.zw.data();
+    for (int64_t t = 0; t < nzb; ++t) {
+        dzd[t] = static_cast<double>(zlo + t) / g.m[2] - fz;
+        zw[t] = floor_mod(zlo + t, nz);
+    }
     if (!Forward) {
         for (int64_t t = 0; t < nzb; ++t) {
             S.dzf[t] = static_cast<float>(dzd[t]);
@@ -334,12 +418,48 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
     for (int64_t i = ia; i <= ib; ++i) {
         const double dx = static_cast<double>(i) / g.m[0] - fx;
         const Idx iw = static_cast<Idx>(floor_mod(i, nx));
+        // z-intervals of all rows of this x plane at once (vectorised over y); rows that
+        // need care (grazing, an end near a lattice point) go through the exact row_range.
+        double* rq = S.rq.data();
+        double* rl = S.rl.data();
+        double* rlo = S.rlo.data();
+        double* rhi = S.rhi.data();
+        int64_t* rst = S.rst.data();
+        {
+            const double G00 = g.G00, G11 = g.G11, G22 = g.G22, G01x2 = g.G01x2, G02x2 = g.G02x2, G12x2 = g.G12x2;
+            const double inv2 = g.inv2G22, mz = g.m[2], R2 = A.R2;
+            KERNELS_SIMD
+            for (int64_t s = 0; s < nyb; ++s) {
+                const double dy = dyd[s];
+                const double Q = G00 * dx * dx + G11 * dy * dy + G01x2 * dx * dy;
+                const double Lz = G02x2 * dx + G12x2 * dy;
+                const double disc = Lz * Lz - 4.0 * G22 * (Q - R2);
+                const double scale = Lz * Lz + 4.0 * G22 * (std::fabs(Q) + R2);
+                const double wc = (fz - Lz * inv2) * mz;
+                const double half = std::sqrt(disc) * inv2 * mz;  // NaN when disc < 0: row is then empty
+                const double wlo = wc - half, whi = wc + half;
+                const double cs = std::ceil(wlo - 1e-6), ce = std::floor(whi + 1e-6);
+                const int64_t hit = disc > -1e-6 * scale;
+                const int64_t care = (disc < 1e-6 * scale) | (cs - wlo < 1e-6) | (whi - ce < 1e-6);
+                rq[s] = Q;
+                rl[s] = Lz;
+                rlo[s] = cs;
+                rhi[s] = ce;
+                rst[s] = hit * (1 + care);
+            }
+        }
         for (int64_t s = 0; s < nyb; ++s) {
+            if (rst[s] == 0) continue;
             const double dy = dyd[s];
-            const double Q = g.G00 * dx * dx + g.G11 * dy * dy + g.G01x2 * dx * dy;
-            const double Lz = g.G02x2 * dx + g.G12x2 * dy;
+            const double Q = rq[s], Lz = rl[s];
             int64_t wa, wb;
-            if (!row_range(g, A, dx, dy, Q, Lz, wa, wb)) continue;
+            if (rst[s] == 2) {
+                if (!row_range(g, A, dx, dy, Q, Lz, wa, wb)) continue;
+            } else {
+                wa = std::max(zlo, static_cast<int64_t>(rlo[s]));
+                wb = std::min(A.hi[2], static_cast<int64_t>(rhi[s]));
+                if (wa > wb) continue;
+            }
             // row factor c_k and the z-table (base pointer at z = wa, stride between Gaussians)
             float rowf[NG];
             const float* tab;
@@ -367,33 +487,42 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
                 float c[NG];
                 for (int k = 0; k < NG; ++k) c[k] = ampf[k] * rowf[k];
                 int64_t w = wa;
-                int64_t wz = floor_mod(w, nz);
+                int64_t wz = zw[w - zlo];
                 while (w <= wb) {  // pieces split where the row wraps around the cell along z
                     const int64_t run = std::min(wb - w + 1, nz - wz);
-                    add_row(out + base + static_cast<Idx>(wz), run, tab + (w - wa), stride, c);
+                    if (wz + ((run + kW - 1) / kW) * kW <= nz)
+                        add_row_w(out + base + static_cast<Idx>(wz), run, tab + (w - wa), stride, c);
+                    else
+                        add_row(out + base + static_cast<Idx>(wz), run, tab + (w - wa), stride, c);
                     w += run;
                     wz = 0;
                 }
             } else {
-                float acc[NG][3] = {};
+                float cu[4][NG];
+                for (int k = 0; k < NG; ++k)
+                    for (int mm = 0; mm < 4; ++mm) cu[mm][k] = static_cast<float>(A.gw[mm][k] * rowf[k]);
+                float acc[7] = {0, 0, 0, 0, 0, 0, 0};
                 int64_t w = wa;
-                int64_t wz = floor_mod(w, nz);
+                int64_t wz = zw[w - zlo];
                 while (w <= wb) {
                     const int64_t run = std::min(wb - w + 1, nz - wz);
-                    gather_row(grad + base + static_cast<Idx>(wz), run, tab + (w - wa), stride,
-                               S.dzf.data() + (w - zlo), S.dz2f.data() + (w - zlo), acc);
+                    const float* gp = grad + base + static_cast<Idx>(wz);
+                    const float* dzp = S.dzf.data() + (w - zlo);
+                    const float* dz2p = S.dz2f.data() + (w - zlo);
+                    if (wz + ((run + kW - 1) / kW) * kW <= nz)
+                        gather_row<true>(gp, run, tab + (w - wa), stride, dzp, dz2p, cu, acc);
+                    else
+                        gather_row<false>(gp, run, tab + (w - wa), stride, dzp, dz2p, cu, acc);
                     w += run;
                     wz = 0;
                 }
-                for (int k = 0; k < NG; ++k) {
-                    const double c = rowf[k];
-                    const double s0 = c * acc[k][0], s1 = c * acc[k][1], s2 = c * acc[k][2];
-                    gs->p0[k] += s0;
-                    gs->pdx[k] += dx * s0;
-                    gs->pdy[k] += dy * s0;
-                    gs->pdz[k] += s1;
-                    gs->pr2[k] += Q * s0 + Lz * s1 + g.G22 * s2;
-                }
+                gs->occ += acc[0];
+                gs->b1 += acc[1];
+                gs->b3 += Q * static_cast<double>(acc[4]) + Lz * static_cast<double>(acc[5]) +
+                          g.G22 * static_cast<double>(acc[6]);
+                gs->d[0] += dx * static_cast<double>(acc[2]);
+                gs->d[1] += dy * static_cast<double>(acc[2]);
+                gs->d[2] += acc[3];
             }
         }
     }
@@ -401,15 +530,19 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
 
 void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
     const int64_t big = std::max(nxb * nyb, nxb * nzb);
-    S.tab_a.resize(NG * std::max(nyb, nzb));
-    S.tab_b.resize(NG * big);
-    S.tab_r.resize(NG * nzb);
+    // + kW: the fixed-width row kernels read up to kW entries past a row's last voxel (masked out)
+    S.tab_a.resize(NG * std::max(nyb, nzb) + kW);
+    S.tab_b.resize(NG * big + kW);
+    S.tab_r.resize(NG * nzb + kW);
     S.q.resize(std::max(big, std::max(nyb, nzb)));
-    S.dzf.resize(nzb);
-    S.dz2f.resize(nzb);
+    S.dzf.resize(nzb + kW);
+    S.dz2f.resize(nzb + kW);
     S.dzd.resize(nzb);
     S.dyd.resize(nyb);
     S.jw.resize(nyb);
+    S.zw.resize(nzb);
+    for (auto* v : {&S.rq, &S.rl, &S.rlo, &S.rhi}) v->resize(nyb);
+    S.rst.resize(nyb);
 }
 
 // ------------------------------------------------------------------ threads
@@ -452,17 +585,26 @@ struct Inputs {
     const double *frac, *radii, *b_iso, *occ, *a, *b;
 };
 
+// One slab [x0, x1) of the map: the segments that reach it are found through the x-sorted
+// index (a contiguous range, since no segment is longer than lmax), then run in atom
+// order — the one global order every slab uses, and the file's spatial coherence, so
+// consecutive atoms touch nearby memory.
 KERNELS_HOT
 void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
-              const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0, int64_t x1, float* out, Scratch& S,
-              bool use64) {
+              const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
+              int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64) {
     const int64_t nx = in.g.n[0];
     const int64_t first = bucket[std::max<int64_t>(0, x0 - lmax + 1)];
     const int64_t last = bucket[x1];
+    ids.clear();
     for (int64_t p = first; p < last; ++p) {
-        const Segment& sg = segs[p];
+        const Segment& sg = segs[by_x[p]];
+        if (floor_mod(sg.u0, nx) + sg.len > x0) ids.push_back(by_x[p]);
+    }
+    std::sort(ids.begin(), ids.end());
+    for (const int64_t id : ids) {
+        const Segment& sg = segs[id];
         const int64_t xs = floor_mod(sg.u0, nx);
-        if (xs + sg.len <= x0) continue;
         const int64_t ia = sg.u0 + std::max<int64_t>(0, x0 - xs);
         const int64_t ib = sg.u0 + std::min<int64_t>(sg.len, x1 - xs) - 1;
         if (use64)
@@ -522,10 +664,10 @@ void splat(const Inputs& in, float* out, int n_threads, bool use64, Timings& tm)
     }
     std::vector<int64_t> bucket(nx + 1, 0);  // bucket[x] = first segment with xs >= x
     for (int64_t x = 0; x < nx; ++x) bucket[x + 1] = bucket[x] + count[x + 1];
-    std::vector<Segment> segs(raw.size());
+    std::vector<int64_t> by_x(raw.size());  // segment ids counting-sorted by first plane
     {
         std::vector<int64_t> fill(bucket.begin(), bucket.end() - 1);
-        for (const Segment& sg : raw) segs[fill[floor_mod(sg.u0, nx)]++] = sg;  // stable
+        for (int64_t id = 0; id < static_cast<int64_t>(raw.size()); ++id) by_x[fill[floor_mod(raw[id].u0, nx)]++] = id;
     }
     // Slabs of about equal work; more slabs than threads so a busy core does not hold the rest up.
     const int64_t n_slabs = n_threads <= 1 ? 1 : std::min<int64_t>(nx, 4 * static_cast<int64_t>(n_threads));
@@ -549,13 +691,32 @@ void splat(const Inputs& in, float* out, int n_threads, bool use64, Timings& tm)
         edge.push_back(nx);
     }
     std::vector<Scratch> scratch(n_threads);
-    for (Scratch& S : scratch) size_scratch(S, box[0], box[1], box[2]);
+    std::vector<std::vector<int64_t>> ids(n_threads);
+    for (int w = 0; w < n_threads; ++w) {
+        size_scratch(scratch[w], box[0], box[1], box[2]);
+        ids[w].reserve(raw.size() / std::max<int64_t>(1, n_slabs / 2) + 16);
+    }
     tm.partition = seconds_since(t0);
     tm.tasks = static_cast<int64_t>(edge.size()) - 1;
 
     t0 = Clock::now();
+#if defined(MADV_HUGEPAGE)
+    // A fresh map of tens of MB costs a page fault per 4 KiB on first touch (10-20 ms for
+    // 3WIP); asking for transparent huge pages makes that a few hundred faults. Only a hint.
+    {
+        const uintptr_t huge = uintptr_t(1) << 21;
+        const uintptr_t lo = (reinterpret_cast<uintptr_t>(out) + huge - 1) & ~(huge - 1);
+        const uintptr_t hi = (reinterpret_cast<uintptr_t>(out) + sizeof(float) * in.g.n[0] * in.g.n[1] * in.g.n[2]) &
+                             ~(huge - 1);
+        if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+    }
+#endif
+    const int64_t plane = in.g.n[1] * in.g.n[2];
     parallel_for(tm.tasks, n_threads, [&](int64_t s, int worker) {
-        run_slab(in, atoms, segs, bucket, lmax, edge[s], edge[s + 1], out, scratch[worker], use64);
+        // each slab zeroes its own planes first (the map arrives uninitialised): parallel
+        // first touch, and the slab is warm in cache when the atoms are added
+        std::memset(out + edge[s] * plane, 0, sizeof(float) * (edge[s + 1] - edge[s]) * plane);
+        run_slab(in, atoms, raw, by_x, bucket, lmax, edge[s], edge[s + 1], out, scratch[worker], ids[worker], use64);
     });
     tm.compute = seconds_since(t0);
 }
@@ -568,27 +729,21 @@ void gather_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t fir
     const Geom& g = in.g;
     for (int64_t i = first; i < last; ++i) {
         const AtomP& A = atoms[i];
-        GradSums gs;
-        std::memset(&gs, 0, sizeof gs);
+        GradSums gs = {0, 0, 0, {0, 0, 0}};
         if (A.R2 > 0) {
             if (use64)
                 process_atom<int64_t, false>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
             else
                 process_atom<int32_t, false>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
         }
-        double d_occ = 0, d_b = 0, df[3] = {0, 0, 0};
-        for (int k = 0; k < NG; ++k) {
-            const double amp = A.amp[k];
-            d_occ += amp * gs.p0[k];
-            d_b += amp * (-1.5 * gs.p0[k] + A.alpha[k] * gs.pr2[k]) / A.width[k];
-            const double w = 2.0 * amp * A.alpha[k];
-            df[0] += w * gs.pdx[k];
-            df[1] += w * gs.pdy[k];
-            df[2] += w * gs.pdz[k];
-        }
-        // ∂r²/∂xyz = −2·orth·d (d = voxel − atom, fractional): ∂ρ/∂xyz = 2·occ·Σ amp·α·e·orth·d
+        // ρ = occ·Σ amp_k·e_k, e_k = exp(−α_k r²), α_k = 4π²/W_k, W_k = b_k + B:
+        //   ∂ρ/∂occ = Σ amp·e;  ∂ρ/∂B = occ·Σ amp·e·(−1.5 + α·r²)/W;
+        //   ∂ρ/∂xyz = 2·occ·Σ amp·α·e·orth·d  (∂r²/∂xyz = −2·orth·d, d = voxel − atom, fractional)
+        const double d_occ = gs.occ;
+        const double d_b = -1.5 * gs.b1 + gs.b3;
         for (int r = 0; r < 3; ++r)
-            gxyz[3 * i + r] = A.occ * (g.orth[3 * r] * df[0] + g.orth[3 * r + 1] * df[1] + g.orth[3 * r + 2] * df[2]);
+            gxyz[3 * i + r] = 2.0 * A.occ *
+                              (g.orth[3 * r] * gs.d[0] + g.orth[3 * r + 1] * gs.d[1] + g.orth[3 * r + 2] * gs.d[2]);
         gb[i] = A.occ * d_b;
         gocc[i] = d_occ;
     }
@@ -739,6 +894,7 @@ bool parse_inputs(PyObject* args, Py_ssize_t start, Inputs& in, int& n_threads, 
     in.g.G00 = G[0];
     in.g.G11 = G[4];
     in.g.G22 = G[8];
+    in.g.inv2G22 = 0.5 / G[8];
     in.g.G01x2 = 2 * G[1];
     in.g.G02x2 = 2 * G[2];
     in.g.G12x2 = 2 * G[5];
@@ -769,7 +925,8 @@ PyObject* timings_dict(const Timings& tm, bool use64) {
 const char splat_doc[] =
     "splat(out_ptr, shape, n_atoms, frac_ptr, radii_ptr, b_iso_ptr, occ_ptr, a_ptr, b_ptr, metric, recip, orth,\n"
     "      kind, n_threads, force_int64) -> dict of phase timings\n\n"
-    "Adds the density of n_atoms atoms to the float32 C-contiguous map at out_ptr (shape nx, ny, nz).\n"
+    "Writes the density of n_atoms atoms to the float32 C-contiguous map at out_ptr (shape nx, ny, nz;\n"
+    "its previous content is overwritten, so it may be uninitialised).\n"
     "Atom arrays are float64, C-contiguous: frac (N,3), radii (N,), b_iso (N,), occ (N,), a (N,5), b (N,5).";
 
 PyObject* py_splat(PyObject*, PyObject* args) {
@@ -787,7 +944,7 @@ PyObject* py_splat(PyObject*, PyObject* args) {
     bool oom = false;
     Py_BEGIN_ALLOW_THREADS
     try {
-        if (in.n_atoms > 0) splat(in, out, n_threads, use64, tm);
+        splat(in, out, n_threads, use64, tm);
     } catch (const std::bad_alloc&) {
         oom = true;
     }

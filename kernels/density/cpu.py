@@ -110,7 +110,7 @@ class _SplatFunction(torch.autograd.Function):
         # with it bit for bit at exact ties.
         frac = (xyz.detach().to(torch.float64) @ grid.cell.frac.T).contiguous()
         b64, o64, a64, w64 = _as_f64(b_iso), _as_f64(occ), _as_f64(a), _as_f64(b)
-        out = torch.zeros(grid.shape, dtype=torch.float32)
+        out = torch.empty(grid.shape, dtype=torch.float32)  # the kernel writes every voxel
         info = _scatter.splat(_ptr(out), *_call_args(grid, frac, radii, b64, o64, a64, w64, force_int64))
         ctx.grid = grid
         ctx.force_int64 = force_int64
