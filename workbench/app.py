@@ -180,8 +180,16 @@ class Workbench(widgets.VBox):
         self.scheduler.cancel()
 
     def close(self) -> None:
-        """Stop the worker thread and close every widget."""
+        """Stop the worker thread and close every widget of the app."""
         self.scheduler.close()
+
+        def close_tree(w):
+            for child in getattr(w, "children", ()):
+                close_tree(child)
+            w.close()
+
+        for child in self.children:
+            close_tree(child)
         super().close()
 
     def compare(self, a: str | None = None, b: str | None = None) -> None:
@@ -236,7 +244,9 @@ class Workbench(widgets.VBox):
         f = files[0]
         if self._upload_dir is None:
             self._upload_dir = tempfile.mkdtemp(prefix="workbench-upload-")
-        path = compute.save_upload(f["name"], f["content"], self._upload_dir)
+        # a folder per upload: the same name uploaded again is a new structure, not a cache hit
+        folder = Path(tempfile.mkdtemp(dir=self._upload_dir))
+        path = compute.save_upload(f["name"], f["content"], folder)
         self.state.structure = str(path)
 
     def _check(self, generation: int):

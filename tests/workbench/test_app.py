@@ -230,6 +230,13 @@ def test_uploaded_file_is_read(make_wb):
     )  # fmt: skip
     assert wb.state.structure.endswith("my_1pfe.cif.gz")
     assert len(wb.result.model) == 342 and wb.status.level == "idle"
+    content = STRUCTURES["1orc"].read_bytes()  # another file under the same name
+    wb.controls.upload.value = (
+        {"name": "my 1pfe.cif.gz", "type": "", "size": len(content), "content": memoryview(content),
+         "last_modified": datetime.datetime.now()},
+    )  # fmt: skip
+    assert wb.status.level == "error"  # 1orc is PDB text, not mmCIF: gemmi refuses it under a .cif name
+    assert "my_1pfe.cif.gz" in wb.status.message
 
 
 def test_model_object_and_exports(make_wb, tmp_path):
