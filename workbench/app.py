@@ -157,6 +157,7 @@ class Workbench(widgets.VBox):
                 raise TypeError(f"Workbench got an unknown setting {name!r}; settings are {_INPUTS}")
             setattr(self.state, name, value)
         self.state.observe(self._changed, names=_INPUTS)
+        self.status.set("busy", f"computing: reading {self.state.structure} …")
         self.scheduler.changed()
 
     # ------------------------------------------------------------------ public API

@@ -192,10 +192,13 @@ class Scheduler:
     def flush(self, timeout: float = 120.0) -> None:
         """Run anything pending now and wait until the worker is idle."""
         if self._thread is None:
-            with self._cond:
-                self.debouncer.force()
-            self.poll()
-            return
+            for _ in range(100):  # a run may itself change a setting (e.g. clamp the slice index)
+                with self._cond:
+                    if not self.debouncer.pending:
+                        return
+                    self.debouncer.force()
+                self.poll()
+            raise RuntimeError("the workbench kept changing its own settings: 100 recomputes in one flush")
         deadline = time.monotonic() + timeout
         with self._cond:
             self.debouncer.force()
