@@ -61,31 +61,50 @@ async function render({ model, el }) {
   const viewer = $3Dmol.createViewer(box, { backgroundColor: "white" });
   let zoomed = -1;
 
-  function drawShapes() {
-    viewer.removeAllShapes();
+  // The isosurface and the arrows are separate shapes, rebuilt only when their own
+  // traits change: a B-factor drag changes the map and level, not the arrows, and
+  // rebuilding hundreds of arrow meshes per update held a software-WebGL page for seconds.
+  let isoShapes = [];
+  let arrowShapes = [];
+
+  function drawIsosurface() {
+    for (const shape of isoShapes) viewer.removeShape(shape);
+    isoShapes = [];
     const map = bytesOf(model.get("map_bytes"));
     if (map) {
-      viewer.addVolumetricData(map, "ccp4", {
+      const shape = viewer.addVolumetricData(map, "ccp4", {
         isoval: model.get("iso_level"),
         color: model.get("iso_color"),
         opacity: 0.85,
         wireframe: true,
       });
+      if (shape) isoShapes.push(shape);
     }
+  }
+
+  function drawArrows() {
+    for (const shape of arrowShapes) viewer.removeShape(shape);
+    arrowShapes = [];
     const raw = bytesOf(model.get("arrows"));
-    if (raw) {
-      const a = new Float32Array(raw.slice().buffer);
-      const color = model.get("arrow_color");
-      for (let i = 0; i + 5 < a.length; i += 6) {
+    if (!raw) return;
+    const a = new Float32Array(raw.slice().buffer);
+    const color = model.get("arrow_color");
+    for (let i = 0; i + 5 < a.length; i += 6) {
+      arrowShapes.push(
         viewer.addArrow({
           start: { x: a[i], y: a[i + 1], z: a[i + 2] },
           end: { x: a[i + 3], y: a[i + 4], z: a[i + 5] },
           radius: 0.06,
           radiusRatio: 2.0,
           color,
-        });
-      }
+        }),
+      );
     }
+  }
+
+  function drawShapes() {
+    drawIsosurface();
+    drawArrows();
   }
 
   function drawModel() {
@@ -116,34 +135,31 @@ async function render({ model, el }) {
   } catch (err) {
     report(`3D view: ${err.message || err}`);
   }
-  const onModel = () => {
+  const guarded = (draw) => () => {
     try {
-      drawModel();
-      drawShapes();
+      draw();
       finish();
     } catch (err) {
       report(`3D view: ${err.message || err}`);
     }
   };
-  const onShapes = () => {
-    try {
-      drawShapes();
-      finish();
-    } catch (err) {
-      report(`3D view: ${err.message || err}`);
-    }
-  };
-  model.on("change:model_text", onModel);
-  model.on("change:map_bytes", onShapes);
-  model.on("change:iso_level", onShapes);
-  model.on("change:arrows", onShapes);
-  model.on("change:zoom_key", onShapes);
+  const onModel = guarded(() => {
+    drawModel();
+    drawShapes();
+  });
+  const onIso = guarded(drawIsosurface);
+  const onArrows = guarded(drawArrows);
+  const onZoom = guarded(() => {});
+  const handlers = [
+    ["change:model_text", onModel],
+    ["change:map_bytes", onIso],
+    ["change:iso_level", onIso],
+    ["change:arrows", onArrows],
+    ["change:zoom_key", onZoom],
+  ];
+  for (const [event, fn] of handlers) model.on(event, fn);
   return () => {
-    model.off("change:model_text", onModel);
-    model.off("change:map_bytes", onShapes);
-    model.off("change:iso_level", onShapes);
-    model.off("change:arrows", onShapes);
-    model.off("change:zoom_key", onShapes);
+    for (const [event, fn] of handlers) model.off(event, fn);
   };
 }
 
