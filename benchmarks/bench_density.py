@@ -1,0 +1,289 @@
+"""Density splat benchmark: this package's kernels side by side with gemmi.
+
+CPU (``--device cpu``): in one run, for each structure and thread count, time
+
+- ``cpu fwd``      kernels.splat_density(..., backend="cpu") (radii, map allocation included)
+- ``cpu fwd+bwd``  the same plus ``backward`` of a random upstream gradient (xyz, B, occ)
+- ``gemmi``        gemmi ``DensityCalculatorX.add_model_density_to_grid`` (cutoff 1e-5, ANISOU zeroed)
+- ``torch``        a plain torch ``index_add_`` splat of the same voxels (float32), written here
+
+with the accuracy of each map as relative L2 error against gemmi at cutoff 1e-7. Repeats
+are interleaved (one of each per round) so background load hits all alike; medians are
+reported with ratios to gemmi. ``--device cuda`` hands over to ``benchmarks._density_cuda``.
+
+Usage::
+
+    python benchmarks/bench_density.py --device cpu --structures 1orc 1aki 5h73 3wip \
+        --threads 1 2 --spacing 0.667 --out benchmarks/results/density_cpu_<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import kernels  # noqa: E402
+from kernels.crystal import AtomSet, GridSpec  # noqa: E402
+from kernels.density.cpu import cutoff_radius_cpu  # noqa: E402
+
+STRUCTURES = {
+    "1orc": kernels.example_structure("1orc"),
+    "1pfe": kernels.example_structure("1pfe"),
+    "1aki": kernels.example_structure("1aki"),
+    "3o5r": ROOT / "tests" / "data" / "3o5r.cif.gz",
+    "5h73": ROOT / "tests" / "data" / "5h73.cif.gz",
+    "3wip": ROOT / "tests" / "data" / "3wip.cif.gz",
+}
+
+
+def _gemmi_calculator(path: Path, spacing: float, cutoff: float):
+    import gemmi
+
+    st = gemmi.read_structure(str(path))
+    for chain in st[0]:
+        for res in chain:
+            for atom in res:
+                atom.aniso = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
+    dc = gemmi.DensityCalculatorX()
+    dc.d_min = 2 * 1.5 * spacing
+    dc.rate = 1.5
+    dc.cutoff = cutoff
+    dc.set_grid_cell_and_spacegroup(st)
+    return st, dc
+
+
+def gemmi_map(path: Path, spacing: float, cutoff: float) -> np.ndarray:
+    st, dc = _gemmi_calculator(path, spacing, cutoff)
+    dc.initialize_grid()
+    dc.add_model_density_to_grid(st[0])
+    return np.array(dc.grid, copy=True)
+
+
+def torch_index_add_splat(atoms: AtomSet, grid: GridSpec, radii: torch.Tensor, chunk: int = 1 << 22) -> torch.Tensor:
+    """Plain torch float32 splat: per atom every voxel of its box with r² < R², then index_add_.
+
+    The same voxels and formula as the kernels, written the obvious vectorised way.
+    """
+    f32 = torch.float32
+    shape = grid.shape
+    m = torch.tensor(shape, dtype=torch.float64)
+    metric = grid.cell.metric
+    frac = atoms.xyz.to(torch.float64) @ grid.cell.frac.T
+    recip = torch.linalg.norm(grid.cell.frac, dim=1)
+    lo = torch.floor(frac * m - radii[:, None] * recip * m).long()
+    hi = torch.ceil(frac * m + radii[:, None] * recip * m).long()
+    k = int((hi - lo + 1).max())
+    width = (atoms.b + atoms.b_iso[:, None]).to(f32)
+    amp = atoms.occ.to(f32)[:, None] * atoms.a.to(f32) * (4 * math.pi / width) ** 1.5
+    expo = -4 * math.pi**2 / width
+    out = torch.zeros(grid.n_voxels, dtype=f32)
+    steps = torch.arange(k)
+    per = max(1, chunk // k**3)
+    g = metric.to(f32)
+    for s in range(0, len(atoms), per):
+        sl = slice(s, s + per)
+        u, v, w = (lo[sl, d, None] + steps for d in range(3))
+        du = (u / m[0] - frac[sl, 0, None]).to(f32)[:, :, None, None]
+        dv = (v / m[1] - frac[sl, 1, None]).to(f32)[:, None, :, None]
+        dw = (w / m[2] - frac[sl, 2, None]).to(f32)[:, None, None, :]
+        r2 = (
+            g[0, 0] * du * du
+            + g[1, 1] * dv * dv
+            + g[2, 2] * dw * dw
+            + 2 * g[0, 1] * du * dv
+            + 2 * g[0, 2] * du * dw
+            + 2 * g[1, 2] * dv * dw
+        )
+        inside = r2 < (radii[sl].to(f32) ** 2)[:, None, None, None]
+        atom, i, j, kz = inside.nonzero(as_tuple=True)
+        vals = (amp[sl][atom] * torch.exp(expo[sl][atom] * r2[atom, i, j, kz][:, None])).sum(-1)
+        flat = (torch.remainder(u[atom, i], shape[0]) * shape[1] + torch.remainder(v[atom, j], shape[1])) * shape[
+            2
+        ] + torch.remainder(w[atom, kz], shape[2])
+        out.index_add_(0, flat, vals)
+    return out.reshape(shape)
+
+
+def rel_l2(x, ref: np.ndarray) -> float:
+    x = np.asarray(x, dtype=np.float64)
+    return float(np.linalg.norm(x - ref) / np.linalg.norm(ref))
+
+
+def _bench_structure(name: str, args) -> list[dict]:
+    results = []
+    path = STRUCTURES[name]
+    model = kernels.read_model(path)
+    grid = GridSpec.for_spacing(model.cell, args.spacing)
+    atoms = model.atoms.to(dtype=torch.float32)
+    exact = gemmi_map(path, args.spacing, 1e-7)
+    st, dc = _gemmi_calculator(path, args.spacing, 1e-5)
+    dc.initialize_grid()
+    assert tuple(dc.grid.shape) == grid.shape, (dc.grid.shape, grid.shape)
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(0))
+    leaf_xyz = atoms.xyz.clone().requires_grad_()
+    leaf_b = atoms.b_iso.clone().requires_grad_()
+    leaf_occ = atoms.occ.clone().requires_grad_()
+    leaf = AtomSet(leaf_xyz, leaf_b, leaf_occ, atoms.a, atoms.b, _validate=False)
+
+    def run_fwd():
+        return kernels.splat_density(atoms, grid, backend="cpu")
+
+    def run_fwd_bwd():
+        for t in (leaf_xyz, leaf_b, leaf_occ):
+            t.grad = None
+        out = kernels.splat_density(leaf, grid, backend="cpu")
+        out.backward(upstream)
+        return out
+
+    def run_gemmi():
+        dc.initialize_grid()  # not timed: allocate and zero, as in gemmi's own use
+        t0 = time.perf_counter()
+        dc.add_model_density_to_grid(st[0])
+        return time.perf_counter() - t0
+
+    def run_torch():
+        radii = cutoff_radius_cpu(atoms.b_iso, atoms.a, atoms.b, 1e-5)
+        return torch_index_add_splat(atoms, grid, radii)
+
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        timings = {"cpu_fwd": [], "cpu_fwd_bwd": [], "gemmi": [], "torch_index_add": []}
+        # warm-up round, not recorded (imports, first-touch allocator growth)
+        run_fwd(), run_fwd_bwd(), run_gemmi()
+        if not args.skip_torch:
+            run_torch()
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            run_fwd()
+            timings["cpu_fwd"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            run_fwd_bwd()
+            timings["cpu_fwd_bwd"].append(time.perf_counter() - t0)
+            timings["gemmi"].append(run_gemmi())
+            if not args.skip_torch and (len(timings["torch_index_add"]) < max(1, args.repeats // 2)):
+                t0 = time.perf_counter()
+                run_torch()
+                timings["torch_index_add"].append(time.perf_counter() - t0)
+        # accuracy (relative L2 against gemmi at cutoff 1e-7)
+        cpu_map = run_fwd().numpy()
+        dc.initialize_grid()
+        dc.add_model_density_to_grid(st[0])
+        acc = {"cpu": rel_l2(cpu_map, exact), "gemmi": rel_l2(np.array(dc.grid), exact)}
+        if not args.skip_torch:
+            acc["torch_index_add"] = rel_l2(run_torch().numpy(), exact)
+        med = {k: statistics.median(v) for k, v in timings.items() if v}
+        row = {
+            "structure": name,
+            "atoms": len(atoms),
+            "cell_kind": model.cell.kind,
+            "grid": list(grid.shape),
+            "threads": threads,
+            "median_s": med,
+            "all_s": timings,
+            "rel_l2_vs_gemmi_1e-7": acc,
+            "speedup_vs_gemmi": {k: med["gemmi"] / v for k, v in med.items() if k != "gemmi"},
+        }
+        results.append(row)
+        sp = row["speedup_vs_gemmi"]
+        print(
+            f"{name:5s} {threads}t  gemmi {med['gemmi'] * 1e3:8.1f} ms  cpu fwd {med['cpu_fwd'] * 1e3:7.1f} ms "
+            f"({sp['cpu_fwd']:5.1f}x)  fwd+bwd {med['cpu_fwd_bwd'] * 1e3:7.1f} ms ({sp['cpu_fwd_bwd']:5.1f}x)"
+            + (
+                f"  torch {med['torch_index_add'] * 1e3:8.1f} ms ({sp['torch_index_add']:5.2f}x)"
+                if "torch_index_add" in med
+                else ""
+            )
+            + f"  relL2 cpu {acc['cpu']:.2e} gemmi {acc['gemmi']:.2e}",
+            flush=True,
+        )
+    return results
+
+
+def bench_cpu(args) -> dict:
+    results = []
+    for name in args.structures:
+        results.extend(_bench_structure(name, args))
+    import gemmi
+
+    from kernels.density import _scatter
+
+    return {
+        "device": "cpu",
+        "date": datetime.date.today().isoformat(),
+        "machine": {
+            "cpu": _cpu_name(),
+            "logical_cpus": _ncpu(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "gemmi": gemmi.__version__,
+            "build": _scatter.build_info(),
+        },
+        "spacing": args.spacing,
+        "repeats": args.repeats,
+        "note": "medians of interleaved repeats; gemmi times add_model_density_to_grid only (grid zeroing not "
+        "timed); cpu times include radii, map allocation and Python overhead",
+        "results": results,
+    }
+
+
+def _ncpu() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--structures", nargs="+", default=["1orc", "1aki", "5h73", "3wip"], choices=sorted(STRUCTURES))
+    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--spacing", type=float, default=0.667)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--skip-torch", action="store_true", help="leave out the (slow) plain torch index_add_ splat")
+    p.add_argument(
+        "--out", type=Path, default=None, help="JSON output (default benchmarks/results/density_<device>_<date>.json)"
+    )
+    args = p.parse_args(argv)
+    if args.device == "cuda":
+        if importlib.util.find_spec("benchmarks._density_cuda") is None:
+            sys.exit(
+                "bench_density: the CUDA benchmark (benchmarks/_density_cuda.py) is not in this tree; run --device cpu"
+            )
+        from benchmarks import _density_cuda
+
+        return _density_cuda.run(args)
+    report = bench_cpu(args)
+    out = args.out or ROOT / "benchmarks" / "results" / f"density_cpu_{report['date']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
