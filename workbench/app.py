@@ -30,6 +30,8 @@ _INPUTS = [
     "region", "region_padding", "profile_atoms", "target_map", "table_sort", "table_ascending",
 ]  # fmt: skip
 
+# Seconds between 3D scene updates while a drag is still sending newer settings.
+_SCENE_INTERVAL = 1.0
 # Models above this many atoms open with the first residue as 3D region, not the whole model.
 _WHOLE_MODEL_ATOMS = 5000
 
@@ -129,6 +131,7 @@ class Workbench(widgets.VBox):
         self._applied_generation = -1
         self._upload_dir: str | None = None
         self._model_version = None
+        self._scene_time = -1e9
 
         tabs = widgets.Tab(
             [self.profile.widget, self.table.widget, self.difference.widget, self.timing.widget],
@@ -344,8 +347,14 @@ class Workbench(widgets.VBox):
         else:
             self.table.unavailable(r.unavailable.get("tricubic", "not computed"))
         check()
-        # the sticks depend on the positions only (model, distortion), not on B
-        self.scene.update(r, model_key=(r.atoms_key[0], r.atoms_key[2]), map_key=r.map_key)
+        # While newer settings are already waiting (a drag), the 3D scene follows at most
+        # once a second: the browser re-contours and re-renders it on its main thread
+        # (0.4-0.9 s per update in a software-WebGL page), which would hold up the slice.
+        now = self.scheduler.debouncer.clock()
+        if not self.scheduler.debouncer.pending or now - self._scene_time >= _SCENE_INTERVAL:
+            self._scene_time = now
+            # the sticks depend on the positions only (model, distortion), not on B
+            self.scene.update(r, model_key=(r.atoms_key[0], r.atoms_key[2]), map_key=r.map_key)
         self.timing.update(r.timings, backend=r.backend, device=s.device, grid_shape=r.grid.shape, n_atoms=len(r.model))
         self._report(r)
 

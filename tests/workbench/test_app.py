@@ -380,3 +380,29 @@ def test_cuda_device_gives_the_cpu_physics(make_wb):
     torch.testing.assert_close(wb.result.rho, cpu, atol=1e-5 * float(cpu.max()), rtol=1e-5)
     wb.compare("cuda:triton", "cpu:reference")
     assert wb.difference_result.maps.ok and wb.difference_result.gradients.ok
+
+
+def test_during_a_drag_the_3d_scene_follows_at_most_once_a_second(make_wb):
+    clock = [0.0]
+    wb = make_wb(debounce=0.05, threaded=False, clock=lambda: clock[0])
+    wb.flush()
+    original_step = wb.status.step
+    sent = []
+    wb.scene.view.observe(lambda ch: sent.append(clock[0]), names="map_bytes")
+
+    def step(i, n, what):  # the pointer keeps moving while each result is computed
+        original_step(i, n, what)
+        if what.startswith("planarity"):
+            wb.controls.iso_sigma.value = round(wb.controls.iso_sigma.value + 0.1, 1)
+
+    wb.status.step = step
+    for k in range(8):  # a result every 0.3 s, each with newer settings already waiting
+        wb.controls.b_global.value = 30.0 + k
+        clock[0] += 0.3
+        assert wb.poll()
+    assert wb.n_applied >= 8
+    assert 2 <= len(sent) <= 4  # ~every second, not 8 times
+    wb.status.step = original_step
+    clock[0] += 1.0
+    wb.flush()  # settled: the scene shows the last settings
+    assert wb.result.settings.b_global == 37.0 and wb.scene.view.iso_level == pytest.approx(wb.result.iso_level)
