@@ -44,6 +44,17 @@ def _percentile(values, q):
     return s[k]
 
 
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _summary(values_s):
     ms = [v * 1e3 for v in values_s]
     return {
@@ -168,7 +179,7 @@ def main(argv=None) -> int:
         "final_result_matches_final_value": wb.result.settings.b_global == final_value,
     }
 
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else _cpu_name()
     target = TARGETS_MS[args.device]
     med = statistics.median(b_lat) * 1e3
     out = {
