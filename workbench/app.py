@@ -246,11 +246,15 @@ class Workbench(widgets.VBox):
         if not files:
             return
         f = files[0]
-        if self._upload_dir is None:
-            self._upload_dir = tempfile.mkdtemp(prefix="workbench-upload-")
-        # a folder per upload: the same name uploaded again is a new structure, not a cache hit
-        folder = Path(tempfile.mkdtemp(dir=self._upload_dir))
-        path = compute.save_upload(f["name"], f["content"], folder)
+        try:
+            if self._upload_dir is None:
+                self._upload_dir = tempfile.mkdtemp(prefix="workbench-upload-")
+            # a folder per upload: the same name uploaded again is a new structure, not a cache hit
+            folder = Path(tempfile.mkdtemp(dir=self._upload_dir))
+            path = compute.save_upload(f["name"], f["content"], folder)
+        except OSError as exc:
+            self.status.set("error", f"error: cannot store the uploaded file ({exc}); give its path instead")
+            return
         self.state.structure = str(path)
 
     def _check(self, generation: int):
