@@ -66,7 +66,7 @@ def browser():
 class OfflinePage:
     """A Playwright page whose every request off 127.0.0.1 / data: / blob: is aborted and recorded."""
 
-    def __init__(self, browser, width: int = 1500, height: int = 1000):
+    def __init__(self, browser, width: int = 1500, height: int = 1400):
         self.context = browser.new_context(viewport={"width": width, "height": height}, device_scale_factor=1)
         self.blocked: list[str] = []
         self.console_errors: list[str] = []

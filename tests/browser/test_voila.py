@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 
 import pytest
@@ -69,6 +70,24 @@ def test_app_bfactor_slider_changes_slice(app):
         json.dumps({"where": "voila", "latencies_ms": latencies, "median_ms": statistics.median(latencies)})
     )
     screenshot(op.page, "voila_after_bfactor")
+
+
+def test_app_region_and_distortion(app):
+    """The view a crystallographer wants first: one residue, its density, the restraint's arrows."""
+    op, ui = app
+    ui.choose_region(index=10)
+    ui.wait_ready()
+    before = ui.caption_3d()
+    ui.type_into_readout(".wb-distort", "0.3")
+    op.page.wait_for_function(
+        "(old) => document.querySelector('.wb-view3d-caption').textContent.trim() !== old", arg=before, timeout=60_000
+    )
+    ui.wait_ready()
+    ui.wait_canvas_drawn()
+    assert re.search(r"[1-9]\d* drawn", ui.caption_3d()), ui.caption_3d()
+    assert image_stats(ui.canvas_png())["colours"] > 50
+    op.page.locator(".wb-status").scroll_into_view_if_needed()
+    screenshot(op.page, "voila_region_distorted")
 
 
 def test_app_bad_file_shows_error(app, voila_server):
