@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Install the workbench and run the main job on the bundled example structure (1ORC).
+# Install the workbench and run the main job: JupyterLab on 127.0.0.1 with the quickstart
+# notebook (the workbench on the bundled 1ORC example) open. Extra arguments go to
+# `workbench lab` (e.g. --port 9000 --no-browser).
 set -euo pipefail
 EXTRAS=""
 source "$(dirname "${BASH_SOURCE[0]}")/_install.sh"
-if "$PY" -m workbench lab --help >/dev/null 2>&1; then
-    exec "$PY" -m workbench lab "$@"
+extra=()
+if [ "$(id -u)" -eq 0 ]; then
+    extra+=(--allow-root)   # JupyterLab refuses to start as root without it
 fi
-exec "$PY" -m workbench splat --out example-1orc.ccp4 "$@"
+exec "$PY" -m workbench lab "${extra[@]}" "$@"
