@@ -1,18 +1,29 @@
-"""Triton planarity NLL: one launch fits every plane and scatters the analytic gradient.
+"""Triton planarity NLL: one launch forward, one launch backward, no host synchronisation.
 
 Every plane of a :class:`PlaneSet` sits in one padded ``(P, K)`` table, so a single launch
 of :func:`_planarity_fwd_kernel` handles all plane sizes (a program takes ``BLOCK_P``
-planes × ``BLOCK_K`` slots; padding slots have weight 0). Because ∂NLL/∂x_a = (d_a/σ_a²)·n
-is exact for the weighted fit, the kernel adds each atom's gradient with atomics in the
-same pass when ``xyz`` requires grad; the backward is then one elementwise multiply by
-the upstream gradient on the device. A separate backward kernel (recomputing or reloading
-per-plane normals) measured 0.31–0.46 ms forward+backward on an H100 for 3WIP, almost all
-of it host-side launch overhead; fusing removes one Triton launch and two allocations.
-No host synchronisation anywhere. float32 throughout.
+planes × ``BLOCK_K`` slots; padding slots have weight 0). It writes each plane's normal and
+the per-slot coefficients d_a/σ_a², and reduces the loss itself: every program stores its
+partial sum, and the last program to finish (an atomic ticket that it resets to 0) adds the
+partials in program order plus the constant, so the loss is deterministic and needs no
+zero-filled buffer. Because ∂NLL/∂x_a = (d_a/σ_a²)·n is exact for the weighted fit, the
+backward is one launch of :func:`_planarity_bwd_kernel`: each atom gathers its terms
+through an atom → slot table built once per PlaneSet (no atomics, deterministic, every row
+written, so no zero fill) and scales by the upstream gradient read on the device.
+
+Per call: forward = 2 allocations from torch's caching allocator + 1 launch; backward = 1
+allocation + 1 launch. The device tables (index, weight, atom → slot) are built on the first
+call for a device and cached on the PlaneSet, so after one warm-up call forward+backward can
+be captured in a CUDA graph (``tests/kernels/test_planarity.py`` checks a replay after
+changing ``xyz``). The ticket counter is kept per CUDA stream: concurrent calls with the same
+PlaneSet on different streams each use their own. float32 throughout.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -25,21 +36,31 @@ from kernels.planarity.reference import DEGENERATE_GAP
 
 __all__ = ["planarity_nll_triton"]
 
+_BLOCK_R = 128  # partial sums the last program adds per step
+_BLOCK_A = 128  # atoms per backward program
+
 
 @triton.jit
 def _planarity_fwd_kernel(
     xyz_ptr,  # (N, 3) float32, contiguous
     index_ptr,  # (P, K) int32: atom per slot, padding repeats the plane's first atom
     weight_ptr,  # (P, K) float32: 1/σ², 0 in padding
-    loss_ptr,  # (1,) float32, zeroed: Σ ½ w d² is added here
-    grad_ptr,  # (N, 3) float32, zeroed: ∂(Σ ½ w d²)/∂xyz accumulates here when WITH_GRAD
+    partial_ptr,  # (n_programs,) float32: each program's Σ ½ w d²
+    count_ptr,  # (1,) int32, 0 between calls: the ticket; the last program resets it
+    loss_ptr,  # () float32: Σ partials + constant, written by the last program
+    coef_ptr,  # (P, K) float32: w·d per slot (0 in padding and degenerate planes), when WITH_GRAD
+    normal_ptr,  # (P, 3) float32: unit normal (0 for degenerate planes), when WITH_GRAD
     P,
     K,
+    n_programs,
+    constant,  # float32: Σ log σ + ½ log 2π over the plane atoms
     WITH_GRAD: tl.constexpr,
     GAP: tl.constexpr,  # DEGENERATE_GAP
     NEWTON: tl.constexpr,  # NEWTON_STEPS
     BLOCK_P: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    R_STEPS: tl.constexpr,  # cdiv(n_programs, BLOCK_R)
 ):
     pid = tl.program_id(0)
     rows = pid * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -136,63 +157,185 @@ def _planarity_fwd_kernel(
 
     d = tl.where(ok[:, None], x * nx[:, None] + y * ny[:, None] + z * nz[:, None], 0.0)
     coef = w * d
-    tl.atomic_add(loss_ptr, 0.5 * tl.sum(tl.sum(coef * d, axis=1), axis=0))
+    tl.store(partial_ptr + pid, 0.5 * tl.sum(tl.sum(coef * d, axis=1), axis=0))
     if WITH_GRAD:
-        # ∂NLL/∂x_a = (d_a/σ_a²)·n, exact for the weighted fit (KERNELS.md), so the
-        # gradient is known here; padding and degenerate planes (coef 0) skip the atomics.
-        live = mask & (coef != 0.0)
-        tl.atomic_add(grad_ptr + idx * 3 + 0, coef * nx[:, None], mask=live)
-        tl.atomic_add(grad_ptr + idx * 3 + 1, coef * ny[:, None], mask=live)
-        tl.atomic_add(grad_ptr + idx * 3 + 2, coef * nz[:, None], mask=live)
+        # ∂NLL/∂x_a = (d_a/σ_a²)·n, exact for the weighted fit (KERNELS.md): the backward
+        # kernel needs only these two tables.
+        tl.store(coef_ptr + offs, coef, mask=mask)
+        live = rows < P
+        tl.store(normal_ptr + rows * 3 + 0, nx, mask=live)
+        tl.store(normal_ptr + rows * 3 + 1, ny, mask=live)
+        tl.store(normal_ptr + rows * 3 + 2, nz, mask=live)
+    # Last-program reduction: the barrier orders every thread's stores before the ticket, whose
+    # acquire-release atomic publishes them; the last program then reads all partials from L2
+    # (volatile) and resets the ticket for the next call (or CUDA graph replay).
+    tl.debug_barrier()
+    # Predicated rather than branched (the interpreter's scalar atomics return a 1-element
+    # array); other programs' loads are all masked off, so they skip the reduction.
+    last = tl.atomic_add(count_ptr, 1, sem="acq_rel") == n_programs - 1
+    r = tl.arange(0, BLOCK_R)
+    acc = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for step in tl.static_range(R_STEPS):
+        start = step * BLOCK_R
+        acc += tl.load(partial_ptr + start + r, mask=(start + r < n_programs) & last, other=0.0, volatile=True)
+    tl.store(loss_ptr, tl.sum(acc, axis=0) + constant, mask=last)
+    tl.atomic_xchg(count_ptr, 0, mask=last)
+
+
+@triton.jit
+def _planarity_bwd_kernel(
+    coef_ptr,  # (P, K) float32 from the forward
+    normal_ptr,  # (P, 3) float32 from the forward
+    start_ptr,  # (N + 1,) int32: atom a's slots are slots[start[a]:start[a + 1]]
+    slot_ptr,  # (M,) int32: flat slot p·K + s of every real (non-padding) slot, grouped by atom
+    gout_ptr,  # () float32: upstream gradient
+    grad_ptr,  # (N, 3) float32 out, every row written
+    N,
+    K,
+    MAX_DEGREE: tl.constexpr,  # most planes any atom is in
+    BLOCK_A: tl.constexpr,
+):
+    atoms = tl.program_id(0) * BLOCK_A + tl.arange(0, BLOCK_A)
+    am = atoms < N
+    s0 = tl.load(start_ptr + atoms, mask=am, other=0)
+    s1 = tl.load(start_ptr + atoms + 1, mask=am, other=0)
+    gx = tl.zeros([BLOCK_A], dtype=tl.float32)
+    gy = tl.zeros([BLOCK_A], dtype=tl.float32)
+    gz = tl.zeros([BLOCK_A], dtype=tl.float32)
+    for j in tl.static_range(MAX_DEGREE):
+        live = am & (s0 + j < s1)
+        slot = tl.load(slot_ptr + s0 + j, mask=live, other=0)
+        c = tl.load(coef_ptr + slot, mask=live, other=0.0)
+        p = slot // K
+        gx += c * tl.load(normal_ptr + p * 3 + 0, mask=live, other=0.0)
+        gy += c * tl.load(normal_ptr + p * 3 + 1, mask=live, other=0.0)
+        gz += c * tl.load(normal_ptr + p * 3 + 2, mask=live, other=0.0)
+    g = tl.load(gout_ptr)
+    tl.store(grad_ptr + atoms * 3 + 0, gx * g, mask=am)
+    tl.store(grad_ptr + atoms * 3 + 1, gy * g, mask=am)
+    tl.store(grad_ptr + atoms * 3 + 2, gz * g, mask=am)
 
 
 def _blocks(k: int, block_p: int | None) -> tuple[int, int]:
     block_k = max(triton.next_power_of_2(k), 2)
     if block_p is None:
         # The interpreter costs per program, not per element: few wide programs there.
-        # On a GPU, 16 planes × BLOCK_K slots per program: on an H100 with 3WIP, BLOCK_P
-        # 16/32/64 measured 0.31/0.46/0.34 ms forward+backward (unfused version; the
-        # benchmark keeps sweeping 32 and 64).
+        # On a GPU, 16 planes × BLOCK_K slots per program (BLOCK_P 16/32/64 were within the
+        # run-to-run spread of host overhead on an H100 with 3WIP; the benchmark sweeps 32, 64).
         block_p = 256 if triton_interpreted() else 16
     return block_p, block_k
 
 
+@dataclasses.dataclass
+class _Plan:
+    """Device tables and launch sizes for one PlaneSet on one device (built once, cached)."""
+
+    index: torch.Tensor  # (P, K) int32
+    weight: torch.Tensor  # (P, K) float32, 1/σ², 0 in padding
+    start: torch.Tensor  # (N + 1,) int32
+    slots: torch.Tensor  # (M,) int32
+    max_degree: int
+    n_atoms: int
+    p: int
+    k: int
+    block_p: int
+    block_k: int
+    n_programs: int
+    constant: float
+    counters: dict  # CUDA stream id (0 on the CPU) -> (1,) int32 ticket, 0 between calls
+
+    def counter(self, device: torch.device) -> torch.Tensor:
+        key = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        c = self.counters.get(key)
+        if c is None:
+            c = self.counters[key] = torch.zeros(1, dtype=torch.int32, device=device)
+        return c
+
+
+def _plan(planes: PlaneSet, device: torch.device, block_p: int | None) -> _Plan:
+    key = ("triton_plan", str(device), block_p)
+    plan = planes._cache.get(key)
+    if plan is not None:
+        return plan
+    p, k = planes.index.shape
+    index = planes.index.detach().cpu().numpy().astype(np.int32)
+    size = planes.size.detach().cpu().numpy()
+    real = np.arange(k)[None, :] < size[:, None]
+    flat = np.flatnonzero(real).astype(np.int64)  # row-major p·K + s
+    atoms = index.reshape(-1)[flat]
+    order = np.argsort(atoms, kind="stable")
+    counts = np.bincount(atoms, minlength=planes.n_atoms)
+    start = np.zeros(planes.n_atoms + 1, dtype=np.int32)
+    np.cumsum(counts, out=start[1:])
+    bp, bk = _blocks(k, block_p)
+    dev = planes.to(device)
+    plan = _Plan(
+        index=dev.index.to(torch.int32).contiguous(),
+        weight=dev.weight(torch.float32),
+        start=torch.from_numpy(start).to(device),
+        slots=torch.from_numpy(flat[order].astype(np.int32)).to(device),
+        max_degree=int(counts.max()) if len(counts) else 0,
+        n_atoms=planes.n_atoms,
+        p=p,
+        k=k,
+        block_p=bp,
+        block_k=bk,
+        n_programs=triton.cdiv(p, bp),
+        constant=planes.constant,
+        counters={},
+    )
+    planes._cache[key] = plan
+    return plan
+
+
 class _PlanarityTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, xyz, index, weight, constant, block_p):
-        p, k = index.shape
-        n = xyz.shape[0]
-        bp, bk = _blocks(k, block_p)
+    def forward(ctx, xyz, plan):
         with_grad = ctx.needs_input_grad[0]
-        # One zeroed buffer for the gradient and the loss: one fill launch, not two.
-        buf = torch.zeros(3 * n + 1 if with_grad else 1, dtype=torch.float32, device=xyz.device)
-        loss = buf[-1:]
-        grad = buf[: 3 * n].view(n, 3) if with_grad else buf
-        _planarity_fwd_kernel[(triton.cdiv(p, bp),)](
-            xyz, index, weight, loss, grad, p, k,
-            WITH_GRAD=with_grad, GAP=DEGENERATE_GAP, NEWTON=NEWTON_STEPS, BLOCK_P=bp, BLOCK_K=bk,
+        # One workspace allocation: partial sums, then (with grad) the coefficient and normal tables.
+        size = plan.n_programs + (plan.p * plan.k + plan.p * 3 if with_grad else 0)
+        ws = torch.empty(size, dtype=torch.float32, device=xyz.device)
+        loss = torch.empty((), dtype=torch.float32, device=xyz.device)
+        coef = ws[plan.n_programs : plan.n_programs + plan.p * plan.k] if with_grad else ws
+        normal = ws[plan.n_programs + plan.p * plan.k :] if with_grad else ws
+        _planarity_fwd_kernel[(plan.n_programs,)](
+            xyz, plan.index, plan.weight, ws, plan.counter(xyz.device), loss, coef, normal,
+            plan.p, plan.k, plan.n_programs, plan.constant,
+            WITH_GRAD=with_grad, GAP=DEGENERATE_GAP, NEWTON=NEWTON_STEPS,
+            BLOCK_P=plan.block_p, BLOCK_K=plan.block_k, BLOCK_R=_BLOCK_R,
+            R_STEPS=triton.cdiv(plan.n_programs, _BLOCK_R),
         )  # fmt: skip
         if with_grad:
-            ctx.save_for_backward(grad)
-        return loss[0] + constant
+            ctx.tables = (coef, normal)
+            ctx.plan = plan
+        return loss
 
     @staticmethod
     def backward(ctx, grad_out):
-        (grad,) = ctx.saved_tensors
-        # The analytic gradient came out of the forward kernel; scaling it by the upstream
-        # gradient is one elementwise launch, with grad_out read on the device (no sync).
-        return grad * grad_out.to(torch.float32), None, None, None, None
+        coef, normal = ctx.tables
+        plan = ctx.plan
+        grad = torch.empty((plan.n_atoms, 3), dtype=torch.float32, device=coef.device)
+        # grad_out is read on the device (no sync); every row of grad is written.
+        _planarity_bwd_kernel[(triton.cdiv(plan.n_atoms, _BLOCK_A),)](
+            coef, normal, plan.start, plan.slots, grad_out.to(torch.float32), grad, plan.n_atoms, plan.k,
+            MAX_DEGREE=plan.max_degree, BLOCK_A=_BLOCK_A,
+        )  # fmt: skip
+        return grad, None
 
 
 def planarity_nll_triton(xyz: torch.Tensor, planes: PlaneSet, *, block_p: int | None = None) -> torch.Tensor:
     """Planarity NLL with Triton kernels, float32, analytic backward.
+
+    One kernel launch forward and one backward; no host synchronisation. After a first
+    (warm-up) call for a device, forward+backward can be captured in a CUDA graph.
 
     Parameters
     ----------
     xyz : torch.Tensor, shape (N, 3), float32, CUDA (or CPU under ``TRITON_INTERPRET=1``)
         Atom positions in Å; other dtypes are cast to float32 with a warning once.
     planes : PlaneSet
-        Planes whose indices point into ``xyz`` (moved to ``xyz.device`` once, cached).
+        Planes whose indices point into ``xyz``. Their device tables are built on the first
+        call for a device and cached on ``planes``.
     block_p : int, optional
         Planes per program (a power of 2); default 16 on a GPU, 256 in the interpreter.
 
@@ -204,7 +347,6 @@ def planarity_nll_triton(xyz: torch.Tensor, planes: PlaneSet, *, block_p: int | 
     """
     check_inputs(xyz, planes)
     xyz = to_float32(xyz, "planarity_nll").contiguous()
-    planes = planes.to(xyz.device)
     if len(planes) == 0:
         return (xyz * 0.0).sum() + planes.constant
-    return _PlanarityTriton.apply(xyz, planes.index, planes.weight(torch.float32), planes.constant, block_p)
+    return _PlanarityTriton.apply(xyz, _plan(planes, xyz.device, block_p))
