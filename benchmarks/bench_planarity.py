@@ -3,7 +3,10 @@
 Side by side in one run: the CPU with 2 threads (eager float32 vs the C++ backend) and,
 when a GPU is present, CUDA (eager float32 vs the Triton backend). Both on all planes
 of 3WIP and on the peptide planes + rings only (the subset a public Triton kernel was
-timed on). Median of per-call wall times, each call synchronised.
+timed on). Median of per-call wall times, each call synchronised. On CUDA also: the same
+forward+backward captured once in a CUDA graph and replayed (what a refinement loop that
+captures its step sees), per replay synchronised and back to back; and where the eager
+call's time goes (host time in the forward call, in backward(), then the wait for the GPU).
 
     python benchmarks/bench_planarity.py [--reps 200] [--out benchmarks/results/planarity_<device>_<date>.json]
 """
@@ -77,6 +80,77 @@ def time_fb(fn, xyz, planes, reps: int, device: torch.device) -> dict:
     }
 
 
+def time_graph(fn, xyz, planes, reps: int) -> dict:
+    """Forward+backward captured in one CUDA graph: per-replay wall time (synchronised each
+    time, like :func:`time_fb`) and the mean of ``reps`` back-to-back replays (CUDA events)."""
+    x = xyz.detach().clone().requires_grad_(True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream (compile, device tables)
+        for _ in range(3):
+            x.grad = None
+            fn(x, planes).backward()
+    torch.cuda.current_stream().wait_stream(side)
+    x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(x, planes).backward()
+    for _ in range(10):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph.replay()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        graph.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return {
+        "median_ms": statistics.median(times),
+        "p10_ms": times[len(times) // 10],
+        "p90_ms": times[(9 * len(times)) // 10],
+        "back_to_back_mean_ms": a.elapsed_time(b) / reps,
+        "reps": reps,
+    }
+
+
+def host_breakdown(fn, xyz, planes, reps: int) -> dict:
+    """Median ms of one eager call's phases: the forward call returning, backward() returning,
+    then the wait for the GPU (synchronize)."""
+    x = xyz.detach().clone().requires_grad_(True)
+    for _ in range(10):
+        x.grad = None
+        fn(x, planes).backward()
+    torch.cuda.synchronize()
+    fwd, bwd, wait = [], [], []
+    for _ in range(reps):
+        x.grad = None
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = fn(x, planes)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        fwd.append((t1 - t0) * 1e3)
+        bwd.append((t2 - t1) * 1e3)
+        wait.append((t3 - t2) * 1e3)
+    return {
+        "forward_call_ms": statistics.median(fwd),
+        "backward_call_ms": statistics.median(bwd),
+        "sync_wait_ms": statistics.median(wait),
+        "reps": reps,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=200)
@@ -121,12 +195,37 @@ def main() -> int:
         return next(r["median_ms"] for r in rows if r["device"] == device and r["planes"] == set_name
                     and r["impl"].startswith(prefix))  # fmt: skip
 
+    graph_rows, breakdown = [], {}
+    if torch.cuda.is_available():
+        from kernels.planarity.triton import planarity_nll_triton
+
+        xyz = model.atoms.xyz.to(device="cuda", dtype=torch.float32)
+        for set_name, planes in sets.items():
+            stats = time_graph(planarity_nll_triton, xyz, planes, args.reps)
+            graph_rows.append({"device": "cuda", "planes": set_name, "n_planes": len(planes),
+                               "impl": "kernels triton float32, CUDA graph replay", **stats})  # fmt: skip
+            print(f"cuda  {set_name:14s} {len(planes):5d}  {'kernels triton, CUDA graph replay':44s} "
+                  f"{stats['median_ms']:9.4f} ms (back to back {stats['back_to_back_mean_ms']:.4f} ms)")  # fmt: skip
+        for impl, fn in (
+            ("kernels.planarity_nll(backend='triton')", lambda x, p: kernels.planarity_nll(x, p, backend="triton")),
+            ("planarity_nll_triton", planarity_nll_triton),
+            ("eager torch float32 (eigh, autograd)", eager_nll),
+        ):
+            n = args.reps if "eager" not in impl else max(args.reps // 4, 20)
+            breakdown[impl] = host_breakdown(fn, xyz, planes_all, n)
+            b = breakdown[impl]
+            print(f"  eager phases, all planes, {impl}: forward call {b['forward_call_ms']:.4f} ms, "
+                  f"backward() {b['backward_call_ms']:.4f} ms, then GPU wait {b['sync_wait_ms']:.4f} ms")  # fmt: skip
+        rows += graph_rows
+
     speedups = {}
     for device in devices:
         ours = "kernels cpu" if device.type == "cpu" else "kernels triton float32"
         for set_name in sets:
             e, o = med(device.type, set_name, "eager"), med(device.type, set_name, ours)
             speedups[f"{device.type}/{set_name}"] = e / o
+            if device.type == "cuda":
+                speedups[f"cuda-graph/{set_name}"] = e / med("cuda", set_name, "kernels triton float32, CUDA graph")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     result = {
         "benchmark": "planarity_nll forward+backward, 3WIP",
@@ -143,6 +242,7 @@ def main() -> int:
         "plane_kinds": planes_all.counts(),
         "rows": rows,
         "speedup_eager_over_ours": speedups,
+        "eager_phases_ms_all_planes": breakdown,
         "targets": {"cuda_fwd_bwd_ms": 0.15, "cpu_2threads_fwd_bwd_ms": 5.0},
     }
     print("\nspeed-up of ours over eager torch (median):")

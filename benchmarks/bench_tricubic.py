@@ -4,10 +4,13 @@
 0.667 Å (360×120×200 voxels, made by gemmi's DensityCalculatorX), Catmull-Rom, periodic:
 
 - gemmi ``FloatGrid.interpolate_position_array(order=3)`` (single-threaded);
-- ``kernels.tricubic_sample`` on the CPU with 2 threads (and 1);
+- ``kernels.tricubic_sample`` on the CPU with 2 threads (and 1), on the map in C order (converted
+  once, as our own maps are) and, at 2 threads, on numpy's Fortran-ordered view of gemmi's grid
+  (read in place through its strides);
 - ``kernels.tricubic_sample`` on CUDA when a GPU is visible (forward, and forward+backward).
 
-Prints a table and writes JSON to ``benchmarks/results/tricubic_<device>_<date>.json``.
+CPU timings are interleaved (gemmi, then each of ours, per round; 21 rounds at 10^5 points, 3 at
+10^7) so a busy machine slows all of them alike; medians are reported. Prints a table and writes JSON to ``benchmarks/results/tricubic_<device>_<date>.json``.
 
     python benchmarks/bench_tricubic.py [--out-dir DIR] [--sizes 100000 10000000]
 """
@@ -50,21 +53,6 @@ def density_3wip(spacing: float = 0.667):
     return dc.grid, rho, kernels.GridSpec(cell, tuple(rho.shape))
 
 
-def timed(fn, reps: int, sync=None) -> float:
-    """Median wall time of ``reps`` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(reps):
-        if sync:
-            sync()
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def cuda_time(fn, reps: int) -> float:
     """Median seconds per call with CUDA events, after warm-up."""
     for _ in range(3):
@@ -81,6 +69,23 @@ def cuda_time(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def cpu_rounds(fns: dict, rounds: int) -> dict:
+    """Median seconds per call of each ``(threads, fn)`` in ``fns``, timed interleaved round by round."""
+    times = {k: [] for k in fns}
+    before = torch.get_num_threads()
+    try:
+        for r in range(rounds + 1):  # round 0 warms up
+            for k, (threads, fn) in fns.items():
+                torch.set_num_threads(threads)
+                t0 = time.perf_counter()
+                fn()
+                if r:
+                    times[k].append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def bench_size(n, rng, ggrid, rho, grid, thread_counts) -> list[dict]:
     """Rows of timings for ``n`` random points: gemmi, the CPU kernel per thread count, CUDA when present."""
     rows = []
@@ -88,23 +93,34 @@ def bench_size(n, rng, ggrid, rho, grid, thread_counts) -> list[dict]:
     pts64 = torch.from_numpy(frac) @ grid.cell.orth.T
     pts_np = np.ascontiguousarray(pts64.numpy())
     pts32 = pts64.float().contiguous()
-    reps = 5 if n <= 10**6 else 3
-    t_gemmi = timed(lambda: ggrid.interpolate_position_array(pts_np, order=3), reps)
+    rounds = 21 if n <= 10**6 else 3
     expected = torch.from_numpy(ggrid.interpolate_position_array(pts_np, order=3))
-    rows.append(dict(impl="gemmi", device="cpu", threads=1, points=n, seconds=t_gemmi, points_per_s=n / t_gemmi))
-    before = torch.get_num_threads()
+    rho_c = rho.contiguous()  # C order, converted once (rho itself is numpy's Fortran-ordered view)
+    fns = {"gemmi": (1, lambda: ggrid.interpolate_position_array(pts_np, order=3))}
     for threads in thread_counts:
+        fns[("C", threads)] = (threads, lambda: kernels.tricubic_sample(rho_c, grid, pts32, backend="cpu"))
+    if n <= 10**6:  # the Fortran-ordered view only where a per-call copy of the map would have shown
+        fns[("F", thread_counts[0])] = (
+            thread_counts[0],
+            lambda: kernels.tricubic_sample(rho, grid, pts32, backend="cpu"),
+        )
+    med = cpu_rounds(fns, rounds)
+    t_gemmi = med.pop("gemmi")
+    rows.append(dict(impl="gemmi", device="cpu", threads=1, points=n, seconds=t_gemmi, points_per_s=n / t_gemmi,
+                     rounds=rounds))  # fmt: skip
+    for (layout, threads), t in med.items():
+        before = torch.get_num_threads()
         torch.set_num_threads(threads)
-        t = timed(lambda: kernels.tricubic_sample(rho, grid, pts32, backend="cpu"), reps)
-        out = kernels.tricubic_sample(rho, grid, pts32, backend="cpu")
+        out = kernels.tricubic_sample(rho_c if layout == "C" else rho, grid, pts32, backend="cpu")
+        torch.set_num_threads(before)
         err = float((out.double() - expected.double()).abs().max() / expected.abs().max())
         rows.append(
-            dict(impl="kernels.cpu", device="cpu", threads=threads, points=n, seconds=t, points_per_s=n / t,
-                 vs_gemmi=t_gemmi / t, max_rel_diff_vs_gemmi=err)
+            dict(impl="kernels.cpu" if layout == "C" else "kernels.cpu (F view)", device="cpu", threads=threads,
+                 points=n, seconds=t, points_per_s=n / t, vs_gemmi=t_gemmi / t, max_rel_diff_vs_gemmi=err,
+                 map_layout="C order" if layout == "C" else "Fortran-ordered view, read in place", rounds=rounds)
         )  # fmt: skip
-    torch.set_num_threads(before)
     if torch.cuda.is_available():
-        rho_c, pts_c = rho.cuda(), pts32.cuda()
+        rho_c, pts_c = rho.contiguous().cuda(), pts32.cuda()
         t = cuda_time(lambda: kernels.tricubic_sample(rho_c, grid, pts_c), 20)
         out = kernels.tricubic_sample(rho_c, grid, pts_c).cpu()
         err = float((out.double() - expected.double()).abs().max() / expected.abs().max())
@@ -157,13 +173,13 @@ def main() -> None:
     path.write_text(json.dumps(dict(meta=meta, results=rows), indent=2))
 
     print(f"\ntricubic_sample vs gemmi on 3wip {grid.shape} ({name}, {date})")
-    print(f"{'impl':16s} {'dev':5s} {'thr':>3s} {'points':>9s} {'what':>12s} {'points/s':>10s} {'vs gemmi':>8s}")
+    print(f"{'impl':22s} {'dev':5s} {'thr':>3s} {'points':>9s} {'what':>12s} {'points/s':>10s} {'vs gemmi':>8s}")
     for r in rows:
         ratio = f"{r['vs_gemmi']:.2f}x" if "vs_gemmi" in r else ""
         what = "fwd+bwd" if "backward" in r.get("what", "") else "fwd"
         thr = "" if r["threads"] is None else str(r["threads"])
         print(
-            f"{r['impl']:16s} {r['device']:5s} {thr:>3s} {r['points']:9d} {what:>12s} {r['points_per_s']:10.3e} {ratio:>8s}"
+            f"{r['impl']:22s} {r['device']:5s} {thr:>3s} {r['points']:9d} {what:>12s} {r['points_per_s']:10.3e} {ratio:>8s}"
         )
     print(f"wrote {path}")
 
