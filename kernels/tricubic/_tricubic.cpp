@@ -239,9 +239,10 @@ constexpr int64_t CHUNK = int64_t(1) << 18;
 // thread then delays one chunk, not half the work.
 // How many points (in sorted order) ahead the map lines are prefetched: small chunks (few
 // points per plane) and maps larger than the caches leave each point latency-bound otherwise.
-// Each point issues up to 32 prefetches, so 8 points ahead asked for ~256 lines in flight, far
-// more than a core's fill buffers: on 3WIP's map (1 thread, 10^5 and 10^6 random points, side
-// by side on the 2-core development machine) 4 ahead ran 1.3-1.7x faster than 8, and 1-3 slower.
+// Each point issues up to 32 prefetches, so 8 points ahead asks for ~256 lines in flight, far
+// more than a core's fill buffers. On 3WIP's map (1 thread, 10^5 random points, interleaved runs
+// on the loaded 2-core development machine) 4 ahead measured 1.05-1.7x the speed of 8 (noisy;
+// 1-3 ahead were no better); not measured separately on the H100 host.
 constexpr int AHEAD = 4;
 
 template <typename T, typename F>
