@@ -642,7 +642,9 @@ def read_model(
     try:
         st = gemmi.read_structure(str(path), merge_chain_parts=True)
     except Exception as exc:  # gemmi raises RuntimeError/ValueError/OSError with its own text
-        raise ModelError(f"{where}: cannot read the file ({exc}); is it complete and in PDB or mmCIF format?") from exc
+        # gemmi's text can span lines and end in a newline or a full stop: one clean sentence.
+        detail = " ".join(str(exc).split()).rstrip(".;: ")
+        raise ModelError(f"{where}: cannot read the file: {detail}. Is it complete and in PDB or mmCIF format?") from exc
     if len(st) == 0:
         raise ModelError(f"{where}: the file has no models (no ATOM/HETATM records)")
     if not 0 <= model_index < len(st):

@@ -26,7 +26,7 @@ log = logging.getLogger("workbench")
 # Traits whose change needs a recompute (the others are set by the app itself).
 _INPUTS = [
     "structure", "b_mode", "b_global", "b_offset", "radius_mode", "radius", "density_cutoff", "spacing", "device",
-    "backend", "slice_axis", "slice_index", "iso_sigma", "distort_amplitude", "distort_seed", "gradient_kind",
+    "backend", "slice_axis", "slice_index", "slice_scale", "iso_sigma", "distort_amplitude", "distort_seed", "gradient_kind",
     "region", "region_padding", "profile_atoms", "target_map", "table_sort", "table_ascending",
 ]  # fmt: skip
 
@@ -77,7 +77,7 @@ class Workbench(widgets.VBox):
     ``wb-bfactor`` (global B slider; moving it selects global mode), ``wb-boffset``,
     ``wb-radius-mode``, ``wb-radius``, ``wb-cutoff``, ``wb-spacing``, ``wb-grid-shape``,
     ``wb-device``, ``wb-device-reason``, ``wb-backend``, ``wb-slice-axis``,
-    ``wb-slice-index``, ``wb-iso``, ``wb-distort`` (distortion amplitude),
+    ``wb-slice-index``, ``wb-slice-scale``, ``wb-iso``, ``wb-distort`` (distortion amplitude),
     ``wb-distort-seed``, ``wb-gradient-kind``, ``wb-region``, ``wb-region-padding``,
     ``wb-profile-a``, ``wb-profile-b``, ``wb-target-map``, ``wb-table-sort``,
     ``wb-table-asc``, ``wb-export-path``, ``wb-export-map``, ``wb-export-grad``; views
@@ -132,6 +132,7 @@ class Workbench(widgets.VBox):
         self._upload_dir: str | None = None
         self._model_version = None
         self._scene_time = -1e9
+        self._region_note = ""
 
         tabs = widgets.Tab(
             [self.profile.widget, self.table.widget, self.difference.widget, self.timing.widget],
@@ -236,6 +237,8 @@ class Workbench(widgets.VBox):
         return self.result
 
     def _changed(self, change) -> None:
+        if change["name"] in ("region", "structure") and change["new"]:
+            self._region_note = ""  # the person chose again: the note about a bad region is old
         self.scheduler.changed()
 
     def _control_error(self, message: str) -> None:
@@ -277,7 +280,7 @@ class Workbench(widgets.VBox):
 
             def early(sec, near):
                 check()
-                self.slice.update(sec, near_uv=near[1])
+                self.slice.update(sec, near_uv=near[1], scale=settings.slice_scale)
 
             result = self.pipeline.run(settings, check=check, progress=self.status.step, on_section=early)
             self._apply(result, generation, check)
@@ -311,6 +314,11 @@ class Workbench(widgets.VBox):
             with self.state.hold_trait_notifications():
                 self.state.n_atoms = n
                 if self.state.region and not any(k == self.state.region for k, _ in residues):
+                    # a region given before the model was read (constructor, script): checked now
+                    self._region_note = (
+                        f"3D region {self.state.region!r} is not a residue of this model "
+                        f"(e.g. {residues[0][0]!r}): showing the whole model"
+                    )
                     self.state.region = ""
                 if n > _WHOLE_MODEL_ATOMS and not self.state.region:
                     self.state.region = residues[0][0]
@@ -376,6 +384,9 @@ class Workbench(widgets.VBox):
         if r.notes:
             level = "warning"
             parts += [f"note: {n}" for n in r.notes]
+        if self._region_note:
+            level = "warning"
+            parts.append(f"note: {self._region_note}")
         self.status.set(level, " | ".join(parts))
 
     def _compare_job(self) -> None:

@@ -93,6 +93,12 @@ def _timed(fn: Callable, device: torch.device):
 # --------------------------------------------------------------------------- model and atoms
 
 
+def _sentence(exc: BaseException) -> str:
+    """An error's text ending in exactly one full stop or question mark (messages are joined as sentences)."""
+    text = " ".join(str(exc).split()).rstrip(" ;:,")
+    return text if text.endswith((".", "?", "!")) else f"{text}."
+
+
 def load_model(source: str | os.PathLike | Model) -> Model:
     """Read a structure: a :class:`kernels.Model`, a bundled example name or a file path.
 
@@ -113,7 +119,7 @@ def load_model(source: str | os.PathLike | Model) -> Model:
     try:
         return kernels.read_model(path, box_padding=BOX_PADDING)
     except kernels.ModelError as exc:
-        raise WorkbenchError(f"{exc}. Choose another file or a bundled example.") from exc
+        raise WorkbenchError(f"{_sentence(exc)} Choose another file or a bundled example.") from exc
 
 
 def save_upload(name: str, content: bytes, folder: str | os.PathLike) -> Path:
@@ -192,7 +198,7 @@ def _compute_atoms(atoms: AtomSet, device: str, backend: str, op: str) -> tuple[
     try:
         name = kernels.resolve_backend(op, device, backend)
     except kernels.BackendError as exc:
-        raise WorkbenchError(f"{op} backend {backend!r} on {device}: {exc}. Choose backend 'auto'.") from exc
+        raise WorkbenchError(f"{op} backend {backend!r} on {device}: {_sentence(exc)} Choose backend 'auto'.") from exc
     dtype = torch.float64 if name == "reference" else torch.float32
     return name, atoms.to(device, dtype)
 
@@ -301,7 +307,7 @@ def planarity_gradient(xyz: torch.Tensor, planes, settings: Settings, *, backend
     try:
         name = kernels.resolve_backend("planarity", device, backend or settings.backend)
     except kernels.BackendError as exc:
-        raise WorkbenchError(f"planarity backend on {device}: {exc}. Choose backend 'auto'.") from exc
+        raise WorkbenchError(f"planarity backend on {device}: {_sentence(exc)} Choose backend 'auto'.") from exc
     dtype = torch.float64 if name == "reference" else torch.float32
     x = xyz.detach().to(device, dtype).clone().requires_grad_(True)
     p = planes.to(device) if hasattr(planes, "to") else planes
@@ -971,7 +977,7 @@ class Pipeline:
             rho_t, tgrid = kernels.read_map(path)
         except ValueError as exc:
             raise WorkbenchError(
-                f"target map: {exc}. Give a CCP4/MRC file, or clear the path to use the model"
+                f"target map: {_sentence(exc)} Give a CCP4/MRC file, or clear the path to use the model"
             ) from exc
         if not np.allclose(tgrid.cell.parameters, grid.cell.parameters, rtol=1e-3):
             raise WorkbenchError(

@@ -21,6 +21,7 @@ __all__ = [
     "GRADIENT_KINDS",
     "RANGES",
     "SLICE_AXES",
+    "SLICE_SCALES",
     "Settings",
     "WorkbenchState",
     "compare_choices",
@@ -31,6 +32,7 @@ EXAMPLES = ("1orc", "1pfe", "1aki")
 B_MODES = ("model", "global", "offset")
 BACKENDS = ("auto", "cpu", "triton", "reference")
 SLICE_AXES = ("a", "b", "c")
+SLICE_SCALES = ("section", "map")
 GRADIENT_KINDS = ("planarity", "density")
 
 # name -> (min, max, step); one table for the widgets, the validators and the tests.
@@ -91,6 +93,7 @@ class Settings:
     backend: str
     slice_axis: str
     slice_index: int
+    slice_scale: str
     iso_sigma: float
     distort_amplitude: float
     distort_seed: int
@@ -134,6 +137,9 @@ class WorkbenchState(traitlets.HasTraits):
     slice_axis = traitlets.Enum(SLICE_AXES, default_value="c", help="the section is perpendicular to this cell axis")
     slice_index = traitlets.Int(0, help="voxel index along the slice axis")
     slice_index_max = traitlets.Int(0, help="last valid slice index for the current grid (set by the app)")
+    slice_scale = traitlets.Enum(
+        SLICE_SCALES, default_value="section", help="slice colour scale: the shown section's range, or the whole map's"
+    )
     iso_sigma = traitlets.Float(1.5, help="isosurface level in σ above the map mean")
     distort_amplitude = traitlets.Float(0.0, help="Å, RMS random displacement per coordinate")
     distort_seed = traitlets.Int(0)

@@ -7,19 +7,31 @@ and the status line.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gzip
 import io
 import threading
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 import kernels
+import workbench
 from tests.helpers import STRUCTURES, model, requires_cuda
 from workbench.compute import WorkbenchError
-from workbench.views.view3d import CDN_URL, LIB_ENV, View3D
+from workbench.views.slice import MIN_SCALE_FRACTION, axis_labels
+from workbench.views.view3d import (
+    ARROW_MAX_LENGTH,
+    ARROW_MIN_LENGTH,
+    ARROW_SCALE,
+    CDN_URL,
+    LIB_ENV,
+    View3D,
+    gradient_arrows,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -106,20 +118,32 @@ def test_hexagonal_section_is_not_square(make_wb):
 def test_distortion_draws_planarity_arrows_with_a_stated_scale(make_wb):
     wb = make_wb()
     r0 = wb.result
+    # The undistorted model's small residual non-planarity draws no arrows at all.
+    assert len(wb.scene.view.arrow_array) == 0
+    assert "0 of 559 atoms" in wb.scene.caption.value
     wb.controls.distort_amplitude.value = 0.3
     r = wb.result
     assert r.gradient.kind == "planarity" and r.gradient.loss > r0.gradient.loss
     arrows = wb.scene.view.arrow_array
     assert len(arrows) > 50
     scale = wb.scene.arrow_scale
-    assert f"1 Å of arrow = {1 / scale:.3g} 1/Å" in wb.scene.caption.value
+    assert scale == ARROW_SCALE["planarity"]  # fixed: the same pull is the same length after any distortion
+    assert f"1 Å of arrow = {1 / scale:.4g} 1/Å" in wb.scene.caption.value
+    assert f"{len(arrows)} of 559 atoms" in wb.scene.caption.value
     # every arrow starts at an atom and points along −∇, scaled by the stated scale
     xyz = r.atoms.xyz.numpy()
     for start, end in zip(arrows[:20, :3], arrows[:20, 3:]):
         i = int(np.argmin(np.linalg.norm(xyz - start, axis=1)))
         np.testing.assert_allclose(start, xyz[i], atol=1e-4)
         np.testing.assert_allclose(end - start, -r.gradient.grad[i] * scale, rtol=1e-4, atol=1e-4)
-    assert np.linalg.norm(arrows[:, 3:] - arrows[:, :3], axis=1).max() == pytest.approx(2.0, rel=1e-5)
+    lengths = np.linalg.norm(arrows[:, 3:] - arrows[:, :3], axis=1)
+    assert lengths.min() >= ARROW_MIN_LENGTH - 1e-5
+    # a larger distortion pulls harder: more and longer arrows at the same scale
+    wb.controls.distort_amplitude.value = 0.5
+    more = wb.scene.view.arrow_array
+    assert len(more) > len(arrows)
+    assert np.linalg.norm(more[:, 3:] - more[:, :3], axis=1).max() > lengths.max()
+    assert wb.scene.view.arrow_color.lower() not in ("#ff0000", "#e02020")  # not the oxygen red
     assert "wb-view3d" in wb.scene.view._dom_classes
 
 
@@ -406,3 +430,79 @@ def test_during_a_drag_the_3d_scene_follows_at_most_once_a_second(make_wb):
     clock[0] += 1.0
     wb.flush()  # settled: the scene shows the last settings
     assert wb.result.settings.b_global == 37.0 and wb.scene.view.iso_level == pytest.approx(wb.result.iso_level)
+
+
+def test_gradient_arrows_scale_threshold_and_clip():
+    xyz = np.zeros((4, 3), np.float32)
+    grad = np.array([[100.0, 0, 0], [0, 300.0, 0], [0, 0, 2000.0], [9000.0, 0, 0]])
+    arrows, caption = gradient_arrows(xyz, grad, "planarity", "1/Å")
+    # 100 1/Å → 0.1 Å: under the threshold; 9000 → 9 Å: clipped to the longest length
+    assert arrows.shape == (3, 6)
+    lengths = np.linalg.norm(arrows[:, 3:] - arrows[:, :3], axis=1)
+    np.testing.assert_allclose(lengths, [ARROW_MAX_LENGTH, 2.0, 0.3], rtol=1e-6)
+    np.testing.assert_allclose(arrows[2, 3:], [0, -0.3, 0], atol=1e-6)  # along −∇
+    assert "3 of 4 atoms" in caption and "1 clipped" in caption
+    none, caption = gradient_arrows(xyz, grad[:1], "planarity", "1/Å")
+    assert none.shape == (0, 6) and "no distortion?" in caption
+
+
+def test_slice_colour_scale_follows_the_section_or_the_map(make_wb):
+    wb = make_wb(slice_axis="a")
+    r = wb.result
+    section_max = float(r.section.values.max())
+    map_max = float(r.rho.max())
+    lo, hi = wb.slice.im.get_clim()
+    assert lo == 0.0 and section_max <= hi <= 1.5 * section_max  # this section's range, not the map's
+    assert "colours span this section" in wb.slice.caption.value
+    wb.controls.slice_scale.value = "map"
+    assert wb.state.slice_scale == "map"
+    assert wb.slice.im.get_clim()[1] >= map_max
+    assert "colours span the whole map" in wb.slice.caption.value
+    # plain axis labels on an orthogonal cell
+    assert (wb.slice.ax.get_xlabel(), wb.slice.ax.get_ylabel()) == ("b (Å)", "c (Å)")
+
+
+def test_near_empty_section_is_not_stretched_and_oblique_labels_are_honest(make_wb):
+    wb = make_wb("1pfe", spacing=1.5)
+    sec = wb.result.section
+    xlabel, ylabel, note = axis_labels(sec)
+    assert xlabel == "a (Å)" and "⊥ a" in ylabel and "120.0°" in note
+    empty = dataclasses.replace(sec, values=np.full_like(sec.values, 1e-38))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow in matplotlib's image scaling
+        wb.slice.update(empty, scale="section")
+    assert wb.slice.im.get_clim()[1] >= MIN_SCALE_FRACTION * sec.map_range[1]
+
+
+def test_settings_in_the_constructor_are_applied_once_the_model_is_read(make_wb):
+    wb = make_wb(region="A/3")  # the residue list is empty until the model loads
+    assert wb.state.region == "A/3" and wb.controls.region.value == "A/3"
+    assert "residue A/3" in wb.scene.caption.value
+    bad = make_wb(region="Z/999")
+    assert bad.state.region == "" and bad.controls.region.value == ""
+    assert bad.status.level == "warning" and "'Z/999' is not a residue of this model" in bad.status.message
+
+
+def test_opening_distorted_at_1_angstrom_warns_nothing():
+    # The reviewer saw "overflow encountered in multiply" in the notebook; the threaded
+    # app (as a notebook opens it) must compute and draw every view without a warning.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        wb = workbench.Workbench(distort_amplitude=0.3, spacing=1.0)
+        try:
+            wb.flush()
+            assert wb.status.message.startswith("ready"), wb.status.message
+        finally:
+            wb.close()
+    assert [str(w.message) for w in caught] == []
+
+
+def test_unreadable_file_message_reads_as_sentences(make_wb, tmp_path):
+    bad = tmp_path / "broken.pdb"
+    bad.write_text("this is not a PDB file\nATOM  garbage\n")
+    wb = make_wb()
+    wb.state.structure = str(bad)
+    msg = wb.status.message
+    assert wb.status.level == "error" and "broken.pdb" in msg
+    assert " )" not in msg and "?." not in msg and ".." not in msg and "\n" not in msg, msg
+    assert msg.endswith("Choose another file or a bundled example."), msg

@@ -38,13 +38,26 @@ function bytesOf(view) {
   return u8.length ? u8 : null;
 }
 
+// Isosurface styles (the same options as Scene3DView.to_py3dmol): a mesh for one
+// residue, a light transparent skin for a whole model (a mesh over hundreds of atoms
+// hides every stick).
+function isoOptions(model) {
+  if (model.get("iso_style") === "surface") {
+    return { isoval: model.get("iso_level"), color: "#7fa6e8", opacity: 0.35, wireframe: false };
+  }
+  return { isoval: model.get("iso_level"), color: model.get("iso_color"), opacity: 0.75, wireframe: true };
+}
+
 async function render({ model, el }) {
   el.classList.add("wb-view3d");
   const box = document.createElement("div");
   box.className = "wb-view3d-canvas";
   box.style.position = "relative";
   box.style.width = "100%";
+  box.style.maxWidth = "100%";
+  box.style.overflow = "hidden";
   box.style.height = `${model.get("height")}px`;
+  el.style.minWidth = "0";
   el.appendChild(box);
   const report = (msg) => {
     model.set("js_error", msg);
@@ -72,12 +85,7 @@ async function render({ model, el }) {
     isoShapes = [];
     const map = bytesOf(model.get("map_bytes"));
     if (map) {
-      const shape = viewer.addVolumetricData(map, "ccp4", {
-        isoval: model.get("iso_level"),
-        color: model.get("iso_color"),
-        opacity: 0.85,
-        wireframe: true,
-      });
+      const shape = viewer.addVolumetricData(map, "ccp4", isoOptions(model));
       if (shape) isoShapes.push(shape);
     }
   }
@@ -86,25 +94,29 @@ async function render({ model, el }) {
     for (const shape of arrowShapes) viewer.removeShape(shape);
     arrowShapes = [];
     const raw = bytesOf(model.get("arrows"));
-    if (!raw) return;
-    const a = new Float32Array(raw.slice().buffer);
+    const a = raw ? new Float32Array(raw.slice().buffer) : new Float32Array(0);
     const color = model.get("arrow_color");
     for (let i = 0; i + 5 < a.length; i += 6) {
       arrowShapes.push(
         viewer.addArrow({
           start: { x: a[i], y: a[i + 1], z: a[i + 2] },
           end: { x: a[i + 3], y: a[i + 4], z: a[i + 5] },
-          radius: 0.06,
+          radius: 0.08,
           radiusRatio: 2.0,
+          mid: 0.75,
           color,
         }),
       );
     }
+    el.dataset.arrows = String(arrowShapes.length);
+    model.set("n_arrows_drawn", arrowShapes.length);
   }
 
-  function drawShapes() {
-    drawIsosurface();
-    drawArrows();
+  function styleModel() {
+    // Thin sticks for the context, thicker ones for the chosen residue.
+    viewer.setStyle({}, { stick: { radius: 0.12 } });
+    const sel = model.get("focus");
+    if (sel && Object.keys(sel).length) viewer.setStyle(sel, { stick: { radius: 0.22 } });
   }
 
   function drawModel() {
@@ -112,15 +124,22 @@ async function render({ model, el }) {
     const text = model.get("model_text");
     if (text) {
       viewer.addModel(text, model.get("model_format"));
-      viewer.setStyle({}, { stick: { radius: 0.12 } });
+      styleModel();
     }
+  }
+
+  function fitToWidth() {
+    // 3Dmol sizes its canvas once; the box can change width later (the notebook's side
+    // panel, a wrapped layout): follow it, so the canvas never runs past the app's edge.
+    viewer.resize();
   }
 
   function finish() {
     const zoom = model.get("zoom_key");
     if (zoom !== zoomed) {
       const sel = model.get("focus");
-      viewer.zoomTo(sel && Object.keys(sel).length ? sel : {});
+      // {} would also fit the map box and the arrows: fit the atoms (model 0) instead.
+      viewer.zoomTo(sel && Object.keys(sel).length ? sel : { model: 0 });
       zoomed = zoom;
     }
     viewer.render();
@@ -128,37 +147,60 @@ async function render({ model, el }) {
     model.save_changes();
   }
 
-  try {
-    drawModel();
-    drawShapes();
-    finish();
-  } catch (err) {
-    report(`3D view: ${err.message || err}`);
-  }
-  const guarded = (draw) => () => {
+  // Several traits change in one update (map, level, style, arrows, focus): collect
+  // them and redraw once, on the next task, instead of contouring once per trait.
+  const dirty = new Set();
+  let scheduled = false;
+  function redraw() {
+    scheduled = false;
+    const what = new Set(dirty);
+    dirty.clear();
     try {
-      draw();
+      if (what.has("model")) {
+        drawModel();
+        what.add("iso");
+        what.add("arrows");
+      } else if (what.has("zoom")) {
+        styleModel();
+      }
+      if (what.has("iso")) drawIsosurface();
+      if (what.has("arrows")) drawArrows();
       finish();
     } catch (err) {
       report(`3D view: ${err.message || err}`);
     }
+  }
+  const mark = (what) => () => {
+    dirty.add(what);
+    if (!scheduled) {
+      scheduled = true;
+      setTimeout(redraw, 0);
+    }
   };
-  const onModel = guarded(() => {
-    drawModel();
-    drawShapes();
+  fitToWidth();
+  dirty.add("model");
+  redraw();
+  const observer = new ResizeObserver(() => {
+    const w = box.clientWidth;
+    if (w > 0 && w !== box.__wbWidth) {
+      box.__wbWidth = w;
+      fitToWidth();
+      zoomed = -1; // re-centre the chosen residue in the new width
+      mark("resize")();
+    }
   });
-  const onIso = guarded(drawIsosurface);
-  const onArrows = guarded(drawArrows);
-  const onZoom = guarded(() => {});
+  observer.observe(box);
   const handlers = [
-    ["change:model_text", onModel],
-    ["change:map_bytes", onIso],
-    ["change:iso_level", onIso],
-    ["change:arrows", onArrows],
-    ["change:zoom_key", onZoom],
+    ["change:model_text", mark("model")],
+    ["change:map_bytes", mark("iso")],
+    ["change:iso_level", mark("iso")],
+    ["change:iso_style", mark("iso")],
+    ["change:arrows", mark("arrows")],
+    ["change:zoom_key", mark("zoom")],
   ];
   for (const [event, fn] of handlers) model.on(event, fn);
   return () => {
+    observer.disconnect();
     for (const [event, fn] of handlers) model.off(event, fn);
   };
 }

@@ -14,7 +14,16 @@ from collections.abc import Callable
 import ipywidgets as widgets
 import traitlets
 
-from workbench.state import B_MODES, BACKENDS, EXAMPLES, GRADIENT_KINDS, RANGES, SLICE_AXES, WorkbenchState
+from workbench.state import (
+    B_MODES,
+    BACKENDS,
+    EXAMPLES,
+    GRADIENT_KINDS,
+    RANGES,
+    SLICE_AXES,
+    SLICE_SCALES,
+    WorkbenchState,
+)
 
 __all__ = ["Controls"]
 
@@ -26,7 +35,9 @@ _SELECTS_MODE = {
     "density_cutoff": ("radius_mode", "auto"),
 }
 _STYLE = {"description_width": "110px"}
-_LAYOUT = {"width": "330px"}
+# 20 px narrower than the panel: a control as wide as the panel (its readout at the very
+# edge) made the panel scroll sideways when a person typed into the readout.
+_LAYOUT = {"width": "320px"}
 
 
 def _slider(cls, name: str, description: str, **kw):
@@ -105,6 +116,12 @@ class Controls:
             options=SLICE_AXES, description="slice ⟂", style={"button_width": "40px", **_STYLE}
         )
         self.slice_index = w.IntSlider(min=0, max=0, description="slice index", style=_STYLE, layout=_LAYOUT)
+        self.slice_scale = w.ToggleButtons(
+            options=SLICE_SCALES,
+            description="colour scale",
+            tooltips=("this section's own range", "the whole map's range (compare sections)"),
+            style={"button_width": "70px", **_STYLE},
+        )
         self.iso_sigma = _slider(w.FloatSlider, "iso_sigma", "iso level (σ)")
         self.distort_amplitude = _slider(w.FloatSlider, "distort_amplitude", "distort (Å)")
         self.distort_seed = w.BoundedIntText(
@@ -153,6 +170,7 @@ class Controls:
             "backend": "wb-backend",
             "slice_axis": "wb-slice-axis",
             "slice_index": "wb-slice-index",
+            "slice_scale": "wb-slice-scale",
             "iso_sigma": "wb-iso",
             "distort_amplitude": "wb-distort",
             "distort_seed": "wb-distort-seed",
@@ -184,6 +202,7 @@ class Controls:
             "backend",
             "slice_axis",
             "slice_index",
+            "slice_scale",
             "iso_sigma",
             "distort_amplitude",
             "distort_seed",
@@ -210,7 +229,8 @@ class Controls:
 
     def _bind(self, name: str) -> None:
         widget = getattr(self, name)
-        widget.value = getattr(self.state, name)
+        if name != "region":  # no residues before the model loads (see from_state)
+            widget.value = getattr(self.state, name)
 
         def from_widget(change):
             if self._syncing:
@@ -225,6 +245,8 @@ class Controls:
                 self._set_widget(widget, getattr(self.state, name))
 
         def from_state(change):
+            if name == "region" and change["new"] not in {k for _, k in self.region.options}:
+                return  # the residue list arrives with the model: set_regions() shows it then
             self._set_widget(widget, change["new"])
 
         widget.observe(from_widget, names="value")
@@ -321,6 +343,7 @@ class Controls:
                 [
                     self.slice_axis,
                     self.slice_index,
+                    self.slice_scale,
                     self.iso_sigma,
                     self.region,
                     self.region_padding,
@@ -336,6 +359,6 @@ class Controls:
         ]
         boxes = [w.VBox([w.HTML(f"<b>{title}</b>"), *items]) for title, items in sections]
         # never squeezed by the views beside it (a narrow notebook cuts the sliders otherwise)
-        panel = w.VBox(boxes, layout=w.Layout(width="350px", min_width="350px", flex="0 0 350px"))
+        panel = w.VBox(boxes, layout=w.Layout(width="350px", min_width="350px", flex="0 0 350px", overflow="visible"))
         panel.add_class("wb-controls")
         return panel

@@ -8,10 +8,14 @@ colour bar and atom markers are built once; an update only changes their data.
 Drawing text dominates a matplotlib redraw (~40 ms here), so the frame, ticks, labels
 and colour bar are drawn once per section geometry and colour range and kept as a
 background; an update restores it and draws only the image, the outline and the atom
-markers. The colour range snaps up to a "nice" value (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6,
-8 × 10ⁿ e/Å³) and is kept while the map still spans 60 % of it, so it, and the
-background, rarely change while a slider drags; the caption states the exact minimum
-and maximum of the section and of the map.
+markers. The colour scale covers the shown section (default: a section through the
+middle of a molecule is as bright as the densest one) or the whole map (to compare
+sections). It snaps up to a "nice" value (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10ⁿ
+e/Å³) and is kept while the data still span 60 % of it, so it, and the background,
+rarely change while a slider drags; the caption states the exact minimum and maximum of
+the section and of the map. A near-empty section is not stretched: its scale never
+drops below :data:`MIN_SCALE_FRACTION` of the map maximum (amplifying 1e-30 e/Å³ tails
+into bright noise would mislead, and such ranges overflow float32 image scaling).
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ from matplotlib.transforms import Affine2D
 from workbench.compute import Section
 from workbench.views._figure import canvas_png, new_figure
 
-__all__ = ["SliceView", "AXIS_NAMES"]
+__all__ = ["AXIS_NAMES", "MIN_SCALE_FRACTION", "SliceView", "axis_labels"]
 
 AXIS_NAMES = ("a", "b", "c")
+# Lowest section colour scale, as a fraction of the map maximum (see the module docstring).
+MIN_SCALE_FRACTION = 0.05
 
 
 class SliceView:
@@ -57,8 +63,9 @@ class SliceView:
         self.cbar.set_label(f"{title} (e/Å³)")
         self.cbar.locator = MaxNLocator(5)  # fewer tick labels: text is the costly part of a redraw
         (self.outline,) = self.ax.plot([], [], color="0.3", lw=0.8)
+        # Small thin crosses, half-transparent: they say where atoms are without hiding the density.
         self.markers = self.ax.scatter(
-            np.zeros(0), np.zeros(0), s=14, facecolors="none", edgecolors="white", linewidths=0.8
+            np.zeros(0), np.zeros(0), s=12, marker="+", c=[(1.0, 1.0, 1.0, 0.6)], linewidths=0.6
         )
         self.image = widgets.Image(format="png", layout=widgets.Layout(width="420px"))
         self.image.add_class(css)
@@ -69,8 +76,14 @@ class SliceView:
         self._layout_key = None
         self._background = None
 
-    def update(self, sec: Section, *, near_uv: np.ndarray | None = None, note: str = "") -> bytes:
-        """Redraw for section ``sec``; ``near_uv`` (M, 2) Å marks the atoms near its plane."""
+    def update(
+        self, sec: Section, *, near_uv: np.ndarray | None = None, note: str = "", scale: str = "section"
+    ) -> bytes:
+        """Redraw for section ``sec``; ``near_uv`` (M, 2) Å marks the atoms near its plane.
+
+        ``scale`` is ``"section"`` (colours span this section) or ``"map"`` (the whole map's
+        range, ``sec.map_range``, so stepping through sections keeps one scale).
+        """
         values = sec.values
         n_u, n_v = values.shape
         self.im.set_data(values.T)  # rows = v, columns = u (origin lower)
@@ -78,8 +91,14 @@ class SliceView:
         m = np.array([[sec.e_u[0] / n_u, sec.e_v[0] / n_v, 0.0], [sec.e_u[1] / n_u, sec.e_v[1] / n_v, 0.0], [0, 0, 1]])
         self.im.set_transform(Affine2D(m) + self.ax.transData)
         vmin, vmax = float(values.min()), float(values.max())
-        # One colour scale for the whole map, so stepping through sections keeps it.
-        cmin, cmax = sec.map_range if sec.map_range is not None else (vmin, vmax)
+        mmin, mmax = sec.map_range if sec.map_range is not None else (vmin, vmax)
+        if scale == "map":
+            cmin, cmax = mmin, mmax
+        elif scale == "section":
+            floor = MIN_SCALE_FRACTION * max(abs(mmin), abs(mmax))
+            cmin, cmax = min(vmin, -floor) if vmin < 0 else vmin, max(vmax, floor)
+        else:
+            raise ValueError(f"scale must be 'section' or 'map', got {scale!r}")
         lo, hi = self._colour_range(cmin, cmax)
         corners = sec.corners
         ring = np.vstack([corners, corners[:1]])
@@ -88,16 +107,18 @@ class SliceView:
         pad = 0.02 * float(np.ptp(corners, axis=0).max())
         self.ax.set_xlim(corners[:, 0].min() - pad, corners[:, 0].max() + pad)
         self.ax.set_ylim(corners[:, 1].min() - pad, corners[:, 1].max() + pad)
-        u, v = (AXIS_NAMES[k] for k in sec.in_plane)
-        self.ax.set_xlabel(f"Å along {u}")
-        self.ax.set_ylabel(f"Å in the {u}{v} plane, normal to {u}")
+        xlabel, ylabel, angle = axis_labels(sec)
+        self.ax.set_xlabel(xlabel)
+        self.ax.set_ylabel(ylabel)
         data = self._render((n_u, n_v, tuple(sec.e_u), tuple(sec.e_v), sec.axis, lo, hi))
         n_near = 0 if near_uv is None else len(near_uv)
+        which = "this section" if scale == "section" else "the whole map"
         with self.image.hold_sync():
             self.image.value = data
             self.caption.value = (
-                f"<small>{AXIS_NAMES[sec.axis]}-section {sec.index} of {values.shape} voxels, depth {sec.depth:.2f} Å; "
-                f"section {vmin:.3g} … {vmax:.3g} e/Å³, map {cmin:.3g} … {cmax:.3g} (colour scale {lo:.3g} … {hi:.3g}); ○ {n_near} atoms within 1 Å of the plane{note}</small>"
+                f"<small>section ⊥ {AXIS_NAMES[sec.axis]} at index {sec.index} (depth {sec.depth:.2f} Å), "
+                f"{n_u}×{n_v} voxels{angle}; ρ here {vmin:.3g} … {vmax:.3g} e/Å³, map {mmin:.3g} … {mmax:.3g}; "
+                f"colours span {which} ({lo:.3g} … {hi:.3g}); + {n_near} atoms within 1 Å of the plane{note}</small>"
             )
         self.n_updates += 1
         return data
@@ -142,6 +163,21 @@ class SliceView:
         for artist in (self.im, self.outline, self.markers):
             self.ax.draw_artist(artist)
         return canvas_png(self.fig)
+
+
+def axis_labels(sec: Section) -> tuple[str, str, str]:
+    """Axis labels of a section plot, and a caption note on a non-rectangular section.
+
+    On a rectangular section the two cell axes are the plot axes: "a (Å)", "b (Å)". On an
+    oblique one the plot's y is not a cell axis; the labels say what it is, and the note
+    gives the angle between the in-plane cell axes.
+    """
+    u, v = (AXIS_NAMES[k] for k in sec.in_plane)
+    cos = float(sec.e_v[0] / np.hypot(*sec.e_v))
+    if abs(cos) < 1e-6:
+        return f"{u} (Å)", f"{v} (Å)", ""
+    angle = float(np.degrees(np.arccos(np.clip(cos, -1.0, 1.0))))
+    return f"{u} (Å)", f"⊥ {u}, in the {u}{v} plane (Å)", f", {u}∠{v} = {angle:.1f}° (cell drawn to scale)"
 
 
 _STEPS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
