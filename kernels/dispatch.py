@@ -119,7 +119,19 @@ def resolve_backend(op: str, device: str | torch.device, backend: str = "auto") 
     raise BackendError(f"no backend can run {op} on {device}: " + "; ".join(reasons))
 
 
+_resolved: dict[tuple[str, str, str, bool], tuple[str, Callable]] = {}
+
+
 def get_backend(op: str, device: str | torch.device, backend: str = "auto") -> tuple[str, Callable]:
-    """``(name, function)`` of the backend that runs ``op`` on ``device``."""
-    name = resolve_backend(op, device, backend)
-    return name, _load(op, name)
+    """``(name, function)`` of the backend that runs ``op`` on ``device``.
+
+    Resolved once per (op, device type, backend, interpreter setting) and cached: the
+    checks import modules and query CUDA, which would cost ~0.1 ms on every kernel call.
+    """
+    device = torch.device(device)
+    key = (op, device.type, backend, triton_interpreted())
+    hit = _resolved.get(key)
+    if hit is None:
+        name = resolve_backend(op, device, backend)
+        hit = _resolved[key] = (name, _load(op, name))
+    return hit

@@ -58,5 +58,11 @@ def splat_density(
     if name != "reference" and not grid.is_whole_cell:
         raise GridError(f"the {name} density backend splats whole-cell grids only; use backend='reference' for a box")
     dtype = torch.float64 if name == "reference" else torch.float32
-    grid.require_memory(dtype, atoms.device, copies=2)
+    key = (grid.cell.parameters, grid.shape, dtype, str(atoms.device))
+    if key not in _memory_checked:  # once per grid: the query is a driver call, and not allowed in graph capture
+        grid.require_memory(dtype, atoms.device, copies=2)
+        _memory_checked.add(key)
     return fn(atoms, grid, radius=radius, cutoff=cutoff)
+
+
+_memory_checked: set[tuple] = set()
