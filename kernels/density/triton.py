@@ -51,8 +51,6 @@ _TUNING: dict[str, int | None] = {
     "bp": None,
     "bq": None,
     "separable": None,  # 0 forces the full per-voxel exponent (for the benchmark's comparison)
-    "bwd_bp": None,  # x tile of the backward (default: the forward's)
-    "bwd_warps": None,  # warps per backward program (default: the forward's)
 }
 # Interpreter: atoms per program (it costs per program, not per element).
 _INTERPRET_ATOMS = 64
@@ -223,16 +221,6 @@ def _atom_box(xyz_ptr, radius_ptr, m_ptr, ia, valid, radius_all, nx, ny, nz, rx,
         cntz,
         rad * rad,
     )
-
-
-@triton.jit
-def _grad_row(grad_ptr, base_xz, r, loy, by, ty, ny, nz, h11, qxz, lin, in_xz, cnty, r2max):
-    """Upstream gradient on box row ``r`` of each atom's (x, z) tile, 0 outside the sphere and the box."""
-    oy = loy[:, None, None] + r
-    dy = oy.to(tl.float32) - ty
-    iy = _wrap(by[:, None, None] + oy, ny)
-    inside = in_xz & (r < cnty[:, None, None]) & (qxz + dy * lin + h11 * dy * dy < r2max)
-    return tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -495,14 +483,14 @@ def _splat_bwd_kernel(
                 v2 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
                 v3 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
                 v4 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                # Each row's gradient is loaded one trip ahead: the walk is bound by load latency.
-                g_next = _grad_row(grad_ptr, base_xz, 0, loy, by, ty, ny, nz, h11, qxz, 0.0, in_xz, cnty, r2max)
                 r = 0
                 while r < n_rows:
-                    g = g_next
-                    g_next = _grad_row(grad_ptr, base_xz, r + 1, loy, by, ty, ny, nz, h11, qxz, 0.0, in_xz, cnty, r2max)
-                    dy = (loy[:, None, None] + r).to(tl.float32) - ty
+                    oy = loy[:, None, None] + r
+                    dy = oy.to(tl.float32) - ty
+                    iy = _wrap(by[:, None, None] + oy, ny)
                     qy = h11 * dy * dy
+                    inside = in_xz & (r < cnty[:, None, None]) & (qxz + qy < r2max)
+                    g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
                     g0 = g * tl.exp2(-be0 * qy)
                     g1 = g * tl.exp2(-be1 * qy)
                     g2 = g * tl.exp2(-be2 * qy)
@@ -538,18 +526,19 @@ def _splat_bwd_kernel(
                 )
             else:
                 lin = 2.0 * (h01 * dx + h12 * dz)
-                g_next = _grad_row(grad_ptr, base_xz, 0, loy, by, ty, ny, nz, h11, qxz, lin, in_xz, cnty, r2max)
                 r = 0
                 while r < n_rows:
-                    g = g_next
-                    g_next = _grad_row(grad_ptr, base_xz, r + 1, loy, by, ty, ny, nz, h11, qxz, lin, in_xz, cnty, r2max)
-                    dy = (loy[:, None, None] + r).to(tl.float32) - ty
+                    oy = loy[:, None, None] + r
+                    dy = oy.to(tl.float32) - ty
+                    iy = _wrap(by[:, None, None] + oy, ny)
                     r2 = qxz + dy * lin + h11 * dy * dy
                     e0 = tl.exp2(-be0 * r2)
                     e1 = tl.exp2(-be1 * r2)
                     e2 = tl.exp2(-be2 * r2)
                     e3 = tl.exp2(-be3 * r2)
                     e4 = tl.exp2(-be4 * r2)
+                    inside = in_xz & (r < cnty[:, None, None]) & (r2 < r2max)
+                    g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
                     u0 = c0 * e0 + c1 * e1 + c2 * e2 + c3 * e3 + c4 * e4
                     u1 = ca0 * e0 + ca1 * e1 + ca2 * e2 + ca3 * e3 + ca4 * e4
                     u2 = r2 * (cab0 * e0 + cab1 * e1 + cab2 * e2 + cab3 * e3 + cab4 * e4) - (
@@ -624,23 +613,21 @@ class _Plan:
         # 0.90 vs 1.07 / 1.62 ms at 0.33 Å (H100, run 2): the scatter is bound by the atomics' issue rate,
         # and more, smaller programs keep more atoms' rows in flight.
         self.num_warps = _TUNING["num_warps"] or 1
-        self.bwd_bp = _TUNING["bwd_bp"] or self.bp
-        self.bwd_warps = _TUNING["bwd_warps"] or self.num_warps
 
     def common_args(self):
         h00, h11, h22, h01, h02, h12 = self.h
         rx, ry, rz = self.reach
         return (*self.shape, self.radius, h00, h11, h22, h01, h02, h12, rx, ry, rz)
 
-    def meta(self, backward: bool = False):
+    def meta(self):
         return dict(
             ATOMS=self.atoms,
-            BP=self.bwd_bp if backward else self.bp,
+            BP=self.bp,
             BQ=self.bq,
             SEPARABLE=self.separable,
             PER_ATOM_RADIUS=self.per_atom,
             INDEX64=self.index64,
-            num_warps=self.bwd_warps if backward else self.num_warps,
+            num_warps=self.num_warps,
         )
 
 
@@ -701,7 +688,7 @@ def _launch_backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii):
         grid = (triton.cdiv(n, plan.atoms),)
         _splat_bwd_kernel[grid](
             grad, xyz, b_iso, occ, a, b, radii, plan.m_dev, g_xyz, g_b, g_occ, n,
-            *plan.common_args(), *plan.m, **plan.meta(backward=True),
+            *plan.common_args(), *plan.m, **plan.meta(),
         )  # fmt: skip
     return g_xyz, g_b, g_occ
 
