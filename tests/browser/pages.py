@@ -36,11 +36,14 @@ def image_stats(png: bytes) -> dict[str, float]:
     bg = np.array([(background >> 16) & 255, (background >> 8) & 255, background & 255])
     off = np.abs(flat - bg).sum(axis=1) > 30
     red = (rgb[..., 0] > 170) & (rgb[..., 1] < 90) & (rgb[..., 2] < 90)
+    # the gradient arrows' magenta (#e000e0, shaded): red and blue high, green low
+    magenta = (rgb[..., 0] > 110) & (rgb[..., 2] > 110) & (rgb[..., 1] < 0.55 * np.minimum(rgb[..., 0], rgb[..., 2]))
     return {
         "colours": float(len(np.unique((flat[:, 0] << 16) | (flat[:, 1] << 8) | flat[:, 2]))),
         "std": float(rgb.std()),
         "non_background": float(off.mean()),
         "red": float(red.mean()),
+        "magenta": float(magenta.mean()),
     }
 
 
@@ -149,6 +152,31 @@ class WorkbenchUI:
             "() => /residue/.test(document.querySelector('.wb-view3d-caption').textContent)", timeout=60_000
         )
         return label.replace("\xa0", " ")
+
+    def arrows_drawn(self) -> int:
+        """Arrow shapes the 3D widget reports in its scene (its ``n_arrows_drawn`` trait, as ``data-arrows``)."""
+        value = self.page.evaluate("() => document.querySelector('.wb-view3d[data-arrows]')?.dataset.arrows ?? '-1'")
+        return int(value)
+
+    def controls_overflow(self) -> list[str]:
+        """Controls whose box runs past the controls panel's right edge, and the panel's sideways scroll."""
+        return self.page.evaluate(
+            """() => {
+                const panel = document.querySelector('.wb-controls');
+                const edge = panel.getBoundingClientRect().right + 1;
+                const bad = [];
+                for (const e of panel.querySelectorAll('input, select, button, .widget-readout, .widget-html-content')) {
+                    const r = e.getBoundingClientRect();
+                    if (r.width > 0 && r.right > edge) bad.push(`${e.className || e.tagName} ends at ${r.right.toFixed(0)} > ${edge.toFixed(0)}`);
+                }
+                let el = panel;
+                while (el) {
+                    if (el.scrollLeft > 0) bad.push(`${el.className} scrolled sideways by ${el.scrollLeft}px`);
+                    el = el.parentElement;
+                }
+                return bad;
+            }"""
+        )
 
     def caption_3d(self) -> str:
         return self.page.locator(".wb-view3d-caption").inner_text().strip()

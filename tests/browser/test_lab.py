@@ -71,10 +71,11 @@ def test_quickstart_runs_offline(lab):
 
 def test_bfactor_slider_changes_slice(lab):
     op, ui = lab
-    # The app opens on section 0, at the cell edge, where 1ORC has almost no density; a
-    # person first moves to a section through the protein (the middle of the cell).
-    middle = ui.go_to_middle_slice()
-    ui.wait_ready()
+    # The app opens on the section through the middle of the molecule, not the empty cell edge.
+    middle = int(float(op.page.locator(".wb-slice-index .noUi-handle").get_attribute("aria-valuenow")))
+    caption = op.page.locator(".wb-slice-caption").inner_text()
+    marked = int(re.search(r"\+ (\d+) atoms within", caption).group(1))
+    assert middle > 0 and marked >= 20, f"opened on section {middle} with {marked} atoms near it: {caption}"
     before = ui.slice_png()
     b0 = ui.bfactor_value()
     latencies = median_latency(ui, moves=10)
@@ -92,6 +93,15 @@ def test_bfactor_slider_changes_slice(lab):
     screenshot(op.page, "lab_after_bfactor")
     text, classes = ui.status()
     assert "wb-status-error" not in classes, text
+
+
+def test_controls_fit_their_column_with_the_file_browser_open(lab):
+    op, ui = lab
+    assert op.page.locator(".jp-DirListing").first.is_visible(), "the file browser should be open (the narrow case)"
+    assert ui.controls_overflow() == []
+    ui.type_into_readout(".wb-bfactor", "40")
+    ui.wait_ready()
+    assert ui.controls_overflow() == [], "typing into a readout scrolled or clipped the controls"
 
 
 def test_3d_canvas_is_not_blank(lab):
@@ -114,7 +124,11 @@ def test_distortion_draws_planarity_arrows(lab):
     canvas_before = ui.canvas_png()
     caption_before = ui.caption_3d()
     grad_before = gradient_max(caption_before)
+    # Undistorted, the model's residual non-planarity is below the drawing threshold.
+    assert ui.arrows_drawn() == 0, caption_before
+    assert image_stats(canvas_before)["magenta"] < 1e-4
     ui.type_into_readout(".wb-distort", "0.5")
+    assert ui.controls_overflow() == [], "typing into a readout moved or clipped the controls"
     op.page.wait_for_function(
         "(old) => { const c = document.querySelector('.wb-view3d-caption'); return c && c.textContent.trim() !== old; }",
         arg=caption_before,
@@ -127,17 +141,28 @@ def test_distortion_draws_planarity_arrows(lab):
     screenshot(op.page.locator(".wb-view3d"), "lab_view3d_distorted")
     screenshot(op.page, "lab_distorted")
     print(f"\n3D caption ({region}) before: {caption_before}\n3D caption after a 0.5 Å distortion: {caption}")
-    drawn = re.search(r"(\d+) drawn", caption)
+    drawn = re.search(r"(\d+) of \d+ atoms", caption)
     assert "planarity" in caption and drawn and int(drawn.group(1)) > 0, caption
+    # The widget reports the arrow shapes it built, and they show: magenta pixels appear.
+    op.page.wait_for_function(
+        "(n) => document.querySelector('.wb-view3d[data-arrows]')?.dataset.arrows === String(n)",
+        arg=int(drawn.group(1)),
+        timeout=30_000,
+    )
+    magenta = image_stats(canvas_after)["magenta"]
+    assert magenta > 1e-3, f"no arrows visible in the 3D canvas ({magenta:.2%} magenta pixels)"
     # The restraint's pull grows by orders of magnitude once the groups are bent.
     assert gradient_max(caption) > 5 * grad_before, (caption_before, caption)
     assert images_differ(canvas_before, canvas_after) > 0.01, "the 3D view did not change after the distortion"
     assert image_stats(canvas_after)["colours"] > 50
+    # Nothing (a numpy or matplotlib warning) was printed into the notebook on the way.
+    stderr = op.page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    assert stderr.all_inner_texts() == [], stderr.all_inner_texts()
 
 
 def gradient_max(caption: str) -> float:
-    """The largest gradient the 3D caption reports ("… = |∇| 1.01e+03 1/Å …")."""
-    m = re.search(r"\|∇\| ([0-9.]+(?:e[+-]?\d+)?)", caption)
+    """The largest gradient the 3D caption reports ("… largest |∇| 1.01e+03 1/Å")."""
+    m = re.search(r"largest \|∇\| ([0-9.]+(?:e[+-]?\d+)?)", caption)
     assert m, f"no gradient scale in the 3D caption: {caption!r}"
     return float(m.group(1))
 

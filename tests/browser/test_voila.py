@@ -78,13 +78,14 @@ def test_app_region_and_distortion(app):
     ui.choose_region(index=10)
     ui.wait_ready()
     before = ui.caption_3d()
-    ui.type_into_readout(".wb-distort", "0.3")
+    ui.type_into_readout(".wb-distort", "0.5")
     op.page.wait_for_function(
         "(old) => document.querySelector('.wb-view3d-caption').textContent.trim() !== old", arg=before, timeout=60_000
     )
     ui.wait_ready()
     ui.wait_canvas_drawn()
-    assert re.search(r"[1-9]\d* drawn", ui.caption_3d()), ui.caption_3d()
+    assert re.search(r"[1-9]\d* of \d+ atoms", ui.caption_3d()), ui.caption_3d()
+    assert ui.arrows_drawn() > 0 and image_stats(ui.canvas_png())["magenta"] > 2e-4, ui.caption_3d()
     assert image_stats(ui.canvas_png())["colours"] > 50
     op.page.locator(".wb-status").scroll_into_view_if_needed()
     screenshot(op.page, "voila_region_distorted")

@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 import gzip
 import io
+import re
 import threading
 import warnings
 
@@ -478,6 +479,10 @@ def test_settings_in_the_constructor_are_applied_once_the_model_is_read(make_wb)
     wb = make_wb(region="A/3")  # the residue list is empty until the model loads
     assert wb.state.region == "A/3" and wb.controls.region.value == "A/3"
     assert "residue A/3" in wb.scene.caption.value
+    wb.controls.distort_amplitude.value = 0.5
+    # arrows for every atom in the residue's box (its neighbours too), not only its own 9 atoms
+    in_box = int(re.search(r"of (\d+) atoms", wb.scene.caption.value).group(1))
+    assert in_box > 9 and 0 < len(wb.scene.view.arrow_array) <= in_box
     bad = make_wb(region="Z/999")
     assert bad.state.region == "" and bad.controls.region.value == ""
     assert bad.status.level == "warning" and "'Z/999' is not a residue of this model" in bad.status.message

@@ -43,9 +43,9 @@ function bytesOf(view) {
 // hides every stick).
 function isoOptions(model) {
   if (model.get("iso_style") === "surface") {
-    return { isoval: model.get("iso_level"), color: "#7fa6e8", opacity: 0.35, wireframe: false };
+    return { isoval: model.get("iso_level"), color: "#6f98e0", opacity: 0.45, wireframe: false };
   }
-  return { isoval: model.get("iso_level"), color: model.get("iso_color"), opacity: 0.75, wireframe: true };
+  return { isoval: model.get("iso_level"), color: model.get("iso_color"), opacity: 0.6, wireframe: true };
 }
 
 async function render({ model, el }) {
@@ -57,7 +57,11 @@ async function render({ model, el }) {
   box.style.maxWidth = "100%";
   box.style.overflow = "hidden";
   box.style.height = `${model.get("height")}px`;
+  // The element takes its parent's width, never its canvas's: a canvas sized once at a
+  // wider layout would otherwise hold the element wide and run past the app's edge.
+  el.style.width = "100%";
   el.style.minWidth = "0";
+  el.style.overflow = "hidden";
   el.appendChild(box);
   const report = (msg) => {
     model.set("js_error", msg);
@@ -72,6 +76,11 @@ async function render({ model, el }) {
     return;
   }
   const viewer = $3Dmol.createViewer(box, { backgroundColor: "white" });
+  for (const c of box.querySelectorAll("canvas")) {
+    c.style.position = "absolute"; // no intrinsic width: the box, not the canvas, sets the size
+    c.style.left = "0";
+    c.style.top = "0";
+  }
   let zoomed = -1;
 
   // The isosurface and the arrows are separate shapes, rebuilt only when their own
@@ -148,11 +157,16 @@ async function render({ model, el }) {
   }
 
   // Several traits change in one update (map, level, style, arrows, focus): collect
-  // them and redraw once, on the next task, instead of contouring once per trait.
+  // them and redraw once, instead of contouring once per trait. A new map waits for
+  // ISO_QUIET ms without a newer one: contouring runs on the page's main thread
+  // (0.3-0.9 s in a software-WebGL page) and, started on every B-factor step, it held
+  // up the next slice image by that much.
+  const ISO_QUIET = 300;
   const dirty = new Set();
-  let scheduled = false;
+  let timer = null;
+  let timerDue = 0;
   function redraw() {
-    scheduled = false;
+    timer = null;
     const what = new Set(dirty);
     dirty.clear();
     try {
@@ -170,12 +184,14 @@ async function render({ model, el }) {
       report(`3D view: ${err.message || err}`);
     }
   }
-  const mark = (what) => () => {
+  const mark = (what, delay = 0) => () => {
     dirty.add(what);
-    if (!scheduled) {
-      scheduled = true;
-      setTimeout(redraw, 0);
-    }
+    const due = performance.now() + delay;
+    if (delay > 0 && timer !== null && what === "iso") clearTimeout(timer); // a newer map: wait again
+    else if (timer !== null && timerDue <= due) return;
+    else if (timer !== null) clearTimeout(timer);
+    timerDue = due;
+    timer = setTimeout(redraw, delay);
   };
   fitToWidth();
   dirty.add("model");
@@ -192,8 +208,8 @@ async function render({ model, el }) {
   observer.observe(box);
   const handlers = [
     ["change:model_text", mark("model")],
-    ["change:map_bytes", mark("iso")],
-    ["change:iso_level", mark("iso")],
+    ["change:map_bytes", mark("iso", ISO_QUIET)],
+    ["change:iso_level", mark("iso", ISO_QUIET)],
     ["change:iso_style", mark("iso")],
     ["change:arrows", mark("arrows")],
     ["change:zoom_key", mark("zoom")],

@@ -48,8 +48,8 @@ ARROW_COLOR = "#e000e0"
 def _iso_options(v: View3D) -> dict:
     """3Dmol addVolumetricData options for the view's isosurface style (same as view3d.js)."""
     if v.iso_style == "surface":
-        return {"isoval": v.iso_level, "color": "#7fa6e8", "opacity": 0.35, "wireframe": False}
-    return {"isoval": v.iso_level, "color": v.iso_color, "opacity": 0.75, "wireframe": True}
+        return {"isoval": v.iso_level, "color": "#6f98e0", "opacity": 0.45, "wireframe": False}
+    return {"isoval": v.iso_level, "color": v.iso_color, "opacity": 0.6, "wireframe": True}
 
 
 def _local_library(lib_path: str | os.PathLike | None) -> str:
@@ -234,6 +234,12 @@ class Scene3DView:
         if g is None:
             why = result.unavailable.get("gradient", "no gradient")
             return b"", 0.0, f"no arrows ({why})"
+        s = result.settings
+        if s.region:
+            # every atom inside the shown box, not only the residue's: its neighbours' pull shows too
+            xyz = result.atoms.xyz
+            d = torch.cdist(xyz, xyz[torch.as_tensor(sel)]).min(dim=1).values
+            sel = np.nonzero((d <= s.region_padding).numpy())[0]
         arrows, text = gradient_arrows(result.atoms.xyz.numpy()[sel], g.grad[sel], g.kind, g.units)
         return arrows.tobytes(), ARROW_SCALE[g.kind], text
 
