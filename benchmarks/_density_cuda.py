@@ -289,6 +289,63 @@ def _gather_fwd_experiment(
     tl.store(out_ptr + (qx * ny + qy) * nz + qz, acc, mask=(qx < nx) & (qy < ny) & (qz < nz))
 
 
+@triton.jit
+def _gather_fwd_dot_experiment(
+    ftab_ptr,  # as _gather_fwd_experiment
+    pairs_ptr,
+    start_ptr,
+    out_ptr,
+    nx,
+    ny,
+    nz,
+    nby,
+    nbz,
+    h00,
+    h11,
+    h22,
+    h02,
+    BY: tl.constexpr,
+    BX: tl.constexpr,
+    BZ: tl.constexpr,
+):
+    # The separable sum Σ_k E_k(x, z)·e_k(y) of one (atom, brick) pair as a matrix product
+    # (BX·BZ, 16) @ (16, BY) (the 5 Gaussians, zero-padded to tl.dot's K ≥ 16): each factor is
+    # evaluated once, not once per thread that holds a voxel using it. tf32x3: ~fp32 accuracy.
+    pid = tl.program_id(0)
+    jz = pid % nbz
+    jt = pid // nbz
+    jy = jt % nby
+    jx = jt // nby
+    mm = tl.arange(0, BX * BZ)
+    qx = (jx * BX + mm // BZ)[:, None]  # (M, 1)
+    qz = (jz * BZ + mm % BZ)[:, None]
+    qy = (jy * BY + tl.arange(0, BY))[None, :]  # (1, BY)
+    kk = tl.arange(0, 16)
+    real = kk < 5
+    acc = tl.zeros((BX * BZ, BY), dtype=tl.float32)
+    i = tl.load(start_ptr + pid)
+    end = tl.load(start_ptr + pid + 1)
+    while i < end:
+        a = tl.load(pairs_ptr + i * 4)
+        ox = tl.load(pairs_ptr + i * 4 + 1)
+        oy = tl.load(pairs_ptr + i * 4 + 2)
+        oz = tl.load(pairs_ptr + i * 4 + 3)
+        row = ftab_ptr + a * 16
+        amp = tl.load(row + 4 + kk, mask=real, other=0.0)
+        beta = tl.load(row + 9 + kk, mask=real, other=0.0)
+        dx = (qx - ox).to(tl.float32) - tl.load(row + 0)
+        dy = (qy - oy).to(tl.float32) - tl.load(row + 1)
+        dz = (qz - oz).to(tl.float32) - tl.load(row + 2)
+        qa = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # (M, 1)
+        qb = h11 * dy * dy  # (1, BY)
+        e_xz = amp[None, :] * tl.exp2(-beta[None, :] * qa)  # (M, 16)
+        e_y = tl.exp2(-beta[:, None] * qb)  # (16, BY)
+        val = tl.dot(e_xz, e_y, input_precision="tf32x3")
+        acc += tl.where(qa + qb < tl.load(row + 3), val, 0.0)
+        i += 1
+    tl.store(out_ptr + (qx * ny + qy) * nz + qz, acc, mask=(qx < nx) & (qy < ny) & (qz < nz))
+
+
 def gather_experiment_bins(atoms, grid, radii: torch.Tensor, brick: tuple[int, int, int]):
     """Pairs (atom, image) per brick for :func:`_gather_fwd_experiment`, by torch ops (host syncs: setup only).
 
@@ -341,15 +398,19 @@ def gather_experiment_bins(atoms, grid, radii: torch.Tensor, brick: tuple[int, i
     return ftab.float().contiguous(), pairs, start.to(torch.int32), n_bricks, int(nb[1]), int(nb[2])
 
 
-def gather_experiment(atoms, grid, radii, brick, num_warps, bins=None) -> torch.Tensor:
-    """One call of the experimental gather forward (``bins`` from :func:`gather_experiment_bins`)."""
+def gather_experiment(atoms, grid, radii, brick, num_warps, bins=None, dot=False) -> torch.Tensor:
+    """One call of the experimental gather forward (``bins`` from :func:`gather_experiment_bins`).
+
+    ``dot``: the (x, z) × y factor product as a tl.dot (:func:`_gather_fwd_dot_experiment`).
+    """
     if grid.cell.kind not in ("orthogonal", "monoclinic"):
         raise ValueError("the gather experiment handles orthogonal and monoclinic cells only")
     ftab, pairs, start, n_bricks, nby, nbz = bins or gather_experiment_bins(atoms, grid, radii, brick)
     nx, ny, nz = grid.shape
     h = grid.cell.metric / (torch.tensor(grid.shape, dtype=torch.float64)[:, None] * torch.tensor(grid.shape)[None])
     out = torch.empty(grid.n_voxels, dtype=torch.float32, device=atoms.xyz.device)
-    _gather_fwd_experiment[(n_bricks,)](
+    kernel = _gather_fwd_dot_experiment if dot else _gather_fwd_experiment
+    kernel[(n_bricks,)](
         ftab, pairs, start, out, nx, ny, nz, nby, nbz,
         float(h[0, 0]), float(h[1, 1]), float(h[2, 2]), float(h[0, 2]),
         BY=brick[0], BX=brick[1], BZ=brick[2], num_warps=num_warps,
@@ -357,7 +418,20 @@ def gather_experiment(atoms, grid, radii, brick, num_warps, bins=None) -> torch.
     return out.view(grid.shape)
 
 
-def _gather_variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
+_GATHER_CONFIGS = (  # ((BY, BX, BZ), warps)
+    ((8, 8, 16), 1),
+    ((8, 8, 16), 2),
+    ((8, 8, 16), 4),
+    ((16, 8, 16), 2),
+    ((8, 4, 32), 2),
+    ((4, 8, 16), 1),
+    ((8, 8, 8), 1),
+    ((16, 4, 16), 1),
+)
+_GATHER_DOT_CONFIGS = (((16, 4, 16), 1), ((16, 4, 16), 2), ((16, 8, 8), 2), ((32, 4, 16), 4))
+
+
+def _gather_variants(spacings=(2 / 3, 1 / 3), configs=_GATHER_CONFIGS, dot=False) -> list[dict]:
     """The gather experiment on 3wip: kernel time (graph replay), pairs, agreement with the Triton scatter."""
     import kernels
     from kernels.crystal import GridSpec
@@ -371,29 +445,20 @@ def _gather_variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
     for spacing in spacings:
         grid = GridSpec.for_spacing(m.cell, spacing)
         ref = splat_triton(base, grid).double()
-        for brick, warps in (
-            ((8, 8, 16), 1),
-            ((8, 8, 16), 2),
-            ((8, 8, 16), 4),
-            ((16, 8, 16), 2),
-            ((8, 4, 32), 2),
-            ((4, 8, 16), 1),
-            ((8, 8, 8), 1),
-            ((16, 4, 16), 1),
-        ):
+        for brick, warps in configs:
             t0 = time.perf_counter()
             bins = gather_experiment_bins(base, grid, radii, brick)
             torch.cuda.synchronize()
             bin_ms = (time.perf_counter() - t0) * 1e3
-            out = gather_experiment(base, grid, radii, brick, warps, bins)
-            row = dict(spacing=spacing, brick_yxz=list(brick), num_warps=warps, pairs=int(bins[1].shape[0]))
+            out = gather_experiment(base, grid, radii, brick, warps, bins, dot)
+            row = dict(spacing=spacing, brick_yxz=list(brick), num_warps=warps, pairs=int(bins[1].shape[0]), dot=dot)
             row["evaluated_voxels"] = row["pairs"] * brick[0] * brick[1] * brick[2]
             row["rel_vs_scatter"] = float((out.double() - ref).norm() / ref.norm())
-            call = functools.partial(gather_experiment, base, grid, radii, brick, warps, bins)
+            call = functools.partial(gather_experiment, base, grid, radii, brick, warps, bins, dot)
             row["gather_kernel_graph_ms"] = _bench(call, graph=True)
             row["torch_binning_wall_ms"] = bin_ms
             rows.append(row)
-            print(f"gather {spacing:.3f} {brick} w{warps}: {row['gather_kernel_graph_ms']:.4f} ms, "
+            print(f"gather{' dot' if dot else ''} {spacing:.3f} {brick} w{warps}: {row['gather_kernel_graph_ms']:.4f} ms, "
                   f"pairs {row['pairs']}, rel {row['rel_vs_scatter']:.2e}", flush=True)  # fmt: skip
             del bins, call
         torch.cuda.empty_cache()
@@ -426,7 +491,7 @@ def run(args) -> dict:
     if getattr(args, "variants", False):
         result["variants"] = _variants()
     if getattr(args, "gather", False):
-        result["gather_experiment"] = _gather_variants()
+        result["gather_experiment"] = _gather_variants() + _gather_variants(configs=_GATHER_DOT_CONFIGS, dot=True)
     out = getattr(args, "out", None)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
