@@ -89,6 +89,7 @@ def test_app_region_and_distortion(app):
     assert image_stats(ui.canvas_png())["colours"] > 50
     op.page.locator(".wb-status").scroll_into_view_if_needed()
     screenshot(op.page, "voila_region_distorted")
+    screenshot(op.page.locator(".wb-app"), "voila_app_distorted")  # the app alone (docs/workbench.png)
 
 
 def test_app_bad_file_shows_error(app, voila_server):

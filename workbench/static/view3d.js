@@ -43,7 +43,7 @@ function bytesOf(view) {
 // hides every stick).
 function isoOptions(model) {
   if (model.get("iso_style") === "surface") {
-    return { isoval: model.get("iso_level"), color: "#6f98e0", opacity: 0.45, wireframe: false };
+    return { isoval: model.get("iso_level"), color: "#5a86d8", opacity: 0.5, wireframe: false };
   }
   return { isoval: model.get("iso_level"), color: model.get("iso_color"), opacity: 0.6, wireframe: true };
 }
@@ -148,7 +148,9 @@ async function render({ model, el }) {
     if (zoom !== zoomed) {
       const sel = model.get("focus");
       // {} would also fit the map box and the arrows: fit the atoms (model 0) instead.
-      viewer.zoomTo(sel && Object.keys(sel).length ? sel : { model: 0 });
+      const residue = sel && Object.keys(sel).length;
+      viewer.zoomTo(residue ? sel : { model: 0 });
+      if (!residue) viewer.zoom(1.25); // the bounding sphere leaves a wide margin around a globular model
       zoomed = zoom;
     }
     viewer.render();

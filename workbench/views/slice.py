@@ -71,7 +71,9 @@ class SliceView:
         self.image.add_class(css)
         self.caption = widgets.HTML()
         self.caption.add_class(f"{css}-caption")
-        self.widget = widgets.VBox([self.image, self.caption])
+        # as wide as the image: a long caption wraps instead of widening the column (which
+        # pushed the 3D view below the slice even on a wide page)
+        self.widget = widgets.VBox([self.image, self.caption], layout=widgets.Layout(width="430px"))
         self.n_updates = 0
         self._layout_key = None
         self._background = None

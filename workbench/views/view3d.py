@@ -48,7 +48,7 @@ ARROW_COLOR = "#e000e0"
 def _iso_options(v: View3D) -> dict:
     """3Dmol addVolumetricData options for the view's isosurface style (same as view3d.js)."""
     if v.iso_style == "surface":
-        return {"isoval": v.iso_level, "color": "#6f98e0", "opacity": 0.45, "wireframe": False}
+        return {"isoval": v.iso_level, "color": "#5a86d8", "opacity": 0.5, "wireframe": False}
     return {"isoval": v.iso_level, "color": v.iso_color, "opacity": 0.6, "wireframe": True}
 
 
