@@ -75,7 +75,8 @@ class Controls:
         w = widgets
         self.structure = w.Dropdown(options=[*EXAMPLES, "file"], description="structure", style=_STYLE, layout=_LAYOUT)
         self.path = w.Text(
-            placeholder="path to .pdb/.cif[.gz], Enter to load",
+            placeholder=".pdb/.cif[.gz] path + Enter",
+            tooltip="path to a PDB or mmCIF model (optionally gzipped); press Enter to load it",
             description="path",
             style=_STYLE,
             layout=_LAYOUT,
@@ -136,7 +137,8 @@ class Controls:
         self.profile_b = w.BoundedIntText(min=0, max=1, description="profile atom 2", style=_STYLE, layout=_LAYOUT)
         self.profile_names = w.HTML()
         self.target_map = w.Text(
-            placeholder="CCP4/MRC path; empty = undistorted model",
+            placeholder="empty: undistorted model",
+            tooltip="CCP4/MRC map as ρ_target of the density fit; empty: the map of the undistorted model",
             description="ρ target",
             style=_STYLE,
             layout=_LAYOUT,
