@@ -252,6 +252,14 @@ struct Scratch {
     std::vector<int64_t> zw;     // wrapped z index per z of the box
     std::vector<double> rq, rl, rlo, rhi;  // per row of one x plane: Q, Lz, first/last z candidate
     std::vector<int64_t> rst;    // per row: 0 empty, 1 interval ready, 2 settle with the exact test
+    // lane-blocked fast path (see process_atom_lanes)
+    std::vector<float> lane_tab;  // NG lane tables L_k (zero outside the box), nl lanes each
+    std::vector<float> lane_q;    // lane part of r² (backward)
+    std::vector<float> lane_dz;   // fractional dz per lane (backward)
+    std::vector<float> rowc;      // per row of a plane: 3·NG row coefficients (backward) / NG (forward)
+    std::vector<float> zacc;      // 3·NG lane accumulators of one plane (backward)
+    std::vector<float> aacc;      // 6 per-atom lane accumulators (backward)
+    std::vector<int32_t> rlo32, rhi32, rows;  // per row of a plane: first/last lane, non-empty rows
 };
 
 // exp tables: out[k*len + t] = exp(−alpha_k · q[t]) (vectorised over t)
@@ -350,6 +358,249 @@ KERNELS_INLINE void gather_row(const float* __restrict gr, int64_t n, const floa
     acc[6] += a6;
 }
 
+// ------------------------------------------------------------------ lane-blocked rows
+
+// Rows again, the fast way (orthogonal, hexagonal and monoclinic cells, i.e. every cell
+// that factors, when the atom's z-range does not wrap around the cell). The voxels of an
+// atom's row are addressed as fixed lanes l = 0..nl-1 of the map row, starting at z0 (the
+// same z0 for every row of the atom), in blocks of 8. Then
+//   - the z-dependent factor of each Gaussian, L_k (1-D z table on orthogonal/hexagonal
+//     cells, one plane of the 2-D (x,z) table on monoclinic ones), is one vector per
+//     block shared by every row of the plane, and the y-dependent factor R_k is one scalar
+//     per row: a voxel costs 5 vector FMAs, nothing else (no per-row table gathers, no
+//     exact-length loops);
+//   - the backward never reduces a row: per plane it contracts the upstream gradient over
+//     the rows into 15 lane vectors Z = Σ_rows {R_k, R_k·dy, R_k·Q_row}·g (15 FMAs per voxel,
+//     the only per-voxel work), then per plane folds them with L_k, dx, dz and the lane part
+//     of r² into 6 per-atom lane accumulators; the horizontal sums happen once per atom.
+//     This works because r² = Q_row(x,y) + q_lane(x,z) exactly on these cells (the one
+//     cross term couples the row pair or the lane pair, never a row and a lane axis).
+// Lanes outside a row's voxel set are masked to +0 (forward: the map voxel gets +0.0f,
+// which changes nothing; backward: the gradient lane is zeroed before any product).
+#if defined(__GNUC__) && !defined(KERNELS_NO_LANES)
+#define KERNELS_LANES 1
+// The helpers below are always inlined into one translation unit: the vector-ABI note
+// (-Wpsabi) about passing 32-byte vectors without AVX does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float vf8 __attribute__((vector_size(32)));
+typedef int32_t vi8 __attribute__((vector_size(32)));
+constexpr int64_t kL = 8;  // lanes per block
+
+KERNELS_INLINE vf8 vload(const float* p) {
+    vf8 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+KERNELS_INLINE void vstore(float* p, vf8 v) { std::memcpy(p, &v, sizeof v); }
+KERNELS_INLINE vf8 vsplat(float x) { return vf8{x, x, x, x, x, x, x, x}; }
+// lanes [la, lb] of block bb kept, the rest +0
+KERNELS_INLINE vf8 vmask(vf8 v, int64_t bb, int32_t la, int32_t lb) {
+    const vi8 idx = vi8{0, 1, 2, 3, 4, 5, 6, 7} + static_cast<int32_t>(bb * kL);
+    const vi8 m = (idx >= la) & (idx <= lb);
+    return reinterpret_cast<vf8>(reinterpret_cast<vi8>(v) & m);
+}
+KERNELS_INLINE double vsum(vf8 v) {
+    double s = 0;
+    for (int l = 0; l < 8; ++l) s += static_cast<double>(v[l]);
+    return s;
+}
+#endif
+
+// Box-relative z range [lo[s], hi[s]] of every row s of the plane at dx (lo > hi: empty):
+// exactly the reference's voxel set (see row_range), vectorised over the rows.
+KERNELS_INLINE void plane_intervals(const Geom& g, const AtomP& A, double dx, int64_t nyb, const double* dyd,
+                                    Scratch& S, int32_t* lo, int32_t* hi) {
+    double* rq = S.rq.data();
+    double* rl = S.rl.data();
+    double* rlo = S.rlo.data();
+    double* rhi = S.rhi.data();
+    int64_t* rst = S.rst.data();
+    const double fz = A.f[2];
+    {
+        const double G00 = g.G00, G11 = g.G11, G22 = g.G22, G01x2 = g.G01x2, G02x2 = g.G02x2, G12x2 = g.G12x2;
+        const double inv2 = g.inv2G22, mz = g.m[2], R2 = A.R2;
+        KERNELS_SIMD
+        for (int64_t s = 0; s < nyb; ++s) {
+            const double dy = dyd[s];
+            const double Q = G00 * dx * dx + G11 * dy * dy + G01x2 * dx * dy;
+            const double Lz = G02x2 * dx + G12x2 * dy;
+            const double disc = Lz * Lz - 4.0 * G22 * (Q - R2);
+            const double scale = Lz * Lz + 4.0 * G22 * (std::fabs(Q) + R2);
+            const double wc = (fz - Lz * inv2) * mz;
+            const double half = std::sqrt(disc) * inv2 * mz;  // NaN when disc < 0: row is then empty
+            const double wlo = wc - half, whi = wc + half;
+            const double cs = std::ceil(wlo - 1e-6), ce = std::floor(whi + 1e-6);
+            const int64_t hit = disc > -1e-6 * scale;
+            const int64_t care = (disc < 1e-6 * scale) | (cs - wlo < 1e-6) | (whi - ce < 1e-6);
+            rq[s] = Q;
+            rl[s] = Lz;
+            rlo[s] = cs;
+            rhi[s] = ce;
+            rst[s] = hit * (1 + care);
+        }
+    }
+    const int64_t zlo = A.lo[2], zhi = A.hi[2];
+    for (int64_t s = 0; s < nyb; ++s) {
+        int64_t wa = 1, wb = 0;
+        if (rst[s] == 2) {
+            if (!row_range(g, A, dx, dyd[s], rq[s], rl[s], wa, wb)) wa = 1, wb = 0;
+        } else if (rst[s] == 1) {
+            wa = std::max(zlo, static_cast<int64_t>(rlo[s]));
+            wb = std::min(zhi, static_cast<int64_t>(rhi[s]));
+        }
+        if (wa > wb) {
+            lo[s] = 1;
+            hi[s] = 0;
+        } else {
+            lo[s] = static_cast<int32_t>(wa - zlo);
+            hi[s] = static_cast<int32_t>(wb - zlo);
+        }
+    }
+}
+
+#if defined(KERNELS_LANES)
+// Lane-blocked forward or backward of atom A over planes [ia, ib]; tables already built by
+// process_atom (ta: 1-D, tb: 2-D, q: the 2-D table's quadratic form). z0: map z of lane 0,
+// off: lane of box z index 0, nl: lanes (multiple of 8), z0 + nl <= nz.
+template <class Idx, bool Forward>
+KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_t ib, float* out, const float* grad,
+                               Scratch& S, const float* ta, const float* tb, const double* q, const float* ampf,
+                               int64_t z0, int64_t off, int64_t nl, double* sums) {
+    const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
+    const int64_t nyb = A.hi[1] - A.lo[1] + 1, nzb = A.hi[2] - A.lo[2] + 1, nib = ib - ia + 1;
+    const bool zsep = g.kind == kZSep;
+    const int64_t plane_b = zsep ? nib * nyb : nib * nzb;
+    const double* dyd = S.dyd.data();
+    const double* dzd = S.dzd.data();
+    const int64_t* jw = S.jw.data();
+    float* L = S.lane_tab.data();  // L[k*nl + l]
+    float* lq = S.lane_q.data();
+    float* ldz = S.lane_dz.data();
+    int32_t* lo = S.rlo32.data();
+    int32_t* hi = S.rhi32.data();
+    const int64_t nblk = nl / kL;
+    auto fill_lanes = [&](const float* src, int64_t src_stride, const double* qsrc) {
+        for (int k = 0; k < NG; ++k)
+            for (int64_t l = 0; l < nl; ++l) {
+                const int64_t t = l - off;
+                L[k * nl + l] = (t >= 0 && t < nzb) ? src[k * src_stride + t] : 0.0f;
+            }
+        if (!Forward)
+            for (int64_t l = 0; l < nl; ++l) {
+                const int64_t t = l - off;
+                lq[l] = (t >= 0 && t < nzb) ? static_cast<float>(qsrc ? qsrc[t] : g.G22 * dzd[t] * dzd[t]) : 0.0f;
+            }
+    };
+    if (zsep) fill_lanes(ta, nzb, nullptr);
+    float w[4][NG];
+    float* aacc = S.aacc.data();  // 6 accumulators × nl: occ, b1, dx, dy, dz, b3
+    if (!Forward) {
+        for (int m = 0; m < 4; ++m)
+            for (int k = 0; k < NG; ++k) w[m][k] = static_cast<float>(A.gw[m][k]);
+        for (int64_t l = 0; l < nl; ++l) {
+            const int64_t t = l - off;
+            ldz[l] = (t >= 0 && t < nzb) ? static_cast<float>(dzd[t]) : 0.0f;
+        }
+        std::fill(aacc, aacc + 6 * nl, 0.0f);
+    }
+    for (int64_t i = ia; i <= ib; ++i) {
+        const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
+        const Idx iw = static_cast<Idx>(floor_mod(i, nx));
+        plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
+        if (!zsep) fill_lanes(tb + (i - ia) * nzb, plane_b, q + (i - ia) * nzb);
+        // row factor R_k of row s, and the row part of r²
+        auto R = [&](int k, int64_t s) {
+            return zsep ? tb[k * plane_b + (i - ia) * nyb + s] : ta[k * nyb + s];
+        };
+        if (Forward) {
+            vf8 Lv[NG][4];  // rows rarely need more than 4 blocks; larger boxes read L from memory
+            const bool in_regs = nblk <= 4;
+            if (in_regs)
+                for (int k = 0; k < NG; ++k)
+                    for (int64_t bb = 0; bb < nblk; ++bb) Lv[k][bb] = vload(L + k * nl + bb * kL);
+            for (int64_t s = 0; s < nyb; ++s) {
+                if (lo[s] > hi[s]) continue;
+                vf8 c[NG];
+                for (int k = 0; k < NG; ++k) c[k] = vsplat(ampf[k] * R(k, s));
+                const int32_t la = static_cast<int32_t>(lo[s] + off), lb = static_cast<int32_t>(hi[s] + off);
+                float* o = out + (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz) +
+                           static_cast<Idx>(z0);
+                for (int64_t bb = la / kL; bb <= lb / kL; ++bb) {
+                    vf8 v;
+                    if (in_regs)
+                        v = c[0] * Lv[0][bb] + c[1] * Lv[1][bb] + c[2] * Lv[2][bb] + c[3] * Lv[3][bb] +
+                            c[4] * Lv[4][bb];
+                    else
+                        v = c[0] * vload(L + bb * kL) + c[1] * vload(L + nl + bb * kL) +
+                            c[2] * vload(L + 2 * nl + bb * kL) + c[3] * vload(L + 3 * nl + bb * kL) +
+                            c[4] * vload(L + 4 * nl + bb * kL);
+                    vstore(o + bb * kL, vload(o + bb * kL) + vmask(v, bb, la, lb));
+                }
+            }
+        } else {
+            // rows that have voxels, with their 15 coefficients R_k, R_k·dy, R_k·Q_row
+            float* rc = S.rowc.data();
+            int32_t* rows = S.rows.data();
+            int64_t nr = 0;
+            for (int64_t s = 0; s < nyb; ++s) {
+                if (lo[s] > hi[s]) continue;
+                const double dy = dyd[s];
+                const double Qr = zsep ? q[(i - ia) * nyb + s] : g.G11 * dy * dy;
+                float* r = rc + 3 * NG * nr;
+                for (int k = 0; k < NG; ++k) {
+                    const float e = R(k, s);
+                    r[k] = e;
+                    r[NG + k] = static_cast<float>(e * dy);
+                    r[2 * NG + k] = static_cast<float>(e * Qr);
+                }
+                rows[nr++] = static_cast<int32_t>(s);
+            }
+            if (nr == 0) continue;
+            const float dxf = static_cast<float>(dx);
+            for (int64_t bb = 0; bb < nblk; ++bb) {
+                vf8 z[3 * NG];
+                for (int qn = 0; qn < 3 * NG; ++qn) z[qn] = vsplat(0.0f);
+                for (int64_t r = 0; r < nr; ++r) {
+                    const int64_t s = rows[r];
+                    const float* gp = grad + (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) *
+                                                 static_cast<Idx>(nz) +
+                                      static_cast<Idx>(z0);
+                    const vf8 gv = vmask(vload(gp + bb * kL), bb, static_cast<int32_t>(lo[s] + off),
+                                         static_cast<int32_t>(hi[s] + off));
+                    const float* cr = rc + 3 * NG * r;
+#pragma GCC unroll 15
+                    for (int qn = 0; qn < 3 * NG; ++qn) z[qn] += vsplat(cr[qn]) * gv;
+                }
+                vf8 ao = vsplat(0.0f), ab1 = ao, u2 = ao, ady = ao, ab3 = ao;
+                const vf8 lqv = vload(lq + bb * kL);
+                for (int k = 0; k < NG; ++k) {
+                    const vf8 Lk = vload(L + k * nl + bb * kL);
+                    const vf8 V = Lk * z[k];
+                    ao += vsplat(w[0][k]) * V;
+                    ab1 += vsplat(w[1][k]) * V;
+                    u2 += vsplat(w[2][k]) * V;
+                    ady += vsplat(w[2][k]) * (Lk * z[NG + k]);
+                    ab3 += vsplat(w[3][k]) * (Lk * z[2 * NG + k] + lqv * V);
+                }
+                float* a = aacc + bb * kL;
+                vstore(a, vload(a) + ao);
+                vstore(a + nl, vload(a + nl) + ab1);
+                vstore(a + 2 * nl, vload(a + 2 * nl) + vsplat(dxf) * u2);
+                vstore(a + 3 * nl, vload(a + 3 * nl) + ady);
+                vstore(a + 4 * nl, vload(a + 4 * nl) + vload(ldz + bb * kL) * u2);
+                vstore(a + 5 * nl, vload(a + 5 * nl) + ab3);
+            }
+        }
+    }
+    if (!Forward)
+        for (int m = 0; m < 6; ++m) {
+            double s = 0;
+            for (int64_t bb = 0; bb < nblk; ++bb) s += vsum(vload(aacc + m * nl + bb * kL));
+            sums[m] = s;
+        }
+}
+#endif
+
 // Per-atom gradient sums over its voxels of g·e_k·(1, dx, dy, dz, r²), e_k = exp(−α_k r²).
 // Per-atom gradient sums (double): Σg·u0 (→ occ), Σg·u1 and Σg·u3·r² (→ B), Σg·u2·d (→ xyz).
 struct GradSums {
@@ -414,6 +665,28 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
     float ampf[NG];
     for (int k = 0; k < NG; ++k) ampf[k] = static_cast<float>(A.amp[k] * A.occ);
     const int64_t plane_b = g.kind == kZSep ? nib * nyb : nib * nzb;
+#if defined(KERNELS_LANES)
+    // Lane-blocked path when the cell factors and the atom's z-range does not wrap around the cell
+    // (decided per atom, so every slab and thread count takes the same path for it).
+    {
+        const int64_t nl = ((nzb + kL - 1) / kL) * kL;
+        const int64_t zs = floor_mod(zlo, nz);  // map z of the box's first voxel
+        if (g.kind != kTriclinic && zs + nzb <= nz && nl <= nz) {
+            const int64_t z0 = zs + nl <= nz ? zs : nz - nl;
+            double sums[6];
+            atom_lanes<Idx, Forward>(g, A, ia, ib, out, grad, S, ta, tb, q, ampf, z0, zs - z0, nl, sums);
+            if (!Forward) {
+                gs->occ += sums[0];
+                gs->b1 += sums[1];
+                gs->d[0] += sums[2];
+                gs->d[1] += sums[3];
+                gs->d[2] += sums[4];
+                gs->b3 += sums[5];
+            }
+            return;
+        }
+    }
+#endif
 
     for (int64_t i = ia; i <= ib; ++i) {
         const double dx = static_cast<double>(i) / g.m[0] - fx;
@@ -543,6 +816,16 @@ void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
     S.zw.resize(nzb);
     for (auto* v : {&S.rq, &S.rl, &S.rlo, &S.rhi}) v->resize(nyb);
     S.rst.resize(nyb);
+    const int64_t nl = ((nzb + 7) / 8) * 8 + 8;
+    S.lane_tab.resize(NG * nl);
+    S.lane_q.resize(nl);
+    S.lane_dz.resize(nl);
+    S.rowc.resize(3 * NG * nyb);
+    S.zacc.resize(3 * NG * nl);
+    S.aacc.resize(6 * nl);
+    S.rlo32.resize(nyb);
+    S.rhi32.resize(nyb);
+    S.rows.resize(nyb);
 }
 
 // ------------------------------------------------------------------ threads

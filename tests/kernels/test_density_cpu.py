@@ -121,6 +121,32 @@ def test_synthetic_cells(kind):
     _check_against_reference(_random_atoms(cell, 24, seed=len(kind)), grid)
 
 
+# Cells a few times the atoms' reach: most atoms take the kernel's lane-blocked path (their
+# z-range does not wrap), the rest (near z = 0 or the top of the cell) the general row path,
+# so both are checked against the reference on every cell kind that factors.
+BIG_CELLS = {
+    "orthogonal": ((24.0, 21.0, 31.0, 90, 90, 90), (36, 32, 48)),
+    "monoclinic": ((26.0, 19.0, 33.0, 90, 107.0, 90), (40, 30, 50)),
+    "hexagonal": ((23.0, 23.0, 29.0, 90, 90, 120), (36, 36, 45)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BIG_CELLS))
+def test_big_cells_lane_and_row_paths(kind):
+    params, shape = BIG_CELLS[kind]
+    cell = Cell.from_parameters(*params)
+    assert cell.kind == kind
+    atoms = _random_atoms(cell, 40, seed=7 + len(kind))
+    # some atoms pinned next to the z faces of the cell: their boxes wrap (row path)
+    xyz = atoms.xyz.clone()
+    frac = xyz.double() @ cell.frac.T.to(xyz.dtype).double()
+    frac[:6, 2] = torch.tensor([0.0, 0.01, 0.03, 0.97, 0.99, 1.0], dtype=frac.dtype)
+    atoms = AtomSet(
+        (frac @ cell.orth.T.double()).to(xyz.dtype), atoms.b_iso, atoms.occ, atoms.a, atoms.b, atoms.elements
+    )
+    _check_against_reference(atoms, GridSpec(cell, shape), seed=3)
+
+
 @pytest.mark.parametrize("kind", ["monoclinic", "triclinic"])
 def test_global_radius(kind):
     params, shape = CELLS[kind]
