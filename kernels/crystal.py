@@ -444,10 +444,12 @@ class AtomSet:
 
     @property
     def device(self) -> torch.device:
+        """The device all the tensors live on (picks CPU or GPU kernels)."""
         return self.xyz.device
 
     @property
     def dtype(self) -> torch.dtype:
+        """The floating dtype of all the tensors."""
         return self.xyz.dtype
 
     def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> AtomSet:
