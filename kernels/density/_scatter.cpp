@@ -256,8 +256,8 @@ struct Scratch {
     std::vector<float> lane_tab;  // NG lane tables L_k (zero outside the box), nl lanes each
     std::vector<float> lane_q;    // lane part of r² (backward)
     std::vector<float> lane_dz;   // fractional dz per lane (backward)
+    std::vector<double> lane_dzd;  // the same in double (tables)
     std::vector<float> rowc;      // per row of a plane: 3·NG row coefficients (backward) / NG (forward)
-    std::vector<float> zacc;      // 3·NG lane accumulators of one plane (backward)
     std::vector<float> aacc;      // 6 per-atom lane accumulators (backward)
     std::vector<int32_t> rlo32, rhi32, rows;  // per row of a plane: first/last lane, non-empty rows
 };
@@ -375,6 +375,7 @@ KERNELS_INLINE void gather_row(const float* __restrict gr, int64_t n, const floa
 //     of r² into 6 per-atom lane accumulators; the horizontal sums happen once per atom.
 //     This works because r² = Q_row(x,y) + q_lane(x,z) exactly on these cells (the one
 //     cross term couples the row pair or the lane pair, never a row and a lane axis).
+// Blocks that run past the top of the cell (boxes that wrap along z) go lane by lane.
 // Lanes outside a row's voxel set are masked to +0 (forward: the map voxel gets +0.0f,
 // which changes nothing; backward: the gradient lane is zeroed before any product).
 #if defined(__GNUC__) && !defined(KERNELS_NO_LANES)
@@ -407,18 +408,21 @@ KERNELS_INLINE double vsum(vf8 v) {
 #endif
 
 // Box-relative z range [lo[s], hi[s]] of every row s of the plane at dx (lo > hi: empty):
-// exactly the reference's voxel set (see row_range), vectorised over the rows.
+// exactly the reference's voxel set (see row_range). One vectorised pass over the rows
+// gives every interval; only the rare rows flagged there (grazing, or an end within 1e-6
+// voxel of a lattice point) are settled with the exact test afterwards, so the scalar
+// loop is a scan with an almost never taken branch.
 KERNELS_INLINE void plane_intervals(const Geom& g, const AtomP& A, double dx, int64_t nyb, const double* dyd,
                                     Scratch& S, int32_t* lo, int32_t* hi) {
+    int64_t* fix = S.rst.data();
     double* rq = S.rq.data();
     double* rl = S.rl.data();
-    double* rlo = S.rlo.data();
-    double* rhi = S.rhi.data();
-    int64_t* rst = S.rst.data();
     const double fz = A.f[2];
+    const int64_t zlo = A.lo[2], zhi = A.hi[2];
     {
         const double G00 = g.G00, G11 = g.G11, G22 = g.G22, G01x2 = g.G01x2, G02x2 = g.G02x2, G12x2 = g.G12x2;
         const double inv2 = g.inv2G22, mz = g.m[2], R2 = A.R2;
+        const double zlo_d = static_cast<double>(zlo), zhi_d = static_cast<double>(zhi);
         KERNELS_SIMD
         for (int64_t s = 0; s < nyb; ++s) {
             const double dy = dyd[s];
@@ -430,28 +434,21 @@ KERNELS_INLINE void plane_intervals(const Geom& g, const AtomP& A, double dx, in
             const double half = std::sqrt(disc) * inv2 * mz;  // NaN when disc < 0: row is then empty
             const double wlo = wc - half, whi = wc + half;
             const double cs = std::ceil(wlo - 1e-6), ce = std::floor(whi + 1e-6);
-            const int64_t hit = disc > -1e-6 * scale;
-            const int64_t care = (disc < 1e-6 * scale) | (cs - wlo < 1e-6) | (whi - ce < 1e-6);
+            const bool hit = disc > -1e-6 * scale;
+            const bool care = (disc < 1e-6 * scale) | (cs - wlo < 1e-6) | (whi - ce < 1e-6);
+            const double a = cs > zlo_d ? cs : zlo_d, b = ce < zhi_d ? ce : zhi_d;
+            const bool ok = hit & !care & (a <= b);
+            lo[s] = static_cast<int32_t>((ok ? a : zlo_d + 1.0) - zlo_d);
+            hi[s] = static_cast<int32_t>((ok ? b : zlo_d) - zlo_d);
+            fix[s] = hit & care;
             rq[s] = Q;
             rl[s] = Lz;
-            rlo[s] = cs;
-            rhi[s] = ce;
-            rst[s] = hit * (1 + care);
         }
     }
-    const int64_t zlo = A.lo[2], zhi = A.hi[2];
     for (int64_t s = 0; s < nyb; ++s) {
-        int64_t wa = 1, wb = 0;
-        if (rst[s] == 2) {
-            if (!row_range(g, A, dx, dyd[s], rq[s], rl[s], wa, wb)) wa = 1, wb = 0;
-        } else if (rst[s] == 1) {
-            wa = std::max(zlo, static_cast<int64_t>(rlo[s]));
-            wb = std::min(zhi, static_cast<int64_t>(rhi[s]));
-        }
-        if (wa > wb) {
-            lo[s] = 1;
-            hi[s] = 0;
-        } else {
+        if (!fix[s]) continue;
+        int64_t wa, wb;
+        if (row_range(g, A, dx, dyd[s], rq[s], rl[s], wa, wb)) {
             lo[s] = static_cast<int32_t>(wa - zlo);
             hi[s] = static_cast<int32_t>(wb - zlo);
         }
@@ -459,82 +456,111 @@ KERNELS_INLINE void plane_intervals(const Geom& g, const AtomP& A, double dx, in
 }
 
 #if defined(KERNELS_LANES)
-// Lane-blocked forward or backward of atom A over planes [ia, ib]; tables already built by
-// process_atom (ta: 1-D, tb: 2-D, q: the 2-D table's quadratic form). z0: map z of lane 0,
-// off: lane of box z index 0, nl: lanes (multiple of 8), z0 + nl <= nz.
+// Lane-blocked forward or backward of atom A over planes [ia, ib]; builds its own tables
+// (in lane layout) in the scratch S. z0: map z of lane 0,
+// off: lane of box z index 0, nl: lanes (multiple of 8, <= nz); lane l is map z (z0 + l) mod nz.
 template <class Idx, bool Forward>
 KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_t ib, float* out, const float* grad,
-                               Scratch& S, const float* ta, const float* tb, const double* q, const float* ampf,
-                               int64_t z0, int64_t off, int64_t nl, double* sums) {
+                               Scratch& S, const float* ampf, int64_t z0, int64_t off, int64_t nl, double* sums) {
     const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
-    const int64_t nyb = A.hi[1] - A.lo[1] + 1, nzb = A.hi[2] - A.lo[2] + 1, nib = ib - ia + 1;
+    const int64_t nyb = A.hi[1] - A.lo[1] + 1, nib = ib - ia + 1;
     const bool zsep = g.kind == kZSep;
-    const int64_t plane_b = zsep ? nib * nyb : nib * nzb;
     const double* dyd = S.dyd.data();
-    const double* dzd = S.dzd.data();
     const int64_t* jw = S.jw.data();
-    float* L = S.lane_tab.data();  // L[k*nl + l]
+    float* ta = S.tab_a.data();
+    float* tb = S.tab_b.data();
+    double* q = S.q.data();
     float* lq = S.lane_q.data();
     float* ldz = S.lane_dz.data();
+    double* dzl = S.lane_dzd.data();
     int32_t* lo = S.rlo32.data();
     int32_t* hi = S.rhi32.data();
     const int64_t nblk = nl / kL;
-    auto fill_lanes = [&](const float* src, int64_t src_stride, const double* qsrc) {
-        for (int k = 0; k < NG; ++k)
-            for (int64_t l = 0; l < nl; ++l) {
-                const int64_t t = l - off;
-                L[k * nl + l] = (t >= 0 && t < nzb) ? src[k * src_stride + t] : 0.0f;
-            }
+    // Tables straight in lane layout. Lanes outside the box get the values of their own
+    // (outside) z: finite, never inside a row's interval, so they are masked everywhere.
+    const int64_t zfirst = A.lo[2] - off;  // unwrapped lattice z of lane 0
+    for (int64_t l = 0; l < nl; ++l) dzl[l] = static_cast<double>(zfirst + l) / g.m[2] - A.f[2];
+    if (!Forward)
+        for (int64_t l = 0; l < nl; ++l) ldz[l] = static_cast<float>(dzl[l]);
+    const float* L;      // L_k of plane i: L + k*lstride + (i-ia)*lplane
+    int64_t lstride, lplane;
+    if (zsep) {
+        // z factor L_k[l] (the same for every plane), row factor R_k over (x,y)
+        float* Lz = S.lane_tab.data();
+        for (int64_t l = 0; l < nl; ++l) q[l] = g.G22 * dzl[l] * dzl[l];
         if (!Forward)
-            for (int64_t l = 0; l < nl; ++l) {
-                const int64_t t = l - off;
-                lq[l] = (t >= 0 && t < nzb) ? static_cast<float>(qsrc ? qsrc[t] : g.G22 * dzd[t] * dzd[t]) : 0.0f;
-            }
-    };
-    if (zsep) fill_lanes(ta, nzb, nullptr);
+            for (int64_t l = 0; l < nl; ++l) lq[l] = static_cast<float>(q[l]);
+        exp_table(A, q, nl, Lz);
+        for (int64_t i = ia; i <= ib; ++i) {
+            const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
+            double* qi = q + (i - ia) * nyb;
+            for (int64_t s = 0; s < nyb; ++s)
+                qi[s] = g.G00 * dx * dx + g.G11 * dyd[s] * dyd[s] + g.G01x2 * dx * dyd[s];
+        }
+        exp_table(A, q, nib * nyb, tb);  // tb[k*nib*nyb + (i-ia)*nyb + s]
+        L = Lz;
+        lstride = nl;
+        lplane = 0;
+    } else {
+        // row factor R_k over y, lane factor L_k over (x,z)
+        for (int64_t s = 0; s < nyb; ++s) q[s] = g.G11 * dyd[s] * dyd[s];
+        exp_table(A, q, nyb, ta);  // ta[k*nyb + s]
+        for (int64_t i = ia; i <= ib; ++i) {
+            const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
+            double* qi = q + (i - ia) * nl;
+            for (int64_t l = 0; l < nl; ++l)
+                qi[l] = g.G00 * dx * dx + g.G22 * dzl[l] * dzl[l] + g.G02x2 * dx * dzl[l];
+        }
+        if (!Forward)
+            for (int64_t t = 0; t < nib * nl; ++t) lq[t] = static_cast<float>(q[t]);
+        exp_table(A, q, nib * nl, tb);  // tb[k*nib*nl + (i-ia)*nl + l]
+        L = tb;
+        lstride = nib * nl;
+        lplane = nl;
+    }
     float w[4][NG];
     float* aacc = S.aacc.data();  // 6 accumulators × nl: occ, b1, dx, dy, dz, b3
     if (!Forward) {
         for (int m = 0; m < 4; ++m)
             for (int k = 0; k < NG; ++k) w[m][k] = static_cast<float>(A.gw[m][k]);
-        for (int64_t l = 0; l < nl; ++l) {
-            const int64_t t = l - off;
-            ldz[l] = (t >= 0 && t < nzb) ? static_cast<float>(dzd[t]) : 0.0f;
-        }
         std::fill(aacc, aacc + 6 * nl, 0.0f);
     }
     for (int64_t i = ia; i <= ib; ++i) {
         const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
         const Idx iw = static_cast<Idx>(floor_mod(i, nx));
         plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
-        if (!zsep) fill_lanes(tb + (i - ia) * nzb, plane_b, q + (i - ia) * nzb);
-        // row factor R_k of row s, and the row part of r²
-        auto R = [&](int k, int64_t s) {
-            return zsep ? tb[k * plane_b + (i - ia) * nyb + s] : ta[k * nyb + s];
-        };
+        const float* Lp = L + (i - ia) * lplane;  // this plane's L_k: Lp[k*lstride + l]
+        const float* lqp = lq + (zsep ? 0 : (i - ia) * nl);
+        // row factor R_k of row s
+        auto R = [&](int k, int64_t s) { return zsep ? tb[k * nib * nyb + (i - ia) * nyb + s] : ta[k * nyb + s]; };
         if (Forward) {
             vf8 Lv[NG][4];  // rows rarely need more than 4 blocks; larger boxes read L from memory
             const bool in_regs = nblk <= 4;
             if (in_regs)
                 for (int k = 0; k < NG; ++k)
-                    for (int64_t bb = 0; bb < nblk; ++bb) Lv[k][bb] = vload(L + k * nl + bb * kL);
+                    for (int64_t bb = 0; bb < nblk; ++bb) Lv[k][bb] = vload(Lp + k * lstride + bb * kL);
             for (int64_t s = 0; s < nyb; ++s) {
                 if (lo[s] > hi[s]) continue;
                 vf8 c[NG];
                 for (int k = 0; k < NG; ++k) c[k] = vsplat(ampf[k] * R(k, s));
                 const int32_t la = static_cast<int32_t>(lo[s] + off), lb = static_cast<int32_t>(hi[s] + off);
-                float* o = out + (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz) +
-                           static_cast<Idx>(z0);
+                float* o = out + (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
                 for (int64_t bb = la / kL; bb <= lb / kL; ++bb) {
                     vf8 v;
                     if (in_regs)
                         v = c[0] * Lv[0][bb] + c[1] * Lv[1][bb] + c[2] * Lv[2][bb] + c[3] * Lv[3][bb] +
                             c[4] * Lv[4][bb];
                     else
-                        v = c[0] * vload(L + bb * kL) + c[1] * vload(L + nl + bb * kL) +
-                            c[2] * vload(L + 2 * nl + bb * kL) + c[3] * vload(L + 3 * nl + bb * kL) +
-                            c[4] * vload(L + 4 * nl + bb * kL);
-                    vstore(o + bb * kL, vload(o + bb * kL) + vmask(v, bb, la, lb));
+                        v = c[0] * vload(Lp + bb * kL) + c[1] * vload(Lp + lstride + bb * kL) +
+                            c[2] * vload(Lp + 2 * lstride + bb * kL) + c[3] * vload(Lp + 3 * lstride + bb * kL) +
+                            c[4] * vload(Lp + 4 * lstride + bb * kL);
+                    const vf8 add = vmask(v, bb, la, lb);
+                    const int64_t zb = z0 + bb * kL;
+                    if (zb + kL <= nz) {
+                        vstore(o + zb, vload(o + zb) + add);
+                    } else {  // the block runs past the top of the cell: its lanes wrap to z = 0, 1, ...
+                        for (int l = 0; l < kL; ++l) o[zb + l < nz ? zb + l : zb + l - nz] += add[l];
+                    }
                 }
             }
         } else {
@@ -563,18 +589,24 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
                 for (int64_t r = 0; r < nr; ++r) {
                     const int64_t s = rows[r];
                     const float* gp = grad + (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) *
-                                                 static_cast<Idx>(nz) +
-                                      static_cast<Idx>(z0);
-                    const vf8 gv = vmask(vload(gp + bb * kL), bb, static_cast<int32_t>(lo[s] + off),
+                                                 static_cast<Idx>(nz);
+                    const int64_t zb = z0 + bb * kL;
+                    vf8 graw;
+                    if (zb + kL <= nz) {
+                        graw = vload(gp + zb);
+                    } else {  // lanes past the top of the cell wrap to z = 0, 1, ...
+                        for (int l = 0; l < kL; ++l) graw[l] = gp[zb + l < nz ? zb + l : zb + l - nz];
+                    }
+                    const vf8 gv = vmask(graw, bb, static_cast<int32_t>(lo[s] + off),
                                          static_cast<int32_t>(hi[s] + off));
                     const float* cr = rc + 3 * NG * r;
 #pragma GCC unroll 15
                     for (int qn = 0; qn < 3 * NG; ++qn) z[qn] += vsplat(cr[qn]) * gv;
                 }
                 vf8 ao = vsplat(0.0f), ab1 = ao, u2 = ao, ady = ao, ab3 = ao;
-                const vf8 lqv = vload(lq + bb * kL);
+                const vf8 lqv = vload(lqp + bb * kL);
                 for (int k = 0; k < NG; ++k) {
-                    const vf8 Lk = vload(L + k * nl + bb * kL);
+                    const vf8 Lk = vload(Lp + k * lstride + bb * kL);
                     const vf8 V = Lk * z[k];
                     ao += vsplat(w[0][k]) * V;
                     ab1 += vsplat(w[1][k]) * V;
@@ -620,14 +652,43 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
     double* dyd = S.dyd.data();
     double* dzd = S.dzd.data();
     int64_t* jw = S.jw.data();
-    for (int64_t s = 0; s < nyb; ++s) {
+    // wrapped indices by stepping (one division per atom and axis, not one per voxel index)
+    for (int64_t s = 0, w = floor_mod(ylo, ny); s < nyb; ++s, w = w + 1 == ny ? 0 : w + 1) {
         dyd[s] = static_cast<double>(ylo + s) / g.m[1] - fy;
-        jw[s] = floor_mod(ylo + s, ny);
+        jw[s] = w;
     }
+#if defined(KERNELS_LANES)
+    // Lane-blocked path when the cell factors and the atom's box is not longer than the cell
+    // along z (decided per atom, so every slab and thread count takes the same path for it).
+    // A box that wraps around the cell along z wraps inside its last blocks (lane l is map
+    // z = (z0 + l) mod nz; nl <= nz, so no two lanes of a row are the same voxel).
+    {
+        const int64_t nl = ((nzb + kL - 1) / kL) * kL;
+        const int64_t zs = floor_mod(zlo, nz);  // map z of the box's first voxel
+        if (g.kind != kTriclinic && nl <= nz) {
+            // lane 0 at the box's first voxel; if the lanes would run past the top of the
+            // cell but the box itself does not, slide them down so no block wraps
+            const int64_t z0 = (zs + nl > nz && zs + nzb <= nz) ? nz - nl : zs;
+            double sums[6];
+            float ampf[NG];
+            for (int k = 0; k < NG; ++k) ampf[k] = static_cast<float>(A.amp[k] * A.occ);
+            atom_lanes<Idx, Forward>(g, A, ia, ib, out, grad, S, ampf, z0, zs - z0, nl, sums);
+            if (!Forward) {
+                gs->occ += sums[0];
+                gs->b1 += sums[1];
+                gs->d[0] += sums[2];
+                gs->d[1] += sums[3];
+                gs->d[2] += sums[4];
+                gs->b3 += sums[5];
+            }
+            return;
+        }
+    }
+#endif
     int64_t* zw = S.zw.data();
-    for (int64_t t = 0; t < nzb; ++t) {
+    for (int64_t t = 0, w = floor_mod(zlo, nz); t < nzb; ++t, w = w + 1 == nz ? 0 : w + 1) {
         dzd[t] = static_cast<double>(zlo + t) / g.m[2] - fz;
-        zw[t] = floor_mod(zlo + t, nz);
+        zw[t] = w;
     }
     if (!Forward) {
         for (int64_t t = 0; t < nzb; ++t) {
@@ -665,28 +726,6 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
     float ampf[NG];
     for (int k = 0; k < NG; ++k) ampf[k] = static_cast<float>(A.amp[k] * A.occ);
     const int64_t plane_b = g.kind == kZSep ? nib * nyb : nib * nzb;
-#if defined(KERNELS_LANES)
-    // Lane-blocked path when the cell factors and the atom's z-range does not wrap around the cell
-    // (decided per atom, so every slab and thread count takes the same path for it).
-    {
-        const int64_t nl = ((nzb + kL - 1) / kL) * kL;
-        const int64_t zs = floor_mod(zlo, nz);  // map z of the box's first voxel
-        if (g.kind != kTriclinic && zs + nzb <= nz && nl <= nz) {
-            const int64_t z0 = zs + nl <= nz ? zs : nz - nl;
-            double sums[6];
-            atom_lanes<Idx, Forward>(g, A, ia, ib, out, grad, S, ta, tb, q, ampf, z0, zs - z0, nl, sums);
-            if (!Forward) {
-                gs->occ += sums[0];
-                gs->b1 += sums[1];
-                gs->d[0] += sums[2];
-                gs->d[1] += sums[3];
-                gs->d[2] += sums[4];
-                gs->b3 += sums[5];
-            }
-            return;
-        }
-    }
-#endif
 
     for (int64_t i = ia; i <= ib; ++i) {
         const double dx = static_cast<double>(i) / g.m[0] - fx;
@@ -818,10 +857,12 @@ void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
     S.rst.resize(nyb);
     const int64_t nl = ((nzb + 7) / 8) * 8 + 8;
     S.lane_tab.resize(NG * nl);
-    S.lane_q.resize(nl);
+    S.lane_q.resize(nxb * nl);
     S.lane_dz.resize(nl);
+    S.lane_dzd.resize(nl);
+    S.q.resize(std::max(S.q.size(), static_cast<size_t>(nxb * nl)));
+    S.tab_b.resize(std::max(S.tab_b.size(), static_cast<size_t>(NG * nxb * nl)));
     S.rowc.resize(3 * NG * nyb);
-    S.zacc.resize(3 * NG * nl);
     S.aacc.resize(6 * nl);
     S.rlo32.resize(nyb);
     S.rhi32.resize(nyb);
