@@ -382,7 +382,9 @@ KERNELS_INLINE void gather_row(const float* __restrict gr, int64_t n, const floa
 #define KERNELS_LANES 1
 // The helpers below are always inlined into one translation unit: the vector-ABI note
 // (-Wpsabi) about passing 32-byte vectors without AVX does not apply.
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 typedef float vf8 __attribute__((vector_size(32)));
 typedef int32_t vi8 __attribute__((vector_size(32)));
 constexpr int64_t kL = 8;  // lanes per block
@@ -396,8 +398,10 @@ KERNELS_INLINE void vstore(float* p, vf8 v) { std::memcpy(p, &v, sizeof v); }
 KERNELS_INLINE vf8 vsplat(float x) { return vf8{x, x, x, x, x, x, x, x}; }
 // lanes [la, lb] of block bb kept, the rest +0
 KERNELS_INLINE vf8 vmask(vf8 v, int64_t bb, int32_t la, int32_t lb) {
-    const vi8 idx = vi8{0, 1, 2, 3, 4, 5, 6, 7} + static_cast<int32_t>(bb * kL);
-    const vi8 m = (idx >= la) & (idx <= lb);
+    // splats written out: scalar operands of vector operators are a GCC extension clang lacks in C++
+    const int32_t b0 = static_cast<int32_t>(bb * kL);
+    const vi8 idx = vi8{b0, b0 + 1, b0 + 2, b0 + 3, b0 + 4, b0 + 5, b0 + 6, b0 + 7};
+    const vi8 m = (idx >= vi8{la, la, la, la, la, la, la, la}) & (idx <= vi8{lb, lb, lb, lb, lb, lb, lb, lb});
     return reinterpret_cast<vf8>(reinterpret_cast<vi8>(v) & m);
 }
 KERNELS_INLINE double vsum(vf8 v) {
