@@ -151,11 +151,76 @@ def host_breakdown(fn, xyz, planes, reps: int) -> dict:
     }
 
 
+def host_floor(reps: int) -> dict:
+    """What any eager PyTorch + Triton forward+backward pays on this host, with no work in it:
+    an autograd Function whose forward allocates a scalar and launches one empty Triton
+    kernel and whose backward allocates and launches one more (the shape of our planarity
+    call), timed like :func:`time_fb`. The eager target can be no lower than this."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _empty(ptr, n, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        tl.store(ptr + pid, 0.0, mask=pid < n)
+
+    class _Nothing(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            out = torch.empty((), dtype=torch.float32, device=x.device)
+            _empty[(1,)](out, 1, BLOCK=16)
+            return out
+
+        @staticmethod
+        def backward(ctx, g):
+            grad = torch.empty((8, 3), dtype=torch.float32, device=g.device)
+            _empty[(1,)](grad, 1, BLOCK=16)
+            return grad
+
+    x = torch.zeros((8, 3), device="cuda", requires_grad=True)
+    stats = time_fb(lambda x, _p: _Nothing.apply(x), x, None, reps, torch.device("cuda"))
+    t = []
+    out = torch.empty(1, device="cuda")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        _empty[(1,)](out, 1, BLOCK=16)
+        t.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    stats["one_triton_launch_host_ms"] = statistics.median(t)
+    return stats
+
+
+def profile_eager(xyz, planes, reps: int, top: int = 25) -> str:
+    """cProfile of ``reps`` eager forward+backward calls through ``kernels.planarity_nll``:
+    the functions with the most own time (where the host time of an eager call goes)."""
+    import cProfile
+    import io
+    import pstats
+
+    x = xyz.detach().clone().requires_grad_(True)
+    fn = lambda: kernels.planarity_nll(x, planes, backend="triton").backward()  # noqa: E731
+    for _ in range(10):
+        x.grad = None
+        fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(reps):
+        x.grad = None
+        fn()
+        torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--cpu-threads", type=int, default=2)
+    ap.add_argument("--profile", action="store_true", help="CUDA: also print a cProfile of eager calls")
     args = ap.parse_args()
 
     model = kernels.read_model(STRUCTURE)
@@ -217,6 +282,11 @@ def main() -> int:
             print(f"  eager phases, all planes, {impl}: forward call {b['forward_call_ms']:.4f} ms, "
                   f"backward() {b['backward_call_ms']:.4f} ms, then GPU wait {b['sync_wait_ms']:.4f} ms")  # fmt: skip
         rows += graph_rows
+        breakdown["host floor: empty autograd Function + 2 empty Triton launches"] = floor = host_floor(args.reps)
+        print(f"  host floor (empty Function, 2 empty Triton launches): fwd+bwd {floor['median_ms']:.4f} ms; "
+              f"one Triton launch {floor['one_triton_launch_host_ms']:.4f} ms of host time")  # fmt: skip
+        if args.profile:
+            print(profile_eager(xyz, planes_all, args.reps))
 
     speedups = {}
     for device in devices:
