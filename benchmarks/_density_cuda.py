@@ -179,9 +179,12 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
     rows = []
     variants = [
         {},
-        {"num_warps": 2},  # run 2's default
-        {"bp": 16, "num_warps": 4},  # run 1's default
-        {"separable": 0},
+        {"bwd_dot": 0},  # the row-walk backward (the default before the matrix-product one)
+        {"bwd_warps": 2},
+        {"bwd_warps": 4},
+        {"by": 16},
+        {"by": 32},
+        {"by": 32, "bwd_warps": 2},
     ]
     for spacing in spacings:
         grid = GridSpec.for_spacing(m.cell, spacing)
@@ -203,16 +206,19 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
                     return torch.autograd.grad(tri.splat_triton(atoms, grid), xyz, grad_outputs=w)
 
                 out = fwd()
+                grad = fwd_bwd()[0].double()
                 if default is None:
-                    default = out.double()
+                    default, default_grad = out.double(), grad
                 rel = float((out.double() - default).norm() / default.norm())
                 row = dict(spacing=spacing, variant=var, bp=plan.bp, bq=plan.bq, num_warps=plan.num_warps)
-                row["separable"] = plan.separable
+                row.update(separable=plan.separable, bwd_dot=plan.bwd_dot, by=plan.by, bwd_warps=plan.bwd_warps)
+                row["grad_xyz_rel_vs_default"] = float((grad - default_grad).norm() / default_grad.norm())
                 row["fwd_graph_ms"] = _bench(fwd, graph=True)
                 row["fwd_bwd_graph_ms"] = _bench(fwd_bwd, graph=True)
                 row["rel_vs_default"] = rel
                 rows.append(row)
-                print(f"variant {spacing:.3f} {var} -> {row['fwd_graph_ms']:.4f} / {row['fwd_bwd_graph_ms']:.4f} ms")
+                print(f"variant {spacing:.3f} {var} -> {row['fwd_graph_ms']:.4f} / {row['fwd_bwd_graph_ms']:.4f} ms "
+                      f"(map {rel:.1e}, grad {row['grad_xyz_rel_vs_default']:.1e} from the first)")  # fmt: skip
             finally:
                 tri._TUNING.clear()
                 tri._TUNING.update(saved)
