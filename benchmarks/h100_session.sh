@@ -1,25 +1,61 @@
 #!/usr/bin/env bash
-# Everything the lead runs on the lent H100 in one device call: the CUDA test suite
-# (kernels + workbench) and the benchmarks that need the GPU host (workbench latency on
-# 3WIP, the CPU density benchmark on the host's idle cores with 1 and 2 threads).
-# The GPU image has torch/triton but not gemmi or the widget stack: their py3.12 wheels
-# travel in the git-ignored .whl/ (carry: [".whl"]). Results go to $OUT.
+# Everything the lead runs on the lent H100 in one device call, from the repository root:
+#   tests    — the CUDA test suite (tests/kernels + tests/workbench; the notebook and browser tests
+#              need Jupyter and Chromium, which that machine does not have: they run in CI);
+#   density  — benchmarks/_density_cuda.py with its 3WIP variants;
+#   workbench, planarity — bench_workbench.py on 3WIP (cuda), bench_planarity.py (--profile);
+#   cpu      — bench_density.py --device cpu on the host's idle cores, 1 and 2 threads.
+# Usage: PARTS="tests density workbench planarity cpu" bash benchmarks/h100_session.sh
+# The GPU image has torch/triton but not gemmi or the widget stack: their py3.12 wheels travel in the
+# git-ignored .whl/ (carry: [".whl"]). Results, named with the device and date, are packed into
+# $OUT/h100_results.tar.gz (the device tool returns at most 8 files).
 set -o pipefail
-OUT="${OUT:-/tmp/h100-out}"
-mkdir -p "$OUT"
+DEST="${OUT:-/tmp/h100-out}"
+OUT=/tmp/h100-results
+PARTS="${PARTS:-tests density workbench planarity cpu}"
+mkdir -p "$OUT" "$DEST"
+day=$(date -u +%F)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl .whl/workbench/*.whl || exit 1
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=PASSIVE
 python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
-timeout 330 python3 -m pytest tests/kernels tests/workbench -q -p no:cacheprovider -o addopts="-ra" \
-    > "$OUT/tests_cuda.log" 2>&1
-echo "pytest rc=$?" | tee -a "$OUT/tests_cuda.log"
-timeout 150 python3 benchmarks/bench_workbench.py --device cuda --structure tests/data/3wip.cif.gz \
-    --out "$OUT/workbench_cuda.json" > "$OUT/workbench_cuda.log" 2>&1
-echo "workbench bench rc=$?" >> "$OUT/workbench_cuda.log"
-OMP_NUM_THREADS=2 timeout 150 python3 benchmarks/bench_density.py --device cpu \
-    --structures 1orc 1aki 5h73 3wip --threads 1 2 --out "$OUT/density_cpu_host.json" > "$OUT/density_cpu_host.log" 2>&1
-echo "density cpu bench rc=$?" >> "$OUT/density_cpu_host.log"
-tail -25 "$OUT/tests_cuda.log"; tail -15 "$OUT/workbench_cuda.log"; tail -25 "$OUT/density_cpu_host.log"
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+    python3 -c "import torch, triton, gemmi; print('torch', torch.__version__, 'triton', triton.__version__, 'gemmi', gemmi.__version__)"
+    nproc
+} | tee "$OUT/device.txt"
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+summary=()
+if has tests; then
+    # xdist: the test files are independent; 16 cores, one GPU with room for all of them.
+    timeout 200 python3 -m pytest tests/kernels tests/workbench -q -p no:cacheprovider -n 6 -o addopts="-ra" \
+        > "$OUT/tests_cuda_h100_$day.log" 2>&1
+    summary+=("tests rc=$?: $(tail -n 1 "$OUT/tests_cuda_h100_$day.log")")
+fi
+if has density; then
+    timeout 200 python3 -m benchmarks._density_cuda --variants --out "$OUT/density_cuda_h100_$day.json" \
+        > "$OUT/density_cuda_h100_$day.log" 2>&1
+    summary+=("density rc=$?")
+fi
+if has workbench; then
+    timeout 90 python3 benchmarks/bench_workbench.py --device cuda --structure tests/data/3wip.cif.gz \
+        --out "$OUT/workbench_cuda_h100_$day.json" > "$OUT/workbench_cuda_h100_$day.log" 2>&1
+    summary+=("workbench rc=$?")
+fi
+if has planarity; then
+    OMP_NUM_THREADS=2 timeout 90 python3 benchmarks/bench_planarity.py --reps 300 --cpu-threads 2 --profile \
+        --out "$OUT/planarity_cuda_h100_$day.json" > "$OUT/planarity_cuda_h100_$day.log" 2>&1
+    summary+=("planarity rc=$?")
+fi
+if has cpu; then
+    OMP_NUM_THREADS=2 timeout 150 python3 benchmarks/bench_density.py --device cpu --structures 1orc 1aki 5h73 3wip \
+        --threads 1 2 --out "$OUT/density_cpu_h100host_$day.json" > "$OUT/density_cpu_h100host_$day.log" 2>&1
+    summary+=("density cpu rc=$?")
+fi
+for f in "$OUT"/*.log; do
+    [ "$f" = "$OUT/build.log" ] && continue
+    echo "=== $(basename "$f")"
+    tail -n 14 "$f"
+done
+printf '%s\n' "${summary[@]}"
+tar -czf "$DEST/h100_results.tar.gz" -C "$OUT" .
