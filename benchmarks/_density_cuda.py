@@ -179,12 +179,8 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
     rows = []
     variants = [
         {},
-        {"bwd_dot": 0},  # the row-walk backward (the default before the matrix-product one)
-        {"bwd_warps": 2},
-        {"bwd_warps": 4},
-        {"by": 16},
-        {"by": 32},
-        {"by": 32, "bwd_warps": 2},
+        {"num_warps": 2},
+        {"separable": 0},
     ]
     for spacing in spacings:
         grid = GridSpec.for_spacing(m.cell, spacing)
@@ -211,7 +207,7 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
                     default, default_grad = out.double(), grad
                 rel = float((out.double() - default).norm() / default.norm())
                 row = dict(spacing=spacing, variant=var, bp=plan.bp, bq=plan.bq, num_warps=plan.num_warps)
-                row.update(separable=plan.separable, bwd_dot=plan.bwd_dot, by=plan.by, bwd_warps=plan.bwd_warps)
+                row["separable"] = plan.separable
                 row["grad_xyz_rel_vs_default"] = float((grad - default_grad).norm() / default_grad.norm())
                 row["fwd_graph_ms"] = _bench(fwd, graph=True)
                 row["fwd_bwd_graph_ms"] = _bench(fwd_bwd, graph=True)

@@ -147,9 +147,13 @@ def main(argv=None) -> int:
     kernel_s.clear()
     b_lat = [timed_change(wb.controls.b_global, 22.0 + i) for i in range(args.changes)]
     b_splat = list(kernel_s)
-    n_slices = wb.state.slice_index_max + 1
-    s_lat = [timed_change(wb.controls.slice_index, (wb.state.slice_index + 1 + i) % n_slices)
-             for i in range(args.changes)]  # fmt: skip
+    # Slice changes step through sections that hold density: a map of the atoms in the file (no symmetry
+    # mates) leaves sections of an asymmetric unit's cell empty, and two empty sections draw the same image.
+    axis = wb.result.settings.axis
+    filled = (wb.result.rho.abs().amax(dim=tuple(d for d in range(3) if d != axis)) > 0).nonzero().flatten().tolist()
+    start = filled.index(wb.state.slice_index) if wb.state.slice_index in filled else 0
+    steps = [filled[(start + 1 + i) % len(filled)] for i in range(args.changes)]
+    s_lat = [timed_change(wb.controls.slice_index, index) for index in steps]
 
     # Drag: one slider message every 16 ms (a 60 Hz pointer), B sweeping; the main thread
     # only records each change, so its time per message stays tiny while the worker computes.

@@ -51,9 +51,6 @@ _TUNING: dict[str, int | None] = {
     "bp": None,
     "bq": None,
     "separable": None,  # 0 forces the full per-voxel exponent (for the benchmark's comparison)
-    "bwd_dot": None,  # 0: the row-walk backward on separable cells too; 1 (default): the matrix-product one
-    "by": None,  # rows per matrix-product chunk of the backward (16 or 32)
-    "bwd_warps": None,  # warps per program of the matrix-product backward
 }
 # Interpreter: atoms per program (it costs per program, not per element).
 _INTERPRET_ATOMS = 64
@@ -572,175 +569,6 @@ def _splat_bwd_kernel(
     tl.store(gocc_ptr + ia, s_o, mask=valid)
 
 
-@triton.jit
-def _pick5(k, v0, v1, v2, v3, v4):
-    """v_k for an integer tensor k in 0..4 (per-atom values v broadcast over k's shape)."""
-    return tl.where(k == 0, v0, tl.where(k == 1, v1, tl.where(k == 2, v2, tl.where(k == 3, v3, v4))))
-
-
-@triton.jit
-def _splat_bwd_dot_kernel(
-    grad_ptr,  # (nx·ny·nz,) float32, upstream gradient of the map
-    xyz_ptr,  # (N, 3) float32, Å
-    b_iso_ptr,  # (N,) float32, Å²
-    occ_ptr,  # (N,) float32
-    a_ptr,  # (N, 5) float32
-    b_ptr,  # (N, 5) float32, Å²
-    radius_ptr,  # (N,) float32, Å (read when PER_ATOM_RADIUS)
-    m_ptr,  # (9,) float64, Cartesian Å → voxel units, row-major
-    gxyz_ptr,  # (N, 3) float32, written: ∂L/∂xyz
-    gb_ptr,  # (N,) float32, written: ∂L/∂b_iso
-    gocc_ptr,  # (N,) float32, written: ∂L/∂occ
-    n_atoms,
-    nx,
-    ny,
-    nz,
-    radius_all,
-    h00,
-    h11,
-    h22,
-    h01,
-    h02,
-    h12,
-    rx,
-    ry,
-    rz,
-    m00,
-    m01,
-    m02,
-    m10,
-    m11,
-    m12,
-    m20,
-    m21,
-    m22,
-    BP: tl.constexpr,
-    BQ: tl.constexpr,
-    BY: tl.constexpr,
-    PER_ATOM_RADIUS: tl.constexpr,
-    INDEX64: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    # One atom per program, separable cells only (e_k = X_k(x, z)·Y_k(y)). The backward as two small
-    # matrix products per (x, z) tile, so the per-voxel work is a load and a mask and the arithmetic runs
-    # on the tensor cores:
-    #   T[c, m] = Σ_y Yt[c, y]·G[y, m]       (c = 3k + t: Y_k, Y_k·dy, Y_k·qy; m = (x, z) lane)
-    #   S[c, w] += Σ_m (T·X)[c, m]·W[m, w]    (X[c, m] = X_k(m); W[m, ·] = 1, dx, dz, qxz)
-    # and the per-atom coefficients are folded into S once, at the end.
-    M: tl.constexpr = BP * BQ
-    NC: tl.constexpr = 16  # 15 columns used
-    NW: tl.constexpr = 16  # 4 columns used
-    ia = tl.program_id(0) + tl.arange(0, 1)
-    valid = ia < n_atoms
-    tx, ty, tz, bx, by, bz, lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(
-        xyz_ptr, radius_ptr, m_ptr, ia, valid, radius_all, nx, ny, nz, rx, ry, rz, PER_ATOM_RADIUS
-    )
-    b_iso = tl.load(b_iso_ptr + ia, mask=valid, other=1.0)
-    occ = tl.sum(tl.load(occ_ptr + ia, mask=valid, other=0.0), axis=0)
-    c0, al0, w0 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 0)
-    c1, al1, w1 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 1)
-    c2, al2, w2 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 2)
-    c3, al3, w3 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 3)
-    c4, al4, w4 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 4)
-    # Per-atom scalars (the (1,) tensors reduced to scalars).
-    tx = tl.sum(tx, axis=0)
-    ty = tl.sum(ty, axis=0)
-    tz = tl.sum(tz, axis=0)
-    bx = tl.sum(bx, axis=0)
-    by = tl.sum(by, axis=0)
-    bz = tl.sum(bz, axis=0)
-    lox = tl.sum(lox, axis=0)
-    loy = tl.sum(loy, axis=0)
-    loz = tl.sum(loz, axis=0)
-    cntx = tl.sum(cntx, axis=0)
-    cnty = tl.sum(cnty, axis=0)
-    cntz = tl.sum(cntz, axis=0)
-    r2max = tl.sum(r2max, axis=0)
-    # Column c of T and S belongs to Gaussian k = c // 3 and holds Y_k·{1, dy, qy}[c % 3]; c = 15 is padding.
-    col = tl.arange(0, NC)[:, None]  # (NC, 1)
-    kc = col // 3
-    tc = col % 3
-    al_c = _pick5(kc, tl.sum(al0, axis=0), tl.sum(al1, axis=0), tl.sum(al2, axis=0), tl.sum(al3, axis=0),
-                  tl.sum(al4, axis=0))  # fmt: skip
-    be_c = tl.where(col < 15, al_c * 1.4426950408889634, 0.0)
-    used_c = col < 15
-    m_row = tl.arange(0, M)[None, :]  # lanes as columns (G, T·X)
-    m_col = tl.arange(0, M)[:, None]  # lanes as rows (W)
-    wcol = tl.arange(0, NW)[None, :]
-    y_col = tl.arange(0, BY)[:, None]  # rows of G
-    y_row = tl.arange(0, BY)[None, :]  # columns of Yt
-    n_pc = tl.cdiv(cntx, BP)
-    n_qc = tl.cdiv(cntz, BQ)
-    n_yc = tl.cdiv(cnty, BY)
-    acc = tl.zeros((NC, NW), dtype=tl.float32)
-    pc = 0
-    while pc < n_pc:
-        qc = 0
-        while qc < n_qc:
-            kx = pc * BP + m_row // BQ
-            kz = qc * BQ + m_row % BQ
-            dx = (lox + kx).to(tl.float32) - tx
-            dz = (loz + kz).to(tl.float32) - tz
-            ix = _wrap(bx + lox + kx, nx)
-            if INDEX64:
-                ix = ix.to(tl.int64)
-            iz = _wrap(bz + loz + kz, nz)
-            in_xz = (kx < cntx) & (kz < cntz)
-            qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # (1, M)
-            base_xz = ix * (ny * nz) + iz
-            t_acc = tl.zeros((NC, M), dtype=tl.float32)
-            yc = 0
-            while yc < n_yc:
-                r = yc * BY + y_col  # (BY, 1)
-                dy = (loy + r).to(tl.float32) - ty
-                iy = _wrap(by + loy + r, ny)
-                inside = in_xz & (r < cnty) & (qxz + h11 * dy * dy < r2max)
-                g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)  # (BY, M)
-                dyc = (loy + yc * BY + y_row).to(tl.float32) - ty  # (1, BY)
-                qyc = h11 * dyc * dyc
-                yt = tl.exp2(-be_c * qyc) * tl.where(tc == 0, 1.0, tl.where(tc == 1, dyc, qyc))  # (NC, BY)
-                t_acc = tl.dot(yt, g, t_acc, input_precision=PRECISION)
-                yc += 1
-            tx_prod = t_acc * tl.exp2(-be_c * qxz)  # (NC, M)
-            kx_m = pc * BP + m_col // BQ
-            kz_m = qc * BQ + m_col % BQ
-            dx_m = (lox + kx_m).to(tl.float32) - tx
-            dz_m = (loz + kz_m).to(tl.float32) - tz
-            qxz_m = h00 * dx_m * dx_m + 2.0 * h02 * dx_m * dz_m + h22 * dz_m * dz_m  # (M, 1)
-            wmat = tl.where(wcol == 0, 1.0, tl.where(wcol == 1, dx_m, tl.where(wcol == 2, dz_m, qxz_m)))
-            wmat = tl.where(wcol < 4, wmat, 0.0)  # (M, NW)
-            acc = tl.dot(tx_prod, wmat, acc, input_precision=PRECISION)
-            qc += 1
-        pc += 1
-    # Fold the coefficients: S[c, w] = Σ_sphere g·X_k·Y_k·{1, dy, qy}[t]·{1, dx, dz, qxz}[w].
-    c_c = _pick5(kc, tl.sum(c0, axis=0), tl.sum(c1, axis=0), tl.sum(c2, axis=0), tl.sum(c3, axis=0),
-                 tl.sum(c4, axis=0))  # fmt: skip
-    bw_c = _pick5(kc, tl.sum(w0, axis=0), tl.sum(w1, axis=0), tl.sum(w2, axis=0), tl.sum(w3, axis=0),
-                  tl.sum(w4, axis=0))  # fmt: skip
-    ca_c = c_c * al_c
-    cab_c = ca_c / bw_c
-    cb_c = c_c * 1.5 / bw_c
-    acc = tl.where(used_c, acc, 0.0)
-    first = (tc == 0) & (wcol == 0)
-    s_o = tl.sum(tl.sum(tl.where(first, c_c * acc, 0.0), axis=1), axis=0)
-    s_x = tl.sum(tl.sum(tl.where((tc == 0) & (wcol == 1), ca_c * acc, 0.0), axis=1), axis=0) * occ
-    s_z = tl.sum(tl.sum(tl.where((tc == 0) & (wcol == 2), ca_c * acc, 0.0), axis=1), axis=0) * occ
-    s_y = tl.sum(tl.sum(tl.where((tc == 1) & (wcol == 0), ca_c * acc, 0.0), axis=1), axis=0) * occ
-    b_terms = tl.where((tc == 0) & (wcol == 3), cab_c * acc, 0.0)
-    b_terms += tl.where((tc == 2) & (wcol == 0), cab_c * acc, 0.0)
-    b_terms -= tl.where(first, cb_c * acc, 0.0)
-    s_b = tl.sum(tl.sum(b_terms, axis=1), axis=0) * occ
-    gcx = 2.0 * (h00 * s_x + h01 * s_y + h02 * s_z)
-    gcy = 2.0 * (h01 * s_x + h11 * s_y + h12 * s_z)
-    gcz = 2.0 * (h02 * s_x + h12 * s_y + h22 * s_z)
-    zero = tl.zeros((1,), dtype=tl.float32)
-    tl.store(gxyz_ptr + ia * 3 + 0, zero + (m00 * gcx + m10 * gcy + m20 * gcz), mask=valid)
-    tl.store(gxyz_ptr + ia * 3 + 1, zero + (m01 * gcx + m11 * gcy + m21 * gcz), mask=valid)
-    tl.store(gxyz_ptr + ia * 3 + 2, zero + (m02 * gcx + m12 * gcy + m22 * gcz), mask=valid)
-    tl.store(gb_ptr + ia, zero + s_b, mask=valid)
-    tl.store(gocc_ptr + ia, zero + s_o, mask=valid)
-
-
 # --------------------------------------------------------------------------- host launchers
 
 
@@ -785,12 +613,6 @@ class _Plan:
         # 0.90 vs 1.07 / 1.62 ms at 0.33 Å (H100, run 2): the scatter is bound by the atomics' issue rate,
         # and more, smaller programs keep more atoms' rows in flight.
         self.num_warps = _TUNING["num_warps"] or 1
-        # Backward on separable cells as two small matrix products per (x, z) tile (tensor cores, tf32x3:
-        # float32-level accuracy); it needs a (x, z) tile of at least 16 lanes and y chunks of 16 or 32 rows.
-        self.bwd_dot = self.separable and _TUNING["bwd_dot"] != 0 and self.bp * self.bq >= 16
-        ext_y = 2 * math.ceil(nominal * self.reach[1]) + 1
-        self.by = _TUNING["by"] or (16 if ext_y <= 16 else 32)
-        self.bwd_warps = _TUNING["bwd_warps"] or 1
 
     def common_args(self):
         h00, h11, h22, h01, h02, h12 = self.h
@@ -862,13 +684,7 @@ def _launch_backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii):
     g_xyz = torch.empty_like(xyz)
     g_b = torch.empty_like(b_iso)
     g_occ = torch.empty_like(occ)
-    if n and plan.bwd_dot:
-        _splat_bwd_dot_kernel[(n,)](
-            grad, xyz, b_iso, occ, a, b, radii, plan.m_dev, g_xyz, g_b, g_occ, n,
-            *plan.common_args(), *plan.m, BP=plan.bp, BQ=plan.bq, BY=plan.by, PER_ATOM_RADIUS=plan.per_atom,
-            INDEX64=plan.index64, PRECISION="tf32x3", num_warps=plan.bwd_warps,
-        )  # fmt: skip
-    elif n:
+    if n:
         grid = (triton.cdiv(n, plan.atoms),)
         _splat_bwd_kernel[grid](
             grad, xyz, b_iso, occ, a, b, radii, plan.m_dev, g_xyz, g_b, g_occ, n,
