@@ -41,6 +41,7 @@ __all__ = [
     "atoms_near_section",
     "central_index",
     "compare_arrays",
+    "map_statistics",
     "compare_backends",
     "density_at_points",
     "density_fit_gradient",
@@ -49,7 +50,6 @@ __all__ = [
     "gradients_csv",
     "line_profile",
     "load_model",
-    "map_statistics",
     "map_ccp4_bytes",
     "model_pdb",
     "planarity_gradient",
@@ -870,21 +870,12 @@ class Pipeline:
         check()
 
         progress(2, total, "map statistics and the section")
-        mean, sigma, lo, hi, rho_cpu = self._stage(
-            "stats",
-            rho_key,
-            lambda: (
-                float(rho.mean()),
-                float(rho.double().std()),
-                float(rho.min()),
-                float(rho.max()),
-                rho.detach().cpu(),
-            ),
-        )
-        sec = section(rho_cpu, grid, settings.axis, min(settings.slice_index, grid.shape[settings.axis] - 1), (lo, hi))
+        mean, sigma, lo, hi = self._stage("stats", rho_key, lambda: map_statistics(rho))
+        # The section is what a slider drag changes: cut it where the map lives (only the section crosses
+        # to the host) and show it before the slower stages and before the whole map is copied.
+        sec = section(rho, grid, settings.axis, min(settings.slice_index, grid.shape[settings.axis] - 1), (lo, hi))
         near = atoms_near_section(atoms.xyz, grid, sec)
         check()
-        # The section is what a slider drag changes: show it before the slower stages.
         on_section(sec, near)
         rho_cpu = self._stage("rho_cpu", rho_key, lambda: rho.detach().cpu())
         if not want_fit:
