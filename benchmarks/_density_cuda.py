@@ -183,6 +183,7 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
     variants = [
         {},
         {"vec": 0},
+        {"vec_bwd": 0},  # VEC forward, lane-by-lane backward
         {"separable": 0},
         {"separable": 0, "vec": 0},
         {"bp": 16, "bq": 16},  # VEC: fewer second z chunks at 0.67 Å (0.46 M row trips vs 0.86 M), 2 groups/thread
@@ -217,6 +218,7 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
                 row = dict(spacing=spacing, variant=var, bp=plan.bp, bq=plan.bq, num_warps=plan.num_warps)
                 row["separable"] = plan.separable
                 row["vec"] = plan.vec
+                row["vec_bwd"] = plan.vec_bwd
                 row["fwd_graph_ms"] = _bench(fwd, graph=True)
                 row["fwd_bwd_graph_ms"] = _bench(fwd_bwd, graph=True)
                 row["rel_vs_default"] = rel

@@ -59,6 +59,7 @@ _TUNING: dict[str, int | None] = {
     "bq": None,
     "separable": None,  # 0 forces the full per-voxel exponent (for the benchmark's comparison)
     "vec": None,  # z lanes in aligned groups of 4 (v4 atomics/loads on sm_90) when nz % 4 == 0; 0 forces scalar
+    "vec_bwd": None,  # the same for the backward only (None: as "vec")
 }
 # Interpreter: atoms per program (it costs per program, not per element).
 _INTERPRET_ATOMS = 64
@@ -727,7 +728,11 @@ class _Plan:
         # z lanes in aligned groups of 4 (needs nz % 4 == 0: no group straddles the periodic wrap). The same
         # code runs in the interpreter, so CI tests it; sm_90's code generation turns each group into one
         # vector atomic (forward) or one 128-bit load (backward): see benchmarks/README.md.
-        self.vec = nz % 4 == 0 and self.bq >= 4 and _TUNING["vec"] != 0
+        can_vec = nz % 4 == 0 and self.bq >= 4
+        self.vec = can_vec and _TUNING["vec"] != 0
+        # A separate switch for the backward (benchmark): there 4x fewer load instructions weigh against the
+        # extra z chunks from rounding the boxes to groups (+30 % row trips on 3wip at 0.67 Å, 8x16 tiles).
+        self.vec_bwd = self.vec if _TUNING["vec_bwd"] is None else can_vec and _TUNING["vec_bwd"] != 0
         if self.interpret:
             self.atoms = _TUNING["atoms_per_program"] or _INTERPRET_ATOMS
         else:
@@ -812,7 +817,7 @@ def _launch_backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii):
         grid = (triton.cdiv(n, plan.atoms),)
         _splat_bwd_kernel[grid](
             grad, xyz, b_iso, occ, a, b, radii, plan.m_dev, g_xyz, g_b, g_occ, n,
-            *plan.common_args(), *plan.m, **plan.meta(),
+            *plan.common_args(), *plan.m, **{**plan.meta(), "VEC": plan.vec_bwd},
         )  # fmt: skip
     return g_xyz, g_b, g_occ
 

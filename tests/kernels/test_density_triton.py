@@ -409,3 +409,16 @@ def test_vec_path_one_atom_per_program(monkeypatch):
     monkeypatch.setitem(tri._TUNING, "atoms_per_program", 1)
     cell = Cell.from_parameters(*CELLS["monoclinic"])
     _check_path(monkeypatch, _atoms_on_z_faces(cell, seed=30), GridSpec(cell, (24, 20, 28)), "vec", seed=30)
+
+
+@pytest.mark.parametrize("vec,vec_bwd", [(None, 0), (0, 1)], ids=["fwd-vec-bwd-scalar", "fwd-scalar-bwd-vec"])
+def test_vec_forward_and_backward_switched_separately(monkeypatch, vec, vec_bwd):
+    from kernels.density import triton as tri
+
+    monkeypatch.setitem(tri._TUNING, "vec", vec)
+    monkeypatch.setitem(tri._TUNING, "vec_bwd", vec_bwd)
+    cell = Cell.from_parameters(*CELLS["hexagonal"])
+    grid = GridSpec(cell, (24, 24, 32))
+    plan = tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE)
+    assert (plan.vec, plan.vec_bwd) == (vec is None, vec_bwd == 1)
+    check_against_reference(_atoms_on_z_faces(cell, seed=40), grid, seed=40)
