@@ -9,7 +9,8 @@ timings after warm-up, eager calls and CUDA-graph replays), the torch ``index_ad
 the same voxels (indices precomputed, values and the scatter timed), gemmi's
 ``DensityCalculatorX`` on the host CPU (cutoff 1e-5, wall clock), and the accuracy of each
 map as relative L2 against gemmi at cutoff 1e-7. 3wip is also run at half the spacing.
-``--variants`` times tile/warp variants of the Triton kernel on 3wip; ``--gather`` times the brick-gather
+``--variants`` times tile/warp variants of the Triton kernel on 3wip (among them the lane-by-lane and the
+groups-of-4 z layout side by side; ``--variants-only`` skips the cases); ``--gather`` times the brick-gather
 forward experiment defined below (notes for the README).
 """
 
@@ -177,10 +178,18 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
     m = model("3wip")
     base = m.atoms.to("cuda", torch.float32)
     rows = []
+    # The default takes the VEC path (3wip: nz = 200 / 400, both % 4 == 0): one v4 atomic per group of 4
+    # z lanes; "vec": 0 is the lane-by-lane path of the same kernel, timed side by side with it.
     variants = [
         {},
-        {"num_warps": 2},
+        {"vec": 0},
+        {"vec_bwd": 0},  # VEC forward, lane-by-lane backward
         {"separable": 0},
+        {"separable": 0, "vec": 0},
+        {"bp": 16, "bq": 16},  # VEC: fewer second z chunks at 0.67 Å (0.46 M row trips vs 0.86 M), 2 groups/thread
+        {"bp": 16, "bq": 16, "vec": 0},
+        {"bp": 8, "bq": 32},  # VEC at 0.33 Å: 2 groups/thread
+        {"num_warps": 2},  # run 2's default
     ]
     for spacing in spacings:
         grid = GridSpec.for_spacing(m.cell, spacing)
@@ -209,12 +218,17 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
                 row = dict(spacing=spacing, variant=var, bp=plan.bp, bq=plan.bq, num_warps=plan.num_warps)
                 row["separable"] = plan.separable
                 row["grad_xyz_rel_vs_default"] = float((grad - default_grad).norm() / default_grad.norm())
+                row["vec"] = plan.vec
+                row["vec_bwd"] = plan.vec_bwd
                 row["fwd_graph_ms"] = _bench(fwd, graph=True)
                 row["fwd_bwd_graph_ms"] = _bench(fwd_bwd, graph=True)
                 row["rel_vs_default"] = rel
                 rows.append(row)
-                print(f"variant {spacing:.3f} {var} -> {row['fwd_graph_ms']:.4f} / {row['fwd_bwd_graph_ms']:.4f} ms "
-                      f"(map {rel:.1e}, grad {row['grad_xyz_rel_vs_default']:.1e} from the first)")  # fmt: skip
+                print(
+                    f"variant {spacing:.3f} {var} (vec {plan.vec}, {plan.bp}x{plan.bq}) -> "
+                    f"{row['fwd_graph_ms']:.4f} / {row['fwd_bwd_graph_ms']:.4f} ms "
+                    f"(map {rel:.1e}, grad {row['grad_xyz_rel_vs_default']:.1e} from the first)"
+                )
             finally:
                 tri._TUNING.clear()
                 tri._TUNING.update(saved)
@@ -478,6 +492,8 @@ def run(args) -> dict:
     cases = [(s, spacing) for s in structures]
     if "3wip" in structures:
         cases.append(("3wip", spacing / 2))
+    if getattr(args, "variants_only", False):
+        cases = []
     result = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -490,7 +506,7 @@ def run(args) -> dict:
         res = _case(name, sp, with_torch=True, gemmi_repeats=3 if sp >= 0.5 else 1)
         result["cases"].append(res)
         print(json.dumps(res), flush=True)
-    if getattr(args, "variants", False):
+    if getattr(args, "variants", False) or getattr(args, "variants_only", False):
         result["variants"] = _variants()
     if getattr(args, "gather", False):
         result["gather_experiment"] = _gather_variants() + _gather_variants(configs=_GATHER_DOT_CONFIGS, dot=True)
@@ -523,6 +539,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default=None)
     parser.add_argument("--variants", action="store_true", help="also time tile/warp variants on 3wip")
     parser.add_argument("--gather", action="store_true", help="also time the brick-gather experiment on 3wip")
+    parser.add_argument("--variants-only", action="store_true", help="only the variants (no cases, no gemmi)")
     return run(parser.parse_args(argv))
 
 

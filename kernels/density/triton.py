@@ -14,6 +14,13 @@ Design (see ``benchmarks/README.md``, "Density, GPU (H100)", for what was measur
   E = exp(−α(H00 dx² + 2 H02 dx dz + H22 dz²)) computed once per tile and e(y) once per
   row: every factor ≤ 1, so nothing overflows. Hexagonal and triclinic cells evaluate the
   full exponent per voxel (r² ≥ 0, so exp(−α r²) ≤ 1 as well).
+- z lanes in aligned groups of 4 (``VEC``, when nz % 4 == 0): the lanes start at the box's first z
+  rounded down to a multiple of 4 in absolute grid index, each group's start is wrapped and
+  declared a multiple of 4, and the masks are constant over each group (a lower bound of r² over
+  the group against a slightly widened R²; lanes outside the sphere add or read an exact 0). On
+  sm_90 Triton then emits one ``red.global.add.v4.f32`` per group in the forward (instead of 4
+  scalar atomics) and one ``ld.global.v4`` in the backward. Same code in the interpreter, so CI
+  runs it; nz % 4 != 0 keeps the lane-by-lane path.
 - Per-atom tables live in registers (tensors of the program), never in a global scratch
   buffer: a public kernel of this design that wrote tables to global memory and read them
   back without a barrier returned wrong maps on the first call after each compile.
@@ -51,6 +58,8 @@ _TUNING: dict[str, int | None] = {
     "bp": None,
     "bq": None,
     "separable": None,  # 0 forces the full per-voxel exponent (for the benchmark's comparison)
+    "vec": None,  # z lanes in aligned groups of 4 (v4 atomics/loads on sm_90) when nz % 4 == 0; 0 forces scalar
+    "vec_bwd": None,  # the same for the backward only (None: as "vec")
 }
 # Interpreter: atoms per program (it costs per program, not per element).
 _INTERPRET_ATOMS = 64
@@ -223,6 +232,53 @@ def _atom_box(xyz_ptr, radius_ptr, m_ptr, ia, valid, radius_all, nx, ny, nz, rx,
     )
 
 
+@triton.jit
+def _vec_z_box(bz, loz, cntz):
+    """z box of the VEC layout: start rounded down to a multiple of 4 in absolute grid index, length to one of 4.
+
+    With nz % 4 == 0 every group of 4 lanes from there is one aligned 16-byte run inside one row
+    (a group never straddles the periodic wrap), so it can take one vector atomic or load.
+    """
+    sh = _wrap(bz + loz, 4)
+    return loz - sh, tl.where(cntz > 0, (cntz + sh + 3) // 4 * 4, 0)
+
+
+@triton.jit
+def _z_lanes(qc, qq, loz, cntz, bz, tz, nz, BQ: tl.constexpr, VEC: tl.constexpr):
+    """z lanes of chunk ``qc``, shapes (ATOMS, 1, BQ).
+
+    Returns the offset from the base voxel of each lane's group (the lane's own offset
+    without VEC), dz, the grid index and whether the lane (its group with VEC) is in the box.
+    With VEC the group's start is wrapped and declared a multiple of 4 and the lane adds
+    qq % 4, so Triton's axis analysis sees offsets contiguous and 16-byte aligned in 4s, and
+    every mask built from group quantities is constant over each group of 4.
+    """
+    kz = qc * BQ + qq
+    dz = (loz + kz).to(tl.float32) - tz
+    if VEC:
+        kg = qc * BQ + (qq // 4) * 4
+        ozg = loz + kg
+        # The wrap is written out (not _wrap): a hint on a call's result is lost when the call is inlined.
+        iz = tl.multiple_of(((bz + ozg) % nz + nz) % nz, [4, 4, 4]) + qq % 4
+        in_z = kg < cntz
+    else:
+        ozg = loz + kz
+        iz = _wrap(bz + ozg, nz)
+        in_z = kz < cntz
+    return ozg, dz, iz, in_z
+
+
+@triton.jit
+def _group_r2min(ozg, tz, lin, q0, h22, inv_h22):
+    """Lower bound of r² over a group's 4 voxels: min over real dz in [ozg − tz, ozg − tz + 3] of h22·dz² + 2·lin·dz + q0.
+
+    Computed from the group's start only, so its value is the same for the 4 lanes of a group.
+    """
+    dzg = ozg.to(tl.float32) - tz
+    d = tl.minimum(tl.maximum(-lin * inv_h22, dzg), dzg + 3.0)
+    return q0 + d * (2.0 * lin + h22 * d)
+
+
 # --------------------------------------------------------------------------- kernels
 
 
@@ -256,6 +312,7 @@ def _splat_fwd_kernel(
     SEPARABLE: tl.constexpr,
     PER_ATOM_RADIUS: tl.constexpr,
     INDEX64: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
@@ -281,12 +338,23 @@ def _splat_fwd_kernel(
     be3 = (al3 * 1.4426950408889634)[:, None, None]
     be4 = (al4 * 1.4426950408889634)[:, None, None]
     r2max = r2max[:, None, None]
+    if VEC:
+        nz = nz // 4 * 4  # the host sends nz % 4 == 0: lets the axis analysis see nz and row strides divide by 4
+        loz, cntz = _vec_z_box(bz, loz, cntz)
+        # Group masks test a lower bound of r² against R² widened by 0.1 %, far above float32 rounding
+        # (~1e-6 relative), so a group holding a voxel with r² < R² is never masked off.
+        r2lim = r2max * 1.001
+        inv_h22 = 1.0 / h22
     n_pc = tl.cdiv(tl.max(cntx, axis=0), BP)
     n_qc = tl.cdiv(tl.max(cntz, axis=0), BQ)
     n_rows = tl.max(cnty, axis=0)
     tx = tx[:, None, None]
     ty = ty[:, None, None]
     tz = tz[:, None, None]
+    # Wrapped first row, stepped by one per row trip (a modulo per row was ~30 instructions of each trip).
+    iy0 = _wrap(by + loy, ny)[:, None, None]
+    loy = loy[:, None, None]
+    cnty = cnty[:, None, None]
     pp = tl.arange(0, BP)[None, :, None]
     qq = tl.arange(0, BQ)[None, None, :]
     pc = 0
@@ -298,13 +366,17 @@ def _splat_fwd_kernel(
         if INDEX64:
             ix = ix.to(tl.int64)
         in_x = kx < cntx[:, None, None]
+        if VEC:
+            lz = h02 * dx  # (ATOMS, BP, 1): r² = h22·dz² + 2·lz·dz + q0x (+ y terms) along the x lane
+            q0x = h00 * dx * dx
         qc = 0
         while qc < n_qc:
-            kz = qc * BQ + qq
-            oz = loz[:, None, None] + kz
-            dz = oz.to(tl.float32) - tz
-            iz = _wrap(bz[:, None, None] + oz, nz)
-            in_xz = in_x & (kz < cntz[:, None, None])
+            ozg, dz, iz, in_z = _z_lanes(
+                qc, qq, loz[:, None, None], cntz[:, None, None], bz[:, None, None], tz, nz, BQ, VEC
+            )
+            in_xz = in_x & in_z
+            if VEC and SEPARABLE:
+                gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)  # x–z part of the group's r² bound
             qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # (ATOMS, BP, BQ) Å²
             base_xz = ix * (ny * nz) + iz
             if SEPARABLE:
@@ -315,11 +387,10 @@ def _splat_fwd_kernel(
                 e4 = amp4 * tl.exp2(-be4 * qxz)
             else:
                 lin = 2.0 * (h01 * dx + h12 * dz)
+            iy = iy0
             r = 0
             while r < n_rows:
-                oy = loy[:, None, None] + r
-                dy = oy.to(tl.float32) - ty
-                iy = _wrap(by[:, None, None] + oy, ny)
+                dy = (loy + r).to(tl.float32) - ty
                 qy = h11 * dy * dy
                 if SEPARABLE:
                     r2 = qxz + qy
@@ -339,8 +410,24 @@ def _splat_fwd_kernel(
                         + amp3 * tl.exp2(-be3 * r2)
                         + amp4 * tl.exp2(-be4 * r2)
                     )
-                inside = in_xz & (r < cnty[:, None, None]) & (r2 < r2max)
+                if VEC:
+                    # Mask constant over each group of 4 z lanes (one v4 atomic per group on sm_90), lanes
+                    # outside the sphere add an exact 0: the voxel set stays r² < R².
+                    if SEPARABLE:
+                        hit = gmin + qy < r2lim
+                    else:
+                        gmin = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22)
+                        hit = gmin < r2lim
+                    # True by construction (hit is a function of the group's start only); Triton's axis
+                    # analysis cannot see it through float ops, and its v4 lowering needs it.
+                    hit = tl.max_constancy(hit, [1, 1, 4])
+                    inside = in_xz & (r < cnty) & hit
+                    val = tl.where(r2 < r2max, val, 0.0)
+                else:
+                    inside = in_xz & (r < cnty) & (r2 < r2max)
                 tl.atomic_add(out_ptr + (base_xz + iy * nz), val, mask=inside, sem="relaxed")
+                iy += 1
+                iy = tl.where(iy == ny, 0, iy)
                 r += 1
             qc += 1
         pc += 1
@@ -388,6 +475,7 @@ def _splat_bwd_kernel(
     SEPARABLE: tl.constexpr,
     PER_ATOM_RADIUS: tl.constexpr,
     INDEX64: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
@@ -429,12 +517,22 @@ def _splat_bwd_kernel(
     be3 = (al3 * 1.4426950408889634)[:, None, None]
     be4 = (al4 * 1.4426950408889634)[:, None, None]
     r2max = r2max[:, None, None]
+    if VEC:
+        nz = nz // 4 * 4  # the host sends nz % 4 == 0: lets the axis analysis see nz and row strides divide by 4
+        loz, cntz = _vec_z_box(bz, loz, cntz)
+        # Group masks test a lower bound of r² against R² widened by 0.1 %, far above float32 rounding
+        # (~1e-6 relative), so a group holding a voxel with r² < R² is never masked off.
+        r2lim = r2max * 1.001
+        inv_h22 = 1.0 / h22
     n_pc = tl.cdiv(tl.max(cntx, axis=0), BP)
     n_qc = tl.cdiv(tl.max(cntz, axis=0), BQ)
     n_rows = tl.max(cnty, axis=0)
     tx = tx[:, None, None]
     ty = ty[:, None, None]
     tz = tz[:, None, None]
+    iy0 = _wrap(by + loy, ny)[:, None, None]  # wrapped first row, stepped by one per row trip
+    loy = loy[:, None, None]
+    cnty = cnty[:, None, None]
     pp = tl.arange(0, BP)[None, :, None]
     qq = tl.arange(0, BQ)[None, None, :]
     acc_o = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ g·u0
@@ -451,13 +549,17 @@ def _splat_bwd_kernel(
         if INDEX64:
             ix = ix.to(tl.int64)
         in_x = kx < cntx[:, None, None]
+        if VEC:
+            lz = h02 * dx  # (ATOMS, BP, 1): r² = h22·dz² + 2·lz·dz + q0x (+ y terms) along the x lane
+            q0x = h00 * dx * dx
         qc = 0
         while qc < n_qc:
-            kz = qc * BQ + qq
-            oz = loz[:, None, None] + kz
-            dz = oz.to(tl.float32) - tz
-            iz = _wrap(bz[:, None, None] + oz, nz)
-            in_xz = in_x & (kz < cntz[:, None, None])
+            ozg, dz, iz, in_z = _z_lanes(
+                qc, qq, loz[:, None, None], cntz[:, None, None], bz[:, None, None], tz, nz, BQ, VEC
+            )
+            in_xz = in_x & in_z
+            if VEC and SEPARABLE:
+                gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)  # x–z part of the group's r² bound
             qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz
             base_xz = ix * (ny * nz) + iz
             if SEPARABLE:
@@ -483,14 +585,19 @@ def _splat_bwd_kernel(
                 v2 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
                 v3 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
                 v4 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+                iy = iy0
                 r = 0
                 while r < n_rows:
-                    oy = loy[:, None, None] + r
-                    dy = oy.to(tl.float32) - ty
-                    iy = _wrap(by[:, None, None] + oy, ny)
+                    dy = (loy + r).to(tl.float32) - ty
                     qy = h11 * dy * dy
-                    inside = in_xz & (r < cnty[:, None, None]) & (qxz + qy < r2max)
-                    g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
+                    if VEC:
+                        # One 128-bit load per group of 4 z lanes on sm_90; lanes outside the sphere zeroed.
+                        hit = tl.max_constancy(gmin + qy < r2lim, [1, 1, 4])
+                        g = tl.load(grad_ptr + (base_xz + iy * nz), mask=in_xz & (r < cnty) & hit, other=0.0)
+                        g = tl.where(qxz + qy < r2max, g, 0.0)
+                    else:
+                        inside = in_xz & (r < cnty) & (qxz + qy < r2max)
+                        g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
                     g0 = g * tl.exp2(-be0 * qy)
                     g1 = g * tl.exp2(-be1 * qy)
                     g2 = g * tl.exp2(-be2 * qy)
@@ -511,6 +618,8 @@ def _splat_bwd_kernel(
                     v2 += g2 * qy
                     v3 += g3 * qy
                     v4 += g4 * qy
+                    iy += 1
+                    iy = tl.where(iy == ny, 0, iy)
                     r += 1
                 acc_o += c0 * x0 * t0 + c1 * x1 * t1 + c2 * x2 * t2 + c3 * x3 * t3 + c4 * x4 * t4
                 hh = ca0 * x0 * t0 + ca1 * x1 * t1 + ca2 * x2 * t2 + ca3 * x3 * t3 + ca4 * x4 * t4
@@ -526,19 +635,25 @@ def _splat_bwd_kernel(
                 )
             else:
                 lin = 2.0 * (h01 * dx + h12 * dz)
+                iy = iy0
                 r = 0
                 while r < n_rows:
-                    oy = loy[:, None, None] + r
-                    dy = oy.to(tl.float32) - ty
-                    iy = _wrap(by[:, None, None] + oy, ny)
-                    r2 = qxz + dy * lin + h11 * dy * dy
+                    dy = (loy + r).to(tl.float32) - ty
+                    qy = h11 * dy * dy
+                    r2 = qxz + dy * lin + qy
                     e0 = tl.exp2(-be0 * r2)
                     e1 = tl.exp2(-be1 * r2)
                     e2 = tl.exp2(-be2 * r2)
                     e3 = tl.exp2(-be3 * r2)
                     e4 = tl.exp2(-be4 * r2)
-                    inside = in_xz & (r < cnty[:, None, None]) & (r2 < r2max)
-                    g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
+                    if VEC:
+                        gmin = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22)
+                        hit = tl.max_constancy(gmin < r2lim, [1, 1, 4])
+                        g = tl.load(grad_ptr + (base_xz + iy * nz), mask=in_xz & (r < cnty) & hit, other=0.0)
+                        g = tl.where(r2 < r2max, g, 0.0)
+                    else:
+                        inside = in_xz & (r < cnty) & (r2 < r2max)
+                        g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
                     u0 = c0 * e0 + c1 * e1 + c2 * e2 + c3 * e3 + c4 * e4
                     u1 = ca0 * e0 + ca1 * e1 + ca2 * e2 + ca3 * e3 + ca4 * e4
                     u2 = r2 * (cab0 * e0 + cab1 * e1 + cab2 * e2 + cab3 * e3 + cab4 * e4) - (
@@ -550,6 +665,8 @@ def _splat_bwd_kernel(
                     acc_y += gh * dy
                     acc_z += gh * dz
                     acc_b += g * u2
+                    iy += 1
+                    iy = tl.where(iy == ny, 0, iy)
                     r += 1
             qc += 1
         pc += 1
@@ -593,6 +710,9 @@ class _Plan:
         self.radius = 0.0 if radius is None else float(radius)
         self.cutoff = float(cutoff)
         self.index64 = self.n_voxels >= 2**31 - 1
+        # Aligned groups of 4 z lanes: needs nz % 4 == 0 so that no group straddles the periodic wrap.
+        # The same code runs in the interpreter (CI tests it); only sm_90's code generation turns each
+        # group into one vector atomic (forward) or 128-bit load (backward).
         # Tile: the box of a nominal atom (the given radius, or carbon at B = 40 Å²), rounded up
         # to a power of two; atoms with larger boxes take more tiles, never a wrong answer.
         nominal = self.radius if radius is not None else _nominal_radius(self.cutoff)
@@ -605,6 +725,14 @@ class _Plan:
         # The interpreter pays per loop trip, not per element: wide tiles there.
         cap = 16 if self.interpret else 128 // self.bq
         self.bp = _TUNING["bp"] or max(1, min(triton.next_power_of_2(ext_x), cap))
+        # z lanes in aligned groups of 4 (needs nz % 4 == 0: no group straddles the periodic wrap). The same
+        # code runs in the interpreter, so CI tests it; sm_90's code generation turns each group into one
+        # vector atomic (forward) or one 128-bit load (backward): see benchmarks/README.md.
+        can_vec = nz % 4 == 0 and self.bq >= 4
+        self.vec = can_vec and _TUNING["vec"] != 0
+        # A separate switch for the backward (benchmark): there 4x fewer load instructions weigh against the
+        # extra z chunks from rounding the boxes to groups (+30 % row trips on 3wip at 0.67 Å, 8x16 tiles).
+        self.vec_bwd = self.vec if _TUNING["vec_bwd"] is None else can_vec and _TUNING["vec_bwd"] != 0
         if self.interpret:
             self.atoms = _TUNING["atoms_per_program"] or _INTERPRET_ATOMS
         else:
@@ -627,6 +755,7 @@ class _Plan:
             SEPARABLE=self.separable,
             PER_ATOM_RADIUS=self.per_atom,
             INDEX64=self.index64,
+            VEC=self.vec,
             num_warps=self.num_warps,
         )
 
@@ -688,7 +817,7 @@ def _launch_backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii):
         grid = (triton.cdiv(n, plan.atoms),)
         _splat_bwd_kernel[grid](
             grad, xyz, b_iso, occ, a, b, radii, plan.m_dev, g_xyz, g_b, g_occ, n,
-            *plan.common_args(), *plan.m, **plan.meta(),
+            *plan.common_args(), *plan.m, **{**plan.meta(), "VEC": plan.vec_bwd},
         )  # fmt: skip
     return g_xyz, g_b, g_occ
 

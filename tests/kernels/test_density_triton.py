@@ -339,3 +339,86 @@ def test_gather_experiment_matches_reference(dot):
         radii = _radii_device(at.b_iso, at.a, at.b, kernels.DEFAULT_CUTOFF)
         out = gather_experiment(at, grid, radii, (16, 4, 16), 1, dot=dot)
         assert_kernel_close(out, splat_reference(atoms.to(dtype=torch.float32).to(dtype=torch.float64), grid))
+
+
+# --------------------------------------------------------------------------- z lanes in aligned groups of 4 (VEC)
+# With nz % 4 == 0 the kernels walk z in groups of 4 lanes starting at multiples of 4 in absolute grid index
+# (one vector atomic / 128-bit load per group on sm_90), with masks constant over each group; otherwise, or
+# with _TUNING["vec"] = 0, lane by lane. Both paths against the float64 reference, atoms on the z faces so
+# that groups wrap around the cell.
+
+_Z_FACES = (0.0, 1.0, -0.004, 0.996, 0.0021, 1.003, 0.5, -0.02, 0.98, 0.25)
+
+
+def _atoms_on_z_faces(cell: Cell, seed: int) -> AtomSet:
+    gen = torch.Generator().manual_seed(seed)
+    frac = torch.rand(len(_Z_FACES), 3, generator=gen, dtype=torch.float64)
+    frac[:, 2] = torch.tensor(_Z_FACES, dtype=torch.float64)
+    return synthetic(cell, MIXED[: len(_Z_FACES)], seed=seed, frac=frac)
+
+
+def _check_path(monkeypatch, atoms, grid, path: str, radius=None, seed=0):
+    from kernels.density import triton as tri
+
+    monkeypatch.setitem(tri._TUNING, "vec", 0 if path == "scalar" else None)
+    plan = tri._plan(grid, radius, kernels.DEFAULT_CUTOFF, DEVICE)
+    assert plan.vec == (path == "vec"), (path, grid.shape)
+    check_against_reference(atoms, grid, radius=radius, seed=seed)
+
+
+# (grid, path): nz % 4 == 0 takes the VEC path unless forced scalar; nz % 4 == 2 falls back to scalar.
+_PATHS = [((24, 26, 32), "vec"), ((24, 26, 32), "scalar"), ((24, 26, 30), "scalar")]
+
+
+@pytest.mark.parametrize("kind", list(CELLS))
+@pytest.mark.parametrize("shape,path", _PATHS, ids=["nz32-vec", "nz32-scalar", "nz30-scalar"])
+def test_vec_and_scalar_paths_atoms_on_z_faces(monkeypatch, kind, shape, path):
+    cell = Cell.from_parameters(*CELLS[kind])
+    atoms = _atoms_on_z_faces(cell, seed=12 + len(kind))
+    _check_path(monkeypatch, atoms, GridSpec(cell, shape), path, seed=12)
+
+
+@pytest.mark.parametrize("kind", ["orthogonal", "hexagonal"])
+@pytest.mark.parametrize("shape,path", _PATHS, ids=["nz32-vec", "nz32-scalar", "nz30-scalar"])
+def test_vec_and_scalar_paths_small_global_radius(monkeypatch, kind, shape, path):
+    # A 1.3 Å sphere cuts the density where it is large: a voxel added or dropped at the sphere's edge
+    # (the group masks, the per-voxel select) is far above the tolerance here.
+    cell = Cell.from_parameters(*CELLS[kind])
+    atoms = _atoms_on_z_faces(cell, seed=21)
+    _check_path(monkeypatch, atoms, GridSpec(cell, shape), path, radius=1.3, seed=21)
+
+
+@pytest.mark.parametrize("kind", ["orthogonal", "monoclinic", "triclinic"])
+@pytest.mark.parametrize(
+    "nz,path", [(12, "vec"), (12, "scalar"), (14, "scalar")], ids=["nz12-vec", "nz12-scalar", "nz14-scalar"]
+)
+def test_vec_and_scalar_paths_sphere_larger_than_cell(monkeypatch, kind, nz, path):
+    # 4–6 Å cells, radii up to 7.5 Å: boxes span several cells in z, so groups wrap more than once.
+    params = {"orthogonal": (4.0, 4.5, 5.0, 90, 90, 90), "monoclinic": (4.5, 5.0, 6.0, 90, 112, 90)}
+    cell = Cell.from_parameters(*params.get(kind, (5.0, 5.5, 6.0, 75, 100, 110)))
+    atoms = synthetic(cell, ("C", "O", "Fe", "N"), seed=3, b_range=(20.0, 90.0))
+    grid = GridSpec(cell, (9, 10, nz))
+    _check_path(monkeypatch, atoms, grid, path, seed=3)
+    _check_path(monkeypatch, atoms, grid, path, radius=7.5, seed=4)
+
+
+def test_vec_path_one_atom_per_program(monkeypatch):
+    # The GPU's launch shape (one atom per program) under the interpreter, monoclinic, atoms on the z faces.
+    from kernels.density import triton as tri
+
+    monkeypatch.setitem(tri._TUNING, "atoms_per_program", 1)
+    cell = Cell.from_parameters(*CELLS["monoclinic"])
+    _check_path(monkeypatch, _atoms_on_z_faces(cell, seed=30), GridSpec(cell, (24, 20, 28)), "vec", seed=30)
+
+
+@pytest.mark.parametrize("vec,vec_bwd", [(None, 0), (0, 1)], ids=["fwd-vec-bwd-scalar", "fwd-scalar-bwd-vec"])
+def test_vec_forward_and_backward_switched_separately(monkeypatch, vec, vec_bwd):
+    from kernels.density import triton as tri
+
+    monkeypatch.setitem(tri._TUNING, "vec", vec)
+    monkeypatch.setitem(tri._TUNING, "vec_bwd", vec_bwd)
+    cell = Cell.from_parameters(*CELLS["hexagonal"])
+    grid = GridSpec(cell, (24, 24, 32))
+    plan = tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE)
+    assert (plan.vec, plan.vec_bwd) == (vec is None, vec_bwd == 1)
+    check_against_reference(_atoms_on_z_faces(cell, seed=40), grid, seed=40)
