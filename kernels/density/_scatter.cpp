@@ -400,9 +400,11 @@ KERNELS_INLINE vf8 vsplat(float x) { return vf8{x, x, x, x, x, x, x, x}; }
 // lanes [la, lb] of block bb kept, the rest +0
 KERNELS_INLINE vf8 vmask(vf8 v, int64_t bb, int32_t la, int32_t lb) {
     // splats written out: scalar operands of vector operators are a GCC extension clang lacks in C++
-    const int32_t b0 = static_cast<int32_t>(bb * kL);
-    const vi8 idx = vi8{b0, b0 + 1, b0 + 2, b0 + 3, b0 + 4, b0 + 5, b0 + 6, b0 + 7};
-    const vi8 m = (idx >= vi8{la, la, la, la, la, la, la, la}) & (idx <= vi8{lb, lb, lb, lb, lb, lb, lb, lb});
+    // lane index within the block (a constant) against the row's ends moved into the block:
+    // no per-call vector of lane indices to build
+    const int32_t a = la - static_cast<int32_t>(bb * kL), b = lb - static_cast<int32_t>(bb * kL);
+    const vi8 idx = vi8{0, 1, 2, 3, 4, 5, 6, 7};
+    const vi8 m = (idx >= vi8{a, a, a, a, a, a, a, a}) & (idx <= vi8{b, b, b, b, b, b, b, b});
     return reinterpret_cast<vf8>(reinterpret_cast<vi8>(v) & m);
 }
 KERNELS_INLINE double vsum(vf8 v) {
