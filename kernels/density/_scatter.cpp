@@ -37,6 +37,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <new>
 #include <thread>
 #include <vector>
@@ -399,9 +400,11 @@ KERNELS_INLINE vf8 vsplat(float x) { return vf8{x, x, x, x, x, x, x, x}; }
 // lanes [la, lb] of block bb kept, the rest +0
 KERNELS_INLINE vf8 vmask(vf8 v, int64_t bb, int32_t la, int32_t lb) {
     // splats written out: scalar operands of vector operators are a GCC extension clang lacks in C++
-    const int32_t b0 = static_cast<int32_t>(bb * kL);
-    const vi8 idx = vi8{b0, b0 + 1, b0 + 2, b0 + 3, b0 + 4, b0 + 5, b0 + 6, b0 + 7};
-    const vi8 m = (idx >= vi8{la, la, la, la, la, la, la, la}) & (idx <= vi8{lb, lb, lb, lb, lb, lb, lb, lb});
+    // lane index within the block (a constant) against the row's ends moved into the block:
+    // no per-call vector of lane indices to build
+    const int32_t a = la - static_cast<int32_t>(bb * kL), b = lb - static_cast<int32_t>(bb * kL);
+    const vi8 idx = vi8{0, 1, 2, 3, 4, 5, 6, 7};
+    const vi8 m = (idx >= vi8{a, a, a, a, a, a, a, a}) & (idx <= vi8{b, b, b, b, b, b, b, b});
     return reinterpret_cast<vf8>(reinterpret_cast<vi8>(v) & m);
 }
 KERNELS_INLINE double vsum(vf8 v) {
@@ -463,9 +466,12 @@ KERNELS_INLINE void plane_intervals(const Geom& g, const AtomP& A, double dx, in
 // Lane-blocked forward or backward of atom A over planes [ia, ib]; builds its own tables
 // (in lane layout) in the scratch S. z0: map z of lane 0,
 // off: lane of box z index 0, nl: lanes (multiple of 8, <= nz); lane l is map z (z0 + l) mod nz.
+// rows: this atom's saved row intervals (see SavedRows) or nullptr — the forward writes
+// them there, the backward reads them instead of solving for them again.
 template <class Idx, bool Forward>
 KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_t ib, float* out, const float* grad,
-                               Scratch& S, const float* ampf, int64_t z0, int64_t off, int64_t nl, double* sums) {
+                               Scratch& S, const float* ampf, int64_t z0, int64_t off, int64_t nl, int16_t* rows_saved,
+                               double* sums) {
     const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
     const int64_t nyb = A.hi[1] - A.lo[1] + 1, nib = ib - ia + 1;
     const bool zsep = g.kind == kZSep;
@@ -532,7 +538,21 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
     for (int64_t i = ia; i <= ib; ++i) {
         const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
         const Idx iw = static_cast<Idx>(floor_mod(i, nx));
-        plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
+        int16_t* sv = rows_saved ? rows_saved + 2 * (i - A.lo[0]) * nyb : nullptr;
+        if (Forward || !sv) plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
+        if (sv) {
+            if (Forward) {
+                for (int64_t s = 0; s < nyb; ++s) {
+                    sv[2 * s] = static_cast<int16_t>(lo[s]);
+                    sv[2 * s + 1] = static_cast<int16_t>(hi[s]);
+                }
+            } else {
+                for (int64_t s = 0; s < nyb; ++s) {
+                    lo[s] = sv[2 * s];
+                    hi[s] = sv[2 * s + 1];
+                }
+            }
+        }
         const float* Lp = L + (i - ia) * lplane;  // this plane's L_k: Lp[k*lstride + l]
         const float* lqp = lq + (zsep ? 0 : (i - ia) * nl);
         // row factor R_k of row s
@@ -637,6 +657,51 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
 }
 #endif
 
+// Whether atom A takes the lane-blocked path: the cell factors and its box is not longer
+// than the cell along z. A function of the atom alone, so every slab, thread count and
+// the backward decide alike.
+KERNELS_INLINE bool lane_path(const Geom& g, const AtomP& A) {
+#if defined(KERNELS_LANES)
+    const int64_t nzb = A.hi[2] - A.lo[2] + 1;
+    return g.kind != kTriclinic && ((nzb + kL - 1) / kL) * kL <= g.n[2];
+#else
+    (void)g;
+    (void)A;
+    return false;
+#endif
+}
+
+// Row intervals of the forward, kept for the backward (when the caller will differentiate):
+// the z interval [lo, hi] (box-relative, int16) of every row (x, y) of every lane-path atom,
+// 4 bytes per row (about 10 MB for 3WIP at 0.667 Å). The backward then skips the double
+// precision roots, which are a quarter of its time. An atom's rows start at off[atom]
+// (-1: not saved; the backward solves for them as the forward did). Every row of a saved
+// atom is written by exactly one slab (its plane belongs to one segment), and the values
+// do not depend on which slab writes them.
+struct SavedRows {
+    std::vector<int64_t> off;
+    std::unique_ptr<int16_t[]> lohi;  // uninitialised: the slabs' first touch, in parallel
+    int64_t n_atoms = 0;
+    int16_t* at(int64_t i) { return off[i] < 0 ? nullptr : lohi.get() + off[i]; }
+};
+
+bool saveable(const Geom& g, const AtomP& A) {
+    return A.R2 > 0 && lane_path(g, A) && A.hi[2] - A.lo[2] + 1 <= 32767;
+}
+
+void plan_saved_rows(const Geom& g, const std::vector<AtomP>& atoms, SavedRows& sr) {
+    sr.n_atoms = static_cast<int64_t>(atoms.size());
+    sr.off.assign(atoms.size(), -1);
+    int64_t total = 0;
+    for (size_t i = 0; i < atoms.size(); ++i) {
+        const AtomP& A = atoms[i];
+        if (!saveable(g, A)) continue;
+        sr.off[i] = total;
+        total += 2 * (A.hi[0] - A.lo[0] + 1) * (A.hi[1] - A.lo[1] + 1);
+    }
+    sr.lohi.reset(new int16_t[std::max<int64_t>(total, 1)]);
+}
+
 // Per-atom gradient sums over its voxels of g·e_k·(1, dx, dy, dz, r²), e_k = exp(−α_k r²).
 // Per-atom gradient sums (double): Σg·u0 (→ occ), Σg·u1 and Σg·u3·r² (→ B), Σg·u2·d (→ xyz).
 struct GradSums {
@@ -647,7 +712,7 @@ struct GradSums {
 // either add its density to `out` (Forward) or gather gradient sums from `grad` (backward).
 template <class Idx, bool Forward>
 KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int64_t ib, float* out, const float* grad,
-                  Scratch& S, GradSums* gs) {
+                  Scratch& S, GradSums* gs, int16_t* rows_saved) {
     const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
     const int64_t ylo = A.lo[1], zlo = A.lo[2];
     const int64_t nyb = A.hi[1] - ylo + 1, nzb = A.hi[2] - zlo + 1, nib = ib - ia + 1;
@@ -669,14 +734,14 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
     {
         const int64_t nl = ((nzb + kL - 1) / kL) * kL;
         const int64_t zs = floor_mod(zlo, nz);  // map z of the box's first voxel
-        if (g.kind != kTriclinic && nl <= nz) {
+        if (lane_path(g, A)) {
             // lane 0 at the box's first voxel; if the lanes would run past the top of the
             // cell but the box itself does not, slide them down so no block wraps
             const int64_t z0 = (zs + nl > nz && zs + nzb <= nz) ? nz - nl : zs;
             double sums[6];
             float ampf[NG];
             for (int k = 0; k < NG; ++k) ampf[k] = static_cast<float>(A.amp[k] * A.occ);
-            atom_lanes<Idx, Forward>(g, A, ia, ib, out, grad, S, ampf, z0, zs - z0, nl, sums);
+            atom_lanes<Idx, Forward>(g, A, ia, ib, out, grad, S, ampf, z0, zs - z0, nl, rows_saved, sums);
             if (!Forward) {
                 gs->occ += sums[0];
                 gs->b1 += sums[1];
@@ -920,7 +985,7 @@ struct Inputs {
 KERNELS_HOT
 void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
               const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
-              int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64) {
+              int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64, SavedRows* saved) {
     const int64_t nx = in.g.n[0];
     const int64_t first = bucket[std::max<int64_t>(0, x0 - lmax + 1)];
     const int64_t last = bucket[x1];
@@ -935,16 +1000,18 @@ void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vect
         const int64_t xs = floor_mod(sg.u0, nx);
         const int64_t ia = sg.u0 + std::max<int64_t>(0, x0 - xs);
         const int64_t ib = sg.u0 + std::min<int64_t>(sg.len, x1 - xs) - 1;
+        int16_t* rows = saved ? saved->at(sg.atom) : nullptr;
         if (use64)
-            process_atom<int64_t, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr);
+            process_atom<int64_t, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr, rows);
         else
-            process_atom<int32_t, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr);
+            process_atom<int32_t, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr, rows);
     }
 }
 
 struct Timings {
     double prepare = 0, partition = 0, compute = 0;
     int64_t tasks = 0;
+    int64_t rows_reused = 0;  // backward: atoms whose row intervals came from the forward
 };
 
 void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int64_t box_max[3]) {
@@ -960,11 +1027,12 @@ void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int
         for (int d = 0; d < 3; ++d) box_max[d] = std::max(box_max[d], A.hi[d] - A.lo[d] + 1);
 }
 
-void splat(const Inputs& in, float* out, int n_threads, bool use64, Timings& tm) {
+void splat(const Inputs& in, float* out, int n_threads, bool use64, Timings& tm, SavedRows* saved) {
     auto t0 = Clock::now();
     std::vector<AtomP> atoms;
     int64_t box[3];
     prepare_all(in, atoms, n_threads, box);
+    if (saved) plan_saved_rows(in.g, atoms, *saved);
     tm.prepare = seconds_since(t0);
 
     // Segments: each atom's x-range split where it wraps, counting-sorted by first plane.
@@ -1044,7 +1112,8 @@ void splat(const Inputs& in, float* out, int n_threads, bool use64, Timings& tm)
         // each slab zeroes its own planes first (the map arrives uninitialised): parallel
         // first touch, and the slab is warm in cache when the atoms are added
         std::memset(out + edge[s] * plane, 0, sizeof(float) * (edge[s + 1] - edge[s]) * plane);
-        run_slab(in, atoms, raw, by_x, bucket, lmax, edge[s], edge[s + 1], out, scratch[worker], ids[worker], use64);
+        run_slab(in, atoms, raw, by_x, bucket, lmax, edge[s], edge[s + 1], out, scratch[worker], ids[worker], use64,
+                 saved);
     });
     tm.compute = seconds_since(t0);
 }
@@ -1053,16 +1122,17 @@ void splat(const Inputs& in, float* out, int n_threads, bool use64, Timings& tm)
 
 KERNELS_HOT
 void gather_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last, const float* grad,
-                  Scratch& S, bool use64, double* gxyz, double* gb, double* gocc) {
+                  Scratch& S, bool use64, SavedRows* saved, double* gxyz, double* gb, double* gocc) {
     const Geom& g = in.g;
     for (int64_t i = first; i < last; ++i) {
         const AtomP& A = atoms[i];
         GradSums gs = {0, 0, 0, {0, 0, 0}};
         if (A.R2 > 0) {
+            int16_t* rows = saved ? saved->at(i) : nullptr;
             if (use64)
-                process_atom<int64_t, false>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
+                process_atom<int64_t, false>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
             else
-                process_atom<int32_t, false>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
+                process_atom<int32_t, false>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
         }
         // ρ = occ·Σ amp_k·e_k, e_k = exp(−α_k r²), α_k = 4π²/W_k, W_k = b_k + B:
         //   ∂ρ/∂occ = Σ amp·e;  ∂ρ/∂B = occ·Σ amp·e·(−1.5 + α·r²)/W;
@@ -1077,8 +1147,8 @@ void gather_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t fir
     }
 }
 
-void gather(const Inputs& in, const float* grad, int n_threads, bool use64, double* gxyz, double* gb, double* gocc,
-            Timings& tm) {
+void gather(const Inputs& in, const float* grad, int n_threads, bool use64, SavedRows* saved, double* gxyz,
+            double* gb, double* gocc, Timings& tm) {
     auto t0 = Clock::now();
     std::vector<AtomP> atoms;
     int64_t box[3];
@@ -1086,12 +1156,14 @@ void gather(const Inputs& in, const float* grad, int n_threads, bool use64, doub
     std::vector<Scratch> scratch(n_threads);
     for (Scratch& S : scratch) size_scratch(S, box[0], box[1], box[2]);
     tm.prepare = seconds_since(t0);
+    if (saved)
+        for (int64_t i = 0; i < in.n_atoms; ++i) tm.rows_reused += saved->off[i] >= 0;
     t0 = Clock::now();
     const int64_t per = 32;
     tm.tasks = (in.n_atoms + per - 1) / per;
     parallel_for(tm.tasks, n_threads, [&](int64_t t, int worker) {
-        gather_atoms(in, atoms, t * per, std::min(in.n_atoms, (t + 1) * per), grad, scratch[worker], use64, gxyz, gb,
-                     gocc);
+        gather_atoms(in, atoms, t * per, std::min(in.n_atoms, (t + 1) * per), grad, scratch[worker], use64, saved, gxyz,
+                     gb, gocc);
     });
     tm.compute = seconds_since(t0);
 }
@@ -1197,11 +1269,11 @@ bool parse_doubles(PyObject* seq, int n, double* out, const char* what) {
 
 // Common arguments: shape (3 ints), n_atoms, 6 atom pointers, metric (9), recip (3),
 // orth (9), kind, n_threads, force_int64.
-bool parse_inputs(PyObject* args, Py_ssize_t start, Inputs& in, int& n_threads, bool& use64) {
+bool parse_inputs(PyObject* args, Py_ssize_t start, Py_ssize_t end, Inputs& in, int& n_threads, bool& use64) {
     PyObject *shape, *pf, *pr, *pb, *po, *pa, *pbb, *metric, *recip, *orth;
     int kind, force64;
     long long n_atoms;
-    PyObject* sub = PyTuple_GetSlice(args, start, PyTuple_GET_SIZE(args));
+    PyObject* sub = PyTuple_GetSlice(args, start, end);
     if (!sub) return false;
     const int ok = PyArg_ParseTuple(sub, "OLOOOOOOOOOiip", &shape, &n_atoms, &pf, &pr, &pb, &po, &pa, &pbb, &metric,
                                     &recip, &orth, &kind, &n_threads, &force64);
@@ -1246,15 +1318,21 @@ bool parse_inputs(PyObject* args, Py_ssize_t start, Inputs& in, int& n_threads, 
 }
 
 PyObject* timings_dict(const Timings& tm, bool use64) {
-    return Py_BuildValue("{s:d,s:d,s:d,s:L,s:s}", "prepare", tm.prepare, "partition", tm.partition, "compute",
-                         tm.compute, "tasks", static_cast<long long>(tm.tasks), "index", use64 ? "int64" : "int32");
+    return Py_BuildValue("{s:d,s:d,s:d,s:L,s:s,s:L}", "prepare", tm.prepare, "partition", tm.partition, "compute",
+                         tm.compute, "tasks", static_cast<long long>(tm.tasks), "index", use64 ? "int64" : "int32",
+                         "rows_reused", static_cast<long long>(tm.rows_reused));
 }
+
+constexpr const char* kRowsCapsule = "kernels.density._scatter.rows";
+
+void free_rows(PyObject* cap) { delete static_cast<SavedRows*>(PyCapsule_GetPointer(cap, kRowsCapsule)); }
 
 const char splat_doc[] =
     "splat(out_ptr, shape, n_atoms, frac_ptr, radii_ptr, b_iso_ptr, occ_ptr, a_ptr, b_ptr, metric, recip, orth,\n"
-    "      kind, n_threads, force_int64) -> dict of phase timings\n\n"
+    "      kind, n_threads, force_int64, keep_rows) -> dict of phase timings (+ 'rows')\n\n"
     "Writes the density of n_atoms atoms to the float32 C-contiguous map at out_ptr (shape nx, ny, nz;\n"
-    "its previous content is overwritten, so it may be uninitialised).\n"
+    "its previous content is overwritten, so it may be uninitialised). keep_rows: also return the\n"
+    "atoms' row intervals as an opaque capsule under 'rows', for gather() of the same inputs.\n"
     "Atom arrays are float64, C-contiguous: frac (N,3), radii (N,), b_iso (N,), occ (N,), a (N,5), b (N,5).";
 
 PyObject* py_splat(PyObject*, PyObject* args) {
@@ -1264,30 +1342,50 @@ PyObject* py_splat(PyObject*, PyObject* args) {
     }
     float* out = as_ptr<float>(PyTuple_GET_ITEM(args, 0));
     if (PyErr_Occurred()) return nullptr;
+    const Py_ssize_t end = PyTuple_GET_SIZE(args) - 1;
+    const int keep = PyObject_IsTrue(PyTuple_GET_ITEM(args, end));
+    if (keep < 0) return nullptr;
     Inputs in;
     int n_threads;
     bool use64;
-    if (!parse_inputs(args, 1, in, n_threads, use64)) return nullptr;
+    if (!parse_inputs(args, 1, end, in, n_threads, use64)) return nullptr;
     Timings tm;
     bool oom = false;
+    std::unique_ptr<SavedRows> rows(keep ? new (std::nothrow) SavedRows : nullptr);
+    if (keep && !rows) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
     try {
-        splat(in, out, n_threads, use64, tm);
+        splat(in, out, n_threads, use64, tm, rows.get());
     } catch (const std::bad_alloc&) {
         oom = true;
     }
     Py_END_ALLOW_THREADS
     if (oom) return PyErr_NoMemory();
-    return timings_dict(tm, use64);
+    PyObject* d = timings_dict(tm, use64);
+    if (!d || !rows) return d;
+    PyObject* cap = PyCapsule_New(rows.get(), kRowsCapsule, free_rows);
+    if (!cap) {
+        Py_DECREF(d);
+        return nullptr;
+    }
+    rows.release();
+    const int err = PyDict_SetItemString(d, "rows", cap);
+    Py_DECREF(cap);
+    if (err) {
+        Py_DECREF(d);
+        return nullptr;
+    }
+    return d;
 }
 
 const char gather_doc[] =
     "gather(grad_ptr, gxyz_ptr, gb_ptr, gocc_ptr, shape, n_atoms, frac_ptr, radii_ptr, b_iso_ptr, occ_ptr, a_ptr,\n"
-    "       b_ptr, metric, recip, orth, kind, n_threads, force_int64) -> dict of phase timings\n\n"
-    "Gradient of sum(grad * splat) with respect to xyz (N,3), b_iso (N,) and occ (N,), written as float64.";
+    "       b_ptr, metric, recip, orth, kind, n_threads, force_int64, rows) -> dict of phase timings\n\n"
+    "Gradient of sum(grad * splat) with respect to xyz (N,3), b_iso (N,) and occ (N,), written as float64.\n"
+    "rows: None, or the 'rows' capsule of splat() on the same inputs (skips solving for the row intervals).";
 
 PyObject* py_gather(PyObject*, PyObject* args) {
-    if (PyTuple_GET_SIZE(args) < 4) {
+    if (PyTuple_GET_SIZE(args) < 5) {
         PyErr_SetString(PyExc_TypeError, "gather: missing arguments");
         return nullptr;
     }
@@ -1296,15 +1394,26 @@ PyObject* py_gather(PyObject*, PyObject* args) {
     double* gb = as_ptr<double>(PyTuple_GET_ITEM(args, 2));
     double* gocc = as_ptr<double>(PyTuple_GET_ITEM(args, 3));
     if (PyErr_Occurred()) return nullptr;
+    const Py_ssize_t end = PyTuple_GET_SIZE(args) - 1;
+    PyObject* cap = PyTuple_GET_ITEM(args, end);
+    SavedRows* rows = nullptr;
+    if (cap != Py_None) {
+        rows = static_cast<SavedRows*>(PyCapsule_GetPointer(cap, kRowsCapsule));
+        if (!rows) return nullptr;
+    }
     Inputs in;
     int n_threads;
     bool use64;
-    if (!parse_inputs(args, 4, in, n_threads, use64)) return nullptr;
+    if (!parse_inputs(args, 4, end, in, n_threads, use64)) return nullptr;
+    if (rows && rows->n_atoms != in.n_atoms) {
+        PyErr_SetString(PyExc_ValueError, "gather: rows come from a splat of a different number of atoms");
+        return nullptr;
+    }
     Timings tm;
     bool oom = false;
     Py_BEGIN_ALLOW_THREADS
     try {
-        if (in.n_atoms > 0) gather(in, grad, n_threads, use64, gxyz, gb, gocc, tm);
+        if (in.n_atoms > 0) gather(in, grad, n_threads, use64, rows, gxyz, gb, gocc, tm);
     } catch (const std::bad_alloc&) {
         oom = true;
     }

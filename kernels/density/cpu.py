@@ -34,6 +34,10 @@ _OP = "splat_density"
 # Private switch for tests: force the int64 index path on a small grid (it is otherwise
 # taken only when the map has >= 2**31 voxels).
 _FORCE_INT64 = False
+# Private switch for tests: the forward keeps its row intervals for the backward when a
+# gradient is wanted (4 bytes per row, ~10 MB on 3WIP); False makes the backward solve for
+# them again, which must give bitwise the same gradients.
+_KEEP_ROWS = True
 # Cell kinds as the C++ kernel takes them: which axis stays separable.
 _KIND = {"orthogonal": 0, "hexagonal": 0, "monoclinic": 1, "triclinic": 2}
 
@@ -111,9 +115,11 @@ class _SplatFunction(torch.autograd.Function):
         frac = (xyz.detach().to(torch.float64) @ grid.cell.frac.T).contiguous()
         b64, o64, a64, w64 = _as_f64(b_iso), _as_f64(occ), _as_f64(a), _as_f64(b)
         out = torch.empty(grid.shape, dtype=torch.float32)  # the kernel writes every voxel
-        info = _scatter.splat(_ptr(out), *_call_args(grid, frac, radii, b64, o64, a64, w64, force_int64))
+        keep = _KEEP_ROWS and any(ctx.needs_input_grad[:3])
+        info = _scatter.splat(_ptr(out), *_call_args(grid, frac, radii, b64, o64, a64, w64, force_int64), keep)
         ctx.grid = grid
         ctx.force_int64 = force_int64
+        ctx.rows = info.pop("rows", None)  # opaque: the forward's row intervals, freed with ctx
         ctx.info = info
         ctx.save_for_backward(frac, radii, b64, o64, a64, w64)
         return out
@@ -128,12 +134,13 @@ class _SplatFunction(torch.autograd.Function):
         gb = torch.zeros(n, dtype=torch.float64)
         gocc = torch.zeros(n, dtype=torch.float64)
         if n:
-            _scatter.gather(
+            ctx.backward_info = _scatter.gather(
                 _ptr(g),
                 _ptr(gxyz),
                 _ptr(gb),
                 _ptr(gocc),
                 *_call_args(ctx.grid, frac, radii, b64, o64, a64, w64, ctx.force_int64),
+                ctx.rows,
             )
         want = ctx.needs_input_grad
         f32 = torch.float32

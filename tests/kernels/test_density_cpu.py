@@ -283,6 +283,34 @@ def test_bitwise_deterministic_monoclinic_lanes():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("kind", ["hexagonal", "monoclinic"])
+def test_backward_reuses_forward_rows(monkeypatch, kind):
+    # With a gradient wanted, the forward keeps every lane-path atom's row intervals and
+    # the backward reads them instead of solving again. The atoms' x-ranges are split over
+    # slabs at 2 threads, so the kept rows are written by several slabs; solving again
+    # (the private switch off) must give bitwise the same gradients.
+    params, shape = BIG_CELLS[kind]
+    cell = Cell.from_parameters(*params)
+    grid = GridSpec(cell, shape)
+    atoms = _random_atoms(cell, 50, seed=4).to(dtype=torch.float32)
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(6))
+    kept = _run_with_threads(2, atoms, grid, upstream)
+    leaf = _leaf(atoms, torch.float32)
+    out = kernels.splat_density(leaf, grid, backend="cpu")
+    assert out.grad_fn.rows is not None
+    out.backward(upstream)
+    assert out.grad_fn.backward_info["rows_reused"] > 25  # most atoms take the lane path
+    for got, want in zip((out.detach(), leaf.xyz.grad, leaf.b_iso.grad, leaf.occ.grad), kept):
+        assert torch.equal(got, want)
+    monkeypatch.setattr(density_cpu, "_KEEP_ROWS", False)
+    solved = _run_with_threads(2, atoms, grid, upstream)
+    out = kernels.splat_density(_leaf(atoms, torch.float32), grid, backend="cpu")
+    assert out.grad_fn.rows is None
+    for a, b in zip(kept, solved):
+        assert torch.equal(a, b)
+    _check_against_reference(atoms, grid, seed=8)
+
+
 def test_int64_index_path(monkeypatch):
     # The int64 path is taken for maps of >= 2**31 voxels; the private switch forces it
     # here. It must give bitwise the same map and gradients as the int32 path.
