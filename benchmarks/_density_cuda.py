@@ -190,6 +190,8 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
         {"bp": 16, "bq": 16, "vec": 0},
         {"bp": 8, "bq": 32},  # VEC at 0.33 Å: 2 groups/thread
         {"num_warps": 2},  # run 2's default
+        {"permute": 1},  # programs take atoms in a strided order: fewer same-voxel atomics at a time?
+        {"permute": 1, "vec": 0},
     ]
     for spacing in spacings:
         grid = GridSpec.for_spacing(m.cell, spacing)

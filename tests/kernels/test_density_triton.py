@@ -422,3 +422,18 @@ def test_vec_forward_and_backward_switched_separately(monkeypatch, vec, vec_bwd)
     plan = tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE)
     assert (plan.vec, plan.vec_bwd) == (vec is None, vec_bwd == 1)
     check_against_reference(_atoms_on_z_faces(cell, seed=40), grid, seed=40)
+
+
+def test_permuted_program_order(monkeypatch):
+    # The benchmark's "permute" experiment: program p splats atom p·stride mod P. One atom per program so the
+    # permutation covers every atom; a stride that is not a bijection would drop or double atoms.
+    from kernels.density import triton as tri
+
+    monkeypatch.setitem(tri._TUNING, "permute", 1)
+    monkeypatch.setitem(tri._TUNING, "atoms_per_program", 1)
+    cell = Cell.from_parameters(*CELLS["monoclinic"])
+    atoms = synthetic(cell, MIXED, seed=50)
+    grid = GridSpec(cell, (24, 20, 28))
+    assert tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE).permute
+    assert tri._program_stride(len(MIXED)) not in (0, 1)
+    check_against_reference(atoms, grid, seed=50)
