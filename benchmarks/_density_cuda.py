@@ -182,16 +182,12 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
     # z lanes; "vec": 0 is the lane-by-lane path of the same kernel, timed side by side with it.
     variants = [
         {},
-        {"vec": 0},
-        {"vec_bwd": 0},  # VEC forward, lane-by-lane backward
-        {"separable": 0},
-        {"separable": 0, "vec": 0},
-        {"bp": 16, "bq": 16},  # VEC: fewer second z chunks at 0.67 Å (0.46 M row trips vs 0.86 M), 2 groups/thread
-        {"bp": 16, "bq": 16, "vec": 0},
-        {"bp": 8, "bq": 32},  # VEC at 0.33 Å: 2 groups/thread
-        {"num_warps": 2},  # run 2's default
-        {"permute": 1},  # programs take atoms in a strided order: fewer same-voxel atomics at a time?
-        {"permute": 1, "vec": 0},
+        {"vec": 0},  # the lane-by-lane z path of the same kernel
+        {"vec_bwd": 0},
+        {"num_warps_bwd": 2},
+        {"bp": 16, "bq": 16, "num_warps": 2},
+        {"bp_bwd": 8, "bq_bwd": 32},
+        {"bp": 8, "bq": 16, "bp_bwd": 8, "bq_bwd": 16},  # the 2026-11-23 run 2 default at 0.67 Å
     ]
     for spacing in spacings:
         grid = GridSpec.for_spacing(m.cell, spacing)

@@ -61,6 +61,9 @@ _TUNING: dict[str, int | None] = {
     "vec": None,  # z lanes in aligned groups of 4 (v4 atomics/loads on sm_90) when nz % 4 == 0; 0 forces scalar
     "vec_bwd": None,  # the same for the backward only (None: as "vec")
     "permute": None,  # 1: forward programs take atoms in a strided order (benchmark experiment)
+    "bp_bwd": None,  # the backward's own tile and warps (None: the launcher's choice)
+    "bq_bwd": None,
+    "num_warps_bwd": None,
 }
 # Interpreter: atoms per program (it costs per program, not per element).
 _INTERPRET_ATOMS = 64
@@ -718,29 +721,33 @@ class _Plan:
         self.radius = 0.0 if radius is None else float(radius)
         self.cutoff = float(cutoff)
         self.index64 = self.n_voxels >= 2**31 - 1
-        # Aligned groups of 4 z lanes: needs nz % 4 == 0 so that no group straddles the periodic wrap.
-        # The same code runs in the interpreter (CI tests it); only sm_90's code generation turns each
-        # group into one vector atomic (forward) or 128-bit load (backward).
         # Tile: the box of a nominal atom (the given radius, or carbon at B = 40 Å²), rounded up
         # to a power of two; atoms with larger boxes take more tiles, never a wrong answer.
         nominal = self.radius if radius is not None else _nominal_radius(self.cutoff)
         ext_x = 2 * math.ceil(nominal * self.reach[0]) + 1
         ext_z = 2 * math.ceil(nominal * self.reach[2]) + 1
-        # H100, 3wip (run 1 of 2026-11-22): x tiles of 8 (0.67 Å) and 4 (0.33 Å) beat 16 by 13% / 33%
-        # forward and 12% / 24% forward+backward; 8 warps or 32-wide z tiles at 0.67 Å lost.
+        # H100, 3wip, groups of 4 z lanes (2026-11-23, results/density_cuda_h100_2026-11-23*.json): forward
+        # 128 lanes per tile up to 16-wide z (8x16 at 0.67 Å: 0.115 ms; 16x16 0.119), 256 beyond (8x32 at
+        # 0.33 Å: 0.513 ms; 4x32 0.529); the backward prefers 256 lanes at 16-wide z (16x16: 0.25 / 1.01 ms
+        # vs 0.31 / 1.44 ms with the forward's tiles).
         self.bq = _TUNING["bq"] or max(min(triton.next_power_of_2(ext_z), 64), 4)
         self.interpret = triton_interpreted() and device.type != "cuda"
         # The interpreter pays per loop trip, not per element: wide tiles there.
-        cap = 16 if self.interpret else 128 // self.bq
+        lanes = 128 if self.bq <= 16 else 256
+        cap = 16 if self.interpret else max(1, lanes // self.bq)
         self.bp = _TUNING["bp"] or max(1, min(triton.next_power_of_2(ext_x), cap))
+        self.bq_bwd = _TUNING["bq_bwd"] or (self.bq if self.interpret else min(self.bq, 16))
+        cap = 16 if self.interpret else max(1, 256 // self.bq_bwd)
+        self.bp_bwd = _TUNING["bp_bwd"] or max(1, min(triton.next_power_of_2(ext_x), cap))
         # z lanes in aligned groups of 4 (needs nz % 4 == 0: no group straddles the periodic wrap). The same
         # code runs in the interpreter, so CI tests it; sm_90's code generation turns each group into one
         # vector atomic (forward) or one 128-bit load (backward): see benchmarks/README.md.
-        can_vec = nz % 4 == 0 and self.bq >= 4
-        self.vec = can_vec and _TUNING["vec"] != 0
+        self.vec = nz % 4 == 0 and self.bq >= 4 and _TUNING["vec"] != 0
         # A separate switch for the backward (benchmark): there 4x fewer load instructions weigh against the
         # extra z chunks from rounding the boxes to groups (+30 % row trips on 3wip at 0.67 Å, 8x16 tiles).
-        self.vec_bwd = self.vec if _TUNING["vec_bwd"] is None else can_vec and _TUNING["vec_bwd"] != 0
+        can_vec_bwd = nz % 4 == 0 and self.bq_bwd >= 4
+        vec_bwd = _TUNING["vec_bwd"]
+        self.vec_bwd = can_vec_bwd and (_TUNING["vec"] != 0 if vec_bwd is None else vec_bwd != 0)
         self.permute = bool(_TUNING["permute"])
         if self.interpret:
             self.atoms = _TUNING["atoms_per_program"] or _INTERPRET_ATOMS
@@ -750,6 +757,7 @@ class _Plan:
         # 0.90 vs 1.07 / 1.62 ms at 0.33 Å (H100, run 2): the scatter is bound by the atomics' issue rate,
         # and more, smaller programs keep more atoms' rows in flight.
         self.num_warps = _TUNING["num_warps"] or 1
+        self.num_warps_bwd = _TUNING["num_warps_bwd"] or 1
 
     def common_args(self):
         h00, h11, h22, h01, h02, h12 = self.h
@@ -839,7 +847,8 @@ def _launch_backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii):
         grid = (triton.cdiv(n, plan.atoms),)
         _splat_bwd_kernel[grid](
             grad, xyz, b_iso, occ, a, b, radii, plan.m_dev, g_xyz, g_b, g_occ, n,
-            *plan.common_args(), *plan.m, **{**plan.meta(), "VEC": plan.vec_bwd},
+            *plan.common_args(), *plan.m,
+            **{**plan.meta(), "BP": plan.bp_bwd, "BQ": plan.bq_bwd, "VEC": plan.vec_bwd, "num_warps": plan.num_warps_bwd},
         )  # fmt: skip
     return g_xyz, g_b, g_occ
 

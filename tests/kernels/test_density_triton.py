@@ -437,3 +437,18 @@ def test_permuted_program_order(monkeypatch):
     assert tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE).permute
     assert tri._program_stride(len(MIXED)) not in (0, 1)
     check_against_reference(atoms, grid, seed=50)
+
+
+@pytest.mark.parametrize("bp_bwd,bq_bwd", [(4, 8), (2, 32)])
+def test_backward_with_its_own_tiles(monkeypatch, bp_bwd, bq_bwd):
+    # On the GPU the backward walks wider tiles than the forward (16x16 vs 8x16 at 0.67 Å); here both sizes
+    # differ from the forward's and from each other, monoclinic, atoms on the z faces, nz % 4 == 0 (VEC).
+    from kernels.density import triton as tri
+
+    monkeypatch.setitem(tri._TUNING, "bp_bwd", bp_bwd)
+    monkeypatch.setitem(tri._TUNING, "bq_bwd", bq_bwd)
+    cell = Cell.from_parameters(*CELLS["monoclinic"])
+    grid = GridSpec(cell, (24, 20, 28))
+    plan = tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE)
+    assert (plan.bp_bwd, plan.bq_bwd) == (bp_bwd, bq_bwd) != (plan.bp, plan.bq) and plan.vec_bwd
+    check_against_reference(_atoms_on_z_faces(cell, seed=60), grid, seed=60)
