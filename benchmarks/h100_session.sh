@@ -48,7 +48,7 @@ if has planarity; then
     summary+=("planarity rc=$?")
 fi
 if has cpu; then
-    OMP_NUM_THREADS=2 timeout 150 python3 benchmarks/bench_density.py --device cpu --structures 1orc 1aki 5h73 3wip \
+    OMP_NUM_THREADS=2 timeout 220 python3 benchmarks/bench_density.py --device cpu --structures 1orc 1aki 5h73 3wip \
         --threads 1 2 --out "$OUT/density_cpu_h100host_$day.json" > "$OUT/density_cpu_h100host_$day.log" 2>&1
     summary+=("density cpu rc=$?")
 fi
