@@ -184,10 +184,9 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
         {},
         {"vec": 0},  # the lane-by-lane z path of the same kernel
         {"vec_bwd": 0},
+        {"bp_bwd": 8, "bq_bwd": 16},
+        {"bp_bwd": 16, "bq_bwd": 32},
         {"num_warps_bwd": 2},
-        {"bp": 16, "bq": 16, "num_warps": 2},
-        {"bp_bwd": 8, "bq_bwd": 32},
-        {"bp": 8, "bq": 16, "bp_bwd": 8, "bq_bwd": 16},  # the 2026-11-23 run 2 default at 0.67 Å
     ]
     for spacing in spacings:
         grid = GridSpec.for_spacing(m.cell, spacing)
