@@ -546,20 +546,11 @@ def _splat_bwd_kernel(
     cnty = cnty[:, None, None]
     pp = tl.arange(0, BP)[None, :, None]
     qq = tl.arange(0, BQ)[None, None, :]
-    # Separable: per-atom sums, each tile's folded in once (no lane accumulators live across the row loop,
-    # which holds 15 of its own); otherwise lane accumulators updated per row, summed at the end.
-    if SEPARABLE:
-        acc_o = tl.zeros((ATOMS,), dtype=tl.float32)  # Σ g·u0
-        acc_x = tl.zeros((ATOMS,), dtype=tl.float32)  # Σ g·u1·dx (voxel units)
-        acc_y = tl.zeros((ATOMS,), dtype=tl.float32)
-        acc_z = tl.zeros((ATOMS,), dtype=tl.float32)
-        acc_b = tl.zeros((ATOMS,), dtype=tl.float32)  # Σ g·u2
-    else:
-        acc_o = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-        acc_x = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-        acc_y = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-        acc_z = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-        acc_b = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+    acc_o = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ g·u0
+    acc_x = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ g·u1·dx (voxel units)
+    acc_y = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+    acc_z = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+    acc_b = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ g·u2
     pc = 0
     while pc < n_pc:
         kx = pc * BP + pp
@@ -618,46 +609,41 @@ def _splat_bwd_kernel(
                     else:
                         inside = in_xz & (r < cnty) & (qxz + qy < r2max)
                         g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
-                    # The row's 15 weights y_k, y_k·dy, y_k·qy are per-atom scalars: each voxel then costs
-                    # 15 FMAs (it was 5 products + 15 adds when g·y_k was formed first).
-                    y0 = tl.exp2(-be0 * qy)
-                    y1 = tl.exp2(-be1 * qy)
-                    y2 = tl.exp2(-be2 * qy)
-                    y3 = tl.exp2(-be3 * qy)
-                    y4 = tl.exp2(-be4 * qy)
-                    t0 += g * y0
-                    t1 += g * y1
-                    t2 += g * y2
-                    t3 += g * y3
-                    t4 += g * y4
-                    yd0 += g * (y0 * dy)
-                    yd1 += g * (y1 * dy)
-                    yd2 += g * (y2 * dy)
-                    yd3 += g * (y3 * dy)
-                    yd4 += g * (y4 * dy)
-                    v0 += g * (y0 * qy)
-                    v1 += g * (y1 * qy)
-                    v2 += g * (y2 * qy)
-                    v3 += g * (y3 * qy)
-                    v4 += g * (y4 * qy)
+                    g0 = g * tl.exp2(-be0 * qy)
+                    g1 = g * tl.exp2(-be1 * qy)
+                    g2 = g * tl.exp2(-be2 * qy)
+                    g3 = g * tl.exp2(-be3 * qy)
+                    g4 = g * tl.exp2(-be4 * qy)
+                    t0 += g0
+                    t1 += g1
+                    t2 += g2
+                    t3 += g3
+                    t4 += g4
+                    yd0 += g0 * dy
+                    yd1 += g1 * dy
+                    yd2 += g2 * dy
+                    yd3 += g3 * dy
+                    yd4 += g4 * dy
+                    v0 += g0 * qy
+                    v1 += g1 * qy
+                    v2 += g2 * qy
+                    v3 += g3 * qy
+                    v4 += g4 * qy
                     iy += 1
                     iy = tl.where(iy == ny, 0, iy)
                     r += 1
-                tile_o = c0 * x0 * t0 + c1 * x1 * t1 + c2 * x2 * t2 + c3 * x3 * t3 + c4 * x4 * t4
+                acc_o += c0 * x0 * t0 + c1 * x1 * t1 + c2 * x2 * t2 + c3 * x3 * t3 + c4 * x4 * t4
                 hh = ca0 * x0 * t0 + ca1 * x1 * t1 + ca2 * x2 * t2 + ca3 * x3 * t3 + ca4 * x4 * t4
-                tile_y = ca0 * x0 * yd0 + ca1 * x1 * yd1 + ca2 * x2 * yd2 + ca3 * x3 * yd3 + ca4 * x4 * yd4
-                tile_b = (
+                acc_x += hh * dx
+                acc_z += hh * dz
+                acc_y += ca0 * x0 * yd0 + ca1 * x1 * yd1 + ca2 * x2 * yd2 + ca3 * x3 * yd3 + ca4 * x4 * yd4
+                acc_b += (
                     x0 * (cab0 * (qxz * t0 + v0) - cb0 * t0)
                     + x1 * (cab1 * (qxz * t1 + v1) - cb1 * t1)
                     + x2 * (cab2 * (qxz * t2 + v2) - cb2 * t2)
                     + x3 * (cab3 * (qxz * t3 + v3) - cb3 * t3)
                     + x4 * (cab4 * (qxz * t4 + v4) - cb4 * t4)
                 )
-                acc_o += tl.sum(tl.sum(tile_o, axis=2), axis=1)
-                acc_x += tl.sum(tl.sum(hh * dx, axis=2), axis=1)
-                acc_z += tl.sum(tl.sum(hh * dz, axis=2), axis=1)
-                acc_y += tl.sum(tl.sum(tile_y, axis=2), axis=1)
-                acc_b += tl.sum(tl.sum(tile_b, axis=2), axis=1)
             else:
                 lin = 2.0 * (h01 * dx + h12 * dz)
                 iy = iy0
@@ -695,18 +681,11 @@ def _splat_bwd_kernel(
                     r += 1
             qc += 1
         pc += 1
-    if SEPARABLE:
-        s_o = acc_o
-        s_x = acc_x * occ
-        s_y = acc_y * occ
-        s_z = acc_z * occ
-        s_b = acc_b * occ
-    else:
-        s_o = tl.sum(tl.sum(acc_o, axis=2), axis=1)
-        s_x = tl.sum(tl.sum(acc_x, axis=2), axis=1) * occ
-        s_y = tl.sum(tl.sum(acc_y, axis=2), axis=1) * occ
-        s_z = tl.sum(tl.sum(acc_z, axis=2), axis=1) * occ
-        s_b = tl.sum(tl.sum(acc_b, axis=2), axis=1) * occ
+    s_o = tl.sum(tl.sum(acc_o, axis=2), axis=1)
+    s_x = tl.sum(tl.sum(acc_x, axis=2), axis=1) * occ
+    s_y = tl.sum(tl.sum(acc_y, axis=2), axis=1) * occ
+    s_z = tl.sum(tl.sum(acc_z, axis=2), axis=1) * occ
+    s_b = tl.sum(tl.sum(acc_b, axis=2), axis=1) * occ
     # ∂ρ/∂centre = 2·H·d·Σ α c e (d = voxel − centre), then centre = m·xyz.
     gcx = 2.0 * (h00 * s_x + h01 * s_y + h02 * s_z)
     gcy = 2.0 * (h01 * s_x + h11 * s_y + h12 * s_z)
