@@ -33,6 +33,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <math.h>  // sqrtf/ceilf/floorf: libstdc++'s std:: float overloads do not inline into the AVX2 clone
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -131,6 +132,7 @@ struct Geom {
     double recip[3];   // |a*|, |b*|, |c*| (row norms of the fractional matrix)
     double orth[9];    // fractional -> Cartesian, row-major
     int kind;
+    bool float_rows;   // lane path: row intervals from the float pass (false: the double pass only)
 };
 
 // r² exactly as kernels/density/reference.py evaluates it (same operations, same order,
@@ -261,6 +263,8 @@ struct Scratch {
     std::vector<float> rowc;      // per row of a plane: 3·NG row coefficients (backward) / NG (forward)
     std::vector<float> aacc;      // 6 per-atom lane accumulators (backward)
     std::vector<int32_t> rlo32, rhi32, rows;  // per row of a plane: first/last lane, non-empty rows
+    std::vector<float> dyf;       // float interval pass: dy per row (padded to whole blocks of 8)
+    std::vector<int32_t> fix32;   // float interval pass: per row, settle in double
 };
 
 // exp tables: out[k*len + t] = exp(−alpha_k · q[t]) (vectorised over t)
@@ -419,7 +423,12 @@ KERNELS_INLINE double vsum(vf8 v) {
 // gives every interval; only the rare rows flagged there (grazing, or an end within 1e-6
 // voxel of a lattice point) are settled with the exact test afterwards, so the scalar
 // loop is a scan with an almost never taken branch.
-KERNELS_INLINE void plane_intervals(const Geom& g, const AtomP& A, double dx, int64_t nyb, const double* dyd,
+#if defined(KERNELS_PROFILE_INTERVALS)  // profiling builds only: the interval pass as its own symbol
+__attribute__((noinline)) KERNELS_HOT
+#else
+KERNELS_INLINE
+#endif
+void plane_intervals(const Geom& g, const AtomP& A, double dx, int64_t nyb, const double* dyd,
                                     Scratch& S, int32_t* lo, int32_t* hi) {
     int64_t* fix = S.rst.data();
     double* rq = S.rq.data();
@@ -462,6 +471,116 @@ KERNELS_INLINE void plane_intervals(const Geom& g, const AtomP& A, double dx, in
     }
 }
 
+// The same intervals from a float pass: 8 rows per AVX2 vector instead of 4, box-relative
+// z so the magnitudes stay ~the box size. Every row whose float result cannot be trusted
+// is settled in double with row_range (the pass above's own test, then the exact r² test),
+// so the voxel set is still exactly the reference's. Error bound (u = 2^-24, one float
+// rounding; every per-atom bound below carries a factor ≥ 2 of slack over a first-order
+// count of the roundings, FMA contraction or not):
+//   - |dx| ≤ dxm, |dy| ≤ dym over the box, so the terms of Q = G00·dx² + G11·dy² + G01x2·dx·dy
+//     sum in absolute value to ≤ Smax and those of Lz = G02x2·dx + G12x2·dy to ≤ Lmax; the
+//     float disc = Lz² + 4G22·(R² − Q) is within Ed = 32u·(Lmax² + 4G22·(R² + Smax)) of the
+//     real one (a count gives ≤ 16u·(...)).
+//   - half = k·√disc (k = mz/(2·G22), voxels): |√d' − √d| ≤ |d' − d|/√d' for the computed
+//     d' > 0, so half is within k²·Ed/half' + 3u·half' of the real one; Mb = 2·k²·Ed.
+//   - the centre wc = c0 − Lz·k (c0 = fz·mz − zlo ∈ [reach, reach+1]) and the ends wc ± half,
+//     the shifts by M and the test cs − wlo < M each add a few u of |c0| + k·Lmax + nzb:
+//     Ma = 32u·(|c0| + k·Lmax + nzb + 2).
+// A row end is trusted only when it lies M = Ma + Mb/half' or more from every lattice point
+// (the end and the lattice point next to it then agree with the real root); a row with
+// |disc'| ≤ Ed (grazing, or a miss that might be a hit) is settled too. Typical M on
+// 0.667 Å grids: 1e-4..1e-3 voxel, so ~0.1 % of the rows go to the double settle.
+struct RowConstF {
+    float c0, k, zspan, G11, G12x2, c4, R2, Ed, Ma, Mb;
+};
+
+KERNELS_INLINE RowConstF row_const_f(const Geom& g, const AtomP& A) {
+    constexpr double u = 1.0 / 16777216.0;  // 2^-24
+    auto ext = [&](int d) {
+        return std::max(std::fabs(static_cast<double>(A.lo[d]) / g.m[d] - A.f[d]),
+                        std::fabs(static_cast<double>(A.hi[d]) / g.m[d] - A.f[d]));
+    };
+    const double dxm = ext(0), dym = ext(1);
+    const double Smax = g.G00 * dxm * dxm + g.G11 * dym * dym + std::fabs(g.G01x2) * dxm * dym;
+    const double Lmax = std::fabs(g.G02x2) * dxm + std::fabs(g.G12x2) * dym;
+    const double k = g.inv2G22 * g.m[2];
+    const double c0 = A.f[2] * g.m[2] - static_cast<double>(A.lo[2]);
+    const double Ed = 32.0 * u * (Lmax * Lmax + 4.0 * g.G22 * (A.R2 + Smax));
+    RowConstF C;
+    C.c0 = static_cast<float>(c0);
+    C.k = static_cast<float>(k);
+    C.zspan = static_cast<float>(A.hi[2] - A.lo[2]);
+    C.G11 = static_cast<float>(g.G11);
+    C.G12x2 = static_cast<float>(g.G12x2);
+    C.c4 = static_cast<float>(4.0 * g.G22);
+    C.R2 = static_cast<float>(A.R2);
+    C.Ed = static_cast<float>(Ed);
+    C.Ma = static_cast<float>(32.0 * u * (std::fabs(c0) + k * Lmax + static_cast<double>(A.hi[2] - A.lo[2] + 1) + 2.0));
+    C.Mb = static_cast<float>(2.0 * k * k * Ed);
+    return C;
+}
+
+// Rows of the plane at dx from the float pass; dyf: dy per row, padded to a multiple of 8.
+#if defined(KERNELS_PROFILE_INTERVALS)
+__attribute__((noinline)) KERNELS_HOT
+#else
+KERNELS_INLINE
+#endif
+void plane_intervals_f(const Geom& g, const AtomP& A, const RowConstF& C, double dx, int64_t nyb,
+                                      const float* dyf, const double* dyd, Scratch& S, int32_t* lo, int32_t* hi) {
+    int32_t* fix = S.fix32.data();
+    const float A0 = static_cast<float>(g.G00 * dx * dx), B1 = static_cast<float>(g.G01x2 * dx),
+                Lx = static_cast<float>(g.G02x2 * dx);
+    const float c0 = C.c0, k = C.k, zspan = C.zspan, G11 = C.G11, G12x2 = C.G12x2, c4 = C.c4, R2 = C.R2, Ed = C.Ed,
+                Ma = C.Ma, Mb = C.Mb;
+    const int64_t nbk = (nyb + 7) / 8;
+    for (int64_t bk = 0; bk < nbk; ++bk) {
+        const float* dyb = dyf + 8 * bk;
+        int32_t* lob = lo + 8 * bk;
+        int32_t* hib = hi + 8 * bk;
+        int32_t* fixb = fix + 8 * bk;
+        KERNELS_SIMD
+        for (int l = 0; l < 8; ++l) {
+            const float dy = dyb[l];
+            const float Q = A0 + dy * (G11 * dy + B1);
+            const float Lz = Lx + G12x2 * dy;
+            const float disc = Lz * Lz + c4 * (R2 - Q);
+            // ternaries and the C float functions, not std::max / std::sqrt(float): those are
+            // ordinary functions in libstdc++ that GCC cannot inline into the AVX2 clone
+            const float half = sqrtf(disc > 0.0f ? disc : 0.0f) * k;
+            const float M = Ma + Mb / (half > 1e-20f ? half : 1e-20f);
+            const float wc = c0 - Lz * k;
+            const float wlo = wc - half, whi = wc + half;
+            const float cs = ceilf(wlo - M), ce = floorf(whi + M);
+            const bool hit = disc > -Ed;
+            const bool care = (disc <= Ed) | (cs - wlo < M) | (whi - ce < M);
+            const float a = cs > 0.0f ? cs : 0.0f, b = ce < zspan ? ce : zspan;
+            const bool ok = hit & !care & (a <= b);
+            lob[l] = static_cast<int32_t>(ok ? a : 1.0f);
+            hib[l] = static_cast<int32_t>(ok ? b : 0.0f);
+            fixb[l] = hit & care;
+        }
+    }
+    const int64_t zlo = A.lo[2];
+    for (int64_t bk = 0; bk < nbk; ++bk) {
+        const int32_t* fixb = fix + 8 * bk;
+        int32_t any = 0;
+        for (int l = 0; l < 8; ++l) any |= fixb[l];
+        if (!any) continue;
+        for (int64_t s = 8 * bk; s < std::min(nyb, 8 * bk + 8); ++s) {
+            if (!fix[s]) continue;
+            const double dy = dyd[s];
+            const double Q = g.G00 * dx * dx + g.G11 * dy * dy + g.G01x2 * dx * dy;
+            const double Lz = g.G02x2 * dx + g.G12x2 * dy;
+            int64_t wa, wb;
+            if (row_range(g, A, dx, dy, Q, Lz, wa, wb)) {
+                lo[s] = static_cast<int32_t>(wa - zlo);
+                hi[s] = static_cast<int32_t>(wb - zlo);
+            }
+        }
+    }
+}
+
 #if defined(KERNELS_LANES)
 // Lane-blocked forward or backward of atom A over planes [ia, ib]; builds its own tables
 // (in lane layout) in the scratch S. z0: map z of lane 0,
@@ -486,6 +605,16 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
     int32_t* lo = S.rlo32.data();
     int32_t* hi = S.rhi32.data();
     const int64_t nblk = nl / kL;
+    // float interval pass (when this call solves for the intervals): per-atom constants, dy in float
+    const bool solve = Forward || !rows_saved;
+    const bool fpass = solve && g.float_rows;
+    RowConstF rcf{};
+    float* dyf = S.dyf.data();
+    if (fpass) {
+        rcf = row_const_f(g, A);
+        const int64_t nyp = (nyb + 7) / 8 * 8;
+        for (int64_t s = 0; s < nyp; ++s) dyf[s] = static_cast<float>(dyd[std::min(s, nyb - 1)]);
+    }
     // Tables straight in lane layout. Lanes outside the box get the values of their own
     // (outside) z: finite, never inside a row's interval, so they are masked everywhere.
     const int64_t zfirst = A.lo[2] - off;  // unwrapped lattice z of lane 0
@@ -539,7 +668,10 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
         const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
         const Idx iw = static_cast<Idx>(floor_mod(i, nx));
         int16_t* sv = rows_saved ? rows_saved + 2 * (i - A.lo[0]) * nyb : nullptr;
-        if (Forward || !sv) plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
+        if (fpass)
+            plane_intervals_f(g, A, rcf, dx, nyb, dyf, dyd, S, lo, hi);
+        else if (solve)
+            plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
         if (sv) {
             if (Forward) {
                 for (int64_t s = 0; s < nyb; ++s) {
@@ -933,8 +1065,11 @@ void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
     S.tab_b.resize(std::max(S.tab_b.size(), static_cast<size_t>(NG * nxb * nl)));
     S.rowc.resize(3 * NG * nyb);
     S.aacc.resize(6 * nl);
-    S.rlo32.resize(nyb);
-    S.rhi32.resize(nyb);
+    const int64_t nyp = (nyb + 7) / 8 * 8;  // the float interval pass works in whole blocks of 8 rows
+    S.rlo32.resize(nyp);
+    S.rhi32.resize(nyp);
+    S.dyf.resize(nyp);
+    S.fix32.resize(nyp);
     S.rows.resize(nyb);
 }
 
@@ -1268,14 +1403,15 @@ bool parse_doubles(PyObject* seq, int n, double* out, const char* what) {
 }
 
 // Common arguments: shape (3 ints), n_atoms, 6 atom pointers, metric (9), recip (3),
-// orth (9), kind, n_threads, force_int64.
+// orth (9), kind, n_threads, flags (bit 0: force int64 indices; bit 1: row intervals from
+// the double pass only, a test switch).
 bool parse_inputs(PyObject* args, Py_ssize_t start, Py_ssize_t end, Inputs& in, int& n_threads, bool& use64) {
     PyObject *shape, *pf, *pr, *pb, *po, *pa, *pbb, *metric, *recip, *orth;
     int kind, force64;
     long long n_atoms;
     PyObject* sub = PyTuple_GetSlice(args, start, end);
     if (!sub) return false;
-    const int ok = PyArg_ParseTuple(sub, "OLOOOOOOOOOiip", &shape, &n_atoms, &pf, &pr, &pb, &po, &pa, &pbb, &metric,
+    const int ok = PyArg_ParseTuple(sub, "OLOOOOOOOOOiii", &shape, &n_atoms, &pf, &pr, &pb, &po, &pa, &pbb, &metric,
                                     &recip, &orth, &kind, &n_threads, &force64);
     Py_DECREF(sub);
     if (!ok) return false;
@@ -1313,7 +1449,8 @@ bool parse_inputs(PyObject* args, Py_ssize_t start, Py_ssize_t end, Inputs& in, 
     if (PyErr_Occurred()) return false;
     n_threads = std::max(1, n_threads);
     const int64_t nvox = in.g.n[0] * in.g.n[1] * in.g.n[2];
-    use64 = force64 || nvox >= (int64_t(1) << 31);
+    in.g.float_rows = !(force64 & 2);
+    use64 = (force64 & 1) || nvox >= (int64_t(1) << 31);
     return true;
 }
 
@@ -1329,7 +1466,8 @@ void free_rows(PyObject* cap) { delete static_cast<SavedRows*>(PyCapsule_GetPoin
 
 const char splat_doc[] =
     "splat(out_ptr, shape, n_atoms, frac_ptr, radii_ptr, b_iso_ptr, occ_ptr, a_ptr, b_ptr, metric, recip, orth,\n"
-    "      kind, n_threads, force_int64, keep_rows) -> dict of phase timings (+ 'rows')\n\n"
+    "      kind, n_threads, flags, keep_rows) -> dict of phase timings (+ 'rows')\n\n"
+    "flags: bit 0 forces int64 indices, bit 1 solves the row intervals in double only (tests).\n"
     "Writes the density of n_atoms atoms to the float32 C-contiguous map at out_ptr (shape nx, ny, nz;\n"
     "its previous content is overwritten, so it may be uninitialised). keep_rows: also return the\n"
     "atoms' row intervals as an opaque capsule under 'rows', for gather() of the same inputs.\n"
@@ -1380,7 +1518,7 @@ PyObject* py_splat(PyObject*, PyObject* args) {
 
 const char gather_doc[] =
     "gather(grad_ptr, gxyz_ptr, gb_ptr, gocc_ptr, shape, n_atoms, frac_ptr, radii_ptr, b_iso_ptr, occ_ptr, a_ptr,\n"
-    "       b_ptr, metric, recip, orth, kind, n_threads, force_int64, rows) -> dict of phase timings\n\n"
+    "       b_ptr, metric, recip, orth, kind, n_threads, flags, rows) -> dict of phase timings\n\n"
     "Gradient of sum(grad * splat) with respect to xyz (N,3), b_iso (N,) and occ (N,), written as float64.\n"
     "rows: None, or the 'rows' capsule of splat() on the same inputs (skips solving for the row intervals).";
 

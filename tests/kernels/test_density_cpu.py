@@ -333,6 +333,98 @@ def test_int64_index_path(monkeypatch):
     assert out.grad_fn.info["index"] == "int32"
 
 
+# Cells for the float interval pass: voxels of ~0.6 Å, the lane path for every atom.
+NEAR_TIE_CELLS = {
+    "orthogonal": ((20.0, 21.0, 22.0, 90, 90, 90), (32, 34, 36)),
+    "monoclinic": ((21.0, 19.0, 23.0, 90, 104.0, 90), (34, 30, 36)),
+    "hexagonal": ((20.0, 20.0, 22.0, 90, 90, 120), (32, 32, 36)),
+}
+
+
+def _near_tie_radii(cell: Cell, shape, frac: torch.Tensor, seed: int):
+    """Per-atom radii that put one row end of each atom 1e-7..1e-4 voxel from a lattice point.
+
+    For atom i a voxel (ix, iy, w) is picked (a few voxels from its centre, or next to the vertex
+    of its row: a grazing row); R² = r²(w) + δ·dr²/dw
+    moves the root of that row's quadratic to w + δ (δ log-uniform in ±[1e-7, 1e-4] voxel), and
+    a few atoms get δ = 0 (R = the voxel's distance: a tie or a near tie in double).
+    Returns the radii (float64) and the roots' offsets from w, solved again in double.
+    """
+    rng = np.random.default_rng(seed)
+    g = cell.metric.numpy()
+    m = np.asarray(shape, dtype=np.float64)
+    f = frac.numpy()
+    n = f.shape[0]
+    ix = np.floor(f[:, 0] * m[0]) + rng.choice([-2, -1, 2, 3], n)  # >= 1 voxel off: R > 0.5 Å
+    iy = np.floor(f[:, 1] * m[1]) + rng.integers(-2, 3, n)
+    up = rng.random(n) < 0.5
+    dx, dy = ix / m[0] - f[:, 0], iy / m[1] - f[:, 1]
+    q = g[0, 0] * dx * dx + g[1, 1] * dy * dy + 2 * g[0, 1] * dx * dy
+    lz = 2 * g[0, 2] * dx + 2 * g[1, 2] * dy
+    # half of the rows end a few voxels from the centre, the other half graze the sphere: w is
+    # the lattice point next to the row's vertex wc, so the row is < 1 voxel long (there the
+    # float roots are least accurate)
+    wc = f[:, 2] * m[2] - lz * m[2] / (2 * g[2, 2])
+    far = np.floor(f[:, 2] * m[2]) + np.where(up, rng.integers(2, 4, n), -rng.integers(1, 3, n))
+    w = np.where(rng.random(n) < 0.5, far, np.where(up, np.ceil(wc), np.floor(wc)))
+    dz = w / m[2] - f[:, 2]
+    r2 = q + lz * dz + g[2, 2] * dz * dz
+    deriv = (lz + 2 * g[2, 2] * dz) / m[2]  # dr²/dw, w in voxels
+    delta = rng.choice([-1.0, 1.0], n) * 10.0 ** rng.uniform(-7, -4, n)
+    delta[:4] = 0.0
+    r2_target = r2 + deriv * delta
+    # where the row's root lies now, relative to w (voxels)
+    root = f[:, 2] * m[2] + m[2] * (-lz + np.where(up, 1, -1) * np.sqrt(lz * lz - 4 * g[2, 2] * (q - r2_target))) / (
+        2 * g[2, 2]
+    )
+    return torch.from_numpy(np.sqrt(r2_target)), root - w
+
+
+@pytest.mark.parametrize("kind", sorted(NEAR_TIE_CELLS))
+def test_float_row_intervals_near_lattice_points(monkeypatch, kind):
+    # The lane path solves each row's z interval in float and settles in double every row
+    # whose float end lies within a bound on its float error of a lattice point. Here every
+    # atom has a row end 1e-7..1e-4 voxel from a lattice point (float rounding of the ends
+    # is ~1e-6..1e-5 voxel): the maps and gradients must be bitwise those of the double
+    # pass (the private switch), and the voxel sets identical. A band narrower than the
+    # float error fails this (checked by shrinking it in the kernel).
+    params, shape = NEAR_TIE_CELLS[kind]
+    cell = Cell.from_parameters(*params)
+    assert cell.kind == kind
+    grid = GridSpec(cell, shape)
+    atoms = _random_atoms(cell, 60, seed=11 + len(kind), b_range=(30.0, 60.0)).to(dtype=torch.float32)
+    frac = (atoms.xyz.to(torch.float64) @ cell.frac.T).contiguous()  # as the kernel forms it
+    radii, offset = _near_tie_radii(cell, shape, frac, seed=len(kind))
+    assert (offset[:4] == 0).all() or np.abs(offset[:4]).max() < 1e-9
+    near = np.abs(offset[4:])
+    assert near.min() > 0.5e-7 and near.max() < 2e-4  # the construction did what it says
+    assert 0.5 < float(radii.min()) and float(radii.max()) < 3.5
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(2))
+
+    def run(threads: int):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            leaf = _leaf(atoms, torch.float32)
+            out = density_cpu._SplatFunction.apply(leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, False)
+            out.backward(upstream)
+            return out.detach(), leaf.xyz.grad, leaf.b_iso.grad, leaf.occ.grad
+        finally:
+            torch.set_num_threads(before)
+
+    monkeypatch.setattr(density_cpu, "_KEEP_ROWS", False)  # the backward solves the rows too
+    fast = run(2)
+    assert (fast[0] != 0).sum() > 1000
+    monkeypatch.setattr(density_cpu, "_FLOAT_ROWS", False)
+    exact = run(2)
+    assert torch.equal(fast[0] != 0, exact[0] != 0), "float intervals changed the voxel set"
+    for a, b in zip(fast, exact):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(density_cpu, "_FLOAT_ROWS", True)
+    for a, b in zip(run(1), fast):
+        assert torch.equal(a, b)
+
+
 # --------------------------------------------------------------------------- std::thread build
 
 
