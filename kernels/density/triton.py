@@ -60,7 +60,6 @@ _TUNING: dict[str, int | None] = {
     "separable": None,  # 0 forces the full per-voxel exponent (for the benchmark's comparison)
     "vec": None,  # z lanes in aligned groups of 4 (v4 atomics/loads on sm_90) when nz % 4 == 0; 0 forces scalar
     "vec_bwd": None,  # the same for the backward only (None: as "vec")
-    "permute": None,  # 1: forward programs take atoms in a strided order (benchmark experiment)
     "bp_bwd": None,  # the backward's own tile and warps (None: the launcher's choice)
     "bq_bwd": None,
     "num_warps_bwd": None,
@@ -310,7 +309,6 @@ def _splat_fwd_kernel(
     rx,  # floats: |a*_i|·n_i, voxels of box half-extent per Å of radius
     ry,
     rz,
-    program_stride,  # int, coprime with the number of programs (read when PERMUTE)
     ATOMS: tl.constexpr,
     BP: tl.constexpr,
     BQ: tl.constexpr,
@@ -318,14 +316,8 @@ def _splat_fwd_kernel(
     PER_ATOM_RADIUS: tl.constexpr,
     INDEX64: tl.constexpr,
     VEC: tl.constexpr,
-    PERMUTE: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    if PERMUTE:
-        # Program p takes atom block p·stride mod P: programs running at the same time then splat atoms far
-        # apart in the file (and in space), so fewer of their atomics land on the same voxels.
-        pid = ((pid.to(tl.int64) * program_stride) % tl.num_programs(0)).to(tl.int32)
-    ia = pid * ATOMS + tl.arange(0, ATOMS)
+    ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
     tx, ty, tz, bx, by, bz, lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(
         xyz_ptr, radius_ptr, m_ptr, ia, valid, radius_all, nx, ny, nz, rx, ry, rz, PER_ATOM_RADIUS
@@ -748,7 +740,6 @@ class _Plan:
         can_vec_bwd = nz % 4 == 0 and self.bq_bwd >= 4
         vec_bwd = _TUNING["vec_bwd"]
         self.vec_bwd = can_vec_bwd and (_TUNING["vec"] != 0 if vec_bwd is None else vec_bwd != 0)
-        self.permute = bool(_TUNING["permute"])
         if self.interpret:
             self.atoms = _TUNING["atoms_per_program"] or _INTERPRET_ATOMS
         else:
@@ -816,25 +807,12 @@ def _radii_device(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cutoff:
     return out
 
 
-@functools.lru_cache(maxsize=64)
-def _program_stride(n_programs: int) -> int:
-    """A stride near 0.618·P that is coprime with P, so p ↦ p·stride mod P permutes the programs."""
-    stride = max(1, int(0.6180339887 * n_programs))
-    while math.gcd(stride, n_programs) != 1:
-        stride += 1
-    return stride
-
-
 def _launch_forward(plan: _Plan, xyz, b_iso, occ, a, b, radii) -> torch.Tensor:
     n = xyz.shape[0]
     out = torch.zeros(plan.n_voxels, dtype=torch.float32, device=xyz.device)
     if n:
-        n_programs = triton.cdiv(n, plan.atoms)
-        stride = _program_stride(n_programs) if plan.permute else 1
-        _splat_fwd_kernel[(n_programs,)](
-            xyz, b_iso, occ, a, b, radii, plan.m_dev, out, n, *plan.common_args(), stride,
-            PERMUTE=plan.permute, **plan.meta(),
-        )  # fmt: skip
+        grid = (triton.cdiv(n, plan.atoms),)
+        _splat_fwd_kernel[grid](xyz, b_iso, occ, a, b, radii, plan.m_dev, out, n, *plan.common_args(), **plan.meta())
     return out.view(plan.shape)
 
 

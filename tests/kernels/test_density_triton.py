@@ -424,21 +424,6 @@ def test_vec_forward_and_backward_switched_separately(monkeypatch, vec, vec_bwd)
     check_against_reference(_atoms_on_z_faces(cell, seed=40), grid, seed=40)
 
 
-def test_permuted_program_order(monkeypatch):
-    # The benchmark's "permute" experiment: program p splats atom p·stride mod P. One atom per program so the
-    # permutation covers every atom; a stride that is not a bijection would drop or double atoms.
-    from kernels.density import triton as tri
-
-    monkeypatch.setitem(tri._TUNING, "permute", 1)
-    monkeypatch.setitem(tri._TUNING, "atoms_per_program", 1)
-    cell = Cell.from_parameters(*CELLS["monoclinic"])
-    atoms = synthetic(cell, MIXED, seed=50)
-    grid = GridSpec(cell, (24, 20, 28))
-    assert tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE).permute
-    assert tri._program_stride(len(MIXED)) not in (0, 1)
-    check_against_reference(atoms, grid, seed=50)
-
-
 @pytest.mark.parametrize("bp_bwd,bq_bwd", [(4, 8), (2, 32)])
 def test_backward_with_its_own_tiles(monkeypatch, bp_bwd, bq_bwd):
     # On the GPU the backward walks wider tiles than the forward (16x16 vs 8x16 at 0.67 Å); here both sizes
