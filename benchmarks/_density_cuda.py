@@ -182,11 +182,13 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
     # z lanes; "vec": 0 is the lane-by-lane path of the same kernel, timed side by side with it.
     variants = [
         {},
-        {"vec": 0},  # the lane-by-lane z path of the same kernel
-        {"vec_bwd": 0},
+        {"trim": 0},  # every (x, z) tile walks all the box's rows
+        {"fold_bwd": 0},  # separable backward with lane accumulators across the row loops
+        {"trim": 0, "fold_bwd": 0},  # the kernel of 2026-11-23 run 3
+        {"bp": 4},  # narrower forward tiles (4x16 / 4x32) trim better
+        {"bp_bwd": 8, "bq_bwd": 32},
         {"bp_bwd": 8, "bq_bwd": 16},
-        {"bp_bwd": 16, "bq_bwd": 32},
-        {"num_warps_bwd": 2},
+        {"vec": 0},  # the lane-by-lane z path of the same kernel
     ]
     for spacing in spacings:
         grid = GridSpec.for_spacing(m.cell, spacing)
@@ -217,12 +219,15 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
                 row["grad_xyz_rel_vs_default"] = float((grad - default_grad).norm() / default_grad.norm())
                 row["vec"] = plan.vec
                 row["vec_bwd"] = plan.vec_bwd
+                row["trim"] = plan.trim
+                row["fold_bwd"] = plan.fold_bwd
+                row["bwd_tile"] = [plan.bp_bwd, plan.bq_bwd]
                 row["fwd_graph_ms"] = _bench(fwd, graph=True)
                 row["fwd_bwd_graph_ms"] = _bench(fwd_bwd, graph=True)
                 row["rel_vs_default"] = rel
                 rows.append(row)
                 print(
-                    f"variant {spacing:.3f} {var} (vec {plan.vec}, {plan.bp}x{plan.bq}) -> "
+                    f"variant {spacing:.3f} {var} (vec {plan.vec}, {plan.bp}x{plan.bq}, bwd {plan.bp_bwd}x{plan.bq_bwd}) -> "
                     f"{row['fwd_graph_ms']:.4f} / {row['fwd_bwd_graph_ms']:.4f} ms "
                     f"(map {rel:.1e}, grad {row['grad_xyz_rel_vs_default']:.1e} from the first)"
                 )

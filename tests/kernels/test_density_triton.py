@@ -437,3 +437,50 @@ def test_backward_with_its_own_tiles(monkeypatch, bp_bwd, bq_bwd):
     plan = tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE)
     assert (plan.bp_bwd, plan.bq_bwd) == (bp_bwd, bq_bwd) != (plan.bp, plan.bq) and plan.vec_bwd
     check_against_reference(_atoms_on_z_faces(cell, seed=60), grid, seed=60)
+
+
+# --------------------------------------------------------------------------- per-tile row spans
+# Each (x, z) tile walks only the rows where one of its voxels can lie inside the sphere (_tile_rows).
+# A row left out that held a voxel inside would lose that voxel's density; rows walked or not differ
+# only by exact zeros, so the map and the gradients must equal the whole-box walk (_TUNING["trim"] = 0)
+# bit for bit, whatever the cell, tile and launch shape.
+
+
+def _splat_and_grads(atoms: AtomSet, grid: GridSpec, radius, seed: int):
+    fast_atoms, leaves = _with_grads(atoms.to(dtype=torch.float32), torch.float32)
+    w = torch.randn(grid.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    out = splat_triton(fast_atoms, grid, radius=radius)
+    return (out.detach(), *torch.autograd.grad((out * w).sum(), leaves))
+
+
+@pytest.mark.parametrize("kind", list(CELLS))
+@pytest.mark.parametrize("atoms_per_program", [None, 1], ids=["packed", "one-atom"])
+@pytest.mark.parametrize("radius", [None, 1.3], ids=["per-atom-radius", "radius-1.3"])
+def test_row_spans_equal_whole_box_walk(monkeypatch, kind, atoms_per_program, radius):
+    from kernels.density import triton as tri
+
+    monkeypatch.setitem(tri._TUNING, "atoms_per_program", atoms_per_program)
+    cell = Cell.from_parameters(*CELLS[kind])
+    atoms = _atoms_on_z_faces(cell, seed=70 + len(kind))
+    grid = GridSpec(cell, (24, 26, 32))
+    results = {}
+    for trim in (0, None):
+        monkeypatch.setitem(tri._TUNING, "trim", trim)
+        assert tri._plan(grid, radius, kernels.DEFAULT_CUTOFF, DEVICE).trim == (trim is None)
+        results[trim] = _splat_and_grads(atoms, grid, radius, seed=70)
+    assert results[None][0].abs().max() > 0
+    for name, whole, spans in zip(("map", "xyz", "b_iso", "occ"), results[0], results[None]):
+        assert torch.equal(whole, spans), f"{name}: row spans differ from the whole-box walk"
+
+
+@pytest.mark.parametrize("kind", ["orthogonal", "monoclinic"])
+def test_backward_lane_accumulators_match_reference(monkeypatch, kind):
+    # fold_bwd 0: the separable backward keeps lane accumulators across the row loops (the benchmark's
+    # comparison); the default folds each tile's sums into per-atom sums at once.
+    from kernels.density import triton as tri
+
+    monkeypatch.setitem(tri._TUNING, "fold_bwd", 0)
+    cell = Cell.from_parameters(*CELLS[kind])
+    grid = GridSpec(cell, (24, 20, 28))
+    assert not tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE).fold_bwd
+    check_against_reference(_atoms_on_z_faces(cell, seed=80), grid, seed=80)
