@@ -64,6 +64,7 @@ _TUNING: dict[str, int | None] = {
     "bq_bwd": None,
     "num_warps_bwd": None,
     "trim": None,  # 0: every (x, z) tile walks all the box's rows (no per-tile row span; benchmark comparison)
+    "rows2_bwd": None,  # 1: the separable backward walks rows in pairs, both loads issued first (benchmark)
     "fold_bwd": None,  # 0: separable backward keeps lane accumulators across the row loops (benchmark comparison)
 }
 # Interpreter: atoms per program (it costs per program, not per element).
@@ -359,6 +360,36 @@ def _row_walk_start(r_lo, r_hi, iy0, ny, n_rows):
     return r_start, r_end, iy
 
 
+@triton.jit
+def _row_sums(g, dy, qy, be0, be1, be2, be3, be4, t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4):
+    """One row of the separable backward: Σ_rows g·y_k, g·y_k·dy, g·y_k·qy += this row's (15 FMAs per voxel).
+
+    y_k = exp(−α_k·qy) of the row, and y_k·dy, y_k·qy, are per-atom scalars; g: the row's masked gradient.
+    """
+    y0 = tl.exp2(-be0 * qy)
+    y1 = tl.exp2(-be1 * qy)
+    y2 = tl.exp2(-be2 * qy)
+    y3 = tl.exp2(-be3 * qy)
+    y4 = tl.exp2(-be4 * qy)
+    return (
+        t0 + g * y0,
+        t1 + g * y1,
+        t2 + g * y2,
+        t3 + g * y3,
+        t4 + g * y4,
+        yd0 + g * (y0 * dy),
+        yd1 + g * (y1 * dy),
+        yd2 + g * (y2 * dy),
+        yd3 + g * (y3 * dy),
+        yd4 + g * (y4 * dy),
+        v0 + g * (y0 * qy),
+        v1 + g * (y1 * qy),
+        v2 + g * (y2 * qy),
+        v3 + g * (y3 * qy),
+        v4 + g * (y4 * qy),
+    )
+
+
 # --------------------------------------------------------------------------- kernels
 
 
@@ -583,6 +614,7 @@ def _splat_bwd_kernel(
     VEC: tl.constexpr,
     TRIM: tl.constexpr,
     FOLD: tl.constexpr,
+    ROWS2: tl.constexpr,
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
@@ -723,6 +755,7 @@ def _splat_bwd_kernel(
                     iy = iy0
                     r_lo = cnty * 0
                     r_hi = cnty
+                lim = r2max - qxz  # a voxel is inside when qy < lim
                 while r < r_end:
                     dy = r.to(tl.float32) - off_y3
                     qy = h11 * dy * dy
@@ -730,33 +763,38 @@ def _splat_bwd_kernel(
                         # One 128-bit load per group of 4 z lanes on sm_90; lanes outside the sphere zeroed.
                         inside = in_xz & tl.max_constancy(gmin + qy < r2lim, [1, 1, 4])
                     else:
-                        inside = in_xz & (qxz + qy < r2max)
+                        inside = in_xz & (qy < lim)
                     if ATOMS > 1:  # one atom: the loop runs exactly its rows
                         inside = inside & (r >= r_lo) & (r < r_hi)
                     g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
+                    if ROWS2:
+                        # The next row's load is issued before this row's arithmetic (two loads in flight).
+                        iy += 1
+                        iy = tl.where(iy == ny, 0, iy)
+                        dy_b = (r + 1).to(tl.float32) - off_y3
+                        qy_b = h11 * dy_b * dy_b
+                        if VEC:
+                            inside_b = in_xz & tl.max_constancy(gmin + qy_b < r2lim, [1, 1, 4])
+                        else:
+                            inside_b = in_xz & (qy_b < lim)
+                        inside_b = inside_b & (r + 1 < r_end)
+                        if ATOMS > 1:
+                            inside_b = inside_b & (r + 1 >= r_lo) & (r + 1 < r_hi)
+                        g_b = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside_b, other=0.0)
                     if VEC:
-                        g = tl.where(qxz + qy < r2max, g, 0.0)
-                    # The row's 15 weights y_k, y_k·dy, y_k·qy are per-atom scalars: 15 FMAs per voxel.
-                    y0 = tl.exp2(-be0 * qy)
-                    y1 = tl.exp2(-be1 * qy)
-                    y2 = tl.exp2(-be2 * qy)
-                    y3 = tl.exp2(-be3 * qy)
-                    y4 = tl.exp2(-be4 * qy)
-                    t0 += g * y0
-                    t1 += g * y1
-                    t2 += g * y2
-                    t3 += g * y3
-                    t4 += g * y4
-                    yd0 += g * (y0 * dy)
-                    yd1 += g * (y1 * dy)
-                    yd2 += g * (y2 * dy)
-                    yd3 += g * (y3 * dy)
-                    yd4 += g * (y4 * dy)
-                    v0 += g * (y0 * qy)
-                    v1 += g * (y1 * qy)
-                    v2 += g * (y2 * qy)
-                    v3 += g * (y3 * qy)
-                    v4 += g * (y4 * qy)
+                        g = tl.where(qy < lim, g, 0.0)
+                    t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4 = _row_sums(
+                        g, dy, qy, be0, be1, be2, be3, be4,
+                        t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4,
+                    )  # fmt: skip
+                    if ROWS2:
+                        if VEC:
+                            g_b = tl.where(qy_b < lim, g_b, 0.0)
+                        t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4 = _row_sums(
+                            g_b, dy_b, qy_b, be0, be1, be2, be3, be4,
+                            t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4,
+                        )  # fmt: skip
+                        r += 1
                     iy += 1
                     iy = tl.where(iy == ny, 0, iy)
                     r += 1
@@ -885,15 +923,15 @@ class _Plan:
         ext_z = 2 * math.ceil(nominal * self.reach[2]) + 1
         # H100, 3wip, groups of 4 z lanes (2026-11-23, results/density_cuda_h100_2026-11-23*.json): forward
         # 128 lanes per tile up to 16-wide z (8x16 at 0.67 Å: 0.115 ms; 16x16 0.119), 256 beyond (8x32 at
-        # 0.33 Å: 0.513 ms; 4x32 0.529); the backward prefers 256 lanes at 16-wide z (16x16: 0.25 / 1.01 ms
-        # vs 0.31 / 1.44 ms with the forward's tiles).
+        # 0.33 Å: 0.513 ms; 4x32 0.529); the backward prefers 256 lanes (16x16 at 0.67 Å: 0.25 ms vs 0.31 ms
+        # with the forward's 8x16; with per-tile row spans, 8x32 at 0.33 Å: fwd+bwd 1.320 vs 1.367 ms for 16x16).
         self.bq = _TUNING["bq"] or max(min(triton.next_power_of_2(ext_z), 64), 4)
         self.interpret = triton_interpreted() and device.type != "cuda"
         # The interpreter pays per loop trip, not per element: wide tiles there.
         lanes = 128 if self.bq <= 16 else 256
         cap = 16 if self.interpret else max(1, lanes // self.bq)
         self.bp = _TUNING["bp"] or max(1, min(triton.next_power_of_2(ext_x), cap))
-        self.bq_bwd = _TUNING["bq_bwd"] or (self.bq if self.interpret else min(self.bq, 16))
+        self.bq_bwd = _TUNING["bq_bwd"] or self.bq
         cap = 16 if self.interpret else max(1, 256 // self.bq_bwd)
         self.bp_bwd = _TUNING["bp_bwd"] or max(1, min(triton.next_power_of_2(ext_x), cap))
         # z lanes in aligned groups of 4 (needs nz % 4 == 0: no group straddles the periodic wrap). The same
@@ -908,6 +946,7 @@ class _Plan:
         # Each (x, z) tile walks only the rows where its voxels can lie inside the sphere.
         self.trim = _TUNING["trim"] != 0
         self.fold_bwd = _TUNING["fold_bwd"] != 0
+        self.rows2_bwd = bool(_TUNING["rows2_bwd"])
         if self.interpret:
             self.atoms = _TUNING["atoms_per_program"] or _INTERPRET_ATOMS
         else:
@@ -996,7 +1035,7 @@ def _launch_backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii):
             grad, xyz, b_iso, occ, a, b, radii, plan.m_dev, g_xyz, g_b, g_occ, n,
             *plan.common_args(), *plan.m,
             **{**plan.meta(), "BP": plan.bp_bwd, "BQ": plan.bq_bwd, "VEC": plan.vec_bwd, "FOLD": plan.fold_bwd,
-               "num_warps": plan.num_warps_bwd},
+               "ROWS2": plan.rows2_bwd, "num_warps": plan.num_warps_bwd},
         )  # fmt: skip
     return g_xyz, g_b, g_occ
 
