@@ -182,13 +182,11 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
     # z lanes; "vec": 0 is the lane-by-lane path of the same kernel, timed side by side with it.
     variants = [
         {},
-        {"rows2_bwd": 1},  # the separable backward walks rows in pairs, both loads issued first
-        {"fold_bwd": 0},  # separable backward with lane accumulators across the row loops
-        {"rows2_bwd": 1, "fold_bwd": 0},
-        {"bp_bwd": 16, "bq_bwd": 16},  # the backward's tile before 2026-11-23 run 4 (same as default at 0.67 Å)
+        {"rows2_bwd": 0},  # the separable backward row by row (one load in flight)
         {"trim": 0},  # every (x, z) tile walks all the box's rows
-        {"bp": 4},  # narrower forward tiles (4x16 / 4x32) trim better
-        {"num_warps_bwd": 2},  # half the lanes per thread in the backward: fewer registers, more warps per SM
+        {"trim": 0, "rows2_bwd": 0},  # both off: the walk of 2026-11-23 run 3 (with the per-tile fold)
+        {"bp_bwd": 16, "bq_bwd": 16},  # the backward's tile before run 4 (the default's at 0.67 Å)
+        {"bp": 4},  # narrower forward tiles (4x16 / 4x32)
     ]
     for spacing in spacings:
         grid = GridSpec.for_spacing(m.cell, spacing)
@@ -220,7 +218,6 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
                 row["vec"] = plan.vec
                 row["vec_bwd"] = plan.vec_bwd
                 row["trim"] = plan.trim
-                row["fold_bwd"] = plan.fold_bwd
                 row["rows2_bwd"] = plan.rows2_bwd
                 row["bwd_tile"] = [plan.bp_bwd, plan.bq_bwd]
                 row["fwd_graph_ms"] = _bench(fwd, graph=True)

@@ -14,6 +14,14 @@ Design (see ``benchmarks/README.md``, "Density, GPU (H100)", for what was measur
   E = exp(−α(H00 dx² + 2 H02 dx dz + H22 dz²)) computed once per tile and e(y) once per
   row: every factor ≤ 1, so nothing overflows. Hexagonal and triclinic cells evaluate the
   full exponent per voxel (r² ≥ 0, so exp(−α r²) ≤ 1 as well).
+- Each (x, z) tile walks only the rows where one of its voxels can lie inside the sphere: on
+  separable cells from the minimum of the (x, z) part of r² over the tile's rectangle (a few
+  scalar flops per tile), otherwise from the union of the lanes' row intervals; bounds are widened
+  so that no row with a voxel inside is dropped. Corner tiles then skip most of the box's rows.
+- The separable backward folds each tile's sums into per-atom sums after its row loop (no lane
+  accumulators live across row loops) and walks the rows in pairs, the second row's gradient load
+  issued before the first row's arithmetic (the backward is bound by load latency at the
+  occupancy its ~220 registers allow).
 - z lanes in aligned groups of 4 (``VEC``, when nz % 4 == 0): the lanes start at the box's first z
   rounded down to a multiple of 4 in absolute grid index, each group's start is wrapped and
   declared a multiple of 4, and the masks are constant over each group (a lower bound of r² over
@@ -64,8 +72,7 @@ _TUNING: dict[str, int | None] = {
     "bq_bwd": None,
     "num_warps_bwd": None,
     "trim": None,  # 0: every (x, z) tile walks all the box's rows (no per-tile row span; benchmark comparison)
-    "rows2_bwd": None,  # 1: the separable backward walks rows in pairs, both loads issued first (benchmark)
-    "fold_bwd": None,  # 0: separable backward keeps lane accumulators across the row loops (benchmark comparison)
+    "rows2_bwd": None,  # 0: the separable backward walks rows one by one (benchmark comparison)
 }
 # Interpreter: atoms per program (it costs per program, not per element).
 _INTERPRET_ATOMS = 64
@@ -613,7 +620,6 @@ def _splat_bwd_kernel(
     INDEX64: tl.constexpr,
     VEC: tl.constexpr,
     TRIM: tl.constexpr,
-    FOLD: tl.constexpr,
     ROWS2: tl.constexpr,
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
@@ -681,10 +687,10 @@ def _splat_bwd_kernel(
     cnty = cnty[:, None, None]
     pp = tl.arange(0, BP)[None, :, None]
     qq = tl.arange(0, BQ)[None, None, :]
-    # With FOLD (separable cells) each tile's sums are folded into per-atom sums right after its row
+    # Separable cells: each tile's sums are folded into per-atom sums right after its row
     # loop, so no lane accumulators stay live across the row loops (which hold 15 of their own);
     # otherwise lane accumulators are summed once at the end.
-    if SEPARABLE and FOLD:
+    if SEPARABLE:
         acc_o = tl.zeros((ATOMS,), dtype=tl.float32)  # Σ g·u0
         acc_x = tl.zeros((ATOMS,), dtype=tl.float32)  # Σ g·u1·dx (voxel units)
         acc_y = tl.zeros((ATOMS,), dtype=tl.float32)
@@ -808,18 +814,11 @@ def _splat_bwd_kernel(
                     + x3 * (cab3 * (qxz * t3 + v3) - cb3 * t3)
                     + x4 * (cab4 * (qxz * t4 + v4) - cb4 * t4)
                 )
-                if FOLD:
-                    acc_o += tl.sum(tl.sum(tile_o, axis=2), axis=1)
-                    acc_x += tl.sum(tl.sum(hh * dx, axis=2), axis=1)
-                    acc_z += tl.sum(tl.sum(hh * dz, axis=2), axis=1)
-                    acc_y += tl.sum(tl.sum(tile_y, axis=2), axis=1)
-                    acc_b += tl.sum(tl.sum(tile_b, axis=2), axis=1)
-                else:
-                    acc_o += tile_o
-                    acc_x += hh * dx
-                    acc_z += hh * dz
-                    acc_y += tile_y
-                    acc_b += tile_b
+                acc_o += tl.sum(tl.sum(tile_o, axis=2), axis=1)
+                acc_x += tl.sum(tl.sum(hh * dx, axis=2), axis=1)
+                acc_z += tl.sum(tl.sum(hh * dz, axis=2), axis=1)
+                acc_y += tl.sum(tl.sum(tile_y, axis=2), axis=1)
+                acc_b += tl.sum(tl.sum(tile_b, axis=2), axis=1)
             else:
                 lin = 2.0 * (h01 * dx + h12 * dz)
                 if TRIM:
@@ -869,7 +868,7 @@ def _splat_bwd_kernel(
                     r += 1
             qc += 1
         pc += 1
-    if SEPARABLE and FOLD:
+    if SEPARABLE:
         s_o = acc_o
         s_x = acc_x * occ
         s_y = acc_y * occ
@@ -945,8 +944,9 @@ class _Plan:
         self.vec_bwd = can_vec_bwd and (_TUNING["vec"] != 0 if vec_bwd is None else vec_bwd != 0)
         # Each (x, z) tile walks only the rows where its voxels can lie inside the sphere.
         self.trim = _TUNING["trim"] != 0
-        self.fold_bwd = _TUNING["fold_bwd"] != 0
-        self.rows2_bwd = bool(_TUNING["rows2_bwd"])
+        # The separable backward walks rows in pairs, the second row's load issued before the first row's
+        # arithmetic (H100, 3wip, fwd+bwd: 0.252 vs 0.271 ms at 0.67 Å, 1.136 vs 1.294 ms at 0.33 Å).
+        self.rows2_bwd = _TUNING["rows2_bwd"] != 0
         if self.interpret:
             self.atoms = _TUNING["atoms_per_program"] or _INTERPRET_ATOMS
         else:
@@ -1034,8 +1034,8 @@ def _launch_backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii):
         _splat_bwd_kernel[grid](
             grad, xyz, b_iso, occ, a, b, radii, plan.m_dev, g_xyz, g_b, g_occ, n,
             *plan.common_args(), *plan.m,
-            **{**plan.meta(), "BP": plan.bp_bwd, "BQ": plan.bq_bwd, "VEC": plan.vec_bwd, "FOLD": plan.fold_bwd,
-               "ROWS2": plan.rows2_bwd, "num_warps": plan.num_warps_bwd},
+            **{**plan.meta(), "BP": plan.bp_bwd, "BQ": plan.bq_bwd, "VEC": plan.vec_bwd, "ROWS2": plan.rows2_bwd,
+               "num_warps": plan.num_warps_bwd},
         )  # fmt: skip
     return g_xyz, g_b, g_occ
 

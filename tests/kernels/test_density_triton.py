@@ -487,8 +487,9 @@ def test_row_spans_equal_whole_box_walk(monkeypatch, kind, atoms_per_program, ra
 @pytest.mark.parametrize("kind", ["orthogonal", "monoclinic"])
 @pytest.mark.parametrize("atoms_per_program", [None, 1], ids=["packed", "one-atom"])
 def test_backward_rows_in_pairs_equal_row_by_row(monkeypatch, kind, atoms_per_program):
-    # rows2_bwd: the separable backward loads two rows before their arithmetic; the sums run in the same
-    # order, so the gradients equal the row-by-row walk's bit for bit (odd and even row counts included).
+    # The separable backward walks rows in pairs, loading both before their arithmetic; the sums run in the
+    # same order, so the gradients equal the row-by-row walk's (rows2_bwd 0) bit for bit, odd and even row
+    # counts included.
     from kernels.density import triton as tri
 
     monkeypatch.setitem(tri._TUNING, "atoms_per_program", atoms_per_program)
@@ -496,23 +497,9 @@ def test_backward_rows_in_pairs_equal_row_by_row(monkeypatch, kind, atoms_per_pr
     atoms = _atoms_on_z_faces(cell, seed=90)
     grid = GridSpec(cell, (24, 26, 32))
     results = {}
-    for rows2 in (None, 1):
+    for rows2 in (0, None):
         monkeypatch.setitem(tri._TUNING, "rows2_bwd", rows2)
-        assert tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE).rows2_bwd == (rows2 == 1)
+        assert tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE).rows2_bwd == (rows2 is None)
         results[rows2] = _splat_and_grads(atoms, grid, None, seed=90)
-    for name, single, pairs in zip(("xyz", "b_iso", "occ"), results[None][1:], results[1][1:]):
+    for name, single, pairs in zip(("xyz", "b_iso", "occ"), results[0][1:], results[None][1:]):
         assert torch.equal(single, pairs), f"gradient of {name}: rows in pairs differ from row by row"
-    check_against_reference(atoms, grid, seed=90)
-
-
-@pytest.mark.parametrize("kind", ["orthogonal", "monoclinic"])
-def test_backward_lane_accumulators_match_reference(monkeypatch, kind):
-    # fold_bwd 0: the separable backward keeps lane accumulators across the row loops (the benchmark's
-    # comparison); the default folds each tile's sums into per-atom sums at once.
-    from kernels.density import triton as tri
-
-    monkeypatch.setitem(tri._TUNING, "fold_bwd", 0)
-    cell = Cell.from_parameters(*CELLS[kind])
-    grid = GridSpec(cell, (24, 20, 28))
-    assert not tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE).fold_bwd
-    check_against_reference(_atoms_on_z_faces(cell, seed=80), grid, seed=80)
