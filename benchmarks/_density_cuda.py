@@ -182,11 +182,11 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
     # z lanes; "vec": 0 is the lane-by-lane path of the same kernel, timed side by side with it.
     variants = [
         {},
-        {"vec": 0},  # the lane-by-lane z path of the same kernel
-        {"vec_bwd": 0},
-        {"bp_bwd": 8, "bq_bwd": 16},
-        {"bp_bwd": 16, "bq_bwd": 32},
-        {"num_warps_bwd": 2},
+        {"rows2_bwd": 0},  # the separable backward row by row (one load in flight)
+        {"trim": 0},  # every (x, z) tile walks all the box's rows
+        {"trim": 0, "rows2_bwd": 0},  # both off: the walk of 2026-11-23 run 3 (with the per-tile fold)
+        {"bp_bwd": 16, "bq_bwd": 16},  # the backward's tile before run 4 (the default's at 0.67 Å)
+        {"bp": 4},  # narrower forward tiles (4x16 / 4x32)
     ]
     for spacing in spacings:
         grid = GridSpec.for_spacing(m.cell, spacing)
@@ -217,12 +217,15 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
                 row["grad_xyz_rel_vs_default"] = float((grad - default_grad).norm() / default_grad.norm())
                 row["vec"] = plan.vec
                 row["vec_bwd"] = plan.vec_bwd
+                row["trim"] = plan.trim
+                row["rows2_bwd"] = plan.rows2_bwd
+                row["bwd_tile"] = [plan.bp_bwd, plan.bq_bwd]
                 row["fwd_graph_ms"] = _bench(fwd, graph=True)
                 row["fwd_bwd_graph_ms"] = _bench(fwd_bwd, graph=True)
                 row["rel_vs_default"] = rel
                 rows.append(row)
                 print(
-                    f"variant {spacing:.3f} {var} (vec {plan.vec}, {plan.bp}x{plan.bq}) -> "
+                    f"variant {spacing:.3f} {var} (vec {plan.vec}, {plan.bp}x{plan.bq}, bwd {plan.bp_bwd}x{plan.bq_bwd}) -> "
                     f"{row['fwd_graph_ms']:.4f} / {row['fwd_bwd_graph_ms']:.4f} ms "
                     f"(map {rel:.1e}, grad {row['grad_xyz_rel_vs_default']:.1e} from the first)"
                 )

@@ -437,3 +437,69 @@ def test_backward_with_its_own_tiles(monkeypatch, bp_bwd, bq_bwd):
     plan = tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE)
     assert (plan.bp_bwd, plan.bq_bwd) == (bp_bwd, bq_bwd) != (plan.bp, plan.bq) and plan.vec_bwd
     check_against_reference(_atoms_on_z_faces(cell, seed=60), grid, seed=60)
+
+
+# --------------------------------------------------------------------------- per-tile row spans
+# Each (x, z) tile walks only the rows where one of its voxels can lie inside the sphere (_tile_rows).
+# A row left out that held a voxel inside would lose that voxel's density; rows walked or not differ
+# only by exact zeros, so the gradients (a gather, no atomics) must equal the whole-box walk's
+# (_TUNING["trim"] = 0) bit for bit, whatever the cell, tile and launch shape, and so must the map under
+# the interpreter, which runs the atomics in program order. On a GPU the map's float atomics land in any
+# order: there the map must have the same voxels and agree to float32 rounding.
+
+
+def _assert_same_map(whole: torch.Tensor, spans: torch.Tensor):
+    if DEVICE.type != "cuda":
+        assert torch.equal(whole, spans), "map: row spans differ from the whole-box walk"
+        return
+    assert torch.equal(whole != 0, spans != 0), "map: row spans touch other voxels than the whole-box walk"
+    torch.testing.assert_close(spans, whole, rtol=2e-6, atol=0, msg="map: row spans differ from the whole-box walk")
+
+
+def _splat_and_grads(atoms: AtomSet, grid: GridSpec, radius, seed: int):
+    fast_atoms, leaves = _with_grads(atoms.to(dtype=torch.float32), torch.float32)
+    w = torch.randn(grid.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    out = splat_triton(fast_atoms, grid, radius=radius)
+    return (out.detach(), *torch.autograd.grad((out * w).sum(), leaves))
+
+
+@pytest.mark.parametrize("kind", list(CELLS))
+@pytest.mark.parametrize("atoms_per_program", [None, 1], ids=["packed", "one-atom"])
+@pytest.mark.parametrize("radius", [None, 1.3], ids=["per-atom-radius", "radius-1.3"])
+def test_row_spans_equal_whole_box_walk(monkeypatch, kind, atoms_per_program, radius):
+    from kernels.density import triton as tri
+
+    monkeypatch.setitem(tri._TUNING, "atoms_per_program", atoms_per_program)
+    cell = Cell.from_parameters(*CELLS[kind])
+    atoms = _atoms_on_z_faces(cell, seed=70 + len(kind))
+    grid = GridSpec(cell, (24, 26, 32))
+    results = {}
+    for trim in (0, None):
+        monkeypatch.setitem(tri._TUNING, "trim", trim)
+        assert tri._plan(grid, radius, kernels.DEFAULT_CUTOFF, DEVICE).trim == (trim is None)
+        results[trim] = _splat_and_grads(atoms, grid, radius, seed=70)
+    assert results[None][0].abs().max() > 0
+    _assert_same_map(results[0][0], results[None][0])
+    for name, whole, spans in zip(("xyz", "b_iso", "occ"), results[0][1:], results[None][1:]):
+        assert torch.equal(whole, spans), f"gradient of {name}: row spans differ from the whole-box walk"
+
+
+@pytest.mark.parametrize("kind", ["orthogonal", "monoclinic"])
+@pytest.mark.parametrize("atoms_per_program", [None, 1], ids=["packed", "one-atom"])
+def test_backward_rows_in_pairs_equal_row_by_row(monkeypatch, kind, atoms_per_program):
+    # The separable backward walks rows in pairs, loading both before their arithmetic; the sums run in the
+    # same order, so the gradients equal the row-by-row walk's (rows2_bwd 0) bit for bit, odd and even row
+    # counts included.
+    from kernels.density import triton as tri
+
+    monkeypatch.setitem(tri._TUNING, "atoms_per_program", atoms_per_program)
+    cell = Cell.from_parameters(*CELLS[kind])
+    atoms = _atoms_on_z_faces(cell, seed=90)
+    grid = GridSpec(cell, (24, 26, 32))
+    results = {}
+    for rows2 in (0, None):
+        monkeypatch.setitem(tri._TUNING, "rows2_bwd", rows2)
+        assert tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE).rows2_bwd == (rows2 is None)
+        results[rows2] = _splat_and_grads(atoms, grid, None, seed=90)
+    for name, single, pairs in zip(("xyz", "b_iso", "occ"), results[0][1:], results[None][1:]):
+        assert torch.equal(single, pairs), f"gradient of {name}: rows in pairs differ from row by row"
