@@ -711,7 +711,7 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
                             c[2] * vload(Lp + 2 * lstride + bb * kL) + c[3] * vload(Lp + 3 * lstride + bb * kL) +
                             c[4] * vload(Lp + 4 * lstride + bb * kL);
                     const vf8 add = vmask(v, bb, la, lb);
-                    const int64_t zb = z0 + bb * kL;
+                    const int64_t zb = z0 + bb * kL < nz ? z0 + bb * kL : z0 + bb * kL - nz;  // blocks past the top wrap
                     if (zb + kL <= nz) {
                         vstore(o + zb, vload(o + zb) + add);
                     } else {  // the block runs past the top of the cell: its lanes wrap to z = 0, 1, ...
@@ -742,11 +742,11 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
             for (int64_t bb = 0; bb < nblk; ++bb) {
                 vf8 z[3 * NG];
                 for (int qn = 0; qn < 3 * NG; ++qn) z[qn] = vsplat(0.0f);
+                const int64_t zb = z0 + bb * kL < nz ? z0 + bb * kL : z0 + bb * kL - nz;  // blocks past the top wrap
                 for (int64_t r = 0; r < nr; ++r) {
                     const int64_t s = rows[r];
                     const float* gp = grad + (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) *
                                                  static_cast<Idx>(nz);
-                    const int64_t zb = z0 + bb * kL;
                     vf8 graw;
                     if (zb + kL <= nz) {
                         graw = vload(gp + zb);
@@ -861,15 +861,25 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
 #if defined(KERNELS_LANES)
     // Lane-blocked path when the cell factors and the atom's box is not longer than the cell
     // along z (decided per atom, so every slab and thread count takes the same path for it).
-    // A box that wraps around the cell along z wraps inside its last blocks (lane l is map
-    // z = (z0 + l) mod nz; nl <= nz, so no two lanes of a row are the same voxel).
+    // Lane l is map z = (z0 + l) mod nz (nl <= nz, so no two lanes of a row are the same voxel).
     {
-        const int64_t nl = ((nzb + kL - 1) / kL) * kL;
+        int64_t nl = ((nzb + kL - 1) / kL) * kL;
         const int64_t zs = floor_mod(zlo, nz);  // map z of the box's first voxel
         if (lane_path(g, A)) {
-            // lane 0 at the box's first voxel; if the lanes would run past the top of the
-            // cell but the box itself does not, slide them down so no block wraps
-            const int64_t z0 = (zs + nl > nz && zs + nzb <= nz) ? nz - nl : zs;
+            // Lane 0 at the box's first voxel; if the lanes would run past the top of the cell but
+            // the box itself does not, slide them down so no block wraps. In the forward, a box that
+            // wraps around the cell along z starts its lanes at a multiple of kL below it when nz is
+            // one too: then every block is one aligned run of a row, below the top or wrapped whole
+            // to z = 0, 1, ... (one block more at most; 5h73: −5.9 % forward instructions). Otherwise,
+            // and in the backward (where the extra block costs more than the wrap: +3.6 %), the block
+            // that crosses the top goes lane by lane.
+            int64_t z0 = zs;
+            if (zs + nzb <= nz) {
+                if (zs + nl > nz) z0 = nz - nl;
+            } else if (Forward && nz % kL == 0 && ((nzb + zs % kL + kL - 1) / kL) * kL <= nz) {
+                z0 = zs - zs % kL;
+                nl = ((nzb + zs % kL + kL - 1) / kL) * kL;
+            }
             double sums[6];
             float ampf[NG];
             for (int k = 0; k < NG; ++k) ampf[k] = static_cast<float>(A.amp[k] * A.occ);
