@@ -356,15 +356,37 @@ def _tile_rows(qxz, lin, in_xz, r2lim, h11, off, top):
 
 
 @triton.jit
-def _row_walk_start(r_lo, r_hi, iy0, ny, n_rows):
-    """First row trip of a tile for all its atoms, the last + 1, and each atom's wrapped grid row there (ATOMS, 1, 1).
+def _tile_row_walk(
+    pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim, h00, h11, h22, h02, off_y, top_y, iy0, ny, n_rows, cnty,
+    BP: tl.constexpr, BQ: tl.constexpr, SEPARABLE: tl.constexpr, TRIM: tl.constexpr,
+):  # fmt: skip
+    """The row loop of tile (pc, qc): its first row, its end, the wrapped grid row of the first, and each
+    atom's own rows [r_lo, r_hi) (ATOMS, 1, 1).
 
-    iy0: each atom's wrapped grid row of box row 0, (ATOMS,).
+    With TRIM only the rows where a voxel of the tile can lie inside the sphere (``_tile_rows_separable``
+    or ``_tile_rows``), otherwise all the box's rows. iy0, cntx, cntz, cnty, x_lo, z_lo, off_y, top_y,
+    r2lim: per atom, (ATOMS,); lin: not read on separable cells.
     """
-    r_start = tl.min(tl.where(r_hi > r_lo, r_lo, n_rows), axis=0)
-    r_end = tl.max(r_hi, axis=0)
-    iy = _wrap(iy0 + r_start, ny)[:, None, None]
-    return r_start, r_end, iy
+    if TRIM:
+        if SEPARABLE:
+            r_lo, r_hi = _tile_rows_separable(
+                pc * BP, tl.minimum(cntx, pc * BP + BP) - 1, qc * BQ, tl.minimum(cntz, qc * BQ + BQ) - 1,
+                x_lo, z_lo, r2lim, h00, h11, h22, h02, off_y, top_y,
+            )  # fmt: skip
+        else:
+            r_lo, r_hi = _tile_rows(qxz, lin, in_xz, r2lim, h11, off_y, top_y)
+        r = tl.min(tl.where(r_hi > r_lo, r_lo, n_rows), axis=0)
+        r_end = tl.max(r_hi, axis=0)
+        iy = _wrap(iy0 + r, ny)[:, None, None]
+        r_lo = r_lo[:, None, None]
+        r_hi = r_hi[:, None, None]
+    else:
+        r = n_rows * 0
+        r_end = n_rows
+        iy = iy0[:, None, None]
+        r_lo = cnty[:, None, None] * 0
+        r_hi = cnty[:, None, None]
+    return r, r_end, iy, r_lo, r_hi
 
 
 @triton.jit
@@ -476,11 +498,10 @@ def _splat_fwd_kernel(
     tx = tx[:, None, None]
     ty = ty[:, None, None]
     tz = tz[:, None, None]
-    # Wrapped first row, stepped by one per row trip (a modulo per row was ~30 instructions of each trip).
-    iy0_a = _wrap(by + loy, ny)  # (ATOMS,) wrapped grid row of box row 0
-    iy0 = iy0_a[:, None, None]
+    # Wrapped grid row of box row 0, (ATOMS,); the walk steps it by one per row trip (a modulo per row
+    # was ~30 instructions of each trip).
+    iy0 = _wrap(by + loy, ny)
     off_y3 = off_y[:, None, None]
-    cnty = cnty[:, None, None]
     pp = tl.arange(0, BP)[None, :, None]
     qq = tl.arange(0, BQ)[None, None, :]
     pc = 0
@@ -511,25 +532,13 @@ def _splat_fwd_kernel(
                 e2 = amp2 * tl.exp2(-be2 * qxz)
                 e3 = amp3 * tl.exp2(-be3 * qxz)
                 e4 = amp4 * tl.exp2(-be4 * qxz)
+                lin = qxz  # not read
             else:
                 lin = 2.0 * (h01 * dx + h12 * dz)
-            if TRIM:
-                if SEPARABLE:
-                    r_lo, r_hi = _tile_rows_separable(
-                        pc * BP, tl.minimum(cntx, pc * BP + BP) - 1, qc * BQ, tl.minimum(cntz, qc * BQ + BQ) - 1,
-                        x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
-                    )  # fmt: skip
-                else:
-                    r_lo, r_hi = _tile_rows(qxz, lin, in_xz, r2lim_a, h11, off_y, top_y)
-                r, r_end, iy = _row_walk_start(r_lo, r_hi, iy0_a, ny, n_rows)
-                r_lo = r_lo[:, None, None]
-                r_hi = r_hi[:, None, None]
-            else:
-                r = n_rows * 0
-                r_end = n_rows
-                iy = iy0
-                r_lo = cnty * 0
-                r_hi = cnty
+            r, r_end, iy, r_lo, r_hi = _tile_row_walk(
+                pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
+                iy0, ny, n_rows, cnty, BP, BQ, SEPARABLE, TRIM,
+            )  # fmt: skip
             while r < r_end:
                 dy = r.to(tl.float32) - off_y3
                 qy = h11 * dy * dy
@@ -681,10 +690,8 @@ def _splat_bwd_kernel(
     tx = tx[:, None, None]
     ty = ty[:, None, None]
     tz = tz[:, None, None]
-    iy0_a = _wrap(by + loy, ny)  # (ATOMS,) wrapped grid row of box row 0
-    iy0 = iy0_a[:, None, None]  # wrapped first row, stepped by one per row trip
+    iy0 = _wrap(by + loy, ny)  # (ATOMS,) wrapped grid row of box row 0, stepped by one per row trip
     off_y3 = off_y[:, None, None]
-    cnty = cnty[:, None, None]
     pp = tl.arange(0, BP)[None, :, None]
     qq = tl.arange(0, BQ)[None, None, :]
     # Separable cells: each tile's sums are folded into per-atom sums right after its row
@@ -747,20 +754,10 @@ def _splat_bwd_kernel(
                 v2 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
                 v3 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
                 v4 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                if TRIM:
-                    r_lo, r_hi = _tile_rows_separable(
-                        pc * BP, tl.minimum(cntx, pc * BP + BP) - 1, qc * BQ, tl.minimum(cntz, qc * BQ + BQ) - 1,
-                        x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
-                    )  # fmt: skip
-                    r, r_end, iy = _row_walk_start(r_lo, r_hi, iy0_a, ny, n_rows)
-                    r_lo = r_lo[:, None, None]
-                    r_hi = r_hi[:, None, None]
-                else:
-                    r = n_rows * 0
-                    r_end = n_rows
-                    iy = iy0
-                    r_lo = cnty * 0
-                    r_hi = cnty
+                r, r_end, iy, r_lo, r_hi = _tile_row_walk(
+                    pc, qc, cntx, cntz, qxz, qxz, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
+                    iy0, ny, n_rows, cnty, BP, BQ, SEPARABLE, TRIM,
+                )  # fmt: skip
                 lim = r2max - qxz  # a voxel is inside when qy < lim
                 while r < r_end:
                     dy = r.to(tl.float32) - off_y3
@@ -821,17 +818,10 @@ def _splat_bwd_kernel(
                 acc_b += tl.sum(tl.sum(tile_b, axis=2), axis=1)
             else:
                 lin = 2.0 * (h01 * dx + h12 * dz)
-                if TRIM:
-                    r_lo, r_hi = _tile_rows(qxz, lin, in_xz, r2lim_a, h11, off_y, top_y)
-                    r, r_end, iy = _row_walk_start(r_lo, r_hi, iy0_a, ny, n_rows)
-                    r_lo = r_lo[:, None, None]
-                    r_hi = r_hi[:, None, None]
-                else:
-                    r = n_rows * 0
-                    r_end = n_rows
-                    iy = iy0
-                    r_lo = cnty * 0
-                    r_hi = cnty
+                r, r_end, iy, r_lo, r_hi = _tile_row_walk(
+                    pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
+                    iy0, ny, n_rows, cnty, BP, BQ, SEPARABLE, TRIM,
+                )  # fmt: skip
                 while r < r_end:
                     dy = r.to(tl.float32) - off_y3
                     qy = h11 * dy * dy
