@@ -401,6 +401,8 @@ KERNELS_INLINE vf8 vload(const float* p) {
 }
 KERNELS_INLINE void vstore(float* p, vf8 v) { std::memcpy(p, &v, sizeof v); }
 KERNELS_INLINE vf8 vsplat(float x) { return vf8{x, x, x, x, x, x, x, x}; }
+// n lanes rounded up to whole blocks
+KERNELS_INLINE int64_t whole_blocks(int64_t n) { return (n + kL - 1) / kL * kL; }
 // lanes [la, lb] of block bb kept, the rest +0
 KERNELS_INLINE vf8 vmask(vf8 v, int64_t bb, int32_t la, int32_t lb) {
     // splats written out: scalar operands of vector operators are a GCC extension clang lacks in C++
@@ -795,7 +797,7 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
 KERNELS_INLINE bool lane_path(const Geom& g, const AtomP& A) {
 #if defined(KERNELS_LANES)
     const int64_t nzb = A.hi[2] - A.lo[2] + 1;
-    return g.kind != kTriclinic && ((nzb + kL - 1) / kL) * kL <= g.n[2];
+    return g.kind != kTriclinic && whole_blocks(nzb) <= g.n[2];
 #else
     (void)g;
     (void)A;
@@ -863,7 +865,7 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
     // along z (decided per atom, so every slab and thread count takes the same path for it).
     // Lane l is map z = (z0 + l) mod nz (nl <= nz, so no two lanes of a row are the same voxel).
     {
-        int64_t nl = ((nzb + kL - 1) / kL) * kL;
+        int64_t nl = whole_blocks(nzb);
         const int64_t zs = floor_mod(zlo, nz);  // map z of the box's first voxel
         if (lane_path(g, A)) {
             // Lane 0 at the box's first voxel; if the lanes would run past the top of the cell but
@@ -876,9 +878,9 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
             int64_t z0 = zs;
             if (zs + nzb <= nz) {
                 if (zs + nl > nz) z0 = nz - nl;
-            } else if (Forward && nz % kL == 0 && ((nzb + zs % kL + kL - 1) / kL) * kL <= nz) {
+            } else if (Forward && nz % kL == 0 && whole_blocks(nzb + zs % kL) <= nz) {
                 z0 = zs - zs % kL;
-                nl = ((nzb + zs % kL + kL - 1) / kL) * kL;
+                nl = whole_blocks(nzb + zs % kL);
             }
             double sums[6];
             float ampf[NG];

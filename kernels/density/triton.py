@@ -390,6 +390,23 @@ def _tile_row_walk(
 
 
 @triton.jit
+def _separable_row(r, off_y, h11, in_xz, gmin, r2lim, lim, VEC: tl.constexpr):
+    """Box row r of a tile in the separable backward: dy, qy = h11·dy² and the lanes to load.
+
+    With VEC the group mask (a lower bound of r² over each group of 4 z lanes: one 128-bit load per
+    group on sm_90; the caller zeroes lanes outside the sphere once the load is in flight), otherwise
+    the lanes with qy < lim = R² − qxz. gmin is not read without VEC.
+    """
+    dy = r.to(tl.float32) - off_y
+    qy = h11 * dy * dy
+    if VEC:
+        inside = in_xz & tl.max_constancy(gmin + qy < r2lim, [1, 1, 4])
+    else:
+        inside = in_xz & (qy < lim)
+    return dy, qy, inside
+
+
+@triton.jit
 def _row_sums(g, dy, qy, be0, be1, be2, be3, be4, t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4):
     """One row of the separable backward: Σ_rows g·y_k, g·y_k·dy, g·y_k·qy += this row's (15 FMAs per voxel).
 
@@ -759,14 +776,10 @@ def _splat_bwd_kernel(
                     iy0, ny, n_rows, cnty, BP, BQ, SEPARABLE, TRIM,
                 )  # fmt: skip
                 lim = r2max - qxz  # a voxel is inside when qy < lim
+                if not VEC:
+                    gmin = lim  # not read
                 while r < r_end:
-                    dy = r.to(tl.float32) - off_y3
-                    qy = h11 * dy * dy
-                    if VEC:
-                        # One 128-bit load per group of 4 z lanes on sm_90; lanes outside the sphere zeroed.
-                        inside = in_xz & tl.max_constancy(gmin + qy < r2lim, [1, 1, 4])
-                    else:
-                        inside = in_xz & (qy < lim)
+                    dy, qy, inside = _separable_row(r, off_y3, h11, in_xz, gmin, r2lim, lim, VEC)
                     if ATOMS > 1:  # one atom: the loop runs exactly its rows
                         inside = inside & (r >= r_lo) & (r < r_hi)
                     g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
@@ -774,12 +787,7 @@ def _splat_bwd_kernel(
                         # The next row's load is issued before this row's arithmetic (two loads in flight).
                         iy += 1
                         iy = tl.where(iy == ny, 0, iy)
-                        dy_b = (r + 1).to(tl.float32) - off_y3
-                        qy_b = h11 * dy_b * dy_b
-                        if VEC:
-                            inside_b = in_xz & tl.max_constancy(gmin + qy_b < r2lim, [1, 1, 4])
-                        else:
-                            inside_b = in_xz & (qy_b < lim)
+                        dy_b, qy_b, inside_b = _separable_row(r + 1, off_y3, h11, in_xz, gmin, r2lim, lim, VEC)
                         inside_b = inside_b & (r + 1 < r_end)
                         if ATOMS > 1:
                             inside_b = inside_b & (r + 1 >= r_lo) & (r + 1 < r_hi)

@@ -463,6 +463,19 @@ def _splat_and_grads(atoms: AtomSet, grid: GridSpec, radius, seed: int):
     return (out.detach(), *torch.autograd.grad((out * w).sum(), leaves))
 
 
+def _off_and_on(monkeypatch, switch: str, atoms: AtomSet, grid: GridSpec, radius, seed: int):
+    """Map and gradients with _TUNING[switch] = 0 (the older walk) and with the default (the switch on)."""
+    from kernels.density import triton as tri
+
+    results = []
+    for value in (0, None):
+        monkeypatch.setitem(tri._TUNING, switch, value)
+        plan = tri._plan(grid, radius, kernels.DEFAULT_CUTOFF, DEVICE)
+        assert getattr(plan, switch) == (value is None)
+        results.append(_splat_and_grads(atoms, grid, radius, seed))
+    return results
+
+
 @pytest.mark.parametrize("kind", list(CELLS))
 @pytest.mark.parametrize("atoms_per_program", [None, 1], ids=["packed", "one-atom"])
 @pytest.mark.parametrize("radius", [None, 1.3], ids=["per-atom-radius", "radius-1.3"])
@@ -472,15 +485,10 @@ def test_row_spans_equal_whole_box_walk(monkeypatch, kind, atoms_per_program, ra
     monkeypatch.setitem(tri._TUNING, "atoms_per_program", atoms_per_program)
     cell = Cell.from_parameters(*CELLS[kind])
     atoms = _atoms_on_z_faces(cell, seed=70 + len(kind))
-    grid = GridSpec(cell, (24, 26, 32))
-    results = {}
-    for trim in (0, None):
-        monkeypatch.setitem(tri._TUNING, "trim", trim)
-        assert tri._plan(grid, radius, kernels.DEFAULT_CUTOFF, DEVICE).trim == (trim is None)
-        results[trim] = _splat_and_grads(atoms, grid, radius, seed=70)
-    assert results[None][0].abs().max() > 0
-    _assert_same_map(results[0][0], results[None][0])
-    for name, whole, spans in zip(("xyz", "b_iso", "occ"), results[0][1:], results[None][1:]):
+    whole_box, row_spans = _off_and_on(monkeypatch, "trim", atoms, GridSpec(cell, (24, 26, 32)), radius, seed=70)
+    assert row_spans[0].abs().max() > 0
+    _assert_same_map(whole_box[0], row_spans[0])
+    for name, whole, spans in zip(("xyz", "b_iso", "occ"), whole_box[1:], row_spans[1:]):
         assert torch.equal(whole, spans), f"gradient of {name}: row spans differ from the whole-box walk"
 
 
@@ -495,11 +503,6 @@ def test_backward_rows_in_pairs_equal_row_by_row(monkeypatch, kind, atoms_per_pr
     monkeypatch.setitem(tri._TUNING, "atoms_per_program", atoms_per_program)
     cell = Cell.from_parameters(*CELLS[kind])
     atoms = _atoms_on_z_faces(cell, seed=90)
-    grid = GridSpec(cell, (24, 26, 32))
-    results = {}
-    for rows2 in (0, None):
-        monkeypatch.setitem(tri._TUNING, "rows2_bwd", rows2)
-        assert tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE).rows2_bwd == (rows2 is None)
-        results[rows2] = _splat_and_grads(atoms, grid, None, seed=90)
-    for name, single, pairs in zip(("xyz", "b_iso", "occ"), results[0][1:], results[None][1:]):
+    by_row, in_pairs = _off_and_on(monkeypatch, "rows2_bwd", atoms, GridSpec(cell, (24, 26, 32)), None, seed=90)
+    for name, single, pairs in zip(("xyz", "b_iso", "occ"), by_row[1:], in_pairs[1:]):
         assert torch.equal(single, pairs), f"gradient of {name}: rows in pairs differ from row by row"
