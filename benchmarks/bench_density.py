@@ -7,7 +7,9 @@ CPU (``--device cpu``): in one run, for each structure and thread count, time
 - ``gemmi``        gemmi ``DensityCalculatorX.add_model_density_to_grid`` (cutoff 1e-5, ANISOU zeroed)
 - ``torch``        a plain torch ``index_add_`` splat of the same voxels (float32), written here
 
-with the accuracy of each map as relative L2 error against two maps at cutoff 1e-7: gemmi's
+and, with ``--slab-variants K ...`` at more than one thread, ``cpu fwd slabs K``: the forward
+again with K map slabs per thread (the private switch ``kernels.density.cpu._SLABS_PER_THREAD``;
+the same maps bitwise), in the same rounds — with the accuracy of each map as relative L2 error against two maps at cutoff 1e-7: gemmi's
 (float32, computed by gemmi's own code, so its rounding is shared with gemmi's 1e-5 map and
 cancels there) and the float64 reference (``backend="reference"``, the same contract evaluated
 in double: the independent truth). Repeats
@@ -42,6 +44,7 @@ if str(ROOT) not in sys.path:
 
 import kernels  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
+from kernels.density import cpu as density_cpu  # noqa: E402
 from kernels.density.cpu import cutoff_radius_cpu  # noqa: E402
 
 STRUCTURES = {
@@ -156,6 +159,14 @@ def _bench_structure(name: str, args) -> list[dict]:
         out.backward(upstream)
         return out
 
+    def run_fwd_slabs(per_thread: int):
+        default = density_cpu._SLABS_PER_THREAD
+        density_cpu._SLABS_PER_THREAD = per_thread
+        try:
+            return run_fwd()
+        finally:
+            density_cpu._SLABS_PER_THREAD = default
+
     def run_gemmi():
         dc.initialize_grid()  # not timed: allocate and zero, as in gemmi's own use
         t0 = time.perf_counter()
@@ -169,6 +180,9 @@ def _bench_structure(name: str, args) -> list[dict]:
     for threads in args.threads:
         torch.set_num_threads(threads)
         timings = {"cpu_fwd": [], "cpu_fwd_bwd": [], "gemmi": [], "torch_index_add": []}
+        slab_variants = args.slab_variants if threads > 1 else []
+        for k in slab_variants:
+            timings[f"cpu_fwd_slabs{k}"] = []
         # warm-up round, not recorded (imports, first-touch allocator growth)
         run_fwd(), run_fwd_bwd(), run_gemmi()
         if not args.skip_torch:
@@ -181,6 +195,10 @@ def _bench_structure(name: str, args) -> list[dict]:
             run_fwd_bwd()
             timings["cpu_fwd_bwd"].append(time.perf_counter() - t0)
             timings["gemmi"].append(run_gemmi())
+            for k in slab_variants:
+                t0 = time.perf_counter()
+                run_fwd_slabs(k)
+                timings[f"cpu_fwd_slabs{k}"].append(time.perf_counter() - t0)
             if not args.skip_torch and (len(timings["torch_index_add"]) < max(1, args.repeats // 2)):
                 t0 = time.perf_counter()
                 run_torch()
@@ -220,7 +238,11 @@ def _bench_structure(name: str, args) -> list[dict]:
                 else ""
             )
             + f"  relL2 vs gemmi 1e-7: cpu {acc['cpu']:.3e} gemmi {acc['gemmi']:.3e}"
-            + f"; vs float64 1e-7: cpu {acc64['cpu']:.3e} gemmi {acc64['gemmi']:.3e}",
+            + f"; vs float64 1e-7: cpu {acc64['cpu']:.3e} gemmi {acc64['gemmi']:.3e}"
+            + "".join(
+                f"  fwd slabs {k}/thread {med[f'cpu_fwd_slabs{k}'] * 1e3:.1f} ms ({sp[f'cpu_fwd_slabs{k}']:.1f}x)"
+                for k in slab_variants
+            ),
             flush=True,
         )
     return results
@@ -278,6 +300,14 @@ def main(argv=None):
     p.add_argument("--spacing", type=float, default=0.667)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--skip-torch", action="store_true", help="leave out the (slow) plain torch index_add_ splat")
+    p.add_argument(
+        "--slab-variants",
+        nargs="*",
+        type=int,
+        default=[],
+        metavar="K",
+        help="also time the forward with K map slabs per thread (at more than one thread), same rounds",
+    )
     p.add_argument(
         "--out", type=Path, default=None, help="JSON output (default benchmarks/results/density_<device>_<date>.json)"
     )

@@ -4,7 +4,8 @@
 #              need Jupyter and Chromium, which that machine does not have: they run in CI);
 #   density  — benchmarks/_density_cuda.py with its 3WIP variants;
 #   workbench, planarity — bench_workbench.py on 3WIP (cuda), bench_planarity.py (--profile);
-#   cpu      — bench_density.py --device cpu on the host's idle cores, 1 and 2 threads.
+#   cpu      — bench_density.py --device cpu on the host's idle cores, 1 and 2 threads (11 rounds,
+#              with the forward at 1 and 2 slabs per thread as same-run variants).
 # Usage: PARTS="tests density workbench planarity cpu" bash benchmarks/h100_session.sh
 # The GPU image has torch/triton but not gemmi or the widget stack: their py3.12 wheels travel in the
 # git-ignored .whl/ (carry: [".whl"]). Results, named with the device and date, are packed into
@@ -48,8 +49,10 @@ if has planarity; then
     summary+=("planarity rc=$?")
 fi
 if has cpu; then
-    OMP_NUM_THREADS=2 timeout 220 python3 benchmarks/bench_density.py --device cpu --structures 1orc 1aki 5h73 3wip \
-        --threads 1 2 --out "$OUT/density_cpu_h100host_$day.json" > "$OUT/density_cpu_h100host_$day.log" 2>&1
+    python3 -c "from kernels.density import _scatter; print('cpu build', _scatter.build_info())" | tee -a "$OUT/device.txt"
+    OMP_NUM_THREADS=2 timeout 400 python3 benchmarks/bench_density.py --device cpu --structures 1orc 1aki 5h73 3wip \
+        --threads 1 2 --repeats 11 --slab-variants 1 2 --out "$OUT/density_cpu_h100host_$day.json" \
+        > "$OUT/density_cpu_h100host_$day.log" 2>&1
     summary+=("density cpu rc=$?")
 fi
 for f in "$OUT"/*.log; do

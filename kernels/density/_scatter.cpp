@@ -1211,7 +1211,8 @@ void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int
         for (int d = 0; d < 3; ++d) box_max[d] = std::max(box_max[d], A.hi[d] - A.lo[d] + 1);
 }
 
-void splat(const Inputs& in, float* out, int n_threads, bool use64, Timings& tm, SavedRows* saved) {
+void splat(const Inputs& in, float* out, int n_threads, int slabs_per_thread, bool use64, Timings& tm,
+           SavedRows* saved) {
     auto t0 = Clock::now();
     std::vector<AtomP> atoms;
     int64_t box[3];
@@ -1249,8 +1250,10 @@ void splat(const Inputs& in, float* out, int n_threads, bool use64, Timings& tm,
         std::vector<int64_t> fill(bucket.begin(), bucket.end() - 1);
         for (int64_t id = 0; id < static_cast<int64_t>(raw.size()); ++id) by_x[fill[floor_mod(raw[id].u0, nx)]++] = id;
     }
-    // Slabs of about equal work; more slabs than threads so a busy core does not hold the rest up.
-    const int64_t n_slabs = n_threads <= 1 ? 1 : std::min<int64_t>(nx, 4 * static_cast<int64_t>(n_threads));
+    // Slabs of about equal work; more slabs than threads lets a busy core not hold the rest up,
+    // but every slab edge splits the atoms that cross it (each piece rebuilds its per-atom tables).
+    const int64_t n_slabs =
+        n_threads <= 1 ? 1 : std::min<int64_t>(nx, std::max(1, slabs_per_thread) * static_cast<int64_t>(n_threads));
     std::vector<int64_t> edge(1, 0);
     {
         double total = 0;
@@ -1515,11 +1518,12 @@ void free_rows(PyObject* cap) { delete static_cast<SavedRows*>(PyCapsule_GetPoin
 
 const char splat_doc[] =
     "splat(out_ptr, shape, n_atoms, frac_ptr, radii_ptr, b_iso_ptr, occ_ptr, a_ptr, b_ptr, metric, recip, orth,\n"
-    "      kind, n_threads, flags, keep_rows) -> dict of phase timings (+ 'rows')\n\n"
+    "      kind, n_threads, flags, keep_rows, slabs_per_thread) -> dict of phase timings (+ 'rows')\n\n"
     "flags: bit 0 forces int64 indices, bit 1 solves the row intervals in double only (tests).\n"
     "Writes the density of n_atoms atoms to the float32 C-contiguous map at out_ptr (shape nx, ny, nz;\n"
     "its previous content is overwritten, so it may be uninitialised). keep_rows: also return the\n"
     "atoms' row intervals as an opaque capsule under 'rows', for gather() of the same inputs.\n"
+    "slabs_per_thread: the map is cut into that many x slabs per thread (one with one thread).\n"
     "Atom arrays are float64, C-contiguous: frac (N,3), radii (N,), b_iso (N,), occ (N,), a (N,5), b (N,5).";
 
 PyObject* py_splat(PyObject*, PyObject* args) {
@@ -1529,9 +1533,15 @@ PyObject* py_splat(PyObject*, PyObject* args) {
     }
     float* out = as_ptr<float>(PyTuple_GET_ITEM(args, 0));
     if (PyErr_Occurred()) return nullptr;
-    const Py_ssize_t end = PyTuple_GET_SIZE(args) - 1;
+    const Py_ssize_t end = PyTuple_GET_SIZE(args) - 2;
+    if (end < 1) {
+        PyErr_SetString(PyExc_TypeError, "splat: missing arguments");
+        return nullptr;
+    }
     const int keep = PyObject_IsTrue(PyTuple_GET_ITEM(args, end));
     if (keep < 0) return nullptr;
+    const long slabs_per_thread = PyLong_AsLong(PyTuple_GET_ITEM(args, end + 1));
+    if (slabs_per_thread == -1 && PyErr_Occurred()) return nullptr;
     Inputs in;
     int n_threads;
     bool use64;
@@ -1542,7 +1552,7 @@ PyObject* py_splat(PyObject*, PyObject* args) {
     if (keep && !rows) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
     try {
-        splat(in, out, n_threads, use64, tm, rows.get());
+        splat(in, out, n_threads, static_cast<int>(std::min(slabs_per_thread, 64L)), use64, tm, rows.get());
     } catch (const std::bad_alloc&) {
         oom = true;
     }

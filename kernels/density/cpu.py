@@ -42,6 +42,9 @@ _KEEP_ROWS = True
 # only (the float pass settles every row it cannot trust in double; the maps must be
 # bitwise the same either way).
 _FLOAT_ROWS = True
+# Private tuning switch: x slabs of the map per thread in the forward (one thread: one slab).
+# More slabs balance the threads' loads; each slab edge splits the atoms that cross it.
+_SLABS_PER_THREAD = 4
 # Cell kinds as the C++ kernel takes them: which axis stays separable.
 _KIND = {"orthogonal": 0, "hexagonal": 0, "monoclinic": 1, "triclinic": 2}
 
@@ -120,7 +123,9 @@ class _SplatFunction(torch.autograd.Function):
         b64, o64, a64, w64 = _as_f64(b_iso), _as_f64(occ), _as_f64(a), _as_f64(b)
         out = torch.empty(grid.shape, dtype=torch.float32)  # the kernel writes every voxel
         keep = _KEEP_ROWS and any(ctx.needs_input_grad[:3])
-        info = _scatter.splat(_ptr(out), *_call_args(grid, frac, radii, b64, o64, a64, w64, force_int64), keep)
+        info = _scatter.splat(
+            _ptr(out), *_call_args(grid, frac, radii, b64, o64, a64, w64, force_int64), keep, _SLABS_PER_THREAD
+        )
         ctx.grid = grid
         ctx.force_int64 = force_int64
         ctx.rows = info.pop("rows", None)  # opaque: the forward's row intervals, freed with ctx

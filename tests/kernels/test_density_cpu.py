@@ -283,6 +283,24 @@ def test_bitwise_deterministic_monoclinic_lanes():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("kind", sorted(BIG_CELLS))
+def test_slab_count_does_not_change_results(monkeypatch, kind):
+    # The forward's slab count (a private tuning switch) moves where atoms are split between
+    # slabs; every voxel still receives its atoms in one global order: bitwise the same.
+    params, shape = BIG_CELLS[kind]
+    cell = Cell.from_parameters(*params)
+    grid = GridSpec(cell, shape)
+    atoms = _random_atoms(cell, 60, seed=7).to(dtype=torch.float32)
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(3))
+    monkeypatch.setattr(density_cpu, "_SLABS_PER_THREAD", 1)
+    first = _run_with_threads(1, atoms, grid, upstream)
+    for per_thread, threads in ((1, 2), (2, 2), (4, 2), (7, 3)):
+        monkeypatch.setattr(density_cpu, "_SLABS_PER_THREAD", per_thread)
+        other = _run_with_threads(threads, atoms, grid, upstream)
+        for a, b in zip(first, other):
+            assert torch.equal(a, b), (per_thread, threads)
+
+
 @pytest.mark.parametrize("kind", ["hexagonal", "monoclinic"])
 def test_backward_reuses_forward_rows(monkeypatch, kind):
     # With a gradient wanted, the forward keeps every lane-path atom's row intervals and
