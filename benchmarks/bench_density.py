@@ -248,7 +248,73 @@ def _bench_structure(name: str, args) -> list[dict]:
     return results
 
 
+def _physical_cores() -> dict[tuple[str, str], list[int]]:
+    """Logical CPUs this process may use, grouped by physical core (Linux sysfs topology)."""
+    import os
+
+    cores: dict[tuple[str, str], list[int]] = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            key = ((base / "physical_package_id").read_text().strip(), (base / "core_id").read_text().strip())
+        except OSError:
+            key = ("?", str(cpu))
+        cores.setdefault(key, []).append(cpu)
+    return cores
+
+
+def _busy_fraction(seconds: float = 0.5) -> dict[int, float]:
+    """Share of the last ``seconds`` each logical CPU was busy, from two /proc/stat samples."""
+
+    def sample():
+        out = {}
+        for line in open("/proc/stat"):
+            if line.startswith("cpu") and line[3].isdigit():
+                name, *vals = line.split()
+                vals = [int(v) for v in vals]
+                out[int(name[3:])] = (sum(vals), vals[3] + vals[4])  # total, idle + iowait
+        return out
+
+    a = sample()
+    time.sleep(seconds)
+    b = sample()
+    busy = {}
+    for cpu, (tot, idle) in b.items():
+        dt = tot - a.get(cpu, (tot, idle))[0]
+        busy[cpu] = 1.0 - (idle - a.get(cpu, (tot, idle))[1]) / dt if dt > 0 else 0.0
+    return busy
+
+
+def pin_to_idle_cores(n: int) -> dict:
+    """Restrict this process to ``n`` logical CPUs on distinct, currently idlest physical cores.
+
+    Two threads on the two hyperthreads of one core run at ~1.2x one thread, and where the OS
+    puts them varies from call to call; pinning before any thread pool starts makes the
+    2-thread figures comparable between runs. Linux only; elsewhere nothing changes.
+    """
+    import os
+
+    if not hasattr(os, "sched_setaffinity") or not Path("/proc/stat").exists():
+        return {"pinned": False}
+    cores = _physical_cores()
+    busy = _busy_fraction()
+    best = sorted(
+        (min(cpus, key=lambda c: busy.get(c, 0.0)) for cpus in cores.values()), key=lambda c: busy.get(c, 0.0)
+    )[:n]
+    os.sched_setaffinity(0, best)
+    return {
+        "pinned": True,
+        "cpus": best,
+        "physical_cores": len(cores),
+        "logical_per_core": max(len(c) for c in cores.values()),
+        "busy_before": {c: round(busy.get(c, 0.0), 3) for c in best},
+    }
+
+
 def bench_cpu(args) -> dict:
+    # before any OpenMP pool exists: its threads inherit this affinity
+    placement = pin_to_idle_cores(max(args.threads)) if args.pin else {"pinned": False}
+    print(f"cpu placement: {placement}", flush=True)
     results = []
     for name in args.structures:
         results.extend(_bench_structure(name, args))
@@ -266,6 +332,7 @@ def bench_cpu(args) -> dict:
             "torch": torch.__version__,
             "gemmi": gemmi.__version__,
             "build": _scatter.build_info(),
+            "placement": placement,
         },
         "spacing": args.spacing,
         "repeats": args.repeats,
@@ -300,6 +367,12 @@ def main(argv=None):
     p.add_argument("--spacing", type=float, default=0.667)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--skip-torch", action="store_true", help="leave out the (slow) plain torch index_add_ splat")
+    p.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="leave thread placement to the OS (default: one logical CPU per physical core, the idlest)",
+    )
     p.add_argument(
         "--slab-variants",
         nargs="*",

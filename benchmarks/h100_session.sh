@@ -5,7 +5,7 @@
 #   density  — benchmarks/_density_cuda.py with its 3WIP variants;
 #   workbench, planarity — bench_workbench.py on 3WIP (cuda), bench_planarity.py (--profile);
 #   cpu      — bench_density.py --device cpu on the host's idle cores, 1 and 2 threads (11 rounds,
-#              with the forward at 1 and 2 slabs per thread as same-run variants).
+#              with the forward at 1 and 4 slabs per thread as same-run variants).
 # Usage: PARTS="tests density workbench planarity cpu" bash benchmarks/h100_session.sh
 # The GPU image has torch/triton but not gemmi or the widget stack: their py3.12 wheels travel in the
 # git-ignored .whl/ (carry: [".whl"]). Results, named with the device and date, are packed into
@@ -24,6 +24,7 @@ python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -20 "$
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
     python3 -c "import torch, triton, gemmi; print('torch', torch.__version__, 'triton', triton.__version__, 'gemmi', gemmi.__version__)"
     nproc
+    lscpu | grep -iE "model name|thread|core|socket|numa node\(s\)|flags" | cut -c1-200
 } | tee "$OUT/device.txt"
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 summary=()
@@ -51,7 +52,7 @@ fi
 if has cpu; then
     python3 -c "from kernels.density import _scatter; print('cpu build', _scatter.build_info())" | tee -a "$OUT/device.txt"
     OMP_NUM_THREADS=2 timeout 400 python3 benchmarks/bench_density.py --device cpu --structures 1orc 1aki 5h73 3wip \
-        --threads 1 2 --repeats 11 --slab-variants 1 2 --out "$OUT/density_cpu_h100host_$day.json" \
+        --threads 1 2 --repeats 11 --slab-variants 1 4 --out "$OUT/density_cpu_h100host_$day.json" \
         > "$OUT/density_cpu_h100host_$day.log" 2>&1
     summary+=("density cpu rc=$?")
 fi
