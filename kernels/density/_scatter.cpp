@@ -1201,7 +1201,7 @@ struct Timings {
 
 void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int64_t box_max[3]) {
     atoms.resize(in.n_atoms);
-    const int64_t per = 1024;
+    const int64_t per = 256;  // a few tasks per thread even for a small protein
     const int64_t n_tasks = (in.n_atoms + per - 1) / per;
     parallel_for(n_tasks, n_threads, [&](int64_t t, int) {
         for (int64_t i = t * per; i < std::min(in.n_atoms, (t + 1) * per); ++i)
@@ -1364,7 +1364,8 @@ double cutoff_radius_one(double B, const double* a, const double* b, double cuto
     double amp[NG], expo[NG];
     for (int k = 0; k < NG; ++k) {
         const double w = b[k] + B;
-        amp[k] = a[k] * std::pow(4.0 * PI / w, 1.5);
+        const double u = 4.0 * PI / w;
+        amp[k] = a[k] * (u * std::sqrt(u));  // u^1.5, as in prepare_atom
         expo[k] = -4.0 * PI * PI / w;
     }
     auto value = [&](double x) {
