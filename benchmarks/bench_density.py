@@ -263,8 +263,25 @@ def _physical_cores() -> dict[tuple[str, str], list[int]]:
     return cores
 
 
-def _busy_fraction(seconds: float = 0.5) -> dict[int, float]:
-    """Share of the last ``seconds`` each logical CPU was busy, from two /proc/stat samples."""
+def _interrupts() -> dict[int, int]:
+    """Interrupts each logical CPU has served so far (/proc/interrupts; empty if unreadable)."""
+    try:
+        lines = open("/proc/interrupts").read().splitlines()
+    except OSError:
+        return {}
+    cpus = [int(c[3:]) for c in lines[0].split()]
+    total = dict.fromkeys(cpus, 0)
+    for line in lines[1:]:
+        fields = line.split()[1 : 1 + len(cpus)]
+        for cpu, v in zip(cpus, fields):
+            if v.isdigit():
+                total[cpu] += int(v)
+    return total
+
+
+def _busy_fraction(seconds: float = 1.0) -> tuple[dict[int, float], dict[int, int]]:
+    """Share of the last ``seconds`` each logical CPU was busy (/proc/stat), and the interrupts
+    it served in that time."""
 
     def sample():
         out = {}
@@ -275,14 +292,15 @@ def _busy_fraction(seconds: float = 0.5) -> dict[int, float]:
                 out[int(name[3:])] = (sum(vals), vals[3] + vals[4])  # total, idle + iowait
         return out
 
-    a = sample()
+    a, irq_a = sample(), _interrupts()
     time.sleep(seconds)
-    b = sample()
+    b, irq_b = sample(), _interrupts()
     busy = {}
     for cpu, (tot, idle) in b.items():
         dt = tot - a.get(cpu, (tot, idle))[0]
         busy[cpu] = 1.0 - (idle - a.get(cpu, (tot, idle))[1]) / dt if dt > 0 else 0.0
-    return busy
+    irqs = {cpu: irq_b[cpu] - irq_a.get(cpu, 0) for cpu in irq_b}
+    return busy, irqs
 
 
 def pin_to_idle_cores(n: int) -> dict:
@@ -290,17 +308,21 @@ def pin_to_idle_cores(n: int) -> dict:
 
     Two threads on the two hyperthreads of one core run at ~1.2x one thread, and where the OS
     puts them varies from call to call; pinning before any thread pool starts makes the
-    2-thread figures comparable between runs. Linux only; elsewhere nothing changes.
+    2-thread figures comparable between runs. "Idlest": least busy over a 1 s sample, then
+    fewest interrupts served in it (CPU 0 often takes the machine's interrupts). Linux only;
+    elsewhere nothing changes.
     """
     import os
 
     if not hasattr(os, "sched_setaffinity") or not Path("/proc/stat").exists():
         return {"pinned": False}
     cores = _physical_cores()
-    busy = _busy_fraction()
-    best = sorted(
-        (min(cpus, key=lambda c: busy.get(c, 0.0)) for cpus in cores.values()), key=lambda c: busy.get(c, 0.0)
-    )[:n]
+    busy, irqs = _busy_fraction()
+
+    def load(c: int) -> tuple:
+        return (round(busy.get(c, 0.0), 2), irqs.get(c, 0), c == 0)
+
+    best = sorted((min(cpus, key=load) for cpus in cores.values()), key=load)[:n]
     os.sched_setaffinity(0, best)
     return {
         "pinned": True,
@@ -308,6 +330,7 @@ def pin_to_idle_cores(n: int) -> dict:
         "physical_cores": len(cores),
         "logical_per_core": max(len(c) for c in cores.values()),
         "busy_before": {c: round(busy.get(c, 0.0), 3) for c in best},
+        "interrupts_per_s": {c: irqs.get(c, 0) for c in sorted(irqs)},
     }
 
 
