@@ -44,8 +44,8 @@ _KEEP_ROWS = True
 _FLOAT_ROWS = True
 # Private tuning switch: x slabs of the map per thread in the forward (one thread: one slab).
 # More slabs balance the threads' loads; each slab edge splits the atoms that cross it (on
-# 5H73, 8 slabs cost 8 % more instructions than 1). 2 per thread was the fastest or equal of
-# 1, 2, 4 at 2 threads on the H100 host (2026-11-23: 5H73 13.4 vs 13.9 ms, 3WIP 63.5 vs 68.3 ms).
+# 5H73, 8 slabs cost 8 % more instructions than 1). At 2 threads on the H100 host, 1, 2 and 4
+# per thread came within a few % of each other in the same rounds (benchmarks/README.md).
 _SLABS_PER_THREAD = 2
 # Cell kinds as the C++ kernel takes them: which axis stays separable.
 _KIND = {"orthogonal": 0, "hexagonal": 0, "monoclinic": 1, "triclinic": 2}
