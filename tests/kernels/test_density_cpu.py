@@ -269,14 +269,20 @@ def test_bitwise_deterministic_across_runs_and_thread_counts():
         assert torch.equal(a, b) and torch.equal(b, c)
 
 
+def _big_cell_case(kind: str, n_atoms: int, seed: int, grad_seed: int):
+    """Random float32 atoms in one of BIG_CELLS, its grid and a random upstream gradient."""
+    params, shape = BIG_CELLS[kind]
+    cell = Cell.from_parameters(*params)
+    grid = GridSpec(cell, shape)
+    atoms = _random_atoms(cell, n_atoms, seed=seed).to(dtype=torch.float32)
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(grad_seed))
+    return atoms, grid, upstream
+
+
 def test_bitwise_deterministic_monoclinic_lanes():
     # The monoclinic lane path (2-D (x,z) lane tables, rows wrapping along z) split over
     # slabs differently at 1 and 2 threads: still bitwise the same map and gradients.
-    params, shape = BIG_CELLS["monoclinic"]
-    cell = Cell.from_parameters(*params)
-    grid = GridSpec(cell, shape)
-    atoms = _random_atoms(cell, 60, seed=11).to(dtype=torch.float32)
-    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(2))
+    atoms, grid, upstream = _big_cell_case("monoclinic", 60, seed=11, grad_seed=2)
     one = _run_with_threads(1, atoms, grid, upstream)
     two = _run_with_threads(2, atoms, grid, upstream)
     for a, b in zip(one, two):
@@ -287,11 +293,7 @@ def test_bitwise_deterministic_monoclinic_lanes():
 def test_slab_count_does_not_change_results(monkeypatch, kind):
     # The forward's slab count (a private tuning switch) moves where atoms are split between
     # slabs; every voxel still receives its atoms in one global order: bitwise the same.
-    params, shape = BIG_CELLS[kind]
-    cell = Cell.from_parameters(*params)
-    grid = GridSpec(cell, shape)
-    atoms = _random_atoms(cell, 60, seed=7).to(dtype=torch.float32)
-    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(3))
+    atoms, grid, upstream = _big_cell_case(kind, 60, seed=7, grad_seed=3)
     monkeypatch.setattr(density_cpu, "_SLABS_PER_THREAD", 1)
     first = _run_with_threads(1, atoms, grid, upstream)
     for per_thread, threads in ((1, 2), (2, 2), (4, 2), (7, 3)):
@@ -307,11 +309,7 @@ def test_backward_reuses_forward_rows(monkeypatch, kind):
     # the backward reads them instead of solving again. The atoms' x-ranges are split over
     # slabs at 2 threads, so the kept rows are written by several slabs; solving again
     # (the private switch off) must give bitwise the same gradients.
-    params, shape = BIG_CELLS[kind]
-    cell = Cell.from_parameters(*params)
-    grid = GridSpec(cell, shape)
-    atoms = _random_atoms(cell, 50, seed=4).to(dtype=torch.float32)
-    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(6))
+    atoms, grid, upstream = _big_cell_case(kind, 50, seed=4, grad_seed=6)
     kept = _run_with_threads(2, atoms, grid, upstream)
     leaf = _leaf(atoms, torch.float32)
     out = kernels.splat_density(leaf, grid, backend="cpu")
