@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _worker(structure: str, cpu: int, threads: int, rounds: int, start_at: float) -> list[float]:
-    """Forward times (s) of the CPU kernel on ``cpu`` (and the next ``threads`` - 1 given by the caller)."""
+    """Forward times (s) of the CPU kernel with ``threads`` threads; the caller has pinned the process."""
     import torch
 
     sys.path.insert(0, str(ROOT))
@@ -50,9 +50,9 @@ def _worker(structure: str, cpu: int, threads: int, rounds: int, start_at: float
 
 def _spawn(structure: str, cpus: list[int], rounds: int, start_at: float) -> subprocess.Popen:
     code = (
-        "import json, os, sys; sys.path.insert(0, %r); from benchmarks.cpu_pair_probe import _worker; "
-        "os.sched_setaffinity(0, %r); print(json.dumps(_worker(%r, %d, %d, %d, %r)))"
-        % (str(ROOT), cpus, structure, cpus[0], len(cpus), rounds, start_at)
+        f"import json, os, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.cpu_pair_probe import _worker; "
+        f"os.sched_setaffinity(0, {cpus!r}); "
+        f"print(json.dumps(_worker({structure!r}, {cpus[0]}, {len(cpus)}, {rounds}, {start_at!r})))"
     )
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
