@@ -158,6 +158,13 @@ double r2_exact(const Geom& g, double dx, double dy, double dz) {
     return s;
 }
 
+// Amplitude of one Gaussian term a·exp(−4π²r²/W) in real space: a·(4π/W)^{3/2}
+// (u·√u: std::pow was most of the per-atom preparation's time)
+KERNELS_INLINE double term_amplitude(double a, double w) {
+    const double u = 4.0 * PI / w;
+    return a * (u * std::sqrt(u));
+}
+
 KERNELS_INLINE int64_t floor_mod(int64_t a, int64_t n) {
     int64_t r = a % n;
     return r < 0 ? r + n : r;
@@ -189,8 +196,7 @@ void prepare_atom(const Geom& g, const double* frac, const double* radii, const 
     for (int k = 0; k < NG; ++k) {
         const double w = b[NG * i + k] + b_iso[i];
         A.width[k] = w;
-        const double u = 4.0 * PI / w;
-        A.amp[k] = a[NG * i + k] * (u * std::sqrt(u));  // u^1.5; std::pow took most of this function's time
+        A.amp[k] = term_amplitude(a[NG * i + k], w);
         A.alpha[k] = 4.0 * PI * PI / w;
         A.gw[0][k] = A.amp[k];
         A.gw[1][k] = A.amp[k] / w;
@@ -713,15 +719,14 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
         }
         const float* Lp = L + (i - ia) * lplane;  // this plane's L_k: Lp[k*lstride + l]
         const float* lqp = lq + (zsep ? 0 : (i - ia) * nl);
-        // row factor R_k of row s
-        auto R = [&](int k, int64_t s) { return zsep ? tb[k * nib * nyb + (i - ia) * nyb + s] : ta[k * nyb + s]; };
+        // row factor R_k of row s: Rp[k * rstride + s] (in the forward, with amp·occ in it: see exp_table)
+        const float* Rp = zsep ? tb + (i - ia) * nyb : ta;
+        const int64_t rstride = zsep ? nib * nyb : nyb;
         if (Forward) {
-            // The row factors already carry amp·occ (see exp_table): a row's 5 coefficients
-            // are broadcasts. Blocks below the top of the cell are one run of the map row from
-            // lane z0; blocks at or past it (boxes that wrap along z, aligned so that no block
-            // crosses the top) are the same run moved down by nz.
-            const float* Rp = zsep ? tb + (i - ia) * nyb : ta;  // amp·R_k of row s: Rp[k * rstride + s]
-            const int64_t rstride = zsep ? nib * nyb : nyb;
+            // The row factors already carry amp·occ: a row's 5 coefficients are broadcasts.
+            // Blocks below the top of the cell are one run of the map row from lane z0; blocks
+            // at or past it (boxes that wrap along z, aligned so that no block crosses the top)
+            // are the same run moved down by nz.
             float* op = out + static_cast<Idx>(iw) * static_cast<Idx>(ny) * static_cast<Idx>(nz);
             for (int64_t s = 0; s < nyb; ++s) {
                 if (lo[s] > hi[s]) continue;
@@ -769,7 +774,7 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
                 const double Qr = zsep ? q[(i - ia) * nyb + s] : g.G11 * dy * dy;
                 float* r = rc + 3 * NG * nr;
                 for (int k = 0; k < NG; ++k) {
-                    const float e = R(k, s);
+                    const float e = Rp[k * rstride + s];
                     r[k] = e;
                     r[NG + k] = static_cast<float>(e * dy);
                     r[2 * NG + k] = static_cast<float>(e * Qr);
@@ -1254,7 +1259,7 @@ void splat(const Inputs& in, float* out, int n_threads, int slabs_per_thread, bo
     // Slabs of about equal work; more slabs than threads lets a busy core not hold the rest up,
     // but every slab edge splits the atoms that cross it (each piece rebuilds its per-atom tables).
     const int64_t n_slabs =
-        n_threads <= 1 ? 1 : std::min<int64_t>(nx, std::max(1, slabs_per_thread) * static_cast<int64_t>(n_threads));
+        n_threads <= 1 ? 1 : std::min<int64_t>(nx, static_cast<int64_t>(slabs_per_thread) * n_threads);
     std::vector<int64_t> edge(1, 0);
     {
         double total = 0;
@@ -1364,8 +1369,7 @@ double cutoff_radius_one(double B, const double* a, const double* b, double cuto
     double amp[NG], expo[NG];
     for (int k = 0; k < NG; ++k) {
         const double w = b[k] + B;
-        const double u = 4.0 * PI / w;
-        amp[k] = a[k] * (u * std::sqrt(u));  // u^1.5, as in prepare_atom
+        amp[k] = term_amplitude(a[k], w);
         expo[k] = -4.0 * PI * PI / w;
     }
     auto value = [&](double x) {
@@ -1554,7 +1558,7 @@ PyObject* py_splat(PyObject*, PyObject* args) {
     if (keep && !rows) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
     try {
-        splat(in, out, n_threads, static_cast<int>(std::min(slabs_per_thread, 64L)), use64, tm, rows.get());
+        splat(in, out, n_threads, static_cast<int>(std::clamp(slabs_per_thread, 1L, 64L)), use64, tm, rows.get());
     } catch (const std::bad_alloc&) {
         oom = true;
     }
