@@ -65,6 +65,7 @@
 // The backward keeps AVX2 as its best: its v4 clone took 2.5-3.5 % longer.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
     !defined(KERNELS_NO_CLONES)
+#define KERNELS_CLONES 1
 #define KERNELS_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
 #define KERNELS_HOT_V4 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -411,14 +412,42 @@ KERNELS_INLINE void gather_row(const float* __restrict gr, int64_t n, const floa
 #endif
 typedef float vf8 __attribute__((vector_size(32)));
 typedef int32_t vi8 __attribute__((vector_size(32)));
-constexpr int64_t kL = 8;  // lanes per block
+typedef float vf16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+constexpr int64_t kL = 8;  // lanes per block (and the lane tables' granularity)
+// Vectors of W lanes: the backward's blocks are W = 16 lanes wide on CPUs that run the
+// x86-64-v4 (AVX-512) clone, 8 (one AVX2 vector) elsewhere.
+template <int W> struct Lanes;
+template <> struct Lanes<8> {
+    typedef vf8 F;
+    typedef vi8 I;
+    KERNELS_INLINE static F splat(float x) { return F{x, x, x, x, x, x, x, x}; }
+    KERNELS_INLINE static I iota() { return I{0, 1, 2, 3, 4, 5, 6, 7}; }
+};
+template <> struct Lanes<16> {
+    typedef vf16 F;
+    typedef vi16 I;
+    // lane 0 spread by a shuffle: GCC 12 builds a 16-lane {x, x, ...} lane by lane with masked
+    // broadcasts; this form is one vbroadcastss
+    KERNELS_INLINE static F splat(float x) {
+        const F v = {x};
+        return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    }
+    KERNELS_INLINE static I splat(int32_t x) {
+        const I v = {x};
+        return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    }
+    KERNELS_INLINE static I iota() { return I{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
+};
 
-KERNELS_INLINE vf8 vload(const float* p) {
-    vf8 v;
+template <class V = vf8>
+KERNELS_INLINE V vload(const float* p) {
+    V v;
     std::memcpy(&v, p, sizeof v);
     return v;
 }
-KERNELS_INLINE void vstore(float* p, vf8 v) { std::memcpy(p, &v, sizeof v); }
+template <class V>
+KERNELS_INLINE void vstore(float* p, V v) { std::memcpy(p, &v, sizeof v); }
 KERNELS_INLINE vf8 vsplat(float x) { return vf8{x, x, x, x, x, x, x, x}; }
 // n lanes rounded up to whole blocks
 KERNELS_INLINE int64_t whole_blocks(int64_t n) { return (n + kL - 1) / kL * kL; }
@@ -432,10 +461,11 @@ KERNELS_INLINE vf8 vmask(vf8 v, int64_t bb, int32_t la, int32_t lb) {
     const vi8 m = (idx >= vi8{a, a, a, a, a, a, a, a}) & (idx <= vi8{b, b, b, b, b, b, b, b});
     return reinterpret_cast<vf8>(reinterpret_cast<vi8>(v) & m);
 }
-// Σ_k c_k · L_k over the block at lane l of the lane tables (L_k at L + k·stride)
-KERNELS_INLINE vf8 lane_sum(const vf8* c, const float* L, int64_t stride, int64_t l) {
-    return c[0] * vload(L + l) + c[1] * vload(L + stride + l) + c[2] * vload(L + 2 * stride + l) +
-           c[3] * vload(L + 3 * stride + l) + c[4] * vload(L + 4 * stride + l);
+// Σ_k c_k · L_k over the block (or window) at lane l of the lane tables (L_k at L + k·stride)
+template <class V = vf8>
+KERNELS_INLINE V lane_sum(const V* c, const float* L, int64_t stride, int64_t l) {
+    return c[0] * vload<V>(L + l) + c[1] * vload<V>(L + stride + l) + c[2] * vload<V>(L + 2 * stride + l) +
+           c[3] * vload<V>(L + 3 * stride + l) + c[4] * vload<V>(L + 4 * stride + l);
 }
 KERNELS_INLINE double vsum(vf8 v) {
     double s = 0;
@@ -613,7 +643,7 @@ void plane_intervals_f(const Geom& g, const AtomP& A, const RowConstF& C, double
 // off: lane of box z index 0, nl: lanes (multiple of 8, <= nz); lane l is map z (z0 + l) mod nz.
 // rows: this atom's saved row intervals (see SavedRows) or nullptr — the forward writes
 // them there, the backward reads them instead of solving for them again.
-template <class Idx, bool Forward>
+template <class Idx, bool Forward, int W>
 KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_t ib, float* out, const float* grad,
                                Scratch& S, const float* ampf, int64_t z0, int64_t off, int64_t nl, int16_t* rows_saved,
                                double* sums) {
@@ -631,6 +661,8 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
     int32_t* lo = S.rlo32.data();
     int32_t* hi = S.rhi32.data();
     const int64_t nblk = nl / kL;
+    typedef typename Lanes<W>::F VF;
+    typedef typename Lanes<W>::I VI;
     // forward: blocks [0, btop) lie below the top of the cell, the rest wrap to z = 0, 1, ...;
     // a block crosses the top only when the wrapped lanes are not aligned to whole blocks
     const bool straddle = z0 + nl > nz && (nz % kL != 0 || z0 % kL != 0);
@@ -783,44 +815,56 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
             }
             if (nr == 0) continue;
             const float dxf = static_cast<float>(dx);
-            for (int64_t bb = 0; bb < nblk; ++bb) {
-                vf8 z[3 * NG];
-                for (int qn = 0; qn < 3 * NG; ++qn) z[qn] = vsplat(0.0f);
-                const int64_t zb = z0 + bb * kL < nz ? z0 + bb * kL : z0 + bb * kL - nz;  // blocks past the top wrap
+            // blocks of W lanes (nl is a multiple of W here, see process_atom)
+            for (int64_t bb = 0; bb < nl / W; ++bb) {
+                const int64_t l0 = bb * W;  // first lane of the block
+                VF z[3 * NG];
+                for (int qn = 0; qn < 3 * NG; ++qn) z[qn] = Lanes<W>::splat(0.0f);
+                const int64_t zb = z0 + l0 < nz ? z0 + l0 : z0 + l0 - nz;  // blocks past the top wrap
                 for (int64_t r = 0; r < nr; ++r) {
                     const int64_t s = rows[r];
                     const float* gp = grad + (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) *
                                                  static_cast<Idx>(nz);
-                    vf8 graw;
-                    if (zb + kL <= nz) {
-                        graw = vload(gp + zb);
+                    VF graw;
+                    if (zb + W <= nz) {
+                        graw = vload<VF>(gp + zb);
                     } else {  // lanes past the top of the cell wrap to z = 0, 1, ...
-                        for (int l = 0; l < kL; ++l) graw[l] = gp[zb + l < nz ? zb + l : zb + l - nz];
+                        for (int l = 0; l < W; ++l) graw[l] = gp[zb + l < nz ? zb + l : zb + l - nz];
                     }
-                    const vf8 gv = vmask(graw, bb, static_cast<int32_t>(lo[s] + off),
-                                         static_cast<int32_t>(hi[s] + off));
+                    const int32_t la = static_cast<int32_t>(lo[s] + off), lb = static_cast<int32_t>(hi[s] + off);
+                    VF gv;
+                    if constexpr (W == 8) {
+                        gv = vmask(graw, bb, la, lb);
+                    } else {
+                        // lanes [la, lb] kept: outside, (lane − la) or (lb − lane) is negative, and the
+                        // arithmetic shift spreads the sign of their OR (integer operations only: GCC 12
+                        // turns 16-lane vector compares into per-lane selects)
+                        const VI lane = Lanes<W>::iota() + Lanes<W>::splat(static_cast<int32_t>(l0));
+                        const VI out = ((lane - Lanes<W>::splat(la)) | (Lanes<W>::splat(lb) - lane)) >> 31;
+                        gv = reinterpret_cast<VF>(reinterpret_cast<VI>(graw) & ~out);
+                    }
                     const float* cr = rc + 3 * NG * r;
 #pragma GCC unroll 15
-                    for (int qn = 0; qn < 3 * NG; ++qn) z[qn] += vsplat(cr[qn]) * gv;
+                    for (int qn = 0; qn < 3 * NG; ++qn) z[qn] += Lanes<W>::splat(cr[qn]) * gv;
                 }
-                vf8 ao = vsplat(0.0f), ab1 = ao, u2 = ao, ady = ao, ab3 = ao;
-                const vf8 lqv = vload(lqp + bb * kL);
+                VF ao = Lanes<W>::splat(0.0f), ab1 = ao, u2 = ao, ady = ao, ab3 = ao;
+                const VF lqv = vload<VF>(lqp + l0);
                 for (int k = 0; k < NG; ++k) {
-                    const vf8 Lk = vload(Lp + k * lstride + bb * kL);
-                    const vf8 V = Lk * z[k];
-                    ao += vsplat(w[0][k]) * V;
-                    ab1 += vsplat(w[1][k]) * V;
-                    u2 += vsplat(w[2][k]) * V;
-                    ady += vsplat(w[2][k]) * (Lk * z[NG + k]);
-                    ab3 += vsplat(w[3][k]) * (Lk * z[2 * NG + k] + lqv * V);
+                    const VF Lk = vload<VF>(Lp + k * lstride + l0);
+                    const VF V = Lk * z[k];
+                    ao += Lanes<W>::splat(w[0][k]) * V;
+                    ab1 += Lanes<W>::splat(w[1][k]) * V;
+                    u2 += Lanes<W>::splat(w[2][k]) * V;
+                    ady += Lanes<W>::splat(w[2][k]) * (Lk * z[NG + k]);
+                    ab3 += Lanes<W>::splat(w[3][k]) * (Lk * z[2 * NG + k] + lqv * V);
                 }
-                float* a = aacc + bb * kL;
-                vstore(a, vload(a) + ao);
-                vstore(a + nl, vload(a + nl) + ab1);
-                vstore(a + 2 * nl, vload(a + 2 * nl) + vsplat(dxf) * u2);
-                vstore(a + 3 * nl, vload(a + 3 * nl) + ady);
-                vstore(a + 4 * nl, vload(a + 4 * nl) + vload(ldz + bb * kL) * u2);
-                vstore(a + 5 * nl, vload(a + 5 * nl) + ab3);
+                float* a = aacc + l0;
+                vstore(a, vload<VF>(a) + ao);
+                vstore(a + nl, vload<VF>(a + nl) + ab1);
+                vstore(a + 2 * nl, vload<VF>(a + 2 * nl) + Lanes<W>::splat(dxf) * u2);
+                vstore(a + 3 * nl, vload<VF>(a + 3 * nl) + ady);
+                vstore(a + 4 * nl, vload<VF>(a + 4 * nl) + vload<VF>(ldz + l0) * u2);
+                vstore(a + 5 * nl, vload<VF>(a + 5 * nl) + ab3);
             }
         }
     }
@@ -886,7 +930,7 @@ struct GradSums {
 
 // Visit every row (i, j) of atom A with i in [ia, ib] (lattice), build the tables and
 // either add its density to `out` (Forward) or gather gradient sums from `grad` (backward).
-template <class Idx, bool Forward>
+template <class Idx, bool Forward, int W = 8>
 KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int64_t ib, float* out, const float* grad,
                   Scratch& S, GradSums* gs, int16_t* rows_saved) {
     const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
@@ -928,7 +972,10 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
             double sums[6];
             float ampf[NG];
             for (int k = 0; k < NG; ++k) ampf[k] = static_cast<float>(A.amp[k] * A.occ);
-            atom_lanes<Idx, Forward>(g, A, ia, ib, out, grad, S, ampf, z0, zs - z0, nl, rows_saved, sums);
+            // the backward's blocks of 16 lanes: whole blocks over the box's lanes (the extra
+            // lanes are outside every row, so masked; lanes past the top of the cell wrap)
+            if (!Forward && W == 16) nl = (nl + 15) / 16 * 16;
+            atom_lanes<Idx, Forward, W>(g, A, ia, ib, out, grad, S, ampf, z0, zs - z0, nl, rows_saved, sums);
             if (!Forward) {
                 gs->occ += sums[0];
                 gs->b1 += sums[1];
@@ -1313,9 +1360,10 @@ void splat(const Inputs& in, float* out, int n_threads, int slabs_per_thread, bo
 
 // ------------------------------------------------------------------ backward
 
-KERNELS_HOT
-void gather_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last, const float* grad,
-                  Scratch& S, bool use64, SavedRows* saved, double* gxyz, double* gb, double* gocc) {
+template <int W>
+KERNELS_INLINE void gather_atoms_w(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last,
+                                   const float* grad, Scratch& S, bool use64, SavedRows* saved, double* gxyz,
+                                   double* gb, double* gocc) {
     const Geom& g = in.g;
     for (int64_t i = first; i < last; ++i) {
         const AtomP& A = atoms[i];
@@ -1323,9 +1371,9 @@ void gather_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t fir
         if (A.R2 > 0) {
             int16_t* rows = saved ? saved->at(i) : nullptr;
             if (use64)
-                process_atom<int64_t, false>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
+                process_atom<int64_t, false, W>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
             else
-                process_atom<int32_t, false>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
+                process_atom<int32_t, false, W>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
         }
         // ρ = occ·Σ amp_k·e_k, e_k = exp(−α_k r²), α_k = 4π²/W_k, W_k = b_k + B:
         //   ∂ρ/∂occ = Σ amp·e;  ∂ρ/∂B = occ·Σ amp·e·(−1.5 + α·r²)/W;
@@ -1340,7 +1388,33 @@ void gather_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t fir
     }
 }
 
-void gather(const Inputs& in, const float* grad, int n_threads, bool use64, SavedRows* saved, double* gxyz,
+// Whether this CPU runs the x86-64-v4 (AVX-512) clones; gather_atoms then uses 16-lane blocks.
+bool cpu_runs_v4() {
+#if defined(KERNELS_CLONES)
+    static const bool v4 = __builtin_cpu_supports("x86-64-v4");
+    return v4;
+#else
+    return false;
+#endif
+}
+
+// Gradient sums of atoms [first, last). On x86-64-v4 CPUs (and cells at least 16 voxels
+// along z) the lane blocks are 16 wide: 32 vector registers hold the 15 contraction sums, and
+// each lane's arithmetic is the same as with 8-lane blocks, so the gradients are too.
+// wide = false keeps 8-lane blocks everywhere (a private switch, for tests).
+KERNELS_HOT_V4
+void gather_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last, const float* grad,
+                  Scratch& S, bool use64, bool wide, SavedRows* saved, double* gxyz, double* gb, double* gocc) {
+#if defined(KERNELS_CLONES) && defined(KERNELS_LANES)
+    if (wide && cpu_runs_v4() && in.g.n[2] >= 16) {
+        gather_atoms_w<16>(in, atoms, first, last, grad, S, use64, saved, gxyz, gb, gocc);
+        return;
+    }
+#endif
+    gather_atoms_w<8>(in, atoms, first, last, grad, S, use64, saved, gxyz, gb, gocc);
+}
+
+void gather(const Inputs& in, const float* grad, int n_threads, bool use64, bool wide, SavedRows* saved, double* gxyz,
             double* gb, double* gocc, Timings& tm) {
     auto t0 = Clock::now();
     std::vector<AtomP> atoms;
@@ -1355,8 +1429,8 @@ void gather(const Inputs& in, const float* grad, int n_threads, bool use64, Save
     const int64_t per = 32;
     tm.tasks = (in.n_atoms + per - 1) / per;
     parallel_for(tm.tasks, n_threads, [&](int64_t t, int worker) {
-        gather_atoms(in, atoms, t * per, std::min(in.n_atoms, (t + 1) * per), grad, scratch[worker], use64, saved, gxyz,
-                     gb, gocc);
+        gather_atoms(in, atoms, t * per, std::min(in.n_atoms, (t + 1) * per), grad, scratch[worker], use64, wide, saved,
+                     gxyz, gb, gocc);
     });
     tm.compute = seconds_since(t0);
 }
@@ -1583,8 +1657,10 @@ PyObject* py_splat(PyObject*, PyObject* args) {
 
 const char gather_doc[] =
     "gather(grad_ptr, gxyz_ptr, gb_ptr, gocc_ptr, shape, n_atoms, frac_ptr, radii_ptr, b_iso_ptr, occ_ptr, a_ptr,\n"
-    "       b_ptr, metric, recip, orth, kind, n_threads, flags, rows) -> dict of phase timings\n\n"
+    "       b_ptr, metric, recip, orth, kind, n_threads, flags, lanes, rows) -> dict of phase timings\n\n"
     "Gradient of sum(grad * splat) with respect to xyz (N,3), b_iso (N,) and occ (N,), written as float64.\n"
+    "lanes: 0 picks the lane blocks for this CPU (16 where it runs the x86-64-v4 clone), 8 keeps 8-lane\n"
+    "blocks (the same gradients, bitwise).\n"
     "rows: None, or the 'rows' capsule of splat() on the same inputs (skips solving for the row intervals).";
 
 PyObject* py_gather(PyObject*, PyObject* args) {
@@ -1597,8 +1673,10 @@ PyObject* py_gather(PyObject*, PyObject* args) {
     double* gb = as_ptr<double>(PyTuple_GET_ITEM(args, 2));
     double* gocc = as_ptr<double>(PyTuple_GET_ITEM(args, 3));
     if (PyErr_Occurred()) return nullptr;
-    const Py_ssize_t end = PyTuple_GET_SIZE(args) - 1;
-    PyObject* cap = PyTuple_GET_ITEM(args, end);
+    const Py_ssize_t end = PyTuple_GET_SIZE(args) - 2;
+    const long lanes = PyLong_AsLong(PyTuple_GET_ITEM(args, end));
+    if (lanes == -1 && PyErr_Occurred()) return nullptr;
+    PyObject* cap = PyTuple_GET_ITEM(args, end + 1);
     SavedRows* rows = nullptr;
     if (cap != Py_None) {
         rows = static_cast<SavedRows*>(PyCapsule_GetPointer(cap, kRowsCapsule));
@@ -1616,7 +1694,7 @@ PyObject* py_gather(PyObject*, PyObject* args) {
     bool oom = false;
     Py_BEGIN_ALLOW_THREADS
     try {
-        if (in.n_atoms > 0) gather(in, grad, n_threads, use64, rows, gxyz, gb, gocc, tm);
+        if (in.n_atoms > 0) gather(in, grad, n_threads, use64, lanes != 8, rows, gxyz, gb, gocc, tm);
     } catch (const std::bad_alloc&) {
         oom = true;
     }

@@ -47,6 +47,9 @@ _FLOAT_ROWS = True
 # 5H73, 8 slabs cost 8 % more instructions than 1). At 2 threads on the H100 host, 1, 2 and 4
 # per thread came within a few % of each other in the same rounds (benchmarks/README.md).
 _SLABS_PER_THREAD = 2
+# Lane blocks of the backward: 0 lets the kernel pick (16 lanes on CPUs that run its AVX-512
+# clone, 8 elsewhere); 8 forces 8-lane blocks. Gradients are bitwise the same either way.
+_BACKWARD_LANES = 0
 # Cell kinds as the C++ kernel takes them: which axis stays separable.
 _KIND = {"orthogonal": 0, "hexagonal": 0, "monoclinic": 1, "triclinic": 2}
 
@@ -151,6 +154,7 @@ class _SplatFunction(torch.autograd.Function):
                 _ptr(gb),
                 _ptr(gocc),
                 *_call_args(ctx.grid, frac, radii, b64, o64, a64, w64, ctx.force_int64),
+                _BACKWARD_LANES,
                 ctx.rows,
             )
         want = ctx.needs_input_grad

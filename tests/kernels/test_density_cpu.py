@@ -303,6 +303,21 @@ def test_slab_count_does_not_change_results(monkeypatch, kind):
             assert torch.equal(a, b), (per_thread, threads)
 
 
+@pytest.mark.parametrize("kind", sorted(BIG_CELLS))
+def test_backward_lane_width_does_not_change_gradients(monkeypatch, kind):
+    # On CPUs that run the kernel's AVX-512 clone the backward contracts 16 lanes at a time
+    # (boxes rounded up to whole 16-lane blocks, the extra lanes wrapping past the top of the
+    # cell); every lane's arithmetic is that of the 8-lane blocks, so the private switch that
+    # forces 8 lanes must give bitwise the same gradients. (Where the CPU has no AVX-512 both
+    # runs take 8 lanes; the CI machine and the H100 host have it.)
+    atoms, grid, upstream = _big_cell_case(kind, 60, seed=9, grad_seed=5)
+    picked = _run_with_threads(2, atoms, grid, upstream)
+    monkeypatch.setattr(density_cpu, "_BACKWARD_LANES", 8)
+    eight = _run_with_threads(2, atoms, grid, upstream)
+    for a, b in zip(picked, eight):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("kind", ["hexagonal", "monoclinic"])
 def test_backward_reuses_forward_rows(monkeypatch, kind):
     # With a gradient wanted, the forward keeps every lane-path atom's row intervals and
