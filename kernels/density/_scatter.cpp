@@ -463,11 +463,10 @@ KERNELS_INLINE vf8 vmask(vf8 v, int64_t bb, int32_t la, int32_t lb) {
     const vi8 m = (idx >= vi8{a, a, a, a, a, a, a, a}) & (idx <= vi8{b, b, b, b, b, b, b, b});
     return reinterpret_cast<vf8>(reinterpret_cast<vi8>(v) & m);
 }
-// Σ_k c_k · L_k over the block (or window) at lane l of the lane tables (L_k at L + k·stride)
-template <class V = vf8>
-KERNELS_INLINE V lane_sum(const V* c, const float* L, int64_t stride, int64_t l) {
-    return c[0] * vload<V>(L + l) + c[1] * vload<V>(L + stride + l) + c[2] * vload<V>(L + 2 * stride + l) +
-           c[3] * vload<V>(L + 3 * stride + l) + c[4] * vload<V>(L + 4 * stride + l);
+// Σ_k c_k · L_k over the block at lane l of the lane tables (L_k at L + k·stride)
+KERNELS_INLINE vf8 lane_sum(const vf8* c, const float* L, int64_t stride, int64_t l) {
+    return c[0] * vload(L + l) + c[1] * vload(L + stride + l) + c[2] * vload(L + 2 * stride + l) +
+           c[3] * vload(L + 3 * stride + l) + c[4] * vload(L + 4 * stride + l);
 }
 KERNELS_INLINE double vsum(vf8 v) {
     double s = 0;
