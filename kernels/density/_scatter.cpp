@@ -272,6 +272,7 @@ struct Scratch {
     std::vector<int64_t> rst;    // per row: 0 empty, 1 interval ready, 2 settle with the exact test
     // lane-blocked fast path (see process_atom_lanes)
     std::vector<float> lane_tab;  // NG lane tables L_k (zero outside the box), nl lanes each
+    std::vector<int32_t> lane_index;  // 0, 1, 2, ...: the forward's lane vectors are loaded from it
     std::vector<float> lane_q;    // lane part of r² (backward)
     std::vector<float> lane_dz;   // fractional dz per lane (backward)
     std::vector<double> lane_dzd;  // the same in double (tables)
@@ -419,38 +420,58 @@ typedef int32_t vi16 __attribute__((vector_size(64)));
 constexpr int64_t kL = 8;  // lanes per block (and the lane tables' granularity)
 // Vectors of W lanes: the backward's blocks are W = 16 lanes wide on CPUs that run the
 // x86-64-v4 (AVX-512) clone, 8 (one AVX2 vector) elsewhere.
+// x in every lane: lane 0 spread by a shuffle. Inside the x86-64-v4 clones GCC 12 builds a
+// brace list {x, x, ...} lane by lane (vinsertps / vpinsrd chains, masked broadcasts for 16
+// lanes); the shuffle is one broadcast.
+template <class V, class I, class T>
+KERNELS_INLINE V spread(T x) {
+#if defined(__clang__)
+    V v;
+    for (int l = 0; l < static_cast<int>(sizeof(V) / sizeof(T)); ++l) v[l] = x;
+    return v;
+#else
+    const V v = {x};
+    return __builtin_shuffle(v, I{});
+#endif
+}
 template <int W> struct Lanes;
 template <> struct Lanes<8> {
     typedef vf8 F;
     typedef vi8 I;
-    KERNELS_INLINE static F splat(float x) { return F{x, x, x, x, x, x, x, x}; }
+    KERNELS_INLINE static F splat(float x) { return spread<F, I>(x); }
+    KERNELS_INLINE static I splat(int32_t x) { return spread<I, I>(x); }
     KERNELS_INLINE static I iota() { return I{0, 1, 2, 3, 4, 5, 6, 7}; }
 };
 template <> struct Lanes<16> {
     typedef vf16 F;
     typedef vi16 I;
-    // lane 0 spread by a shuffle: GCC 12 builds a 16-lane {x, x, ...} lane by lane with masked
-    // broadcasts; this form is one vbroadcastss
-    KERNELS_INLINE static F splat(float x) {
-        const F v = {x};
-        return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    }
-    KERNELS_INLINE static I splat(int32_t x) {
-        const I v = {x};
-        return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    }
+    KERNELS_INLINE static F splat(float x) { return spread<F, I>(x); }
+    KERNELS_INLINE static I splat(int32_t x) { return spread<I, I>(x); }
     KERNELS_INLINE static I iota() { return I{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
 };
 
-template <class V = vf8>
-KERNELS_INLINE V vload(const float* p) {
+template <class V = vf8, class T = float>
+KERNELS_INLINE V vload(const T* p) {
     V v;
     std::memcpy(&v, p, sizeof v);
     return v;
 }
 template <class V>
 KERNELS_INLINE void vstore(float* p, V v) { std::memcpy(p, &v, sizeof v); }
-KERNELS_INLINE vf8 vsplat(float x) { return vf8{x, x, x, x, x, x, x, x}; }
+KERNELS_INLINE vf8 vsplat(float x) { return Lanes<8>::splat(x); }
+// *p in every lane, read as one broadcast load. Inside the clones GCC 12 builds a splat of a
+// value already in a register lane by lane (vmovss + 4 vinsertps + vinsertf128 for 8 floats,
+// vmovd + 3 vpinsrd + vinserti128 for 8 ints); from memory it is one vbroadcastss / vpbroadcastd.
+template <class V = vf8, class T>
+KERNELS_INLINE V vsplat_at(const T* p) {
+    V v = {};
+    std::memcpy(&v, p, sizeof(T));
+#if defined(__clang__)
+    return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0);
+#else
+    return __builtin_shuffle(v, vi8{});
+#endif
+}
 // n lanes rounded up to whole blocks
 KERNELS_INLINE int64_t whole_blocks(int64_t n) { return (n + kL - 1) / kL * kL; }
 // lanes [la, lb] of block bb kept, the rest +0
@@ -460,7 +481,7 @@ KERNELS_INLINE vf8 vmask(vf8 v, int64_t bb, int32_t la, int32_t lb) {
     // no per-call vector of lane indices to build
     const int32_t a = la - static_cast<int32_t>(bb * kL), b = lb - static_cast<int32_t>(bb * kL);
     const vi8 idx = vi8{0, 1, 2, 3, 4, 5, 6, 7};
-    const vi8 m = (idx >= vi8{a, a, a, a, a, a, a, a}) & (idx <= vi8{b, b, b, b, b, b, b, b});
+    const vi8 m = (idx >= Lanes<8>::splat(a)) & (idx <= Lanes<8>::splat(b));
     return reinterpret_cast<vf8>(reinterpret_cast<vi8>(v) & m);
 }
 // Σ_k c_k · L_k over the block at lane l of the lane tables (L_k at L + k·stride)
@@ -667,6 +688,8 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
     // forward: blocks [0, btop) lie below the top of the cell, the rest wrap to z = 0, 1, ...;
     // a block crosses the top only when the wrapped lanes are not aligned to whole blocks
     const bool straddle = z0 + nl > nz && (nz % kL != 0 || z0 % kL != 0);
+    const vi8 off_lo = Lanes<8>::splat(static_cast<int32_t>(off) - 1), off_hi = Lanes<8>::splat(static_cast<int32_t>(off) + 1);
+    const int32_t* lane_index = S.lane_index.data();
     const int64_t btop = z0 + nl <= nz ? nblk : (nz - z0) / kL;
     // float interval pass (when this call solves for the intervals): per-atom constants, dy in float
     const bool solve = Forward || !rows_saved;
@@ -764,7 +787,7 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
             for (int64_t s = 0; s < nyb; ++s) {
                 if (lo[s] > hi[s]) continue;
                 vf8 c[NG];
-                for (int k = 0; k < NG; ++k) c[k] = vsplat(Rp[k * rstride + s]);
+                for (int k = 0; k < NG; ++k) c[k] = vsplat_at(Rp + k * rstride + s);
                 const int32_t la = static_cast<int32_t>(lo[s] + off), lb = static_cast<int32_t>(hi[s] + off);
                 float* o = op + static_cast<Idx>(jw[s]) * static_cast<Idx>(nz);
                 const int64_t b0 = static_cast<uint32_t>(la) / kL, b1 = static_cast<uint32_t>(lb) / kL;
@@ -779,12 +802,11 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
                     }
                     continue;
                 }
-                const vi8 lo1 = vi8{la - 1, la - 1, la - 1, la - 1, la - 1, la - 1, la - 1, la - 1};
-                const vi8 hi1 = vi8{lb + 1, lb + 1, lb + 1, lb + 1, lb + 1, lb + 1, lb + 1, lb + 1};
+                // la − 1 and lb + 1 in every lane (broadcast loads, see vsplat_at)
+                const vi8 lo1 = vsplat_at<vi8>(lo + s) + off_lo, hi1 = vsplat_at<vi8>(hi + s) + off_hi;
                 // blocks [bf, bl] of the row, the first one at map z zf
                 auto run = [&](int64_t bf, int64_t bl, int64_t zf) {
-                    const int32_t l0 = static_cast<int32_t>(bf * kL);
-                    vi8 lane = vi8{0, 1, 2, 3, 4, 5, 6, 7} + vi8{l0, l0, l0, l0, l0, l0, l0, l0};
+                    vi8 lane = vload<vi8>(lane_index + bf * kL);  // lanes bf·kL, bf·kL + 1, ...
                     float* ob = o + zf;
                     for (int64_t bb = bf; bb <= bl; ++bb, ob += kL) {
                         const vf8 v = lane_sum(c, Lp, lstride, bb * kL);
@@ -1161,6 +1183,10 @@ void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
     S.rst.resize(nyb);
     const int64_t nl = ((nzb + 7) / 8) * 8 + 8;
     S.lane_tab.resize(NG * nl);
+    if (static_cast<int64_t>(S.lane_index.size()) < nl) {
+        S.lane_index.resize(nl);
+        for (int64_t l = 0; l < nl; ++l) S.lane_index[l] = static_cast<int32_t>(l);
+    }
     S.lane_q.resize(nxb * nl);
     S.lane_dz.resize(nl);
     S.lane_dzd.resize(nl);
