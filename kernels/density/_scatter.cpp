@@ -420,33 +420,40 @@ typedef int32_t vi16 __attribute__((vector_size(64)));
 constexpr int64_t kL = 8;  // lanes per block (and the lane tables' granularity)
 // Vectors of W lanes: the backward's blocks are W = 16 lanes wide on CPUs that run the
 // x86-64-v4 (AVX-512) clone, 8 (one AVX2 vector) elsewhere.
-// x in every lane: lane 0 spread by a shuffle. Inside the x86-64-v4 clones GCC 12 builds a
-// brace list {x, x, ...} lane by lane (vinsertps / vpinsrd chains, masked broadcasts for 16
-// lanes); the shuffle is one broadcast.
-template <class V, class I, class T>
-KERNELS_INLINE V spread(T x) {
-#if defined(__clang__)
-    V v;
-    for (int l = 0; l < static_cast<int>(sizeof(V) / sizeof(T)); ++l) v[l] = x;
-    return v;
-#else
-    const V v = {x};
-    return __builtin_shuffle(v, I{});
+// GCC 12 builds a splat {x, x, ...} of a value in a register lane by lane inside the clones
+// (vmovss + 4 vinsertps + vinsertf128 for 8 floats, vmovd + 3 vpinsrd + vinserti128 for 8
+// ints, 16 masked broadcasts for 16 lanes); lane 0 spread by __builtin_shufflevector (GCC 12+,
+// clang) is one broadcast, or one broadcast load when the value comes from memory. The shuffle
+// is written out where it is used: behind a helper template GCC 12 expands it lane by lane again.
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define KERNELS_SHUFFLEVECTOR 1
 #endif
-}
+#endif
 template <int W> struct Lanes;
 template <> struct Lanes<8> {
     typedef vf8 F;
     typedef vi8 I;
-    KERNELS_INLINE static F splat(float x) { return spread<F, I>(x); }
-    KERNELS_INLINE static I splat(int32_t x) { return spread<I, I>(x); }
+    KERNELS_INLINE static F splat(float x) { return F{x, x, x, x, x, x, x, x}; }
+    KERNELS_INLINE static I splat(int32_t x) { return I{x, x, x, x, x, x, x, x}; }
     KERNELS_INLINE static I iota() { return I{0, 1, 2, 3, 4, 5, 6, 7}; }
 };
 template <> struct Lanes<16> {
     typedef vf16 F;
     typedef vi16 I;
-    KERNELS_INLINE static F splat(float x) { return spread<F, I>(x); }
-    KERNELS_INLINE static I splat(int32_t x) { return spread<I, I>(x); }
+#if defined(KERNELS_SHUFFLEVECTOR)
+    KERNELS_INLINE static F splat(float x) {
+        const F v = {x};
+        return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    }
+    KERNELS_INLINE static I splat(int32_t x) {
+        const I v = {x};
+        return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    }
+#else  // (16-lane blocks are not used then: see gather_atoms)
+    KERNELS_INLINE static F splat(float x) { return F{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+    KERNELS_INLINE static I splat(int32_t x) { return I{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+#endif
     KERNELS_INLINE static I iota() { return I{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
 };
 
@@ -459,14 +466,12 @@ KERNELS_INLINE V vload(const T* p) {
 template <class V>
 KERNELS_INLINE void vstore(float* p, V v) { std::memcpy(p, &v, sizeof v); }
 KERNELS_INLINE vf8 vsplat(float x) { return Lanes<8>::splat(x); }
-// *p in every lane, read as one broadcast load. Inside the clones GCC 12 builds a splat of a
-// value already in a register lane by lane (vmovss + 4 vinsertps + vinsertf128 for 8 floats,
-// vmovd + 3 vpinsrd + vinserti128 for 8 ints); from memory it is one vbroadcastss / vpbroadcastd.
+// *p in every lane of 8 (float or int32), as one broadcast load (see KERNELS_SHUFFLEVECTOR)
 template <class V = vf8, class T>
 KERNELS_INLINE V vsplat_at(const T* p) {
     V v = {};
     std::memcpy(&v, p, sizeof(T));
-#if defined(__clang__)
+#if defined(KERNELS_SHUFFLEVECTOR)
     return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0);
 #else
     return __builtin_shuffle(v, vi8{});
@@ -1432,7 +1437,7 @@ bool cpu_runs_v4() {
 KERNELS_HOT_V4
 void gather_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last, const float* grad,
                   Scratch& S, bool use64, bool wide, SavedRows* saved, double* gxyz, double* gb, double* gocc) {
-#if defined(KERNELS_CLONES) && defined(KERNELS_LANES)
+#if defined(KERNELS_CLONES) && defined(KERNELS_LANES) && defined(KERNELS_SHUFFLEVECTOR)
     if (wide && cpu_runs_v4() && in.g.n[2] >= 16) {
         gather_atoms_w<16>(in, atoms, first, last, grad, S, use64, saved, gxyz, gb, gocc);
         return;
