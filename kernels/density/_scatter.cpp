@@ -693,7 +693,9 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
     // forward: blocks [0, btop) lie below the top of the cell, the rest wrap to z = 0, 1, ...;
     // a block crosses the top only when the wrapped lanes are not aligned to whole blocks
     const bool straddle = z0 + nl > nz && (nz % kL != 0 || z0 % kL != 0);
-    const vi8 off_lo = Lanes<8>::splat(static_cast<int32_t>(off) - 1), off_hi = Lanes<8>::splat(static_cast<int32_t>(off) + 1);
+    // forward: box lane → lane offsets for the per-row bounds, and the lane numbers 0, 1, 2, ...
+    const vi8 off_lo = Lanes<8>::splat(static_cast<int32_t>(off) - 1);
+    const vi8 off_hi = Lanes<8>::splat(static_cast<int32_t>(off) + 1);
     const int32_t* lane_index = S.lane_index.data();
     const int64_t btop = z0 + nl <= nz ? nblk : (nz - z0) / kL;
     // float interval pass (when this call solves for the intervals): per-atom constants, dy in float
