@@ -465,7 +465,6 @@ KERNELS_INLINE V vload(const T* p) {
 }
 template <class V>
 KERNELS_INLINE void vstore(float* p, V v) { std::memcpy(p, &v, sizeof v); }
-KERNELS_INLINE vf8 vsplat(float x) { return Lanes<8>::splat(x); }
 // *p in every lane of 8 (float or int32), as one broadcast load (see KERNELS_SHUFFLEVECTOR)
 template <class V = vf8, class T>
 KERNELS_INLINE V vsplat_at(const T* p) {
@@ -1772,7 +1771,7 @@ PyObject* py_build_info(PyObject*, PyObject*) {
     !defined(KERNELS_NO_CLONES)
     const int clones = 1;
     // the clone this CPU runs (the loader's choice follows the same test)
-    const char* forward = __builtin_cpu_supports("x86-64-v4")   ? "x86-64-v4"
+    const char* forward = cpu_runs_v4()                         ? "x86-64-v4"
                           : __builtin_cpu_supports("x86-64-v3") ? "x86-64-v3"
                                                                 : "baseline";
     const char* backward = forward;  // gather_atoms has the same three clones as run_slab
