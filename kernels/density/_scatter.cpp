@@ -173,6 +173,79 @@ KERNELS_INLINE int64_t floor_mod(int64_t a, int64_t n) {
     return r < 0 ? r + n : r;
 }
 
+// ------------------------------------------------------------------ cutoff radius (gemmi's rule)
+
+// Port of kernels/density/radius.py (gemmi's DensityCalculator::estimate_radius), one atom
+// at a time: the same steps in the same order, so the radii agree to rounding.
+double cutoff_radius_one(double B, const double* a, const double* b, double cutoff) {
+    double amp[NG], expo[NG];
+    for (int k = 0; k < NG; ++k) {
+        const double w = b[k] + B;
+        amp[k] = term_amplitude(a[k], w);
+        expo[k] = -4.0 * PI * PI / w;
+    }
+    auto value = [&](double x) {
+        double s = 0;
+        for (int k = 0; k < NG; ++k) s += amp[k] * std::exp(expo[k] * (x * x));
+        return s;
+    };
+    auto value_slope = [&](double x, double& y, double& dy) {
+        y = 0;
+        dy = 0;
+        for (int k = 0; k < NG; ++k) {
+            const double e = amp[k] * std::exp(expo[k] * (x * x));
+            y += e;
+            dy += 2 * x * expo[k] * e;
+        }
+    };
+    constexpr int kMaxSteps = 80;
+    double x1 = (8.5 + 0.075 * B) / (2.4 + 0.0045 * B), y1, dy;
+    value_slope(x1, y1, dy);
+    for (int s = 0; s < kMaxSteps && dy > 0; ++s) {
+        x1 += 1.0;
+        value_slope(x1, y1, dy);
+    }
+    double x2 = x1, y2 = y1;
+    bool rose = false;
+    if (y1 < cutoff) {
+        for (int s = 0; s < kMaxSteps; ++s) {
+            x2 = x1;
+            y2 = y1;
+            x1 -= 0.5;
+            value_slope(x1, y1, dy);
+            if (dy > 0) {
+                rose = true;
+                break;
+            }
+            if (x1 < 0) {
+                x1 = 0;
+                y1 = value(0.0);
+                break;
+            }
+            if (!(y1 < cutoff)) break;
+        }
+        if (rose) {
+            for (int s = 0; s < 6; ++s) {
+                if (dy > 0 && x1 + 0.1 < x2) {
+                    x1 += 0.1;
+                    value_slope(x1, y1, dy);
+                }
+            }
+            if (y1 < cutoff) return std::max(x1, 0.0);
+        }
+    } else {
+        for (int s = 0; s < kMaxSteps && y2 > cutoff; ++s) {
+            x1 = x2;
+            y1 = y2;
+            x2 += 0.5;
+            y2 = value(x2);
+        }
+    }
+    const double denom = y1 - y2;
+    const double r = denom == 0 ? x1 : x1 + (x1 - x2) / denom * (cutoff - y1);
+    return std::max(r, 0.0);
+}
+
 struct AtomP {
     double f[3];       // fractional position
     double R2;         // cutoff radius² (Å²)
@@ -185,9 +258,17 @@ struct AtomP {
     double occ;
 };
 
-void prepare_atom(const Geom& g, const double* frac, const double* radii, const double* b_iso, const double* occ,
-                  const double* a, const double* b, int64_t i, AtomP& A) {
-    const double R = radii[i];
+// radii: per-atom cutoff radii in Å, or nullptr: each atom's radius from the cutoff level (gemmi's
+// rule, cutoff_radius_one). The float32 inputs convert to double exactly.
+void prepare_atom(const Geom& g, const double* frac, const double* radii, double cutoff, const float* b_iso,
+                  const float* occ, const float* a, const float* b, int64_t i, AtomP& A) {
+    double ad[NG], bd[NG];
+    for (int k = 0; k < NG; ++k) {
+        ad[k] = a[NG * i + k];
+        bd[k] = b[NG * i + k];
+    }
+    const double B = b_iso[i];
+    const double R = radii ? radii[i] : cutoff_radius_one(B, ad, bd, cutoff);
     A.R2 = R * R;
     for (int d = 0; d < 3; ++d) {
         A.f[d] = frac[3 * i + d];
@@ -197,9 +278,9 @@ void prepare_atom(const Geom& g, const double* frac, const double* radii, const 
         A.hi[d] = static_cast<int64_t>(std::ceil(centre + reach));
     }
     for (int k = 0; k < NG; ++k) {
-        const double w = b[NG * i + k] + b_iso[i];
+        const double w = bd[k] + B;
         A.width[k] = w;
-        A.amp[k] = term_amplitude(a[NG * i + k], w);
+        A.amp[k] = term_amplitude(ad[k], w);
         A.alpha[k] = 4.0 * PI * PI / w;
         A.gw[0][k] = A.amp[k];
         A.gw[1][k] = A.amp[k] / w;
@@ -1245,7 +1326,10 @@ struct Segment {
 struct Inputs {
     Geom g;
     int64_t n_atoms;
-    const double *frac, *radii, *b_iso, *occ, *a, *b;
+    const double* frac;   // (N, 3) fractional positions, float64
+    const double* radii;  // (N,) cutoff radii in Å, or nullptr: from `cutoff` (gemmi's rule)
+    double cutoff;        // e/Å³, when radii is nullptr
+    const float *b_iso, *occ, *a, *b;  // (N,), (N,), (N, 5), (N, 5), float32
 };
 
 // One slab [x0, x1) of the map: the segments that reach it are found through the x-sorted
@@ -1282,6 +1366,13 @@ struct Timings {
     double prepare = 0, partition = 0, compute = 0;
     int64_t tasks = 0;
     int64_t rows_reused = 0;  // backward: atoms whose row intervals came from the forward
+    // forward: per map slab, the worker that ran it and when (s since the compute phase began)
+    // it started, had zeroed its planes and ended — how the threads shared the work
+    struct Slab {
+        int worker;
+        double start, zeroed, end;
+    };
+    std::vector<Slab> slabs;
 };
 
 void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int64_t box_max[3]) {
@@ -1290,7 +1381,7 @@ void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int
     const int64_t n_tasks = (in.n_atoms + per - 1) / per;
     parallel_for(n_tasks, n_threads, [&](int64_t t, int) {
         for (int64_t i = t * per; i < std::min(in.n_atoms, (t + 1) * per); ++i)
-            prepare_atom(in.g, in.frac, in.radii, in.b_iso, in.occ, in.a, in.b, i, atoms[i]);
+            prepare_atom(in.g, in.frac, in.radii, in.cutoff, in.b_iso, in.occ, in.a, in.b, i, atoms[i]);
     });
     box_max[0] = box_max[1] = box_max[2] = 1;
     for (const AtomP& A : atoms)
@@ -1381,12 +1472,18 @@ void splat(const Inputs& in, float* out, int n_threads, int slabs_per_thread, bo
     }
 #endif
     const int64_t plane = in.g.n[1] * in.g.n[2];
+    tm.slabs.assign(tm.tasks, Timings::Slab{});
     parallel_for(tm.tasks, n_threads, [&](int64_t s, int worker) {
+        Timings::Slab& ts = tm.slabs[s];
+        ts.worker = worker;
+        ts.start = seconds_since(t0);
         // each slab zeroes its own planes first (the map arrives uninitialised): parallel
         // first touch, and the slab is warm in cache when the atoms are added
         std::memset(out + edge[s] * plane, 0, sizeof(float) * (edge[s + 1] - edge[s]) * plane);
+        ts.zeroed = seconds_since(t0);
         run_slab(in, atoms, raw, by_x, bucket, lmax, edge[s], edge[s + 1], out, scratch[worker], ids[worker], use64,
                  saved);
+        ts.end = seconds_since(t0);
     });
     tm.compute = seconds_since(t0);
 }
@@ -1468,79 +1565,6 @@ void gather(const Inputs& in, const float* grad, int n_threads, bool use64, bool
     tm.compute = seconds_since(t0);
 }
 
-// ------------------------------------------------------------------ cutoff radius (gemmi's rule)
-
-// Port of kernels/density/radius.py (gemmi's DensityCalculator::estimate_radius), one atom
-// at a time: the same steps in the same order, so the radii agree to rounding.
-double cutoff_radius_one(double B, const double* a, const double* b, double cutoff) {
-    double amp[NG], expo[NG];
-    for (int k = 0; k < NG; ++k) {
-        const double w = b[k] + B;
-        amp[k] = term_amplitude(a[k], w);
-        expo[k] = -4.0 * PI * PI / w;
-    }
-    auto value = [&](double x) {
-        double s = 0;
-        for (int k = 0; k < NG; ++k) s += amp[k] * std::exp(expo[k] * (x * x));
-        return s;
-    };
-    auto value_slope = [&](double x, double& y, double& dy) {
-        y = 0;
-        dy = 0;
-        for (int k = 0; k < NG; ++k) {
-            const double e = amp[k] * std::exp(expo[k] * (x * x));
-            y += e;
-            dy += 2 * x * expo[k] * e;
-        }
-    };
-    constexpr int kMaxSteps = 80;
-    double x1 = (8.5 + 0.075 * B) / (2.4 + 0.0045 * B), y1, dy;
-    value_slope(x1, y1, dy);
-    for (int s = 0; s < kMaxSteps && dy > 0; ++s) {
-        x1 += 1.0;
-        value_slope(x1, y1, dy);
-    }
-    double x2 = x1, y2 = y1;
-    bool rose = false;
-    if (y1 < cutoff) {
-        for (int s = 0; s < kMaxSteps; ++s) {
-            x2 = x1;
-            y2 = y1;
-            x1 -= 0.5;
-            value_slope(x1, y1, dy);
-            if (dy > 0) {
-                rose = true;
-                break;
-            }
-            if (x1 < 0) {
-                x1 = 0;
-                y1 = value(0.0);
-                break;
-            }
-            if (!(y1 < cutoff)) break;
-        }
-        if (rose) {
-            for (int s = 0; s < 6; ++s) {
-                if (dy > 0 && x1 + 0.1 < x2) {
-                    x1 += 0.1;
-                    value_slope(x1, y1, dy);
-                }
-            }
-            if (y1 < cutoff) return std::max(x1, 0.0);
-        }
-    } else {
-        for (int s = 0; s < kMaxSteps && y2 > cutoff; ++s) {
-            x1 = x2;
-            y1 = y2;
-            x2 += 0.5;
-            y2 = value(x2);
-        }
-    }
-    const double denom = y1 - y2;
-    const double r = denom == 0 ? x1 : x1 + (x1 - x2) / denom * (cutoff - y1);
-    return std::max(r, 0.0);
-}
-
 // ------------------------------------------------------------------ Python bindings
 
 template <class T>
@@ -1574,10 +1598,11 @@ bool parse_inputs(PyObject* args, Py_ssize_t start, Py_ssize_t end, Inputs& in, 
     PyObject *shape, *pf, *pr, *pb, *po, *pa, *pbb, *metric, *recip, *orth;
     int kind, force64;
     long long n_atoms;
+    double cutoff;
     PyObject* sub = PyTuple_GetSlice(args, start, end);
     if (!sub) return false;
-    const int ok = PyArg_ParseTuple(sub, "OLOOOOOOOOOiii", &shape, &n_atoms, &pf, &pr, &pb, &po, &pa, &pbb, &metric,
-                                    &recip, &orth, &kind, &n_threads, &force64);
+    const int ok = PyArg_ParseTuple(sub, "OLOOdOOOOOOOiii", &shape, &n_atoms, &pf, &pr, &cutoff, &pb, &po, &pa, &pbb,
+                                    &metric, &recip, &orth, &kind, &n_threads, &force64);
     Py_DECREF(sub);
     if (!ok) return false;
     double sh[3], G[9];
@@ -1606,11 +1631,12 @@ bool parse_inputs(PyObject* args, Py_ssize_t start, Py_ssize_t end, Inputs& in, 
     in.g.kind = kind;
     in.n_atoms = n_atoms;
     in.frac = as_ptr<const double>(pf);
-    in.radii = as_ptr<const double>(pr);
-    in.b_iso = as_ptr<const double>(pb);
-    in.occ = as_ptr<const double>(po);
-    in.a = as_ptr<const double>(pa);
-    in.b = as_ptr<const double>(pbb);
+    in.radii = pr == Py_None ? nullptr : as_ptr<const double>(pr);
+    in.cutoff = cutoff;
+    in.b_iso = as_ptr<const float>(pb);
+    in.occ = as_ptr<const float>(po);
+    in.a = as_ptr<const float>(pa);
+    in.b = as_ptr<const float>(pbb);
     if (PyErr_Occurred()) return false;
     n_threads = std::max(1, n_threads);
     const int64_t nvox = in.g.n[0] * in.g.n[1] * in.g.n[2];
@@ -1620,9 +1646,20 @@ bool parse_inputs(PyObject* args, Py_ssize_t start, Py_ssize_t end, Inputs& in, 
 }
 
 PyObject* timings_dict(const Timings& tm, bool use64) {
-    return Py_BuildValue("{s:d,s:d,s:d,s:L,s:s,s:L}", "prepare", tm.prepare, "partition", tm.partition, "compute",
+    PyObject* slabs = PyList_New(static_cast<Py_ssize_t>(tm.slabs.size()));
+    if (!slabs) return nullptr;
+    for (size_t s = 0; s < tm.slabs.size(); ++s) {
+        const Timings::Slab& ts = tm.slabs[s];
+        PyObject* item = Py_BuildValue("(iddd)", ts.worker, ts.start, ts.zeroed, ts.end);
+        if (!item) {
+            Py_DECREF(slabs);
+            return nullptr;
+        }
+        PyList_SET_ITEM(slabs, static_cast<Py_ssize_t>(s), item);
+    }
+    return Py_BuildValue("{s:d,s:d,s:d,s:L,s:s,s:L,s:N}", "prepare", tm.prepare, "partition", tm.partition, "compute",
                          tm.compute, "tasks", static_cast<long long>(tm.tasks), "index", use64 ? "int64" : "int32",
-                         "rows_reused", static_cast<long long>(tm.rows_reused));
+                         "rows_reused", static_cast<long long>(tm.rows_reused), "slabs", slabs);
 }
 
 constexpr const char* kRowsCapsule = "kernels.density._scatter.rows";
@@ -1630,14 +1667,16 @@ constexpr const char* kRowsCapsule = "kernels.density._scatter.rows";
 void free_rows(PyObject* cap) { delete static_cast<SavedRows*>(PyCapsule_GetPointer(cap, kRowsCapsule)); }
 
 const char splat_doc[] =
-    "splat(out_ptr, shape, n_atoms, frac_ptr, radii_ptr, b_iso_ptr, occ_ptr, a_ptr, b_ptr, metric, recip, orth,\n"
-    "      kind, n_threads, flags, keep_rows, slabs_per_thread) -> dict of phase timings (+ 'rows')\n\n"
+    "splat(out_ptr, shape, n_atoms, frac_ptr, radii_ptr, cutoff, b_iso_ptr, occ_ptr, a_ptr, b_ptr, metric, recip,\n"
+    "      orth, kind, n_threads, flags, keep_rows, slabs_per_thread) -> dict of phase timings (+ 'rows')\n\n"
+    "The dict's 'slabs' lists (worker, start, zeroed, end) per map slab, in seconds from the compute phase's start.\n"
     "flags: bit 0 forces int64 indices, bit 1 solves the row intervals in double only (tests).\n"
     "Writes the density of n_atoms atoms to the float32 C-contiguous map at out_ptr (shape nx, ny, nz;\n"
     "its previous content is overwritten, so it may be uninitialised). keep_rows: also return the\n"
     "atoms' row intervals as an opaque capsule under 'rows', for gather() of the same inputs.\n"
     "slabs_per_thread: the map is cut into that many x slabs per thread (one with one thread).\n"
-    "Atom arrays are float64, C-contiguous: frac (N,3), radii (N,), b_iso (N,), occ (N,), a (N,5), b (N,5).";
+    "Atom arrays are C-contiguous: frac (N,3) and radii (N,) float64, b_iso (N,), occ (N,), a (N,5), b (N,5)\n"
+    "float32. radii_ptr None: each atom's radius from cutoff (e/Å³) by gemmi's rule, as radii() computes it.";
 
 PyObject* py_splat(PyObject*, PyObject* args) {
     if (PyTuple_GET_SIZE(args) < 1) {
@@ -1689,8 +1728,9 @@ PyObject* py_splat(PyObject*, PyObject* args) {
 }
 
 const char gather_doc[] =
-    "gather(grad_ptr, gxyz_ptr, gb_ptr, gocc_ptr, shape, n_atoms, frac_ptr, radii_ptr, b_iso_ptr, occ_ptr, a_ptr,\n"
-    "       b_ptr, metric, recip, orth, kind, n_threads, flags, lanes, rows) -> dict of phase timings\n\n"
+    "gather(grad_ptr, gxyz_ptr, gb_ptr, gocc_ptr, shape, n_atoms, frac_ptr, radii_ptr, cutoff, b_iso_ptr, occ_ptr,\n"
+    "       a_ptr, b_ptr, metric, recip, orth, kind, n_threads, flags, lanes, rows) -> dict of phase timings\n\n"
+    "The atom arguments as for splat().\n"
     "Gradient of sum(grad * splat) with respect to xyz (N,3), b_iso (N,) and occ (N,), written as float64.\n"
     "lanes: 0 picks the lane blocks for this CPU (16 where it runs the x86-64-v4 clone), 8 keeps 8-lane\n"
     "blocks (the same gradients, bitwise).\n"

@@ -80,8 +80,7 @@ def cutoff_radius_cpu(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cut
     torch.Tensor, shape (N,), float64
         Not differentiable.
     """
-    if not (isinstance(cutoff, (int, float)) and math.isfinite(cutoff) and cutoff > 0):
-        raise ValueError(f"density cutoff must be a positive number of e/Å³, got {cutoff!r}")
+    _check_cutoff(cutoff)
     bb = b_iso.detach().to(torch.float64).contiguous()
     aa = a.detach().to(torch.float64).contiguous()
     wb = b.detach().to(torch.float64).contiguous()
@@ -91,7 +90,14 @@ def cutoff_radius_cpu(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cut
     return out
 
 
-def _call_args(grid: GridSpec, frac, radii, b_iso, occ, a, b, force_int64: bool):
+def _check_cutoff(cutoff) -> None:
+    if not (isinstance(cutoff, (int, float)) and math.isfinite(cutoff) and cutoff > 0):
+        raise ValueError(f"density cutoff must be a positive number of e/Å³, got {cutoff!r}")
+
+
+def _call_args(grid: GridSpec, frac, radii, cutoff: float, b_iso, occ, a, b, force_int64: bool):
+    """The kernel's atom and grid arguments: frac, radii float64; b_iso, occ, a, b float32 (all
+    C-contiguous); radii None: each atom's radius from ``cutoff`` inside the kernel."""
     cell = grid.cell
     kind = _KIND[cell.kind]
     recip = torch.linalg.norm(cell.frac, dim=1)
@@ -99,7 +105,8 @@ def _call_args(grid: GridSpec, frac, radii, b_iso, occ, a, b, force_int64: bool)
         tuple(float(n) for n in grid.shape),
         frac.shape[0],
         _ptr(frac),
-        _ptr(radii),
+        None if radii is None else _ptr(radii),
+        float(cutoff),
         _ptr(b_iso),
         _ptr(occ),
         _ptr(a),
@@ -113,35 +120,36 @@ def _call_args(grid: GridSpec, frac, radii, b_iso, occ, a, b, force_int64: bool)
     )
 
 
-def _as_f64(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to(torch.float64).contiguous()
-
-
 class _SplatFunction(torch.autograd.Function):
-    """float32 map from float32 atoms; backward is the C++ gather (no dense graph)."""
+    """float32 map from float32 atoms; backward is the C++ gather (no dense graph).
+
+    ``radii``: (N,) float64 cutoff radii in Å, or None for per-atom radii from ``cutoff``
+    (gemmi's rule, computed inside the kernel as :func:`cutoff_radius_cpu` computes them).
+    """
 
     @staticmethod
-    def forward(ctx, xyz, b_iso, occ, a, b, grid, radii, force_int64):
+    def forward(ctx, xyz, b_iso, occ, a, b, grid, radii, cutoff, force_int64):
         # The same float64 product as the reference, so voxel membership (r² < R²) agrees
         # with it bit for bit at exact ties.
         frac = (xyz.detach().to(torch.float64) @ grid.cell.frac.T).contiguous()
-        b64, o64, a64, w64 = _as_f64(b_iso), _as_f64(occ), _as_f64(a), _as_f64(b)
+        b_iso, occ, a, b = (t.detach().contiguous() for t in (b_iso, occ, a, b))  # float32, read as they are
         out = torch.empty(grid.shape, dtype=torch.float32)  # the kernel writes every voxel
         keep = _KEEP_ROWS and any(ctx.needs_input_grad[:3])
         info = _scatter.splat(
-            _ptr(out), *_call_args(grid, frac, radii, b64, o64, a64, w64, force_int64), keep, _SLABS_PER_THREAD
+            _ptr(out), *_call_args(grid, frac, radii, cutoff, b_iso, occ, a, b, force_int64), keep, _SLABS_PER_THREAD
         )
         ctx.grid = grid
+        ctx.cutoff = cutoff
         ctx.force_int64 = force_int64
         ctx.rows = info.pop("rows", None)  # opaque: the forward's row intervals, freed with ctx
         ctx.info = info
-        ctx.save_for_backward(frac, radii, b64, o64, a64, w64)
+        ctx.save_for_backward(frac, radii, b_iso, occ, a, b)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        frac, radii, b64, o64, a64, w64 = ctx.saved_tensors
+        frac, radii, b_iso, occ, a, b = ctx.saved_tensors
         n = frac.shape[0]
         g = grad_out.detach().to(torch.float32).contiguous()
         gxyz = torch.zeros((n, 3), dtype=torch.float64)
@@ -153,7 +161,7 @@ class _SplatFunction(torch.autograd.Function):
                 _ptr(gxyz),
                 _ptr(gb),
                 _ptr(gocc),
-                *_call_args(ctx.grid, frac, radii, b64, o64, a64, w64, ctx.force_int64),
+                *_call_args(ctx.grid, frac, radii, ctx.cutoff, b_iso, occ, a, b, ctx.force_int64),
                 _BACKWARD_LANES,
                 ctx.rows,
             )
@@ -163,6 +171,7 @@ class _SplatFunction(torch.autograd.Function):
             gxyz.to(f32) if want[0] else None,
             gb.to(f32) if want[1] else None,
             gocc.to(f32) if want[2] else None,
+            None,
             None,
             None,
             None,
@@ -213,5 +222,6 @@ def splat_cpu(
     if radius is not None:
         radii = atom_radii(atoms, radius, cutoff)
     else:
-        radii = cutoff_radius_cpu(b_iso, a, b, cutoff)
-    return _SplatFunction.apply(xyz, b_iso, occ, a, b, grid, radii, _FORCE_INT64)
+        _check_cutoff(cutoff)
+        radii = None  # the kernel derives each atom's radius from the cutoff (one pass, no extra call)
+    return _SplatFunction.apply(xyz, b_iso, occ, a, b, grid, radii, float(cutoff), _FORCE_INT64)

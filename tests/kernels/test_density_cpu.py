@@ -437,7 +437,9 @@ def test_float_row_intervals_near_lattice_points(monkeypatch, kind):
         torch.set_num_threads(threads)
         try:
             leaf = _leaf(atoms, torch.float32)
-            out = density_cpu._SplatFunction.apply(leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, False)
+            out = density_cpu._SplatFunction.apply(
+                leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, 1e-5, False
+            )
             out.backward(upstream)
             return out.detach(), leaf.xyz.grad, leaf.b_iso.grad, leaf.occ.grad
         finally:
