@@ -141,6 +141,7 @@ struct Geom {
     double orth[9];    // fractional -> Cartesian, row-major
     int kind;
     bool float_rows;   // lane path: row intervals from the float pass (false: the double pass only)
+    bool forward_avx2;  // forward on the AVX2 clone even where the CPU runs the x86-64-v4 one
 };
 
 // r² exactly as kernels/density/reference.py evaluates it (same operations, same order,
@@ -1336,10 +1337,10 @@ struct Inputs {
 // index (a contiguous range, since no segment is longer than lmax), then run in atom
 // order — the one global order every slab uses, and the file's spatial coherence, so
 // consecutive atoms touch nearby memory.
-KERNELS_HOT_V4
-void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
-              const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
-              int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64, SavedRows* saved) {
+KERNELS_INLINE void slab_atoms(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
+                               const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax,
+                               int64_t x0, int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64,
+                               SavedRows* saved) {
     const int64_t nx = in.g.n[0];
     const int64_t first = bucket[std::max<int64_t>(0, x0 - lmax + 1)];
     const int64_t last = bucket[x1];
@@ -1360,6 +1361,23 @@ void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vect
         else
             process_atom<int32_t, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr, rows);
     }
+}
+
+// The forward of one slab, on the clone the CPU picks (x86-64-v4 where it has AVX-512) ...
+KERNELS_HOT_V4
+void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
+              const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
+              int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64, SavedRows* saved) {
+    slab_atoms(in, atoms, segs, by_x, bucket, lmax, x0, x1, out, S, ids, use64, saved);
+}
+
+// ... or on the AVX2 one at most (Geom::forward_avx2, a private switch: the two against each other on
+// one machine, in one run; the maps are bitwise the same)
+KERNELS_HOT
+void run_slab_avx2(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
+                   const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
+                   int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64, SavedRows* saved) {
+    slab_atoms(in, atoms, segs, by_x, bucket, lmax, x0, x1, out, S, ids, use64, saved);
 }
 
 struct Timings {
@@ -1481,8 +1499,8 @@ void splat(const Inputs& in, float* out, int n_threads, int slabs_per_thread, bo
         // first touch, and the slab is warm in cache when the atoms are added
         std::memset(out + edge[s] * plane, 0, sizeof(float) * (edge[s + 1] - edge[s]) * plane);
         ts.zeroed = seconds_since(t0);
-        run_slab(in, atoms, raw, by_x, bucket, lmax, edge[s], edge[s + 1], out, scratch[worker], ids[worker], use64,
-                 saved);
+        (in.g.forward_avx2 ? run_slab_avx2 : run_slab)(in, atoms, raw, by_x, bucket, lmax, edge[s], edge[s + 1], out,
+                                                       scratch[worker], ids[worker], use64, saved);
         ts.end = seconds_since(t0);
     });
     tm.compute = seconds_since(t0);
@@ -1593,7 +1611,7 @@ bool parse_doubles(PyObject* seq, int n, double* out, const char* what) {
 
 // Common arguments: shape (3 ints), n_atoms, 6 atom pointers, metric (9), recip (3),
 // orth (9), kind, n_threads, flags (bit 0: force int64 indices; bit 1: row intervals from
-// the double pass only, a test switch).
+// the double pass only, a test switch; bit 2: the forward on the AVX2 clone at most).
 bool parse_inputs(PyObject* args, Py_ssize_t start, Py_ssize_t end, Inputs& in, int& n_threads, bool& use64) {
     PyObject *shape, *pf, *pr, *pb, *po, *pa, *pbb, *metric, *recip, *orth;
     int kind, force64;
@@ -1641,6 +1659,7 @@ bool parse_inputs(PyObject* args, Py_ssize_t start, Py_ssize_t end, Inputs& in, 
     n_threads = std::max(1, n_threads);
     const int64_t nvox = in.g.n[0] * in.g.n[1] * in.g.n[2];
     in.g.float_rows = !(force64 & 2);
+    in.g.forward_avx2 = (force64 & 4) != 0;
     use64 = (force64 & 1) || nvox >= (int64_t(1) << 31);
     return true;
 }
@@ -1670,7 +1689,8 @@ const char splat_doc[] =
     "splat(out_ptr, shape, n_atoms, frac_ptr, radii_ptr, cutoff, b_iso_ptr, occ_ptr, a_ptr, b_ptr, metric, recip,\n"
     "      orth, kind, n_threads, flags, keep_rows, slabs_per_thread) -> dict of phase timings (+ 'rows')\n\n"
     "The dict's 'slabs' lists (worker, start, zeroed, end) per map slab, in seconds from the compute phase's start.\n"
-    "flags: bit 0 forces int64 indices, bit 1 solves the row intervals in double only (tests).\n"
+    "flags: bit 0 forces int64 indices, bit 1 solves the row intervals in double only (tests), bit 2 runs\n"
+    "the forward on the AVX2 clone where the CPU would take the x86-64-v4 one (benchmarks).\n"
     "Writes the density of n_atoms atoms to the float32 C-contiguous map at out_ptr (shape nx, ny, nz;\n"
     "its previous content is overwritten, so it may be uninitialised). keep_rows: also return the\n"
     "atoms' row intervals as an opaque capsule under 'rows', for gather() of the same inputs.\n"

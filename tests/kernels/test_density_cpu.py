@@ -318,6 +318,19 @@ def test_backward_lane_width_does_not_change_gradients(monkeypatch, kind):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("kind", sorted(BIG_CELLS))
+def test_forward_avx2_clone_gives_the_same_map(monkeypatch, kind):
+    # The benchmark's private switch runs the forward on the AVX2 clone where the CPU takes the
+    # AVX-512 one (the CI machine and the H100 host do): the same source, so the same map and
+    # (the backward being untouched) the same gradients, bitwise.
+    atoms, grid, upstream = _big_cell_case(kind, 60, seed=13, grad_seed=6)
+    picked = _run_with_threads(2, atoms, grid, upstream)
+    monkeypatch.setattr(density_cpu, "_FORWARD_AVX2", True)
+    avx2 = _run_with_threads(2, atoms, grid, upstream)
+    for a, b in zip(picked, avx2):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("kind", ["hexagonal", "monoclinic"])
 def test_backward_reuses_forward_rows(monkeypatch, kind):
     # With a gradient wanted, the forward keeps every lane-path atom's row intervals and
