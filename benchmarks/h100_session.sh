@@ -5,8 +5,9 @@
 #   density  — benchmarks/_density_cuda.py with its 3WIP variants;
 #   workbench, planarity — bench_workbench.py on 3WIP (cuda), bench_planarity.py (--profile);
 #   cpu      — bench_density.py --device cpu on the host's idle cores, 1 and 2 threads (11 rounds,
-#              with the forward at 1 and 4 slabs per thread as same-run variants).
-# Usage: PARTS="tests density workbench planarity cpu" bash benchmarks/h100_session.sh
+#              with the forward at 1 and 4 slabs per thread and on the AVX2 clone as same-run variants);
+#   probe    — cpu_phase_probe.py on 5H73 and 3WIP at 1 and 2 threads (phases, slabs, page faults).
+# Usage: PARTS="tests density workbench planarity cpu probe" bash benchmarks/h100_session.sh
 # The GPU image has torch/triton but not gemmi or the widget stack: their py3.12 wheels travel in the
 # git-ignored .whl/ (carry: [".whl"]). Results, named with the device and date, are packed into
 # $OUT/h100_results.tar.gz (the device tool returns at most 8 files).
@@ -52,9 +53,14 @@ fi
 if has cpu; then
     python3 -c "from kernels.density import _scatter; print('cpu build', _scatter.build_info())" | tee -a "$OUT/device.txt"
     OMP_NUM_THREADS=2 timeout 400 python3 benchmarks/bench_density.py --device cpu --structures 1orc 1aki 5h73 3wip \
-        --threads 1 2 --repeats 11 --slab-variants 1 4 --out "$OUT/density_cpu_h100host_$day.json" \
+        --threads 1 2 --repeats 11 --slab-variants 1 4 --avx2-variant --out "$OUT/density_cpu_h100host_$day.json" \
         > "$OUT/density_cpu_h100host_$day.log" 2>&1
     summary+=("density cpu rc=$?")
+fi
+if has probe; then
+    OMP_NUM_THREADS=2 timeout 200 python3 benchmarks/cpu_phase_probe.py --structures 5h73 3wip --threads 1 2 \
+        --rounds 12 --out "$OUT/cpu_phase_probe_h100host_$day.json" > "$OUT/cpu_phase_probe_h100host_$day.log" 2>&1
+    summary+=("cpu probe rc=$?")
 fi
 for f in "$OUT"/*.log; do
     [ "$f" = "$OUT/build.log" ] && continue
