@@ -331,6 +331,24 @@ def test_forward_avx2_clone_gives_the_same_map(monkeypatch, kind):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("kind", sorted(BIG_CELLS))
+def test_spatial_order_is_deterministic_and_right(monkeypatch, kind):
+    # The benchmark's private switch adds the atoms in Morton order of their boxes: another
+    # summation order, so another map in the last bits, but still one order for every thread
+    # and slab count (bitwise the same maps), and still the reference's map within tolerance.
+    atoms, grid, upstream = _big_cell_case(kind, 60, seed=17, grad_seed=8)
+    monkeypatch.setattr(density_cpu, "_SPATIAL_ORDER", True)
+    monkeypatch.setattr(density_cpu, "_SLABS_PER_THREAD", 1)
+    first = _run_with_threads(1, atoms, grid, upstream)
+    for per_thread, threads in ((2, 2), (7, 3)):
+        monkeypatch.setattr(density_cpu, "_SLABS_PER_THREAD", per_thread)
+        other = _run_with_threads(threads, atoms, grid, upstream)
+        for a, b in zip(first, other):
+            assert torch.equal(a, b), (per_thread, threads)
+    ref = kernels.splat_density(atoms.to(dtype=torch.float64), grid, backend="reference")
+    assert_kernel_close(first[0], ref)
+
+
 @pytest.mark.parametrize("kind", ["hexagonal", "monoclinic"])
 def test_backward_reuses_forward_rows(monkeypatch, kind):
     # With a gradient wanted, the forward keeps every lane-path atom's row intervals and
