@@ -9,10 +9,7 @@ CPU (``--device cpu``): in one run, for each structure and thread count, time
 
 and, with ``--slab-variants K ...`` at more than one thread, ``cpu fwd slabs K``: the forward
 again with K map slabs per thread (the private switch ``kernels.density.cpu._SLABS_PER_THREAD``;
-the same maps bitwise), and with ``--avx2-variant`` ``cpu fwd avx2``: the forward on the kernel's AVX2
-clone where the CPU would take its AVX-512 one (``_FORWARD_AVX2``; the same maps bitwise), and with
-``--morton-variant`` ``cpu fwd morton``: the atoms added in Morton order of their boxes (``_SPATIAL_ORDER``),
-in the same rounds — with the accuracy of each map as relative L2 error against two maps at cutoff 1e-7: gemmi's
+the same maps bitwise), in the same rounds — with the accuracy of each map as relative L2 error against two maps at cutoff 1e-7: gemmi's
 (float32, computed by gemmi's own code, so its rounding is shared with gemmi's 1e-5 map and
 cancels there) and the float64 reference (``backend="reference"``, the same contract evaluated
 in double: the independent truth). Repeats
@@ -170,13 +167,6 @@ def _bench_structure(name: str, args) -> list[dict]:
         finally:
             density_cpu._SLABS_PER_THREAD = default
 
-    def run_fwd_switched(switch: str):
-        setattr(density_cpu, switch, True)
-        try:
-            return run_fwd()
-        finally:
-            setattr(density_cpu, switch, False)
-
     def run_gemmi():
         dc.initialize_grid()  # not timed: allocate and zero, as in gemmi's own use
         t0 = time.perf_counter()
@@ -193,11 +183,6 @@ def _bench_structure(name: str, args) -> list[dict]:
         slab_variants = args.slab_variants if threads > 1 else []
         for k in slab_variants:
             timings[f"cpu_fwd_slabs{k}"] = []
-        switched = {"cpu_fwd_avx2": "_FORWARD_AVX2"} if args.avx2_variant else {}
-        if args.morton_variant:
-            switched["cpu_fwd_morton"] = "_SPATIAL_ORDER"
-        for key in switched:
-            timings[key] = []
         # warm-up round, not recorded (imports, first-touch allocator growth)
         run_fwd(), run_fwd_bwd(), run_gemmi()
         if not args.skip_torch:
@@ -214,10 +199,6 @@ def _bench_structure(name: str, args) -> list[dict]:
                 t0 = time.perf_counter()
                 run_fwd_slabs(k)
                 timings[f"cpu_fwd_slabs{k}"].append(time.perf_counter() - t0)
-            for key, switch in switched.items():
-                t0 = time.perf_counter()
-                run_fwd_switched(switch)
-                timings[key].append(time.perf_counter() - t0)
             if not args.skip_torch and (len(timings["torch_index_add"]) < max(1, args.repeats // 2)):
                 t0 = time.perf_counter()
                 run_torch()
@@ -261,8 +242,7 @@ def _bench_structure(name: str, args) -> list[dict]:
             + "".join(
                 f"  fwd slabs {k}/thread {med[f'cpu_fwd_slabs{k}'] * 1e3:.1f} ms ({sp[f'cpu_fwd_slabs{k}']:.1f}x)"
                 for k in slab_variants
-            )
-            + "".join(f"  {key[4:]} {med[key] * 1e3:.1f} ms ({sp[key]:.1f}x)" for key in switched),
+            ),
             flush=True,
         )
     return results
@@ -423,16 +403,6 @@ def main(argv=None):
         default=[],
         metavar="K",
         help="also time the forward with K map slabs per thread (at more than one thread), same rounds",
-    )
-    p.add_argument(
-        "--avx2-variant",
-        action="store_true",
-        help="also time the forward on the kernel's AVX2 clone (where the CPU takes the AVX-512 one), same rounds",
-    )
-    p.add_argument(
-        "--morton-variant",
-        action="store_true",
-        help="also time the forward with the atoms in Morton order of their boxes (_SPATIAL_ORDER), same rounds",
     )
     p.add_argument(
         "--out", type=Path, default=None, help="JSON output (default benchmarks/results/density_<device>_<date>.json)"

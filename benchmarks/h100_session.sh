@@ -5,8 +5,7 @@
 #   density  — benchmarks/_density_cuda.py with its 3WIP variants;
 #   workbench, planarity — bench_workbench.py on 3WIP (cuda), bench_planarity.py (--profile);
 #   cpu      — bench_density.py --device cpu on the host's idle cores, 1 and 2 threads (11 rounds,
-#              with the forward at 1 and 4 slabs per thread, on the AVX2 clone and with the atoms in
-#              Morton order as same-run variants);
+#              with the forward at 1 and 4 slabs per thread as same-run variants);
 #   probe    — cpu_phase_probe.py on 5H73 and 3WIP at 1 and 2 threads (phases, slabs, page faults).
 # Usage: PARTS="tests density workbench planarity cpu probe" bash benchmarks/h100_session.sh
 # The GPU image has torch/triton but not gemmi or the widget stack: their py3.12 wheels travel in the
@@ -54,7 +53,7 @@ fi
 if has cpu; then
     python3 -c "from kernels.density import _scatter; print('cpu build', _scatter.build_info())" | tee -a "$OUT/device.txt"
     OMP_NUM_THREADS=2 timeout 400 python3 benchmarks/bench_density.py --device cpu --structures 1orc 1aki 5h73 3wip \
-        --threads 1 2 --repeats 11 --slab-variants 1 4 --avx2-variant --morton-variant --out "$OUT/density_cpu_h100host_$day.json" \
+        --threads 1 2 --repeats 11 --slab-variants 1 4 --out "$OUT/density_cpu_h100host_$day.json" \
         > "$OUT/density_cpu_h100host_$day.log" 2>&1
     summary+=("density cpu rc=$?")
 fi

@@ -141,8 +141,6 @@ struct Geom {
     double orth[9];    // fractional -> Cartesian, row-major
     int kind;
     bool float_rows;   // lane path: row intervals from the float pass (false: the double pass only)
-    bool forward_avx2;  // forward on the AVX2 clone even where the CPU runs the x86-64-v4 one
-    bool spatial_order;  // forward: atoms in Morton order of their boxes (false: input order)
 };
 
 // r² exactly as kernels/density/reference.py evaluates it (same operations, same order,
@@ -1338,10 +1336,10 @@ struct Inputs {
 // index (a contiguous range, since no segment is longer than lmax), then run in atom
 // order — the one global order every slab uses, and the file's spatial coherence, so
 // consecutive atoms touch nearby memory.
-KERNELS_INLINE void slab_atoms(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
-                               const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax,
-                               int64_t x0, int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64,
-                               SavedRows* saved) {
+KERNELS_HOT_V4
+void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
+              const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
+              int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64, SavedRows* saved) {
     const int64_t nx = in.g.n[0];
     const int64_t first = bucket[std::max<int64_t>(0, x0 - lmax + 1)];
     const int64_t last = bucket[x1];
@@ -1362,23 +1360,6 @@ KERNELS_INLINE void slab_atoms(const Inputs& in, const std::vector<AtomP>& atoms
         else
             process_atom<int32_t, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr, rows);
     }
-}
-
-// The forward of one slab, on the clone the CPU picks (x86-64-v4 where it has AVX-512) ...
-KERNELS_HOT_V4
-void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
-              const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
-              int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64, SavedRows* saved) {
-    slab_atoms(in, atoms, segs, by_x, bucket, lmax, x0, x1, out, S, ids, use64, saved);
-}
-
-// ... or on the AVX2 one at most (Geom::forward_avx2, a private switch: the two against each other on
-// one machine, in one run; the maps are bitwise the same)
-KERNELS_HOT
-void run_slab_avx2(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
-                   const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
-                   int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64, SavedRows* saved) {
-    slab_atoms(in, atoms, segs, by_x, bucket, lmax, x0, x1, out, S, ids, use64, saved);
 }
 
 struct Timings {
@@ -1407,33 +1388,6 @@ void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int
         for (int d = 0; d < 3; ++d) box_max[d] = std::max(box_max[d], A.hi[d] - A.lo[d] + 1);
 }
 
-// Atoms in Morton (Z-curve) order of the 4-voxel cells holding their boxes' first corners (ties
-// in input order): neighbours in space come one after another, so the map lines an atom adds to
-// are more often still in cache from the atoms before it. A function of the inputs alone: every
-// slab and thread count still adds each voxel's contributions in one order.
-std::vector<int64_t> spatial_order(const Geom& g, const std::vector<AtomP>& atoms) {
-    auto spread = [](uint64_t v) {  // the low 21 bits of v to every third bit
-        v &= 0x1fffff;
-        v = (v | v << 32) & 0x1f00000000ffffULL;
-        v = (v | v << 16) & 0x1f0000ff0000ffULL;
-        v = (v | v << 8) & 0x100f00f00f00f00fULL;
-        v = (v | v << 4) & 0x10c30c30c30c30c3ULL;
-        v = (v | v << 2) & 0x1249249249249249ULL;
-        return v;
-    };
-    const int64_t n = static_cast<int64_t>(atoms.size());
-    std::vector<std::pair<uint64_t, int64_t>> keyed(n);
-    for (int64_t i = 0; i < n; ++i) {
-        uint64_t key = 0;
-        for (int d = 0; d < 3; ++d) key |= spread(static_cast<uint64_t>(floor_mod(atoms[i].lo[d], g.n[d]) >> 2)) << d;
-        keyed[i] = {key, i};
-    }
-    std::sort(keyed.begin(), keyed.end());
-    std::vector<int64_t> order(n);
-    for (int64_t i = 0; i < n; ++i) order[i] = keyed[i].second;
-    return order;
-}
-
 void splat(const Inputs& in, float* out, int n_threads, int slabs_per_thread, bool use64, Timings& tm,
            SavedRows* saved) {
     auto t0 = Clock::now();
@@ -1451,9 +1405,7 @@ void splat(const Inputs& in, float* out, int n_threads, int slabs_per_thread, bo
     std::vector<int64_t> count(nx + 1, 0);
     std::vector<double> work(nx + 1, 0.0);  // per-plane cost estimate (difference array)
     int64_t lmax = 1;
-    const std::vector<int64_t> order = in.g.spatial_order ? spatial_order(in.g, atoms) : std::vector<int64_t>();
-    for (int64_t r = 0; r < in.n_atoms; ++r) {
-        const int64_t i = order.empty() ? r : order[r];
+    for (int64_t i = 0; i < in.n_atoms; ++i) {
         const AtomP& A = atoms[i];
         if (!(A.R2 > 0)) continue;
         const double area = static_cast<double>(A.hi[1] - A.lo[1] + 1) * static_cast<double>(A.hi[2] - A.lo[2] + 1);
@@ -1529,8 +1481,8 @@ void splat(const Inputs& in, float* out, int n_threads, int slabs_per_thread, bo
         // first touch, and the slab is warm in cache when the atoms are added
         std::memset(out + edge[s] * plane, 0, sizeof(float) * (edge[s + 1] - edge[s]) * plane);
         ts.zeroed = seconds_since(t0);
-        (in.g.forward_avx2 ? run_slab_avx2 : run_slab)(in, atoms, raw, by_x, bucket, lmax, edge[s], edge[s + 1], out,
-                                                       scratch[worker], ids[worker], use64, saved);
+        run_slab(in, atoms, raw, by_x, bucket, lmax, edge[s], edge[s + 1], out, scratch[worker], ids[worker], use64,
+                 saved);
         ts.end = seconds_since(t0);
     });
     tm.compute = seconds_since(t0);
@@ -1641,7 +1593,7 @@ bool parse_doubles(PyObject* seq, int n, double* out, const char* what) {
 
 // Common arguments: shape (3 ints), n_atoms, 6 atom pointers, metric (9), recip (3),
 // orth (9), kind, n_threads, flags (bit 0: force int64 indices; bit 1: row intervals from
-// the double pass only, a test switch; bit 2: the forward on the AVX2 clone at most).
+// the double pass only, a test switch).
 bool parse_inputs(PyObject* args, Py_ssize_t start, Py_ssize_t end, Inputs& in, int& n_threads, bool& use64) {
     PyObject *shape, *pf, *pr, *pb, *po, *pa, *pbb, *metric, *recip, *orth;
     int kind, force64;
@@ -1689,8 +1641,6 @@ bool parse_inputs(PyObject* args, Py_ssize_t start, Py_ssize_t end, Inputs& in, 
     n_threads = std::max(1, n_threads);
     const int64_t nvox = in.g.n[0] * in.g.n[1] * in.g.n[2];
     in.g.float_rows = !(force64 & 2);
-    in.g.forward_avx2 = (force64 & 4) != 0;
-    in.g.spatial_order = (force64 & 8) != 0;
     use64 = (force64 & 1) || nvox >= (int64_t(1) << 31);
     return true;
 }
@@ -1720,8 +1670,7 @@ const char splat_doc[] =
     "splat(out_ptr, shape, n_atoms, frac_ptr, radii_ptr, cutoff, b_iso_ptr, occ_ptr, a_ptr, b_ptr, metric, recip,\n"
     "      orth, kind, n_threads, flags, keep_rows, slabs_per_thread) -> dict of phase timings (+ 'rows')\n\n"
     "The dict's 'slabs' lists (worker, start, zeroed, end) per map slab, in seconds from the compute phase's start.\n"
-    "flags: bit 0 forces int64 indices, bit 1 solves the row intervals in double only (tests), bit 2 runs\n"
-    "the forward on the AVX2 clone where the CPU would take the x86-64-v4 one (benchmarks).\n"
+    "flags: bit 0 forces int64 indices, bit 1 solves the row intervals in double only (tests).\n"
     "Writes the density of n_atoms atoms to the float32 C-contiguous map at out_ptr (shape nx, ny, nz;\n"
     "its previous content is overwritten, so it may be uninitialised). keep_rows: also return the\n"
     "atoms' row intervals as an opaque capsule under 'rows', for gather() of the same inputs.\n"

@@ -50,12 +50,6 @@ _SLABS_PER_THREAD = 2
 # Lane blocks of the backward: 0 lets the kernel pick (16 lanes on CPUs that run its AVX-512
 # clone, 8 elsewhere); 8 forces 8-lane blocks. Gradients are bitwise the same either way.
 _BACKWARD_LANES = 0
-# Private benchmark switch: True runs the forward on the kernel's AVX2 clone even where the CPU
-# takes its AVX-512 (x86-64-v4) one, so the two can be timed side by side; the maps are bitwise the same.
-_FORWARD_AVX2 = False
-# Private benchmark switch: True adds the atoms to the map in Morton order of their boxes instead of
-# input order (deterministic all the same; the map changes in the last bits: another summation order).
-_SPATIAL_ORDER = False
 # Cell kinds as the C++ kernel takes them: which axis stays separable.
 _KIND = {"orthogonal": 0, "hexagonal": 0, "monoclinic": 1, "triclinic": 2}
 
@@ -122,7 +116,7 @@ def _call_args(grid: GridSpec, frac, radii, cutoff: float, b_iso, occ, a, b, for
         cell.orth.reshape(-1).tolist(),
         kind,
         torch.get_num_threads(),
-        int(bool(force_int64)) | (0 if _FLOAT_ROWS else 2) | (4 if _FORWARD_AVX2 else 0) | (8 if _SPATIAL_ORDER else 0),
+        int(bool(force_int64)) | (0 if _FLOAT_ROWS else 2),  # flags for the kernel
     )
 
 

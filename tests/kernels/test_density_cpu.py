@@ -257,6 +257,32 @@ def _run_with_threads(n: int, atoms: AtomSet, grid: GridSpec, upstream: torch.Te
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("cutoff", [1e-5, 1e-3])
+def test_radii_from_the_cutoff_inside_the_kernel(cutoff):
+    # With radius=None the kernel derives each atom's radius from the cutoff in its per-atom
+    # preparation (forward and backward); that must be exactly cutoff_radius_cpu's radius,
+    # passed in as an array: bitwise the same map and gradients, at either cutoff.
+    m = model("1aki")
+    grid = GridSpec.for_spacing(m.cell, SPACING)
+    atoms = m.atoms.to(dtype=torch.float32)
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(4))
+    radii = density_cpu.cutoff_radius_cpu(atoms.b_iso, atoms.a, atoms.b, cutoff)
+
+    def run(given):
+        leaf = _leaf(atoms, torch.float32)
+        if given:
+            out = density_cpu._SplatFunction.apply(
+                leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, cutoff, False
+            )
+        else:
+            out = kernels.splat_density(leaf, grid, backend="cpu", cutoff=cutoff)
+        out.backward(upstream)
+        return out.detach(), leaf.xyz.grad, leaf.b_iso.grad, leaf.occ.grad
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)
+
+
 def test_bitwise_deterministic_across_runs_and_thread_counts():
     m = model("1aki")
     grid = GridSpec.for_spacing(m.cell, SPACING)
@@ -316,37 +342,6 @@ def test_backward_lane_width_does_not_change_gradients(monkeypatch, kind):
     eight = _run_with_threads(2, atoms, grid, upstream)
     for a, b in zip(picked, eight):
         assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("kind", sorted(BIG_CELLS))
-def test_forward_avx2_clone_gives_the_same_map(monkeypatch, kind):
-    # The benchmark's private switch runs the forward on the AVX2 clone where the CPU takes the
-    # AVX-512 one (the CI machine and the H100 host do): the same source, so the same map and
-    # (the backward being untouched) the same gradients, bitwise.
-    atoms, grid, upstream = _big_cell_case(kind, 60, seed=13, grad_seed=6)
-    picked = _run_with_threads(2, atoms, grid, upstream)
-    monkeypatch.setattr(density_cpu, "_FORWARD_AVX2", True)
-    avx2 = _run_with_threads(2, atoms, grid, upstream)
-    for a, b in zip(picked, avx2):
-        assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("kind", sorted(BIG_CELLS))
-def test_spatial_order_is_deterministic_and_right(monkeypatch, kind):
-    # The benchmark's private switch adds the atoms in Morton order of their boxes: another
-    # summation order, so another map in the last bits, but still one order for every thread
-    # and slab count (bitwise the same maps), and still the reference's map within tolerance.
-    atoms, grid, upstream = _big_cell_case(kind, 60, seed=17, grad_seed=8)
-    monkeypatch.setattr(density_cpu, "_SPATIAL_ORDER", True)
-    monkeypatch.setattr(density_cpu, "_SLABS_PER_THREAD", 1)
-    first = _run_with_threads(1, atoms, grid, upstream)
-    for per_thread, threads in ((2, 2), (7, 3)):
-        monkeypatch.setattr(density_cpu, "_SLABS_PER_THREAD", per_thread)
-        other = _run_with_threads(threads, atoms, grid, upstream)
-        for a, b in zip(first, other):
-            assert torch.equal(a, b), (per_thread, threads)
-    ref = kernels.splat_density(atoms.to(dtype=torch.float64), grid, backend="reference")
-    assert_kernel_close(first[0], ref)
 
 
 @pytest.mark.parametrize("kind", ["hexagonal", "monoclinic"])
