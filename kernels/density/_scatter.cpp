@@ -1591,8 +1591,8 @@ bool parse_doubles(PyObject* seq, int n, double* out, const char* what) {
     return true;
 }
 
-// Common arguments: shape (3 ints), n_atoms, 6 atom pointers, metric (9), recip (3),
-// orth (9), kind, n_threads, flags (bit 0: force int64 indices; bit 1: row intervals from
+// Common arguments: shape (3 ints), n_atoms, frac pointer, radii pointer (None: from the cutoff),
+// cutoff, 4 atom pointers (b_iso, occ, a, b), metric (9), recip (3), orth (9), kind, n_threads, flags (bit 0: force int64 indices; bit 1: row intervals from
 // the double pass only, a test switch).
 bool parse_inputs(PyObject* args, Py_ssize_t start, Py_ssize_t end, Inputs& in, int& n_threads, bool& use64) {
     PyObject *shape, *pf, *pr, *pb, *po, *pa, *pbb, *metric, *recip, *orth;

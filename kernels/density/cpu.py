@@ -220,7 +220,7 @@ def splat_cpu(
     a = to_float32(atoms.a, _OP)
     b = to_float32(atoms.b, _OP)
     if radius is not None:
-        radii = atom_radii(atoms, radius, cutoff)
+        radii, cutoff = atom_radii(atoms, radius, cutoff), 0.0  # the kernel reads the radii, not the cutoff
     else:
         _check_cutoff(cutoff)
         radii = None  # the kernel derives each atom's radius from the cutoff (one pass, no extra call)
