@@ -1591,9 +1591,10 @@ bool parse_doubles(PyObject* seq, int n, double* out, const char* what) {
     return true;
 }
 
-// Common arguments: shape (3 ints), n_atoms, frac pointer, radii pointer (None: from the cutoff),
-// cutoff, 4 atom pointers (b_iso, occ, a, b), metric (9), recip (3), orth (9), kind, n_threads, flags (bit 0: force int64 indices; bit 1: row intervals from
-// the double pass only, a test switch).
+// Common arguments: shape (3 ints), n_atoms, frac pointer, radii pointer (None: from the
+// cutoff), cutoff, 4 atom pointers (b_iso, occ, a, b), metric (9), recip (3), orth (9), kind,
+// n_threads, flags (bit 0: force int64 indices; bit 1: row intervals from the double pass
+// only, a test switch).
 bool parse_inputs(PyObject* args, Py_ssize_t start, Py_ssize_t end, Inputs& in, int& n_threads, bool& use64) {
     PyObject *shape, *pf, *pr, *pb, *po, *pa, *pbb, *metric, *recip, *orth;
     int kind, force64;
@@ -1657,9 +1658,10 @@ PyObject* timings_dict(const Timings& tm, bool use64) {
         }
         PyList_SET_ITEM(slabs, static_cast<Py_ssize_t>(s), item);
     }
-    return Py_BuildValue("{s:d,s:d,s:d,s:L,s:s,s:L,s:N}", "prepare", tm.prepare, "partition", tm.partition, "compute",
-                         tm.compute, "tasks", static_cast<long long>(tm.tasks), "index", use64 ? "int64" : "int32",
-                         "rows_reused", static_cast<long long>(tm.rows_reused), "slabs", slabs);
+    return Py_BuildValue("{s:d,s:d,s:d,s:L,s:s,s:L,s:N}", "prepare", tm.prepare, "partition", tm.partition,
+                         "compute", tm.compute, "tasks", static_cast<long long>(tm.tasks), "index",
+                         use64 ? "int64" : "int32", "rows_reused", static_cast<long long>(tm.rows_reused), "slabs",
+                         slabs);
 }
 
 constexpr const char* kRowsCapsule = "kernels.density._scatter.rows";
@@ -1669,7 +1671,8 @@ void free_rows(PyObject* cap) { delete static_cast<SavedRows*>(PyCapsule_GetPoin
 const char splat_doc[] =
     "splat(out_ptr, shape, n_atoms, frac_ptr, radii_ptr, cutoff, b_iso_ptr, occ_ptr, a_ptr, b_ptr, metric, recip,\n"
     "      orth, kind, n_threads, flags, keep_rows, slabs_per_thread) -> dict of phase timings (+ 'rows')\n\n"
-    "The dict's 'slabs' lists (worker, start, zeroed, end) per map slab, in seconds from the compute phase's start.\n"
+    "The dict's 'slabs' lists (worker, start, zeroed, end) per map slab, in seconds from the start of the\n"
+    "compute phase.\n"
     "flags: bit 0 forces int64 indices, bit 1 solves the row intervals in double only (tests).\n"
     "Writes the density of n_atoms atoms to the float32 C-contiguous map at out_ptr (shape nx, ny, nz;\n"
     "its previous content is overwritten, so it may be uninitialised). keep_rows: also return the\n"
