@@ -9,6 +9,7 @@ matrices; :class:`GridSpec` says where each voxel of a map sits.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import warnings
@@ -123,12 +124,13 @@ class Cell:
         """Cell volume in Å³."""
         return abs(float(torch.linalg.det(self.orth)))
 
-    @property
+    # Derived once per cell (the fast kernels ask on every call); a Cell is immutable.
+    @functools.cached_property
     def reciprocal_lengths(self) -> tuple[float, float, float]:
         """|a*|, |b*|, |c*| in 1/Å: the inverse spacings of the lattice planes."""
         return tuple(float(v) for v in torch.linalg.norm(self.frac, dim=1))
 
-    @property
+    @functools.cached_property
     def kind(self) -> str:
         """Which metric cross terms the cell has, as the separable kernels see it.
 

@@ -99,8 +99,6 @@ def _call_args(grid: GridSpec, frac, radii, cutoff: float, b_iso, occ, a, b, for
     """The kernel's atom and grid arguments: frac, radii float64; b_iso, occ, a, b float32 (all
     C-contiguous); radii None: each atom's radius from ``cutoff`` inside the kernel."""
     cell = grid.cell
-    kind = _KIND[cell.kind]
-    recip = torch.linalg.norm(cell.frac, dim=1)
     return (
         tuple(float(n) for n in grid.shape),
         frac.shape[0],
@@ -112,9 +110,9 @@ def _call_args(grid: GridSpec, frac, radii, cutoff: float, b_iso, occ, a, b, for
         _ptr(a),
         _ptr(b),
         cell.metric.reshape(-1).tolist(),
-        recip.tolist(),
+        list(cell.reciprocal_lengths),
         cell.orth.reshape(-1).tolist(),
-        kind,
+        _KIND[cell.kind],
         torch.get_num_threads(),
         int(bool(force_int64)) | (0 if _FLOAT_ROWS else 2),  # flags for the kernel
     )
