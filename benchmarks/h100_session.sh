@@ -6,8 +6,10 @@
 #   workbench, planarity — bench_workbench.py on 3WIP (cuda), bench_planarity.py (--profile);
 #   cpu      — bench_density.py --device cpu on the host's idle cores, 1 and 2 threads (11 rounds,
 #              with the forward at 1 and 4 slabs per thread as same-run variants);
-#   probe    — cpu_phase_probe.py on 5H73 and 3WIP at 1 and 2 threads (phases, slabs, page faults).
-# Usage: PARTS="tests density workbench planarity cpu probe" bash benchmarks/h100_session.sh
+#   probe    — cpu_phase_probe.py on 5H73 and 3WIP at 1 and 2 threads (phases, slabs, page faults);
+#   compilers — the CPU kernel built by every g++-N the host has, timed against the default build
+#              (cpu_build_ab.py, 5H73 and 3WIP at 1 and 2 threads) with the compilers' versions.
+# Usage: PARTS="tests density workbench planarity cpu probe compilers" bash benchmarks/h100_session.sh
 # The GPU image has torch/triton but not gemmi or the widget stack: their py3.12 wheels travel in the
 # git-ignored .whl/ (carry: [".whl"]). Results, named with the device and date, are packed into
 # $OUT/h100_results.tar.gz (the device tool returns at most 8 files).
@@ -61,6 +63,20 @@ if has probe; then
     OMP_NUM_THREADS=2 timeout 200 python3 benchmarks/cpu_phase_probe.py --structures 5h73 3wip --threads 1 2 \
         --rounds 12 --out "$OUT/cpu_phase_probe_h100host_$day.json" > "$OUT/cpu_phase_probe_h100host_$day.log" 2>&1
     summary+=("cpu probe rc=$?")
+fi
+if has compilers; then
+    so=$(ls kernels/density/_scatter.cpython-*.so)
+    builds=(--build "default=$so")
+    { echo "default: $(c++ --version | head -n 1)"; } > "$OUT/compilers_h100host_$day.txt"
+    for cxx in $(cd /usr/bin && ls g++-[0-9]* 2>/dev/null); do
+        CC=$cxx CXX=$cxx LDSHARED="$cxx -shared" python3 setup.py -q build_ext --build-lib "/tmp/b-$cxx" \
+            --build-temp "/tmp/t-$cxx" >> "$OUT/build.log" 2>&1 || continue
+        builds+=(--build "$cxx=$(ls /tmp/b-"$cxx"/kernels/density/_scatter.cpython-*.so)")
+        echo "$cxx: $($cxx --version | head -n 1)" >> "$OUT/compilers_h100host_$day.txt"
+    done
+    OMP_NUM_THREADS=2 timeout 200 python3 benchmarks/cpu_build_ab.py "${builds[@]}" --structures 5h73 3wip \
+        --threads 1 2 --rounds 11 --out "$OUT/cpu_build_ab_h100host_$day.json" > "$OUT/cpu_build_ab_h100host_$day.log" 2>&1
+    summary+=("compilers rc=$?")
 fi
 for f in "$OUT"/*.log; do
     [ "$f" = "$OUT/build.log" ] && continue
