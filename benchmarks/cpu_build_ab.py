@@ -6,8 +6,8 @@ under the module name ``kernels.density._scatter`` from that path). The CPU forw
 build in turn, interleaved with gemmi's ``add_model_density_to_grid`` (cutoff 1e-5) in every round
 (the build that runs first after gemmi rotates from round to round), so the builds see the same
 machine state; medians per build, each build's speed-up over gemmi in the same rounds, and the
-median over rounds of each build's time over the first build's in that round. The maps of every build are compared with the first build's (largest absolute
-difference; 0.0 when bitwise equal).
+median over rounds of each build's time over the first build's in that round. The maps of every
+build are compared with the first build's (largest absolute difference; 0.0 when bitwise equal).
 
 What it answers: whether a difference between two machines is the compiler's (the same source
 compiled by each machine's compiler, timed on one machine) rather than the machine's.
@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
 
 import kernels  # noqa: E402
 from benchmarks.bench_density import STRUCTURES, _gemmi_calculator, pin_to_idle_cores  # noqa: E402
+from benchmarks.cpu_phase_probe import slab_times  # noqa: E402
 from kernels.crystal import GridSpec  # noqa: E402
 from kernels.density import cpu as density_cpu  # noqa: E402
 
@@ -68,14 +69,14 @@ class _Recording:
 
     def splat(self, *args):
         info = self._module.splat(*args)
-        slabs = info.get("slabs", [])
+        zeroing, splatting = slab_times(info.get("slabs", []))
         self.phases.append(
             {
                 "prepare": info["prepare"],
                 "partition": info["partition"],
                 "compute": info["compute"],
-                "zeroing": sum(z - s for _, s, z, _ in slabs),
-                "splatting": sum(e - z for _, _, z, e in slabs),
+                "zeroing": zeroing,
+                "splatting": splatting,
             }
         )
         return info

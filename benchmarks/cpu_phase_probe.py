@@ -52,6 +52,11 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def slab_times(slabs) -> tuple[float, float]:
+    """Seconds the threads spent zeroing and splatting, summed over ``splat``'s (worker, start, zeroed, end) slabs."""
+    return sum(z - s for _, s, z, _ in slabs), sum(e - z for _, _, z, e in slabs)
+
+
 def _summary(calls: list[dict]) -> dict:
     """Medians over the calls of one setting (times in ms)."""
 
@@ -72,8 +77,8 @@ def _summary(calls: list[dict]) -> dict:
         "kernel_ms": med(c["kernel"] for c in calls),
         "prepare_ms": med(c["prepare"] for c in calls),
         "compute_ms": med(c["compute"] for c in calls),
-        "zeroing_ms": med(sum(z - s for _, s, z, _ in c["slabs"]) for c in calls),
-        "splatting_ms": med(sum(e - z for _, _, z, e in c["slabs"]) for c in calls),
+        "zeroing_ms": med(slab_times(c["slabs"])[0] for c in calls),
+        "splatting_ms": med(slab_times(c["slabs"])[1] for c in calls),
         "second_worker_start_ms": med(late(c) for c in calls),
         "idle_tail_ms": med(c["compute"] - max(busy(c, w) for w in workers) for c in calls),
         "busy_per_worker_ms": {w: med(busy(c, w) for c in calls) for w in workers},
