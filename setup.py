@@ -16,6 +16,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 
@@ -68,4 +69,22 @@ class BuildExt(build_ext):
             raise RuntimeError(f"{exc}{COMPILER_HELP}") from exc
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": BuildExt})
+class BuildPy(build_py):
+    """Ships the repository's ``notebooks/*.ipynb`` inside the package as ``workbench/notebooks``.
+
+    The repository keeps one copy of each notebook, at the top level; ``workbench lab``
+    finds them in either place (``workbench.cli.shipped_notebooks_dir``).
+    """
+
+    def run(self):
+        super().run()
+        notebooks = sorted((HERE / "notebooks").glob("*.ipynb"))
+        if not notebooks:
+            raise RuntimeError(f"density-workbench: no notebooks in {HERE / 'notebooks'}; the package would ship none")
+        dest = Path(self.build_lib) / "workbench" / "notebooks"
+        self.mkpath(str(dest))
+        for nb in notebooks:
+            self.copy_file(str(nb), str(dest / nb.name))
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": BuildExt, "build_py": BuildPy})

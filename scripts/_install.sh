@@ -3,6 +3,10 @@
 #   VENV=path        where the environment lives (default: .venv in the repository)
 #   TORCH_SPEC=...   the torch requirement (default torch==2.13.0; a bare "torch" on a
 #                    machine without it pulls a multi-GB CUDA build, so it is pinned)
+#   TRITON_SPEC=...  installed with torch, or alone where torch is present without Triton;
+#                    scripts/test.sh sets triton==3.7.1 (what torch 2.13's Linux GPU build
+#                    requires, so the interpreter in CI runs the Triton GPU users run). An
+#                    existing Triton (brought by a GPU build of torch) is left alone.
 #   NO_VENV=1        install into the current Python instead
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,9 +23,17 @@ if [ "${NO_VENV:-0}" != "1" ]; then
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+TRITON_SPEC="${TRITON_SPEC:-}"
+if [ "$(uname -s)" != "Linux" ]; then
+    TRITON_SPEC=""   # Triton ships Linux wheels only
+fi
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
-    echo "==> installing $TORCH_SPEC (first, so nothing else pulls a CUDA build)"
-    "$PY" -m pip install -q "$TORCH_SPEC"
+    echo "==> installing $TORCH_SPEC $TRITON_SPEC (first, so nothing else pulls a CUDA build)"
+    # shellcheck disable=SC2086  # TRITON_SPEC may be empty
+    "$PY" -m pip install -q "$TORCH_SPEC" $TRITON_SPEC
+elif [ -n "$TRITON_SPEC" ] && ! "$PY" -c "import triton" >/dev/null 2>&1; then
+    echo "==> installing $TRITON_SPEC (for the Triton interpreter)"
+    "$PY" -m pip install -q "$TRITON_SPEC"
 fi
 echo "==> installing density-workbench ${EXTRAS:-} (compiles the C++ kernels)"
 "$PY" -m pip install -q -e ".${EXTRAS:-}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what the notebook and browser tests need; safe to run again (each step checks first).
 #
-# Usage:  scripts/ci-setup.sh            # chromium (apt), playwright + nbmake (pip), 3Dmol.js (npm)
+# Usage:  scripts/ci-setup.sh            # chromium (apt), playwright (pip), 3Dmol.js (npm)
 #         eval "$(scripts/ci-setup.sh --print-env)"   # only print the exports (after a setup)
 #
 # Its last lines are `export` statements for the variables below. A script cannot change
@@ -72,15 +72,13 @@ else
     echo "ci-setup: chromium installed: $chromium_path"
 fi
 
-# 2. Python packages of the test extra that the browser/notebook tests use.
-missing=()
-"$PYTHON" -c "import playwright.sync_api" 2>/dev/null || missing+=("playwright>=1.45")
-"$PYTHON" -c "import nbmake" 2>/dev/null || missing+=("nbmake>=1.5")
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "ci-setup: pip install ${missing[*]}"
-    "$PYTHON" -m pip install -q "${missing[@]}"
+# 2. The Python driver of the browser tests (part of the test extra; checked for callers
+#    that run this script on its own).
+if "$PYTHON" -c "import playwright.sync_api" 2>/dev/null; then
+    echo "ci-setup: playwright present"
 else
-    echo "ci-setup: playwright and nbmake present"
+    echo "ci-setup: pip install playwright>=1.45"
+    "$PYTHON" -m pip install -q "playwright>=1.45"
 fi
 
 # 3. 3Dmol.js from npm into the cache (outside the repository).

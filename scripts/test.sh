@@ -3,6 +3,7 @@
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/kernels -k cpu`.
 set -euo pipefail
 EXTRAS="[test]"
+TRITON_SPEC="${TRITON_SPEC-triton==3.7.1}"   # the Triton interpreter runs the tests without a GPU
 source "$(dirname "${BASH_SOURCE[0]}")/_install.sh"
 if [ -f scripts/ci-setup.sh ]; then
     bash scripts/ci-setup.sh   # Chromium (Debian) + 3Dmol.js (npm) for the browser tests

@@ -4,7 +4,8 @@
 ``workbench app``    the quickstart notebook as a standalone Voilà app.
 ``workbench splat``  splat a model's density and write a CCP4 map.
 
-The notebooks ship inside the package (``workbench/notebooks``); ``lab`` and ``app`` copy
+The notebooks are the repository's ``notebooks/`` folder, which an installed package carries
+as ``workbench/notebooks`` (see :func:`shipped_notebooks_dir`); ``lab`` and ``app`` copy
 them into a folder of the user's (default ``~/density-workbench/notebooks``) and only ever
 add missing files, so a user's edits survive every launch and every upgrade.
 """
@@ -21,7 +22,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["main", "install_notebooks", "notebook_dir", "QUICKSTART", "NOTEBOOK_DIR_ENV"]
+__all__ = ["main", "install_notebooks", "notebook_dir", "shipped_notebooks_dir", "QUICKSTART", "NOTEBOOK_DIR_ENV"]
 
 #: The notebook ``workbench lab`` opens and ``workbench app`` serves.
 QUICKSTART = "01_quickstart.ipynb"
@@ -156,17 +157,35 @@ def notebook_dir(path: str | os.PathLike | None = None) -> Path:
     return Path(chosen).expanduser().resolve()
 
 
+def shipped_notebooks_dir() -> Path:
+    """The folder holding the notebooks this installation ships.
+
+    A built package (wheel, ``pip install .``) carries the repository's ``notebooks/`` as
+    ``workbench/notebooks`` (copied there by ``setup.py``'s ``build_py``); an editable
+    install or a source checkout reads ``notebooks/`` beside the ``workbench`` package.
+    There is one copy of each notebook in the repository either way.
+
+    Returns
+    -------
+    pathlib.Path
+
+    Raises
+    ------
+    FileNotFoundError
+        Neither folder holds a notebook (a broken installation).
+    """
+    package = Path(str(resources.files("workbench")))
+    for folder in (package / "notebooks", package.parent / "notebooks"):
+        if any(folder.glob("*.ipynb")):
+            return folder
+    raise FileNotFoundError(
+        f"no notebooks found in {package / 'notebooks'} or {package.parent / 'notebooks'}; reinstall density-workbench"
+    )
+
+
 def _packaged_notebooks() -> dict[str, bytes]:
-    """The notebooks shipped in ``workbench/notebooks``: file name -> contents."""
-    folder = resources.files("workbench").joinpath("notebooks")
-    found = {}
-    if folder.is_dir():
-        for entry in folder.iterdir():
-            if entry.name.endswith(".ipynb") and entry.is_file():
-                found[entry.name] = entry.read_bytes()
-    if not found:
-        raise FileNotFoundError(f"no notebooks found in the installed package ({folder}); reinstall density-workbench")
-    return found
+    """The shipped notebooks (see :func:`shipped_notebooks_dir`): file name -> contents."""
+    return {p.name: p.read_bytes() for p in sorted(shipped_notebooks_dir().glob("*.ipynb")) if p.is_file()}
 
 
 def install_notebooks(dest: str | os.PathLike) -> tuple[list[Path], list[Path]]:

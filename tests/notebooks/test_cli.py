@@ -9,13 +9,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from workbench import cli
 
-PACKAGED = sorted(p.name for p in (Path(cli.__file__).parent / "notebooks").glob("*.ipynb"))
+SHIPPED = cli.shipped_notebooks_dir()
+PACKAGED = sorted(p.name for p in SHIPPED.glob("*.ipynb"))
 
 
 def test_first_launch_copies_every_notebook(tmp_path):
@@ -23,7 +23,7 @@ def test_first_launch_copies_every_notebook(tmp_path):
     copied, edited = cli.install_notebooks(dest)
     assert sorted(p.name for p in copied) == PACKAGED and edited == []
     for name in PACKAGED:
-        assert (dest / name).read_bytes() == (Path(cli.__file__).parent / "notebooks" / name).read_bytes()
+        assert (dest / name).read_bytes() == (SHIPPED / name).read_bytes()
     assert not [p for p in dest.iterdir() if p.name.startswith(".")], "temporary files left behind"
 
 

@@ -19,7 +19,8 @@ from nbclient import NotebookClient
 
 from workbench.cli import install_notebooks
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "workbench" / "notebooks"
+# The repository's notebooks, the one copy every install ships.
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
 # Each notebook is meant to run in seconds; a cell that takes a minute on 2 cores is a bug.
 CELL_TIMEOUT_S = 120
