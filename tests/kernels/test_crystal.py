@@ -246,7 +246,11 @@ def test_cli_splat_writes_a_map(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "559 atoms" in printed and "backend reference" in printed and "wrote" in printed
     rho, grid = kernels.read_map(out)
-    assert float(rho.sum()) * grid.voxel_volume == pytest.approx(3715.9, rel=2e-3)
+    # Each Gaussian a·(4π/B)^{3/2}·exp(−4π²r²/B) integrates to a, so the map holds the model's
+    # electrons, Σ occ·Σa, less what lies beyond the 1e-5 e/Å³ cutoff spheres (~1e-4 of it).
+    atoms = model("1orc").atoms
+    electrons = float((atoms.occ[:, None] * atoms.a).sum())
+    assert float(rho.sum()) * grid.voxel_volume == pytest.approx(electrons, rel=5e-4)
 
 
 def test_cli_reports_bad_input(tmp_path, capsys):
