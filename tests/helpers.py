@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import kernels
+import kernels.testing
 
 DATA = Path(__file__).resolve().parent / "data"
 STRUCTURES = {
@@ -32,25 +33,8 @@ def model(name: str) -> kernels.Model:
 
 @functools.cache
 def gemmi_density(name: str, spacing: float = 2.0 / 3.0, cutoff: float = 1e-5, symmetry: bool = False) -> np.ndarray:
-    """gemmi's DensityCalculatorX map of ``name`` (ANISOU zeroed), float32 (nx, ny, nz)."""
-    import gemmi
-
-    st = gemmi.read_structure(str(STRUCTURES[name]))
-    for chain in st[0]:
-        for res in chain:
-            for atom in res:
-                atom.aniso = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
-    dc = gemmi.DensityCalculatorX()
-    dc.d_min = 2 * 1.5 * spacing
-    dc.rate = 1.5
-    dc.cutoff = cutoff
-    dc.set_grid_cell_and_spacegroup(st)
-    if symmetry:
-        dc.put_model_density_on_grid(st[0])
-    else:
-        dc.initialize_grid()
-        dc.add_model_density_to_grid(st[0])
-    return np.array(dc.grid, copy=True)
+    """gemmi's DensityCalculatorX map of ``name`` (ANISOU zeroed), float32 (nx, ny, nz); cached."""
+    return kernels.testing.gemmi_density(STRUCTURES[name], spacing, cutoff, symmetry=symmetry)
 
 
 def report(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> str:

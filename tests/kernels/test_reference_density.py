@@ -11,22 +11,17 @@ import pytest
 import torch
 
 import kernels
+import kernels.testing
 from kernels.density.reference import splat_reference
 from tests.helpers import STRUCTURES, assert_close, gemmi_density, model
 
-SPACING = 2.0 / 3.0  # gemmi's d_min = 2.0, rate = 1.5
+SPACING = 2.0 / 3.0  # gemmi's d_min = 2.0 at its rate 1.5
 
 
 @pytest.mark.parametrize("name", ["1orc", "1pfe", "1aki", "3o5r", "5h73", "3wip"])
 def test_grid_shape_matches_gemmi(name):
-    import gemmi
-
     m = model(name)
-    st = gemmi.read_structure(str(STRUCTURES[name]))
-    dc = gemmi.DensityCalculatorX()
-    dc.d_min, dc.rate = 2.0, 1.5
-    dc.set_grid_cell_and_spacegroup(st)
-    dc.initialize_grid()
+    _, dc = kernels.testing.gemmi_density_calculator(STRUCTURES[name], SPACING)
     assert kernels.GridSpec.for_spacing(m.cell, SPACING, m.spacegroup).shape == tuple(dc.grid.shape)
 
 
