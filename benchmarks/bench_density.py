@@ -1,25 +1,28 @@
 """Density splat benchmark: this package's kernels side by side with gemmi.
 
-CPU (``--device cpu``): in one run, for each structure and thread count, time
+CPU (``--device cpu``): for each structure and thread count, in interleaved rounds (one call
+of each per round, ``--repeats`` rounds, so background load slows all alike), time
 
-- ``cpu fwd``      kernels.splat_density(..., backend="cpu") (radii, map allocation included)
+- ``cpu fwd``      ``kernels.splat_density(..., backend="cpu")`` (radii, map allocation and
+                   Python included)
 - ``cpu fwd+bwd``  the same plus ``backward`` of a random upstream gradient (xyz, B, occ)
-- ``gemmi``        gemmi ``DensityCalculatorX.add_model_density_to_grid`` (cutoff 1e-5, ANISOU zeroed)
+- ``gemmi``        gemmi ``DensityCalculatorX.add_model_density_to_grid`` (cutoff 1e-5, ANISOU
+                   zeroed; only that call, not its grid zeroing)
 - ``torch``        a plain torch ``index_add_`` splat of the same voxels (float32), written here
+- ``cpu fwd slabs K``  with ``--slab-variants K ...`` (more than one thread): the forward with K
+                   map slabs per thread (the private ``kernels.density.cpu._SLABS_PER_THREAD``;
+                   the same maps bitwise)
 
-and, with ``--slab-variants K ...`` at more than one thread, ``cpu fwd slabs K``: the forward
-again with K map slabs per thread (the private switch ``kernels.density.cpu._SLABS_PER_THREAD``;
-the same maps bitwise), in the same rounds — with the accuracy of each map as relative L2 error against two maps at cutoff 1e-7: gemmi's
-(float32, computed by gemmi's own code, so its rounding is shared with gemmi's 1e-5 map and
-cancels there) and the float64 reference (``backend="reference"``, the same contract evaluated
-in double: the independent truth). Repeats
-are interleaved (one of each per round) so background load hits all alike; medians are
-reported with ratios to gemmi. ``--device cuda`` hands over to ``benchmarks._density_cuda``.
+and report medians with ratios to gemmi, and each map's relative L2 error against gemmi's map
+at cutoff 1e-7 and against the float64 reference (``backend="reference"``) at cutoff 1e-7.
+The process pins itself to the idlest logical CPU of each physical core (``--no-pin``: leave
+placement to the OS) and records the placement and the kernel's build in the JSON.
+``--device cuda`` runs ``benchmarks._density_cuda`` instead.
 
 Usage::
 
-    python benchmarks/bench_density.py --device cpu --structures 1orc 1aki 5h73 3wip \
-        --threads 1 2 --spacing 0.667 --out benchmarks/results/density_cpu_<date>.json
+    OMP_NUM_THREADS=2 python benchmarks/bench_density.py --device cpu --structures 1orc 1aki 5h73 3wip
+        --threads 1 2 --repeats 11 --out benchmarks/results/density_cpu_<machine>_<date>.json
 """
 
 from __future__ import annotations

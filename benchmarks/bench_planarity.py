@@ -1,14 +1,18 @@
 """Planarity NLL forward+backward on 3WIP: eager torch (torch.linalg.eigh) vs this package.
 
-Side by side in one run: the CPU with 2 threads (eager float32 vs the C++ backend) and,
-when a GPU is present, CUDA (eager float32 vs the Triton backend). Both on all planes
-of 3WIP and on the peptide planes + rings only (the subset a public Triton kernel was
-timed on). Median of per-call wall times, each call synchronised. On CUDA also: the same
-forward+backward captured once in a CUDA graph and replayed (what a refinement loop that
-captures its step sees), per replay synchronised and back to back; and where the eager
-call's time goes (host time in the forward call, in backward(), then the wait for the GPU).
+Side by side in one run: the CPU with ``--cpu-threads`` threads (eager float32 torch vs the C++
+backend) and, when a GPU is present, CUDA (eager float32 torch vs the Triton backend), on all
+planes of 3WIP and on the peptide planes + rings only. Each call is synchronised and timed by
+wall clock; medians are reported. On CUDA also: the same forward+backward captured once in a
+CUDA graph and replayed (what a loop that captures its step sees), per replay synchronised and
+back to back (CUDA events); where an eager call's time goes (host time in the forward call, in
+``backward()``, the wait for the GPU); and the host floor (an empty autograd Function with two
+empty Triton launches, timed the same way). ``--profile`` adds a cProfile of eager calls.
 
-    python benchmarks/bench_planarity.py [--reps 200] [--out benchmarks/results/planarity_<device>_<date>.json]
+Usage::
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_planarity.py [--reps 300] [--cpu-threads 2] [--profile]
+        [--out benchmarks/results/planarity_<device>_<date>.json]
 """
 
 from __future__ import annotations

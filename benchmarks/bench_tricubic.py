@@ -1,18 +1,23 @@
-"""Benchmark tricubic interpolation on the 3wip map, side by side with gemmi.
+"""Tricubic interpolation on the 3WIP map, side by side with gemmi.
 
 10^5 and 10^7 random points (uniform over the unit cell) on 3WIP's density at spacing
 0.667 Å (360×120×200 voxels, made by gemmi's DensityCalculatorX), Catmull-Rom, periodic:
 
 - gemmi ``FloatGrid.interpolate_position_array(order=3)`` (single-threaded);
-- ``kernels.tricubic_sample`` on the CPU with 2 threads (and 1), on the map in C order (converted
-  once, as our own maps are) and, at 2 threads, on numpy's Fortran-ordered view of gemmi's grid
-  (read in place through its strides);
-- ``kernels.tricubic_sample`` on CUDA when a GPU is visible (forward, and forward+backward).
+- ``kernels.tricubic_sample`` on the CPU at each of ``--threads`` (default 2 and 1), on the map
+  in C order (converted once, as our own maps are) and, at 2 threads, on numpy's
+  Fortran-ordered view of gemmi's grid (read in place through its strides);
+- ``kernels.tricubic_sample`` on CUDA when a GPU is visible: forward (median of 20 CUDA-event
+  timed calls) and forward+backward (median of 10).
 
 CPU timings are interleaved (gemmi, then each of ours, per round; 21 rounds at 10^5 points, 3 at
-10^7) so a busy machine slows all of them alike; medians are reported. Prints a table and writes JSON to ``benchmarks/results/tricubic_<device>_<date>.json``.
+10^7) so background load slows all of them alike; medians are reported, with the largest
+difference from gemmi. Prints a table and writes ``tricubic_<device>_<date>.json`` to
+``--out-dir`` (default ``benchmarks/results``).
 
-    python benchmarks/bench_tricubic.py [--out-dir DIR] [--sizes 100000 10000000]
+Usage::
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_tricubic.py [--out-dir DIR] [--sizes 100000 10000000]
 """
 
 from __future__ import annotations

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Runs the CUDA tests and the benchmarks on a GPU machine and writes the results to DIR.
+#
+#   PARTS="tests density planarity tricubic workbench cpu" bash benchmarks/run_gpu.sh DIR
+#
+# Run from the repository root. Assumes the Python dependencies (torch, triton, gemmi, the
+# workbench's widget stack, pytest, pytest-xdist) are installed; builds the C++ extensions in
+# place. Parts (default: all but probe):
+#   tests      the CUDA suite: tests/kernels and tests/workbench (the notebook and browser tests
+#              need Jupyter and Chromium and are left out)
+#   density    benchmarks/_density_cuda.py with the 3WIP variants
+#   planarity  bench_planarity.py, CPU rows at 2 threads, with the eager-call profile
+#   tricubic   bench_tricubic.py (CPU rows at 2 and 1 threads)
+#   workbench  bench_workbench.py on 3WIP with the GPU
+#   cpu        bench_density.py --device cpu on the host's cores, 1 and 2 threads, 11 rounds
+#   probe      cpu_phase_probe.py on 5H73 and 3WIP at 1 and 2 threads
+# Files are named <op>_<gpu>_<date> (GPU parts) and <op>_<gpu>host_<date> (CPU parts), <gpu> from
+# nvidia-smi (h100, h200, a100, ... or "gpu"). device.txt records the GPU, CPU and versions.
+set -o pipefail
+DIR="${1:?usage: bash benchmarks/run_gpu.sh DIR}"
+PARTS="${PARTS:-tests density planarity tricubic workbench cpu}"
+mkdir -p "$DIR"
+day=$(date -u +%F)
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | grep -oE '[AHBL][0-9]{2,3}' | head -n 1 | tr 'A-Z' 'a-z')
+gpu="${gpu:-gpu}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=PASSIVE
+python3 setup.py -q build_ext --inplace > "$DIR/build.log" 2>&1 || { tail -n 20 "$DIR/build.log"; exit 1; }
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+    python3 -c "import torch, triton, gemmi; print('torch', torch.__version__, 'triton', triton.__version__, 'gemmi', gemmi.__version__)"
+    python3 -c "from kernels.density import _scatter; print('cpu build', _scatter.build_info())"
+    nproc
+    lscpu | grep -iE "model name|thread|core|socket|numa node\(s\)" | cut -c1-200
+} > "$DIR/device.txt" 2>&1
+cat "$DIR/device.txt"
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+summary=()
+if has tests; then
+    python3 -m pytest tests/kernels tests/workbench -q -p no:cacheprovider -n 6 -o addopts="-ra" \
+        > "$DIR/tests_cuda_${gpu}_$day.log" 2>&1
+    summary+=("tests rc=$?: $(tail -n 1 "$DIR/tests_cuda_${gpu}_$day.log")")
+fi
+if has density; then
+    python3 -m benchmarks._density_cuda --variants --out "$DIR/density_cuda_${gpu}_$day.json" \
+        > "$DIR/density_cuda_${gpu}_$day.log" 2>&1
+    summary+=("density rc=$?")
+fi
+if has planarity; then
+    OMP_NUM_THREADS=2 python3 benchmarks/bench_planarity.py --reps 300 --cpu-threads 2 --profile \
+        --out "$DIR/planarity_cuda_${gpu}_$day.json" > "$DIR/planarity_cuda_${gpu}_$day.log" 2>&1
+    summary+=("planarity rc=$?")
+fi
+if has tricubic; then
+    OMP_NUM_THREADS=2 python3 benchmarks/bench_tricubic.py --out-dir "$DIR" > "$DIR/tricubic_cuda_${gpu}_$day.log" 2>&1
+    summary+=("tricubic rc=$?")
+fi
+if has workbench; then
+    python3 benchmarks/bench_workbench.py --device cuda --structure tests/data/3wip.cif.gz \
+        --out "$DIR/workbench_cuda_${gpu}_$day.json" > "$DIR/workbench_cuda_${gpu}_$day.log" 2>&1
+    summary+=("workbench rc=$?")
+fi
+if has cpu; then
+    OMP_NUM_THREADS=2 python3 benchmarks/bench_density.py --device cpu --structures 1orc 1aki 5h73 3wip \
+        --threads 1 2 --repeats 11 --slab-variants 1 4 --out "$DIR/density_cpu_${gpu}host_$day.json" \
+        > "$DIR/density_cpu_${gpu}host_$day.log" 2>&1
+    summary+=("density cpu rc=$?")
+fi
+if has probe; then
+    OMP_NUM_THREADS=2 python3 benchmarks/cpu_phase_probe.py --structures 5h73 3wip --threads 1 2 --rounds 12 \
+        --out "$DIR/cpu_phase_probe_${gpu}host_$day.json" > "$DIR/cpu_phase_probe_${gpu}host_$day.log" 2>&1
+    summary+=("cpu probe rc=$?")
+fi
+for f in "$DIR"/*.log; do
+    [ "$f" = "$DIR/build.log" ] && continue
+    echo "=== $(basename "$f")"
+    tail -n 14 "$f"
+done
+printf '%s\n' "${summary[@]}"
