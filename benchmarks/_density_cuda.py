@@ -9,14 +9,15 @@ timings after warm-up, eager calls and CUDA-graph replays), the torch ``index_ad
 the same voxels (indices precomputed, values and the scatter timed), gemmi's
 ``DensityCalculatorX`` on the host CPU (cutoff 1e-5, wall clock), and the accuracy of each
 map as relative L2 against gemmi at cutoff 1e-7. 3wip is also run at half the spacing.
-``--variants`` times tile/warp variants of the Triton kernel on 3wip (among them the lane-by-lane and the
-groups-of-4 z layout side by side; ``--variants-only`` skips the cases); ``--gather`` times the brick-gather
-forward experiment defined below (notes for the README).
+``--variants`` times tile variants of the Triton kernels on 3wip against the production plan, each a plan
+derived from it with ``dataclasses.replace`` (``--variants-only`` skips the cases); ``--gather`` times the
+brick-gather forward experiment defined below (notes for the README).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -169,8 +170,19 @@ def _case(name: str, spacing: float, with_torch: bool = True, gemmi_repeats: int
     return res
 
 
-def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
-    """Tile/warp variants of the Triton kernel on 3wip: graph-replay medians and agreement with the default."""
+# Tile shapes still worth timing against the production plan's (fields of kernels.density.triton._Plan):
+# narrower forward tiles (4x16 / 4x32; within 1 % at 0.33 Å, where the forward has the least margin) and
+# the backward on 16x16 tiles (the production 8x32 at 0.33 Å, the same tile at 0.67 Å).
+VARIANTS: tuple[dict, ...] = (
+    {},
+    {"bp": 4},
+    {"bp_bwd": 16, "bq_bwd": 16},
+)
+
+
+def _variants(spacings=(2 / 3, 1 / 3), variants=VARIANTS) -> list[dict]:
+    """Plan variants of the Triton kernels on 3wip: graph-replay medians and agreement with the first variant."""
+    import kernels
     from kernels.crystal import AtomSet, GridSpec
     from kernels.density import triton as tri
     from tests.helpers import model
@@ -178,60 +190,41 @@ def _variants(spacings=(2 / 3, 1 / 3)) -> list[dict]:
     m = model("3wip")
     base = m.atoms.to("cuda", torch.float32)
     rows = []
-    # The default takes the VEC path (3wip: nz = 200 / 400, both % 4 == 0): one v4 atomic per group of 4
-    # z lanes; "vec": 0 is the lane-by-lane path of the same kernel, timed side by side with it.
-    variants = [
-        {},
-        {"rows2_bwd": 0},  # the separable backward row by row (one load in flight)
-        {"trim": 0},  # every (x, z) tile walks all the box's rows
-        {"trim": 0, "rows2_bwd": 0},  # both off: the walk of 2026-11-23 run 3 (with the per-tile fold)
-        {"bp_bwd": 16, "bq_bwd": 16},  # the backward's tile before run 4 (the default's at 0.67 Å)
-        {"bp": 4},  # narrower forward tiles (4x16 / 4x32)
-    ]
     for spacing in spacings:
         grid = GridSpec.for_spacing(m.cell, spacing)
         w = torch.randn(grid.shape, device="cuda")
         default = None
         for var in variants:
-            saved = dict(tri._TUNING)
-            tri._TUNING.update(var)
-            try:
-                xyz = base.xyz.clone().requires_grad_()
-                atoms = AtomSet(xyz, base.b_iso, base.occ, base.a, base.b, _validate=False)
-                plan = tri._plan(grid, None, 1e-5, xyz.device)
+            xyz = base.xyz.clone().requires_grad_()
+            atoms = AtomSet(xyz, base.b_iso, base.occ, base.a, base.b, _validate=False)
+            plan = dataclasses.replace(tri._plan(grid, None, kernels.DEFAULT_CUTOFF, xyz.device), **var)
 
-                def fwd(atoms=atoms, grid=grid):
-                    with torch.no_grad():
-                        return tri.splat_triton(atoms, grid)
+            def fwd(atoms=atoms, plan=plan):
+                with torch.no_grad():
+                    return tri._splat(atoms, plan)
 
-                def fwd_bwd(atoms=atoms, xyz=xyz, grid=grid, w=w):
-                    return torch.autograd.grad(tri.splat_triton(atoms, grid), xyz, grad_outputs=w)
+            def fwd_bwd(atoms=atoms, xyz=xyz, plan=plan, w=w):
+                return torch.autograd.grad(tri._splat(atoms, plan), xyz, grad_outputs=w)
 
-                out = fwd()
-                grad = fwd_bwd()[0].double()
-                if default is None:
-                    default, default_grad = out.double(), grad
-                rel = float((out.double() - default).norm() / default.norm())
-                row = dict(spacing=spacing, variant=var, bp=plan.bp, bq=plan.bq, num_warps=plan.num_warps)
-                row["separable"] = plan.separable
-                row["grad_xyz_rel_vs_default"] = float((grad - default_grad).norm() / default_grad.norm())
-                row["vec"] = plan.vec
-                row["vec_bwd"] = plan.vec_bwd
-                row["trim"] = plan.trim
-                row["rows2_bwd"] = plan.rows2_bwd
-                row["bwd_tile"] = [plan.bp_bwd, plan.bq_bwd]
-                row["fwd_graph_ms"] = _bench(fwd, graph=True)
-                row["fwd_bwd_graph_ms"] = _bench(fwd_bwd, graph=True)
-                row["rel_vs_default"] = rel
-                rows.append(row)
-                print(
-                    f"variant {spacing:.3f} {var} (vec {plan.vec}, {plan.bp}x{plan.bq}, bwd {plan.bp_bwd}x{plan.bq_bwd}) -> "
-                    f"{row['fwd_graph_ms']:.4f} / {row['fwd_bwd_graph_ms']:.4f} ms "
-                    f"(map {rel:.1e}, grad {row['grad_xyz_rel_vs_default']:.1e} from the first)"
-                )
-            finally:
-                tri._TUNING.clear()
-                tri._TUNING.update(saved)
+            out = fwd()
+            grad = fwd_bwd()[0].double()
+            if default is None:
+                default, default_grad = out.double(), grad
+            rel = float((out.double() - default).norm() / default.norm())
+            row = dict(spacing=spacing, variant=var, bp=plan.bp, bq=plan.bq, num_warps=plan.num_warps)
+            row["separable"] = plan.separable
+            row["grad_xyz_rel_vs_default"] = float((grad - default_grad).norm() / default_grad.norm())
+            row["vec"] = plan.vec
+            row["bwd_tile"] = [plan.bp_bwd, plan.bq_bwd]
+            row["fwd_graph_ms"] = _bench(fwd, graph=True)
+            row["fwd_bwd_graph_ms"] = _bench(fwd_bwd, graph=True)
+            row["rel_vs_default"] = rel
+            rows.append(row)
+            print(
+                f"variant {spacing:.3f} {var} (vec {plan.vec}, {plan.bp}x{plan.bq}, bwd {plan.bp_bwd}x{plan.bq_bwd}) -> "
+                f"{row['fwd_graph_ms']:.4f} / {row['fwd_bwd_graph_ms']:.4f} ms "
+                f"(map {rel:.1e}, grad {row['grad_xyz_rel_vs_default']:.1e} from the first)"
+            )
     return rows
 
 
@@ -537,7 +530,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--structures", nargs="+", default=list(STRUCTURE_DEFAULT))
     parser.add_argument("--spacing", type=float, default=2.0 / 3.0)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--variants", action="store_true", help="also time tile/warp variants on 3wip")
+    parser.add_argument("--variants", action="store_true", help="also time tile variants on 3wip")
     parser.add_argument("--gather", action="store_true", help="also time the brick-gather experiment on 3wip")
     parser.add_argument("--variants-only", action="store_true", help="only the variants (no cases, no gemmi)")
     return run(parser.parse_args(argv))

@@ -44,6 +44,7 @@ Design (see ``benchmarks/README.md``, "Density, GPU (H100)", for what was measur
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -59,21 +60,6 @@ from kernels.dispatch import BackendError, triton_interpreted
 __all__ = ["splat_triton"]
 
 _LOG2E = 1.4426950408889634
-# Tuning knobs the benchmark may override (None = the launcher's choice).
-_TUNING: dict[str, int | None] = {
-    "atoms_per_program": None,
-    "num_warps": None,
-    "bp": None,
-    "bq": None,
-    "separable": None,  # 0 forces the full per-voxel exponent (for the benchmark's comparison)
-    "vec": None,  # z lanes in aligned groups of 4 (v4 atomics/loads on sm_90) when nz % 4 == 0; 0 forces scalar
-    "vec_bwd": None,  # the same for the backward only (None: as "vec")
-    "bp_bwd": None,  # the backward's own tile and warps (None: the launcher's choice)
-    "bq_bwd": None,
-    "num_warps_bwd": None,
-    "trim": None,  # 0: every (x, z) tile walks all the box's rows (no per-tile row span; benchmark comparison)
-    "rows2_bwd": None,  # 0: the separable backward walks rows one by one (benchmark comparison)
-}
 # Interpreter: atoms per program (it costs per program, not per element).
 _INTERPRET_ATOMS = 64
 # B (Å²) of the nominal carbon whose radius sets the tile size; larger atoms take more tiles.
@@ -357,36 +343,27 @@ def _tile_rows(qxz, lin, in_xz, r2lim, h11, off, top):
 
 @triton.jit
 def _tile_row_walk(
-    pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim, h00, h11, h22, h02, off_y, top_y, iy0, ny, n_rows, cnty,
-    BP: tl.constexpr, BQ: tl.constexpr, SEPARABLE: tl.constexpr, TRIM: tl.constexpr,
+    pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim, h00, h11, h22, h02, off_y, top_y, iy0, ny, n_rows,
+    BP: tl.constexpr, BQ: tl.constexpr, SEPARABLE: tl.constexpr,
 ):  # fmt: skip
     """The row loop of tile (pc, qc): its first row, its end, the wrapped grid row of the first, and each
     atom's own rows [r_lo, r_hi) (ATOMS, 1, 1).
 
-    With TRIM only the rows where a voxel of the tile can lie inside the sphere (``_tile_rows_separable``
-    or ``_tile_rows``), otherwise all the box's rows. iy0, cntx, cntz, cnty, x_lo, z_lo, off_y, top_y,
-    r2lim: per atom, (ATOMS,); lin: not read on separable cells.
+    Only the rows where a voxel of the tile can lie inside the sphere (``_tile_rows_separable`` or
+    ``_tile_rows``). iy0, cntx, cntz, x_lo, z_lo, off_y, top_y, r2lim: per atom, (ATOMS,); lin: not read on
+    separable cells.
     """
-    if TRIM:
-        if SEPARABLE:
-            r_lo, r_hi = _tile_rows_separable(
-                pc * BP, tl.minimum(cntx, pc * BP + BP) - 1, qc * BQ, tl.minimum(cntz, qc * BQ + BQ) - 1,
-                x_lo, z_lo, r2lim, h00, h11, h22, h02, off_y, top_y,
-            )  # fmt: skip
-        else:
-            r_lo, r_hi = _tile_rows(qxz, lin, in_xz, r2lim, h11, off_y, top_y)
-        r = tl.min(tl.where(r_hi > r_lo, r_lo, n_rows), axis=0)
-        r_end = tl.max(r_hi, axis=0)
-        iy = _wrap(iy0 + r, ny)[:, None, None]
-        r_lo = r_lo[:, None, None]
-        r_hi = r_hi[:, None, None]
+    if SEPARABLE:
+        r_lo, r_hi = _tile_rows_separable(
+            pc * BP, tl.minimum(cntx, pc * BP + BP) - 1, qc * BQ, tl.minimum(cntz, qc * BQ + BQ) - 1,
+            x_lo, z_lo, r2lim, h00, h11, h22, h02, off_y, top_y,
+        )  # fmt: skip
     else:
-        r = n_rows * 0
-        r_end = n_rows
-        iy = iy0[:, None, None]
-        r_lo = cnty[:, None, None] * 0
-        r_hi = cnty[:, None, None]
-    return r, r_end, iy, r_lo, r_hi
+        r_lo, r_hi = _tile_rows(qxz, lin, in_xz, r2lim, h11, off_y, top_y)
+    r = tl.min(tl.where(r_hi > r_lo, r_lo, n_rows), axis=0)
+    r_end = tl.max(r_hi, axis=0)
+    iy = _wrap(iy0 + r, ny)[:, None, None]
+    return r, r_end, iy, r_lo[:, None, None], r_hi[:, None, None]
 
 
 @triton.jit
@@ -470,7 +447,6 @@ def _splat_fwd_kernel(
     PER_ATOM_RADIUS: tl.constexpr,
     INDEX64: tl.constexpr,
     VEC: tl.constexpr,
-    TRIM: tl.constexpr,
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
@@ -516,7 +492,7 @@ def _splat_fwd_kernel(
     ty = ty[:, None, None]
     tz = tz[:, None, None]
     # Wrapped grid row of box row 0, (ATOMS,); the walk steps it by one per row trip (a modulo per row
-    # was ~30 instructions of each trip).
+    # would cost ~30 instructions of each trip).
     iy0 = _wrap(by + loy, ny)
     off_y3 = off_y[:, None, None]
     pp = tl.arange(0, BP)[None, :, None]
@@ -554,7 +530,7 @@ def _splat_fwd_kernel(
                 lin = 2.0 * (h01 * dx + h12 * dz)
             r, r_end, iy, r_lo, r_hi = _tile_row_walk(
                 pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
-                iy0, ny, n_rows, cnty, BP, BQ, SEPARABLE, TRIM,
+                iy0, ny, n_rows, BP, BQ, SEPARABLE,
             )  # fmt: skip
             while r < r_end:
                 dy = r.to(tl.float32) - off_y3
@@ -645,8 +621,6 @@ def _splat_bwd_kernel(
     PER_ATOM_RADIUS: tl.constexpr,
     INDEX64: tl.constexpr,
     VEC: tl.constexpr,
-    TRIM: tl.constexpr,
-    ROWS2: tl.constexpr,
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
@@ -773,7 +747,7 @@ def _splat_bwd_kernel(
                 v4 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
                 r, r_end, iy, r_lo, r_hi = _tile_row_walk(
                     pc, qc, cntx, cntz, qxz, qxz, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
-                    iy0, ny, n_rows, cnty, BP, BQ, SEPARABLE, TRIM,
+                    iy0, ny, n_rows, BP, BQ, SEPARABLE,
                 )  # fmt: skip
                 lim = r2max - qxz  # a voxel is inside when qy < lim
                 if not VEC:
@@ -783,32 +757,30 @@ def _splat_bwd_kernel(
                     if ATOMS > 1:  # one atom: the loop runs exactly its rows
                         inside = inside & (r >= r_lo) & (r < r_hi)
                     g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
-                    if ROWS2:
-                        # The next row's load is issued before this row's arithmetic (two loads in flight).
-                        iy += 1
-                        iy = tl.where(iy == ny, 0, iy)
-                        dy_b, qy_b, inside_b = _separable_row(r + 1, off_y3, h11, in_xz, gmin, r2lim, lim, VEC)
-                        inside_b = inside_b & (r + 1 < r_end)
-                        if ATOMS > 1:
-                            inside_b = inside_b & (r + 1 >= r_lo) & (r + 1 < r_hi)
-                        g_b = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside_b, other=0.0)
+                    # Rows in pairs: the second row's load is issued before the first row's arithmetic (two
+                    # loads in flight); the sums still run row by row, in row order.
+                    iy += 1
+                    iy = tl.where(iy == ny, 0, iy)
+                    dy_b, qy_b, inside_b = _separable_row(r + 1, off_y3, h11, in_xz, gmin, r2lim, lim, VEC)
+                    inside_b = inside_b & (r + 1 < r_end)
+                    if ATOMS > 1:
+                        inside_b = inside_b & (r + 1 >= r_lo) & (r + 1 < r_hi)
+                    g_b = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside_b, other=0.0)
                     if VEC:
                         g = tl.where(qy < lim, g, 0.0)
                     t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4 = _row_sums(
                         g, dy, qy, be0, be1, be2, be3, be4,
                         t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4,
                     )  # fmt: skip
-                    if ROWS2:
-                        if VEC:
-                            g_b = tl.where(qy_b < lim, g_b, 0.0)
-                        t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4 = _row_sums(
-                            g_b, dy_b, qy_b, be0, be1, be2, be3, be4,
-                            t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4,
-                        )  # fmt: skip
-                        r += 1
+                    if VEC:
+                        g_b = tl.where(qy_b < lim, g_b, 0.0)
+                    t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4 = _row_sums(
+                        g_b, dy_b, qy_b, be0, be1, be2, be3, be4,
+                        t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4,
+                    )  # fmt: skip
                     iy += 1
                     iy = tl.where(iy == ny, 0, iy)
-                    r += 1
+                    r += 2
                 tile_o = c0 * x0 * t0 + c1 * x1 * t1 + c2 * x2 * t2 + c3 * x3 * t3 + c4 * x4 * t4
                 hh = ca0 * x0 * t0 + ca1 * x1 * t1 + ca2 * x2 * t2 + ca3 * x3 * t3 + ca4 * x4 * t4
                 tile_y = ca0 * x0 * yd0 + ca1 * x1 * yd1 + ca2 * x2 * yd2 + ca3 * x3 * yd3 + ca4 * x4 * yd4
@@ -828,7 +800,7 @@ def _splat_bwd_kernel(
                 lin = 2.0 * (h01 * dx + h12 * dz)
                 r, r_end, iy, r_lo, r_hi = _tile_row_walk(
                     pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
-                    iy0, ny, n_rows, cnty, BP, BQ, SEPARABLE, TRIM,
+                    iy0, ny, n_rows, BP, BQ, SEPARABLE,
                 )  # fmt: skip
                 while r < r_end:
                     dy = r.to(tl.float32) - off_y3
@@ -892,68 +864,87 @@ def _splat_bwd_kernel(
 # --------------------------------------------------------------------------- host launchers
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class _Plan:
-    """Host constants of one (cell, grid, radius setting, device): computed once and cached."""
+    """Host constants and launch shape of one (cell, grid, radius setting, device).
 
-    def __init__(self, grid: GridSpec, radius: float | None, cutoff: float, device: torch.device):
+    :meth:`build` makes the production plan (cached by :func:`_plan`); a test or benchmark that needs
+    another tile, launch shape or z layout derives a plan from it with ``dataclasses.replace`` and passes
+    it to :func:`_splat`. Every field value gives the same voxels and sums (up to atomic order on a GPU).
+    """
+
+    shape: tuple[int, int, int]
+    n_voxels: int
+    m_dev: torch.Tensor  # (9,) float64 on the device, Cartesian Å → voxel units, diag(n)·frac row-major
+    m: tuple[float, ...]  # the same 9 values as Python floats
+    h: tuple[float, ...]  # voxel-unit metric h00, h11, h22, h01, h02, h12
+    reach: tuple[float, float, float]  # |a*_i|·n_i: voxels of box half-extent per Å of radius
+    separable: bool  # exp(−α r²) = E(x, z)·e(y): orthogonal and monoclinic cells only
+    per_atom: bool  # per-atom radii from the cutoff (else ``radius`` for every atom)
+    radius: float  # Å, 0 when per_atom
+    cutoff: float  # e/Å³
+    index64: bool
+    bp: int  # forward (x, z) tile, BP × BQ lanes
+    bq: int
+    bp_bwd: int  # backward tile
+    bq_bwd: int
+    vec: bool  # z lanes in aligned groups of 4, both kernels: needs nz % 4 == 0 and bq, bq_bwd ≥ 4
+    atoms_per_program: int
+    num_warps: int
+    num_warps_bwd: int
+
+    @classmethod
+    def build(cls, grid: GridSpec, radius: float | None, cutoff: float, device: torch.device) -> _Plan:
         cell = grid.cell
         nx, ny, nz = grid.shape
-        self.shape = (nx, ny, nz)
-        self.n_voxels = nx * ny * nz
         n = torch.tensor([nx, ny, nz], dtype=torch.float64)
         m = n[:, None] * cell.frac  # Cartesian → voxel units
-        self.m_dev = m.reshape(-1).contiguous().to(device)
-        self.m = [float(v) for v in m.reshape(-1)]
         h = cell.metric / (n[:, None] * n[None, :])
-        self.h = (float(h[0, 0]), float(h[1, 1]), float(h[2, 2]), float(h[0, 1]), float(h[0, 2]), float(h[1, 2]))
-        recip = cell.reciprocal_lengths
-        self.reach = tuple(float(r * k) for r, k in zip(recip, (nx, ny, nz)))
-        self.separable = cell.kind in ("orthogonal", "monoclinic") and _TUNING["separable"] != 0
-        self.per_atom = radius is None
-        self.radius = 0.0 if radius is None else float(radius)
-        self.cutoff = float(cutoff)
-        self.index64 = self.n_voxels >= 2**31 - 1
+        reach = tuple(float(r * k) for r, k in zip(cell.reciprocal_lengths, (nx, ny, nz)))
+        radius_all = 0.0 if radius is None else float(radius)
         # Tile: the box of a nominal atom (the given radius, or carbon at B = 40 Å²), rounded up
         # to a power of two; atoms with larger boxes take more tiles, never a wrong answer.
-        nominal = self.radius if radius is not None else _nominal_radius(self.cutoff)
-        ext_x = 2 * math.ceil(nominal * self.reach[0]) + 1
-        ext_z = 2 * math.ceil(nominal * self.reach[2]) + 1
-        # H100, 3wip, groups of 4 z lanes (2026-11-23, results/density_cuda_h100_2026-11-23*.json): forward
-        # 128 lanes per tile up to 16-wide z (8x16 at 0.67 Å: 0.115 ms; 16x16 0.119), 256 beyond (8x32 at
-        # 0.33 Å: 0.513 ms; 4x32 0.529); the backward prefers 256 lanes (16x16 at 0.67 Å: 0.25 ms vs 0.31 ms
-        # with the forward's 8x16; with per-tile row spans, 8x32 at 0.33 Å: fwd+bwd 1.320 vs 1.367 ms for 16x16).
-        self.bq = _TUNING["bq"] or max(min(triton.next_power_of_2(ext_z), 64), 4)
-        self.interpret = triton_interpreted() and device.type != "cuda"
+        nominal = radius_all if radius is not None else _nominal_radius(float(cutoff))
+        ext_x = 2 * math.ceil(nominal * reach[0]) + 1
+        ext_z = 2 * math.ceil(nominal * reach[2]) + 1
+        # Forward: 128 lanes per tile up to 16-wide z, 256 beyond; the backward: 256 lanes, the forward's z
+        # width (the fastest shapes measured on an H100: benchmarks/README.md, "Density, GPU (H100)").
+        bq = max(min(triton.next_power_of_2(ext_z), 64), 4)
+        interpret = triton_interpreted() and device.type != "cuda"
         # The interpreter pays per loop trip, not per element: wide tiles there.
-        lanes = 128 if self.bq <= 16 else 256
-        cap = 16 if self.interpret else max(1, lanes // self.bq)
-        self.bp = _TUNING["bp"] or max(1, min(triton.next_power_of_2(ext_x), cap))
-        self.bq_bwd = _TUNING["bq_bwd"] or self.bq
-        cap = 16 if self.interpret else max(1, 256 // self.bq_bwd)
-        self.bp_bwd = _TUNING["bp_bwd"] or max(1, min(triton.next_power_of_2(ext_x), cap))
-        # z lanes in aligned groups of 4 (needs nz % 4 == 0: no group straddles the periodic wrap). The same
-        # code runs in the interpreter, so CI tests it; sm_90's code generation turns each group into one
-        # vector atomic (forward) or one 128-bit load (backward): see benchmarks/README.md.
-        self.vec = nz % 4 == 0 and self.bq >= 4 and _TUNING["vec"] != 0
-        # A separate switch for the backward (benchmark): there 4x fewer load instructions weigh against the
-        # extra z chunks from rounding the boxes to groups (+30 % row trips on 3wip at 0.67 Å, 8x16 tiles).
-        can_vec_bwd = nz % 4 == 0 and self.bq_bwd >= 4
-        vec_bwd = _TUNING["vec_bwd"]
-        self.vec_bwd = can_vec_bwd and (_TUNING["vec"] != 0 if vec_bwd is None else vec_bwd != 0)
-        # Each (x, z) tile walks only the rows where its voxels can lie inside the sphere.
-        self.trim = _TUNING["trim"] != 0
-        # The separable backward walks rows in pairs, the second row's load issued before the first row's
-        # arithmetic (H100, 3wip, fwd+bwd: 0.252 vs 0.271 ms at 0.67 Å, 1.136 vs 1.294 ms at 0.33 Å).
-        self.rows2_bwd = _TUNING["rows2_bwd"] != 0
-        if self.interpret:
-            self.atoms = _TUNING["atoms_per_program"] or _INTERPRET_ATOMS
-        else:
-            self.atoms = _TUNING["atoms_per_program"] or 1
-        # One warp per atom: 0.18 vs 0.20 ms (2 warps) and 0.31 ms (4 warps) forward on 3wip at 0.67 Å,
-        # 0.90 vs 1.07 / 1.62 ms at 0.33 Å (H100, run 2): the scatter is bound by the atomics' issue rate,
-        # and more, smaller programs keep more atoms' rows in flight.
-        self.num_warps = _TUNING["num_warps"] or 1
-        self.num_warps_bwd = _TUNING["num_warps_bwd"] or 1
+        lanes = 128 if bq <= 16 else 256
+        cap = 16 if interpret else max(1, lanes // bq)
+        bp = max(1, min(triton.next_power_of_2(ext_x), cap))
+        bq_bwd = bq
+        cap = 16 if interpret else max(1, 256 // bq_bwd)
+        bp_bwd = max(1, min(triton.next_power_of_2(ext_x), cap))
+        return cls(
+            shape=(nx, ny, nz),
+            n_voxels=nx * ny * nz,
+            m_dev=m.reshape(-1).contiguous().to(device),
+            m=tuple(float(v) for v in m.reshape(-1)),
+            h=(float(h[0, 0]), float(h[1, 1]), float(h[2, 2]), float(h[0, 1]), float(h[0, 2]), float(h[1, 2])),
+            reach=reach,
+            separable=cell.kind in ("orthogonal", "monoclinic"),
+            per_atom=radius is None,
+            radius=radius_all,
+            cutoff=float(cutoff),
+            index64=nx * ny * nz >= 2**31 - 1,
+            bp=bp,
+            bq=bq,
+            bp_bwd=bp_bwd,
+            bq_bwd=bq_bwd,
+            # z lanes in aligned groups of 4 (nz % 4 == 0: no group straddles the periodic wrap). The same
+            # code runs in the interpreter, so CI tests it; sm_90's code generation turns each group into one
+            # vector atomic (forward) or one 128-bit load (backward).
+            vec=nz % 4 == 0,
+            # The interpreter costs per program: many atoms per program there. On a GPU one atom per
+            # program and one warp each: the scatter is bound by the atomics' issue rate, and more,
+            # smaller programs keep more atoms' rows in flight.
+            atoms_per_program=_INTERPRET_ATOMS if interpret else 1,
+            num_warps=1,
+            num_warps_bwd=1,
+        )
 
     def common_args(self):
         h00, h11, h22, h01, h02, h12 = self.h
@@ -961,17 +952,21 @@ class _Plan:
         return (*self.shape, self.radius, h00, h11, h22, h01, h02, h12, rx, ry, rz)
 
     def meta(self):
+        """Constexprs and launch options of the forward kernel."""
         return dict(
-            ATOMS=self.atoms,
+            ATOMS=self.atoms_per_program,
             BP=self.bp,
             BQ=self.bq,
             SEPARABLE=self.separable,
             PER_ATOM_RADIUS=self.per_atom,
             INDEX64=self.index64,
             VEC=self.vec,
-            TRIM=self.trim,
             num_warps=self.num_warps,
         )
+
+    def meta_bwd(self):
+        """Constexprs and launch options of the backward kernel."""
+        return {**self.meta(), "BP": self.bp_bwd, "BQ": self.bq_bwd, "num_warps": self.num_warps_bwd}
 
 
 @functools.lru_cache(maxsize=8)
@@ -993,14 +988,13 @@ def _plan(grid: GridSpec, radius: float | None, cutoff: float, device: torch.dev
         radius,
         cutoff if radius is None else None,
         str(device),
-        tuple(sorted(_TUNING.items())),
         triton_interpreted(),
     )
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) > 64:
             _plans.clear()
-        plan = _plans[key] = _Plan(grid, radius, cutoff, device)
+        plan = _plans[key] = _Plan.build(grid, radius, cutoff, device)
     return plan
 
 
@@ -1017,7 +1011,7 @@ def _launch_forward(plan: _Plan, xyz, b_iso, occ, a, b, radii) -> torch.Tensor:
     n = xyz.shape[0]
     out = torch.zeros(plan.n_voxels, dtype=torch.float32, device=xyz.device)
     if n:
-        grid = (triton.cdiv(n, plan.atoms),)
+        grid = (triton.cdiv(n, plan.atoms_per_program),)
         _splat_fwd_kernel[grid](xyz, b_iso, occ, a, b, radii, plan.m_dev, out, n, *plan.common_args(), **plan.meta())
     return out.view(plan.shape)
 
@@ -1028,12 +1022,11 @@ def _launch_backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii):
     g_b = torch.empty_like(b_iso)
     g_occ = torch.empty_like(occ)
     if n:
-        grid = (triton.cdiv(n, plan.atoms),)
+        grid = (triton.cdiv(n, plan.atoms_per_program),)
         _splat_bwd_kernel[grid](
             grad, xyz, b_iso, occ, a, b, radii, plan.m_dev, g_xyz, g_b, g_occ, n,
             *plan.common_args(), *plan.m,
-            **{**plan.meta(), "BP": plan.bp_bwd, "BQ": plan.bq_bwd, "VEC": plan.vec_bwd, "ROWS2": plan.rows2_bwd,
-               "num_warps": plan.num_warps_bwd},
+            **plan.meta_bwd(),
         )  # fmt: skip
     return g_xyz, g_b, g_occ
 
@@ -1115,15 +1108,23 @@ def splat_triton(
         raise ValueError(f"radius must be a positive number of Å, got {radius!r}")
     if not (isinstance(cutoff, (int, float)) and math.isfinite(cutoff) and cutoff > 0):
         raise ValueError(f"density cutoff must be a positive number of e/Å³, got {cutoff!r}")
+    return _splat(atoms, _plan(grid, radius, cutoff, device))
+
+
+def _splat(atoms: AtomSet, plan: _Plan) -> torch.Tensor:
+    """The splat of :func:`splat_triton` (inputs already validated) with an explicit ``plan``.
+
+    ``splat_triton`` passes the cached production plan; tests and benchmarks pass one derived from it
+    with ``dataclasses.replace`` to run another tile, launch shape or z layout of the same kernels.
+    """
     op = "splat_triton"
     xyz = to_float32(atoms.xyz, op).contiguous()
     b_iso = to_float32(atoms.b_iso, op).contiguous()
     occ = to_float32(atoms.occ, op).contiguous()
     a = to_float32(atoms.a, op).detach().contiguous()
     b = to_float32(atoms.b, op).detach().contiguous()
-    plan = _plan(grid, radius, cutoff, device)
     if xyz.shape[0] == 0:
-        return torch.zeros(grid.shape, dtype=torch.float32, device=device)
+        return torch.zeros(plan.shape, dtype=torch.float32, device=atoms.device)
     if plan.per_atom:
         radii = _radii_device(b_iso.detach(), a, b, plan.cutoff)
     else:

@@ -8,6 +8,7 @@ contract through :func:`tests.helpers.assert_kernel_close`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ import torch
 
 import kernels
 from kernels.crystal import AtomSet, Cell, GridSpec
+from kernels.density import triton as triton_splat
 from kernels.density.reference import splat_reference
 from kernels.density.triton import _radii_device, splat_triton
 from tests.helpers import assert_close, assert_kernel_close, model, requires_cuda
@@ -40,15 +42,23 @@ def _with_grads(atoms: AtomSet, dtype):
     return AtomSet(xyz, b, o, a, bb, atoms.elements, atoms.labels, _validate=False), (xyz, b, o)
 
 
-def check_against_reference(atoms: AtomSet, grid: GridSpec, radius=None, seed=0):
-    """Forward and the gradients of Σ w·ρ (random w) for xyz, b_iso, occ vs the float64 reference."""
+def check_against_reference(atoms: AtomSet, grid: GridSpec, radius=None, seed=0, **plan_fields):
+    """Forward and the gradients of Σ w·ρ (random w) for xyz, b_iso, occ vs the float64 reference.
+
+    ``plan_fields`` (e.g. ``vec=False``, ``atoms_per_program=1``) replace fields of the production plan, to run
+    another z layout or launch shape of the same kernels through ``kernels.density.triton._splat``.
+    """
     atoms = atoms.to(dtype=torch.float32)  # both sides see the same float32 values
     fast_atoms, fast_leaves = _with_grads(atoms, torch.float32)
     ref_atoms, ref_leaves = _with_grads(atoms, torch.float64)
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(grid.shape, generator=gen, dtype=torch.float64).to(DEVICE)
 
-    out = splat_triton(fast_atoms, grid, radius=radius)
+    if plan_fields:
+        plan = triton_splat._plan(grid, radius, kernels.DEFAULT_CUTOFF, DEVICE)
+        out = triton_splat._splat(fast_atoms, dataclasses.replace(plan, **plan_fields))
+    else:
+        out = splat_triton(fast_atoms, grid, radius=radius)
     assert out.dtype == torch.float32 and tuple(out.shape) == grid.shape and out.device.type == DEVICE.type
     ref = splat_reference(ref_atoms, grid, radius=radius)
     assert_kernel_close(out, ref)
@@ -179,25 +189,25 @@ def test_device_radius_rule_matches_cutoff_radius():
             assert err < 1e-4, f"cutoff {cutoff}: max |Δr| = {err} Å"
 
 
-def test_dispatch_and_float64_warning():
+def test_dispatch_and_float64_warning(monkeypatch):
+    # float64 input is cast with one warning per (op, dtype) per process; start from a process state in
+    # which splat_triton has not warned yet, so the warning must be seen here, then not again.
+    import kernels._util
+
+    monkeypatch.setattr(kernels._util, "_warned", set())
     m = model("1orc")
     atoms = m.atoms.select(list(range(0, 559, 8))).to(DEVICE)  # float64
     grid = GridSpec.for_spacing(m.cell, 1.5)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with pytest.warns(UserWarning, match=r"splat_triton: .*casting torch\.float64 input"):
         out = kernels.splat_density(atoms, grid, backend="triton")
     assert out.dtype == torch.float32
-    assert any("float64" in str(w.message) for w in caught) or _already_warned()
     ref = splat_reference(atoms.to(dtype=torch.float32), grid)
     assert_kernel_close(out, ref)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="splat_triton")
+        assert torch.equal(kernels.splat_density(atoms, grid, backend="triton"), out)
     if DEVICE.type == "cuda":
         assert kernels.resolve_backend("density", DEVICE, "auto") == "triton"
-
-
-def _already_warned() -> bool:
-    from kernels._util import _warned
-
-    return ("splat_triton", torch.float64) in _warned
 
 
 def test_empty_and_bad_input():
@@ -343,9 +353,9 @@ def test_gather_experiment_matches_reference(dot):
 
 # --------------------------------------------------------------------------- z lanes in aligned groups of 4 (VEC)
 # With nz % 4 == 0 the kernels walk z in groups of 4 lanes starting at multiples of 4 in absolute grid index
-# (one vector atomic / 128-bit load per group on sm_90), with masks constant over each group; otherwise, or
-# with _TUNING["vec"] = 0, lane by lane. Both paths against the float64 reference, atoms on the z faces so
-# that groups wrap around the cell.
+# (one vector atomic / 128-bit load per group on sm_90), with masks constant over each group; otherwise (or
+# with a plan whose vec is False) lane by lane. Both paths against the float64 reference, atoms on the z
+# faces so that groups wrap around the cell.
 
 _Z_FACES = (0.0, 1.0, -0.004, 0.996, 0.0021, 1.003, 0.5, -0.02, 0.98, 0.25)
 
@@ -357,13 +367,15 @@ def _atoms_on_z_faces(cell: Cell, seed: int) -> AtomSet:
     return synthetic(cell, MIXED[: len(_Z_FACES)], seed=seed, frac=frac)
 
 
-def _check_path(monkeypatch, atoms, grid, path: str, radius=None, seed=0):
-    from kernels.density import triton as tri
-
-    monkeypatch.setitem(tri._TUNING, "vec", 0 if path == "scalar" else None)
-    plan = tri._plan(grid, radius, kernels.DEFAULT_CUTOFF, DEVICE)
-    assert plan.vec == (path == "vec"), (path, grid.shape)
-    check_against_reference(atoms, grid, radius=radius, seed=seed)
+def _check_path(atoms, grid, path: str, radius=None, seed=0, **plan_fields):
+    """The production plan takes VEC exactly when nz % 4 == 0; "scalar" on such a grid forces lane by lane."""
+    plan = triton_splat._plan(grid, radius, kernels.DEFAULT_CUTOFF, DEVICE)
+    assert plan.vec == (grid.shape[2] % 4 == 0), grid.shape
+    if path == "scalar" and plan.vec:
+        plan_fields["vec"] = False
+    else:
+        assert plan.vec == (path == "vec"), (path, grid.shape)
+    check_against_reference(atoms, grid, radius=radius, seed=seed, **plan_fields)
 
 
 # (grid, path): nz % 4 == 0 takes the VEC path unless forced scalar; nz % 4 == 2 falls back to scalar.
@@ -372,137 +384,67 @@ _PATHS = [((24, 26, 32), "vec"), ((24, 26, 32), "scalar"), ((24, 26, 30), "scala
 
 @pytest.mark.parametrize("kind", list(CELLS))
 @pytest.mark.parametrize("shape,path", _PATHS, ids=["nz32-vec", "nz32-scalar", "nz30-scalar"])
-def test_vec_and_scalar_paths_atoms_on_z_faces(monkeypatch, kind, shape, path):
+def test_vec_and_scalar_paths_atoms_on_z_faces(kind, shape, path):
     cell = Cell.from_parameters(*CELLS[kind])
     atoms = _atoms_on_z_faces(cell, seed=12 + len(kind))
-    _check_path(monkeypatch, atoms, GridSpec(cell, shape), path, seed=12)
+    _check_path(atoms, GridSpec(cell, shape), path, seed=12)
 
 
 @pytest.mark.parametrize("kind", ["orthogonal", "hexagonal"])
 @pytest.mark.parametrize("shape,path", _PATHS, ids=["nz32-vec", "nz32-scalar", "nz30-scalar"])
-def test_vec_and_scalar_paths_small_global_radius(monkeypatch, kind, shape, path):
+def test_vec_and_scalar_paths_small_global_radius(kind, shape, path):
     # A 1.3 Å sphere cuts the density where it is large: a voxel added or dropped at the sphere's edge
     # (the group masks, the per-voxel select) is far above the tolerance here.
     cell = Cell.from_parameters(*CELLS[kind])
     atoms = _atoms_on_z_faces(cell, seed=21)
-    _check_path(monkeypatch, atoms, GridSpec(cell, shape), path, radius=1.3, seed=21)
+    _check_path(atoms, GridSpec(cell, shape), path, radius=1.3, seed=21)
 
 
 @pytest.mark.parametrize("kind", ["orthogonal", "monoclinic", "triclinic"])
 @pytest.mark.parametrize(
     "nz,path", [(12, "vec"), (12, "scalar"), (14, "scalar")], ids=["nz12-vec", "nz12-scalar", "nz14-scalar"]
 )
-def test_vec_and_scalar_paths_sphere_larger_than_cell(monkeypatch, kind, nz, path):
+def test_vec_and_scalar_paths_sphere_larger_than_cell(kind, nz, path):
     # 4–6 Å cells, radii up to 7.5 Å: boxes span several cells in z, so groups wrap more than once.
     params = {"orthogonal": (4.0, 4.5, 5.0, 90, 90, 90), "monoclinic": (4.5, 5.0, 6.0, 90, 112, 90)}
     cell = Cell.from_parameters(*params.get(kind, (5.0, 5.5, 6.0, 75, 100, 110)))
     atoms = synthetic(cell, ("C", "O", "Fe", "N"), seed=3, b_range=(20.0, 90.0))
     grid = GridSpec(cell, (9, 10, nz))
-    _check_path(monkeypatch, atoms, grid, path, seed=3)
-    _check_path(monkeypatch, atoms, grid, path, radius=7.5, seed=4)
+    _check_path(atoms, grid, path, seed=3)
+    _check_path(atoms, grid, path, radius=7.5, seed=4)
 
 
-def test_vec_path_one_atom_per_program(monkeypatch):
+def test_vec_path_one_atom_per_program():
     # The GPU's launch shape (one atom per program) under the interpreter, monoclinic, atoms on the z faces.
-    from kernels.density import triton as tri
-
-    monkeypatch.setitem(tri._TUNING, "atoms_per_program", 1)
     cell = Cell.from_parameters(*CELLS["monoclinic"])
-    _check_path(monkeypatch, _atoms_on_z_faces(cell, seed=30), GridSpec(cell, (24, 20, 28)), "vec", seed=30)
-
-
-@pytest.mark.parametrize("vec,vec_bwd", [(None, 0), (0, 1)], ids=["fwd-vec-bwd-scalar", "fwd-scalar-bwd-vec"])
-def test_vec_forward_and_backward_switched_separately(monkeypatch, vec, vec_bwd):
-    from kernels.density import triton as tri
-
-    monkeypatch.setitem(tri._TUNING, "vec", vec)
-    monkeypatch.setitem(tri._TUNING, "vec_bwd", vec_bwd)
-    cell = Cell.from_parameters(*CELLS["hexagonal"])
-    grid = GridSpec(cell, (24, 24, 32))
-    plan = tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE)
-    assert (plan.vec, plan.vec_bwd) == (vec is None, vec_bwd == 1)
-    check_against_reference(_atoms_on_z_faces(cell, seed=40), grid, seed=40)
+    _check_path(_atoms_on_z_faces(cell, seed=30), GridSpec(cell, (24, 20, 28)), "vec", seed=30, atoms_per_program=1)
 
 
 @pytest.mark.parametrize("bp_bwd,bq_bwd", [(4, 8), (2, 32)])
-def test_backward_with_its_own_tiles(monkeypatch, bp_bwd, bq_bwd):
+def test_backward_with_its_own_tiles(bp_bwd, bq_bwd):
     # On the GPU the backward walks wider tiles than the forward (16x16 vs 8x16 at 0.67 Å); here both sizes
     # differ from the forward's and from each other, monoclinic, atoms on the z faces, nz % 4 == 0 (VEC).
-    from kernels.density import triton as tri
-
-    monkeypatch.setitem(tri._TUNING, "bp_bwd", bp_bwd)
-    monkeypatch.setitem(tri._TUNING, "bq_bwd", bq_bwd)
     cell = Cell.from_parameters(*CELLS["monoclinic"])
     grid = GridSpec(cell, (24, 20, 28))
-    plan = tri._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE)
-    assert (plan.bp_bwd, plan.bq_bwd) == (bp_bwd, bq_bwd) != (plan.bp, plan.bq) and plan.vec_bwd
-    check_against_reference(_atoms_on_z_faces(cell, seed=60), grid, seed=60)
+    plan = triton_splat._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE)
+    assert (bp_bwd, bq_bwd) != (plan.bp, plan.bq) and plan.vec
+    check_against_reference(_atoms_on_z_faces(cell, seed=60), grid, seed=60, bp_bwd=bp_bwd, bq_bwd=bq_bwd)
 
 
 # --------------------------------------------------------------------------- per-tile row spans
-# Each (x, z) tile walks only the rows where one of its voxels can lie inside the sphere (_tile_rows).
-# A row left out that held a voxel inside would lose that voxel's density; rows walked or not differ
-# only by exact zeros, so the gradients (a gather, no atomics) must equal the whole-box walk's
-# (_TUNING["trim"] = 0) bit for bit, whatever the cell, tile and launch shape, and so must the map under
-# the interpreter, which runs the atomics in program order. On a GPU the map's float atomics land in any
-# order: there the map must have the same voxels and agree to float32 rounding.
-
-
-def _assert_same_map(whole: torch.Tensor, spans: torch.Tensor):
-    if DEVICE.type != "cuda":
-        assert torch.equal(whole, spans), "map: row spans differ from the whole-box walk"
-        return
-    assert torch.equal(whole != 0, spans != 0), "map: row spans touch other voxels than the whole-box walk"
-    torch.testing.assert_close(spans, whole, rtol=2e-6, atol=0, msg="map: row spans differ from the whole-box walk")
-
-
-def _splat_and_grads(atoms: AtomSet, grid: GridSpec, radius, seed: int):
-    fast_atoms, leaves = _with_grads(atoms.to(dtype=torch.float32), torch.float32)
-    w = torch.randn(grid.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
-    out = splat_triton(fast_atoms, grid, radius=radius)
-    return (out.detach(), *torch.autograd.grad((out * w).sum(), leaves))
-
-
-def _off_and_on(monkeypatch, switch: str, atoms: AtomSet, grid: GridSpec, radius, seed: int):
-    """Map and gradients with _TUNING[switch] = 0 (the older walk) and with the default (the switch on)."""
-    from kernels.density import triton as tri
-
-    results = []
-    for value in (0, None):
-        monkeypatch.setitem(tri._TUNING, switch, value)
-        plan = tri._plan(grid, radius, kernels.DEFAULT_CUTOFF, DEVICE)
-        assert getattr(plan, switch) == (value is None)
-        results.append(_splat_and_grads(atoms, grid, radius, seed))
-    return results
+# Each (x, z) tile walks only the rows where one of its voxels can lie inside the sphere (_tile_rows,
+# _tile_rows_separable). A row left out that held a voxel inside loses that voxel's density: with a 1.3 Å
+# sphere the density at the sphere's edge is far above the tolerance, so the reference comparison sees a
+# single dropped voxel. Every cell kind (separable spans, the lanes' union otherwise), both launch shapes
+# (one atom per program walks exactly its rows; packed programs mask each atom's own rows), both z layouts;
+# on separable cells the backward walks rows in pairs, so odd and even row counts occur.
 
 
 @pytest.mark.parametrize("kind", list(CELLS))
 @pytest.mark.parametrize("atoms_per_program", [None, 1], ids=["packed", "one-atom"])
-@pytest.mark.parametrize("radius", [None, 1.3], ids=["per-atom-radius", "radius-1.3"])
-def test_row_spans_equal_whole_box_walk(monkeypatch, kind, atoms_per_program, radius):
-    from kernels.density import triton as tri
-
-    monkeypatch.setitem(tri._TUNING, "atoms_per_program", atoms_per_program)
+@pytest.mark.parametrize("nz", [32, 30], ids=["nz32-vec", "nz30-scalar"])
+def test_row_spans_keep_every_voxel_of_a_small_sphere(kind, atoms_per_program, nz):
     cell = Cell.from_parameters(*CELLS[kind])
     atoms = _atoms_on_z_faces(cell, seed=70 + len(kind))
-    whole_box, row_spans = _off_and_on(monkeypatch, "trim", atoms, GridSpec(cell, (24, 26, 32)), radius, seed=70)
-    assert row_spans[0].abs().max() > 0
-    _assert_same_map(whole_box[0], row_spans[0])
-    for name, whole, spans in zip(("xyz", "b_iso", "occ"), whole_box[1:], row_spans[1:]):
-        assert torch.equal(whole, spans), f"gradient of {name}: row spans differ from the whole-box walk"
-
-
-@pytest.mark.parametrize("kind", ["orthogonal", "monoclinic"])
-@pytest.mark.parametrize("atoms_per_program", [None, 1], ids=["packed", "one-atom"])
-def test_backward_rows_in_pairs_equal_row_by_row(monkeypatch, kind, atoms_per_program):
-    # The separable backward walks rows in pairs, loading both before their arithmetic; the sums run in the
-    # same order, so the gradients equal the row-by-row walk's (rows2_bwd 0) bit for bit, odd and even row
-    # counts included.
-    from kernels.density import triton as tri
-
-    monkeypatch.setitem(tri._TUNING, "atoms_per_program", atoms_per_program)
-    cell = Cell.from_parameters(*CELLS[kind])
-    atoms = _atoms_on_z_faces(cell, seed=90)
-    by_row, in_pairs = _off_and_on(monkeypatch, "rows2_bwd", atoms, GridSpec(cell, (24, 26, 32)), None, seed=90)
-    for name, single, pairs in zip(("xyz", "b_iso", "occ"), by_row[1:], in_pairs[1:]):
-        assert torch.equal(single, pairs), f"gradient of {name}: rows in pairs differ from row by row"
+    fields = {} if atoms_per_program is None else {"atoms_per_program": atoms_per_program}
+    check_against_reference(atoms, GridSpec(cell, (24, 26, nz)), radius=1.3, seed=70, **fields)
