@@ -10,15 +10,13 @@ the same voxels (indices precomputed, values and the scatter timed), gemmi's
 ``DensityCalculatorX`` on the host CPU (cutoff 1e-5, wall clock), and the accuracy of each
 map as relative L2 against gemmi at cutoff 1e-7. 3wip is also run at half the spacing.
 ``--variants`` times tile variants of the Triton kernels on 3wip against the production plan, each a plan
-derived from it with ``dataclasses.replace`` (``--variants-only`` skips the cases); ``--gather`` times the
-brick-gather forward experiment defined below (notes for the README).
+derived from it with ``dataclasses.replace`` (``--variants-only`` skips the cases).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import math
 import platform
@@ -29,25 +27,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks._structures import STRUCTURES, model
+
 STRUCTURE_DEFAULT = ("1aki", "5h73", "3wip")
 
 
 def _gemmi_map(name: str, spacing: float, cutoff: float, repeats: int = 1):
     """gemmi's P1 map (ANISOU zeroed) and the median wall time of ``add_model_density_to_grid`` in ms."""
-    import gemmi
+    from kernels.testing import gemmi_density_calculator
 
-    from tests.helpers import STRUCTURES
-
-    st = gemmi.read_structure(str(STRUCTURES[name]))
-    for chain in st[0]:
-        for res in chain:
-            for atom in res:
-                atom.aniso = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
-    dc = gemmi.DensityCalculatorX()
-    dc.d_min = 2 * 1.5 * spacing
-    dc.rate = 1.5
-    dc.cutoff = cutoff
-    dc.set_grid_cell_and_spacegroup(st)
+    st, dc = gemmi_density_calculator(STRUCTURES[name], spacing, cutoff)
     times = []
     for _ in range(repeats):
         dc.initialize_grid()
@@ -119,7 +108,6 @@ def _case(name: str, spacing: float, with_torch: bool = True, gemmi_repeats: int
     import kernels
     from kernels.crystal import AtomSet, GridSpec
     from kernels.density.triton import _radii_device, splat_triton
-    from tests.helpers import model
 
     m = model(name)
     grid = GridSpec.for_spacing(m.cell, spacing)
@@ -185,7 +173,6 @@ def _variants(spacings=(2 / 3, 1 / 3), variants=VARIANTS) -> list[dict]:
     import kernels
     from kernels.crystal import AtomSet, GridSpec
     from kernels.density import triton as tri
-    from tests.helpers import model
 
     m = model("3wip")
     base = m.atoms.to("cuda", torch.float32)
@@ -228,252 +215,6 @@ def _variants(spacings=(2 / 3, 1 / 3), variants=VARIANTS) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------- gather experiment
-# A brick-gather forward, measured to decide whether it can replace the atomic scatter (see the README's
-# "Density, GPU (H100)"): each program owns a (BY, BX, BZ) brick of the map in registers and loops over the
-# (atom, periodic image) pairs binned to it; every voxel is stored once, no memset, no atomics. The binning
-# here is plain torch with host syncs (setup, not timed with the kernel); only the gather kernel is timed.
-# Separable exponent of orthogonal and monoclinic cells: (x, z) factors × y factors, all ≤ 1.
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-
-@triton.jit
-def _gather_fwd_experiment(
-    ftab_ptr,  # (N, 16) float32: tx, ty, tz, R², amp0..4 (·occ), β0..4 (α·log2 e)
-    pairs_ptr,  # (P, 4) int32, sorted by brick: atom, origin x, y, z (voxel of the image's centre floor)
-    start_ptr,  # (n_bricks + 1,) int32: pairs of brick b are [start[b], start[b + 1])
-    out_ptr,  # (nx·ny·nz,) float32, every voxel written
-    nx,
-    ny,
-    nz,
-    nby,
-    nbz,
-    h00,
-    h11,
-    h22,
-    h02,
-    BY: tl.constexpr,
-    BX: tl.constexpr,
-    BZ: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    jz = pid % nbz
-    jt = pid // nbz
-    jy = jt % nby
-    jx = jt // nby
-    # y leads so that each thread holds a run of rows: the (x, z) factors are then shared by its rows.
-    qy = jy * BY + tl.arange(0, BY)[:, None, None]
-    qx = jx * BX + tl.arange(0, BX)[None, :, None]
-    qz = jz * BZ + tl.arange(0, BZ)[None, None, :]
-    acc = tl.zeros((BY, BX, BZ), dtype=tl.float32)
-    i = tl.load(start_ptr + pid)
-    end = tl.load(start_ptr + pid + 1)
-    while i < end:
-        a = tl.load(pairs_ptr + i * 4)
-        ox = tl.load(pairs_ptr + i * 4 + 1)
-        oy = tl.load(pairs_ptr + i * 4 + 2)
-        oz = tl.load(pairs_ptr + i * 4 + 3)
-        row = ftab_ptr + a * 16
-        dx = (qx - ox).to(tl.float32) - tl.load(row + 0)
-        dy = (qy - oy).to(tl.float32) - tl.load(row + 1)
-        dz = (qz - oz).to(tl.float32) - tl.load(row + 2)
-        qa = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # (1, BX, BZ)
-        qb = h11 * dy * dy  # (BY, 1, 1)
-        b0 = tl.load(row + 9)
-        b1 = tl.load(row + 10)
-        b2 = tl.load(row + 11)
-        b3 = tl.load(row + 12)
-        b4 = tl.load(row + 13)
-        val = (
-            (tl.load(row + 4) * tl.exp2(-b0 * qa)) * tl.exp2(-b0 * qb)
-            + (tl.load(row + 5) * tl.exp2(-b1 * qa)) * tl.exp2(-b1 * qb)
-            + (tl.load(row + 6) * tl.exp2(-b2 * qa)) * tl.exp2(-b2 * qb)
-            + (tl.load(row + 7) * tl.exp2(-b3 * qa)) * tl.exp2(-b3 * qb)
-            + (tl.load(row + 8) * tl.exp2(-b4 * qa)) * tl.exp2(-b4 * qb)
-        )
-        acc += tl.where(qa + qb < tl.load(row + 3), val, 0.0)
-        i += 1
-    tl.store(out_ptr + (qx * ny + qy) * nz + qz, acc, mask=(qx < nx) & (qy < ny) & (qz < nz))
-
-
-@triton.jit
-def _gather_fwd_dot_experiment(
-    ftab_ptr,  # as _gather_fwd_experiment
-    pairs_ptr,
-    start_ptr,
-    out_ptr,
-    nx,
-    ny,
-    nz,
-    nby,
-    nbz,
-    h00,
-    h11,
-    h22,
-    h02,
-    BY: tl.constexpr,
-    BX: tl.constexpr,
-    BZ: tl.constexpr,
-):
-    # The separable sum Σ_k E_k(x, z)·e_k(y) of one (atom, brick) pair as a matrix product
-    # (BX·BZ, 16) @ (16, BY) (the 5 Gaussians, zero-padded to tl.dot's K ≥ 16): each factor is
-    # evaluated once, not once per thread that holds a voxel using it. tf32x3: ~fp32 accuracy.
-    pid = tl.program_id(0)
-    jz = pid % nbz
-    jt = pid // nbz
-    jy = jt % nby
-    jx = jt // nby
-    mm = tl.arange(0, BX * BZ)
-    qx = (jx * BX + mm // BZ)[:, None]  # (M, 1)
-    qz = (jz * BZ + mm % BZ)[:, None]
-    qy = (jy * BY + tl.arange(0, BY))[None, :]  # (1, BY)
-    kk = tl.arange(0, 16)
-    real = kk < 5
-    acc = tl.zeros((BX * BZ, BY), dtype=tl.float32)
-    i = tl.load(start_ptr + pid)
-    end = tl.load(start_ptr + pid + 1)
-    while i < end:
-        a = tl.load(pairs_ptr + i * 4)
-        ox = tl.load(pairs_ptr + i * 4 + 1)
-        oy = tl.load(pairs_ptr + i * 4 + 2)
-        oz = tl.load(pairs_ptr + i * 4 + 3)
-        row = ftab_ptr + a * 16
-        amp = tl.load(row + 4 + kk, mask=real, other=0.0)
-        beta = tl.load(row + 9 + kk, mask=real, other=0.0)
-        dx = (qx - ox).to(tl.float32) - tl.load(row + 0)
-        dy = (qy - oy).to(tl.float32) - tl.load(row + 1)
-        dz = (qz - oz).to(tl.float32) - tl.load(row + 2)
-        qa = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # (M, 1)
-        qb = h11 * dy * dy  # (1, BY)
-        e_xz = amp[None, :] * tl.exp2(-beta[None, :] * qa)  # (M, 16)
-        e_y = tl.exp2(-beta[:, None] * qb)  # (16, BY)
-        val = tl.dot(e_xz, e_y, input_precision="tf32x3")
-        acc += tl.where(qa + qb < tl.load(row + 3), val, 0.0)
-        i += 1
-    tl.store(out_ptr + (qx * ny + qy) * nz + qz, acc, mask=(qx < nx) & (qy < ny) & (qz < nz))
-
-
-def gather_experiment_bins(atoms, grid, radii: torch.Tensor, brick: tuple[int, int, int]):
-    """Pairs (atom, image) per brick for :func:`_gather_fwd_experiment`, by torch ops (host syncs: setup only).
-
-    ``brick`` is (BY, BX, BZ). Returns (ftab, pairs, start, n_bricks, nby, nbz).
-    """
-    dev = atoms.xyz.device
-    by_, bx_, bz_ = brick
-    shape = torch.tensor(grid.shape, device=dev, dtype=torch.int64)
-    bsz = torch.tensor([bx_, by_, bz_], device=dev, dtype=torch.int64)
-    nb = (shape + bsz - 1) // bsz
-    m = (torch.tensor(grid.shape, dtype=torch.float64)[:, None] * grid.cell.frac).to(dev)
-    c = atoms.xyz.double() @ m.T  # voxel units, float64
-    f = torch.floor(c)
-    t = c - f
-    reach = (torch.tensor(grid.cell.reciprocal_lengths, dtype=torch.float64) * torch.tensor(grid.shape)).to(dev)
-    r = radii.double()[:, None]
-    p0 = f.long() + torch.floor(t - r * reach).long()
-    p1 = f.long() + torch.ceil(t + r * reach).long()
-
-    def slot(p):
-        mm = torch.div(p, shape, rounding_mode="floor")
-        return mm * nb + (p - mm * shape) // bsz
-
-    g0 = slot(p0)
-    cnt = slot(p1) - g0 + 1  # (N, 3) bricks per axis, images included
-    per_atom = cnt.prod(1)
-    atom = torch.repeat_interleave(torch.arange(len(per_atom), device=dev), per_atom)
-    first = torch.cumsum(per_atom, 0) - per_atom
-    k = torch.arange(atom.numel(), device=dev) - first[atom]
-    cy, cz = cnt[atom, 1], cnt[atom, 2]
-    s = torch.stack((k // (cy * cz), (k // cz) % cy, k % cz), 1)
-    g = g0[atom] + s
-    mm = torch.div(g, nb, rounding_mode="floor")
-    j = g - mm * nb
-    origin = f.long()[atom] - mm * shape
-    brick_id = (j[:, 0] * nb[1] + j[:, 1]) * nb[2] + j[:, 2]
-    order = torch.argsort(brick_id, stable=True)
-    pairs = torch.cat((atom[:, None], origin), 1)[order].to(torch.int32).contiguous()
-    n_bricks = int(nb.prod())
-    start = torch.zeros(n_bricks + 1, dtype=torch.int64, device=dev)
-    start[1:] = torch.cumsum(torch.bincount(brick_id, minlength=n_bricks), 0)
-    width = atoms.b.double() + atoms.b_iso.double()[:, None]
-    amp = atoms.occ.double()[:, None] * atoms.a.double() * (4 * math.pi / width) ** 1.5
-    beta = 4 * math.pi**2 / width * 1.4426950408889634
-    ftab = torch.zeros(len(per_atom), 16, dtype=torch.float64, device=dev)
-    ftab[:, 0:3] = t
-    ftab[:, 3] = radii.double() ** 2
-    ftab[:, 4:9] = amp
-    ftab[:, 9:14] = beta
-    return ftab.float().contiguous(), pairs, start.to(torch.int32), n_bricks, int(nb[1]), int(nb[2])
-
-
-def gather_experiment(atoms, grid, radii, brick, num_warps, bins=None, dot=False) -> torch.Tensor:
-    """One call of the experimental gather forward (``bins`` from :func:`gather_experiment_bins`).
-
-    ``dot``: the (x, z) × y factor product as a tl.dot (:func:`_gather_fwd_dot_experiment`).
-    """
-    if grid.cell.kind not in ("orthogonal", "monoclinic"):
-        raise ValueError("the gather experiment handles orthogonal and monoclinic cells only")
-    ftab, pairs, start, n_bricks, nby, nbz = bins or gather_experiment_bins(atoms, grid, radii, brick)
-    nx, ny, nz = grid.shape
-    h = grid.cell.metric / (torch.tensor(grid.shape, dtype=torch.float64)[:, None] * torch.tensor(grid.shape)[None])
-    out = torch.empty(grid.n_voxels, dtype=torch.float32, device=atoms.xyz.device)
-    kernel = _gather_fwd_dot_experiment if dot else _gather_fwd_experiment
-    kernel[(n_bricks,)](
-        ftab, pairs, start, out, nx, ny, nz, nby, nbz,
-        float(h[0, 0]), float(h[1, 1]), float(h[2, 2]), float(h[0, 2]),
-        BY=brick[0], BX=brick[1], BZ=brick[2], num_warps=num_warps,
-    )  # fmt: skip
-    return out.view(grid.shape)
-
-
-_GATHER_CONFIGS = (  # ((BY, BX, BZ), warps)
-    ((8, 8, 16), 1),
-    ((8, 8, 16), 2),
-    ((8, 8, 16), 4),
-    ((16, 8, 16), 2),
-    ((8, 4, 32), 2),
-    ((4, 8, 16), 1),
-    ((8, 8, 8), 1),
-    ((16, 4, 16), 1),
-)
-_GATHER_DOT_CONFIGS = (((16, 4, 16), 1), ((16, 4, 16), 2), ((16, 8, 8), 2), ((32, 4, 16), 4))
-
-
-def _gather_variants(spacings=(2 / 3, 1 / 3), configs=_GATHER_CONFIGS, dot=False) -> list[dict]:
-    """The gather experiment on 3wip: kernel time (graph replay), pairs, agreement with the Triton scatter."""
-    import kernels
-    from kernels.crystal import GridSpec
-    from kernels.density.triton import _radii_device, splat_triton
-    from tests.helpers import model
-
-    m = model("3wip")
-    base = m.atoms.to("cuda", torch.float32)
-    radii = _radii_device(base.b_iso, base.a, base.b, kernels.DEFAULT_CUTOFF)
-    rows = []
-    for spacing in spacings:
-        grid = GridSpec.for_spacing(m.cell, spacing)
-        ref = splat_triton(base, grid).double()
-        for brick, warps in configs:
-            t0 = time.perf_counter()
-            bins = gather_experiment_bins(base, grid, radii, brick)
-            torch.cuda.synchronize()
-            bin_ms = (time.perf_counter() - t0) * 1e3
-            out = gather_experiment(base, grid, radii, brick, warps, bins, dot)
-            row = dict(spacing=spacing, brick_yxz=list(brick), num_warps=warps, pairs=int(bins[1].shape[0]), dot=dot)
-            row["evaluated_voxels"] = row["pairs"] * brick[0] * brick[1] * brick[2]
-            row["rel_vs_scatter"] = float((out.double() - ref).norm() / ref.norm())
-            call = functools.partial(gather_experiment, base, grid, radii, brick, warps, bins, dot)
-            row["gather_kernel_graph_ms"] = _bench(call, graph=True)
-            row["torch_binning_wall_ms"] = bin_ms
-            rows.append(row)
-            print(f"gather{' dot' if dot else ''} {spacing:.3f} {brick} w{warps}: {row['gather_kernel_graph_ms']:.4f} ms, "
-                  f"pairs {row['pairs']}, rel {row['rel_vs_scatter']:.2e}", flush=True)  # fmt: skip
-            del bins, call
-        torch.cuda.empty_cache()
-    return rows
-
-
 def run(args) -> dict:
     """Benchmark on the current CUDA device; ``args`` has ``.structures``, ``.spacing``, ``.out``."""
     if not torch.cuda.is_available():
@@ -501,8 +242,6 @@ def run(args) -> dict:
         print(json.dumps(res), flush=True)
     if getattr(args, "variants", False) or getattr(args, "variants_only", False):
         result["variants"] = _variants()
-    if getattr(args, "gather", False):
-        result["gather_experiment"] = _gather_variants() + _gather_variants(configs=_GATHER_DOT_CONFIGS, dot=True)
     out = getattr(args, "out", None)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -531,7 +270,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--spacing", type=float, default=2.0 / 3.0)
     parser.add_argument("--out", default=None)
     parser.add_argument("--variants", action="store_true", help="also time tile variants on 3wip")
-    parser.add_argument("--gather", action="store_true", help="also time the brick-gather experiment on 3wip")
     parser.add_argument("--variants-only", action="store_true", help="only the variants (no cases, no gemmi)")
     return run(parser.parse_args(argv))
 

@@ -40,18 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def density_3wip(spacing: float = 0.667):
     """3WIP's density (no symmetry mates, ANISOU ignored) as gemmi computes it, and our GridSpec for it."""
-    import gemmi
+    from kernels.testing import gemmi_density_calculator
 
-    st = gemmi.read_structure(str(ROOT / "tests" / "data" / "3wip.cif.gz"))
-    for chain in st[0]:
-        for res in chain:
-            for atom in res:
-                atom.aniso = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
-    dc = gemmi.DensityCalculatorX()
-    dc.d_min = 2 * 1.5 * spacing
-    dc.rate = 1.5
-    dc.set_grid_cell_and_spacegroup(st)
-    dc.initialize_grid()
+    st, dc = gemmi_density_calculator(ROOT / "tests" / "data" / "3wip.cif.gz", spacing)
     dc.add_model_density_to_grid(st[0])
     rho = torch.from_numpy(np.array(dc.grid, copy=True))
     cell = kernels.Cell.from_gemmi(st.cell)

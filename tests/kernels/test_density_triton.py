@@ -329,28 +329,6 @@ def test_cuda_graph_capture_forward_backward():
         assert_kernel_close(got, want)
 
 
-# --------------------------------------------------------------------------- gather experiment (benchmarks)
-
-
-@pytest.mark.parametrize("dot", [False, True], ids=["plain", "dot"])
-def test_gather_experiment_matches_reference(dot):
-    # The brick-gather forward measured in benchmarks/README.md ("Gather forward"): a monoclinic cell, and a
-    # 4.5 Å cell whose spheres (radii up to ~6 Å) cover every brick through several periodic images.
-    from benchmarks._density_cuda import gather_experiment
-
-    mono = Cell.from_parameters(*CELLS["monoclinic"])
-    tiny = Cell.from_parameters(4.5, 5.0, 6.0, 90, 112, 90)
-    cases = [
-        (synthetic(mono, MIXED[:8], seed=11), GridSpec.for_spacing(mono, 0.9)),
-        (synthetic(tiny, ("C", "O", "Fe", "N"), seed=3, b_range=(20.0, 90.0)), GridSpec.for_spacing(tiny, 0.5)),
-    ]
-    for atoms, grid in cases:
-        at = atoms.to(DEVICE, torch.float32)
-        radii = _radii_device(at.b_iso, at.a, at.b, kernels.DEFAULT_CUTOFF)
-        out = gather_experiment(at, grid, radii, (16, 4, 16), 1, dot=dot)
-        assert_kernel_close(out, splat_reference(atoms.to(dtype=torch.float32).to(dtype=torch.float64), grid))
-
-
 # --------------------------------------------------------------------------- z lanes in aligned groups of 4 (VEC)
 # With nz % 4 == 0 the kernels walk z in groups of 4 lanes starting at multiples of 4 in absolute grid index
 # (one vector atomic / 128-bit load per group on sm_90), with masks constant over each group; otherwise (or

@@ -1,0 +1,26 @@
+"""The structures the benchmarks run on, by name: the bundled examples and the repository's test data."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import kernels
+
+_TEST_DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
+
+#: name -> model file (PDB entries; see kernels/data/README.md and tests/data/README.md).
+STRUCTURES: dict[str, Path] = {
+    "1orc": kernels.example_structure("1orc"),
+    "1pfe": kernels.example_structure("1pfe"),
+    "1aki": kernels.example_structure("1aki"),
+    "3o5r": _TEST_DATA / "3o5r.cif.gz",
+    "5h73": _TEST_DATA / "5h73.cif.gz",
+    "3wip": _TEST_DATA / "3wip.cif.gz",
+}
+
+
+@functools.cache
+def model(name: str) -> kernels.Model:
+    """The structure ``name`` read with default options (cached: do not modify)."""
+    return kernels.read_model(STRUCTURES[name])
