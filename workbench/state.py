@@ -23,6 +23,7 @@ __all__ = [
     "SLICE_AXES",
     "SLICE_SCALES",
     "Settings",
+    "TABLE_SORTS",
     "WorkbenchState",
     "compare_choices",
     "cuda_unavailable_reason",
@@ -34,6 +35,7 @@ BACKENDS = ("auto", "cpu", "triton", "reference")
 SLICE_AXES = ("a", "b", "c")
 SLICE_SCALES = ("section", "map")
 GRADIENT_KINDS = ("planarity", "density")
+TABLE_SORTS = ("index", "rho", "target", "ratio")
 
 # name -> (min, max, step); one table for the widgets, the validators and the tests.
 RANGES: dict[str, tuple[float, float, float]] = {
@@ -149,7 +151,7 @@ class WorkbenchState(traitlets.HasTraits):
     profile_atoms = traitlets.Tuple((0, 1), help="indices of the two atoms of the line profile")
     n_atoms = traitlets.Int(0, help="atoms in the current model (set by the app)")
     target_map = traitlets.Unicode("", help="CCP4/MRC path of ρ_target; '' = the map of the undistorted model")
-    table_sort = traitlets.Enum(("index", "rho", "target", "ratio"), default_value="ratio")
+    table_sort = traitlets.Enum(TABLE_SORTS, default_value="ratio")
     table_ascending = traitlets.Bool(True)
 
     @traitlets.validate(*[name for name in RANGES if name != "distort_seed"])
