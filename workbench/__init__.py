@@ -10,8 +10,8 @@ import sys as _sys
 
 # The views are drawn by a Python thread right after each OpenMP splat. With OpenMP's
 # default (active) waiting, the splat's idle threads spin and starve that thread on a
-# small machine: on the 2-core CI machine the median slider-to-image latency was 179 ms
-# with spinning and 62 ms with passive waiting (benchmarks/README.md, "Workbench").
+# small machine, about tripling the slider-to-image latency on two cores (the figures
+# are in benchmarks/README.md, "Workbench").
 # OpenMP reads the variable when torch loads it, so this only applies when the
 # workbench is imported first, and never overrides a value the user set.
 if "torch" not in _sys.modules:

@@ -15,7 +15,7 @@ import kernels
 from workbench import compute
 from workbench.compute import Cancelled, Pipeline, Result, WorkbenchError
 from workbench.scheduler import Scheduler
-from workbench.state import WorkbenchState, cuda_unavailable_reason
+from workbench.state import INPUTS, WorkbenchState, cuda_unavailable_reason
 from workbench.views import AtomTableView, DifferenceView, ProfileView, Scene3DView, SliceView, StatusView, TimingView
 from workbench.views.controls import Controls
 
@@ -23,12 +23,9 @@ __all__ = ["Workbench"]
 
 log = logging.getLogger("workbench")
 
-# Traits whose change needs a recompute (the others are set by the app itself).
-_INPUTS = [
-    "structure", "b_mode", "b_global", "b_offset", "radius_mode", "radius", "density_cutoff", "spacing", "device",
-    "backend", "slice_axis", "slice_index", "slice_scale", "iso_sigma", "distort_amplitude", "distort_seed", "gradient_kind",
-    "region", "region_padding", "profile_atoms", "target_map", "table_sort", "table_ascending",
-]  # fmt: skip
+# Traits whose change needs a recompute: the fields of a Settings snapshot (the traits
+# tagged set_by_app are written by the app from a result).
+_INPUTS = list(INPUTS)
 
 # Seconds between 3D scene updates while a drag is still sending newer settings.
 _SCENE_INTERVAL = 1.0

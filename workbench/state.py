@@ -19,10 +19,12 @@ __all__ = [
     "B_MODES",
     "EXAMPLES",
     "GRADIENT_KINDS",
+    "INPUTS",
     "RANGES",
     "SLICE_AXES",
     "SLICE_SCALES",
     "Settings",
+    "TABLE_SORTS",
     "WorkbenchState",
     "compare_choices",
     "cuda_unavailable_reason",
@@ -34,6 +36,7 @@ BACKENDS = ("auto", "cpu", "triton", "reference")
 SLICE_AXES = ("a", "b", "c")
 SLICE_SCALES = ("section", "map")
 GRADIENT_KINDS = ("planarity", "density")
+TABLE_SORTS = ("index", "rho", "target", "ratio")
 
 # name -> (min, max, step); one table for the widgets, the validators and the tests.
 RANGES: dict[str, tuple[float, float, float]] = {
@@ -116,11 +119,19 @@ class Settings:
         return SLICE_AXES.index(self.slice_axis)
 
 
+# The traits a computation depends on: exactly the fields a snapshot carries, so a
+# change the app recomputes for is one the computation can see, and the reverse. Every
+# other trait of WorkbenchState is tagged ``set_by_app`` (the tests hold both to it).
+INPUTS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Settings))
+
+
 class WorkbenchState(traitlets.HasTraits):
     """Every control of the workbench as a validated trait.
 
     Values outside a range raise ``traitlets.TraitError`` naming the range; the app turns
-    that into a message in the status line and puts the control back.
+    that into a message in the status line and puts the control back. The traits named in
+    :data:`INPUTS` are the settings of a computation; those tagged ``set_by_app=True``
+    describe its result (grid shape, atom count) and never trigger one.
     """
 
     structure = traitlets.Unicode("1orc", help="bundled example name (1orc, 1pfe, 1aki) or a model file path")
@@ -131,12 +142,12 @@ class WorkbenchState(traitlets.HasTraits):
     radius = traitlets.Float(3.0, help="Å, one cutoff radius for every atom in 'radius' mode")
     density_cutoff = traitlets.Float(1e-5, help="e/Å³, sets each atom's radius in 'auto' mode")
     spacing = traitlets.Float(0.667, help="Å, requested grid spacing (an upper bound)")
-    grid_shape = traitlets.Tuple((0, 0, 0), help="grid shape for the current spacing (set by the app)")
+    grid_shape = traitlets.Tuple((0, 0, 0), help="grid shape for the current spacing").tag(set_by_app=True)
     device = traitlets.Enum(("cpu", "cuda"), default_value="cpu")
     backend = traitlets.Enum(BACKENDS, default_value="auto")
     slice_axis = traitlets.Enum(SLICE_AXES, default_value="c", help="the section is perpendicular to this cell axis")
     slice_index = traitlets.Int(0, help="voxel index along the slice axis")
-    slice_index_max = traitlets.Int(0, help="last valid slice index for the current grid (set by the app)")
+    slice_index_max = traitlets.Int(0, help="last valid slice index for the current grid").tag(set_by_app=True)
     slice_scale = traitlets.Enum(
         SLICE_SCALES, default_value="section", help="slice colour scale: the shown section's range, or the whole map's"
     )
@@ -147,9 +158,9 @@ class WorkbenchState(traitlets.HasTraits):
     region = traitlets.Unicode("", help="residue 'chain/seq' for the isosurface, '' for the whole model")
     region_padding = traitlets.Float(5.0, help="Å of map shown around the region")
     profile_atoms = traitlets.Tuple((0, 1), help="indices of the two atoms of the line profile")
-    n_atoms = traitlets.Int(0, help="atoms in the current model (set by the app)")
+    n_atoms = traitlets.Int(0, help="atoms in the current model").tag(set_by_app=True)
     target_map = traitlets.Unicode("", help="CCP4/MRC path of ρ_target; '' = the map of the undistorted model")
-    table_sort = traitlets.Enum(("index", "rho", "target", "ratio"), default_value="ratio")
+    table_sort = traitlets.Enum(TABLE_SORTS, default_value="ratio")
     table_ascending = traitlets.Bool(True)
 
     @traitlets.validate(*[name for name in RANGES if name != "distort_seed"])

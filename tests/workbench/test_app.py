@@ -18,11 +18,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import traitlets
 
 import kernels
 import workbench
 from tests.helpers import STRUCTURES, model, requires_cuda
 from workbench.compute import WorkbenchError
+from workbench.state import Settings
 from workbench.views.slice import MIN_SCALE_FRACTION, axis_labels
 from workbench.views.view3d import (
     ARROW_MAX_LENGTH,
@@ -511,3 +513,20 @@ def test_unreadable_file_message_reads_as_sentences(make_wb, tmp_path):
     assert wb.status.level == "error" and "broken.pdb" in msg
     assert " )" not in msg and "?." not in msg and ".." not in msg and "\n" not in msg, msg
     assert msg.endswith("Choose another file or a bundled example."), msg
+
+
+def test_the_app_recomputes_for_every_setting_and_for_nothing_else(make_wb):
+    """Every Settings field is observed; the traits the app writes from a result are not."""
+    clock = [0.0]
+    wb = make_wb(debounce=0.1, threaded=False, clock=lambda: clock[0])  # nothing runs until polled
+    observed = []
+    for name in wb.state.trait_names():
+        before = wb.scheduler.generation
+        # a change notification of ``name`` (with its own value: no valid new value needed per trait)
+        value = getattr(wb.state, name)
+        wb.state.notify_change(traitlets.Bunch(name=name, old=value, new=value, owner=wb.state, type="change"))
+        if wb.scheduler.generation > before:
+            observed.append(name)
+    assert sorted(observed) == sorted(f.name for f in dataclasses.fields(Settings))
+    with pytest.raises(TypeError, match="unknown setting 'n_atoms'"):
+        workbench.Workbench("1orc", debounce=0.1, threaded=False, clock=lambda: 0.0, n_atoms=3)

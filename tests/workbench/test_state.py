@@ -8,7 +8,7 @@ import pytest
 import torch
 import traitlets
 
-from workbench.state import RANGES, WorkbenchState, cuda_unavailable_reason
+from workbench.state import INPUTS, RANGES, Settings, WorkbenchState, cuda_unavailable_reason
 
 
 @pytest.mark.parametrize("name", ["b_global", "b_offset", "radius", "spacing", "iso_sigma", "distort_amplitude"])
@@ -70,3 +70,18 @@ def test_snapshot_is_immutable_and_complete():
     assert snap.b_global == 42.0
     state.radius_mode = "auto"
     assert state.snapshot().radius_arg is None
+
+
+def test_inputs_are_the_snapshot_fields_and_every_other_trait_is_set_by_the_app():
+    fields = [f.name for f in dataclasses.fields(Settings)]
+    assert list(INPUTS) == fields
+    traits = WorkbenchState.class_traits()
+    missing = set(fields) - set(traits)
+    assert not missing, f"Settings fields without a trait: {missing}"
+    by_app = {name for name, t in traits.items() if t.metadata.get("set_by_app")}
+    assert by_app == {"grid_shape", "slice_index_max", "n_atoms"}
+    assert not by_app & set(INPUTS)
+    # a trait that is neither a setting nor tagged set_by_app would be a control the
+    # computation never sees (or one whose change recomputes nothing): add it to Settings
+    untagged = set(traits) - set(INPUTS) - by_app
+    assert not untagged, f"traits neither in Settings nor tagged set_by_app: {untagged}"

@@ -36,7 +36,7 @@ _SELECTS_MODE = {
 }
 _STYLE = {"description_width": "110px"}
 # 20 px narrower than the panel: a control as wide as the panel (its readout at the very
-# edge) made the panel scroll sideways when a person typed into the readout.
+# edge) makes the panel scroll sideways when a person types into the readout.
 _LAYOUT = {"width": "320px"}
 
 

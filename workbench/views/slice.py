@@ -33,8 +33,8 @@ __all__ = ["AXIS_NAMES", "MIN_SCALE_FRACTION", "SliceView", "axis_labels"]
 AXIS_NAMES = ("a", "b", "c")
 # Lowest section colour scale, as a fraction of the map maximum (see the module docstring).
 MIN_SCALE_FRACTION = 0.05
-# A colour range is kept while the data span at least this share of it (fewer redraws of
-# the colour bar during a drag; 0.6 left a quarter of a section's scale unused).
+# A colour range is kept while the data span at least this share of it: fewer redraws of
+# the colour bar during a drag, while at most a quarter of the scale goes unused.
 _KEEP = 0.75
 
 
@@ -74,8 +74,8 @@ class SliceView:
         self.image.add_class(css)
         self.caption = widgets.HTML()
         self.caption.add_class(f"{css}-caption")
-        # as wide as the image: a long caption wraps instead of widening the column (which
-        # pushed the 3D view below the slice even on a wide page)
+        # as wide as the image: a long caption wraps instead of widening the column and
+        # pushing the 3D view below the slice even on a wide page
         self.widget = widgets.VBox([self.image, self.caption], layout=widgets.Layout(width="430px"))
         self.n_updates = 0
         self._layout_key = None
@@ -93,8 +93,7 @@ class SliceView:
         n_u, n_v = values.shape
         self.im.set_data(values.T)  # rows = v, columns = u (origin lower)
         self.im.set_extent((-0.5, n_u - 0.5, -0.5, n_v - 0.5))
-        m = np.array([[sec.e_u[0] / n_u, sec.e_v[0] / n_v, 0.0], [sec.e_u[1] / n_u, sec.e_v[1] / n_v, 0.0], [0, 0, 1]])
-        self.im.set_transform(Affine2D(m) + self.ax.transData)
+        self.im.set_transform(Affine2D(sec.voxel_affine) + self.ax.transData)
         vmin, vmax = float(values.min()), float(values.max())
         mmin, mmax = sec.map_range if sec.map_range is not None else (vmin, vmax)
         if scale == "map":
@@ -178,10 +177,9 @@ def axis_labels(sec: Section) -> tuple[str, str, str]:
     gives the angle between the in-plane cell axes.
     """
     u, v = (AXIS_NAMES[k] for k in sec.in_plane)
-    cos = float(sec.e_v[0] / np.hypot(*sec.e_v))
-    if abs(cos) < 1e-6:
+    if sec.is_rectangular:
         return f"{u} (Å)", f"{v} (Å)", ""
-    angle = float(np.degrees(np.arccos(np.clip(cos, -1.0, 1.0))))
+    angle = sec.in_plane_angle
     return f"{u} (Å)", f"⊥ {u}, in the {u}{v} plane (Å)", f", {u}∠{v} = {angle:.1f}° (cell drawn to scale)"
 
 

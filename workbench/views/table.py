@@ -7,6 +7,8 @@ import html
 import ipywidgets as widgets
 import numpy as np
 
+from workbench.compute import atom_table_order
+
 __all__ = ["AtomTableView"]
 
 COLUMNS = {"index": "#", "rho": "ρ model (e/Å³)", "target": "ρ target (e/Å³)", "ratio": "target / model"}
@@ -31,11 +33,7 @@ class AtomTableView:
         """Sort and draw; returns the atom indices in table order (all atoms, not only shown rows)."""
         rho = np.asarray(rho, float)
         target = np.asarray(target, float)
-        ratio = np.divide(target, rho, out=np.full_like(rho, np.nan), where=np.abs(rho) > 1e-12)
-        key = {"index": np.arange(len(rho)), "rho": rho, "target": target, "ratio": ratio}[sort]
-        order = np.argsort(np.where(np.isnan(key), np.inf, key), kind="stable")
-        if not ascending:
-            order = order[::-1]
+        ratio, order = atom_table_order(rho, target, sort=sort, ascending=ascending)
         self.order = order
         head = "".join(
             f"<th>{COLUMNS[c]}{' ▲' if c == sort and ascending else ' ▼' if c == sort else ''}</th>" for c in COLUMNS

@@ -1,0 +1,123 @@
+"""Pure computations behind the workbench: settings → maps, gradients, sections, scenes, timings.
+
+Nothing here knows a widget exists. Every function takes tensors, a :class:`kernels.Model`
+or a :class:`~workbench.state.Settings` snapshot and returns plain data; the views only
+draw what these return. :class:`Pipeline` chains them for one snapshot and memoises each
+stage on its inputs, so moving the slice slider re-renders without re-splatting, and
+changing a B-factor re-splats without re-reading the file.
+
+One module per stage, each importing only the stages before it:
+
+- :mod:`~workbench.compute.errors` — :class:`WorkbenchError`, :class:`Cancelled`
+- :mod:`~workbench.compute.atoms` — structure → atoms (B mode, distortion, residues)
+- :mod:`~workbench.compute.maps` — atoms → maps, gradients, tricubic samples, timings
+- :mod:`~workbench.compute.sections` — map → a section in Å, the atoms near it
+- :mod:`~workbench.compute.pipeline` — :class:`Pipeline` and its :class:`Result`
+- :mod:`~workbench.compute.comparison` — one backend against another
+- :mod:`~workbench.compute.export` — CCP4 bytes, PDB text, gradient CSV
+- :mod:`~workbench.compute.scene` — the 3D view's map box, volume, arrows and focus
+
+Every public name of these modules is importable from ``workbench.compute``.
+Errors meant for a person are :class:`WorkbenchError` (the message says what is wrong
+and what to do); the app shows them in its status line.
+"""
+
+from workbench.compute.atoms import (
+    BOX_PADDING,
+    distortion,
+    load_model,
+    prepare_atoms,
+    region_atoms,
+    residue_keys,
+    save_upload,
+)
+from workbench.compute.comparison import Comparison, DifferenceResult, compare_arrays, compare_backends
+from workbench.compute.errors import Cancelled, WorkbenchError
+from workbench.compute.export import gradients_csv, map_ccp4_bytes, model_pdb
+from workbench.compute.maps import (
+    GradientResult,
+    atom_table_order,
+    density_at_points,
+    density_fit_gradient,
+    density_map,
+    find_planes,
+    line_profile,
+    map_statistics,
+    planarity_gradient,
+    time_backends,
+    tricubic_sampler,
+)
+from workbench.compute.pipeline import Pipeline, Result
+from workbench.compute.scene import (
+    ARROW_MAX_LENGTH,
+    ARROW_MIN_LENGTH,
+    ARROW_SCALE,
+    MAX_ARROWS,
+    MAX_VIEW_VOXELS,
+    VIEW_VOXELS,
+    Arrows,
+    RegionVolume,
+    arrow_bytes,
+    arrow_segments,
+    atoms_within,
+    focus_selection,
+    gradient_arrows,
+    region_arrows,
+    region_box,
+    region_volume,
+    volume_base64,
+)
+from workbench.compute.sections import Section, atoms_near_section, central_index, section
+
+__all__ = [
+    "ARROW_MAX_LENGTH",
+    "ARROW_MIN_LENGTH",
+    "ARROW_SCALE",
+    "BOX_PADDING",
+    "MAX_ARROWS",
+    "MAX_VIEW_VOXELS",
+    "VIEW_VOXELS",
+    "Arrows",
+    "Cancelled",
+    "Comparison",
+    "DifferenceResult",
+    "GradientResult",
+    "Pipeline",
+    "RegionVolume",
+    "Result",
+    "Section",
+    "WorkbenchError",
+    "arrow_bytes",
+    "arrow_segments",
+    "atom_table_order",
+    "atoms_near_section",
+    "atoms_within",
+    "central_index",
+    "compare_arrays",
+    "compare_backends",
+    "density_at_points",
+    "density_fit_gradient",
+    "density_map",
+    "distortion",
+    "find_planes",
+    "focus_selection",
+    "gradient_arrows",
+    "gradients_csv",
+    "line_profile",
+    "load_model",
+    "map_ccp4_bytes",
+    "map_statistics",
+    "model_pdb",
+    "planarity_gradient",
+    "prepare_atoms",
+    "region_arrows",
+    "region_atoms",
+    "region_box",
+    "region_volume",
+    "residue_keys",
+    "save_upload",
+    "section",
+    "time_backends",
+    "tricubic_sampler",
+    "volume_base64",
+]

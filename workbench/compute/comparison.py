@@ -1,0 +1,143 @@
+"""Backend against backend: the same splat and gradient as two ``device:backend`` runs, and how they differ."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from kernels import AtomSet, GridSpec
+from workbench.compute.errors import WorkbenchError
+from workbench.compute.maps import density_fit_gradient, density_map, planarity_gradient
+from workbench.compute.sections import Section, section
+from workbench.state import Settings
+
+__all__ = ["Comparison", "DifferenceResult", "compare_arrays", "compare_backends"]
+
+
+@dataclasses.dataclass
+class Comparison:
+    """How far ``out`` is from ``ref`` under KERNELS.md's float32 contract.
+
+    ``tolerance`` per element is ``1e-5·max|ref| + 1e-5·|ref|``.
+    """
+
+    max_abs: float
+    max_ref: float
+    rel_l2: float
+    n_over: int
+    n_total: int
+
+    @property
+    def ok(self) -> bool:
+        return self.n_over == 0
+
+
+def compare_arrays(out, ref) -> Comparison:
+    """Max |out − ref|, relative L2 ‖out − ref‖/‖ref‖ and the elements over tolerance.
+
+    ``out`` and ``ref`` are tensors or arrays of one shape, any dtype and device; the
+    comparison runs in float64 on the CPU.
+    """
+    o = torch.as_tensor(out).detach().to("cpu", torch.float64)
+    r = torch.as_tensor(ref).detach().to("cpu", torch.float64)
+    if o.shape != r.shape:
+        raise WorkbenchError(f"cannot compare shapes {tuple(o.shape)} and {tuple(r.shape)}")
+    diff = (o - r).abs()
+    max_ref = float(r.abs().max()) if r.numel() else 0.0
+    norm = float(torch.linalg.norm(r))
+    over = diff > 1e-5 * max_ref + 1e-5 * r.abs()
+    return Comparison(
+        max_abs=float(diff.max()) if diff.numel() else 0.0,
+        max_ref=max_ref,
+        rel_l2=float(torch.linalg.norm(o - r)) / norm if norm > 0 else float(torch.linalg.norm(o - r)),
+        n_over=int(over.sum()),
+        n_total=diff.numel(),
+    )
+
+
+@dataclasses.dataclass
+class DifferenceResult:
+    """Two ``device:backend`` runs on the same inputs and how they differ.
+
+    Attributes
+    ----------
+    a, b : str
+        The two ``device:backend`` pairs; ``b`` is the reference of the comparisons.
+    map_a, map_b : torch.Tensor, shape grid.shape, CPU
+        The two maps, each in its backend's dtype.
+    maps, gradients : Comparison
+        ``gradients`` is None when no gradient was compared (``gradient_note`` says why).
+    gradient_kind, gradient_note : str
+    section : Section
+        The section of ``map_a − map_b`` (float32) at the settings' slice.
+    """
+
+    a: str
+    b: str
+    map_a: torch.Tensor
+    map_b: torch.Tensor
+    maps: Comparison
+    gradients: Comparison | None
+    gradient_kind: str
+    gradient_note: str
+    section: Section
+
+
+def _split(pair: str) -> tuple[str, str]:
+    device, _, backend = pair.partition(":")
+    return device, backend
+
+
+def compare_backends(
+    a: str,
+    b: str,
+    atoms: AtomSet,
+    grid: GridSpec,
+    settings: Settings,
+    *,
+    target: torch.Tensor | None = None,
+    planes=None,
+    check: Callable[[], None] = lambda: None,
+) -> DifferenceResult:
+    """Run the same splat (and gradient) as ``device:backend`` pairs ``a`` and ``b``; compare.
+
+    ``target`` is ρ_target of the density-fit gradient; ``planes`` the planes of the
+    planarity gradient. The section is of ``map_a − map_b`` at the settings' slice.
+    When a float32 backend takes part, both runs get the atoms rounded to float32 first
+    (the same input values, as the kernel tests compare them): otherwise the rounding
+    of 40 Å coordinates alone (~2e-6 Å) moves a planarity gradient of d/σ² by ~5e-3,
+    far above the float32 contract, and the view would blame the kernel for its input.
+    """
+    pairs = [_split(p) for p in (a, b)]
+    if any(backend != "reference" for _, backend in pairs):
+        atoms = atoms.to(dtype=torch.float32).to(dtype=torch.float64)
+        target = target.float().double() if target is not None else None
+    runs = []
+    for device, backend in pairs:
+        if settings.gradient_kind == "density" and target is not None:
+            g, rho = density_fit_gradient(atoms, grid, target, settings, backend=backend, device=device)
+        else:
+            rho, _, _ = density_map(atoms, grid, settings, backend=backend, device=device)
+            g = planarity_gradient(atoms.xyz, planes, settings, backend=backend, device=device) if planes else None
+        runs.append((rho.detach().cpu(), g))
+        check()
+    (ra, ga), (rb, gb) = runs
+    maps = compare_arrays(ra, rb)
+    grads = compare_arrays(ga.grad, gb.grad) if ga is not None and gb is not None else None
+    note = "" if grads is not None else "no gradient compared (planarity unavailable)"
+    diff = (ra.double() - rb.double()).float()
+    index = min(settings.slice_index, grid.shape[settings.axis] - 1)
+    sec = section(diff, grid, settings.axis, index, (float(diff.min()), float(diff.max())))
+    return DifferenceResult(
+        a=a,
+        b=b,
+        map_a=ra,
+        map_b=rb,
+        maps=maps,
+        gradients=grads,
+        gradient_kind=ga.kind if ga else "",
+        gradient_note=note,
+        section=sec,
+    )

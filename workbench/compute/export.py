@@ -1,0 +1,60 @@
+"""Results → files: a map as CCP4/MRC bytes, a model as PDB text, gradients as CSV."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import kernels
+from kernels import GridSpec, Model
+from workbench.compute.errors import WorkbenchError
+
+__all__ = ["gradients_csv", "map_ccp4_bytes", "model_pdb"]
+
+
+def map_ccp4_bytes(rho: torch.Tensor, grid: GridSpec) -> bytes:
+    """A map ``rho`` (shape ``grid.shape``) as the bytes of a CCP4/MRC file (:func:`kernels.write_map`)."""
+    with tempfile.TemporaryDirectory(prefix="workbench-") as tmp:
+        path = kernels.write_map(Path(tmp) / "map.ccp4", rho, grid)
+        return path.read_bytes()
+
+
+def model_pdb(model: Model, xyz: torch.Tensor) -> str:
+    """PDB text of the model with positions ``xyz`` (N, 3) Å (the distorted ones, say)."""
+    import gemmi
+
+    st = model.structure.clone()
+    pos = xyz.detach().to("cpu", torch.float64).numpy()
+    i = 0
+    for chain in st[0]:
+        for res in chain:
+            for atom in res:
+                atom.pos = gemmi.Position(*pos[i])
+                i += 1
+    if i != len(pos):
+        raise WorkbenchError(f"the model has {i} atoms but {len(pos)} positions were given")
+    st.setup_entities()
+    try:
+        return st.make_pdb_string()
+    except RuntimeError:
+        # Long chain names do not fit PDB columns: 3Dmol reads mmCIF too, but sticks need
+        # bonds it derives the same way, so shorten names instead.
+        st.shorten_chain_names()
+        return st.make_pdb_string()
+
+
+def gradients_csv(model: Model, xyz: np.ndarray, grad: np.ndarray, kind: str, units: str) -> str:
+    """CSV text: one row per atom with label, position ``xyz`` (N, 3) Å and gradient ``grad`` (N, 3)."""
+    lines = [f"# {kind} gradient, units {units}", "index,chain,res_name,seq,atom,altloc,x,y,z,gx,gy,gz,norm"]
+    norms = np.linalg.norm(grad, axis=1)
+    for i, lab in enumerate(model.atoms.labels):
+        x, y, z = xyz[i]
+        gx, gy, gz = grad[i]
+        lines.append(
+            f"{i},{lab.chain},{lab.res_name},{lab.seq_num}{lab.icode.strip()},{lab.atom_name},{lab.altloc},"
+            f"{x:.4f},{y:.4f},{z:.4f},{gx:.6e},{gy:.6e},{gz:.6e},{norms[i]:.6e}"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,284 @@
+"""Results → the 3D scene: the region's map box, its 3Dmol volume, gradient arrows, the focus.
+
+The 3D view (:mod:`workbench.views.view3d`) only sets traits from what these return:
+cropping the periodic map to a region, serialising it for 3Dmol.js, choosing and
+scaling the arrows and picking the atoms near a residue all happen here.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+
+import numpy as np
+import torch
+
+from kernels import GridSpec, Model
+from workbench.compute.atoms import region_atoms
+from workbench.compute.errors import WorkbenchError
+from workbench.compute.export import map_ccp4_bytes
+from workbench.compute.maps import GradientResult
+
+__all__ = [
+    "ARROW_MAX_LENGTH",
+    "ARROW_MIN_LENGTH",
+    "ARROW_SCALE",
+    "MAX_ARROWS",
+    "MAX_VIEW_VOXELS",
+    "VIEW_VOXELS",
+    "Arrows",
+    "RegionVolume",
+    "arrow_bytes",
+    "arrow_segments",
+    "atoms_within",
+    "focus_selection",
+    "gradient_arrows",
+    "region_arrows",
+    "region_box",
+    "region_volume",
+    "volume_base64",
+]
+
+# Largest box sent to the 3D view: 4 M float32 voxels = 16 MB per update.
+MAX_VIEW_VOXELS = 4_000_000
+# Boxes above this are subsampled for the 3D view: 3Dmol.js contours in the browser's
+# main thread, and a 260k-voxel box holds a headless (software WebGL) page for ~2 s.
+VIEW_VOXELS = 150_000
+
+# Å of arrow per unit of gradient, fixed per gradient kind (stated beside the view), so
+# an arrow's length means the same pull in every model and after every distortion.
+# Measured on 1ORC at 1 Å spacing (max |∇| per atom): planarity 158 1/Å undistorted,
+# 523 at 0.1 Å RMS distortion, 1.5e3 at 0.3 Å, 2.4e3 at 0.5 Å; density fit 0 undistorted,
+# 4.7 (e/Å³)²/Å at 0.1 Å, 12 at 0.3 Å. With these scales a 0.3 Å distortion gives
+# arrows up to ~1.5-2.5 Å, and the undistorted model's own small deviations draw none.
+ARROW_SCALE = {"planarity": 1e-3, "density": 0.2}
+# Arrows shorter than this (Å) are not drawn: a real model's residual non-planarity is
+# noise, not a pull worth an arrow.
+ARROW_MIN_LENGTH = 0.25
+# Longer arrows are clipped to this length (Å) and the caption says how many were.
+ARROW_MAX_LENGTH = 3.0
+MAX_ARROWS = 800  # each is a mesh in 3Dmol.js; more slows a software-WebGL page
+
+
+# --------------------------------------------------------------------------- the map box
+
+
+def region_box(
+    rho: torch.Tensor, grid: GridSpec, xyz: torch.Tensor, padding: float, *, max_voxels: int = VIEW_VOXELS
+) -> tuple[torch.Tensor, GridSpec, int]:
+    """The part of a periodic whole-cell map covering ``xyz`` (M, 3) Å plus ``padding`` Å.
+
+    A box over ``max_voxels`` is subsampled: every ``stride``-th voxel along each axis
+    (a stride dividing the cell sampling, so the box is still a grid of the cell), since
+    3Dmol.js contours it in the browser's main thread on every update.
+
+    Returns
+    -------
+    box : torch.Tensor, float32, CPU
+    box_grid : GridSpec
+        Origin in units of the (subsampled) cell sampling, possibly negative or past the
+        cell: the periodic map is wrapped.
+    stride : int
+        1 for the full grid.
+    """
+    frac = (xyz.detach().to("cpu", torch.float64) @ grid.cell.frac.T).numpy()
+    pad = padding * np.asarray(grid.cell.reciprocal_lengths)
+    m = np.asarray(grid.sampling)
+    lo = np.floor((frac.min(axis=0) - pad) * m).astype(int)
+    hi = np.ceil((frac.max(axis=0) + pad) * m).astype(int)
+    n_full = int(np.prod(hi - lo + 1))
+    stride = 1
+    while n_full / stride**3 > max_voxels:
+        bigger = [s for s in range(stride + 1, 9) if all(int(v) % s == 0 for v in m)]
+        if not bigger:
+            break
+        stride = bigger[0]
+    lo_s, hi_s = np.floor_divide(lo, stride), -np.floor_divide(-hi, stride)
+    shape = hi_s - lo_s + 1
+    if int(np.prod(shape)) > MAX_VIEW_VOXELS:
+        raise WorkbenchError(
+            f"the 3D map box around the region would have {int(np.prod(shape)):,} voxels (limit "
+            f"{MAX_VIEW_VOXELS:,}): choose a residue as region, or a coarser spacing"
+        )
+    full = rho.detach().to("cpu", torch.float32).numpy()
+    idx = [(np.arange(lo_s[k], hi_s[k] + 1) * stride) % grid.shape[k] for k in range(3)]
+    box = np.ascontiguousarray(full[np.ix_(*idx)])
+    sampling = tuple(int(v) // stride for v in m)
+    return torch.from_numpy(box), GridSpec(grid.cell, tuple(shape), tuple(lo_s), sampling), stride
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionVolume:
+    """A region's map box, serialised for 3Dmol.js.
+
+    Attributes
+    ----------
+    ccp4 : bytes
+        The box as a whole CCP4/MRC file (3Dmol.js ``addVolumetricData(…, "ccp4")``).
+    shape : tuple of 3 int
+        Voxels of the box along a, b, c.
+    stride : int
+        Every ``stride``-th voxel of the cell grid is in the box (1: all of them).
+    """
+
+    ccp4: bytes
+    shape: tuple[int, int, int]
+    stride: int
+
+    @property
+    def n_voxels(self) -> int:
+        return int(np.prod(self.shape))
+
+
+def region_volume(
+    rho: torch.Tensor, grid: GridSpec, xyz: torch.Tensor, padding: float, *, max_voxels: int = VIEW_VOXELS
+) -> RegionVolume:
+    """The map box around ``xyz`` (M, 3) Å (:func:`region_box`) as a CCP4 file for the 3D view."""
+    box, box_grid, stride = region_box(rho, grid, xyz, padding, max_voxels=max_voxels)
+    return RegionVolume(ccp4=map_ccp4_bytes(box, box_grid), shape=tuple(box.shape), stride=stride)
+
+
+def volume_base64(ccp4: bytes) -> str:
+    """CCP4 bytes as base64 text: py3Dmol passes volume data as text, 3Dmol decodes base64 for binary formats."""
+    return base64.b64encode(ccp4).decode("ascii")
+
+
+# --------------------------------------------------------------------------- atoms and focus
+
+
+def atoms_within(xyz: torch.Tensor, centre: np.ndarray, distance: float) -> np.ndarray:
+    """Atoms within ``distance`` Å of any of the atoms ``centre`` (no periodic images).
+
+    Parameters
+    ----------
+    xyz : torch.Tensor, shape (N, 3), float, Å
+    centre : numpy.ndarray, shape (M,), int
+        Indices into ``xyz``, M ≥ 1; they are always part of the answer.
+    distance : float
+        Å, ≥ 0.
+
+    Returns
+    -------
+    numpy.ndarray, shape (K,), int64
+        Ascending indices into ``xyz``.
+    """
+    x = xyz.detach().cpu()
+    d = torch.cdist(x, x[torch.as_tensor(np.asarray(centre), dtype=torch.long)]).min(dim=1).values
+    return np.nonzero((d <= distance).numpy())[0]
+
+
+def focus_selection(model: Model, region: str) -> dict:
+    """The 3Dmol.js selection to zoom to: ``{}`` (everything) or the residue's chain and number."""
+    if not region:
+        return {}
+    lab = model.atoms.labels[int(region_atoms(model, region)[0])]
+    return {"chain": lab.chain, "resi": lab.seq_num}
+
+
+# --------------------------------------------------------------------------- arrows
+
+
+def gradient_arrows(xyz: np.ndarray, grad: np.ndarray, kind: str, units: str) -> tuple[np.ndarray, str]:
+    """Arrows along −∇ at a fixed physical scale, and the caption that states it.
+
+    Parameters
+    ----------
+    xyz : numpy.ndarray, shape (N, 3), Å
+        Atom positions.
+    grad : numpy.ndarray, shape (N, 3)
+        Gradient of the loss per atom, in ``units``.
+    kind : str
+        ``"planarity"`` or ``"density"`` (picks :data:`ARROW_SCALE`).
+    units : str
+
+    Returns
+    -------
+    arrows : numpy.ndarray, shape (M, 6), float32
+        Start xyz and end xyz in Å, longest first; only atoms whose arrow would be at
+        least :data:`ARROW_MIN_LENGTH` Å, at most :data:`MAX_ARROWS`, each clipped to
+        :data:`ARROW_MAX_LENGTH` Å.
+    caption : str
+    """
+    scale = ARROW_SCALE[kind]
+    norms = np.linalg.norm(grad, axis=1) if len(grad) else np.zeros(0)
+    lengths = norms * scale
+    keep = np.nonzero(lengths >= ARROW_MIN_LENGTH)[0]
+    keep = keep[np.argsort(-lengths[keep], kind="stable")][:MAX_ARROWS]
+    clip = np.minimum(1.0, ARROW_MAX_LENGTH / np.maximum(lengths[keep], 1e-30))
+    start = xyz[keep]
+    end = start - grad[keep] * (scale * clip)[:, None]  # −∇: the way the loss pulls each atom
+    arrows = np.hstack([start, end]).astype(np.float32).reshape(-1, 6)
+    gmax = float(norms.max()) if len(norms) else 0.0
+    n_clipped = int((clip < 1.0).sum())
+    text = (
+        f"arrows (magenta): −∇ of the {kind} loss, 1 Å of arrow = {1 / scale:.4g} {units}; "
+        f"drawn where |∇| ≥ {ARROW_MIN_LENGTH / scale:.3g} {units} ({ARROW_MIN_LENGTH:g} Å): "
+        f"{len(keep)} of {len(norms)} atoms, largest |∇| {gmax:.3g} {units}"
+    )
+    if n_clipped:
+        text += f", {n_clipped} clipped at {ARROW_MAX_LENGTH:g} Å"
+    if len(norms) > 0 and len(keep) == 0:
+        text += ": no arrows (no distortion? drag 'distort')"
+    return arrows, text
+
+
+def arrow_bytes(segments: np.ndarray) -> bytes:
+    """Arrow segments (M, 6) as the float32 bytes the 3D view's ``arrows`` trait carries."""
+    return np.ascontiguousarray(segments, dtype=np.float32).tobytes()
+
+
+def arrow_segments(data: bytes) -> np.ndarray:
+    """The inverse of :func:`arrow_bytes`: float32 array of shape (M, 6), start xyz and end xyz in Å."""
+    return np.frombuffer(data, dtype=np.float32).reshape(-1, 6)
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrows:
+    """Gradient arrows for the 3D view.
+
+    Attributes
+    ----------
+    segments : numpy.ndarray, shape (M, 6), float32
+        Start xyz and end xyz in Å (:func:`gradient_arrows`).
+    scale : float
+        Å of arrow per unit of gradient; 0 when there is no gradient.
+    caption : str
+        The scale and how many atoms got an arrow, or why there are none.
+    """
+
+    segments: np.ndarray
+    scale: float
+    caption: str
+
+    def to_bytes(self) -> bytes:
+        """``segments`` as :func:`arrow_bytes`."""
+        return arrow_bytes(self.segments)
+
+
+def region_arrows(
+    xyz: torch.Tensor,
+    gradient: GradientResult | None,
+    region: np.ndarray | None,
+    padding: float,
+    *,
+    missing: str = "no gradient",
+) -> Arrows:
+    """The arrows of the atoms shown with a region: every atom within ``padding`` Å of it.
+
+    Parameters
+    ----------
+    xyz : torch.Tensor, shape (N, 3), float64, Å
+    gradient : GradientResult or None
+        None draws no arrows; the caption then says ``missing``.
+    region : numpy.ndarray, shape (M,), int, or None
+        The residue's atom indices; None for the whole model. The neighbours of a residue
+        get arrows too, since their pull shows in the same map box.
+    padding : float
+        Å, the map box's margin around the region.
+    """
+    if gradient is None:
+        return Arrows(segments=np.zeros((0, 6), np.float32), scale=0.0, caption=f"no arrows ({missing})")
+    sel = np.arange(len(xyz)) if region is None else atoms_within(xyz, region, padding)
+    points = xyz.detach().to("cpu", torch.float64).numpy()[sel]
+    segments, caption = gradient_arrows(points, gradient.grad[sel], gradient.kind, gradient.units)
+    return Arrows(segments=segments, scale=ARROW_SCALE[gradient.kind], caption=caption)
