@@ -62,6 +62,6 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float 
 
 
 def assert_kernel_close(out: torch.Tensor, ref: torch.Tensor) -> None:
-    """KERNELS.md's float32 contract: ``|out − ref| ≤ 1e-5·max|ref| + 1e-5·|ref|``."""
+    """docs/kernels.md's float32 contract: ``|out − ref| ≤ 1e-5·max|ref| + 1e-5·|ref|``."""
     scale = float(ref.detach().abs().max()) if ref.numel() else 0.0
     assert_close(out, ref, atol=1e-5 * scale, rtol=1e-5)

@@ -1,6 +1,6 @@
 """Triton density splat: forward (scatter) and backward (gather), float32 maps.
 
-Design (see ``benchmarks/README.md``, "Density, GPU (H100)", for what was measured):
+Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was measured):
 
 - One program per atom on a GPU (``ATOMS`` atoms per program, a constexpr: the
   interpreter pays per program, so CI packs many atoms into one). The program walks its
@@ -908,7 +908,7 @@ class _Plan:
         ext_x = 2 * math.ceil(nominal * reach[0]) + 1
         ext_z = 2 * math.ceil(nominal * reach[2]) + 1
         # Forward: 128 lanes per tile up to 16-wide z, 256 beyond; the backward: 256 lanes, the forward's z
-        # width (the fastest shapes measured on an H100: benchmarks/README.md, "Density, GPU (H100)").
+        # width (the fastest shapes measured on an H100: docs/performance.md).
         bq = max(min(triton.next_power_of_2(ext_z), 64), 4)
         interpret = triton_interpreted() and device.type != "cuda"
         # The interpreter pays per loop trip, not per element: wide tiles there.

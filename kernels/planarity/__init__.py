@@ -1,7 +1,7 @@
 """Planarity restraint: find planar groups, and their negative log-likelihood.
 
 :func:`find_planes` turns a model into a :class:`PlaneSet`; :func:`planarity_nll` scores
-atom positions against it (weighted least-squares plane per group, KERNELS.md), with a
+atom positions against it (weighted least-squares plane per group, docs/kernels.md), with a
 float64 reference, a C++ CPU path and a Triton GPU path.
 """
 

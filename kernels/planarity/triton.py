@@ -159,7 +159,7 @@ def _planarity_fwd_kernel(
     coef = w * d
     tl.store(partial_ptr + pid, 0.5 * tl.sum(tl.sum(coef * d, axis=1), axis=0))
     if WITH_GRAD:
-        # ∂NLL/∂x_a = (d_a/σ_a²)·n, exact for the weighted fit (KERNELS.md): the backward
+        # ∂NLL/∂x_a = (d_a/σ_a²)·n, exact for the weighted fit (docs/kernels.md): the backward
         # kernel needs only these two tables.
         tl.store(coef_ptr + offs, coef, mask=mask)
         live = rows < P

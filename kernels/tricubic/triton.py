@@ -3,7 +3,7 @@
 One program interpolates ``BLOCK`` points. Voxel coordinates are computed in float64
 (from a float64 parameter tensor, never Python floats, which Triton would pass as
 float32): a float32 ``u`` on a 360-voxel axis is off by up to 3e-5 voxel, which alone
-would use up the float32 tolerance of KERNELS.md on steep maps. Weights and the 64-term
+would use up the float32 tolerance of docs/kernels.md on steep maps. Weights and the 64-term
 contraction are float32. The map gradient is a float32 atomic scatter (order varies run
 to run; compare with tolerances, never bitwise).
 

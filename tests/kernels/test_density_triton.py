@@ -1,7 +1,7 @@
 """Triton density splat against the float64 reference: forward and every gradient.
 
 Runs on CUDA tensors where a GPU is present, otherwise on CPU tensors under
-``TRITON_INTERPRET=1`` (set by the root conftest). Tolerance: KERNELS.md's float32
+``TRITON_INTERPRET=1`` (set by the root conftest). Tolerance: docs/kernels.md's float32
 contract through :func:`tests.helpers.assert_kernel_close`
 (``|out − ref| ≤ 1e-5·max|ref| + 1e-5·|ref|``, ~20× what float32 atomics give on an H100).
 """

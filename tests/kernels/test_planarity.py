@@ -272,7 +272,7 @@ def _check_against_reference(fn, dtype, xyz, planes, device="cpu"):
         assert_close(out, ref, atol=0, rtol=1e-9)
         assert_close(x.grad, x_ref.grad, atol=1e-9 * float(x_ref.grad.abs().max()), rtol=1e-9)
     else:
-        # KERNELS.md's float32 contract, on the loss, on the data term alone (the log σ
+        # docs/kernels.md's float32 contract, on the loss, on the data term alone (the log σ
         # constant can dominate the loss) and on every gradient element.
         assert_kernel_close(out.cpu(), ref)
         data, ref_data = out.double().cpu() - planes.constant, ref - planes.constant

@@ -65,7 +65,7 @@ def test_catmull_rom_matches_gemmi(name):
     ref = kernels.tricubic_sample(rho, grid, pts, backend="reference")
     # gemmi interpolates the float32 map in double and returns float32: rounding of the result only.
     assert_close(ref, expected.double(), atol=1e-6 * float(expected.abs().max()), rtol=1e-6)
-    # the CPU kernel works from float32 positions: KERNELS.md float32 contract
+    # the CPU kernel works from float32 positions: docs/kernels.md float32 contract
     assert_kernel_close(fast("cpu", rho, grid, pts.float()), expected.double())
 
 

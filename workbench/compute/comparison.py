@@ -18,7 +18,7 @@ __all__ = ["Comparison", "DifferenceResult", "compare_arrays", "compare_backends
 
 @dataclasses.dataclass
 class Comparison:
-    """How far ``out`` is from ``ref`` under KERNELS.md's float32 contract.
+    """How far ``out`` is from ``ref`` under docs/kernels.md's float32 contract.
 
     ``tolerance`` per element is ``1e-5·max|ref| + 1e-5·|ref|``.
     """

@@ -25,7 +25,7 @@ class DifferenceView:
     """Pick two runs (``wb-diff-a``, ``wb-diff-b``), press compare (``wb-diff-run``); see the
     difference section (``wb-diff-slice``) and the statistics (``wb-diff-stats``).
 
-    Tolerance per element is KERNELS.md's float32 contract, 1e-5·max|ref| + 1e-5·|ref|,
+    Tolerance per element is docs/kernels.md's float32 contract, 1e-5·max|ref| + 1e-5·|ref|,
     with run B as the reference.
     """
 
@@ -55,5 +55,5 @@ class DifferenceView:
             f"<b>{html.escape(diff.a)} vs {html.escape(diff.b)}</b> (same inputs){note}"
             "<table><tr><th></th><th>max |A−B|</th><th>max |B|</th><th>‖A−B‖/‖B‖</th>"
             "<th>over tol.</th><th></th></tr>" + rows + "</table>"
-            "<small>tolerance per element: 1e-5·max|B| + 1e-5·|B| (KERNELS.md float32 contract)</small>"
+            "<small>tolerance per element: 1e-5·max|B| + 1e-5·|B| (docs/kernels.md float32 contract)</small>"
         )
