@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -19,11 +20,19 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 CONDA_NAMES = {"torch": "pytorch", "py3dmol": "py3dmol", "matplotlib": "matplotlib-base"}
 
 
+# What a checkout holds that is not source: build outputs would leak stale modules into the wheel.
+_NOT_SOURCE = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.pyd", "artifacts", ".whl", ".gl"
+)
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
-    """A wheel built from this source tree as pip builds one (in-tree, no build isolation)."""
+    """A wheel built from a copy of this source tree, as pip builds one (no build isolation)."""
+    src = tmp_path_factory.mktemp("src") / "density-workbench"
+    shutil.copytree(ROOT, src, ignore=_NOT_SOURCE)
     out = tmp_path_factory.mktemp("wheel")
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)]
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     (path,) = out.glob("density_workbench-*.whl")
