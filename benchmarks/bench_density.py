@@ -8,8 +8,8 @@ CPU (``--device cpu``): in one run, for each structure and thread count, time
 - ``torch``        a plain torch ``index_add_`` splat of the same voxels (float32), written here
 
 and, with ``--slab-variants K ...`` at more than one thread, ``cpu fwd slabs K``: the forward
-again with K map slabs per thread (the private switch ``kernels.density.cpu._SLABS_PER_THREAD``;
-the same maps bitwise), in the same rounds — with the accuracy of each map as relative L2 error against two maps at cutoff 1e-7: gemmi's
+again with K map slabs per thread (the private ``kernels.density.cpu._splat_cpu`` with
+``_KernelOptions(slabs_per_thread=K)``; the same maps bitwise), in the same rounds — with the accuracy of each map as relative L2 error against two maps at cutoff 1e-7: gemmi's
 (float32, computed by gemmi's own code, so its rounding is shared with gemmi's 1e-5 map and
 cancels there) and the float64 reference (``backend="reference"``, the same contract evaluated
 in double: the independent truth). Repeats
@@ -160,12 +160,8 @@ def _bench_structure(name: str, args) -> list[dict]:
         return out
 
     def run_fwd_slabs(per_thread: int):
-        default = density_cpu._SLABS_PER_THREAD
-        density_cpu._SLABS_PER_THREAD = per_thread
-        try:
-            return run_fwd()
-        finally:
-            density_cpu._SLABS_PER_THREAD = default
+        options = density_cpu._KernelOptions(slabs_per_thread=per_thread)
+        return density_cpu._splat_cpu(atoms, grid, options=options)
 
     def run_gemmi():
         dc.initialize_grid()  # not timed: allocate and zero, as in gemmi's own use
