@@ -510,11 +510,11 @@ typedef int32_t vi16 __attribute__((vector_size(64)));
 constexpr int64_t kL = 8;  // lanes per block (and the lane tables' granularity)
 // Vectors of W lanes: the backward's blocks are W = 16 lanes wide on CPUs that run the
 // x86-64-v4 (AVX-512) clone, 8 (one AVX2 vector) elsewhere.
-// GCC 12 builds a splat {x, x, ...} of a value in a register lane by lane inside the clones
+// GCC (12 and later) builds a splat {x, x, ...} of a value in a register lane by lane inside the clones
 // (vmovss + 4 vinsertps + vinsertf128 for 8 floats, vmovd + 3 vpinsrd + vinserti128 for 8
 // ints, 16 masked broadcasts for 16 lanes); lane 0 spread by __builtin_shufflevector (GCC 12+,
 // clang) is one broadcast, or one broadcast load when the value comes from memory. The shuffle
-// is written out where it is used: behind a helper template GCC 12 expands it lane by lane again.
+// is written out where it is used: behind a helper template GCC expands it lane by lane again.
 #if defined(__has_builtin)
 #if __has_builtin(__builtin_shufflevector)
 #define KERNELS_SHUFFLEVECTOR 1
@@ -893,10 +893,10 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
                 // la − 1 and lb + 1 in every lane (broadcast loads, see vsplat_at)
                 const vi8 lo1 = vsplat_at<vi8>(lo + s) + off_lo, hi1 = vsplat_at<vi8>(hi + s) + off_hi;
                 // blocks [bf, bl] of the row, the first one at map z zf
-                // The map and table pointers are stepped on their own: GCC 13 otherwise folds them into
-                // one index register, and the map's load-add-store and the five table loads all take
-                // base + index addresses (1.04-1.07x the time of GCC 12's loop on 5H73 and 3WIP, the
-                // same source). The empty asm hides each pointer's relation to the others.
+                // The map and table pointers are stepped as their own registers so the compiler keeps
+                // simple addressing: folded into one index register, the map's load-add-store and the
+                // five table loads would all take base + index addresses. The empty asm hides each
+                // pointer's relation to the others.
                 auto run = [&](int64_t bf, int64_t bl, int64_t zf) {
                     vi8 lane = vload<vi8>(lane_index + bf * kL);  // lanes bf·kL, bf·kL + 1, ...
                     float* ob = o + zf;
@@ -955,7 +955,7 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
                         gv = vmask(graw, bb, la, lb);
                     } else {
                         // lanes [la, lb] kept: outside, (lane − la) or (lb − lane) is negative, and the
-                        // arithmetic shift spreads the sign of their OR (integer operations only: GCC 12
+                        // arithmetic shift spreads the sign of their OR (integer operations only: GCC
                         // turns 16-lane vector compares into per-lane selects)
                         const VI lane = Lanes<W>::iota() + Lanes<W>::splat(static_cast<int32_t>(l0));
                         const VI out = ((lane - Lanes<W>::splat(la)) | (Lanes<W>::splat(lb) - lane)) >> 31;
@@ -1067,9 +1067,9 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
             // the box itself does not, slide them down so no block wraps. In the forward, a box that
             // wraps around the cell along z starts its lanes at a multiple of kL below it when nz is
             // one too: then every block is one aligned run of a row, below the top or wrapped whole
-            // to z = 0, 1, ... (one block more at most; 5h73: −5.9 % forward instructions). Otherwise,
-            // and in the backward (where the extra block costs more than the wrap: +3.6 %), the block
-            // that crosses the top goes lane by lane.
+            // to z = 0, 1, ... (one block more at most, cheaper than a block that goes lane by lane).
+            // Otherwise, and in the backward (where the extra block costs more than the wrap), the
+            // block that crosses the top goes lane by lane.
             int64_t z0 = zs;
             if (zs + nzb <= nz) {
                 if (zs + nl > nz) z0 = nz - nl;

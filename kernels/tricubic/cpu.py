@@ -109,9 +109,9 @@ def tricubic_cpu(
         points = to_float32(points, "tricubic_sample") if rho.dtype == torch.float32 else points.to(rho.dtype)
     lead = points.shape[:-1]
     params = grid_parameters(grid)
-    # The map is passed with its strides, never copied: a Fortran-ordered view (numpy's view of
-    # a gemmi grid) made .contiguous() copy 35 MB per call for 3WIP, ~25-55 ms, which was the
-    # whole gap to gemmi at 10^5 points. C order is still the fast layout (vector row loads).
+    # The map is passed with its strides, never copied: .contiguous() of a Fortran-ordered view
+    # (numpy's view of a gemmi grid) would copy the whole map on every call (35 MB for 3WIP),
+    # more than interpolating 10^5 points costs. C order is still the fast layout (vector row loads).
     out = _TricubicCPU.apply(
         rho,
         points.reshape(-1, 3).contiguous(),
