@@ -46,6 +46,8 @@ from benchmarks.bench_density import STRUCTURES, _gemmi_calculator, pin_to_idle_
 from benchmarks.cpu_phase_probe import slab_times  # noqa: E402
 from kernels.crystal import GridSpec  # noqa: E402
 
+PAUSE_S = 0.05  # between two builds' calls (see _bench)
+
 # Run in a worker before anything imports kernels (kernels imports its CPU backend): the build at
 # PATH becomes kernels.density._scatter, which kernels.density.cpu then imports.
 _LOAD_BUILD = """
@@ -168,6 +170,9 @@ def _bench(name: str, builds: dict, threads: int, rounds: int, spacing: float) -
     for r in range(rounds):
         # rotate who runs first after gemmi: the first call of a round wakes the thread pool
         for label, build in order[r % len(order) :] + order[: r % len(order)]:
+            # After a call, the previous worker's OpenMP threads spin for a while before they
+            # sleep; with as many cores as threads they would share the cores with this call.
+            time.sleep(PAUSE_S)
             times[label].append(build.forward())
         times["gemmi"].append(run_gemmi())
     med = {k: statistics.median(v) for k, v in times.items()}
