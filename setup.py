@@ -34,8 +34,11 @@ try:
 except ImportError as exc:  # only reachable with --no-build-isolation in an environment without it
     raise SystemExit(f"{exc}{COMPILER_HELP}") from exc
 
-NB_INCLUDES = [nanobind.include_dir(), str(Path(nanobind.source_dir()).parent / "ext" / "robin_map" / "include")]
-NB_SOURCE = str(Path(nanobind.source_dir()) / "nb_combined.cpp")
+# include/, src/ and ext/ lie side by side in the nanobind package (nanobind.source_dir() names
+# src/ only from nanobind 2.2 on)
+NB_DIR = Path(nanobind.include_dir()).parent
+NB_INCLUDES = [str(NB_DIR / "include"), str(NB_DIR / "ext" / "robin_map" / "include")]
+NB_SOURCE = str(NB_DIR / "src" / "nb_combined.cpp")
 
 
 def _extensions() -> list[Extension]:
@@ -79,7 +82,9 @@ class BuildExt(build_ext):
             flags += ["-ffunction-sections", "-fdata-sections"]
             macros = [("NB_COMPACT_ASSERTIONS", None), ("NDEBUG", None)]
         expected = self.compiler.object_filenames([NB_SOURCE], output_dir=out_dir)
-        if not self.force and all(os.path.exists(o) and os.path.getmtime(o) >= os.path.getmtime(NB_SOURCE) for o in expected):
+        if not self.force and all(
+            os.path.exists(o) and os.path.getmtime(o) >= os.path.getmtime(NB_SOURCE) for o in expected
+        ):
             return expected
         py_include = self.include_dirs or []
         return self.compiler.compile(
@@ -104,7 +109,9 @@ class BuildExt(build_ext):
             nb_objects = self._nanobind_objects(msvc)
             for ext in self.extensions:
                 ext.extra_compile_args = base + (omp if use_omp else [])
-                ext.extra_link_args = (omp if use_omp else []) + link + ([] if sys.platform == "win32" else ["-pthread"])
+                ext.extra_link_args = (
+                    (omp if use_omp else []) + link + ([] if sys.platform == "win32" else ["-pthread"])
+                )
                 ext.extra_objects = list(nb_objects)
                 if not use_omp:
                     ext.define_macros.append(("KERNELS_NO_OPENMP", "1"))

@@ -128,10 +128,11 @@ NB_MODULE(_scatter, m) {
                                  "The cell as the kernel reads it: metric G = orthᵀ·orth (3, 3) float64, orth "
                                  "(3, 3) float64 (fractional -> Cartesian), recip (|a*|, |b*|, |c*|), kind (0 "
                                  "orthogonal/hexagonal, 1 monoclinic, 2 triclinic).")
-        .def(nb::new_([](const Matrix3& metric, const Matrix3& orth, const std::array<double, 3>& recip, int kind) {
-                 return make_cell(metric, orth, recip, kind);
-             }),
-             "metric"_a.noconvert(), "orth"_a.noconvert(), "recip"_a, "kind"_a);
+        .def(
+            "__init__",
+            [](kd::CellGeometry* self, const Matrix3& metric, const Matrix3& orth, const std::array<double, 3>& recip,
+               int kind) { new (self) kd::CellGeometry(make_cell(metric, orth, recip, kind)); },
+            "metric"_a.noconvert(), "orth"_a.noconvert(), "recip"_a, "kind"_a);
 
     nb::class_<Atoms>(m, "Atoms",
                       "One atom set: frac (N, 3) float64, b_iso (N,), occ (N,), a (N, 5), b (N, 5) float32; radii "

@@ -498,7 +498,7 @@ def test_no_openmp_build_gives_identical_maps(tmp_path):
     import nanobind
 
     here = Path(density_cpu.__file__).parent
-    nb_src = Path(nanobind.source_dir())
+    nb_src = Path(nanobind.include_dir()).parent / "src"
     includes = [
         f"-I{sysconfig.get_paths()['include']}",
         f"-I{nanobind.include_dir()}",
