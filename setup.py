@@ -1,10 +1,12 @@
-"""Build the C++ kernels (plain C++17 + OpenMP, no torch headers) at install time.
+"""Build the C++ kernels (C++17 + OpenMP, nanobind bindings, no torch headers) at install time.
 
-Every ``kernels/**/_*.cpp`` becomes an extension module next to its source
-(``kernels/density/_scatter.cpp`` -> ``kernels.density._scatter``). The modules use only
-the CPython C API, so building needs a C++17 compiler and nothing else: no torch, no
-network. OpenMP is used when the compiler supports ``-fopenmp``; otherwise the sources
-fall back to ``std::thread``.
+Every ``kernels/**/_*.cpp`` is a thin nanobind binding and becomes an extension module next
+to its source (``kernels/density/_scatter.cpp`` -> ``kernels.density._scatter``), linked with
+the algorithm sources of its directory (the ``*.cpp`` files without a leading underscore,
+e.g. ``kernels/density/scatter.cpp``) and with nanobind's runtime library, which is compiled
+once from nanobind's ``nb_combined.cpp`` and shared by every module. Building needs a C++17
+compiler and the ``nanobind`` package, nothing else: no torch, no network. OpenMP is used when
+the compiler supports ``-fopenmp``; otherwise the sources fall back to ``std::thread``.
 """
 
 from __future__ import annotations
@@ -24,20 +26,36 @@ COMPILER_HELP = (
     "\n\ndensity-workbench: building its C++ kernels failed. They need a C++17 compiler:\n"
     "  Debian/Ubuntu: apt-get install g++      Fedora: dnf install gcc-c++\n"
     "  macOS: xcode-select --install           conda: conda install -c conda-forge cxx-compiler\n"
-    "then install again. (OpenMP is optional: without it the kernels use std::thread.)\n"
+    "and the nanobind package (pip install 'nanobind>=2.0'; pip's isolated build installs it), then\n"
+    "install again. (OpenMP is optional: without it the kernels use std::thread.)\n"
 )
+
+try:
+    import nanobind
+except ImportError as exc:  # only reachable with --no-build-isolation in an environment without it
+    raise SystemExit(f"{exc}{COMPILER_HELP}") from exc
+
+# include/, src/ and ext/ lie side by side in the nanobind package (nanobind.source_dir() names
+# src/ only from nanobind 2.2 on)
+NB_DIR = Path(nanobind.include_dir()).parent
+NB_INCLUDES = [str(NB_DIR / "include"), str(NB_DIR / "ext" / "robin_map" / "include")]
+NB_SOURCE = str(NB_DIR / "src" / "nb_combined.cpp")
 
 
 def _extensions() -> list[Extension]:
     exts = []
-    for src in sorted((HERE / "kernels").rglob("_*.cpp")):
-        rel = src.relative_to(HERE).with_suffix("")
-        exts.append(Extension(".".join(rel.parts), [str(src.relative_to(HERE))], language="c++"))
+    for binding in sorted((HERE / "kernels").rglob("_*.cpp")):
+        rel = binding.relative_to(HERE)
+        algorithms = sorted(p.relative_to(HERE) for p in binding.parent.glob("[!_]*.cpp"))
+        sources = [str(rel)] + [str(p) for p in algorithms]
+        depends = [str(p.relative_to(HERE)) for p in binding.parent.glob("*.hpp")]
+        name = ".".join(rel.with_suffix("").parts)
+        exts.append(Extension(name, sources, include_dirs=NB_INCLUDES, depends=depends, language="c++"))
     return exts
 
 
 class BuildExt(build_ext):
-    """Adds C++17/OpenMP flags the compiler accepts and turns failures into advice."""
+    """Adds C++17/OpenMP flags the compiler accepts, builds nanobind once, turns failures into advice."""
 
     def _accepts(self, flags: list[str]) -> bool:
         with tempfile.TemporaryDirectory() as tmp:
@@ -51,19 +69,53 @@ class BuildExt(build_ext):
                 return False
         return True
 
-    def build_extensions(self):
-        if self.compiler.compiler_type == "msvc":
-            base, omp = ["/std:c++17", "/O2"], ["/openmp"]
+    def _nanobind_objects(self, msvc: bool) -> list[str]:
+        """nanobind's runtime, compiled once per build directory (it does not change between builds).
+
+        Size-optimised with compact assertions, as nanobind's own CMake build does for release builds:
+        it runs once per call at the boundary, never in a kernel's loop.
+        """
+        out_dir = os.path.join(self.build_temp, "nanobind")
+        if msvc:
+            flags, macros = ["/std:c++17", "/O1", "/EHsc"], [("NB_COMPACT_ASSERTIONS", None), ("NDEBUG", None)]
         else:
-            base = ["-std=c++17", "-O3", "-fno-math-errno", "-Wall"]
+            flags = ["-std=c++17", "-Os", "-fPIC", "-fvisibility=hidden", "-fno-strict-aliasing"]
+            flags += ["-ffunction-sections", "-fdata-sections"]
+            macros = [("NB_COMPACT_ASSERTIONS", None), ("NDEBUG", None)]
+        expected = self.compiler.object_filenames([NB_SOURCE], output_dir=out_dir)
+        if not self.force and all(
+            os.path.exists(o) and os.path.getmtime(o) >= os.path.getmtime(NB_SOURCE) for o in expected
+        ):
+            return expected
+        py_include = self.include_dirs or []
+        return self.compiler.compile(
+            [NB_SOURCE],
+            output_dir=out_dir,
+            macros=macros,
+            include_dirs=NB_INCLUDES + py_include,
+            extra_postargs=flags,
+        )
+
+    def build_extensions(self):
+        msvc = self.compiler.compiler_type == "msvc"
+        if msvc:
+            base, omp = ["/std:c++17", "/O2", "/EHsc"], ["/openmp"]
+            link = []
+        else:
+            base = ["-std=c++17", "-O3", "-fno-math-errno", "-Wall", "-fvisibility=hidden"]
             omp = ["-fopenmp"]
+            link = [] if sys.platform == "darwin" else ["-Wl,--gc-sections"]
         use_omp = self._accepts(omp)
-        for ext in self.extensions:
-            ext.extra_compile_args = base + (omp if use_omp else [])
-            ext.extra_link_args = (omp if use_omp else []) + ([] if sys.platform == "win32" else ["-pthread"])
-            if not use_omp:
-                ext.define_macros.append(("KERNELS_NO_OPENMP", "1"))
         try:
+            nb_objects = self._nanobind_objects(msvc)
+            for ext in self.extensions:
+                ext.extra_compile_args = base + (omp if use_omp else [])
+                ext.extra_link_args = (
+                    (omp if use_omp else []) + link + ([] if sys.platform == "win32" else ["-pthread"])
+                )
+                ext.extra_objects = list(nb_objects)
+                if not use_omp:
+                    ext.define_macros.append(("KERNELS_NO_OPENMP", "1"))
             super().build_extensions()
         except Exception as exc:
             raise RuntimeError(f"{exc}{COMPILER_HELP}") from exc

@@ -10,8 +10,8 @@ of each per round, ``--repeats`` rounds, so background load slows all alike), ti
                    zeroed; only that call, not its grid zeroing)
 - ``torch``        a plain torch ``index_add_`` splat of the same voxels (float32), written here
 - ``cpu fwd slabs K``  with ``--slab-variants K ...`` (more than one thread): the forward with K
-                   map slabs per thread (the private ``kernels.density.cpu._SLABS_PER_THREAD``;
-                   the same maps bitwise)
+                   map slabs per thread (the private ``kernels.density.cpu._splat_cpu`` with
+                   ``_KernelOptions(slabs_per_thread=K)``; the same maps bitwise)
 
 and report medians with ratios to gemmi, and each map's relative L2 error against gemmi's map
 at cutoff 1e-7 and against the float64 reference (``backend="reference"``) at cutoff 1e-7.
@@ -46,41 +46,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import kernels  # noqa: E402
+from benchmarks._structures import STRUCTURES  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
 from kernels.density import cpu as density_cpu  # noqa: E402
 from kernels.density.cpu import cutoff_radius_cpu  # noqa: E402
-
-STRUCTURES = {
-    "1orc": kernels.example_structure("1orc"),
-    "1pfe": kernels.example_structure("1pfe"),
-    "1aki": kernels.example_structure("1aki"),
-    "3o5r": ROOT / "tests" / "data" / "3o5r.cif.gz",
-    "5h73": ROOT / "tests" / "data" / "5h73.cif.gz",
-    "3wip": ROOT / "tests" / "data" / "3wip.cif.gz",
-}
-
-
-def _gemmi_calculator(path: Path, spacing: float, cutoff: float):
-    import gemmi
-
-    st = gemmi.read_structure(str(path))
-    for chain in st[0]:
-        for res in chain:
-            for atom in res:
-                atom.aniso = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
-    dc = gemmi.DensityCalculatorX()
-    dc.d_min = 2 * 1.5 * spacing
-    dc.rate = 1.5
-    dc.cutoff = cutoff
-    dc.set_grid_cell_and_spacegroup(st)
-    return st, dc
-
-
-def gemmi_map(path: Path, spacing: float, cutoff: float) -> np.ndarray:
-    st, dc = _gemmi_calculator(path, spacing, cutoff)
-    dc.initialize_grid()
-    dc.add_model_density_to_grid(st[0])
-    return np.array(dc.grid, copy=True)
+from kernels.testing import gemmi_density, gemmi_density_calculator  # noqa: E402
 
 
 def torch_index_add_splat(atoms: AtomSet, grid: GridSpec, radii: torch.Tensor, chunk: int = 1 << 22) -> torch.Tensor:
@@ -139,11 +109,11 @@ def _bench_structure(name: str, args) -> list[dict]:
     model = kernels.read_model(path)
     grid = GridSpec.for_spacing(model.cell, args.spacing)
     atoms = model.atoms.to(dtype=torch.float32)
-    exact = gemmi_map(path, args.spacing, 1e-7)
+    exact = gemmi_density(path, args.spacing, 1e-7)
     # float64 truth: the reference at cutoff 1e-7 (a few seconds on 3wip, once per structure)
     truth = kernels.splat_density(model.atoms.to(dtype=torch.float64), grid, backend="reference", cutoff=1e-7)
     truth = truth.numpy()
-    st, dc = _gemmi_calculator(path, args.spacing, 1e-5)
+    st, dc = gemmi_density_calculator(path, args.spacing, 1e-5)
     dc.initialize_grid()
     assert tuple(dc.grid.shape) == grid.shape, (dc.grid.shape, grid.shape)
     upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(0))
@@ -163,12 +133,8 @@ def _bench_structure(name: str, args) -> list[dict]:
         return out
 
     def run_fwd_slabs(per_thread: int):
-        default = density_cpu._SLABS_PER_THREAD
-        density_cpu._SLABS_PER_THREAD = per_thread
-        try:
-            return run_fwd()
-        finally:
-            density_cpu._SLABS_PER_THREAD = default
+        options = density_cpu._KernelOptions(slabs_per_thread=per_thread)
+        return density_cpu._splat_cpu(atoms, grid, options=options)
 
     def run_gemmi():
         dc.initialize_grid()  # not timed: allocate and zero, as in gemmi's own use

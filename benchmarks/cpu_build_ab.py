@@ -1,11 +1,13 @@
-"""Two or more builds of the CPU density kernel side by side, in one process, on the same inputs.
+"""Two or more builds of the CPU density kernel side by side, on the same inputs, in interleaved rounds.
 
-Each ``--build LABEL=PATH`` names a compiled ``_scatter`` extension (any file name: it is loaded
-under the module name ``kernels.density._scatter`` from that path). The CPU forward
-(``kernels.splat_density(..., backend="cpu")``, Python around the kernel included) runs with each
-build in turn, interleaved with gemmi's ``add_model_density_to_grid`` (cutoff 1e-5) in every round
-(the build that runs first after gemmi rotates from round to round), so the builds see the same
-machine state; medians per build, each build's speed-up over gemmi in the same rounds, and the
+Each ``--build LABEL=PATH`` names a compiled ``_scatter`` extension (any file name). Every build runs
+in its own worker process, where it is loaded as ``kernels.density._scatter`` before
+``kernels.density.cpu`` imports it (two builds of one nanobind module cannot share a process: the
+second would find its types already registered). The CPU forward (``kernels.density.cpu._splat_cpu``,
+the public path with the per-slab times recorded, Python around the kernel included) runs with each
+build in turn, interleaved with gemmi's ``add_model_density_to_grid`` (cutoff 1e-5, in this process)
+in every round (the build that runs first after gemmi rotates from round to round), so the builds see
+the same machine state; medians per build, each build's speed-up over gemmi in the same rounds, and the
 median over rounds of each build's time over the first build's in that round. The maps of every
 build are compared with the first build's (largest absolute difference; 0.0 when bitwise equal).
 
@@ -16,19 +18,19 @@ Usage::
 
     OMP_NUM_THREADS=2 python benchmarks/cpu_build_ab.py \\
         --build here=kernels/density/_scatter.cpython-312-x86_64-linux-gnu.so \\
-        --build other=/path/to/_scatter.abi3.so --structures 5h73 3wip --threads 1 2 --rounds 11 \\
-        --out benchmarks/results/cpu_build_ab_<machine>_<date>.json
+        --build other=/path/to/_scatter.cpython-312-x86_64-linux-gnu.so --structures 5h73 3wip \\
+        --threads 1 2 --rounds 11 --out benchmarks/results/cpu_build_ab_<machine>_<date>.json
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.machinery
-import importlib.util
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,62 +42,113 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import kernels  # noqa: E402
-from benchmarks.bench_density import STRUCTURES, _gemmi_calculator, pin_to_idle_cores  # noqa: E402
+from benchmarks._structures import STRUCTURES  # noqa: E402
+from benchmarks.bench_density import pin_to_idle_cores  # noqa: E402
 from benchmarks.cpu_phase_probe import slab_times  # noqa: E402
 from kernels.crystal import GridSpec  # noqa: E402
-from kernels.density import cpu as density_cpu  # noqa: E402
+from kernels.testing import gemmi_density_calculator  # noqa: E402
+
+PAUSE_S = 0.05  # between two builds' calls (see _bench)
+
+# Run in a worker before anything imports kernels (kernels imports its CPU backend): the build at
+# PATH becomes kernels.density._scatter, which kernels.density.cpu then imports.
+_LOAD_BUILD = """
+import importlib.machinery, importlib.util, sys
+sys.path.insert(0, {root!r})
+name = "kernels.density._scatter"
+loader = importlib.machinery.ExtensionFileLoader(name, {path!r})
+module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, {path!r}, loader=loader))
+loader.exec_module(module)
+sys.modules[name] = module
+from benchmarks.cpu_build_ab import _worker
+_worker({path!r})
+"""
 
 
-def load_build(path: Path):
-    """The extension module at ``path``, loaded as ``kernels.density._scatter`` (not registered)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"no extension module at {path}")
-    loader = importlib.machinery.ExtensionFileLoader("kernels.density._scatter", str(path))
-    spec = importlib.util.spec_from_file_location("kernels.density._scatter", str(path), loader=loader)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _worker(path: str) -> None:
+    """Serve the build at ``path`` (already loaded as ``kernels.density._scatter``, see ``_LOAD_BUILD``):
+    answer JSON commands on stdin.
 
+    ``{"setup": [structure, threads, spacing]}`` reads the structure; ``{"forward": true}`` times
+    one forward and returns its phases; ``{"save": file}`` writes the forward's map (npy);
+    ``{"info": true}`` returns the build's ``build_info()``.
+    """
+    module = sys.modules["kernels.density._scatter"]
+    if module.__file__ != path:
+        raise SystemExit(f"cpu_build_ab: the worker for {path} imported {module.__file__}")
+    from kernels.density import cpu as density_cpu
 
-class _Recording:
-    """A build whose ``splat`` keeps each call's phase timings (the rest is the build's own)."""
-
-    def __init__(self, module):
-        self._module = module
-        self.phases: list[dict] = []
-
-    def __getattr__(self, name):
-        return getattr(self._module, name)
-
-    def splat(self, *args):
-        info = self._module.splat(*args)
-        zeroing, splatting = slab_times(info.get("slabs", []))
-        self.phases.append(
-            {
+    assert density_cpu._scatter is module
+    options = density_cpu._KernelOptions(slab_times=True)
+    atoms = grid = None
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if "info" in cmd:
+            reply = module.build_info()
+        elif "setup" in cmd:
+            structure, threads, spacing = cmd["setup"]
+            model = kernels.read_model(STRUCTURES[structure])
+            grid = GridSpec.for_spacing(model.cell, spacing)
+            atoms = model.atoms.to(dtype=torch.float32)
+            torch.set_num_threads(threads)
+            density_cpu._splat_cpu(atoms, grid, options=options)  # warm-up
+            reply = {}
+        elif "save" in cmd:
+            np.save(cmd["save"], density_cpu._splat_cpu(atoms, grid, options=options).numpy())
+            reply = {}
+        else:
+            timings: list[dict] = []
+            t0 = time.perf_counter()
+            density_cpu._splat_cpu(atoms, grid, options=options, timings=timings)
+            wall = time.perf_counter() - t0
+            info = timings[0]
+            zeroing, splatting = slab_times(info["slabs"])
+            reply = {
+                "wall": wall,
                 "prepare": info["prepare"],
                 "partition": info["partition"],
                 "compute": info["compute"],
                 "zeroing": zeroing,
                 "splatting": splatting,
             }
+        print(json.dumps(reply), flush=True)
+
+
+class _Build:
+    """A worker process serving one build."""
+
+    def __init__(self, path: Path):
+        if not path.is_file():
+            raise FileNotFoundError(f"no extension module at {path}")
+        code = _LOAD_BUILD.format(root=str(ROOT), path=str(path.resolve()))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
-        return info
+        self.phases: list[dict] = []
+
+    def ask(self, **cmd):
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"cpu_build_ab: a worker failed (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def forward(self) -> float:
+        reply = self.ask(forward=True)
+        self.phases.append({k: v for k, v in reply.items() if k != "wall"})
+        return reply["wall"]
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def _bench(name: str, builds: dict, threads: int, rounds: int, spacing: float) -> dict:
     model = kernels.read_model(STRUCTURES[name])
     grid = GridSpec.for_spacing(model.cell, spacing)
-    atoms = model.atoms.to(dtype=torch.float32)
-    st, dc = _gemmi_calculator(STRUCTURES[name], spacing, 1e-5)
+    st, dc = gemmi_density_calculator(STRUCTURES[name], spacing, 1e-5)
     torch.set_num_threads(threads)
-    default = density_cpu._scatter
-
-    def forward(module):
-        density_cpu._scatter = module
-        try:
-            return kernels.splat_density(atoms, grid, backend="cpu")
-        finally:
-            density_cpu._scatter = default
 
     def run_gemmi():
         dc.initialize_grid()
@@ -103,10 +156,14 @@ def _bench(name: str, builds: dict, threads: int, rounds: int, spacing: float) -
         dc.add_model_density_to_grid(st[0])
         return time.perf_counter() - t0
 
-    builds = {label: _Recording(m) for label, m in builds.items()}
-    maps = {label: forward(m).numpy() for label, m in builds.items()}  # warm-up, and the maps compared
-    for m in builds.values():
-        m.phases.clear()
+    maps = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, b in builds.items():
+            b.ask(setup=[name, threads, spacing])
+            b.ask(save=f"{tmp}/{label}.npy")
+            maps[label] = np.load(f"{tmp}/{label}.npy")
+    for b in builds.values():
+        b.phases.clear()
     run_gemmi()
     first = next(iter(maps.values()))
     times = {label: [] for label in builds}
@@ -114,10 +171,11 @@ def _bench(name: str, builds: dict, threads: int, rounds: int, spacing: float) -
     order = list(builds.items())
     for r in range(rounds):
         # rotate who runs first after gemmi: the first call of a round wakes the thread pool
-        for label, module in order[r % len(order) :] + order[: r % len(order)]:
-            t0 = time.perf_counter()
-            forward(module)
-            times[label].append(time.perf_counter() - t0)
+        for label, build in order[r % len(order) :] + order[: r % len(order)]:
+            # After a call, the previous worker's OpenMP threads spin for a while before they
+            # sleep; with as many cores as threads they would share the cores with this call.
+            time.sleep(PAUSE_S)
+            times[label].append(build.forward())
         times["gemmi"].append(run_gemmi())
     med = {k: statistics.median(v) for k, v in times.items()}
     # per round, each build's time over the first build's: robust to a machine whose speed drifts
@@ -167,12 +225,17 @@ def main(argv=None):
         label, sep, path = item.partition("=")
         if not sep or not label or not path:
             p.error(f"--build takes LABEL=PATH, got {item!r}")
-        builds[label] = load_build(Path(path))
-    placement = pin_to_idle_cores(max(args.threads))
+        builds[label] = Path(path)
+    placement = pin_to_idle_cores(max(args.threads))  # inherited by the workers
     print(f"cpu placement: {placement}", flush=True)
-    info = {label: m.build_info() for label, m in builds.items()}
-    print(f"builds: {info}", flush=True)
-    results = [_bench(s, builds, t, args.rounds, args.spacing) for s in args.structures for t in args.threads]
+    builds = {label: _Build(path) for label, path in builds.items()}
+    try:
+        info = {label: b.ask(info=True) for label, b in builds.items()}
+        print(f"builds: {info}", flush=True)
+        results = [_bench(s, builds, t, args.rounds, args.spacing) for s in args.structures for t in args.threads]
+    finally:
+        for b in builds.values():
+            b.close()
     report = {
         "date": datetime.date.today().isoformat(),
         "builds": {

@@ -3,7 +3,9 @@
 For each structure, in one process pinned like ``bench_density.py`` (idlest CPUs of distinct
 physical cores), the CPU forward is called in three settings:
 
-- ``tight``        ``kernels.splat_density(..., backend="cpu")`` back to back;
+- ``tight``        the CPU backend's forward (``kernels.density.cpu._splat_cpu``: what
+                   ``kernels.splat_density(..., backend="cpu")`` runs, with the per-slab times
+                   recorded) back to back;
 - ``after_gemmi``  the same, each call right after gemmi's ``add_model_density_to_grid`` (as in
                    ``bench_density.py``'s rounds: the other threads idle while gemmi runs);
 - ``kernel_fresh`` / ``kernel_reused``  the C++ kernel alone (no Python around it), after gemmi as
@@ -11,7 +13,8 @@ physical cores), the CPU forward is called in three settings:
                    reused (already faulted in): what a map that comes back warm would save.
 
 Per call it records the wall time, the kernel's phases (prepare, partition, compute), each map
-slab's worker and its start, zeroed and end times (``splat``'s ``slabs``), and the minor page
+slab's worker and its start, zeroed and end times (the kernel's ``slabs``, recorded because the
+probe asks for them: ``_KernelOptions(slab_times=True)``), and the minor page
 faults of the process. The summary gives medians of: the wall time, the compute phase, the time
 the threads spend zeroing and splatting, how late the second worker starts its first slab, and the
 idle tail (compute phase minus the busiest worker's time).
@@ -41,11 +44,30 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import kernels  # noqa: E402
-from benchmarks.bench_density import STRUCTURES, _gemmi_calculator, pin_to_idle_cores  # noqa: E402
+from benchmarks._structures import STRUCTURES  # noqa: E402
+from benchmarks.bench_density import pin_to_idle_cores  # noqa: E402
 from kernels.crystal import GridSpec  # noqa: E402
 from kernels.density import cpu as density_cpu  # noqa: E402
+from kernels.testing import gemmi_density_calculator  # noqa: E402
 
 SETTINGS = ("tight", "after_gemmi", "kernel_fresh", "kernel_reused")
+
+
+class _TimedExtension:
+    """The extension module with its ``splat`` timed: each call's timing dict gets ``"kernel"``
+    (s, the C++ call alone, binding included)."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def splat(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        info, rows = self._module.splat(*args, **kwargs)
+        info["kernel"] = time.perf_counter() - t0
+        return info, rows
 
 
 def _faults() -> int:
@@ -91,27 +113,31 @@ def probe_structure(name: str, threads: int, rounds: int) -> dict:
     model = kernels.read_model(path)
     grid = GridSpec.for_spacing(model.cell, 0.667)
     atoms = model.atoms.to(dtype=torch.float32)
-    st, dc = _gemmi_calculator(path, 0.667, 1e-5)
+    st, dc = gemmi_density_calculator(path, 0.667, 1e-5)
     torch.set_num_threads(threads)
 
     last: list[dict] = []
-    splat = density_cpu._scatter.splat
+    options = density_cpu._KernelOptions(slab_times=True)
+    extension = density_cpu._scatter
+    timed = _TimedExtension(extension)
 
-    def recording_splat(*args):
-        t0 = time.perf_counter()
-        info = splat(*args)
-        info["kernel"] = time.perf_counter() - t0
-        last.append(info)
-        return info
-
-    # the C++ call alone, with its inputs prepared once (what splat_cpu passes it)
+    # the C++ call alone, with its inputs prepared once (what _splat_cpu passes it)
     frac = (atoms.xyz.to(torch.float64) @ grid.cell.frac.T).contiguous()
     f32 = [t.contiguous() for t in (atoms.b_iso, atoms.occ, atoms.a, atoms.b)]
-    call_args = density_cpu._call_args(grid, frac, None, kernels.density.DEFAULT_CUTOFF, *f32, False)
+    cell = density_cpu._kernel_cell(grid)
+    kernel_atoms = density_cpu._kernel_atoms(frac, None, kernels.density.DEFAULT_CUTOFF, *f32)
     reused = torch.empty(grid.shape, dtype=torch.float32)
 
     def kernel_only(out: torch.Tensor):
-        return recording_splat(out.data_ptr(), *call_args, False, density_cpu._SLABS_PER_THREAD)
+        info, _ = timed.splat(
+            out,
+            cell,
+            kernel_atoms,
+            n_threads=threads,
+            slabs_per_thread=options.slabs_per_thread,
+            slab_times=True,
+        )
+        last.append(info)
 
     def gemmi():
         dc.initialize_grid()
@@ -123,7 +149,7 @@ def probe_structure(name: str, threads: int, rounds: int) -> dict:
         f0 = _faults()
         t0 = time.perf_counter()
         if setting in ("tight", "after_gemmi"):
-            kernels.splat_density(atoms, grid, backend="cpu")
+            density_cpu._splat_cpu(atoms, grid, options=options, timings=last)
         elif setting == "kernel_fresh":
             kernel_only(torch.empty(grid.shape, dtype=torch.float32))
         else:
@@ -141,7 +167,7 @@ def probe_structure(name: str, threads: int, rounds: int) -> dict:
             "faults": faults,
         }
 
-    density_cpu._scatter.splat = recording_splat
+    density_cpu._scatter = timed  # so the forward's own C++ call is timed too
     try:
         calls: dict[str, list[dict]] = {s: [] for s in SETTINGS}
         for s in SETTINGS:  # warm-up, not recorded
@@ -150,7 +176,7 @@ def probe_structure(name: str, threads: int, rounds: int) -> dict:
             for s in SETTINGS:
                 calls[s].append(one_call(s))
     finally:
-        density_cpu._scatter.splat = splat
+        density_cpu._scatter = extension
     summary = {s: _summary(calls[s]) for s in SETTINGS}
     for s in SETTINGS:
         m = summary[s]

@@ -1,1860 +1,248 @@
-// Separable Gaussian density splat on a periodic whole-cell grid, and its gradient (CPU).
+// Python bindings of the CPU density splat (scatter.hpp) through nanobind.
 //
-// Plain C++17 + the CPython C API (no torch headers): tensors arrive as data_ptr()
-// integers and sizes; kernels/density/cpu.py owns the shapes, dtypes and contiguity.
-//
-// Forward (splat): every atom's density is built separably from small per-atom tables
-// (KERNELS.md): r² = dᵀGd over the fractional offset d splits into a part over one
-// coupled pair of axes and a part over the remaining axis —
-//   orthogonal / hexagonal (only G12 couples x,y): 2-D table over (x,y) × 1-D table over z,
-//   monoclinic (only G13 couples x,z):              1-D table over y × 2-D table over (x,z),
-//   triclinic (all three couple):                   the full exponent per voxel.
-// Every factor is exp(−α·q) with q ≥ 0 (a positive-definite form), so nothing overflows.
-// The innermost loop runs over the fastest map axis z, over exactly the voxels of the row
-// inside the sphere, and adds Σ_k c_k·T_k[z] (5 Gaussians) to the map.
-//
-// Partitioned scatter: the map is cut into slabs along x (the slowest axis), each slab is
-// one task owned by one thread, so no two threads ever write the same voxel (no atomics).
-// The x-ranges of the atoms' boxes ("segments", split where they wrap around the cell) are
-// counting-sorted by their first x plane; a slab walks only the segments that can reach
-// it, in that one global order. Each voxel therefore receives its contributions in the
-// same order whatever the number of threads or slabs: results are bitwise reproducible.
-//
-// Backward (gather): for each atom, Σ over its voxels of upstream-gradient × ∂ρ/∂parameter,
-// with the same tables and the same voxel set. Atoms are independent tasks; each atom's
-// sums are formed by one thread in a fixed order (deterministic for any thread count).
-//
-// Threads: OpenMP when built with it, std::thread otherwise (macro KERNELS_NO_OPENMP).
+// Arrays cross as typed nb::ndarray (torch CPU tensors through DLPack, numpy arrays through
+// the buffer protocol), with dtype, shape, C order and device checked here and never
+// converted: a mismatch raises TypeError naming the expected array, where a silent copy of
+// an output would lose what the kernel writes.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/string.h>
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <math.h>  // sqrtf/ceilf/floorf: libstdc++'s std:: float overloads do not inline into the AVX2 clone
-#include <cstdint>
-#include <cstring>
-#include <exception>
-#include <limits>
+#include <array>
 #include <memory>
-#include <new>
-#include <thread>
-#include <vector>
+#include <string>
 
-#ifndef KERNELS_NO_OPENMP
-#include <omp.h>
-#endif
+#include "scatter.hpp"
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
-#if defined(_OPENMP)
-#define KERNELS_SIMD _Pragma("omp simd")
-#else
-#define KERNELS_SIMD
-#endif
-
-// The compiler forgets what it knew of pointer p (an empty asm that may change it): keeps a pointer
-// stepped in a loop as its own register instead of folded into another's index (see run_slab's blocks).
-#if defined(__GNUC__)
-#define KERNELS_OPAQUE(p) __asm__("" : "+r"(p))
-#else
-#define KERNELS_OPAQUE(p) ((void)0)
-#endif
-
-// Hot functions get an AVX2+FMA clone next to the baseline one, picked at load time by
-// the CPU (GCC function multi-versioning, Linux/x86-64 only). Wheels stay portable: no
-// -march=native. A given machine always runs the same clone, so reproducibility holds.
-// The forward (run_slab) has an AVX-512 (x86-64-v4) clone as well: the same source, 5.8 %
-// less time on 5H73 and 4.6 % on 3WIP (1 thread, Xeon with AVX-512), bitwise the same maps.
-// The backward (gather_atoms) has one too, where its lane blocks are 16 wide (one AVX-512
-// vector; 32 registers hold the 15 contraction sums): 46-47 % less time on 5H73 and 3WIP, bitwise
-// the same gradients (the same source with 8-lane blocks in its v4 clone had taken 2.5-3.5 % longer).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
-    !defined(KERNELS_NO_CLONES)
-#define KERNELS_CLONES 1
-#define KERNELS_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
-#define KERNELS_HOT_V4 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define KERNELS_HOT
-#define KERNELS_HOT_V4
-#endif
-
-// Nothing here reads floating-point exception flags, and GCC's default -ftrapping-math
-// stops it from vectorising loops that contain ceil/floor or value selects (the per-row
-// interval pass below), so it is turned off for this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
-#endif
-
-#if defined(__GNUC__)
-#define KERNELS_INLINE inline __attribute__((always_inline))
-#else
-#define KERNELS_INLINE inline
-#endif
+namespace nb = nanobind;
+using namespace nb::literals;
+namespace kd = kernels::density;
 
 namespace {
 
-constexpr int NG = 5;  // Gaussians per atom: four IT92 terms + the constant c (width 0)
-constexpr double PI = 3.14159265358979323846;
+template <class T, int64_t... Dims>
+using Array = nb::ndarray<T, nb::shape<Dims...>, nb::c_contig, nb::device::cpu>;
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
+using Matrix3 = Array<const double, 3, 3>;
+
+kd::CellGeometry make_cell(const Matrix3& metric, const Matrix3& orth, const std::array<double, 3>& recip, int kind) {
+    if (kind < 0 || kind > 2)
+        throw nb::value_error("kind must be 0 (z separable: orthogonal, hexagonal), 1 (y separable: monoclinic) "
+                              "or 2 (triclinic)");
+    kd::CellGeometry c;
+    std::copy(metric.data(), metric.data() + 9, c.metric);
+    std::copy(orth.data(), orth.data() + 9, c.orth);
+    std::copy(recip.begin(), recip.end(), c.recip);
+    c.kind = kind;
+    return c;
 }
 
-// ------------------------------------------------------------------ exp(x) for x <= 0
-
-// exp of a non-positive float, vectorisable (no libm call, no branches).
-// Cody–Waite reduction x = n·ln2 + r, |r| ≤ ln2/2, and a degree-7 Taylor polynomial:
-// relative error < 3e-7 (a few float ulps; KERNELS.md allows 1e-5). Results below
-// 2^-43 ≈ 1e-13 are returned as 0 by clamping the integer exponent (an integer select: a
-// float select here stops GCC from vectorising under the default -ftrapping-math). 1e-13
-// of a term is far below float resolution of any voxel sum, and the cut keeps products
-// of two or three table factors out of the slow denormal range.
-KERNELS_INLINE float exp_neg(float x) {
-    // round to nearest through the 1.5·2^23 trick (SSE2-vectorisable, no roundps needed)
-    const float shifter = 12582912.0f;
-    const float n = (x * 1.44269504088896341f + shifter) - shifter;
-    const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t ni = static_cast<int32_t>(n);
-    ni = ni < -43 ? -127 : ni;  // biased exponent 0: scale = +0
-    const int32_t bits = (ni + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
-// ------------------------------------------------------------------ geometry
-
-enum Kind { kZSep = 0, kYSep = 1, kTriclinic = 2 };
-
-struct Geom {
-    int64_t n[3];      // grid size = sampling (whole cell)
-    double m[3];       // the same as doubles
-    double G00, G11, G22, G01x2, G02x2, G12x2;  // metric; cross terms pre-doubled as the reference does
-    double inv2G22;    // 1 / (2·G33)
-    double recip[3];   // |a*|, |b*|, |c*| (row norms of the fractional matrix)
-    double orth[9];    // fractional -> Cartesian, row-major
-    int kind;
-    bool float_rows;   // lane path: row intervals from the float pass (false: the double pass only)
-};
-
-// r² exactly as kernels/density/reference.py evaluates it (same operations, same order,
-// no fused multiply-add), so a voxel at an exact tie r² == R² lands on the same side.
-#if defined(__GNUC__) && !defined(__clang__)
-__attribute__((noinline, optimize("fp-contract=off")))
-#endif
-double r2_exact(const Geom& g, double dx, double dy, double dz) {
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#endif
-    double s = g.G00 * dx * dx;
-    s = s + g.G11 * dy * dy;
-    s = s + g.G22 * dz * dz;
-    s = s + g.G01x2 * dx * dy;
-    s = s + g.G02x2 * dx * dz;
-    s = s + g.G12x2 * dy * dz;
-    return s;
-}
-
-// Amplitude of one Gaussian term a·exp(−4π²r²/W) in real space: a·(4π/W)^{3/2}
-// (u·√u: std::pow was most of the per-atom preparation's time)
-KERNELS_INLINE double term_amplitude(double a, double w) {
-    const double u = 4.0 * PI / w;
-    return a * (u * std::sqrt(u));
-}
-
-KERNELS_INLINE int64_t floor_mod(int64_t a, int64_t n) {
-    int64_t r = a % n;
-    return r < 0 ? r + n : r;
-}
-
-// ------------------------------------------------------------------ cutoff radius (gemmi's rule)
-
-// Port of kernels/density/radius.py (gemmi's DensityCalculator::estimate_radius), one atom
-// at a time: the same steps in the same order, so the radii agree to rounding.
-double cutoff_radius_one(double B, const double* a, const double* b, double cutoff) {
-    double amp[NG], expo[NG];
-    for (int k = 0; k < NG; ++k) {
-        const double w = b[k] + B;
-        amp[k] = term_amplitude(a[k], w);
-        expo[k] = -4.0 * PI * PI / w;
-    }
-    auto value = [&](double x) {
-        double s = 0;
-        for (int k = 0; k < NG; ++k) s += amp[k] * std::exp(expo[k] * (x * x));
-        return s;
-    };
-    auto value_slope = [&](double x, double& y, double& dy) {
-        y = 0;
-        dy = 0;
-        for (int k = 0; k < NG; ++k) {
-            const double e = amp[k] * std::exp(expo[k] * (x * x));
-            y += e;
-            dy += 2 * x * expo[k] * e;
-        }
-    };
-    constexpr int kMaxSteps = 80;
-    double x1 = (8.5 + 0.075 * B) / (2.4 + 0.0045 * B), y1, dy;
-    value_slope(x1, y1, dy);
-    for (int s = 0; s < kMaxSteps && dy > 0; ++s) {
-        x1 += 1.0;
-        value_slope(x1, y1, dy);
-    }
-    double x2 = x1, y2 = y1;
-    bool rose = false;
-    if (y1 < cutoff) {
-        for (int s = 0; s < kMaxSteps; ++s) {
-            x2 = x1;
-            y2 = y1;
-            x1 -= 0.5;
-            value_slope(x1, y1, dy);
-            if (dy > 0) {
-                rose = true;
-                break;
-            }
-            if (x1 < 0) {
-                x1 = 0;
-                y1 = value(0.0);
-                break;
-            }
-            if (!(y1 < cutoff)) break;
-        }
-        if (rose) {
-            for (int s = 0; s < 6; ++s) {
-                if (dy > 0 && x1 + 0.1 < x2) {
-                    x1 += 0.1;
-                    value_slope(x1, y1, dy);
-                }
-            }
-            if (y1 < cutoff) return std::max(x1, 0.0);
-        }
-    } else {
-        for (int s = 0; s < kMaxSteps && y2 > cutoff; ++s) {
-            x1 = x2;
-            y1 = y2;
-            x2 += 0.5;
-            y2 = value(x2);
-        }
-    }
-    const double denom = y1 - y2;
-    const double r = denom == 0 ? x1 : x1 + (x1 - x2) / denom * (cutoff - y1);
-    return std::max(r, 0.0);
-}
-
-struct AtomP {
-    double f[3];       // fractional position
-    double R2;         // cutoff radius² (Å²)
-    int64_t lo[3];     // box of lattice voxels (inclusive, unwrapped), as the reference
-    int64_t hi[3];
-    double amp[NG];    // a_k·(4π/W_k)^{3/2}, W_k = b_k + B (unit occupancy)
-    double alpha[NG];  // 4π²/W_k
-    double width[NG];  // W_k
-    double gw[4][NG];  // backward weights amp_k·{1, 1/W_k, α_k, α_k/W_k}
-    double occ;
-};
-
-// radii: per-atom cutoff radii in Å, or nullptr: each atom's radius from the cutoff level (gemmi's
-// rule, cutoff_radius_one). The float32 inputs convert to double exactly.
-void prepare_atom(const Geom& g, const double* frac, const double* radii, double cutoff, const float* b_iso,
-                  const float* occ, const float* a, const float* b, int64_t i, AtomP& A) {
-    double ad[NG], bd[NG];
-    for (int k = 0; k < NG; ++k) {
-        ad[k] = a[NG * i + k];
-        bd[k] = b[NG * i + k];
-    }
-    const double B = b_iso[i];
-    const double R = radii ? radii[i] : cutoff_radius_one(B, ad, bd, cutoff);
-    A.R2 = R * R;
-    for (int d = 0; d < 3; ++d) {
-        A.f[d] = frac[3 * i + d];
-        const double centre = A.f[d] * g.m[d];
-        const double reach = R * g.recip[d] * g.m[d];
-        A.lo[d] = static_cast<int64_t>(std::floor(centre - reach));
-        A.hi[d] = static_cast<int64_t>(std::ceil(centre + reach));
-    }
-    for (int k = 0; k < NG; ++k) {
-        const double w = bd[k] + B;
-        A.width[k] = w;
-        A.amp[k] = term_amplitude(ad[k], w);
-        A.alpha[k] = 4.0 * PI * PI / w;
-        A.gw[0][k] = A.amp[k];
-        A.gw[1][k] = A.amp[k] / w;
-        A.gw[2][k] = A.amp[k] * A.alpha[k];
-        A.gw[3][k] = A.amp[k] * A.alpha[k] / w;
-    }
-    A.occ = occ[i];
-}
-
-// Grazing rows and ends close to a lattice point: settle each candidate with the exact test.
-#if defined(__GNUC__)
-__attribute__((noinline))
-#endif
-bool row_range_exact(const Geom& g, const AtomP& A, double dx, double dy, double wlo, double whi, bool fix_lo,
-                     bool fix_hi, int64_t& wa, int64_t& wb) {
-    const double fz = A.f[2], mz = g.m[2];
-    auto inside = [&](int64_t w) { return r2_exact(g, dx, dy, static_cast<double>(w) / mz - fz) < A.R2; };
-    int64_t s = std::max(A.lo[2], static_cast<int64_t>(std::floor(wlo)));
-    int64_t e = std::min(A.hi[2], static_cast<int64_t>(std::ceil(whi)));
-    if (fix_lo)
-        while (s <= e && !inside(s)) ++s;
-    if (fix_hi)
-        while (e >= s && !inside(e)) --e;
-    wa = s;
-    wb = e;
-    return s <= e;
-}
-
-// Voxels along z (lattice coordinates [wa, wb]) of row (dx, dy) with r² < R²; false if none.
-// r² = Q + Lz·dz + G33·dz² is a quadratic in dz: the interval comes from its roots, and
-// only an end within 1e-6 voxel of a lattice point (or a row that grazes the sphere, where
-// the roots are ill-conditioned) is settled with the exact test, so the voxel set is the
-// reference's, ties included.
-KERNELS_INLINE bool row_range(const Geom& g, const AtomP& A, double dx, double dy, double Q, double Lz, int64_t& wa,
-                              int64_t& wb) {
-    constexpr double kNear = 1e-6;
-    const double disc = Lz * Lz - 4.0 * g.G22 * (Q - A.R2);
-    const double scale = Lz * Lz + 4.0 * g.G22 * (std::fabs(Q) + A.R2);
-    if (!(disc > -1e-6 * scale)) return false;  // clearly misses the sphere (also R = 0)
-    const double wc = (A.f[2] - Lz * g.inv2G22) * g.m[2];
-    if (disc < 1e-6 * scale) {
-        // grazing: the interval is at most ~1e-3 of the radius wide around the vertex
-        const double hw = std::sqrt(std::max(disc, 0.0) + 1e-6 * scale) * g.inv2G22 * g.m[2] + 1.0;
-        return row_range_exact(g, A, dx, dy, wc - hw, wc + hw, true, true, wa, wb);
-    }
-    const double half = std::sqrt(disc) * g.inv2G22 * g.m[2];
-    const double wlo = wc - half, whi = wc + half;
-    const double cs = std::ceil(wlo - kNear), ce = std::floor(whi + kNear);
-    const bool fix_lo = cs - wlo < kNear, fix_hi = whi - ce < kNear;
-    if (fix_lo || fix_hi) return row_range_exact(g, A, dx, dy, cs, ce, fix_lo, fix_hi, wa, wb);
-    wa = std::max(A.lo[2], static_cast<int64_t>(cs));
-    wb = std::min(A.hi[2], static_cast<int64_t>(ce));
-    return wa <= wb;
-}
-
-// ------------------------------------------------------------------ per-thread scratch
-
-struct Scratch {
-    std::vector<float> tab_a;    // 1-D table (z for kZSep, y for kYSep), NG rows
-    std::vector<float> tab_b;    // 2-D table over the coupled pair, NG planes
-    std::vector<float> tab_r;    // triclinic: one row of full-exponent values, NG rows
-    std::vector<double> q;       // quadratic forms before the exp
-    std::vector<float> dzf;      // fractional dz per z of the box (backward)
-    std::vector<float> dz2f;     // dz² (backward)
-    std::vector<double> dzd;     // fractional dz per z of the box (double)
-    std::vector<double> dyd;     // fractional dy per y of the box
-    std::vector<int64_t> jw;     // wrapped y index per y of the box
-    std::vector<int64_t> zw;     // wrapped z index per z of the box
-    std::vector<double> rq, rl, rlo, rhi;  // per row of one x plane: Q, Lz, first/last z candidate
-    std::vector<int64_t> rst;    // per row: 0 empty, 1 interval ready, 2 settle with the exact test
-    // lane-blocked fast path (see process_atom_lanes)
-    std::vector<float> lane_tab;  // NG lane tables L_k (zero outside the box), nl lanes each
-    std::vector<int32_t> lane_index;  // 0, 1, 2, ...: the forward's lane vectors are loaded from it
-    std::vector<float> lane_q;    // lane part of r² (backward)
-    std::vector<float> lane_dz;   // fractional dz per lane (backward)
-    std::vector<double> lane_dzd;  // the same in double (tables)
-    std::vector<float> rowc;      // per row of a plane: 3·NG row coefficients (backward) / NG (forward)
-    std::vector<float> aacc;      // 6 per-atom lane accumulators (backward)
-    std::vector<int32_t> rlo32, rhi32, rows;  // per row of a plane: first/last lane, non-empty rows
-    std::vector<float> dyf;       // float interval pass: dy per row (padded to whole blocks of 8)
-    std::vector<int32_t> fix32;   // float interval pass: per row, settle in double
-};
-
-// exp tables: out[k*len + t] = exp(−alpha_k · q[t]) (vectorised over t), times amp[k] when
-// amp is given (the forward's row factors carry the atom's amplitudes × occupancy)
-KERNELS_INLINE void exp_table(const AtomP& A, const double* q, int64_t len, float* out, const float* amp = nullptr) {
-    for (int k = 0; k < NG; ++k) {
-        const double al = A.alpha[k];
-        float* o = out + k * len;
-        if (amp) {
-            const float a = amp[k];
-            KERNELS_SIMD
-            for (int64_t t = 0; t < len; ++t) o[t] = exp_neg(static_cast<float>(-al * q[t])) * a;
-        } else {
-            KERNELS_SIMD
-            for (int64_t t = 0; t < len; ++t) o[t] = exp_neg(static_cast<float>(-al * q[t]));
-        }
-    }
-}
-
-// o[l] += Σ_k c_k · t_k[l]
-KERNELS_INLINE void add_row(float* __restrict o, int64_t n, const float* __restrict t, int64_t stride, const float* c) {
-    const float c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3], c4 = c[4];
-    const float* __restrict t0 = t;
-    const float* __restrict t1 = t + stride;
-    const float* __restrict t2 = t + 2 * stride;
-    const float* __restrict t3 = t + 3 * stride;
-    const float* __restrict t4 = t + 4 * stride;
-    KERNELS_SIMD
-    for (int64_t l = 0; l < n; ++l) o[l] += c0 * t0[l] + c1 * t1[l] + c2 * t2[l] + c3 * t3[l] + c4 * t4[l];
-}
-
-// Rows are short (a sphere of radius ~4 Å is ~13 voxels across at 0.67 Å): a loop with an
-// exact trip count spends more on its epilogues and mispredicted branches than on the
-// arithmetic. These versions always process whole blocks of kW lanes and mask the lanes
-// past the row's end (their table entries are readable padding, their map voxels belong to
-// the same row and receive +0.0f, which changes nothing), so the branch pattern does not
-// depend on the row. Used when the block stays inside the row of the map.
-constexpr int64_t kW = 16;
-
-KERNELS_INLINE void add_row_w(float* __restrict o, int64_t n, const float* __restrict t, int64_t stride,
-                              const float* c) {
-    const float c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3], c4 = c[4];
-    for (int64_t b = 0; b < n; b += kW) {
-        const float* __restrict t0 = t + b;
-        const float* __restrict t1 = t + b + stride;
-        const float* __restrict t2 = t + b + 2 * stride;
-        const float* __restrict t3 = t + b + 3 * stride;
-        const float* __restrict t4 = t + b + 4 * stride;
-        float* __restrict ob = o + b;
-        const int64_t m = n - b;
-        KERNELS_SIMD
-        for (int64_t l = 0; l < kW; ++l) {
-            const float v = c0 * t0[l] + c1 * t1[l] + c2 * t2[l] + c3 * t3[l] + c4 * t4[l];
-            ob[l] += l < m ? v : 0.0f;
-        }
-    }
-}
-
-// Backward over one row: with e_k the row's Gaussian factors (row factor × table) and
-// per-Gaussian weights cu[m][k] (amp_k·{1, 1/W_k, α_k, α_k/W_k}·row factor), form per voxel
-// u_m = Σ_k cu[m][k]·t_k and accumulate the 7 row sums the gradients need:
-// Σg·u0, Σg·u1, Σg·u2, Σg·u2·dz, Σg·u3, Σg·u3·dz, Σg·u3·dz². One pass over the row, 7
-// accumulators; Masked: whole kW blocks with the lanes past the row's end zeroed.
-template <bool Masked>
-KERNELS_INLINE void gather_row(const float* __restrict gr, int64_t n, const float* __restrict t, int64_t stride,
-                               const float* __restrict dz, const float* __restrict dz2, const float cu[4][NG],
-                               float acc[7]) {
-    const float* __restrict t0 = t;
-    const float* __restrict t1 = t + stride;
-    const float* __restrict t2 = t + 2 * stride;
-    const float* __restrict t3 = t + 3 * stride;
-    const float* __restrict t4 = t + 4 * stride;
-    float a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0;
-    const int64_t step = Masked ? kW : n;
-    for (int64_t b = 0; b < n; b += step) {
-        const int64_t m = n - b;
-#if defined(_OPENMP)
-#pragma omp simd reduction(+ : a0, a1, a2, a3, a4, a5, a6)
-#endif
-        for (int64_t l = b; l < b + step; ++l) {
-            const float e0 = t0[l], e1 = t1[l], e2 = t2[l], e3 = t3[l], e4 = t4[l];
-            const float u0 = cu[0][0] * e0 + cu[0][1] * e1 + cu[0][2] * e2 + cu[0][3] * e3 + cu[0][4] * e4;
-            const float u1 = cu[1][0] * e0 + cu[1][1] * e1 + cu[1][2] * e2 + cu[1][3] * e3 + cu[1][4] * e4;
-            const float u2 = cu[2][0] * e0 + cu[2][1] * e1 + cu[2][2] * e2 + cu[2][3] * e3 + cu[2][4] * e4;
-            const float u3 = cu[3][0] * e0 + cu[3][1] * e1 + cu[3][2] * e2 + cu[3][3] * e3 + cu[3][4] * e4;
-            const float gl = Masked ? (l - b < m ? gr[l] : 0.0f) : gr[l];
-            const float g2 = gl * u2, g3 = gl * u3;
-            a0 += gl * u0;
-            a1 += gl * u1;
-            a2 += g2;
-            a3 += g2 * dz[l];
-            a4 += g3;
-            a5 += g3 * dz[l];
-            a6 += g3 * dz2[l];
-        }
-    }
-    acc[0] += a0;
-    acc[1] += a1;
-    acc[2] += a2;
-    acc[3] += a3;
-    acc[4] += a4;
-    acc[5] += a5;
-    acc[6] += a6;
-}
-
-// ------------------------------------------------------------------ lane-blocked rows
-
-// Rows again, the fast way (orthogonal, hexagonal and monoclinic cells, i.e. every cell
-// that factors, when the atom's z-range does not wrap around the cell). The voxels of an
-// atom's row are addressed as fixed lanes l = 0..nl-1 of the map row, starting at z0 (the
-// same z0 for every row of the atom), in blocks of 8. Then
-//   - the z-dependent factor of each Gaussian, L_k (1-D z table on orthogonal/hexagonal
-//     cells, one plane of the 2-D (x,z) table on monoclinic ones), is one vector per
-//     block shared by every row of the plane, and the y-dependent factor R_k is one scalar
-//     per row: a voxel costs 5 vector FMAs, nothing else (no per-row table gathers, no
-//     exact-length loops);
-//   - the backward never reduces a row: per plane it contracts the upstream gradient over
-//     the rows into 15 lane vectors Z = Σ_rows {R_k, R_k·dy, R_k·Q_row}·g (15 FMAs per voxel,
-//     the only per-voxel work), then per plane folds them with L_k, dx, dz and the lane part
-//     of r² into 6 per-atom lane accumulators; the horizontal sums happen once per atom.
-//     This works because r² = Q_row(x,y) + q_lane(x,z) exactly on these cells (the one
-//     cross term couples the row pair or the lane pair, never a row and a lane axis).
-// Blocks that run past the top of the cell (boxes that wrap along z) go lane by lane.
-// Lanes outside a row's voxel set are masked to +0 (forward: the map voxel gets +0.0f,
-// which changes nothing; backward: the gradient lane is zeroed before any product).
-#if defined(__GNUC__) && !defined(KERNELS_NO_LANES)
-#define KERNELS_LANES 1
-// The helpers below are always inlined into one translation unit: the vector-ABI note
-// (-Wpsabi) about passing 32-byte vectors without AVX does not apply.
-#if !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-typedef float vf8 __attribute__((vector_size(32)));
-typedef int32_t vi8 __attribute__((vector_size(32)));
-typedef float vf16 __attribute__((vector_size(64)));
-typedef int32_t vi16 __attribute__((vector_size(64)));
-constexpr int64_t kL = 8;  // lanes per block (and the lane tables' granularity)
-// Vectors of W lanes: the backward's blocks are W = 16 lanes wide on CPUs that run the
-// x86-64-v4 (AVX-512) clone, 8 (one AVX2 vector) elsewhere.
-// GCC 12 builds a splat {x, x, ...} of a value in a register lane by lane inside the clones
-// (vmovss + 4 vinsertps + vinsertf128 for 8 floats, vmovd + 3 vpinsrd + vinserti128 for 8
-// ints, 16 masked broadcasts for 16 lanes); lane 0 spread by __builtin_shufflevector (GCC 12+,
-// clang) is one broadcast, or one broadcast load when the value comes from memory. The shuffle
-// is written out where it is used: behind a helper template GCC 12 expands it lane by lane again.
-#if defined(__has_builtin)
-#if __has_builtin(__builtin_shufflevector)
-#define KERNELS_SHUFFLEVECTOR 1
-#endif
-#endif
-template <int W> struct Lanes;
-template <> struct Lanes<8> {
-    typedef vf8 F;
-    typedef vi8 I;
-    KERNELS_INLINE static F splat(float x) { return F{x, x, x, x, x, x, x, x}; }
-    KERNELS_INLINE static I splat(int32_t x) { return I{x, x, x, x, x, x, x, x}; }
-    KERNELS_INLINE static I iota() { return I{0, 1, 2, 3, 4, 5, 6, 7}; }
-};
-template <> struct Lanes<16> {
-    typedef vf16 F;
-    typedef vi16 I;
-#if defined(KERNELS_SHUFFLEVECTOR)
-    KERNELS_INLINE static F splat(float x) {
-        const F v = {x};
-        return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    }
-    KERNELS_INLINE static I splat(int32_t x) {
-        const I v = {x};
-        return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    }
-#else  // (16-lane blocks are not used then: see gather_atoms)
-    KERNELS_INLINE static F splat(float x) { return F{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-    KERNELS_INLINE static I splat(int32_t x) { return I{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-#endif
-    KERNELS_INLINE static I iota() { return I{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
-};
-
-template <class V = vf8, class T = float>
-KERNELS_INLINE V vload(const T* p) {
-    V v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-template <class V>
-KERNELS_INLINE void vstore(float* p, V v) { std::memcpy(p, &v, sizeof v); }
-// *p in every lane of 8 (float or int32), as one broadcast load (see KERNELS_SHUFFLEVECTOR)
-template <class V = vf8, class T>
-KERNELS_INLINE V vsplat_at(const T* p) {
-    V v = {};
-    std::memcpy(&v, p, sizeof(T));
-#if defined(KERNELS_SHUFFLEVECTOR)
-    return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0);
-#else
-    return __builtin_shuffle(v, vi8{});
-#endif
-}
-// n lanes rounded up to whole blocks
-KERNELS_INLINE int64_t whole_blocks(int64_t n) { return (n + kL - 1) / kL * kL; }
-// lanes [la, lb] of block bb kept, the rest +0
-KERNELS_INLINE vf8 vmask(vf8 v, int64_t bb, int32_t la, int32_t lb) {
-    // splats written out: scalar operands of vector operators are a GCC extension clang lacks in C++
-    // lane index within the block (a constant) against the row's ends moved into the block:
-    // no per-call vector of lane indices to build
-    const int32_t a = la - static_cast<int32_t>(bb * kL), b = lb - static_cast<int32_t>(bb * kL);
-    const vi8 idx = vi8{0, 1, 2, 3, 4, 5, 6, 7};
-    const vi8 m = (idx >= Lanes<8>::splat(a)) & (idx <= Lanes<8>::splat(b));
-    return reinterpret_cast<vf8>(reinterpret_cast<vi8>(v) & m);
-}
-// Σ_k c_k · L_k over the block at lane l of the lane tables (L_k at L + k·stride)
-KERNELS_INLINE vf8 lane_sum(const vf8* c, const float* L, int64_t stride, int64_t l) {
-    return c[0] * vload(L + l) + c[1] * vload(L + stride + l) + c[2] * vload(L + 2 * stride + l) +
-           c[3] * vload(L + 3 * stride + l) + c[4] * vload(L + 4 * stride + l);
-}
-KERNELS_INLINE double vsum(vf8 v) {
-    double s = 0;
-    for (int l = 0; l < 8; ++l) s += static_cast<double>(v[l]);
-    return s;
-}
-#endif
-
-// Box-relative z range [lo[s], hi[s]] of every row s of the plane at dx (lo > hi: empty):
-// exactly the reference's voxel set (see row_range). One vectorised pass over the rows
-// gives every interval; only the rare rows flagged there (grazing, or an end within 1e-6
-// voxel of a lattice point) are settled with the exact test afterwards, so the scalar
-// loop is a scan with an almost never taken branch.
-#if defined(KERNELS_PROFILE_INTERVALS)  // profiling builds only: the interval pass as its own symbol
-__attribute__((noinline)) KERNELS_HOT
-#else
-KERNELS_INLINE
-#endif
-void plane_intervals(const Geom& g, const AtomP& A, double dx, int64_t nyb, const double* dyd,
-                                    Scratch& S, int32_t* lo, int32_t* hi) {
-    int64_t* fix = S.rst.data();
-    double* rq = S.rq.data();
-    double* rl = S.rl.data();
-    const double fz = A.f[2];
-    const int64_t zlo = A.lo[2], zhi = A.hi[2];
-    {
-        const double G00 = g.G00, G11 = g.G11, G22 = g.G22, G01x2 = g.G01x2, G02x2 = g.G02x2, G12x2 = g.G12x2;
-        const double inv2 = g.inv2G22, mz = g.m[2], R2 = A.R2;
-        const double zlo_d = static_cast<double>(zlo), zhi_d = static_cast<double>(zhi);
-        KERNELS_SIMD
-        for (int64_t s = 0; s < nyb; ++s) {
-            const double dy = dyd[s];
-            const double Q = G00 * dx * dx + G11 * dy * dy + G01x2 * dx * dy;
-            const double Lz = G02x2 * dx + G12x2 * dy;
-            const double disc = Lz * Lz - 4.0 * G22 * (Q - R2);
-            const double scale = Lz * Lz + 4.0 * G22 * (std::fabs(Q) + R2);
-            const double wc = (fz - Lz * inv2) * mz;
-            const double half = std::sqrt(disc) * inv2 * mz;  // NaN when disc < 0: row is then empty
-            const double wlo = wc - half, whi = wc + half;
-            const double cs = std::ceil(wlo - 1e-6), ce = std::floor(whi + 1e-6);
-            const bool hit = disc > -1e-6 * scale;
-            const bool care = (disc < 1e-6 * scale) | (cs - wlo < 1e-6) | (whi - ce < 1e-6);
-            const double a = cs > zlo_d ? cs : zlo_d, b = ce < zhi_d ? ce : zhi_d;
-            const bool ok = hit & !care & (a <= b);
-            lo[s] = static_cast<int32_t>((ok ? a : zlo_d + 1.0) - zlo_d);
-            hi[s] = static_cast<int32_t>((ok ? b : zlo_d) - zlo_d);
-            fix[s] = hit & care;
-            rq[s] = Q;
-            rl[s] = Lz;
-        }
-    }
-    for (int64_t s = 0; s < nyb; ++s) {
-        if (!fix[s]) continue;
-        int64_t wa, wb;
-        if (row_range(g, A, dx, dyd[s], rq[s], rl[s], wa, wb)) {
-            lo[s] = static_cast<int32_t>(wa - zlo);
-            hi[s] = static_cast<int32_t>(wb - zlo);
-        }
-    }
-}
-
-// The same intervals from a float pass: 8 rows per AVX2 vector instead of 4, box-relative
-// z so the magnitudes stay ~the box size. Every row whose float result cannot be trusted
-// is settled in double with row_range (the pass above's own test, then the exact r² test),
-// so the voxel set is still exactly the reference's. Error bound (u = 2^-24, one float
-// rounding; every per-atom bound below carries a factor ≥ 2 of slack over a first-order
-// count of the roundings, FMA contraction or not):
-//   - |dx| ≤ dxm, |dy| ≤ dym over the box, so the terms of Q = G00·dx² + G11·dy² + G01x2·dx·dy
-//     sum in absolute value to ≤ Smax and those of Lz = G02x2·dx + G12x2·dy to ≤ Lmax; the
-//     float disc = Lz² + 4G22·(R² − Q) is within Ed = 32u·(Lmax² + 4G22·(R² + Smax)) of the
-//     real one (a count gives ≤ 16u·(...)).
-//   - half = k·√disc (k = mz/(2·G22), voxels): |√d' − √d| ≤ |d' − d|/√d' for the computed
-//     d' > 0, so half is within k²·Ed/half' + 3u·half' of the real one; Mb = 2·k²·Ed.
-//   - the centre wc = c0 − Lz·k (c0 = fz·mz − zlo ∈ [reach, reach+1]) and the ends wc ± half,
-//     the shifts by M and the test cs − wlo < M each add a few u of |c0| + k·Lmax + nzb:
-//     Ma = 32u·(|c0| + k·Lmax + nzb + 2).
-// A row end is trusted only when it lies M = Ma + Mb/half' or more from every lattice point
-// (the end and the lattice point next to it then agree with the real root); a row with
-// |disc'| ≤ Ed (grazing, or a miss that might be a hit) is settled too. Typical M on
-// 0.667 Å grids: 1e-4..1e-3 voxel, so ~0.1 % of the rows go to the double settle.
-struct RowConstF {
-    float c0, k, zspan, G11, G12x2, c4, R2, Ed, Ma, Mb;
-};
-
-KERNELS_INLINE RowConstF row_const_f(const Geom& g, const AtomP& A) {
-    constexpr double u = 1.0 / 16777216.0;  // 2^-24
-    auto ext = [&](int d) {
-        return std::max(std::fabs(static_cast<double>(A.lo[d]) / g.m[d] - A.f[d]),
-                        std::fabs(static_cast<double>(A.hi[d]) / g.m[d] - A.f[d]));
-    };
-    const double dxm = ext(0), dym = ext(1);
-    const double Smax = g.G00 * dxm * dxm + g.G11 * dym * dym + std::fabs(g.G01x2) * dxm * dym;
-    const double Lmax = std::fabs(g.G02x2) * dxm + std::fabs(g.G12x2) * dym;
-    const double k = g.inv2G22 * g.m[2];
-    const double c0 = A.f[2] * g.m[2] - static_cast<double>(A.lo[2]);
-    const double Ed = 32.0 * u * (Lmax * Lmax + 4.0 * g.G22 * (A.R2 + Smax));
-    RowConstF C;
-    C.c0 = static_cast<float>(c0);
-    C.k = static_cast<float>(k);
-    C.zspan = static_cast<float>(A.hi[2] - A.lo[2]);
-    C.G11 = static_cast<float>(g.G11);
-    C.G12x2 = static_cast<float>(g.G12x2);
-    C.c4 = static_cast<float>(4.0 * g.G22);
-    C.R2 = static_cast<float>(A.R2);
-    C.Ed = static_cast<float>(Ed);
-    C.Ma = static_cast<float>(32.0 * u * (std::fabs(c0) + k * Lmax + static_cast<double>(A.hi[2] - A.lo[2] + 1) + 2.0));
-    C.Mb = static_cast<float>(2.0 * k * k * Ed);
-    return C;
-}
-
-// Rows of the plane at dx from the float pass; dyf: dy per row, padded to a multiple of 8.
-#if defined(KERNELS_PROFILE_INTERVALS)
-__attribute__((noinline)) KERNELS_HOT
-#else
-KERNELS_INLINE
-#endif
-void plane_intervals_f(const Geom& g, const AtomP& A, const RowConstF& C, double dx, int64_t nyb,
-                                      const float* dyf, const double* dyd, Scratch& S, int32_t* lo, int32_t* hi) {
-    int32_t* fix = S.fix32.data();
-    const float A0 = static_cast<float>(g.G00 * dx * dx), B1 = static_cast<float>(g.G01x2 * dx),
-                Lx = static_cast<float>(g.G02x2 * dx);
-    const float c0 = C.c0, k = C.k, zspan = C.zspan, G11 = C.G11, G12x2 = C.G12x2, c4 = C.c4, R2 = C.R2, Ed = C.Ed,
-                Ma = C.Ma, Mb = C.Mb;
-    const int64_t nbk = (nyb + 7) / 8;
-    for (int64_t bk = 0; bk < nbk; ++bk) {
-        const float* dyb = dyf + 8 * bk;
-        int32_t* lob = lo + 8 * bk;
-        int32_t* hib = hi + 8 * bk;
-        int32_t* fixb = fix + 8 * bk;
-        KERNELS_SIMD
-        for (int l = 0; l < 8; ++l) {
-            const float dy = dyb[l];
-            const float Q = A0 + dy * (G11 * dy + B1);
-            const float Lz = Lx + G12x2 * dy;
-            const float disc = Lz * Lz + c4 * (R2 - Q);
-            // ternaries and the C float functions, not std::max / std::sqrt(float): those are
-            // ordinary functions in libstdc++ that GCC cannot inline into the AVX2 clone
-            const float half = sqrtf(disc > 0.0f ? disc : 0.0f) * k;
-            const float M = Ma + Mb / (half > 1e-20f ? half : 1e-20f);
-            const float wc = c0 - Lz * k;
-            const float wlo = wc - half, whi = wc + half;
-            const float cs = ceilf(wlo - M), ce = floorf(whi + M);
-            const bool hit = disc > -Ed;
-            const bool care = (disc <= Ed) | (cs - wlo < M) | (whi - ce < M);
-            const float a = cs > 0.0f ? cs : 0.0f, b = ce < zspan ? ce : zspan;
-            const bool ok = hit & !care & (a <= b);
-            lob[l] = static_cast<int32_t>(ok ? a : 1.0f);
-            hib[l] = static_cast<int32_t>(ok ? b : 0.0f);
-            fixb[l] = hit & care;
-        }
-    }
-    const int64_t zlo = A.lo[2];
-    for (int64_t bk = 0; bk < nbk; ++bk) {
-        const int32_t* fixb = fix + 8 * bk;
-        int32_t any = 0;
-        for (int l = 0; l < 8; ++l) any |= fixb[l];
-        if (!any) continue;
-        for (int64_t s = 8 * bk; s < std::min(nyb, 8 * bk + 8); ++s) {
-            if (!fix[s]) continue;
-            const double dy = dyd[s];
-            const double Q = g.G00 * dx * dx + g.G11 * dy * dy + g.G01x2 * dx * dy;
-            const double Lz = g.G02x2 * dx + g.G12x2 * dy;
-            int64_t wa, wb;
-            if (row_range(g, A, dx, dy, Q, Lz, wa, wb)) {
-                lo[s] = static_cast<int32_t>(wa - zlo);
-                hi[s] = static_cast<int32_t>(wb - zlo);
-            }
-        }
-    }
-}
-
-#if defined(KERNELS_LANES)
-// Lane-blocked forward or backward of atom A over planes [ia, ib]; builds its own tables
-// (in lane layout) in the scratch S. z0: map z of lane 0,
-// off: lane of box z index 0, nl: lanes (multiple of 8, <= nz); lane l is map z (z0 + l) mod nz.
-// rows: this atom's saved row intervals (see SavedRows) or nullptr — the forward writes
-// them there, the backward reads them instead of solving for them again.
-template <class Idx, bool Forward, int W>
-KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_t ib, float* out, const float* grad,
-                               Scratch& S, const float* ampf, int64_t z0, int64_t off, int64_t nl, int16_t* rows_saved,
-                               double* sums) {
-    const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
-    const int64_t nyb = A.hi[1] - A.lo[1] + 1, nib = ib - ia + 1;
-    const bool zsep = g.kind == kZSep;
-    const double* dyd = S.dyd.data();
-    const int64_t* jw = S.jw.data();
-    float* ta = S.tab_a.data();
-    float* tb = S.tab_b.data();
-    double* q = S.q.data();
-    float* lq = S.lane_q.data();
-    float* ldz = S.lane_dz.data();
-    double* dzl = S.lane_dzd.data();
-    int32_t* lo = S.rlo32.data();
-    int32_t* hi = S.rhi32.data();
-    const int64_t nblk = nl / kL;
-    typedef typename Lanes<W>::F VF;
-    typedef typename Lanes<W>::I VI;
-    // forward: blocks [0, btop) lie below the top of the cell, the rest wrap to z = 0, 1, ...;
-    // a block crosses the top only when the wrapped lanes are not aligned to whole blocks
-    const bool straddle = z0 + nl > nz && (nz % kL != 0 || z0 % kL != 0);
-    // forward: box lane → lane offsets for the per-row bounds, and the lane numbers 0, 1, 2, ...
-    const vi8 off_lo = Lanes<8>::splat(static_cast<int32_t>(off) - 1);
-    const vi8 off_hi = Lanes<8>::splat(static_cast<int32_t>(off) + 1);
-    const int32_t* lane_index = S.lane_index.data();
-    const int64_t btop = z0 + nl <= nz ? nblk : (nz - z0) / kL;
-    // float interval pass (when this call solves for the intervals): per-atom constants, dy in float
-    const bool solve = Forward || !rows_saved;
-    const bool fpass = solve && g.float_rows;
-    RowConstF rcf{};
-    float* dyf = S.dyf.data();
-    if (fpass) {
-        rcf = row_const_f(g, A);
-        const int64_t nyp = (nyb + 7) / 8 * 8;
-        for (int64_t s = 0; s < nyb; ++s) dyf[s] = static_cast<float>(dyd[s]);
-        for (int64_t s = nyb; s < nyp; ++s) dyf[s] = dyf[nyb - 1];
-    }
-    // Tables straight in lane layout. Lanes outside the box get the values of their own
-    // (outside) z: finite, never inside a row's interval, so they are masked everywhere.
-    const int64_t zfirst = A.lo[2] - off;  // unwrapped lattice z of lane 0
-    const double zfd = static_cast<double>(zfirst);  // as for dyd in process_atom: an int32 loop vectorises
-    for (int32_t l = 0; l < static_cast<int32_t>(nl); ++l) dzl[l] = (zfd + static_cast<double>(l)) / g.m[2] - A.f[2];
-    if (!Forward)
-        for (int64_t l = 0; l < nl; ++l) ldz[l] = static_cast<float>(dzl[l]);
-    const float* L;      // L_k of plane i: L + k*lstride + (i-ia)*lplane
-    int64_t lstride, lplane;
-    if (zsep) {
-        // z factor L_k[l] (the same for every plane), row factor R_k over (x,y)
-        float* Lz = S.lane_tab.data();
-        for (int64_t l = 0; l < nl; ++l) q[l] = g.G22 * dzl[l] * dzl[l];
-        if (!Forward)
-            for (int64_t l = 0; l < nl; ++l) lq[l] = static_cast<float>(q[l]);
-        exp_table(A, q, nl, Lz);
-        for (int64_t i = ia; i <= ib; ++i) {
-            const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
-            double* qi = q + (i - ia) * nyb;
-            for (int64_t s = 0; s < nyb; ++s)
-                qi[s] = g.G00 * dx * dx + g.G11 * dyd[s] * dyd[s] + g.G01x2 * dx * dyd[s];
-        }
-        exp_table(A, q, nib * nyb, tb, Forward ? ampf : nullptr);  // tb[k*nib*nyb + (i-ia)*nyb + s]
-        L = Lz;
-        lstride = nl;
-        lplane = 0;
-    } else {
-        // row factor R_k over y, lane factor L_k over (x,z)
-        for (int64_t s = 0; s < nyb; ++s) q[s] = g.G11 * dyd[s] * dyd[s];
-        exp_table(A, q, nyb, ta, Forward ? ampf : nullptr);  // ta[k*nyb + s]
-        for (int64_t i = ia; i <= ib; ++i) {
-            const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
-            double* qi = q + (i - ia) * nl;
-            for (int64_t l = 0; l < nl; ++l)
-                qi[l] = g.G00 * dx * dx + g.G22 * dzl[l] * dzl[l] + g.G02x2 * dx * dzl[l];
-        }
-        if (!Forward)
-            for (int64_t t = 0; t < nib * nl; ++t) lq[t] = static_cast<float>(q[t]);
-        exp_table(A, q, nib * nl, tb);  // tb[k*nib*nl + (i-ia)*nl + l]
-        L = tb;
-        lstride = nib * nl;
-        lplane = nl;
-    }
-    float w[4][NG];
-    float* aacc = S.aacc.data();  // 6 accumulators × nl: occ, b1, dx, dy, dz, b3
-    if (!Forward) {
-        for (int m = 0; m < 4; ++m)
-            for (int k = 0; k < NG; ++k) w[m][k] = static_cast<float>(A.gw[m][k]);
-        std::fill(aacc, aacc + 6 * nl, 0.0f);
-    }
-    for (int64_t i = ia; i <= ib; ++i) {
-        const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
-        const Idx iw = static_cast<Idx>(floor_mod(i, nx));
-        int16_t* sv = rows_saved ? rows_saved + 2 * (i - A.lo[0]) * nyb : nullptr;
-        if (fpass)
-            plane_intervals_f(g, A, rcf, dx, nyb, dyf, dyd, S, lo, hi);
-        else if (solve)
-            plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
-        if (sv) {
-            if (Forward) {
-                for (int64_t s = 0; s < nyb; ++s) {
-                    sv[2 * s] = static_cast<int16_t>(lo[s]);
-                    sv[2 * s + 1] = static_cast<int16_t>(hi[s]);
-                }
-            } else {
-                for (int64_t s = 0; s < nyb; ++s) {
-                    lo[s] = sv[2 * s];
-                    hi[s] = sv[2 * s + 1];
-                }
-            }
-        }
-        const float* Lp = L + (i - ia) * lplane;  // this plane's L_k: Lp[k*lstride + l]
-        const float* lqp = lq + (zsep ? 0 : (i - ia) * nl);
-        // row factor R_k of row s: Rp[k * rstride + s] (in the forward, with amp·occ in it: see exp_table)
-        const float* Rp = zsep ? tb + (i - ia) * nyb : ta;
-        const int64_t rstride = zsep ? nib * nyb : nyb;
-        if (Forward) {
-            // The row factors already carry amp·occ: a row's 5 coefficients are broadcasts.
-            // Blocks below the top of the cell are one run of the map row from lane z0; blocks
-            // at or past it (boxes that wrap along z, aligned so that no block crosses the top)
-            // are the same run moved down by nz.
-            float* op = out + static_cast<Idx>(iw) * static_cast<Idx>(ny) * static_cast<Idx>(nz);
-            for (int64_t s = 0; s < nyb; ++s) {
-                if (lo[s] > hi[s]) continue;
-                vf8 c[NG];
-                for (int k = 0; k < NG; ++k) c[k] = vsplat_at(Rp + k * rstride + s);
-                const int32_t la = static_cast<int32_t>(lo[s] + off), lb = static_cast<int32_t>(hi[s] + off);
-                float* o = op + static_cast<Idx>(jw[s]) * static_cast<Idx>(nz);
-                const int64_t b0 = static_cast<uint32_t>(la) / kL, b1 = static_cast<uint32_t>(lb) / kL;
-                if (straddle) {  // the block that crosses the top of the cell goes lane by lane
-                    for (int64_t bb = b0; bb <= b1; ++bb) {
-                        const vf8 add = vmask(lane_sum(c, Lp, lstride, bb * kL), bb, la, lb);
-                        const int64_t zb = z0 + bb * kL < nz ? z0 + bb * kL : z0 + bb * kL - nz;
-                        if (zb + kL <= nz)
-                            vstore(o + zb, vload(o + zb) + add);
-                        else
-                            for (int l = 0; l < kL; ++l) o[zb + l < nz ? zb + l : zb + l - nz] += add[l];
-                    }
-                    continue;
-                }
-                // la − 1 and lb + 1 in every lane (broadcast loads, see vsplat_at)
-                const vi8 lo1 = vsplat_at<vi8>(lo + s) + off_lo, hi1 = vsplat_at<vi8>(hi + s) + off_hi;
-                // blocks [bf, bl] of the row, the first one at map z zf
-                // The map and table pointers are stepped on their own: GCC 13 otherwise folds them into
-                // one index register, and the map's load-add-store and the five table loads all take
-                // base + index addresses (1.04-1.07x the time of GCC 12's loop on 5H73 and 3WIP, the
-                // same source). The empty asm hides each pointer's relation to the others.
-                auto run = [&](int64_t bf, int64_t bl, int64_t zf) {
-                    vi8 lane = vload<vi8>(lane_index + bf * kL);  // lanes bf·kL, bf·kL + 1, ...
-                    float* ob = o + zf;
-                    const float* lt = Lp + bf * kL;  // this block's lanes of the L_k tables
-                    for (int64_t bb = bf; bb <= bl; ++bb, ob += kL, lt += kL) {
-                        KERNELS_OPAQUE(lt);
-                        const vf8 v = lane_sum(c, lt, lstride, 0);
-                        const vi8 m = (lane > lo1) & (hi1 > lane);  // lanes [la, lb]; the rest +0
-                        vstore(ob, vload(ob) + reinterpret_cast<vf8>(reinterpret_cast<vi8>(v) & m));
-                        lane += vi8{kL, kL, kL, kL, kL, kL, kL, kL};
-                        KERNELS_OPAQUE(ob);
-                    }
-                };
-                if (b0 < btop) run(b0, std::min(b1, btop - 1), z0 + b0 * kL);
-                if (b1 >= btop) run(std::max(b0, btop), b1, z0 + std::max(b0, btop) * kL - nz);
-            }
-        } else {
-            // rows that have voxels, with their 15 coefficients R_k, R_k·dy, R_k·Q_row
-            float* rc = S.rowc.data();
-            int32_t* rows = S.rows.data();
-            int64_t nr = 0;
-            for (int64_t s = 0; s < nyb; ++s) {
-                if (lo[s] > hi[s]) continue;
-                const double dy = dyd[s];
-                const double Qr = zsep ? q[(i - ia) * nyb + s] : g.G11 * dy * dy;
-                float* r = rc + 3 * NG * nr;
-                for (int k = 0; k < NG; ++k) {
-                    const float e = Rp[k * rstride + s];
-                    r[k] = e;
-                    r[NG + k] = static_cast<float>(e * dy);
-                    r[2 * NG + k] = static_cast<float>(e * Qr);
-                }
-                rows[nr++] = static_cast<int32_t>(s);
-            }
-            if (nr == 0) continue;
-            const float dxf = static_cast<float>(dx);
-            // blocks of W lanes (nl is a multiple of W here, see process_atom)
-            for (int64_t bb = 0; bb < nl / W; ++bb) {
-                const int64_t l0 = bb * W;  // first lane of the block
-                VF z[3 * NG];
-                for (int qn = 0; qn < 3 * NG; ++qn) z[qn] = Lanes<W>::splat(0.0f);
-                const int64_t zb = z0 + l0 < nz ? z0 + l0 : z0 + l0 - nz;  // blocks past the top wrap
-                for (int64_t r = 0; r < nr; ++r) {
-                    const int64_t s = rows[r];
-                    const float* gp = grad + (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) *
-                                                 static_cast<Idx>(nz);
-                    VF graw;
-                    if (zb + W <= nz) {
-                        graw = vload<VF>(gp + zb);
-                    } else {  // lanes past the top of the cell wrap to z = 0, 1, ...
-                        for (int l = 0; l < W; ++l) graw[l] = gp[zb + l < nz ? zb + l : zb + l - nz];
-                    }
-                    const int32_t la = static_cast<int32_t>(lo[s] + off), lb = static_cast<int32_t>(hi[s] + off);
-                    VF gv;
-                    if constexpr (W == 8) {
-                        gv = vmask(graw, bb, la, lb);
-                    } else {
-                        // lanes [la, lb] kept: outside, (lane − la) or (lb − lane) is negative, and the
-                        // arithmetic shift spreads the sign of their OR (integer operations only: GCC 12
-                        // turns 16-lane vector compares into per-lane selects)
-                        const VI lane = Lanes<W>::iota() + Lanes<W>::splat(static_cast<int32_t>(l0));
-                        const VI out = ((lane - Lanes<W>::splat(la)) | (Lanes<W>::splat(lb) - lane)) >> 31;
-                        gv = reinterpret_cast<VF>(reinterpret_cast<VI>(graw) & ~out);
-                    }
-                    const float* cr = rc + 3 * NG * r;
-#pragma GCC unroll 15
-                    for (int qn = 0; qn < 3 * NG; ++qn) z[qn] += Lanes<W>::splat(cr[qn]) * gv;
-                }
-                VF ao = Lanes<W>::splat(0.0f), ab1 = ao, u2 = ao, ady = ao, ab3 = ao;
-                const VF lqv = vload<VF>(lqp + l0);
-                for (int k = 0; k < NG; ++k) {
-                    const VF Lk = vload<VF>(Lp + k * lstride + l0);
-                    const VF V = Lk * z[k];
-                    ao += Lanes<W>::splat(w[0][k]) * V;
-                    ab1 += Lanes<W>::splat(w[1][k]) * V;
-                    u2 += Lanes<W>::splat(w[2][k]) * V;
-                    ady += Lanes<W>::splat(w[2][k]) * (Lk * z[NG + k]);
-                    ab3 += Lanes<W>::splat(w[3][k]) * (Lk * z[2 * NG + k] + lqv * V);
-                }
-                float* a = aacc + l0;
-                vstore(a, vload<VF>(a) + ao);
-                vstore(a + nl, vload<VF>(a + nl) + ab1);
-                vstore(a + 2 * nl, vload<VF>(a + 2 * nl) + Lanes<W>::splat(dxf) * u2);
-                vstore(a + 3 * nl, vload<VF>(a + 3 * nl) + ady);
-                vstore(a + 4 * nl, vload<VF>(a + 4 * nl) + vload<VF>(ldz + l0) * u2);
-                vstore(a + 5 * nl, vload<VF>(a + 5 * nl) + ab3);
-            }
-        }
-    }
-    if (!Forward)
-        for (int m = 0; m < 6; ++m) {
-            double s = 0;
-            for (int64_t bb = 0; bb < nblk; ++bb) s += vsum(vload(aacc + m * nl + bb * kL));
-            sums[m] = s;
-        }
-}
-#endif
-
-// Whether atom A takes the lane-blocked path: the cell factors and its box is not longer
-// than the cell along z. A function of the atom alone, so every slab, thread count and
-// the backward decide alike.
-KERNELS_INLINE bool lane_path(const Geom& g, const AtomP& A) {
-#if defined(KERNELS_LANES)
-    const int64_t nzb = A.hi[2] - A.lo[2] + 1;
-    return g.kind != kTriclinic && whole_blocks(nzb) <= g.n[2];
-#else
-    (void)g;
-    (void)A;
-    return false;
-#endif
-}
-
-// Row intervals of the forward, kept for the backward (when the caller will differentiate):
-// the z interval [lo, hi] (box-relative, int16) of every row (x, y) of every lane-path atom,
-// 4 bytes per row (about 10 MB for 3WIP at 0.667 Å). The backward then skips the double
-// precision roots, which are a quarter of its time. An atom's rows start at off[atom]
-// (-1: not saved; the backward solves for them as the forward did). Every row of a saved
-// atom is written by exactly one slab (its plane belongs to one segment), and the values
-// do not depend on which slab writes them.
-struct SavedRows {
-    std::vector<int64_t> off;
-    std::unique_ptr<int16_t[]> lohi;  // uninitialised: the slabs' first touch, in parallel
-    int64_t n_atoms = 0;
-    int16_t* at(int64_t i) { return off[i] < 0 ? nullptr : lohi.get() + off[i]; }
-};
-
-bool saveable(const Geom& g, const AtomP& A) {
-    return A.R2 > 0 && lane_path(g, A) && A.hi[2] - A.lo[2] + 1 <= 32767;
-}
-
-void plan_saved_rows(const Geom& g, const std::vector<AtomP>& atoms, SavedRows& sr) {
-    sr.n_atoms = static_cast<int64_t>(atoms.size());
-    sr.off.assign(atoms.size(), -1);
-    int64_t total = 0;
-    for (size_t i = 0; i < atoms.size(); ++i) {
-        const AtomP& A = atoms[i];
-        if (!saveable(g, A)) continue;
-        sr.off[i] = total;
-        total += 2 * (A.hi[0] - A.lo[0] + 1) * (A.hi[1] - A.lo[1] + 1);
-    }
-    sr.lohi.reset(new int16_t[std::max<int64_t>(total, 1)]);
-}
-
-// Per-atom gradient sums over its voxels of g·e_k·(1, dx, dy, dz, r²), e_k = exp(−α_k r²).
-// Per-atom gradient sums (double): Σg·u0 (→ occ), Σg·u1 and Σg·u3·r² (→ B), Σg·u2·d (→ xyz).
-struct GradSums {
-    double occ, b1, b3, d[3];
-};
-
-// Visit every row (i, j) of atom A with i in [ia, ib] (lattice), build the tables and
-// either add its density to `out` (Forward) or gather gradient sums from `grad` (backward).
-template <class Idx, bool Forward, int W = 8>
-KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int64_t ib, float* out, const float* grad,
-                  Scratch& S, GradSums* gs, int16_t* rows_saved) {
-    const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
-    const int64_t ylo = A.lo[1], zlo = A.lo[2];
-    const int64_t nyb = A.hi[1] - ylo + 1, nzb = A.hi[2] - zlo + 1, nib = ib - ia + 1;
-    const double fx = A.f[0], fy = A.f[1], fz = A.f[2];
-
-    double* dyd = S.dyd.data();
-    double* dzd = S.dzd.data();
-    int64_t* jw = S.jw.data();
-    // the same values as static_cast<double>(ylo + s) (integers, exact in double), written so the
-    // loop vectorises: an int64 → double conversion needs AVX-512, an int32 one does not
-    const double ylod = static_cast<double>(ylo);
-    for (int32_t s = 0; s < static_cast<int32_t>(nyb); ++s) dyd[s] = (ylod + static_cast<double>(s)) / g.m[1] - fy;
-    // wrapped indices by stepping (one division per atom and axis, not one per voxel index)
-    for (int64_t s = 0, w = floor_mod(ylo, ny); s < nyb; ++s, w = w + 1 == ny ? 0 : w + 1) jw[s] = w;
-#if defined(KERNELS_LANES)
-    // Lane-blocked path when the cell factors and the atom's box is not longer than the cell
-    // along z (decided per atom, so every slab and thread count takes the same path for it).
-    // Lane l is map z = (z0 + l) mod nz (nl <= nz, so no two lanes of a row are the same voxel).
-    {
-        int64_t nl = whole_blocks(nzb);
-        const int64_t zs = floor_mod(zlo, nz);  // map z of the box's first voxel
-        if (lane_path(g, A)) {
-            // Lane 0 at the box's first voxel; if the lanes would run past the top of the cell but
-            // the box itself does not, slide them down so no block wraps. In the forward, a box that
-            // wraps around the cell along z starts its lanes at a multiple of kL below it when nz is
-            // one too: then every block is one aligned run of a row, below the top or wrapped whole
-            // to z = 0, 1, ... (one block more at most; 5h73: −5.9 % forward instructions). Otherwise,
-            // and in the backward (where the extra block costs more than the wrap: +3.6 %), the block
-            // that crosses the top goes lane by lane.
-            int64_t z0 = zs;
-            if (zs + nzb <= nz) {
-                if (zs + nl > nz) z0 = nz - nl;
-            } else if (Forward && nz % kL == 0 && whole_blocks(nzb + zs % kL) <= nz) {
-                z0 = zs - zs % kL;
-                nl = whole_blocks(nzb + zs % kL);
-            }
-            double sums[6];
-            float ampf[NG];
-            for (int k = 0; k < NG; ++k) ampf[k] = static_cast<float>(A.amp[k] * A.occ);
-            // the backward's blocks of 16 lanes: whole blocks over the box's lanes (the extra
-            // lanes are outside every row, so masked; lanes past the top of the cell wrap)
-            if (!Forward && W == 16) nl = (nl + 15) / 16 * 16;
-            atom_lanes<Idx, Forward, W>(g, A, ia, ib, out, grad, S, ampf, z0, zs - z0, nl, rows_saved, sums);
-            if (!Forward) {
-                gs->occ += sums[0];
-                gs->b1 += sums[1];
-                gs->d[0] += sums[2];
-                gs->d[1] += sums[3];
-                gs->d[2] += sums[4];
-                gs->b3 += sums[5];
-            }
-            return;
-        }
-    }
-#endif
-    int64_t* zw = S.zw.data();
-    for (int64_t t = 0, w = floor_mod(zlo, nz); t < nzb; ++t, w = w + 1 == nz ? 0 : w + 1) {
-        dzd[t] = static_cast<double>(zlo + t) / g.m[2] - fz;
-        zw[t] = w;
-    }
-    if (!Forward) {
-        for (int64_t t = 0; t < nzb; ++t) {
-            S.dzf[t] = static_cast<float>(dzd[t]);
-            S.dz2f[t] = static_cast<float>(dzd[t] * dzd[t]);
-        }
-    }
-    float* ta = S.tab_a.data();
-    float* tb = S.tab_b.data();
-    double* q = S.q.data();
-    // Tables. Vectorised loops run over the full box extent of their inner axis, so a
-    // value never depends on where a slab boundary clips the atom (reproducibility).
-    if (g.kind == kZSep) {
-        for (int64_t t = 0; t < nzb; ++t) q[t] = g.G22 * dzd[t] * dzd[t];
-        exp_table(A, q, nzb, ta);  // ta[k*nzb + t]
-        for (int64_t i = ia; i <= ib; ++i) {
-            const double dx = static_cast<double>(i) / g.m[0] - fx;
-            double* qi = q + (i - ia) * nyb;
-            for (int64_t s = 0; s < nyb; ++s)
-                qi[s] = g.G00 * dx * dx + g.G11 * dyd[s] * dyd[s] + g.G01x2 * dx * dyd[s];
-        }
-        exp_table(A, q, nib * nyb, tb);  // tb[k*nib*nyb + (i-ia)*nyb + s]
-    } else if (g.kind == kYSep) {
-        for (int64_t s = 0; s < nyb; ++s) q[s] = g.G11 * dyd[s] * dyd[s];
-        exp_table(A, q, nyb, ta);  // ta[k*nyb + s]
-        for (int64_t i = ia; i <= ib; ++i) {
-            const double dx = static_cast<double>(i) / g.m[0] - fx;
-            double* qi = q + (i - ia) * nzb;
-            for (int64_t t = 0; t < nzb; ++t)
-                qi[t] = g.G00 * dx * dx + g.G22 * dzd[t] * dzd[t] + g.G02x2 * dx * dzd[t];
-        }
-        exp_table(A, q, nib * nzb, tb);  // tb[k*nib*nzb + (i-ia)*nzb + t]
-    }
-
-    float ampf[NG];
-    for (int k = 0; k < NG; ++k) ampf[k] = static_cast<float>(A.amp[k] * A.occ);
-    const int64_t plane_b = g.kind == kZSep ? nib * nyb : nib * nzb;
-
-    for (int64_t i = ia; i <= ib; ++i) {
-        const double dx = static_cast<double>(i) / g.m[0] - fx;
-        const Idx iw = static_cast<Idx>(floor_mod(i, nx));
-        // z-intervals of all rows of this x plane at once (vectorised over y); rows that
-        // need care (grazing, an end near a lattice point) go through the exact row_range.
-        double* rq = S.rq.data();
-        double* rl = S.rl.data();
-        double* rlo = S.rlo.data();
-        double* rhi = S.rhi.data();
-        int64_t* rst = S.rst.data();
-        {
-            const double G00 = g.G00, G11 = g.G11, G22 = g.G22, G01x2 = g.G01x2, G02x2 = g.G02x2, G12x2 = g.G12x2;
-            const double inv2 = g.inv2G22, mz = g.m[2], R2 = A.R2;
-            KERNELS_SIMD
-            for (int64_t s = 0; s < nyb; ++s) {
-                const double dy = dyd[s];
-                const double Q = G00 * dx * dx + G11 * dy * dy + G01x2 * dx * dy;
-                const double Lz = G02x2 * dx + G12x2 * dy;
-                const double disc = Lz * Lz - 4.0 * G22 * (Q - R2);
-                const double scale = Lz * Lz + 4.0 * G22 * (std::fabs(Q) + R2);
-                const double wc = (fz - Lz * inv2) * mz;
-                const double half = std::sqrt(disc) * inv2 * mz;  // NaN when disc < 0: row is then empty
-                const double wlo = wc - half, whi = wc + half;
-                const double cs = std::ceil(wlo - 1e-6), ce = std::floor(whi + 1e-6);
-                const int64_t hit = disc > -1e-6 * scale;
-                const int64_t care = (disc < 1e-6 * scale) | (cs - wlo < 1e-6) | (whi - ce < 1e-6);
-                rq[s] = Q;
-                rl[s] = Lz;
-                rlo[s] = cs;
-                rhi[s] = ce;
-                rst[s] = hit * (1 + care);
-            }
-        }
-        for (int64_t s = 0; s < nyb; ++s) {
-            if (rst[s] == 0) continue;
-            const double dy = dyd[s];
-            const double Q = rq[s], Lz = rl[s];
-            int64_t wa, wb;
-            if (rst[s] == 2) {
-                if (!row_range(g, A, dx, dy, Q, Lz, wa, wb)) continue;
-            } else {
-                wa = std::max(zlo, static_cast<int64_t>(rlo[s]));
-                wb = std::min(A.hi[2], static_cast<int64_t>(rhi[s]));
-                if (wa > wb) continue;
-            }
-            // row factor c_k and the z-table (base pointer at z = wa, stride between Gaussians)
-            float rowf[NG];
-            const float* tab;
-            int64_t stride;
-            if (g.kind == kZSep) {
-                for (int k = 0; k < NG; ++k) rowf[k] = tb[k * plane_b + (i - ia) * nyb + s];
-                tab = ta + (wa - zlo);
-                stride = nzb;
-            } else if (g.kind == kYSep) {
-                for (int k = 0; k < NG; ++k) rowf[k] = ta[k * nyb + s];
-                tab = tb + (i - ia) * nzb + (wa - zlo);
-                stride = plane_b;
-            } else {
-                const int64_t len = wb - wa + 1;
-                double* qr = q;
-                const double* dz = dzd + (wa - zlo);
-                for (int64_t t = 0; t < len; ++t) qr[t] = Q + Lz * dz[t] + g.G22 * dz[t] * dz[t];
-                exp_table(A, qr, len, S.tab_r.data());
-                for (int k = 0; k < NG; ++k) rowf[k] = 1.0f;
-                tab = S.tab_r.data();
-                stride = len;
-            }
-            const Idx base = (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
-            if (Forward) {
-                float c[NG];
-                for (int k = 0; k < NG; ++k) c[k] = ampf[k] * rowf[k];
-                int64_t w = wa;
-                int64_t wz = zw[w - zlo];
-                while (w <= wb) {  // pieces split where the row wraps around the cell along z
-                    const int64_t run = std::min(wb - w + 1, nz - wz);
-                    if (wz + ((run + kW - 1) / kW) * kW <= nz)
-                        add_row_w(out + base + static_cast<Idx>(wz), run, tab + (w - wa), stride, c);
-                    else
-                        add_row(out + base + static_cast<Idx>(wz), run, tab + (w - wa), stride, c);
-                    w += run;
-                    wz = 0;
-                }
-            } else {
-                float cu[4][NG];
-                for (int k = 0; k < NG; ++k)
-                    for (int mm = 0; mm < 4; ++mm) cu[mm][k] = static_cast<float>(A.gw[mm][k] * rowf[k]);
-                float acc[7] = {0, 0, 0, 0, 0, 0, 0};
-                int64_t w = wa;
-                int64_t wz = zw[w - zlo];
-                while (w <= wb) {
-                    const int64_t run = std::min(wb - w + 1, nz - wz);
-                    const float* gp = grad + base + static_cast<Idx>(wz);
-                    const float* dzp = S.dzf.data() + (w - zlo);
-                    const float* dz2p = S.dz2f.data() + (w - zlo);
-                    if (wz + ((run + kW - 1) / kW) * kW <= nz)
-                        gather_row<true>(gp, run, tab + (w - wa), stride, dzp, dz2p, cu, acc);
-                    else
-                        gather_row<false>(gp, run, tab + (w - wa), stride, dzp, dz2p, cu, acc);
-                    w += run;
-                    wz = 0;
-                }
-                gs->occ += acc[0];
-                gs->b1 += acc[1];
-                gs->b3 += Q * static_cast<double>(acc[4]) + Lz * static_cast<double>(acc[5]) +
-                          g.G22 * static_cast<double>(acc[6]);
-                gs->d[0] += dx * static_cast<double>(acc[2]);
-                gs->d[1] += dy * static_cast<double>(acc[2]);
-                gs->d[2] += acc[3];
-            }
-        }
-    }
-}
-
-void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
-    const int64_t big = std::max(nxb * nyb, nxb * nzb);
-    // + kW: the fixed-width row kernels read up to kW entries past a row's last voxel (masked out)
-    S.tab_a.resize(NG * std::max(nyb, nzb) + kW);
-    S.tab_b.resize(NG * big + kW);
-    S.tab_r.resize(NG * nzb + kW);
-    S.q.resize(std::max(big, std::max(nyb, nzb)));
-    S.dzf.resize(nzb + kW);
-    S.dz2f.resize(nzb + kW);
-    S.dzd.resize(nzb);
-    S.dyd.resize(nyb);
-    S.jw.resize(nyb);
-    S.zw.resize(nzb);
-    for (auto* v : {&S.rq, &S.rl, &S.rlo, &S.rhi}) v->resize(nyb);
-    S.rst.resize(nyb);
-    const int64_t nl = ((nzb + 7) / 8) * 8 + 8;
-    S.lane_tab.resize(NG * nl);
-    if (static_cast<int64_t>(S.lane_index.size()) < nl) {
-        S.lane_index.resize(nl);
-        for (int64_t l = 0; l < nl; ++l) S.lane_index[l] = static_cast<int32_t>(l);
-    }
-    S.lane_q.resize(nxb * nl);
-    S.lane_dz.resize(nl);
-    S.lane_dzd.resize(nl);
-    S.q.resize(std::max(S.q.size(), static_cast<size_t>(nxb * nl)));
-    S.tab_b.resize(std::max(S.tab_b.size(), static_cast<size_t>(NG * nxb * nl)));
-    S.rowc.resize(3 * NG * nyb);
-    S.aacc.resize(6 * nl);
-    const int64_t nyp = (nyb + 7) / 8 * 8;  // the float interval pass works in whole blocks of 8 rows
-    S.rlo32.resize(nyp);
-    S.rhi32.resize(nyp);
-    S.dyf.resize(nyp);
-    S.fix32.resize(nyp);
-    S.rows.resize(nyb);
-}
-
-// ------------------------------------------------------------------ threads
-
-// fn(task, worker) for task in [0, n_tasks), dynamically scheduled over n_threads workers.
-template <class F>
-void parallel_for(int64_t n_tasks, int n_threads, F&& fn) {
-    n_threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(n_threads, n_tasks)));
-    if (n_threads <= 1) {
-        for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
-        return;
-    }
-#ifndef KERNELS_NO_OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
-    for (int64_t t = 0; t < n_tasks; ++t) fn(t, omp_get_thread_num());
-#else
-    std::atomic<int64_t> next{0};
-    auto worker = [&](int id) {
-        for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) fn(t, id);
-    };
-    std::vector<std::thread> pool;
-    pool.reserve(n_threads - 1);
-    for (int id = 1; id < n_threads; ++id) pool.emplace_back(worker, id);
-    worker(0);
-    for (auto& th : pool) th.join();
-#endif
-}
-
-// ------------------------------------------------------------------ forward
-
-struct Segment {
-    int64_t atom;
-    int64_t u0;   // first lattice x of the segment (unwrapped)
-    int64_t len;  // planes; xs + len <= nx
-};
-
-struct Inputs {
-    Geom g;
-    int64_t n_atoms;
-    const double* frac;   // (N, 3) fractional positions, float64
-    const double* radii;  // (N,) cutoff radii in Å, or nullptr: from `cutoff` (gemmi's rule)
-    double cutoff;        // e/Å³, when radii is nullptr
-    const float *b_iso, *occ, *a, *b;  // (N,), (N,), (N, 5), (N, 5), float32
-};
-
-// One slab [x0, x1) of the map: the segments that reach it are found through the x-sorted
-// index (a contiguous range, since no segment is longer than lmax), then run in atom
-// order — the one global order every slab uses, and the file's spatial coherence, so
-// consecutive atoms touch nearby memory.
-KERNELS_HOT_V4
-void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
-              const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
-              int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64, SavedRows* saved) {
-    const int64_t nx = in.g.n[0];
-    const int64_t first = bucket[std::max<int64_t>(0, x0 - lmax + 1)];
-    const int64_t last = bucket[x1];
-    ids.clear();
-    for (int64_t p = first; p < last; ++p) {
-        const Segment& sg = segs[by_x[p]];
-        if (floor_mod(sg.u0, nx) + sg.len > x0) ids.push_back(by_x[p]);
-    }
-    std::sort(ids.begin(), ids.end());
-    for (const int64_t id : ids) {
-        const Segment& sg = segs[id];
-        const int64_t xs = floor_mod(sg.u0, nx);
-        const int64_t ia = sg.u0 + std::max<int64_t>(0, x0 - xs);
-        const int64_t ib = sg.u0 + std::min<int64_t>(sg.len, x1 - xs) - 1;
-        int16_t* rows = saved ? saved->at(sg.atom) : nullptr;
-        if (use64)
-            process_atom<int64_t, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr, rows);
-        else
-            process_atom<int32_t, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr, rows);
-    }
-}
-
-struct Timings {
-    double prepare = 0, partition = 0, compute = 0;
-    int64_t tasks = 0;
-    int64_t rows_reused = 0;  // backward: atoms whose row intervals came from the forward
-    // forward: per map slab, the worker that ran it and when (s since the compute phase began)
-    // it started, had zeroed its planes and ended — how the threads shared the work
-    struct Slab {
-        int worker;
-        double start, zeroed, end;
-    };
-    std::vector<Slab> slabs;
-};
-
-void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int64_t box_max[3]) {
-    atoms.resize(in.n_atoms);
-    const int64_t per = 256;  // a few tasks per thread even for a small protein
-    const int64_t n_tasks = (in.n_atoms + per - 1) / per;
-    parallel_for(n_tasks, n_threads, [&](int64_t t, int) {
-        for (int64_t i = t * per; i < std::min(in.n_atoms, (t + 1) * per); ++i)
-            prepare_atom(in.g, in.frac, in.radii, in.cutoff, in.b_iso, in.occ, in.a, in.b, i, atoms[i]);
-    });
-    box_max[0] = box_max[1] = box_max[2] = 1;
-    for (const AtomP& A : atoms)
-        for (int d = 0; d < 3; ++d) box_max[d] = std::max(box_max[d], A.hi[d] - A.lo[d] + 1);
-}
-
-void splat(const Inputs& in, float* out, int n_threads, int slabs_per_thread, bool use64, Timings& tm,
-           SavedRows* saved) {
-    auto t0 = Clock::now();
-    std::vector<AtomP> atoms;
-    int64_t box[3];
-    prepare_all(in, atoms, n_threads, box);
-    if (saved) plan_saved_rows(in.g, atoms, *saved);
-    tm.prepare = seconds_since(t0);
-
-    // Segments: each atom's x-range split where it wraps, counting-sorted by first plane.
-    t0 = Clock::now();
-    const int64_t nx = in.g.n[0];
-    std::vector<Segment> raw;
-    raw.reserve(in.n_atoms + in.n_atoms / 4 + 8);
-    std::vector<int64_t> count(nx + 1, 0);
-    std::vector<double> work(nx + 1, 0.0);  // per-plane cost estimate (difference array)
-    int64_t lmax = 1;
-    for (int64_t i = 0; i < in.n_atoms; ++i) {
-        const AtomP& A = atoms[i];
-        if (!(A.R2 > 0)) continue;
-        const double area = static_cast<double>(A.hi[1] - A.lo[1] + 1) * static_cast<double>(A.hi[2] - A.lo[2] + 1);
-        for (int64_t u = A.lo[0]; u <= A.hi[0];) {
-            const int64_t xs = floor_mod(u, nx);
-            const int64_t len = std::min(A.hi[0] - u + 1, nx - xs);
-            raw.push_back({i, u, len});
-            count[xs + 1] += 1;
-            work[xs] += area;
-            work[xs + len] -= area;
-            lmax = std::max(lmax, len);
-            u += len;
-        }
-    }
-    std::vector<int64_t> bucket(nx + 1, 0);  // bucket[x] = first segment with xs >= x
-    for (int64_t x = 0; x < nx; ++x) bucket[x + 1] = bucket[x] + count[x + 1];
-    std::vector<int64_t> by_x(raw.size());  // segment ids counting-sorted by first plane
-    {
-        std::vector<int64_t> fill(bucket.begin(), bucket.end() - 1);
-        for (int64_t id = 0; id < static_cast<int64_t>(raw.size()); ++id) by_x[fill[floor_mod(raw[id].u0, nx)]++] = id;
-    }
-    // Slabs of about equal work; more slabs than threads lets a busy core not hold the rest up,
-    // but every slab edge splits the atoms that cross it (each piece rebuilds its per-atom tables).
-    const int64_t n_slabs =
-        n_threads <= 1 ? 1 : std::min<int64_t>(nx, static_cast<int64_t>(slabs_per_thread) * n_threads);
-    std::vector<int64_t> edge(1, 0);
-    {
-        double total = 0;
-        std::vector<double> cum(nx + 1, 0.0);
-        double run = 0;
-        for (int64_t x = 0; x < nx; ++x) {
-            run += work[x];
-            cum[x + 1] = cum[x] + run + 1.0;  // +1: every plane costs something, keeps edges distinct
-        }
-        total = cum[nx];
-        int64_t x = 0;
-        for (int64_t s = 1; s < n_slabs; ++s) {
-            const double target = total * static_cast<double>(s) / static_cast<double>(n_slabs);
-            while (x < nx && cum[x + 1] < target) ++x;
-            const int64_t e = std::max(edge.back() + 1, std::min(x + 1, nx - (n_slabs - s)));
-            edge.push_back(e);
-        }
-        edge.push_back(nx);
-    }
-    std::vector<Scratch> scratch(n_threads);
-    std::vector<std::vector<int64_t>> ids(n_threads);
-    for (int w = 0; w < n_threads; ++w) {
-        size_scratch(scratch[w], box[0], box[1], box[2]);
-        ids[w].reserve(raw.size() / std::max<int64_t>(1, n_slabs / 2) + 16);
-    }
-    tm.partition = seconds_since(t0);
-    tm.tasks = static_cast<int64_t>(edge.size()) - 1;
-
-    t0 = Clock::now();
-#if defined(MADV_HUGEPAGE)
-    // A fresh map of tens of MB costs a page fault per 4 KiB on first touch (10-20 ms for
-    // 3WIP); asking for transparent huge pages makes that a few hundred faults. Only a hint.
-    {
-        const uintptr_t huge = uintptr_t(1) << 21;
-        const uintptr_t lo = (reinterpret_cast<uintptr_t>(out) + huge - 1) & ~(huge - 1);
-        const uintptr_t hi = (reinterpret_cast<uintptr_t>(out) + sizeof(float) * in.g.n[0] * in.g.n[1] * in.g.n[2]) &
-                             ~(huge - 1);
-        if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-    }
-#endif
-    const int64_t plane = in.g.n[1] * in.g.n[2];
-    tm.slabs.assign(tm.tasks, Timings::Slab{});
-    parallel_for(tm.tasks, n_threads, [&](int64_t s, int worker) {
-        Timings::Slab& ts = tm.slabs[s];
-        ts.worker = worker;
-        ts.start = seconds_since(t0);
-        // each slab zeroes its own planes first (the map arrives uninitialised): parallel
-        // first touch, and the slab is warm in cache when the atoms are added
-        std::memset(out + edge[s] * plane, 0, sizeof(float) * (edge[s + 1] - edge[s]) * plane);
-        ts.zeroed = seconds_since(t0);
-        run_slab(in, atoms, raw, by_x, bucket, lmax, edge[s], edge[s + 1], out, scratch[worker], ids[worker], use64,
-                 saved);
-        ts.end = seconds_since(t0);
-    });
-    tm.compute = seconds_since(t0);
-}
-
-// ------------------------------------------------------------------ backward
-
-template <int W>
-KERNELS_INLINE void gather_atoms_w(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last,
-                                   const float* grad, Scratch& S, bool use64, SavedRows* saved, double* gxyz,
-                                   double* gb, double* gocc) {
-    const Geom& g = in.g;
-    for (int64_t i = first; i < last; ++i) {
-        const AtomP& A = atoms[i];
-        GradSums gs = {0, 0, 0, {0, 0, 0}};
-        if (A.R2 > 0) {
-            int16_t* rows = saved ? saved->at(i) : nullptr;
-            if (use64)
-                process_atom<int64_t, false, W>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
-            else
-                process_atom<int32_t, false, W>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
-        }
-        // ρ = occ·Σ amp_k·e_k, e_k = exp(−α_k r²), α_k = 4π²/W_k, W_k = b_k + B:
-        //   ∂ρ/∂occ = Σ amp·e;  ∂ρ/∂B = occ·Σ amp·e·(−1.5 + α·r²)/W;
-        //   ∂ρ/∂xyz = 2·occ·Σ amp·α·e·orth·d  (∂r²/∂xyz = −2·orth·d, d = voxel − atom, fractional)
-        const double d_occ = gs.occ;
-        const double d_b = -1.5 * gs.b1 + gs.b3;
-        for (int r = 0; r < 3; ++r)
-            gxyz[3 * i + r] = 2.0 * A.occ *
-                              (g.orth[3 * r] * gs.d[0] + g.orth[3 * r + 1] * gs.d[1] + g.orth[3 * r + 2] * gs.d[2]);
-        gb[i] = A.occ * d_b;
-        gocc[i] = d_occ;
-    }
-}
-
-// Whether this CPU runs the x86-64-v4 (AVX-512) clones; gather_atoms then uses 16-lane blocks.
-bool cpu_runs_v4() {
-#if defined(KERNELS_CLONES)
-    static const bool v4 = __builtin_cpu_supports("x86-64-v4");
-    return v4;
-#else
-    return false;
-#endif
-}
-
-// Gradient sums of atoms [first, last). On x86-64-v4 CPUs (and cells at least 16 voxels
-// along z) the lane blocks are 16 wide: 32 vector registers hold the 15 contraction sums, and
-// each lane's arithmetic is the same as with 8-lane blocks, so the gradients are too.
-// wide = false keeps 8-lane blocks everywhere (a private switch, for tests).
-KERNELS_HOT_V4
-void gather_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last, const float* grad,
-                  Scratch& S, bool use64, bool wide, SavedRows* saved, double* gxyz, double* gb, double* gocc) {
-#if defined(KERNELS_CLONES) && defined(KERNELS_LANES) && defined(KERNELS_SHUFFLEVECTOR)
-    if (wide && cpu_runs_v4() && in.g.n[2] >= 16) {
-        gather_atoms_w<16>(in, atoms, first, last, grad, S, use64, saved, gxyz, gb, gocc);
-        return;
-    }
-#endif
-    gather_atoms_w<8>(in, atoms, first, last, grad, S, use64, saved, gxyz, gb, gocc);
-}
-
-void gather(const Inputs& in, const float* grad, int n_threads, bool use64, bool wide, SavedRows* saved, double* gxyz,
-            double* gb, double* gocc, Timings& tm) {
-    auto t0 = Clock::now();
-    std::vector<AtomP> atoms;
-    int64_t box[3];
-    prepare_all(in, atoms, n_threads, box);
-    std::vector<Scratch> scratch(n_threads);
-    for (Scratch& S : scratch) size_scratch(S, box[0], box[1], box[2]);
-    tm.prepare = seconds_since(t0);
-    if (saved)
-        for (int64_t i = 0; i < in.n_atoms; ++i) tm.rows_reused += saved->off[i] >= 0;
-    t0 = Clock::now();
-    const int64_t per = 32;
-    tm.tasks = (in.n_atoms + per - 1) / per;
-    parallel_for(tm.tasks, n_threads, [&](int64_t t, int worker) {
-        gather_atoms(in, atoms, t * per, std::min(in.n_atoms, (t + 1) * per), grad, scratch[worker], use64, wide, saved,
-                     gxyz, gb, gocc);
-    });
-    tm.compute = seconds_since(t0);
-}
-
-// ------------------------------------------------------------------ Python bindings
-
-template <class T>
-T* as_ptr(PyObject* o) {
-    return reinterpret_cast<T*>(PyLong_AsVoidPtr(o));
-}
-
-bool parse_doubles(PyObject* seq, int n, double* out, const char* what) {
-    PyObject* fast = PySequence_Fast(seq, what);
-    if (!fast) return false;
-    if (PySequence_Fast_GET_SIZE(fast) != n) {
-        Py_DECREF(fast);
-        PyErr_Format(PyExc_ValueError, "%s: expected %d numbers", what, n);
-        return false;
-    }
-    for (int i = 0; i < n; ++i) {
-        out[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
-        if (PyErr_Occurred()) {
-            Py_DECREF(fast);
-            return false;
-        }
-    }
-    Py_DECREF(fast);
-    return true;
-}
-
-// Common arguments: shape (3 ints), n_atoms, frac pointer, radii pointer (None: from the
-// cutoff), cutoff, 4 atom pointers (b_iso, occ, a, b), metric (9), recip (3), orth (9), kind,
-// n_threads, flags (bit 0: force int64 indices; bit 1: row intervals from the double pass
-// only, a test switch).
-bool parse_inputs(PyObject* args, Py_ssize_t start, Py_ssize_t end, Inputs& in, int& n_threads, bool& use64) {
-    PyObject *shape, *pf, *pr, *pb, *po, *pa, *pbb, *metric, *recip, *orth;
-    int kind, force64;
-    long long n_atoms;
+// An atom set as the kernel reads it. Holds its arrays (and so the tensors behind them) for
+// as long as it lives, so one Atoms serves a forward and its backward.
+struct Atoms {
+    Array<const double, -1, 3> frac;
+    Array<const float, -1> b_iso, occ;
+    Array<const float, -1, kd::kGaussians> a, b;
+    Array<const double, -1> radii;  // invalid (None): radii from cutoff
     double cutoff;
-    PyObject* sub = PyTuple_GetSlice(args, start, end);
-    if (!sub) return false;
-    const int ok = PyArg_ParseTuple(sub, "OLOOdOOOOOOOiii", &shape, &n_atoms, &pf, &pr, &cutoff, &pb, &po, &pa, &pbb,
-                                    &metric, &recip, &orth, &kind, &n_threads, &force64);
-    Py_DECREF(sub);
-    if (!ok) return false;
-    double sh[3], G[9];
-    if (!parse_doubles(shape, 3, sh, "shape") || !parse_doubles(metric, 9, G, "metric") ||
-        !parse_doubles(recip, 3, in.g.recip, "recip") || !parse_doubles(orth, 9, in.g.orth, "orth"))
-        return false;
-    for (int d = 0; d < 3; ++d) {
-        in.g.n[d] = static_cast<int64_t>(sh[d]);
-        in.g.m[d] = sh[d];
-        if (in.g.n[d] < 1) {
-            PyErr_SetString(PyExc_ValueError, "grid shape must be positive");
-            return false;
-        }
-    }
-    in.g.G00 = G[0];
-    in.g.G11 = G[4];
-    in.g.G22 = G[8];
-    in.g.inv2G22 = 0.5 / G[8];
-    in.g.G01x2 = 2 * G[1];
-    in.g.G02x2 = 2 * G[2];
-    in.g.G12x2 = 2 * G[5];
-    if (kind < 0 || kind > 2) {
-        PyErr_SetString(PyExc_ValueError, "kind must be 0 (z separable), 1 (y separable) or 2 (triclinic)");
-        return false;
-    }
-    in.g.kind = kind;
-    in.n_atoms = n_atoms;
-    in.frac = as_ptr<const double>(pf);
-    in.radii = pr == Py_None ? nullptr : as_ptr<const double>(pr);
-    in.cutoff = cutoff;
-    in.b_iso = as_ptr<const float>(pb);
-    in.occ = as_ptr<const float>(po);
-    in.a = as_ptr<const float>(pa);
-    in.b = as_ptr<const float>(pbb);
-    if (PyErr_Occurred()) return false;
-    n_threads = std::max(1, n_threads);
-    const int64_t nvox = in.g.n[0] * in.g.n[1] * in.g.n[2];
-    in.g.float_rows = !(force64 & 2);
-    use64 = (force64 & 1) || nvox >= (int64_t(1) << 31);
-    return true;
-}
 
-PyObject* timings_dict(const Timings& tm, bool use64) {
-    PyObject* slabs = PyList_New(static_cast<Py_ssize_t>(tm.slabs.size()));
-    if (!slabs) return nullptr;
-    for (size_t s = 0; s < tm.slabs.size(); ++s) {
-        const Timings::Slab& ts = tm.slabs[s];
-        PyObject* item = Py_BuildValue("(iddd)", ts.worker, ts.start, ts.zeroed, ts.end);
-        if (!item) {
-            Py_DECREF(slabs);
-            return nullptr;
-        }
-        PyList_SET_ITEM(slabs, static_cast<Py_ssize_t>(s), item);
+    Atoms(Array<const double, -1, 3> frac_, Array<const float, -1> b_iso_, Array<const float, -1> occ_,
+          Array<const float, -1, kd::kGaussians> a_, Array<const float, -1, kd::kGaussians> b_,
+          Array<const double, -1> radii_, double cutoff_)
+        : frac(frac_), b_iso(b_iso_), occ(occ_), a(a_), b(b_), radii(radii_), cutoff(cutoff_) {
+        const size_t n = frac.shape(0);
+        auto check = [n](size_t m, const char* what) {
+            if (m != n)
+                throw nb::value_error(
+                    (std::string(what) + " has " + std::to_string(m) + " rows, frac has " + std::to_string(n)).c_str());
+        };
+        check(b_iso.shape(0), "b_iso");
+        check(occ.shape(0), "occ");
+        check(a.shape(0), "a");
+        check(b.shape(0), "b");
+        if (radii.is_valid()) check(radii.shape(0), "radii");
+        else if (!(cutoff > 0))
+            throw nb::value_error("without radii the density cutoff must be a positive number of e/Å³");
     }
-    return Py_BuildValue("{s:d,s:d,s:d,s:L,s:s,s:L,s:N}", "prepare", tm.prepare, "partition", tm.partition,
-                         "compute", tm.compute, "tasks", static_cast<long long>(tm.tasks), "index",
-                         use64 ? "int64" : "int32", "rows_reused", static_cast<long long>(tm.rows_reused), "slabs",
-                         slabs);
-}
 
-constexpr const char* kRowsCapsule = "kernels.density._scatter.rows";
+    int64_t size() const { return static_cast<int64_t>(frac.shape(0)); }
 
-void free_rows(PyObject* cap) { delete static_cast<SavedRows*>(PyCapsule_GetPointer(cap, kRowsCapsule)); }
+    kd::AtomArrays view() const {
+        kd::AtomArrays v;
+        v.n = size();
+        v.frac = frac.data();
+        v.radii = radii.is_valid() ? radii.data() : nullptr;
+        v.cutoff = cutoff;
+        v.b_iso = b_iso.data();
+        v.occ = occ.data();
+        v.a = a.data();
+        v.b = b.data();
+        return v;
+    }
+};
 
-const char splat_doc[] =
-    "splat(out_ptr, shape, n_atoms, frac_ptr, radii_ptr, cutoff, b_iso_ptr, occ_ptr, a_ptr, b_ptr, metric, recip,\n"
-    "      orth, kind, n_threads, flags, keep_rows, slabs_per_thread) -> dict of phase timings (+ 'rows')\n\n"
-    "The dict's 'slabs' lists (worker, start, zeroed, end) per map slab, in seconds from the start of the\n"
-    "compute phase.\n"
-    "flags: bit 0 forces int64 indices, bit 1 solves the row intervals in double only (tests).\n"
-    "Writes the density of n_atoms atoms to the float32 C-contiguous map at out_ptr (shape nx, ny, nz;\n"
-    "its previous content is overwritten, so it may be uninitialised). keep_rows: also return the\n"
-    "atoms' row intervals as an opaque capsule under 'rows', for gather() of the same inputs.\n"
-    "slabs_per_thread: the map is cut into that many x slabs per thread (one with one thread).\n"
-    "Atom arrays are C-contiguous: frac (N,3) and radii (N,) float64, b_iso (N,), occ (N,), a (N,5), b (N,5)\n"
-    "float32. radii_ptr None: each atom's radius from cutoff (e/Å³) by gemmi's rule, as radii() computes it.";
-
-PyObject* py_splat(PyObject*, PyObject* args) {
-    if (PyTuple_GET_SIZE(args) < 1) {
-        PyErr_SetString(PyExc_TypeError, "splat: missing arguments");
-        return nullptr;
-    }
-    float* out = as_ptr<float>(PyTuple_GET_ITEM(args, 0));
-    if (PyErr_Occurred()) return nullptr;
-    const Py_ssize_t end = PyTuple_GET_SIZE(args) - 2;
-    if (end < 1) {
-        PyErr_SetString(PyExc_TypeError, "splat: missing arguments");
-        return nullptr;
-    }
-    const int keep = PyObject_IsTrue(PyTuple_GET_ITEM(args, end));
-    if (keep < 0) return nullptr;
-    const long slabs_per_thread = PyLong_AsLong(PyTuple_GET_ITEM(args, end + 1));
-    if (slabs_per_thread == -1 && PyErr_Occurred()) return nullptr;
-    Inputs in;
-    int n_threads;
-    bool use64;
-    if (!parse_inputs(args, 1, end, in, n_threads, use64)) return nullptr;
-    Timings tm;
-    bool oom = false;
-    std::unique_ptr<SavedRows> rows(keep ? new (std::nothrow) SavedRows : nullptr);
-    if (keep && !rows) return PyErr_NoMemory();
-    Py_BEGIN_ALLOW_THREADS
-    try {
-        splat(in, out, n_threads, static_cast<int>(std::clamp(slabs_per_thread, 1L, 64L)), use64, tm, rows.get());
-    } catch (const std::bad_alloc&) {
-        oom = true;
-    }
-    Py_END_ALLOW_THREADS
-    if (oom) return PyErr_NoMemory();
-    PyObject* d = timings_dict(tm, use64);
-    if (!d || !rows) return d;
-    PyObject* cap = PyCapsule_New(rows.get(), kRowsCapsule, free_rows);
-    if (!cap) {
-        Py_DECREF(d);
-        return nullptr;
-    }
-    rows.release();
-    const int err = PyDict_SetItemString(d, "rows", cap);
-    Py_DECREF(cap);
-    if (err) {
-        Py_DECREF(d);
-        return nullptr;
+nb::dict timings_dict(const kd::Timings& tm, bool with_slabs) {
+    nb::dict d;
+    d["prepare"] = tm.prepare;
+    d["partition"] = tm.partition;
+    d["compute"] = tm.compute;
+    d["tasks"] = tm.tasks;
+    d["index"] = tm.int64_index ? "int64" : "int32";
+    d["rows_reused"] = tm.rows_reused;
+    if (with_slabs) {
+        nb::list slabs;
+        for (const kd::Timings::Slab& s : tm.slabs) slabs.append(nb::make_tuple(s.worker, s.start, s.zeroed, s.end));
+        d["slabs"] = slabs;
     }
     return d;
 }
 
-const char gather_doc[] =
-    "gather(grad_ptr, gxyz_ptr, gb_ptr, gocc_ptr, shape, n_atoms, frac_ptr, radii_ptr, cutoff, b_iso_ptr, occ_ptr,\n"
-    "       a_ptr, b_ptr, metric, recip, orth, kind, n_threads, flags, lanes, rows) -> dict of phase timings\n\n"
-    "The atom arguments as for splat().\n"
-    "Gradient of sum(grad * splat) with respect to xyz (N,3), b_iso (N,) and occ (N,), written as float64.\n"
-    "lanes: 0 picks the lane blocks for this CPU (16 where it runs the x86-64-v4 clone), 8 keeps 8-lane\n"
-    "blocks (the same gradients, bitwise).\n"
-    "rows: None, or the 'rows' capsule of splat() on the same inputs (skips solving for the row intervals).";
-
-PyObject* py_gather(PyObject*, PyObject* args) {
-    if (PyTuple_GET_SIZE(args) < 5) {
-        PyErr_SetString(PyExc_TypeError, "gather: missing arguments");
-        return nullptr;
-    }
-    const float* grad = as_ptr<const float>(PyTuple_GET_ITEM(args, 0));
-    double* gxyz = as_ptr<double>(PyTuple_GET_ITEM(args, 1));
-    double* gb = as_ptr<double>(PyTuple_GET_ITEM(args, 2));
-    double* gocc = as_ptr<double>(PyTuple_GET_ITEM(args, 3));
-    if (PyErr_Occurred()) return nullptr;
-    const Py_ssize_t end = PyTuple_GET_SIZE(args) - 2;
-    const long lanes = PyLong_AsLong(PyTuple_GET_ITEM(args, end));
-    if (lanes == -1 && PyErr_Occurred()) return nullptr;
-    PyObject* cap = PyTuple_GET_ITEM(args, end + 1);
-    SavedRows* rows = nullptr;
-    if (cap != Py_None) {
-        rows = static_cast<SavedRows*>(PyCapsule_GetPointer(cap, kRowsCapsule));
-        if (!rows) return nullptr;
-    }
-    Inputs in;
-    int n_threads;
-    bool use64;
-    if (!parse_inputs(args, 4, end, in, n_threads, use64)) return nullptr;
-    if (rows && rows->n_atoms != in.n_atoms) {
-        PyErr_SetString(PyExc_ValueError, "gather: rows come from a splat of a different number of atoms");
-        return nullptr;
-    }
-    Timings tm;
-    bool oom = false;
-    Py_BEGIN_ALLOW_THREADS
-    try {
-        if (in.n_atoms > 0) gather(in, grad, n_threads, use64, lanes != 8, rows, gxyz, gb, gocc, tm);
-    } catch (const std::bad_alloc&) {
-        oom = true;
-    }
-    Py_END_ALLOW_THREADS
-    if (oom) return PyErr_NoMemory();
-    return timings_dict(tm, use64);
+template <class T>
+void check_map(const T& map, const char* what) {
+    for (int d = 0; d < 3; ++d)
+        if (map.shape(d) < 1) throw nb::value_error((std::string(what) + ": every grid axis needs a voxel").c_str());
 }
 
-const char radii_doc[] =
-    "radii(out_ptr, n_atoms, b_iso_ptr, a_ptr, b_ptr, cutoff, n_threads)\n\n"
-    "Per-atom cutoff radius (Å) with gemmi's rule, float64 in and out: b_iso (N,), a (N,5), b (N,5).";
-
-PyObject* py_radii(PyObject*, PyObject* args) {
-    PyObject *po, *pb, *pa, *pbb;
-    long long n;
-    double cutoff;
-    int n_threads;
-    if (!PyArg_ParseTuple(args, "OLOOOdi", &po, &n, &pb, &pa, &pbb, &cutoff, &n_threads)) return nullptr;
-    double* out = as_ptr<double>(po);
-    const double* b_iso = as_ptr<const double>(pb);
-    const double* a = as_ptr<const double>(pa);
-    const double* b = as_ptr<const double>(pbb);
-    if (PyErr_Occurred()) return nullptr;
-    Py_BEGIN_ALLOW_THREADS
-    const int64_t per = 512;
-    parallel_for((n + per - 1) / per, std::max(1, n_threads), [&](int64_t t, int) {
-        for (int64_t i = t * per; i < std::min<int64_t>(n, (t + 1) * per); ++i)
-            out[i] = cutoff_radius_one(b_iso[i], a + NG * i, b + NG * i, cutoff);
-    });
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+void check_rows(const Atoms& atoms, size_t n, const char* what) {
+    if (static_cast<int64_t>(n) != atoms.size())
+        throw nb::value_error((std::string(what) + " has " + std::to_string(n) + " rows for " +
+                               std::to_string(atoms.size()) + " atoms")
+                                  .c_str());
 }
 
-PyObject* py_build_info(PyObject*, PyObject*) {
-#ifndef KERNELS_NO_OPENMP
-    const char* threads = "openmp";
-#else
-    const char* threads = "std::thread";
-#endif
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
-    !defined(KERNELS_NO_CLONES)
-    const int clones = 1;
-    // the clone this CPU runs (the loader's choice follows the same test)
-    const char* forward = cpu_runs_v4()                         ? "x86-64-v4"
-                          : __builtin_cpu_supports("x86-64-v3") ? "x86-64-v3"
-                                                                : "baseline";
-    const char* backward = forward;  // gather_atoms has the same three clones as run_slab
-#else
-    const int clones = 0;
-    const char* forward = "baseline";
-    const char* backward = "baseline";
-#endif
-    return Py_BuildValue("{s:s,s:O,s:s,s:s}", "threads", threads, "avx2_clone", clones ? Py_True : Py_False,
-                         "forward_isa", forward, "backward_isa", backward);
-}
-
-PyMethodDef methods[] = {
-    {"splat", py_splat, METH_VARARGS, splat_doc},
-    {"gather", py_gather, METH_VARARGS, gather_doc},
-    {"radii", py_radii, METH_VARARGS, radii_doc},
-    {"build_info", py_build_info, METH_NOARGS, "How this module was built and what this CPU runs: thread backend (threads), whether the AVX2/AVX-512 clones exist (avx2_clone), and the instruction set of the forward and backward clones this CPU takes (forward_isa, backward_isa)."},
-    {nullptr, nullptr, 0, nullptr},
-};
-
-PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_scatter",
-    "Separable density splat and its gradient gather on the CPU (C++, OpenMP or std::thread).", -1, methods,
-};
+const char* const kModuleDoc =
+    "Separable density splat and its gradient gather on the CPU (C++, OpenMP or std::thread).\n\n"
+    "Private to kernels.density.cpu: arrays are C-contiguous CPU arrays of exactly the dtypes named\n"
+    "(torch tensors pass through DLPack, never copied). Every option gives bitwise the same results.";
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__scatter(void) { return PyModule_Create(&module); }
+NB_MODULE(_scatter, m) {
+    m.doc() = kModuleDoc;
+    // A forward's Cell and RowIntervals live in torch's autograd graph, which Python does not
+    // collect at interpreter exit: nanobind would report them as leaks when they are not.
+    nb::set_leak_warnings(false);
+
+    nb::class_<kd::CellGeometry>(m, "Cell",
+                                 "The cell as the kernel reads it: metric G = orthᵀ·orth (3, 3) float64, orth "
+                                 "(3, 3) float64 (fractional -> Cartesian), recip (|a*|, |b*|, |c*|), kind (0 "
+                                 "orthogonal/hexagonal, 1 monoclinic, 2 triclinic).")
+        .def(
+            "__init__",
+            [](kd::CellGeometry* self, const Matrix3& metric, const Matrix3& orth, const std::array<double, 3>& recip,
+               int kind) { new (self) kd::CellGeometry(make_cell(metric, orth, recip, kind)); },
+            "metric"_a.noconvert(), "orth"_a.noconvert(), "recip"_a, "kind"_a);
+
+    nb::class_<Atoms>(m, "Atoms",
+                      "One atom set: frac (N, 3) float64, b_iso (N,), occ (N,), a (N, 5), b (N, 5) float32; radii "
+                      "(N,) float64 in Å, or None for each atom's radius from cutoff (e/Å³, gemmi's rule). Keeps "
+                      "its arrays alive.")
+        .def(nb::init<Array<const double, -1, 3>, Array<const float, -1>, Array<const float, -1>,
+                      Array<const float, -1, kd::kGaussians>, Array<const float, -1, kd::kGaussians>,
+                      Array<const double, -1>, double>(),
+             "frac"_a.noconvert(), "b_iso"_a.noconvert(), "occ"_a.noconvert(), "a"_a.noconvert(), "b"_a.noconvert(),
+             nb::kw_only(), "radii"_a.noconvert().none() = nb::none(), "cutoff"_a = 0.0)
+        .def("__len__", &Atoms::size);
+
+    nb::class_<kd::RowIntervals>(m, "RowIntervals",
+                                 "Opaque: the row intervals a splat() kept for gather() of the same atoms and grid.")
+        .def_ro("n_atoms", &kd::RowIntervals::n_atoms)
+        .def_prop_ro("nbytes", [](const kd::RowIntervals& r) { return r.n_values * int64_t(sizeof(int16_t)); });
+
+    m.def(
+        "splat",
+        [](Array<float, -1, -1, -1> out, const kd::CellGeometry& cell, const Atoms& atoms, int n_threads,
+           int slabs_per_thread, bool force_int64, bool float_rows, bool keep_rows, bool slab_times) {
+            check_map(out, "out");
+            const int64_t shape[3] = {int64_t(out.shape(0)), int64_t(out.shape(1)), int64_t(out.shape(2))};
+            kd::Options opt;
+            opt.n_threads = n_threads;
+            opt.slabs_per_thread = slabs_per_thread;
+            opt.force_int64 = force_int64;
+            opt.float_rows = float_rows;
+            opt.slab_times = slab_times;
+            std::unique_ptr<kd::RowIntervals> rows(keep_rows ? new kd::RowIntervals : nullptr);
+            kd::Timings tm;
+            {
+                nb::gil_scoped_release release;
+                tm = kd::splat(cell, shape, atoms.view(), out.data(), opt, rows.get());
+            }
+            nb::object kept = rows ? nb::cast(rows.release(), nb::rv_policy::take_ownership) : nb::none();
+            return nb::make_tuple(timings_dict(tm, slab_times), kept);
+        },
+        "out"_a.noconvert(), "cell"_a, "atoms"_a, nb::kw_only(), "n_threads"_a = 1, "slabs_per_thread"_a = 2,
+        "force_int64"_a = false, "float_rows"_a = true, "keep_rows"_a = false, "slab_times"_a = false,
+        "Writes the density of `atoms` to `out` (nx, ny, nz) float32, overwriting it (it may be uninitialised).\n\n"
+        "Returns (timings, rows): a dict of phase times in s ('prepare', 'partition', 'compute'), 'tasks',\n"
+        "'index' ('int32' or 'int64') and, with slab_times, 'slabs': (worker, start, zeroed, end) per map slab\n"
+        "in s from the start of the compute phase; rows: a RowIntervals for gather() with keep_rows, else None.\n"
+        "slabs_per_thread: x slabs of the map per thread (1..64). force_int64: 64-bit voxel indices on any map.\n"
+        "float_rows=False: the row intervals from the double pass only. All options give bitwise the same map.");
+
+    m.def(
+        "gather",
+        [](Array<const float, -1, -1, -1> grad, const kd::CellGeometry& cell, const Atoms& atoms,
+           Array<double, -1, 3> gxyz, Array<double, -1> gb_iso, Array<double, -1> gocc, kd::RowIntervals* rows,
+           int n_threads, bool force_int64, bool float_rows, int lanes) {
+            check_map(grad, "grad");
+            check_rows(atoms, gxyz.shape(0), "gxyz");
+            check_rows(atoms, gb_iso.shape(0), "gb_iso");
+            check_rows(atoms, gocc.shape(0), "gocc");
+            if (lanes != 0 && lanes != 8) throw nb::value_error("lanes must be 0 (picked for this CPU) or 8");
+            const int64_t shape[3] = {int64_t(grad.shape(0)), int64_t(grad.shape(1)), int64_t(grad.shape(2))};
+            if (rows && (rows->shape[0] != shape[0] || rows->shape[1] != shape[1] || rows->shape[2] != shape[2]))
+                throw nb::value_error("rows come from a splat on a grid of another shape");
+            kd::Options opt;
+            opt.n_threads = n_threads;
+            opt.force_int64 = force_int64;
+            opt.float_rows = float_rows;
+            opt.lanes = lanes;
+            kd::Timings tm;
+            {
+                nb::gil_scoped_release release;
+                tm = kd::gather(cell, shape, atoms.view(), grad.data(), opt, rows, gxyz.data(), gb_iso.data(),
+                                gocc.data());
+            }
+            return timings_dict(tm, false);
+        },
+        "grad"_a.noconvert(), "cell"_a, "atoms"_a, "gxyz"_a.noconvert(), "gb_iso"_a.noconvert(),
+        "gocc"_a.noconvert(), nb::kw_only(), "rows"_a.none() = nb::none(), "n_threads"_a = 1, "force_int64"_a = false,
+        "float_rows"_a = true, "lanes"_a = 0,
+        "Gradient of sum(grad * splat(atoms)) with respect to xyz (N, 3), b_iso (N,) and occ (N,), written to\n"
+        "gxyz, gb_iso, gocc (float64). grad: (nx, ny, nz) float32. rows: None, or the RowIntervals of splat()\n"
+        "on the same atoms and grid (skips solving for the row intervals). lanes: 0 picks the lane blocks for\n"
+        "this CPU (16 where it runs the x86-64-v4 clone), 8 keeps 8-lane blocks (bitwise the same gradients).\n"
+        "Returns a dict of phase times as splat() does, with 'rows_reused': atoms whose rows came from rows.");
+
+    m.def(
+        "cutoff_radii",
+        [](Array<double, -1> out, Array<const double, -1> b_iso, Array<const double, -1, kd::kGaussians> a,
+           Array<const double, -1, kd::kGaussians> b, double cutoff, int n_threads) {
+            const size_t n = out.shape(0);
+            if (b_iso.shape(0) != n || a.shape(0) != n || b.shape(0) != n)
+                throw nb::value_error("out, b_iso, a and b need the same number of rows");
+            if (!(cutoff > 0)) throw nb::value_error("the density cutoff must be a positive number of e/Å³");
+            nb::gil_scoped_release release;
+            kd::cutoff_radii(static_cast<int64_t>(n), b_iso.data(), a.data(), b.data(), cutoff, n_threads, out.data());
+        },
+        "out"_a.noconvert(), "b_iso"_a.noconvert(), "a"_a.noconvert(), "b"_a.noconvert(), "cutoff"_a, nb::kw_only(),
+        "n_threads"_a = 1,
+        "Per-atom cutoff radius (Å) with gemmi's rule, written to out (N,) float64: b_iso (N,), a (N, 5),\n"
+        "b (N, 5) float64.");
+
+    m.def(
+        "build_info",
+        []() {
+            const kd::BuildInfo info = kd::build_info();
+            nb::dict d;
+            d["threads"] = info.threads;
+            d["avx2_clone"] = info.clones;
+            d["forward_isa"] = info.forward_isa;
+            d["backward_isa"] = info.backward_isa;
+            return d;
+        },
+        "How this module was built and what this CPU runs: thread backend (threads), whether the AVX2/AVX-512\n"
+        "clones exist (avx2_clone), and the instruction set of the forward and backward clones this CPU takes\n"
+        "(forward_isa, backward_isa).");
+}

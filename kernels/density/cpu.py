@@ -1,9 +1,10 @@
 """CPU production splat: separable per-atom tables + C++ partitioned scatter-add, with gradients.
 
 The work happens in the C++ extension ``kernels.density._scatter`` (built at install
-time; see ``_scatter.cpp`` for the algorithm). This module checks the inputs, casts them
-to float32 (warning once per dtype), derives the per-atom quantities the kernel needs,
-and wraps forward (scatter) and backward (gather) in a ``torch.autograd.Function``.
+time; the algorithm is ``scatter.cpp``, its nanobind bindings ``_scatter.cpp``). This
+module checks the inputs, casts them to float32 (warning once per dtype), derives the
+per-atom quantities the kernel needs, and wraps forward (scatter) and backward (gather) in
+a ``torch.autograd.Function``.
 
 The result is bitwise identical run to run and for any number of threads; the thread
 count follows ``torch.get_num_threads()``.
@@ -11,6 +12,7 @@ count follows ``torch.get_num_threads()``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -31,31 +33,47 @@ except ImportError as exc:  # the dispatcher turns this into a BackendError with
 __all__ = ["splat_cpu", "cutoff_radius_cpu"]
 
 _OP = "splat_density"
-# Private switch for tests: force the int64 index path on a small grid (it is otherwise
-# taken only when the map has >= 2**31 voxels).
-_FORCE_INT64 = False
-# Private switch for tests: the forward keeps its row intervals for the backward when a
-# gradient is wanted (4 bytes per row, ~10 MB on 3WIP); False makes the backward solve for
-# them again, which must give bitwise the same gradients.
-_KEEP_ROWS = True
-# Private switch for tests: False solves the lane path's row intervals with the double pass
-# only (the float pass settles every row it cannot trust in double; the maps must be
-# bitwise the same either way).
-_FLOAT_ROWS = True
-# Private tuning switch: x slabs of the map per thread in the forward (one thread: one slab).
-# More slabs balance the threads' loads; each slab edge splits the atoms that cross it (on
-# 5H73, 8 slabs cost 8 % more instructions than 1). At 2 threads on the H100 host, 1, 2 and 4
-# per thread came within a few % of each other in the same rounds (benchmarks/README.md).
-_SLABS_PER_THREAD = 2
-# Lane blocks of the backward: 0 lets the kernel pick (16 lanes on CPUs that run its AVX-512
-# clone, 8 elsewhere); 8 forces 8-lane blocks. Gradients are bitwise the same either way.
-_BACKWARD_LANES = 0
 # Cell kinds as the C++ kernel takes them: which axis stays separable.
 _KIND = {"orthogonal": 0, "hexagonal": 0, "monoclinic": 1, "triclinic": 2}
 
 
-def _ptr(t: torch.Tensor) -> int:
-    return t.data_ptr()
+@dataclasses.dataclass(frozen=True)
+class _KernelOptions:
+    """How the C++ kernel runs one splat and its backward; every choice gives bitwise the same results.
+
+    The defaults are what :func:`splat_cpu` runs. The others exist so that tests can compare a
+    fast path with the plain one it must match, and benchmarks can vary the partition.
+
+    Attributes
+    ----------
+    force_int64 : bool
+        64-bit voxel indices on any map (otherwise only from 2**31 voxels).
+    keep_rows : bool
+        When a gradient is wanted, the forward keeps its row intervals for the backward
+        (4 bytes per row, ~10 MB on 3WIP); False makes the backward solve for them again.
+    float_rows : bool
+        Row intervals of the lane path from the float pass (every row it cannot trust is
+        settled in double); False: from the double pass only.
+    lanes : int
+        Lane blocks of the backward: 0 lets the kernel pick (16 on CPUs that run its AVX-512
+        clone, 8 elsewhere), 8 forces 8-lane blocks.
+    slabs_per_thread : int
+        x slabs of the map per thread in the forward (one slab at one thread). More slabs
+        balance the threads' loads; each slab edge splits the atoms that cross it.
+    slab_times : bool
+        Record each forward slab's worker and start, zeroed and end times (``"slabs"`` in the
+        forward's timing dict; see :func:`_splat_cpu`).
+    """
+
+    force_int64: bool = False
+    keep_rows: bool = True
+    float_rows: bool = True
+    lanes: int = 0
+    slabs_per_thread: int = 2
+    slab_times: bool = False
+
+
+_DEFAULT_OPTIONS = _KernelOptions()
 
 
 def cutoff_radius_cpu(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cutoff: float = DEFAULT_CUTOFF):
@@ -86,7 +104,7 @@ def cutoff_radius_cpu(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cut
     wb = b.detach().to(torch.float64).contiguous()
     out = torch.empty(bb.shape[0], dtype=torch.float64)
     if bb.shape[0]:
-        _scatter.radii(_ptr(out), bb.shape[0], _ptr(bb), _ptr(aa), _ptr(wb), float(cutoff), torch.get_num_threads())
+        _scatter.cutoff_radii(out, bb, aa, wb, float(cutoff), n_threads=torch.get_num_threads())
     return out
 
 
@@ -95,27 +113,16 @@ def _check_cutoff(cutoff) -> None:
         raise ValueError(f"density cutoff must be a positive number of e/Å³, got {cutoff!r}")
 
 
-def _call_args(grid: GridSpec, frac, radii, cutoff: float, b_iso, occ, a, b, force_int64: bool):
-    """The kernel's atom and grid arguments: frac, radii float64; b_iso, occ, a, b float32 (all
-    C-contiguous); radii None: each atom's radius from ``cutoff`` inside the kernel."""
+def _kernel_cell(grid: GridSpec):
+    """The grid's cell as the kernel reads it (metric, orth, reciprocal lengths, kind)."""
     cell = grid.cell
-    return (
-        tuple(float(n) for n in grid.shape),
-        frac.shape[0],
-        _ptr(frac),
-        None if radii is None else _ptr(radii),
-        float(cutoff),
-        _ptr(b_iso),
-        _ptr(occ),
-        _ptr(a),
-        _ptr(b),
-        cell.metric.reshape(-1).tolist(),
-        list(cell.reciprocal_lengths),
-        cell.orth.reshape(-1).tolist(),
-        _KIND[cell.kind],
-        torch.get_num_threads(),
-        int(bool(force_int64)) | (0 if _FLOAT_ROWS else 2),  # flags for the kernel
-    )
+    return _scatter.Cell(cell.metric.contiguous(), cell.orth.contiguous(), cell.reciprocal_lengths, _KIND[cell.kind])
+
+
+def _kernel_atoms(frac, radii, cutoff: float, b_iso, occ, a, b):
+    """The kernel's atom set: frac, radii float64; b_iso, occ, a, b float32 (all C-contiguous);
+    radii None: each atom's radius from ``cutoff`` inside the kernel."""
+    return _scatter.Atoms(frac, b_iso, occ, a, b, radii=radii, cutoff=cutoff)
 
 
 class _SplatFunction(torch.autograd.Function):
@@ -123,23 +130,35 @@ class _SplatFunction(torch.autograd.Function):
 
     ``radii``: (N,) float64 cutoff radii in Å, or None for per-atom radii from ``cutoff``
     (gemmi's rule, computed inside the kernel as :func:`cutoff_radius_cpu` computes them).
+    ``options``: a :class:`_KernelOptions`. ``timings``: None, or a list that receives the
+    forward's timing dict.
     """
 
     @staticmethod
-    def forward(ctx, xyz, b_iso, occ, a, b, grid, radii, cutoff, force_int64):
+    def forward(ctx, xyz, b_iso, occ, a, b, grid, radii, cutoff, options, timings):
         # The same float64 product as the reference, so voxel membership (r² < R²) agrees
         # with it bit for bit at exact ties.
         frac = (xyz.detach().to(torch.float64) @ grid.cell.frac.T).contiguous()
         b_iso, occ, a, b = (t.detach().contiguous() for t in (b_iso, occ, a, b))  # float32, read as they are
         out = torch.empty(grid.shape, dtype=torch.float32)  # the kernel writes every voxel
-        keep = _KEEP_ROWS and any(ctx.needs_input_grad[:3])
-        info = _scatter.splat(
-            _ptr(out), *_call_args(grid, frac, radii, cutoff, b_iso, occ, a, b, force_int64), keep, _SLABS_PER_THREAD
+        cell = _kernel_cell(grid)
+        info, rows = _scatter.splat(
+            out,
+            cell,
+            _kernel_atoms(frac, radii, cutoff, b_iso, occ, a, b),
+            n_threads=torch.get_num_threads(),
+            slabs_per_thread=options.slabs_per_thread,
+            force_int64=options.force_int64,
+            float_rows=options.float_rows,
+            keep_rows=options.keep_rows and any(ctx.needs_input_grad[:3]),
+            slab_times=options.slab_times,
         )
-        ctx.grid = grid
+        if timings is not None:
+            timings.append(info)
+        ctx.cell = cell
         ctx.cutoff = cutoff
-        ctx.force_int64 = force_int64
-        ctx.rows = info.pop("rows", None)  # opaque: the forward's row intervals, freed with ctx
+        ctx.options = options
+        ctx.rows = rows  # opaque: the forward's row intervals, freed with ctx
         ctx.info = info
         ctx.save_for_backward(frac, radii, b_iso, occ, a, b)
         return out
@@ -154,14 +173,19 @@ class _SplatFunction(torch.autograd.Function):
         gb = torch.zeros(n, dtype=torch.float64)
         gocc = torch.zeros(n, dtype=torch.float64)
         if n:
+            opt = ctx.options
             ctx.backward_info = _scatter.gather(
-                _ptr(g),
-                _ptr(gxyz),
-                _ptr(gb),
-                _ptr(gocc),
-                *_call_args(ctx.grid, frac, radii, ctx.cutoff, b_iso, occ, a, b, ctx.force_int64),
-                _BACKWARD_LANES,
-                ctx.rows,
+                g,
+                ctx.cell,
+                _kernel_atoms(frac, radii, ctx.cutoff, b_iso, occ, a, b),
+                gxyz,
+                gb,
+                gocc,
+                rows=ctx.rows,
+                n_threads=torch.get_num_threads(),
+                force_int64=opt.force_int64,
+                float_rows=opt.float_rows,
+                lanes=opt.lanes,
             )
         want = ctx.needs_input_grad
         f32 = torch.float32
@@ -169,6 +193,7 @@ class _SplatFunction(torch.autograd.Function):
             gxyz.to(f32) if want[0] else None,
             gb.to(f32) if want[1] else None,
             gocc.to(f32) if want[2] else None,
+            None,
             None,
             None,
             None,
@@ -208,6 +233,36 @@ def splat_cpu(
     ValueError
         Atoms not on the CPU, a radius or cutoff that is not a positive number.
     """
+    return _splat_cpu(atoms, grid, radius=radius, cutoff=cutoff)
+
+
+def _splat_cpu(
+    atoms: AtomSet,
+    grid: GridSpec,
+    *,
+    radius: float | None = None,
+    cutoff: float = DEFAULT_CUTOFF,
+    options: _KernelOptions = _DEFAULT_OPTIONS,
+    timings: list | None = None,
+) -> torch.Tensor:
+    """:func:`splat_cpu` with the kernel's private options, for tests and benchmarks.
+
+    Parameters
+    ----------
+    atoms, grid, radius, cutoff
+        As for :func:`splat_cpu`.
+    options : _KernelOptions
+        How the kernel runs the forward and its backward (bitwise the same results for any).
+    timings : list, optional
+        Receives the forward's timing dict: phase times in s (``"prepare"``, ``"partition"``,
+        ``"compute"``), ``"tasks"``, ``"index"`` (``"int32"``/``"int64"``) and, with
+        ``options.slab_times``, ``"slabs"``: (worker, start, zeroed, end) per map slab.
+
+    Returns
+    -------
+    torch.Tensor, shape grid.shape, float32
+        As for :func:`splat_cpu`.
+    """
     if not grid.is_whole_cell:
         raise GridError("the cpu density backend splats whole-cell grids only; use backend='reference' for a box")
     if atoms.device.type != "cpu":
@@ -222,4 +277,4 @@ def splat_cpu(
     else:
         _check_cutoff(cutoff)
         radii = None  # the kernel derives each atom's radius from the cutoff (one pass, no extra call)
-    return _SplatFunction.apply(xyz, b_iso, occ, a, b, grid, radii, float(cutoff), _FORCE_INT64)
+    return _SplatFunction.apply(xyz, b_iso, occ, a, b, grid, radii, float(cutoff), options, timings)

@@ -1,205 +1,72 @@
-// Weighted plane fit of every plane and the scatter of its analytic gradient (CPU).
+// Python bindings of the CPU planarity restraint (plane_fit.hpp) through nanobind.
 //
-// Plain CPython C API: tensors come in as data_ptr() integers plus sizes (see cpu.py).
-// Each plane is fitted in double whatever the storage dtype (scalar double costs the same
-// as float here, and the fit is then as good as the float64 reference on the same input).
-//
-//   fit(is_double, xyz, index, weight, coef, normal, P, K) -> float  (Σ ½ w d², the data term)
-//     xyz    (N, 3)  float32/float64   positions
-//     index  (P, K)  int32             atom of each slot (padding repeats the first atom)
-//     weight (P, K)  float32/float64   1/σ², 0 in padding
-//     coef   (P, K)  out               w·d (0 for a degenerate plane)
-//     normal (P, 3)  out               unit normal (0 for a degenerate plane)
-//   scatter(is_double, index, coef, normal, grad, N, P, K, g) -> None
-//     grad   (N, 3)  out               grad[a] = Σ g · coef · normal   (serial: deterministic)
+// Every array is C-contiguous on the CPU and crosses unconverted; positions, weights and
+// outputs share one dtype, float32 or float64 (one overload each), the indices are int32.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include <string>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <vector>
+#include "plane_fit.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+namespace kp = kernels::planarity;
 
 namespace {
 
-// Must match kernels.planarity.reference.DEGENERATE_GAP and the Triton kernel.
-constexpr double kDegenerateGap = 1e-5;
-// Must match kernels.planarity.cpu.NEWTON_STEPS (see there for why 6).
-constexpr int kNewtonSteps = 6;
+template <class T, int64_t... Dims>
+using Array = nb::ndarray<T, nb::shape<Dims...>, nb::c_contig, nb::device::cpu>;
+using Index = Array<const int32_t, -1, -1>;
 
-// Unit eigenvector of the smallest eigenvalue of the symmetric PSD matrix c (upper
-// triangle c00 c01 c02 c11 c12 c22). Returns false (n = 0) when there is no unique one.
-bool smallest_eigenvector(double c00, double c01, double c02, double c11, double c12, double c22, double n[3]) {
-    n[0] = n[1] = n[2] = 0.0;
-    const double trace = c00 + c11 + c22;
-    if (!(std::isfinite(trace) && std::isfinite(c01) && std::isfinite(c02) && std::isfinite(c12)) || !(trace > 0.0))
-        return false;
-    // Trace-normalised: eigenvalues in [0, 1], so the adjugate products cannot overflow.
-    const double s = 1.0 / trace;
-    c00 *= s; c01 *= s; c02 *= s; c11 *= s; c12 *= s; c22 *= s;
-    const double q = (c00 + c11 + c22) / 3.0;
-    const double b00 = c00 - q, b11 = c11 - q, b22 = c22 - q;
-    const double p = std::sqrt((b00 * b00 + b11 * b11 + b22 * b22 + 2.0 * (c01 * c01 + c02 * c02 + c12 * c12)) / 6.0);
-    if (!(p > 0.0)) return false;  // isotropic: every direction is an eigenvector
-    const double ip = 1.0 / p;
-    const double e00 = b00 * ip, e11 = b11 * ip, e22 = b22 * ip, e01 = c01 * ip, e02 = c02 * ip, e12 = c12 * ip;
-    const double det = e00 * (e11 * e22 - e12 * e12) - e01 * (e01 * e22 - e12 * e02) + e02 * (e01 * e12 - e11 * e02);
-    const double r = std::fmin(1.0, std::fmax(-1.0, 0.5 * det));
-    // Smallest root of β³ − 3β − 2r in [−2, −1]; λ0 ≥ 0 gives the lower bound −q/p.
-    double beta = std::fmin(-1.0, std::fmax(-2.0, -q * ip));
-    for (int it = 0; it < kNewtonSteps; ++it) {
-        const double f = beta * (beta * beta - 3.0) - 2.0 * r;
-        const double fp = std::fmax(3.0 * beta * beta - 3.0, 1e-30);
-        beta = std::fmin(-1.0, std::fmax(-2.0, beta - f / fp));
-    }
-    const double gap = p * 0.5 * (-3.0 * beta - std::sqrt(std::fmax(12.0 - 3.0 * beta * beta, 0.0)));
-    if (!(gap > kDegenerateGap)) return false;
-    const double lam = q + p * beta;
-    const double m00 = c00 - lam, m11 = c11 - lam, m22 = c22 - lam;
-    // adj(C − λI): each column is ∝ the eigenvector; take the largest, then one power step.
-    const double a00 = m11 * m22 - c12 * c12, a11 = m00 * m22 - c02 * c02, a22 = m00 * m11 - c01 * c01;
-    const double a01 = c02 * c12 - c01 * m22, a02 = c01 * c12 - c02 * m11, a12 = c01 * c02 - m00 * c12;
-    double v0, v1, v2;
-    if (std::fabs(a00) >= std::fabs(a11) && std::fabs(a00) >= std::fabs(a22)) {
-        v0 = a00; v1 = a01; v2 = a02;
-    } else if (std::fabs(a11) >= std::fabs(a22)) {
-        v0 = a01; v1 = a11; v2 = a12;
-    } else {
-        v0 = a02; v1 = a12; v2 = a22;
-    }
-    double norm2 = v0 * v0 + v1 * v1 + v2 * v2;
-    if (!(norm2 > 0.0) || !std::isfinite(norm2)) return false;
-    double inv = 1.0 / std::sqrt(norm2);
-    v0 *= inv; v1 *= inv; v2 *= inv;
-    const double w0 = a00 * v0 + a01 * v1 + a02 * v2;
-    const double w1 = a01 * v0 + a11 * v1 + a12 * v2;
-    const double w2 = a02 * v0 + a12 * v1 + a22 * v2;
-    norm2 = w0 * w0 + w1 * w1 + w2 * w2;
-    if (!(norm2 > 0.0) || !std::isfinite(norm2)) return false;
-    inv = 1.0 / std::sqrt(norm2);
-    n[0] = w0 * inv; n[1] = w1 * inv; n[2] = w2 * inv;
-    return true;
+template <class A>
+void check_planes(const Index& index, const A& arr, const char* what, size_t cols) {
+    if (arr.shape(0) != index.shape(0) || arr.shape(1) != cols)
+        throw nb::value_error((std::string(what) + " must have shape (" + std::to_string(index.shape(0)) + ", " +
+                               std::to_string(cols) + ") for index of shape (" + std::to_string(index.shape(0)) +
+                               ", " + std::to_string(index.shape(1)) + ")")
+                                  .c_str());
 }
 
-template <typename T>
-double fit(const T* xyz, const int32_t* index, const T* weight, T* coef, T* normal, int64_t P, int64_t K) {
-    std::vector<double> part(static_cast<size_t>(P), 0.0);
-    // Thousands of planes take tens of µs: threads only pay off for very large models.
-#pragma omp parallel for schedule(static) if (P >= 32768)
-    for (int64_t p = 0; p < P; ++p) {
-        const int32_t* id = index + p * K;
-        const T* w = weight + p * K;
-        // Centre on the plane's first atom (float32 storage at 100 Å keeps its 1e-5 Å
-        // rounding out of the centroid and covariance this way in any dtype).
-        const double ox = xyz[3 * int64_t(id[0])], oy = xyz[3 * int64_t(id[0]) + 1], oz = xyz[3 * int64_t(id[0]) + 2];
-        double sw = 0.0, cx = 0.0, cy = 0.0, cz = 0.0;
-        for (int64_t k = 0; k < K; ++k) {
-            const double wk = w[k];
-            const T* a = xyz + 3 * int64_t(id[k]);
-            sw += wk; cx += wk * (a[0] - ox); cy += wk * (a[1] - oy); cz += wk * (a[2] - oz);
-        }
-        double n[3] = {0.0, 0.0, 0.0};
-        bool ok = sw > 0.0;
-        if (ok) {
-            cx /= sw; cy /= sw; cz /= sw;
-            double c00 = 0, c01 = 0, c02 = 0, c11 = 0, c12 = 0, c22 = 0;
-            for (int64_t k = 0; k < K; ++k) {
-                const double wk = w[k];
-                const T* a = xyz + 3 * int64_t(id[k]);
-                const double yx = a[0] - ox - cx, yy = a[1] - oy - cy, yz = a[2] - oz - cz;
-                c00 += wk * yx * yx; c01 += wk * yx * yy; c02 += wk * yx * yz;
-                c11 += wk * yy * yy; c12 += wk * yy * yz; c22 += wk * yz * yz;
-            }
-            ok = smallest_eigenvector(c00, c01, c02, c11, c12, c22, n);
-        }
-        double acc = 0.0;
-        for (int64_t k = 0; k < K; ++k) {
-            double ck = 0.0;
-            if (ok) {
-                const T* a = xyz + 3 * int64_t(id[k]);
-                const double d = (a[0] - ox - cx) * n[0] + (a[1] - oy - cy) * n[1] + (a[2] - oz - cz) * n[2];
-                ck = double(w[k]) * d;
-                acc += ck * d;
-            }
-            coef[p * K + k] = T(ck);
-        }
-        normal[3 * p] = T(n[0]); normal[3 * p + 1] = T(n[1]); normal[3 * p + 2] = T(n[2]);
-        part[static_cast<size_t>(p)] = 0.5 * acc;
-    }
-    double total = 0.0;  // summed in plane order: the same result with any thread count
-    for (double v : part) total += v;
-    return total;
+template <class T>
+void bind(nb::module_& m) {
+    m.def(
+        "fit",
+        [](Array<const T, -1, 3> xyz, Index index, Array<const T, -1, -1> weight, Array<T, -1, -1> coef,
+           Array<T, -1, 3> normal) {
+            const size_t K = index.shape(1);
+            if (K < 1) throw nb::value_error("planes need at least one slot (index of shape (P, K >= 1))");
+            check_planes(index, weight, "weight", K);
+            check_planes(index, coef, "coef", K);
+            check_planes(index, normal, "normal", 3);
+            nb::gil_scoped_release release;
+            return kp::fit(xyz.data(), index.data(), weight.data(), coef.data(), normal.data(),
+                           static_cast<int64_t>(index.shape(0)), static_cast<int64_t>(K));
+        },
+        "xyz"_a.noconvert(), "index"_a.noconvert(), "weight"_a.noconvert(), "coef"_a.noconvert(),
+        "normal"_a.noconvert(),
+        "Weighted fit of every plane. xyz (N, 3); index (P, K) int32, atom of each slot in [0, N) (padding\n"
+        "repeats the first atom); weight (P, K) 1/σ² (0 in padding). Writes coef (P, K) = w·d and normal (P, 3)\n"
+        "(both 0 for a degenerate plane); returns the data term Σ ½ w d² (float, summed in plane order).");
+    m.def(
+        "scatter",
+        [](Index index, Array<const T, -1, -1> coef, Array<const T, -1, 3> normal, Array<T, -1, 3> grad, double g) {
+            const size_t K = index.shape(1);
+            check_planes(index, coef, "coef", K);
+            check_planes(index, normal, "normal", 3);
+            nb::gil_scoped_release release;
+            kp::scatter(index.data(), coef.data(), normal.data(), grad.data(), static_cast<int64_t>(grad.shape(0)),
+                        static_cast<int64_t>(index.shape(0)), static_cast<int64_t>(K), g);
+        },
+        "index"_a.noconvert(), "coef"_a.noconvert(), "normal"_a.noconvert(), "grad"_a.noconvert(), "g"_a,
+        "Overwrites grad (N, 3) with Σ over slots of g · coef · normal, serially (deterministic). index, coef and\n"
+        "normal as fit() wrote them.");
 }
-
-template <typename T>
-void scatter(const int32_t* index, const T* coef, const T* normal, T* grad, int64_t N, int64_t P, int64_t K, double g) {
-    // Zeroed here, serially: torch.zeros of 50k elements splits the fill over OpenMP
-    // threads and then waits for a busy core (measured 7 ms median on a shared 2-core box).
-    std::fill(grad, grad + 3 * N, T(0));
-    for (int64_t p = 0; p < P; ++p) {
-        const double n0 = normal[3 * p], n1 = normal[3 * p + 1], n2 = normal[3 * p + 2];
-        for (int64_t k = 0; k < K; ++k) {
-            const double c = coef[p * K + k];
-            if (c == 0.0) continue;  // padding and degenerate planes
-            T* out = grad + 3 * int64_t(index[p * K + k]);
-            const double gc = g * c;
-            out[0] += T(gc * n0); out[1] += T(gc * n1); out[2] += T(gc * n2);
-        }
-    }
-}
-
-template <typename P>
-P* ptr(unsigned long long v) { return reinterpret_cast<P*>(static_cast<uintptr_t>(v)); }
-
-PyObject* py_fit(PyObject*, PyObject* args) {
-    int is_double;
-    unsigned long long xyz, index, weight, coef, normal;
-    long long P, K;
-    if (!PyArg_ParseTuple(args, "pKKKKKLL", &is_double, &xyz, &index, &weight, &coef, &normal, &P, &K)) return nullptr;
-    if (P < 0 || K < 1) {
-        PyErr_SetString(PyExc_ValueError, "fit: need P >= 0 planes of K >= 1 slots");
-        return nullptr;
-    }
-    double total;
-    Py_BEGIN_ALLOW_THREADS
-    if (is_double)
-        total = fit<double>(ptr<const double>(xyz), ptr<const int32_t>(index), ptr<const double>(weight),
-                            ptr<double>(coef), ptr<double>(normal), P, K);
-    else
-        total = fit<float>(ptr<const float>(xyz), ptr<const int32_t>(index), ptr<const float>(weight),
-                           ptr<float>(coef), ptr<float>(normal), P, K);
-    Py_END_ALLOW_THREADS
-    return PyFloat_FromDouble(total);
-}
-
-PyObject* py_scatter(PyObject*, PyObject* args) {
-    int is_double;
-    unsigned long long index, coef, normal, grad;
-    long long N, P, K;
-    double g;
-    if (!PyArg_ParseTuple(args, "pKKKKLLLd", &is_double, &index, &coef, &normal, &grad, &N, &P, &K, &g))
-        return nullptr;
-    Py_BEGIN_ALLOW_THREADS
-    if (is_double)
-        scatter<double>(ptr<const int32_t>(index), ptr<const double>(coef), ptr<const double>(normal),
-                        ptr<double>(grad), N, P, K, g);
-    else
-        scatter<float>(ptr<const int32_t>(index), ptr<const float>(coef), ptr<const float>(normal),
-                       ptr<float>(grad), N, P, K, g);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
-}
-
-PyMethodDef methods[] = {
-    {"fit", py_fit, METH_VARARGS, "Weighted plane fit of every plane; returns the data term Σ ½ w d²."},
-    {"scatter", py_scatter, METH_VARARGS, "grad = Σ g · coef · normal scattered to the atoms (serial, deterministic)."},
-    {nullptr, nullptr, 0, nullptr},
-};
-
-PyModuleDef module = {PyModuleDef_HEAD_INIT, "_plane_fit", "Planarity restraint: plane fit and gradient scatter.",
-                      -1, methods};
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__plane_fit(void) { return PyModule_Create(&module); }
+NB_MODULE(_plane_fit, m) {
+    m.doc() = "Planarity restraint: plane fit and gradient scatter (C++), private to kernels.planarity.cpu.";
+    bind<float>(m);
+    bind<double>(m);
+}

@@ -1,11 +1,10 @@
 """CPU planarity NLL: C++ plane fit with a closed-form 3×3 eigen-solver, analytic backward.
 
-``_plane_fit.cpp`` fits every plane in one pass (weighted centroid, covariance, the normal
-of its smallest eigenvalue in closed form) and scatters the analytic gradient. Batched
-``torch.linalg.eigh`` alone costs about 4 ms for 2,800 planes on 2 cores, and even a
-batched closed form in torch ops measured 5–8 ms per forward+backward on 3WIP on this
-2-core machine (about 100 small ops plus a slow ``index_add_``): the C++ pass takes a
-small fraction of that.
+``plane_fit.cpp`` fits every plane in one pass (weighted centroid, covariance, the normal
+of its smallest eigenvalue in closed form) and scatters the analytic gradient. In torch,
+a batched ``torch.linalg.eigh``, or a batched closed form (about 100 small ops plus an
+``index_add_``), costs milliseconds per call on a few thousand planes, bound by per-op
+overhead; one C++ loop over the planes takes a small fraction of that.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from kernels.planarity.planes import PlaneSet, check_inputs
 __all__ = ["planarity_nll_cpu", "NEWTON_STEPS"]
 
 NEWTON_STEPS = 6
-"""Newton steps (in ``_plane_fit.cpp`` and the Triton kernel) for the smallest root of the
+"""Newton steps (in ``plane_fit.cpp`` and the Triton kernel) for the smallest root of the
 characteristic cubic of the trace-normalised covariance. The start, max(−2, −q/p), is a
 lower bound within λ0/p of the root for a near-planar group, so 2–3 steps reach machine
 precision; 6 also cover groups far from planar (start at −2, quadratic convergence from
@@ -32,10 +31,7 @@ class _PlanarityCPU(torch.autograd.Function):
         p, k = index.shape
         coef = torch.empty((p, k), dtype=xyz.dtype)
         normal = torch.empty((p, 3), dtype=xyz.dtype)
-        data = _plane_fit.fit(
-            xyz.dtype == torch.float64, xyz.data_ptr(), index.data_ptr(), weight.data_ptr(),
-            coef.data_ptr(), normal.data_ptr(), p, k,
-        )  # fmt: skip
+        data = _plane_fit.fit(xyz.detach(), index, weight, coef, normal)
         ctx.save_for_backward(index, coef, normal)
         ctx.n_atoms = xyz.shape[0]
         return torch.tensor(data + constant, dtype=xyz.dtype)
@@ -46,11 +42,7 @@ class _PlanarityCPU(torch.autograd.Function):
         # ∂NLL/∂x_a = (d_a/σ_a²)·n: exact because the weighted fit makes the terms through
         # the centroid and the normal vanish (KERNELS.md).
         grad = torch.empty((ctx.n_atoms, 3), dtype=coef.dtype)  # zero-filled by scatter
-        p, k = index.shape
-        _plane_fit.scatter(
-            coef.dtype == torch.float64, index.data_ptr(), coef.data_ptr(), normal.data_ptr(), grad.data_ptr(),
-            ctx.n_atoms, p, k, float(grad_out),
-        )  # fmt: skip
+        _plane_fit.scatter(index, coef, normal, grad, float(grad_out))
         return grad, None, None, None
 
 

@@ -1,4 +1,4 @@
-"""CPU tricubic interpolation: C++/OpenMP kernels (``_tricubic.cpp``) behind an autograd Function.
+"""CPU tricubic interpolation: C++/OpenMP kernels (``tricubic.cpp``) behind an autograd Function.
 
 The kernel streams points one at a time (voxel coordinates in float64, neighbourhood
 contraction in the map's dtype, prefetching a few points ahead because random points on
@@ -26,34 +26,26 @@ except ImportError as exc:  # the dispatcher turns this into "cannot be imported
         "in the repository (needs a C++17 compiler)"
     ) from exc
 
-_METHOD_CODE = {"catmull-rom": 0, "lagrange": 1}
-_DTYPE_CODE = {torch.float32: 0, torch.float64: 1}
+_DTYPES = (torch.float32, torch.float64)
 
 
 class _TricubicCPU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, rho, points, params, method_code, periodic, fill_value):
-        nx, ny, nz = rho.shape
+    def forward(ctx, rho, points, params, method, periodic, fill_value):
         out = torch.empty(points.shape[0], dtype=rho.dtype)
         if points.shape[0]:
             _ext.forward(
-                _DTYPE_CODE[rho.dtype],
-                rho.data_ptr(),
-                nx,
-                ny,
-                nz,
-                *rho.stride(),
-                points.data_ptr(),
-                points.shape[0],
-                out.data_ptr(),
-                params.data_ptr(),
-                method_code,
-                int(periodic),
-                float(fill_value),
-                torch.get_num_threads(),
+                rho.detach(),
+                points.detach(),
+                out,
+                params,
+                method=method,
+                periodic=periodic,
+                fill_value=float(fill_value),
+                n_threads=torch.get_num_threads(),
             )
         ctx.save_for_backward(rho, points, params)
-        ctx.method_code, ctx.periodic = method_code, periodic
+        ctx.method, ctx.periodic = method, periodic
         return out
 
     @staticmethod
@@ -66,23 +58,16 @@ class _TricubicCPU(torch.autograd.Function):
         grad_rho = torch.zeros(rho.shape, dtype=rho.dtype) if need_rho else None
         grad_points = torch.empty_like(points) if need_points else None
         if points.shape[0] and (need_rho or need_points):
-            nx, ny, nz = rho.shape
             _ext.backward(
-                _DTYPE_CODE[rho.dtype],
-                rho.data_ptr(),
-                nx,
-                ny,
-                nz,
-                *rho.stride(),
-                points.data_ptr(),
-                points.shape[0],
-                grad_out.data_ptr(),
-                grad_points.data_ptr() if need_points else 0,
-                grad_rho.data_ptr() if need_rho else 0,
-                params.data_ptr(),
-                ctx.method_code,
-                int(ctx.periodic),
-                torch.get_num_threads(),
+                rho.detach(),
+                points.detach(),
+                grad_out,
+                grad_points,
+                grad_rho,
+                params,
+                method=ctx.method,
+                periodic=ctx.periodic,
+                n_threads=torch.get_num_threads(),
             )
         elif need_points:
             grad_points.zero_()
@@ -118,20 +103,20 @@ def tricubic_cpu(
         Differentiable with respect to ``rho`` and ``points`` (analytic backward,
         deterministic map gradient).
     """
-    if rho.dtype not in _DTYPE_CODE:
+    if rho.dtype not in _DTYPES:
         rho = to_float32(rho, "tricubic_sample")
     if points.dtype != rho.dtype:
         points = to_float32(points, "tricubic_sample") if rho.dtype == torch.float32 else points.to(rho.dtype)
     lead = points.shape[:-1]
     params = grid_parameters(grid)
-    # The map is passed with its strides, never copied: a Fortran-ordered view (numpy's view of
-    # a gemmi grid) made .contiguous() copy 35 MB per call for 3WIP, ~25-55 ms, which was the
-    # whole gap to gemmi at 10^5 points. C order is still the fast layout (vector row loads).
+    # The map is passed with its strides, never copied: .contiguous() of a Fortran-ordered view
+    # (numpy's view of a gemmi grid) would copy the whole map on every call (35 MB for 3WIP),
+    # more than interpolating 10^5 points costs. C order is still the fast layout (vector row loads).
     out = _TricubicCPU.apply(
         rho,
         points.reshape(-1, 3).contiguous(),
         params,
-        _METHOD_CODE[method],
+        method,
         mode == "periodic",
         fill_value,
     )

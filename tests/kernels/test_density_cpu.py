@@ -245,12 +245,17 @@ def test_radius_rule_matches_torch_version():
         density_cpu.cutoff_radius_cpu(a.b_iso, a.a, a.b, -1.0)
 
 
-def _run_with_threads(n: int, atoms: AtomSet, grid: GridSpec, upstream: torch.Tensor):
+def _run_with_threads(n: int, atoms: AtomSet, grid: GridSpec, upstream: torch.Tensor, **options):
+    """Map and gradients (xyz, b_iso, occ) at ``n`` threads; ``options``: the kernel's
+    private :class:`~kernels.density.cpu._KernelOptions` (none: the public path)."""
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
         leaf = _leaf(atoms, torch.float32)
-        out = kernels.splat_density(leaf, grid, backend="cpu")
+        if options:
+            out = density_cpu._splat_cpu(leaf, grid, options=density_cpu._KernelOptions(**options))
+        else:
+            out = kernels.splat_density(leaf, grid, backend="cpu")
         out.backward(upstream)
         return out.detach(), leaf.xyz.grad, leaf.b_iso.grad, leaf.occ.grad
     finally:
@@ -272,7 +277,7 @@ def test_radii_from_the_cutoff_inside_the_kernel(cutoff):
         leaf = _leaf(atoms, torch.float32)
         if given:
             out = density_cpu._SplatFunction.apply(
-                leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, cutoff, False
+                leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, cutoff, density_cpu._KernelOptions(), None
             )
         else:
             out = kernels.splat_density(leaf, grid, backend="cpu", cutoff=cutoff)
@@ -316,40 +321,41 @@ def test_bitwise_deterministic_monoclinic_lanes():
 
 
 @pytest.mark.parametrize("kind", sorted(BIG_CELLS))
-def test_slab_count_does_not_change_results(monkeypatch, kind):
-    # The forward's slab count (a private tuning switch) moves where atoms are split between
+def test_slab_count_does_not_change_results(kind):
+    # The forward's slab count (a private tuning option) moves where atoms are split between
     # slabs; every voxel still receives its atoms in one global order: bitwise the same.
     atoms, grid, upstream = _big_cell_case(kind, 60, seed=7, grad_seed=3)
-    monkeypatch.setattr(density_cpu, "_SLABS_PER_THREAD", 1)
-    first = _run_with_threads(1, atoms, grid, upstream)
+    first = _run_with_threads(1, atoms, grid, upstream, slabs_per_thread=1)
     for per_thread, threads in ((1, 2), (2, 2), (4, 2), (7, 3)):
-        monkeypatch.setattr(density_cpu, "_SLABS_PER_THREAD", per_thread)
-        other = _run_with_threads(threads, atoms, grid, upstream)
+        other = _run_with_threads(threads, atoms, grid, upstream, slabs_per_thread=per_thread)
         for a, b in zip(first, other):
             assert torch.equal(a, b), (per_thread, threads)
 
 
+@pytest.mark.skipif(
+    density_cpu._scatter.build_info()["backward_isa"] != "x86-64-v4",
+    reason="the 16-lane backward runs only in the kernel's AVX-512 (x86-64-v4) clone, which this CPU or build "
+    "does not take: both runs would take 8 lanes and compare a path with itself",
+)
 @pytest.mark.parametrize("kind", sorted(BIG_CELLS))
-def test_backward_lane_width_does_not_change_gradients(monkeypatch, kind):
+def test_backward_lane_width_does_not_change_gradients(kind):
     # On CPUs that run the kernel's AVX-512 clone the backward contracts 16 lanes at a time
     # (boxes rounded up to whole 16-lane blocks, the extra lanes wrapping past the top of the
-    # cell); every lane's arithmetic is that of the 8-lane blocks, so the private switch that
-    # forces 8 lanes must give bitwise the same gradients. (Where the CPU has no AVX-512 both
-    # runs take 8 lanes; the CI machine and the H100 host have it.)
+    # cell); every lane's arithmetic is that of the 8-lane blocks, so forcing 8 lanes must
+    # give bitwise the same gradients.
     atoms, grid, upstream = _big_cell_case(kind, 60, seed=9, grad_seed=5)
     picked = _run_with_threads(2, atoms, grid, upstream)
-    monkeypatch.setattr(density_cpu, "_BACKWARD_LANES", 8)
-    eight = _run_with_threads(2, atoms, grid, upstream)
+    eight = _run_with_threads(2, atoms, grid, upstream, lanes=8)
     for a, b in zip(picked, eight):
         assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("kind", ["hexagonal", "monoclinic"])
-def test_backward_reuses_forward_rows(monkeypatch, kind):
+def test_backward_reuses_forward_rows(kind):
     # With a gradient wanted, the forward keeps every lane-path atom's row intervals and
     # the backward reads them instead of solving again. The atoms' x-ranges are split over
     # slabs at 2 threads, so the kept rows are written by several slabs; solving again
-    # (the private switch off) must give bitwise the same gradients.
+    # (keep_rows=False) must give bitwise the same gradients.
     atoms, grid, upstream = _big_cell_case(kind, 50, seed=4, grad_seed=6)
     kept = _run_with_threads(2, atoms, grid, upstream)
     leaf = _leaf(atoms, torch.float32)
@@ -359,17 +365,17 @@ def test_backward_reuses_forward_rows(monkeypatch, kind):
     assert out.grad_fn.backward_info["rows_reused"] > 25  # most atoms take the lane path
     for got, want in zip((out.detach(), leaf.xyz.grad, leaf.b_iso.grad, leaf.occ.grad), kept):
         assert torch.equal(got, want)
-    monkeypatch.setattr(density_cpu, "_KEEP_ROWS", False)
-    solved = _run_with_threads(2, atoms, grid, upstream)
-    out = kernels.splat_density(_leaf(atoms, torch.float32), grid, backend="cpu")
+    solved = _run_with_threads(2, atoms, grid, upstream, keep_rows=False)
+    options = density_cpu._KernelOptions(keep_rows=False)
+    out = density_cpu._splat_cpu(_leaf(atoms, torch.float32), grid, options=options)
     assert out.grad_fn.rows is None
     for a, b in zip(kept, solved):
         assert torch.equal(a, b)
     _check_against_reference(atoms, grid, seed=8)
 
 
-def test_int64_index_path(monkeypatch):
-    # The int64 path is taken for maps of >= 2**31 voxels; the private switch forces it
+def test_int64_index_path():
+    # The int64 path is taken for maps of >= 2**31 voxels; the private option forces it
     # here. It must give bitwise the same map and gradients as the int32 path.
     params, shape = CELLS["monoclinic"]
     cell = Cell.from_parameters(*params)
@@ -377,15 +383,13 @@ def test_int64_index_path(monkeypatch):
     atoms = _random_atoms(cell, 12, seed=2).to(dtype=torch.float32)
     upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(1))
     plain = _run_with_threads(2, atoms, grid, upstream)
-    monkeypatch.setattr(density_cpu, "_FORCE_INT64", True)
-    forced = _run_with_threads(2, atoms, grid, upstream)
+    forced = _run_with_threads(2, atoms, grid, upstream, force_int64=True)
     for a, b in zip(plain, forced):
         assert torch.equal(a, b)
     # and the kernel reports which index type it ran with
     leaf = _leaf(atoms, torch.float32)
-    out = kernels.splat_density(leaf, grid, backend="cpu")
+    out = density_cpu._splat_cpu(leaf, grid, options=density_cpu._KernelOptions(force_int64=True))
     assert out.grad_fn.info["index"] == "int64"
-    monkeypatch.setattr(density_cpu, "_FORCE_INT64", False)
     out = kernels.splat_density(leaf, grid, backend="cpu")
     assert out.grad_fn.info["index"] == "int32"
 
@@ -438,12 +442,12 @@ def _near_tie_radii(cell: Cell, shape, frac: torch.Tensor, seed: int):
 
 
 @pytest.mark.parametrize("kind", sorted(NEAR_TIE_CELLS))
-def test_float_row_intervals_near_lattice_points(monkeypatch, kind):
+def test_float_row_intervals_near_lattice_points(kind):
     # The lane path solves each row's z interval in float and settles in double every row
     # whose float end lies within a bound on its float error of a lattice point. Here every
     # atom has a row end 1e-7..1e-4 voxel from a lattice point (float rounding of the ends
     # is ~1e-6..1e-5 voxel): the maps and gradients must be bitwise those of the double
-    # pass (the private switch), and the voxel sets identical. A band narrower than the
+    # pass (float_rows=False), and the voxel sets identical. A band narrower than the
     # float error fails this (checked by shrinking it in the kernel).
     params, shape = NEAR_TIE_CELLS[kind]
     cell = Cell.from_parameters(*params)
@@ -458,29 +462,28 @@ def test_float_row_intervals_near_lattice_points(monkeypatch, kind):
     assert 0.5 < float(radii.min()) and float(radii.max()) < 3.5
     upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(2))
 
-    def run(threads: int):
+    def run(threads: int, float_rows: bool):
+        # keep_rows=False: the backward solves the rows too
+        options = density_cpu._KernelOptions(keep_rows=False, float_rows=float_rows)
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
             leaf = _leaf(atoms, torch.float32)
             out = density_cpu._SplatFunction.apply(
-                leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, 1e-5, False
+                leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, 1e-5, options, None
             )
             out.backward(upstream)
             return out.detach(), leaf.xyz.grad, leaf.b_iso.grad, leaf.occ.grad
         finally:
             torch.set_num_threads(before)
 
-    monkeypatch.setattr(density_cpu, "_KEEP_ROWS", False)  # the backward solves the rows too
-    fast = run(2)
+    fast = run(2, float_rows=True)
     assert (fast[0] != 0).sum() > 1000
-    monkeypatch.setattr(density_cpu, "_FLOAT_ROWS", False)
-    exact = run(2)
+    exact = run(2, float_rows=False)
     assert torch.equal(fast[0] != 0, exact[0] != 0), "float intervals changed the voxel set"
     for a, b in zip(fast, exact):
         assert torch.equal(a, b)
-    monkeypatch.setattr(density_cpu, "_FLOAT_ROWS", True)
-    for a, b in zip(run(1), fast):
+    for a, b in zip(run(1, float_rows=True), fast):
         assert torch.equal(a, b)
 
 
@@ -489,17 +492,37 @@ def test_float_row_intervals_near_lattice_points(monkeypatch, kind):
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs the system g++ to build the std::thread variant")
 def test_no_openmp_build_gives_identical_maps(tmp_path):
-    # Build the same source with -DKERNELS_NO_OPENMP (what setup.py does where the compiler
-    # has no OpenMP), import it as a module and compare with the installed OpenMP build.
-    src = Path(density_cpu.__file__).with_name("_scatter.cpp")
+    # Build the same sources with -DKERNELS_NO_OPENMP (what setup.py does where the compiler
+    # has no OpenMP), import the module and compare with the installed OpenMP build. The three
+    # translation units compile in parallel; nanobind's runtime at -O0 (it only converts arguments).
+    import nanobind
+
+    here = Path(density_cpu.__file__).parent
+    nb_src = Path(nanobind.include_dir()).parent / "src"
+    includes = [
+        f"-I{sysconfig.get_paths()['include']}",
+        f"-I{nanobind.include_dir()}",
+        f"-I{nb_src.parent / 'ext' / 'robin_map' / 'include'}",
+    ]
+    common = ["g++", "-c", "-fPIC", "-std=c++17", "-pthread", "-DKERNELS_NO_OPENMP", *includes]
+    ours = ["-O1", "-fno-math-errno", "-Wall", "-Werror"]
+    units = {
+        "scatter.o": [*ours, str(here / "scatter.cpp")],
+        "_scatter.o": [*ours, str(here / "_scatter.cpp")],
+        "nanobind.o": ["-O0", "-fno-strict-aliasing", "-DNB_COMPACT_ASSERTIONS", str(nb_src / "nb_combined.cpp")],
+    }
+    jobs = [
+        subprocess.Popen([*common, *args, "-o", str(tmp_path / obj)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for obj, args in units.items()
+    ]
+    for job in jobs:
+        log = job.communicate()[0].decode()
+        assert job.returncode == 0, log
     ext = sysconfig.get_config_var("EXT_SUFFIX")
     target = tmp_path / "noomp" / f"_scatter{ext}"
     target.parent.mkdir()
-    cmd = [
-        "g++", "-shared", "-fPIC", "-std=c++17", "-O1", "-fno-math-errno", "-Wall", "-Werror", "-pthread",
-        "-DKERNELS_NO_OPENMP", f"-I{sysconfig.get_paths()['include']}", str(src), "-o", str(target),
-    ]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    link = ["g++", "-shared", "-pthread", *(str(tmp_path / obj) for obj in units), "-o", str(target)]
+    subprocess.run(link, check=True, capture_output=True, text=True)
     script = textwrap.dedent(
         f"""
         import importlib.util, sys, torch

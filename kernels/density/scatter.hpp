@@ -1,0 +1,103 @@
+// Separable Gaussian density splat on a periodic whole-cell grid, its gradient, and gemmi's
+// per-atom cutoff radius (CPU, C++17, OpenMP or std::thread). Free of Python: the bindings
+// live in _scatter.cpp, the algorithm in scatter.cpp (its header comment says how it works).
+//
+// Arrays are C-contiguous and owned by the caller; every function writes only its outputs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace kernels::density {
+
+constexpr int kGaussians = 5;  // per atom: four IT92 terms + the constant c (width 0)
+
+// The cell as the kernel reads it. kind says which axis stays separable:
+// 0 orthogonal or hexagonal (z), 1 monoclinic (y), 2 triclinic (none: full exponent per voxel).
+struct CellGeometry {
+    double metric[9];  // G = orthᵀ·orth, row-major (Å²)
+    double recip[3];   // |a*|, |b*|, |c*| (1/Å)
+    double orth[9];    // fractional -> Cartesian, row-major (Å)
+    int kind;
+};
+
+// One set of atoms. radii == nullptr: each atom's radius comes from `cutoff` (e/Å³) by gemmi's
+// rule, as cutoff_radii() computes it.
+struct AtomArrays {
+    int64_t n = 0;
+    const double* frac = nullptr;   // (n, 3) fractional positions
+    const double* radii = nullptr;  // (n,) cutoff radii in Å, or nullptr
+    double cutoff = 0.0;
+    const float* b_iso = nullptr;  // (n,)
+    const float* occ = nullptr;    // (n,)
+    const float* a = nullptr;      // (n, 5) amplitudes
+    const float* b = nullptr;      // (n, 5) widths (Å²)
+};
+
+// How a call runs. Every combination gives bitwise the same map and gradients; the fields past
+// n_threads exist so tests can compare the fast paths with the plain ones and benchmarks can
+// vary the partition.
+struct Options {
+    int n_threads = 1;
+    int slabs_per_thread = 2;  // forward: x slabs of the map per thread (1 slab at 1 thread)
+    bool force_int64 = false;  // 64-bit voxel indices on a map of < 2^31 voxels
+    bool float_rows = true;    // lane path: row intervals from the float pass, settled in double
+    int lanes = 0;             // backward lane blocks: 0 picks for this CPU (16 with AVX-512), 8 forces 8
+    bool slab_times = false;   // forward: record when each slab ran (Timings::slabs)
+};
+
+// What a call did: phase times (s), tasks, the index type, and (when asked) each slab's
+// worker and its start, zeroed and end times in s from the start of the compute phase.
+struct Timings {
+    double prepare = 0, partition = 0, compute = 0;
+    int64_t tasks = 0;
+    int64_t rows_reused = 0;  // backward: atoms whose row intervals came from the forward
+    bool int64_index = false;
+    struct Slab {
+        int worker;
+        double start, zeroed, end;
+    };
+    std::vector<Slab> slabs;
+};
+
+// Row intervals of a forward, kept for the backward of the same inputs: the z interval
+// [lo, hi] (box-relative, int16) of every row (x, y) of every lane-path atom, 4 bytes per row.
+// An atom's rows start at off[atom] (-1: not kept; the backward solves for them). Every row
+// of a kept atom is written by exactly one slab, and its value does not depend on which.
+struct RowIntervals {
+    std::vector<int64_t> off;
+    std::unique_ptr<int16_t[]> lohi;  // uninitialised until the forward's slabs write it
+    int64_t n_atoms = 0;
+    int64_t n_values = 0;
+    int64_t shape[3] = {0, 0, 0};  // the grid of the splat that filled them
+    int16_t* at(int64_t i) { return off[i] < 0 ? nullptr : lohi.get() + off[i]; }
+};
+
+// Writes the density of `atoms` to `out` (shape[0] x shape[1] x shape[2] float32, C order,
+// any previous content overwritten). rows: nullptr, or filled with the row intervals for
+// gather(). Throws std::invalid_argument on a bad shape or kind, std::bad_alloc when out of memory.
+Timings splat(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, float* out,
+              const Options& opt, RowIntervals* rows);
+
+// Gradient of sum(grad · splat(atoms)) with respect to xyz (n, 3), b_iso (n,) and occ (n,),
+// written as float64. grad: the upstream map (shape, float32, C order). rows: nullptr, or the
+// row intervals a splat() of the same atoms and grid filled.
+Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
+               const Options& opt, RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc);
+
+// Per-atom cutoff radius (Å) where the atom's radial density drops to `cutoff` (e/Å³), by the
+// steps of gemmi's DensityCalculator::estimate_radius: b_iso (n,), a and b (n, 5), all float64.
+void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double* b, double cutoff, int n_threads,
+                  double* out);
+
+// How this build runs on this CPU.
+struct BuildInfo {
+    const char* threads;  // "openmp" or "std::thread"
+    bool clones;          // whether the hot loops have AVX2 / AVX-512 clones
+    const char* forward_isa;
+    const char* backward_isa;
+};
+BuildInfo build_info();
+
+}  // namespace kernels::density
