@@ -205,7 +205,9 @@ def test_dispatch_and_float64_warning(monkeypatch):
     assert_kernel_close(out, ref)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="splat_triton")
-        assert torch.equal(kernels.splat_density(atoms, grid, backend="triton"), out)
+        again = kernels.splat_density(atoms, grid, backend="triton")
+    # On a GPU the atomics' order changes from call to call: the contract, not bitwise equality.
+    assert_kernel_close(again, ref)
     if DEVICE.type == "cuda":
         assert kernels.resolve_backend("density", DEVICE, "auto") == "triton"
 
