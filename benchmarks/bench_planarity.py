@@ -251,10 +251,10 @@ def main() -> int:
             f"kernels {ours} float32": lambda x, p, b=ours: kernels.planarity_nll(x, p, backend=b),
         }
         if device.type == "cuda":
-            from kernels.planarity.triton import planarity_nll_triton
+            from kernels.planarity.triton import _planarity_nll_triton, planarity_nll_triton
 
             for bp in (32, 64):
-                impls[f"kernels triton float32 BLOCK_P={bp}"] = lambda x, p, bp=bp: planarity_nll_triton(
+                impls[f"kernels triton float32 BLOCK_P={bp}"] = lambda x, p, bp=bp: _planarity_nll_triton(
                     x, p, block_p=bp
                 )
         for set_name, planes in sets.items():

@@ -323,7 +323,7 @@ class _PlanarityTriton(torch.autograd.Function):
         return grad, None
 
 
-def planarity_nll_triton(xyz: torch.Tensor, planes: PlaneSet, *, block_p: int | None = None) -> torch.Tensor:
+def planarity_nll_triton(xyz: torch.Tensor, planes: PlaneSet) -> torch.Tensor:
     """Planarity NLL with Triton kernels, float32, analytic backward.
 
     One kernel launch forward and one backward; no host synchronisation. After a first
@@ -336,14 +336,21 @@ def planarity_nll_triton(xyz: torch.Tensor, planes: PlaneSet, *, block_p: int | 
     planes : PlaneSet
         Planes whose indices point into ``xyz``. Their device tables are built on the first
         call for a device and cached on ``planes``.
-    block_p : int, optional
-        Planes per program (a power of 2); default 16 on a GPU, 256 in the interpreter.
 
     Returns
     -------
     torch.Tensor, shape (), float32
         The NLL (see :func:`kernels.planarity_nll`); degenerate or non-finite planes add
         only their constant and get zero gradient.
+    """
+    return _planarity_nll_triton(xyz, planes)
+
+
+def _planarity_nll_triton(xyz: torch.Tensor, planes: PlaneSet, *, block_p: int | None = None) -> torch.Tensor:
+    """:func:`planarity_nll_triton` with the planes per program set by the caller.
+
+    ``block_p`` (a power of 2; None: 16 on a GPU, 256 in the interpreter) is for benchmarks
+    that time other program shapes; every value gives the same loss and gradient.
     """
     check_inputs(xyz, planes)
     xyz = to_float32(xyz, "planarity_nll").contiguous()
