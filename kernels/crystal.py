@@ -865,7 +865,7 @@ def read_model(
         if problem:
             raise ModelError(
                 f"{where}: impossible unit cell in {cell_source} ({_format_cell(raw_cell)}): {problem}. Fix "
-                f"{cell_source}; for a model without a cell remove it and pass box_padding=<Å> for a P 1 box"
+                f"{cell_source}; for a model without a cell remove it and pass box_padding=<Å> (--box-padding) for a P 1 box"
             )
         if tuple(st.cell.parameters) != tuple(raw_cell):
             st.cell = gemmi.UnitCell(*raw_cell)
