@@ -129,7 +129,8 @@ class PdbScan:
     # An ATOM/HETATM line shorter than its B field but followed by ANISOU: gemmi must see
     # the line padded with blanks (B = 0) so that B is derived from U, not defaulted.
     pad_short_lines: bool = False
-    cryst1_blank: bool = False
+    # CRYST1's six numbers as written (None: no CRYST1, or all six fields blank)
+    cell: tuple[float, ...] | None = None
 
 
 def _as_block(lines: list[str], width: int) -> np.ndarray:
@@ -249,15 +250,14 @@ def scan_pdb(text: str, where: str) -> PdbScan:
     if cryst1:
         line = cryst1.group(0)
         fields = [line[first - 1 : last] for _, first, last in _CRYST1_FIELDS]
-        if not any(f.strip() for f in fields):
-            scan.cryst1_blank = True
-        else:
+        if any(f.strip() for f in fields):
             for (name, first, last), value in zip(_CRYST1_FIELDS, fields):
                 if not _NUMBER_RE.fullmatch(value):
                     _fail(
                         f"{where}: line {_line_number(text, line)}: CRYST1 {name} (columns {first}-{last}) is "
                         f"{_describe(value)}: write the cell as a b c in Å and α β γ in degrees in their columns"
                     )
+            scan.cell = tuple(float(v) for v in fields)
     return scan
 
 

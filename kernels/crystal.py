@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import math
 import os
-import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -779,16 +778,26 @@ def read_model(
         block = blocks[0] if blocks else doc[0]
         cif_scan = _model_file.scan_mmcif(block, where)
         raw_cell = _model_file.cif_cell_values(block, where)
-        st = _gemmi_read(where, gemmi.make_structure_from_block, block)
         cell_source = "_cell"
     else:
         pdb_scan = _model_file.scan_pdb(data.decode("latin-1"), where)
+        raw_cell = pdb_scan.cell
+        cell_source = "CRYST1"
+    # A cell no crystal has is refused before gemmi sees it (gemmi stops at some, not others).
+    if raw_cell is not None and raw_cell[:3] != (1.0, 1.0, 1.0):
+        problem = _cell_problem(raw_cell)
+        if problem:
+            raise ModelError(
+                f"{where}: impossible unit cell in {cell_source} ({_format_cell(raw_cell)}): {problem}. Fix "
+                f"{cell_source}; for a model without a cell remove it and pass box_padding=<Å> (--box-padding) "
+                "for a P 1 box"
+            )
+    if is_cif:
+        st = _gemmi_read(where, gemmi.make_structure_from_block, block)
+    else:
         if pdb_scan.pad_short_lines:
             data = _model_file.pad_short_atom_lines(data)
         st = _gemmi_read(where, gemmi.read_pdb_string, data)
-        has_cryst1 = re.search(rb"^CRYST1", data, re.M) is not None
-        raw_cell = tuple(st.cell.parameters) if has_cryst1 and not pdb_scan.cryst1_blank else None
-        cell_source = "CRYST1"
     st.merge_chain_parts()
     if len(st) == 0:
         rows = f" from the {cif_scan.n_rows} rows of its _atom_site table" if cif_scan else ""
@@ -861,12 +870,6 @@ def read_model(
 
     cell_ok = raw_cell is not None and raw_cell[:3] != (1.0, 1.0, 1.0)
     if cell_ok:
-        problem = _cell_problem(raw_cell)
-        if problem:
-            raise ModelError(
-                f"{where}: impossible unit cell in {cell_source} ({_format_cell(raw_cell)}): {problem}. Fix "
-                f"{cell_source}; for a model without a cell remove it and pass box_padding=<Å> (--box-padding) for a P 1 box"
-            )
         if tuple(st.cell.parameters) != tuple(raw_cell):
             st.cell = gemmi.UnitCell(*raw_cell)
         try:
