@@ -68,9 +68,59 @@ def example_structure(name: str = "1orc") -> Path:
 # --------------------------------------------------------------------------- cells
 
 
-@dataclasses.dataclass(frozen=True)
+def _real_number(value, name: str) -> float:
+    """``value`` as a float when it is one real number (Python, numpy or 0-d torch); else ValueError.
+
+    bool is refused (``True`` is not a length); NaN and ±inf pass here and are judged by the caller.
+    """
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
+        if value.dtype == torch.bool:
+            raise ValueError(f"{name} must be a number, got the boolean tensor {value!r}")
+        return float(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
+def _cell_problem(params: Sequence[float]) -> str | None:
+    """Why six cell parameters make no unit cell, or None when they make one."""
+    names = ("a", "b", "c", "α", "β", "γ")
+    for name, p in zip(names, params):
+        if not math.isfinite(p):
+            return f"{name} = {p} is not a finite number"
+    for name, p in zip(names[:3], params[:3]):
+        if p <= 0:
+            return f"the cell length {name} = {p:g} Å must be positive"
+    for name, p in zip(names[3:], params[3:]):
+        if not 0 < p < 180:
+            return f"the angle {name} = {p:g}° must lie strictly between 0° and 180°"
+    # Three unit vectors with these pairwise angles exist iff the angles sum to less than
+    # 360° and each is less than the sum of the other two (the volume factor is then > 0).
+    al, be, ga = params[3:]
+    if al + be + ga >= 360:
+        return f"the angles sum to {al + be + ga:g}° (must be < 360°), so no cell has them"
+    for name, x, y, z in (("α", al, be, ga), ("β", be, al, ga), ("γ", ga, al, be)):
+        if x >= y + z:
+            return (
+                f"the angle {name} = {x:g}° is not less than the sum of the other two ({y + z:g}°), so no cell has them"
+            )
+    ca, cb, cg = (math.cos(math.radians(t)) for t in (al, be, ga))
+    if 1 - ca * ca - cb * cb - cg * cg + 2 * ca * cb * cg < 1e-9:
+        return "the angles make a flat cell (volume ≈ 0)"
+    return None
+
+
+def _format_cell(params: Sequence[float]) -> str:
+    a, b, c, al, be, ga = params
+    return f"a={a:g} b={b:g} c={c:g} Å, α={al:g} β={be:g} γ={ga:g}°"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Cell:
     """A unit cell: six parameters and the matrices kernels use.
+
+    Two cells are equal when their parameters and matrices are equal (a value, like a
+    tuple); the hash is that of the parameters, so equal cells hash alike.
 
     Attributes
     ----------
@@ -94,24 +144,50 @@ class Cell:
     def from_parameters(
         cls, a: float, b: float, c: float, alpha: float = 90.0, beta: float = 90.0, gamma: float = 90.0
     ) -> Cell:
-        """Cell from lengths (Å) and angles (degrees), in gemmi's orientation convention."""
+        """Cell from lengths (Å) and angles (degrees), in gemmi's orientation convention.
+
+        Parameters
+        ----------
+        a, b, c : float
+            Cell lengths in Å, finite and positive (Python, numpy or 0-d torch real scalars).
+        alpha, beta, gamma : float
+            Angles in degrees, each in (0°, 180°), summing to < 360°, each less than the
+            sum of the other two (otherwise no cell has them).
+
+        Raises
+        ------
+        ValueError
+            Saying which parameter is wrong and why, with all six values.
+        """
         import gemmi
 
-        params = (float(a), float(b), float(c), float(alpha), float(beta), float(gamma))
-        if not all(math.isfinite(p) for p in params) or min(params[:3]) <= 0:
-            raise ValueError(f"cell lengths must be finite and positive, got {params}")
-        if not all(0 < p < 180 for p in params[3:]):
-            raise ValueError(f"cell angles must lie strictly between 0 and 180 degrees, got {params[3:]}")
+        names = ("a", "b", "c", "alpha", "beta", "gamma")
+        params = tuple(_real_number(v, f"cell {n}") for n, v in zip(names, (a, b, c, alpha, beta, gamma)))
+        problem = _cell_problem(params)
+        if problem:
+            raise ValueError(f"impossible unit cell ({_format_cell(params)}): {problem}")
         return cls.from_gemmi(gemmi.UnitCell(*params))
 
     @classmethod
     def from_gemmi(cls, unit_cell) -> Cell:
-        """Cell from a ``gemmi.UnitCell``."""
+        """Cell from a ``gemmi.UnitCell`` (its parameters are checked as in :meth:`from_parameters`)."""
+        params = tuple(float(p) for p in unit_cell.parameters)
+        problem = _cell_problem(params)
+        if problem:
+            raise ValueError(f"impossible unit cell ({_format_cell(params)}): {problem}")
         orth = torch.tensor(unit_cell.orth.mat.tolist(), dtype=torch.float64)
         if not torch.isfinite(orth).all() or abs(float(torch.linalg.det(orth))) < 1e-6:
-            raise ValueError(f"degenerate unit cell {unit_cell.parameters}")
+            raise ValueError(f"degenerate unit cell ({_format_cell(params)}): its matrices are singular")
         frac = torch.linalg.inv(orth)
-        return cls(tuple(unit_cell.parameters), orth, frac, orth.T @ orth)
+        return cls(params, orth, frac, orth.T @ orth)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Cell):
+            return NotImplemented
+        return self.parameters == other.parameters and torch.equal(self.orth, other.orth)
+
+    def __hash__(self) -> int:
+        return hash(self.parameters)
 
     def to_gemmi(self):
         """The same cell as a ``gemmi.UnitCell``."""
@@ -184,6 +260,8 @@ class GridSpec:
         Voxel index (in the cell's sampling) of the map's first voxel.
     sampling : tuple of 3 int, optional
         Voxels per cell edge; defaults to ``shape``.
+
+    Grids compare and hash by value (cell, shape, origin, sampling).
     """
 
     cell: Cell
@@ -381,6 +459,9 @@ class AtomSet:
     Constructing an AtomSet validates it on the host (finite positions, B > 0,
     occupancy in [0, 1], matching shapes) and raises ``ValueError`` naming the first
     bad atom. All tensors share one device and dtype.
+
+    Two AtomSets are equal when their tensors (same dtype and device, equal values),
+    elements and labels are; an AtomSet is unhashable, as its tensors can change in place.
     """
 
     xyz: torch.Tensor
@@ -443,6 +524,20 @@ class AtomSet:
 
     def __len__(self) -> int:
         return self.xyz.shape[0]
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, AtomSet):
+            return NotImplemented
+        names = ("xyz", "b_iso", "occ", "a", "b")
+        return (
+            self.elements == other.elements
+            and self.labels == other.labels
+            and self.dtype == other.dtype
+            and self.device == other.device
+            and all(torch.equal(getattr(self, n), getattr(other, n)) for n in names)
+        )
+
+    __hash__ = None
 
     @property
     def device(self) -> torch.device:
@@ -625,11 +720,28 @@ def read_model(
     Raises
     ------
     ModelError
-        The file is missing, unreadable or truncated, has no atoms, no unit cell, an
-        unknown element, a non-finite coordinate, B ≤ 0 or an occupancy outside [0, 1].
-        The message names the file and, where it applies, the atom.
+        Every problem with the file, naming it and (where it applies) the line or
+        ``_atom_site`` row, the atom, the field and its value: missing, empty, binary,
+        not gzip although named .gz, truncated or corrupt gzip, the other format than its
+        name says; a numeric field gemmi would read leniently (``1O.OOO``, ``12.3.4``,
+        ``-``, a value cut short); a blank occupancy or B in PDB (B may be blank where an
+        ANISOU record follows: it is then derived from U); an mmCIF ``_atom_site`` table
+        without coordinates, element or B column; an unknown element; a cell that is not
+        a cell (a length ≤ 0, angles no cell has); a space group the cell contradicts;
+        no atoms; no unit cell without ``box_padding``; non-finite coordinates, B ≤ 0,
+        occupancy outside [0, 1].
+
+    Warns
+    -----
+    UserWarning
+        Where the file is readable but something was assumed (also in ``notes``): an
+        mmCIF without occupancies (taken as 1), a space group gemmi does not know or none
+        (P 1 is used), a cell that fits its space group only within 0.1 % of its metric,
+        B derived from ANISOU.
     """
     import gemmi
+
+    from kernels import _model_file
 
     path = Path(path)
     where = str(path)
@@ -641,21 +753,61 @@ def read_model(
     stem = name[:-3] if name.endswith(".gz") else name
     if not stem.endswith(MODEL_SUFFIXES):
         raise ModelError(f"{where}: unknown model format; expected one of {', '.join(MODEL_SUFFIXES)} (optionally .gz)")
-    if altlocs != "all" and altlocs != "first" and not (len(altlocs) == 1 and altlocs.isalnum()):
+    if not isinstance(altlocs, str) or (
+        altlocs not in ("all", "first") and not (len(altlocs) == 1 and altlocs.isalnum())
+    ):
         raise ModelError(f"{where}: altlocs must be 'all', 'first' or one altloc letter, got {altlocs!r}")
-    try:
-        st = gemmi.read_structure(str(path), merge_chain_parts=True)
-    except Exception as exc:  # gemmi raises RuntimeError/ValueError/OSError with its own text
-        # gemmi's text can span lines and end in a newline or a full stop: one clean sentence.
-        detail = " ".join(str(exc).split()).rstrip(".;: ")
-        raise ModelError(f"{where}: cannot read the file: {detail}. Is it complete and in PDB or mmCIF format?") from exc
+    if isinstance(model_index, (bool, np.bool_)) or not isinstance(model_index, (int, np.integer)):
+        raise ModelError(f"{where}: model_index must be an integer (0 = the first model), got {model_index!r}")
+    if box_padding is not None:
+        try:
+            pad = _real_number(box_padding, "box_padding")
+        except ValueError:
+            pad = math.nan
+        if not (math.isfinite(pad) and pad > 0):
+            raise ModelError(f"{where}: box_padding must be a positive number of Å, got {box_padding!r}")
+        box_padding = pad
+
+    is_cif = stem.endswith((".cif", ".mmcif"))
+    data, compressed = _model_file.read_model_bytes(path, where)
+    _model_file.check_format(data, is_cif, where, compressed)
+    cif_scan = None
+    if is_cif:
+        doc = _gemmi_read(where, gemmi.cif.read_string, data)
+        blocks = [b for b in doc if b.find_mmcif_category("_atom_site.")]
+        block = blocks[0] if blocks else doc[0]
+        cif_scan = _model_file.scan_mmcif(block, where)
+        raw_cell = _model_file.cif_cell_values(block, where)
+        cell_source = "_cell"
+    else:
+        pdb_scan = _model_file.scan_pdb(data.decode("latin-1"), where)
+        raw_cell = pdb_scan.cell
+        cell_source = "CRYST1"
+    # A cell no crystal has is refused before gemmi sees it (gemmi stops at some, not others).
+    if raw_cell is not None and raw_cell[:3] != (1.0, 1.0, 1.0):
+        problem = _cell_problem(raw_cell)
+        if problem:
+            raise ModelError(
+                f"{where}: impossible unit cell in {cell_source} ({_format_cell(raw_cell)}): {problem}. Fix "
+                f"{cell_source}; for a model without a cell remove it and pass box_padding=<Å> (--box-padding) "
+                "for a P 1 box"
+            )
+    if is_cif:
+        st = _gemmi_read(where, gemmi.make_structure_from_block, block)
+    else:
+        if pdb_scan.pad_short_lines:
+            data = _model_file.pad_short_atom_lines(data)
+        st = _gemmi_read(where, gemmi.read_pdb_string, data)
+    st.merge_chain_parts()
     if len(st) == 0:
-        raise ModelError(f"{where}: the file has no models (no ATOM/HETATM records)")
+        rows = f" from the {cif_scan.n_rows} rows of its _atom_site table" if cif_scan else ""
+        raise ModelError(f"{where}: gemmi read no atoms{rows}: the file has no models")
     if not 0 <= model_index < len(st):
         raise ModelError(f"{where}: model_index {model_index} out of range; the file has {len(st)} model(s)")
     for i in range(len(st) - 1, -1, -1):
         if i != model_index:
             del st[i]
+    n_read = sum(len(res) for chain in st[0] for res in chain)
     if not water:
         st.remove_waters()
     if not hydrogens:
@@ -673,7 +825,12 @@ def read_model(
             for atom in res:
                 rows.append((chain.name, res, atom))
     if not rows:
-        raise ModelError(f"{where}: no atoms left to read (after the water/hydrogen/altloc filters)")
+        if n_read == 0:
+            raise ModelError(f"{where}: model {model_index} of the file has no atoms")
+        raise ModelError(
+            f"{where}: none of the {n_read} atoms of model {model_index} is left after the filters "
+            f"(water={water}, hydrogens={hydrogens}, altlocs={altlocs!r}): relax them"
+        )
 
     labels = tuple(
         AtomLabel(ch, res.name, res.seqid.num, res.seqid.icode, atom.name, atom.altloc if atom.altloc != "\0" else "")
@@ -682,13 +839,22 @@ def read_model(
     elements = tuple(atom.element.name for _, _, atom in rows)
     for i, (_, _, atom) in enumerate(rows):
         if atom.element.atomic_number == 0:
+            # Unknown symbols written in the file were reported by the field checks; what is
+            # left is a PDB atom with blank element columns whose name gemmi cannot read.
             raise ModelError(
-                f"{where}: atom {labels[i]} has an unknown element {elements[i]!r}: fix its element column "
-                "(columns 77-78 in PDB, type_symbol in mmCIF)"
+                f"{where}: atom {labels[i]} has no element: columns 77-78 are blank and gemmi cannot tell the "
+                f"element from its name {atom.name!r}; write its element symbol in columns 77-78"
             )
     xyz = np.array([atom.pos.tolist() for _, _, atom in rows], dtype=np.float64)
     occ = np.array([atom.occ for _, _, atom in rows], dtype=np.float64)
     b_iso = np.array([atom.b_iso for _, _, atom in rows], dtype=np.float64)
+    if cif_scan is not None and cif_scan.occupancy_defaulted:
+        n_def = cif_scan.occupancy_defaulted
+        first = "" if n_def == cif_scan.n_rows else f", first {cif_scan.occupancy_first}"
+        what = "no _atom_site.occupancy column" if n_def == cif_scan.n_rows else "occupancy ? or ."
+        msg = f"{n_def} atom(s) have no occupancy ({what}{first}); taken as 1"
+        warnings.warn(f"{where}: {msg}", stacklevel=2)
+        notes.append(msg)
     # ANISOU atoms: splat the file's isotropic B (gemmi's b_iso); derive it from U only
     # where the file gives none.
     derived = 0
@@ -702,17 +868,19 @@ def read_model(
         warnings.warn(f"{where}: {msg}", stacklevel=2)
         notes.append(msg)
 
-    cell_ok = st.cell.is_crystal() and not (st.cell.a == 1 and st.cell.b == 1 and st.cell.c == 1)
+    cell_ok = raw_cell is not None and raw_cell[:3] != (1.0, 1.0, 1.0)
     if cell_ok:
-        cell = Cell.from_gemmi(st.cell)
-        sg = st.find_spacegroup()
-        spacegroup = sg.hm if sg is not None else "P 1"
-        if sg is None:
-            notes.append(f"space group {st.spacegroup_hm!r} not recognised; using P 1")
+        if tuple(st.cell.parameters) != tuple(raw_cell):
+            st.cell = gemmi.UnitCell(*raw_cell)
+        try:
+            cell = Cell.from_gemmi(st.cell)
+        except ValueError as exc:
+            raise ModelError(f"{where}: {exc}") from exc
+        spacegroup = _spacegroup(st, cell, where, cell_source, notes)
     elif box_padding is not None:
-        if not (math.isfinite(box_padding) and box_padding > 0):
-            raise ModelError(f"{where}: box_padding must be a positive number of Å, got {box_padding!r}")
         finite = np.isfinite(xyz).all(axis=1)
+        if not finite.any():
+            raise ModelError(f"{where}: no atom has finite coordinates, so no box can be built around them")
         lo, hi = xyz[finite].min(axis=0), xyz[finite].max(axis=0)
         edges = hi - lo + 2 * box_padding
         cell = Cell.from_parameters(*edges)
@@ -724,12 +892,12 @@ def read_model(
         spacegroup = "P 1"
         notes.append(
             f"no unit cell in the file: built a P 1 box {edges[0]:.2f}×{edges[1]:.2f}×{edges[2]:.2f} Å "
-            f"with {box_padding} Å padding (atoms shifted by {(box_padding - lo).round(3).tolist()} Å)"
+            f"with {box_padding:g} Å padding (atoms shifted by {(box_padding - lo).round(3).tolist()} Å)"
         )
     else:
         raise ModelError(
-            f"{where}: the file has no unit cell (CRYST1 missing or 1×1×1): pass box_padding=<Å> to build a "
-            "P 1 box around the atoms"
+            f"{where}: the file has no unit cell ({cell_source} missing or 1×1×1): pass box_padding=<Å> "
+            "(--box-padding on the command line) to build a P 1 box around the atoms"
         )
 
     try:
@@ -738,6 +906,74 @@ def read_model(
     except ValueError as exc:
         raise ModelError(f"{where}: {exc}") from exc
     return Model(atoms, cell, spacegroup, path, st, tuple(notes))
+
+
+def _gemmi_read(where: str, fn, *args):
+    """``fn(*args)`` with gemmi's parse errors turned into a ModelError naming the file."""
+    try:
+        return fn(*args)
+    except (RuntimeError, ValueError, OSError) as exc:
+        # gemmi's text can span lines and end in a newline or a full stop: one clean sentence.
+        detail = " ".join(str(exc).split()).rstrip(".;: ")
+        raise ModelError(
+            f"{where}: cannot read the file: {detail}. Is it complete and in PDB or mmCIF format?"
+        ) from exc
+
+
+# Crystal system -> the cell metric its space groups need (said when a cell contradicts one).
+_SYSTEM_RULES = {
+    "monoclinic": "two of the angles 90°",
+    "orthorhombic": "α = β = γ = 90°",
+    "tetragonal": "a = b and α = β = γ = 90°",
+    "trigonal": "a = b, α = β = 90°, γ = 120° (hexagonal axes) or a = b = c, α = β = γ (rhombohedral axes)",
+    "hexagonal": "a = b, α = β = 90°, γ = 120°",
+    "cubic": "a = b = c and α = β = γ = 90°",
+}
+
+
+def _spacegroup(st, cell: Cell, where: str, source: str, notes: list[str]) -> str:
+    """The model's space group name, checked against its cell.
+
+    Unknown or missing group: P 1 with a warning (the asymmetric-unit map is still right;
+    only symmetry mates are lost, and the user may mean P 1). A group whose symmetry the
+    cell's metric breaks by more than 0.1 % of its largest term (~0.05 % in a length,
+    ~0.06° in an angle): ModelError, as symmetry mates and the grid would be wrong. Within
+    that but beyond gemmi's own 10⁻³ Å² test: a warning (rounded or unconstrained cells).
+    """
+    import gemmi
+
+    hm = st.spacegroup_hm.strip()
+    sg = st.find_spacegroup()
+    if sg is None:
+        msg = (
+            f"space group {hm!r} is not one gemmi knows; using P 1 (no symmetry mates)"
+            if hm
+            else "the file gives no space group; using P 1 (no symmetry mates)"
+        )
+        warnings.warn(
+            f"{where}: {msg}: fix the space group in {'CRYST1 columns 56-66' if source == 'CRYST1' else 'the file'}",
+            stacklevel=3,
+        )
+        notes.append(msg)
+        return "P 1"
+    unit_cell = gemmi.UnitCell(*cell.parameters)
+    if not unit_cell.is_compatible_with_spacegroup(sg):
+        scale = max(cell.parameters[:3]) ** 2
+        system = sg.crystal_system_str()
+        if not unit_cell.is_compatible_with_spacegroup(sg, 1e-3 * scale):
+            rule = _SYSTEM_RULES.get(system, "a cell its symmetry maps onto itself")
+            raise ModelError(
+                f"{where}: the space group {sg.hm} ({system}) does not fit the cell in {source} "
+                f"({_format_cell(cell.parameters)}): a {system} group needs {rule}. Fix the cell or the space "
+                "group (P 1 fits any cell)"
+            )
+        msg = (
+            f"the cell ({_format_cell(cell.parameters)}) fits {sg.hm} ({system}) only approximately "
+            "(within 0.1 % of its metric); symmetry mates are placed with the group's exact operators"
+        )
+        warnings.warn(f"{where}: {msg}", stacklevel=3)
+        notes.append(msg)
+    return sg.hm
 
 
 def _keep_altloc(st, letter: str):

@@ -13,6 +13,7 @@ add missing files, so a user's edits survive every launch and every upgrade.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import secrets
 import socket
@@ -31,30 +32,92 @@ NOTEBOOK_DIR_ENV = "WORKBENCH_NOTEBOOK_DIR"
 _DEFAULT_NOTEBOOK_DIR = Path("~/density-workbench/notebooks")
 
 
+#: Exit statuses: 0 success, 2 a usage error (arguments; nothing was computed), 1 any other failure.
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def _error(message: str, status: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return status
+
+
+def _positive(what: str, unit: str):
+    """An argparse type: one finite number > 0 (``nan``, ``inf``, ``0``, ``-2`` are usage errors).
+
+    Validated here, locally, because the command line sees only strings.
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number{unit}, got {text!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be a positive finite number{unit}, got {text!r}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a port is a whole number in 1-65535, got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a whole number in 1-65535, got {text!r}")
+    return port
+
+
+def _check_out(out: Path) -> str | None:
+    """Why the map cannot be written to ``out`` (checked before any work), or None."""
+    if out.is_dir():
+        return f"--out {out} is a folder; give a file name such as {out / 'map.ccp4'}"
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        return f"--out {out}: the folder {folder} {what}; create it or choose another --out"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"--out {out}: the folder {folder} is not writable; choose another --out"
+    return None
+
+
 def _splat(args: argparse.Namespace) -> int:
     import torch
 
     import kernels
 
+    # Every argument is checked before anything is read or computed (and before anything is printed).
     path = Path(args.model) if args.model else kernels.example_structure()
-    try:
-        model = kernels.read_model(path)
-    except kernels.ModelError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        return _error(f"model {path} {what}; give a PDB or mmCIF file", EXIT_USAGE)
+    problem = _check_out(Path(args.out))
+    if problem:
+        return _error(problem, EXIT_USAGE)
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda asked for, but no CUDA GPU is visible; use --device cpu", file=sys.stderr)
-        return 2
-    atoms = model.atoms.to(device, torch.float64 if args.backend == "reference" else torch.float32)
+        return _error("--device cuda asked for, but no CUDA GPU is visible; use --device cpu", EXIT_USAGE)
+    try:
+        backend = kernels.resolve_backend("density", torch.device(device), args.backend)
+    except kernels.BackendError as exc:
+        return _error(f"--backend {args.backend}: {exc}", EXIT_USAGE)
+
+    try:
+        model = kernels.read_model(path, box_padding=args.box_padding)
+    except kernels.ModelError as exc:
+        return _error(f"{exc}", EXIT_FAILURE)
+    atoms = model.atoms.to(device, torch.float64 if backend == "reference" else torch.float32)
     try:
         grid = kernels.GridSpec.for_spacing(model.cell, args.spacing, model.spacegroup)
-        backend = kernels.resolve_backend("density", atoms.device, args.backend)
         print(f"model   {path} ({len(model)} atoms, cell {model.cell.parameters}, {model.spacegroup})")
         for note in model.notes:
             print(f"note    {note}")
-        radius = f"{args.radius} Å for every atom" if args.radius else f"per atom, density cutoff {args.cutoff:g} e/Å³"
-        print(f"grid    {grid.shape[0]}×{grid.shape[1]}×{grid.shape[2]} at ≤ {args.spacing} Å; radius {radius}")
+        radius = (
+            f"{args.radius:g} Å for every atom" if args.radius else f"per atom, density cutoff {args.cutoff:g} e/Å³"
+        )
+        print(f"grid    {grid.shape[0]}×{grid.shape[1]}×{grid.shape[2]} at ≤ {args.spacing:g} Å; radius {radius}")
         start = time.perf_counter()
         rho = kernels.splat_density(atoms, grid, radius=args.radius, cutoff=args.cutoff, backend=backend)
         if args.symmetrize:
@@ -63,28 +126,51 @@ def _splat(args: argparse.Namespace) -> int:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
     except (kernels.BackendError, kernels.GridError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _error(f"{exc}", EXIT_FAILURE)
+    except MemoryError as exc:
+        return _error(
+            f"out of memory ({exc or 'no detail'}): use a coarser --spacing or a smaller --radius", EXIT_FAILURE
+        )
     electrons = float(rho.sum()) * grid.voxel_volume
     print(
         f"splat   backend {backend} on {atoms.device}: {elapsed * 1e3:.1f} ms "
         f"({'with' if args.symmetrize else 'without'} symmetry mates)"
     )
     print(f"map     max {float(rho.max()):.3f} e/Å³, {electrons:.1f} electrons in the cell")
-    out = kernels.write_map(args.out, rho, grid, model.spacegroup if args.symmetrize else "P 1")
+    try:
+        out = kernels.write_map(args.out, rho, grid, model.spacegroup if args.symmetrize else "P 1")
+    except (OSError, ValueError) as exc:
+        return _error(f"cannot write the map to {args.out}: {exc}", EXIT_FAILURE)
     print(f"wrote   {out}")
-    return 0
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="workbench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Exit status: 0 success, 2 a usage error (bad arguments; nothing computed), 1 any other failure.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sp = sub.add_parser("splat", help="splat a model's density onto a grid and write a CCP4 map")
     sp.add_argument("model", nargs="?", help="PDB/mmCIF file (default: the bundled 1ORC example)")
-    sp.add_argument("--spacing", type=float, default=0.667, help="grid spacing in Å (default 0.667)")
+    sp.add_argument(
+        "--spacing", type=_positive("--spacing", " of Å"), default=0.667, help="grid spacing in Å (default 0.667)"
+    )
     group = sp.add_mutually_exclusive_group()
-    group.add_argument("--radius", type=float, help="one cutoff radius in Å for every atom")
-    group.add_argument("--cutoff", type=float, default=1e-5, help="per-atom radius from this density (e/Å³)")
+    group.add_argument("--radius", type=_positive("--radius", " of Å"), help="one cutoff radius in Å for every atom")
+    group.add_argument(
+        "--cutoff",
+        type=_positive("--cutoff", " of e/Å³"),
+        default=1e-5,
+        help="per-atom radius from this density (e/Å³, default 1e-5)",
+    )
+    sp.add_argument(
+        "--box-padding",
+        type=_positive("--box-padding", " of Å"),
+        help="for a model without a unit cell: build a P 1 box around the atoms with this margin in Å",
+    )
     sp.add_argument("--backend", default="auto", choices=["auto", "reference", "cpu", "triton"])
     sp.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     sp.add_argument("--symmetrize", action="store_true", help="add the space group's symmetry mates")
@@ -108,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"folder for your copy of the notebooks (default ${NOTEBOOK_DIR_ENV} or {_DEFAULT_NOTEBOOK_DIR}); "
             "missing notebooks are copied there, existing ones are never overwritten",
         )
-        lp.add_argument("--port", type=int, help=f"port on 127.0.0.1 (default: the first free one from {default_port})")
+        lp.add_argument(
+            "--port", type=_port, help=f"port on 127.0.0.1 (default: the first free one from {default_port})"
+        )
         lp.add_argument("--no-browser", action="store_true", help="do not open a web browser")
         if name == "app":
             lp.add_argument("notebook", nargs="?", default=QUICKSTART, help=f"notebook to serve (default {QUICKSTART})")
@@ -127,14 +215,20 @@ def main(argv: list[str] | None = None) -> int:
     Returns
     -------
     int
-        The exit status (``lab`` and ``app`` return the server's).
+        The exit status: 0 success, 2 a usage error (bad arguments, checked before any work),
+        1 any other failure (a bad model file, a map too large, a failed write); ``lab`` and
+        ``app`` return the server's once it runs. Errors are one line on stderr, never a
+        traceback.
     """
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "passthrough", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
 
 
 # --------------------------------------------------------------------------- notebooks
@@ -243,8 +337,11 @@ def _prepare_notebooks(args: argparse.Namespace) -> Path | None:
     dest = notebook_dir(args.dir)
     try:
         copied, edited = install_notebooks(dest)
-    except (OSError, FileNotFoundError) as exc:
-        print(f"error: cannot set up the notebooks in {dest}: {exc}", file=sys.stderr)
+    except OSError as exc:
+        detail = exc if isinstance(exc, NotADirectoryError) else (exc.strerror or exc)
+        print(
+            f"error: cannot set up the notebooks in {dest}: {detail}; choose another folder with --dir", file=sys.stderr
+        )
         return None
     print(f"notebooks  {dest}")
     for path in copied:
@@ -252,6 +349,27 @@ def _prepare_notebooks(args: argparse.Namespace) -> Path | None:
     for path in edited:
         print(f"  kept     {path.name} (your edits; delete it to get the packaged version back)")
     return dest
+
+
+def _choose_port(args: argparse.Namespace) -> int | None:
+    """The port to serve on: ``--port`` if 127.0.0.1 can bind it now, else the first free one; None on error (printed)."""
+    if args.port is None:
+        try:
+            return _free_port(args.default_port)
+        except OSError as exc:
+            _error(str(exc), EXIT_FAILURE)
+            return None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", args.port))
+        except OSError as exc:
+            _error(
+                f"--port {args.port}: cannot listen on 127.0.0.1:{args.port} ({exc.strerror or exc}); "
+                "choose another --port or leave it out to take the first free one",
+                EXIT_USAGE,
+            )
+            return None
+    return args.port
 
 
 def _free_port(start: int) -> int:
@@ -275,16 +393,19 @@ def _serve(cmd: list[str], url: str, token: str) -> int:
         return subprocess.call(cmd, env=env)
     except KeyboardInterrupt:  # the server got the same SIGINT and shuts down itself
         return 130
+    except OSError as exc:
+        return _error(f"cannot start {cmd[2]}: {exc}", EXIT_FAILURE)
 
 
 def _lab(args: argparse.Namespace) -> int:
     if not _has_module("jupyterlab"):
-        print("error: JupyterLab is not installed; pip install jupyterlab", file=sys.stderr)
-        return 2
+        return _error("JupyterLab is not installed; pip install jupyterlab", EXIT_FAILURE)
+    port = _choose_port(args)
+    if port is None:
+        return EXIT_USAGE if args.port is not None else EXIT_FAILURE
     dest = _prepare_notebooks(args)
     if dest is None:
-        return 2
-    port = args.port or _free_port(args.default_port)
+        return EXIT_USAGE
     # Keep the user's own token if they set one; otherwise a fresh random one per launch.
     token = os.environ.get("JUPYTER_TOKEN") or secrets.token_urlsafe(24)
     page = f"/lab/tree/{QUICKSTART}"
@@ -304,19 +425,19 @@ def _lab(args: argparse.Namespace) -> int:
 
 
 def _app(args: argparse.Namespace) -> int:
+    if not _has_module("voila"):
+        return _error("Voilà is not installed; pip install voila", EXIT_FAILURE)
+    port = _choose_port(args)
+    if port is None:
+        return EXIT_USAGE if args.port is not None else EXIT_FAILURE
     dest = _prepare_notebooks(args)
     if dest is None:
-        return 2
+        return EXIT_USAGE
     notebook = dest / args.notebook
     if not notebook.is_file():
         names = ", ".join(sorted(p.name for p in dest.glob("*.ipynb")))
-        print(f"error: no notebook {notebook}; choose one of: {names}", file=sys.stderr)
-        return 2
-    port = args.port or _free_port(args.default_port)
+        return _error(f"no notebook {notebook}; choose one of: {names}", EXIT_USAGE)
     token = os.environ.get("JUPYTER_TOKEN") or secrets.token_urlsafe(24)
-    if not _has_module("voila"):
-        print("error: Voilà is not installed; pip install voila", file=sys.stderr)
-        return 2
     cmd = [
         sys.executable,
         "-m",

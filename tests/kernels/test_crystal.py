@@ -258,7 +258,8 @@ def test_cli_reports_bad_input(tmp_path, capsys):
 
     bad = tmp_path / "bad.pdb"
     bad.write_text("HELLO\n")
-    assert main(["splat", str(bad), "--out", str(tmp_path / "o.ccp4")]) == 2
+    # A file that is not a model is a failure (1), not a usage error (2): the arguments were fine.
+    assert main(["splat", str(bad), "--out", str(tmp_path / "o.ccp4")]) == 1
     assert "error:" in capsys.readouterr().err
     assert main(["splat", "--device", "cuda", "--out", str(tmp_path / "o.ccp4")]) == (
         0 if torch.cuda.is_available() else 2

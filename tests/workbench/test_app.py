@@ -236,6 +236,30 @@ def test_truncated_file_reports_an_error_and_keeps_the_last_result(make_wb, tmp_
     assert wb.status.level == "idle" and len(wb.result.model) == 559
 
 
+@pytest.mark.parametrize(
+    "name, text, expected",
+    [
+        ("negative.pdb", "CRYST1  -30.000   40.000   50.000  90.00  90.00  90.00 P 1           1\n", ["CRYST1", "a = -30 Å"]),
+        ("angles.pdb", "CRYST1   30.000   40.000   50.000 100.00 100.00 170.00 P 1           1\n", ["sum to 370°"]),
+        ("trigonal.pdb", "CRYST1   30.000   40.000   50.000  90.00  90.00  90.00 P 31 2 1      1\n", ["P 31 2 1"]),
+        ("letters.pdb", "CRYST1   30.000   40.000   50.000  90.00  90.00  90.00 P 1           1\n", ["x coordinate"]),
+    ],
+)  # fmt: skip
+def test_bad_model_is_reported_as_a_model_problem_not_a_backend_one(make_wb, tmp_path, name, text, expected):
+    wb = make_wb()
+    good = wb.result
+    x = "  1O.OOO" if name == "letters.pdb" else "   1.000"
+    path = tmp_path / name
+    path.write_text(text + f"ATOM      1  N   ALA A   1    {x}   2.000   3.000  1.00 10.00           N\n")
+    wb.controls.path.value = str(path)
+    assert wb.status.level == "error"
+    message = wb.status.message
+    assert message.startswith("error: model file problem: ") and name in message, message
+    assert all(part in message for part in expected), message
+    assert "backend" not in message and "unexpected" not in message and "Traceback" not in message
+    assert wb.result is good
+
+
 def test_model_without_a_cell_gets_a_box_and_says_so(make_wb, tmp_path):
     text = gzip.decompress(STRUCTURES["1orc"].read_bytes()).decode()
     lines = [ln for ln in text.splitlines() if not ln.startswith(("CRYST1", "SCALE", "ORIGX"))]

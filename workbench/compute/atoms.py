@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,8 @@ __all__ = [
     "save_upload",
 ]
 
+log = logging.getLogger("workbench")
+
 # Å of padding around a model whose file has no unit cell (its P 1 box); said in a note.
 BOX_PADDING = 5.0
 
@@ -36,7 +40,10 @@ def load_model(source: str | os.PathLike | Model) -> Model:
     Raises
     ------
     WorkbenchError
-        The file is missing, truncated or not a model, with what to do.
+        The file is missing, truncated, not a model, or holds values no map can be made
+        from: "model file problem: " and :func:`kernels.read_model`'s message (file, line
+        or row, atom, field, value), then what to do. Never blames a backend: nothing has
+        been computed yet.
     """
     if isinstance(source, Model):
         return source
@@ -47,7 +54,13 @@ def load_model(source: str | os.PathLike | Model) -> Model:
     try:
         return kernels.read_model(path, box_padding=BOX_PADDING)
     except kernels.ModelError as exc:
-        raise WorkbenchError(f"{sentence(exc)} Choose another file or a bundled example.") from exc
+        raise WorkbenchError(f"model file problem: {sentence(exc)} Choose another file or a bundled example.") from exc
+    except Exception as exc:  # noqa: BLE001 - a reader failure is still about this file, not a backend
+        log.error("reading %s failed:\n%s", path, traceback.format_exc())
+        raise WorkbenchError(
+            f"model file problem: {path} could not be read ({type(exc).__name__}: {sentence(exc)}) "
+            "Choose another file or a bundled example; details in the 'workbench' log."
+        ) from exc
 
 
 def save_upload(name: str, content: bytes, folder: str | os.PathLike) -> Path:

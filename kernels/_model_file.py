@@ -1,0 +1,450 @@
+"""Checks on a model file's bytes and fields before gemmi reads them.
+
+gemmi reads leniently: a field ``1O.OOO`` becomes 1, a blank occupancy 0, a line cut short
+takes default occupancy and B, a binary or empty file is "a structure with no atoms". These
+functions find such problems first, in one pass over the text, and raise
+:class:`kernels.ModelError` saying which file, line/row, atom, field and value is wrong.
+Only the numbers that shape the map are checked (coordinates, occupancy, B, ANISOU U, the
+cell); serial and residue numbers may be hybrid-36 and are labels, left to gemmi.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import re
+import zlib
+
+import numpy as np
+
+# One decimal number as PDB and mmCIF write them: optional sign, digits with at most one
+# point, optional exponent; mmCIF may append a standard uncertainty in parentheses.
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_CIF_NUMBER = re.compile(rf"{_NUMBER}(?:\(\d+\))?")
+_CIF_COLUMN = re.compile(rf"(?:{_NUMBER}(?:\(\d+\))?\n)*{_NUMBER}(?:\(\d+\))?")
+_NUMBER_RE = re.compile(rf"\s*{_NUMBER}\s*")
+# Bytes a text file may hold: tab, newlines, form feed, printable ASCII and any byte ≥ 128
+# (UTF-8 or Latin-1 text in remarks). Anything else is binary data.
+_TEXT_BYTES = bytes([9, 10, 11, 12, 13, *range(32, 127), *range(128, 256)])
+_PDB_RECORDS = re.compile(
+    rb"^(?:ATOM  |HETATM|CRYST1|HEADER|REMARK|MODEL |ENDMDL|TER|END|SEQRES|ANISOU|SCALE|ORIGX|COMPND|SOURCE|TITLE )",
+    re.M,
+)
+_CIF_HEADER = re.compile(rb"\A(?:\s*#[^\n]*\n|\s+)*data_", re.S)
+
+# ATOM/HETATM numeric fields: name, first and last column (1-based, as the PDB format
+# documents them), and what a missing value means.
+_ATOM_FIELDS = (
+    ("x coordinate", 31, 38),
+    ("y coordinate", 39, 46),
+    ("z coordinate", 47, 54),
+    ("occupancy", 55, 60),
+    ("B-factor", 61, 66),
+)
+_ANISOU_FIELDS = tuple((f"U{ij}", 29 + 7 * k, 35 + 7 * k) for k, ij in enumerate(("11", "22", "33", "12", "13", "23")))
+_CRYST1_FIELDS = (("a", 7, 15), ("b", 16, 24), ("c", 25, 33), ("alpha", 34, 40), ("beta", 41, 47), ("gamma", 48, 54))
+
+
+def _fail(message: str):
+    from kernels.crystal import ModelError
+
+    raise ModelError(message)
+
+
+# --------------------------------------------------------------------------- the file
+
+
+def read_model_bytes(path, where: str) -> tuple[bytes, bool]:
+    """The file's text as bytes, decompressed when it is gzip; ``(data, was_gzip)``.
+
+    Raises ModelError for an unreadable, empty, truncated or corrupt gzip, or binary file.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        _fail(f"{where}: cannot read the file: {exc.strerror or exc}")
+    if not data:
+        _fail(f"{where}: the file is empty (0 bytes): give a PDB or mmCIF file with atoms")
+    named_gz = path.name.lower().endswith(".gz")
+    compressed = data[:2] == b"\x1f\x8b"
+    if named_gz and not compressed:
+        _fail(
+            f"{where}: not a gzip file (it does not start with the gzip signature 1f 8b) although its name ends "
+            "in .gz: if it is plain PDB/mmCIF text, remove .gz from its name; otherwise download it again"
+        )
+    if compressed:
+        size = len(data)
+        try:
+            data = gzip.decompress(data)
+        except EOFError:
+            _fail(
+                f"{where}: truncated gzip file: the compressed data ({size} bytes) ends before the end-of-stream "
+                "marker; download or copy it again"
+            )
+        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+            _fail(f"{where}: corrupt gzip data ({exc}); download or copy the file again")
+        if not data:
+            _fail(f"{where}: the gzip file decompresses to nothing (0 bytes): give a PDB or mmCIF file with atoms")
+    inside = " after decompressing" if compressed else ""
+    binary = data.translate(None, _TEXT_BYTES)
+    if binary:
+        offset = next(i for i, byte in enumerate(data) if byte == binary[0])
+        _fail(
+            f"{where}: binary data{inside}, not PDB or mmCIF text (byte 0x{binary[0]:02x} at offset {offset}); "
+            "is this the right file?"
+        )
+    if not data.strip():
+        _fail(f"{where}: the file holds only whitespace{inside}: give a PDB or mmCIF file with atoms")
+    return data, compressed
+
+
+def check_format(data: bytes, is_cif: bool, where: str, compressed: bool) -> None:
+    """Raise ModelError when the text is not the format its name says (or neither format)."""
+    inside = " (after decompressing)" if compressed else ""
+    looks_cif = _CIF_HEADER.match(data) is not None
+    has_atoms = re.search(rb"^(?:ATOM  |HETATM)", data, re.M) is not None
+    looks_pdb = has_atoms or _PDB_RECORDS.search(data) is not None
+    if is_cif and not looks_cif:
+        if looks_pdb:
+            _fail(f"{where}: the text{inside} is PDB (ATOM/CRYST1 records), not mmCIF: rename the file to .pdb")
+        _fail(f"{where}: not an mmCIF file{inside}: it does not start with a data_ block header")
+    if not is_cif:
+        if looks_cif and not has_atoms:
+            _fail(f"{where}: the text{inside} is mmCIF (a data_ block), not PDB: rename the file to .cif")
+        if not looks_pdb:
+            _fail(
+                f"{where}: not a PDB file{inside}: none of its lines is a PDB record (ATOM, HETATM, CRYST1, HEADER …)"
+            )
+        if not has_atoms:
+            _fail(f"{where}: no ATOM or HETATM records: the file has no atoms")
+
+
+# --------------------------------------------------------------------------- PDB
+
+
+@dataclasses.dataclass
+class PdbScan:
+    """What the PDB field check found that reading must act on."""
+
+    # An ATOM/HETATM line shorter than its B field but followed by ANISOU: gemmi must see
+    # the line padded with blanks (B = 0) so that B is derived from U, not defaulted.
+    pad_short_lines: bool = False
+    # CRYST1's six numbers as written (None: no CRYST1, or all six fields blank)
+    cell: tuple[float, ...] | None = None
+
+
+def _as_block(lines: list[str], width: int) -> np.ndarray:
+    """Columns 1..``width`` of the lines as a (width, n) uint8 array, NUL past each line's end.
+
+    Column-major, so that the per-column work below runs over long contiguous rows.
+    """
+    lengths = set(map(len, lines))
+    if len(lengths) == 1 and min(lengths) >= width:  # the usual file: every record the same length
+        length = lengths.pop()
+        rows = np.frombuffer("".join(lines).encode("latin-1"), dtype=np.uint8).reshape(len(lines), length)
+        return np.ascontiguousarray(rows[:, :width].T)
+    joined = "".join([line[:width].ljust(width, "\0") for line in lines])
+    return np.ascontiguousarray(np.frombuffer(joined.encode("latin-1"), dtype=np.uint8).reshape(len(lines), width).T)
+
+
+_BLANK = 0x1000
+_CLASS_CODE = np.full(256, 0x0001, dtype=np.uint16)  # anything else
+_CLASS_CODE[[0, 32]] = _BLANK  # a blank, or NUL past the end of the line
+_CLASS_CODE[48:58] = 0x0100  # a digit
+_CLASS_CODE[46] = 0x0010  # the decimal point
+_CLASS_CODE[[43, 45]] = 0x0000  # a sign: allowed, and checked for its place only
+
+
+def _fields_check(block: np.ndarray, fields, integer: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Which fixed-width fields hold one right-aligned number, for every line at once.
+
+    ``block`` is (columns, lines) from :func:`_as_block`; ``fields`` are (name, first, last)
+    with 1-based inclusive columns, contiguous and in order. Returns ``(bad, missing)``, each
+    (lines, fields) bool: ``missing`` where the field is blank or past the end of the line,
+    ``bad`` where it is neither missing nor one number (a character other than digits, one
+    point and a leading sign; a blank inside or after the number; the line ending inside it).
+    """
+    lo, hi = fields[0][1] - 1, fields[-1][2]
+    f = block[lo:hi]
+    starts = [first - 1 - lo for _, first, _ in fields]
+    ends = [last - lo for _, _, last in fields]
+    # Each character's class as a 4-bit counter in a uint16 (other | point | digit | blank),
+    # so that one sum over a field's columns (at most 8) counts all four at once.
+    code = _CLASS_CODE[f]
+    blank = code == _BLANK
+    sign = (f == 45) | (f == 43)
+    # A blank or a sign after a non-blank inside one field breaks "blanks, then one signed
+    # number": counted with the other characters.
+    broken = ~blank[:-1] & (blank[1:] | sign[1:])
+    broken[[e - 1 for e in ends[:-1]]] = False
+    code[:-1] += broken
+    bad, missing = [], []
+    for start, end in zip(starts, ends):
+        counts = code[start:end].sum(axis=0, dtype=np.uint16)
+        n_blank = counts >> 12
+        field_missing = n_blank == end - start
+        field_bad = (counts & 15 > 0) | ((counts >> 8) & 15 == 0) | ((counts >> 4) & 15 > (0 if integer else 1))
+        field_bad |= (f[end - 1] == 0) & ~field_missing  # the line ends inside the field
+        bad.append(field_bad & ~field_missing)
+        missing.append(field_missing)
+    return np.stack(bad, axis=1), np.stack(missing, axis=1)
+
+
+def _pdb_atom_label(line: str) -> str:
+    alt = line[16:17].strip()
+    return (
+        f"{line[21:22].strip() or '?'}/{line[17:20].strip()} {line[22:26].strip()}{line[26:27].strip()}/"
+        f"{line[12:16].strip()}{f' altloc {alt}' if alt else ''}"
+    )
+
+
+def _line_number(text: str, line: str) -> int:
+    return text.count("\n", 0, text.find(line)) + 1
+
+
+def _describe(value: str) -> str:
+    if not value.strip():
+        return "blank"
+    try:
+        number = float(value)
+    except ValueError:
+        return f"{value.strip()!r}, not a number"
+    if number != number or number in (float("inf"), float("-inf")):
+        return f"{value.strip()!r}, a non-finite number"
+    return f"{value.strip()!r}, not one number in the field"
+
+
+def scan_pdb(text: str, where: str) -> PdbScan:
+    """Check every ATOM/HETATM, ANISOU and CRYST1 record's numeric fields in one pass.
+
+    ``text`` is the file decoded as Latin-1, so a character is a byte and columns are gemmi's.
+    Raises ModelError naming the line, atom, field (with its columns) and the value.
+    """
+    scan = PdbScan()
+    if "\r" in text:  # CRLF or CR line ends: columns count from each line's start either way
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    atom_lines = re.findall(r"^(?:ATOM  |HETATM).*", text, re.M)
+    if atom_lines:
+        block = _as_block(atom_lines, 80)
+        bad, missing = _fields_check(block, _ATOM_FIELDS, integer=False)
+        bad[:, :3] |= missing[:, :3]  # a blank occupancy or B is reported on its own below
+        _report_atom_fields(text, atom_lines, bad, missing, where, scan)
+        _check_elements(text, atom_lines, block, where)
+    anisou = re.findall(r"^ANISOU.*", text, re.M) if "ANISOU" in text else []
+    if anisou:
+        bad, missing = _fields_check(_as_block(anisou, 70), _ANISOU_FIELDS, integer=True)
+        bad |= missing
+        if bad.any():
+            row, col = (int(v) for v in np.argwhere(bad)[0])
+            name, first, last = _ANISOU_FIELDS[col]
+            line = anisou[row]
+            value = line[first - 1 : last]
+            count = int(bad.any(axis=1).sum())
+            more = f" ({count - 1} more ANISOU records too)" if count > 1 else ""
+            what = "missing (the line is cut short)" if len(line) < first else _describe(value)
+            _fail(
+                f"{where}: line {_line_number(text, line)}: ANISOU of atom {_pdb_atom_label(line)}: {name} "
+                f"(columns {first}-{last}, an integer in 10⁻⁴ Å²) is {what}{more}: fix or remove the record"
+            )
+    cryst1 = re.search(r"^CRYST1.*", text, re.M)
+    if cryst1:
+        line = cryst1.group(0)
+        fields = [line[first - 1 : last] for _, first, last in _CRYST1_FIELDS]
+        if any(f.strip() for f in fields):
+            for (name, first, last), value in zip(_CRYST1_FIELDS, fields):
+                if not _NUMBER_RE.fullmatch(value):
+                    _fail(
+                        f"{where}: line {_line_number(text, line)}: CRYST1 {name} (columns {first}-{last}) is "
+                        f"{_describe(value)}: write the cell as a b c in Å and α β γ in degrees in their columns"
+                    )
+            scan.cell = tuple(float(v) for v in fields)
+    return scan
+
+
+def _report_atom_fields(text: str, lines: list[str], bad, missing, where: str, scan: PdbScan) -> None:
+    rows = np.flatnonzero(bad.any(axis=1))
+    if rows.size:
+        row = int(rows[0])
+        name, first, last = _ATOM_FIELDS[int(np.flatnonzero(bad[row])[0])]
+        line = lines[row]
+        value = line[first - 1 : last]
+        if not value.strip():
+            what = f"missing (the line ends at column {len(line)})" if len(line) < first else "blank"
+        elif len(line) < last:
+            what = f"{value.strip()!r}, cut short (the line ends at column {len(line)})"
+        else:
+            what = _describe(value)
+        more = f" ({rows.size - 1} more atoms too)" if rows.size > 1 else ""
+        _fail(
+            f"{where}: line {_line_number(text, line)}: atom {_pdb_atom_label(line)}: the {name} "
+            f"(columns {first}-{last}) is {what}{more}: write one number right-aligned in those columns"
+        )
+    rows = np.flatnonzero(missing[:, 3])
+    if rows.size:
+        line = lines[rows[0]]
+        more = f" ({rows.size - 1} more atoms too)" if rows.size > 1 else ""
+        state = "blank" if len(line) >= 55 else f"missing (the line ends at column {len(line)})"
+        _fail(
+            f"{where}: line {_line_number(text, line)}: atom {_pdb_atom_label(line)}: the occupancy (columns 55-60) "
+            f"is {state}{more}: gemmi would read it as 0 or 1; write the occupancy (1.00 for a fully occupied site)"
+        )
+    rows = np.flatnonzero(missing[:, 4])
+    if rows.size:
+        # A missing B is allowed only where the next record is the atom's ANISOU (B comes from U).
+        start = 0
+        for row in rows:
+            line = lines[row]
+            pos = text.find(line, start)
+            start = pos + len(line)
+            following = text[start + 1 : start + 12]
+            if not (following.startswith("ANISOU") and following[6:11] == line[6:11]):
+                more = f" ({rows.size - 1} more atoms lack B)" if rows.size > 1 else ""
+                state = "blank" if len(line) >= 61 else f"missing (the line ends at column {len(line)})"
+                _fail(
+                    f"{where}: line {_line_number(text, line)}: atom {_pdb_atom_label(line)}: the B-factor "
+                    f"(columns 61-66) is {state} and no ANISOU record follows{more}: write the B-factor in Å²"
+                )
+            if len(line) < 66:
+                scan.pad_short_lines = True
+
+
+def _check_elements(text: str, lines: list[str], block: np.ndarray, where: str) -> None:
+    import gemmi
+
+    codes = block[76].astype(np.uint16) << 8 | block[77]
+    for code in np.unique(codes):
+        symbol = bytes([int(code) >> 8, int(code) & 255]).replace(b"\0", b" ").decode("latin-1").strip()
+        if symbol and gemmi.Element(symbol).atomic_number == 0:
+            rows = np.flatnonzero(codes == code)
+            line = lines[rows[0]]
+            more = f" ({rows.size - 1} more atoms too)" if rows.size > 1 else ""
+            _fail(
+                f"{where}: line {_line_number(text, line)}: atom {_pdb_atom_label(line)} has an unknown element "
+                f"{symbol!r} in columns 77-78{more}: write its element symbol there (e.g. C, N, O, FE)"
+            )
+
+
+def pad_short_atom_lines(data: bytes) -> bytes:
+    """ATOM/HETATM lines shorter than 66 columns padded with blanks (gemmi then reads B as 0)."""
+    return re.sub(rb"^((?:ATOM  |HETATM)[^\n\r]{0,59})(?=\r?$)", lambda m: m.group(1).ljust(66), data, flags=re.M)
+
+
+# --------------------------------------------------------------------------- mmCIF
+
+# The _atom_site columns gemmi 0.7 needs to build atoms at all (it reads none without them),
+# and the ones whose absence it fills with a default.
+_CIF_GEMMI_NEEDS = ("id", "type_symbol", "label_alt_id", "label_asym_id")
+_CIF_COORDS = ("Cartn_x", "Cartn_y", "Cartn_z")
+
+
+@dataclasses.dataclass
+class CifScan:
+    """What the mmCIF check found that reading must act on."""
+
+    occupancy_defaulted: int = 0  # rows without an occupancy (column absent, or ? / .)
+    occupancy_first: str = ""
+    n_rows: int = 0
+
+
+def _cif_row_label(block, i: int) -> str:
+    def value(tag):
+        col = block.find_values(f"_atom_site.{tag}")
+        return col[i] if len(col) > i else "?"
+
+    chain = value("auth_asym_id") if len(block.find_values("_atom_site.auth_asym_id")) else value("label_asym_id")
+    comp = value("label_comp_id") if len(block.find_values("_atom_site.label_comp_id")) else value("auth_comp_id")
+    seq = value("auth_seq_id") if len(block.find_values("_atom_site.auth_seq_id")) else value("label_seq_id")
+    name = value("label_atom_id") if len(block.find_values("_atom_site.label_atom_id")) else value("auth_atom_id")
+    return f"row {i + 1} (_atom_site.id {value('id')}, atom {chain}/{comp} {seq}/{name.strip(chr(34))})"
+
+
+def scan_mmcif(block, where: str) -> CifScan:
+    """Check the ``_atom_site`` table of an mmCIF block: the columns exist, the numbers parse.
+
+    Raises ModelError naming the column, row, atom and value.
+    """
+    import gemmi
+
+    scan = CifScan()
+    table = block.find_mmcif_category("_atom_site.")
+    present = {tag.split(".", 1)[1] for tag in table.tags}
+    if not present:
+        _fail(f"{where}: no _atom_site table: the mmCIF file has no atoms")
+    n = len(block.find_values(f"_atom_site.{next(iter(present))}"))
+    scan.n_rows = n
+    if n == 0:
+        _fail(f"{where}: the _atom_site table has no rows: the mmCIF file has no atoms")
+    missing = [f"_atom_site.{c}" for c in (*_CIF_COORDS, "type_symbol", "B_iso_or_equiv") if c not in present]
+    if missing:
+        what = "coordinate" if any(m.split(".")[1] in _CIF_COORDS for m in missing) else "required"
+        _fail(
+            f"{where}: the _atom_site table has no {', '.join(missing)} column ({what} data "
+            f"missing for all {n} atoms): the file is incomplete; export it again with those columns"
+        )
+    gemmi_missing = [f"_atom_site.{c}" for c in _CIF_GEMMI_NEEDS if c not in present]
+    for pair in (("label_atom_id", "auth_atom_id"), ("label_comp_id", "auth_comp_id"), ("label_seq_id", "auth_seq_id")):
+        if not any(p in present for p in pair):
+            gemmi_missing.append(f"_atom_site.{pair[0]} (or {pair[1]})")
+    if gemmi_missing:
+        _fail(
+            f"{where}: the _atom_site table has no {', '.join(gemmi_missing)} column, which gemmi needs to read "
+            "atoms: export the file again as complete PDBx/mmCIF"
+        )
+    for name in (*_CIF_COORDS, "B_iso_or_equiv", "occupancy"):
+        if name not in present:
+            continue
+        values = list(block.find_values(f"_atom_site.{name}"))
+        if _CIF_COLUMN.fullmatch("\n".join(values)):
+            continue
+        unknown = [i for i, v in enumerate(values) if v in ("?", ".")]
+        if name == "occupancy":
+            unknown_set = set(unknown)
+            bad = [i for i, v in enumerate(values) if i not in unknown_set and not _CIF_NUMBER.fullmatch(v)]
+            if not bad:
+                scan.occupancy_defaulted = len(unknown)
+                scan.occupancy_first = _cif_row_label(block, unknown[0])
+                continue
+        else:
+            bad = [i for i, v in enumerate(values) if not _CIF_NUMBER.fullmatch(v)]
+        i = bad[0]
+        value = values[i]
+        what = "unknown (? or .)" if value in ("?", ".") else _describe(value)
+        more = f" ({len(bad) - 1} more rows too)" if len(bad) > 1 else ""
+        _fail(f"{where}: {_cif_row_label(block, i)}: _atom_site.{name} is {what}{more}: write a number there")
+    if "occupancy" not in present:
+        scan.occupancy_defaulted = n
+    symbols = block.find_values("_atom_site.type_symbol")
+    for symbol in set(symbols):
+        text = gemmi.cif.as_string(symbol)
+        if gemmi.Element(text).atomic_number == 0:
+            rows = [i for i, s in enumerate(symbols) if s == symbol]
+            more = f" ({len(rows) - 1} more rows too)" if len(rows) > 1 else ""
+            _fail(
+                f"{where}: {_cif_row_label(block, rows[0])} has an unknown element {text!r} in "
+                f"_atom_site.type_symbol{more}: write its element symbol there (e.g. C, N, O, FE)"
+            )
+    return scan
+
+
+def cif_cell_values(block, where: str) -> tuple[float, ...] | None:
+    """The six ``_cell`` parameters as numbers, None when the file gives none (all ? or absent).
+
+    Raises ModelError for a value that is not a number.
+    """
+    import gemmi
+
+    tags = ("length_a", "length_b", "length_c", "angle_alpha", "angle_beta", "angle_gamma")
+    raw = [block.find_value(f"_cell.{t}") for t in tags]
+    if all(v is None or v in ("?", ".") for v in raw[:3]):
+        return None
+    values = []
+    for tag, value in zip(tags, raw):
+        if value is None or value in ("?", "."):
+            if tag.startswith("angle"):
+                values.append(90.0)  # mmCIF's documented default for a missing angle
+                continue
+            _fail(f"{where}: _cell.{tag} is {'missing' if value is None else value!r}: give all three cell lengths")
+        if not _CIF_NUMBER.fullmatch(value):
+            _fail(f"{where}: _cell.{tag} is {_describe(gemmi.cif.as_string(value))}: write the cell as numbers")
+        values.append(gemmi.cif.as_number(value))
+    return tuple(values)

@@ -1,0 +1,98 @@
+"""``python -m workbench …`` on bad input: one line on stderr, no traceback, exit 0/1/2.
+
+2 is a usage error (arguments; checked before any work, nothing printed on stdout),
+1 any other failure (a bad model file), 0 success. Run as a subprocess, as a person would.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CELL = "CRYST1   30.000   40.000   50.000  90.00  90.00  90.00 P 1           1\n"
+ATOM = "ATOM      1  N   ALA A   1       1.000   2.000   3.000  1.00 10.00           N\n"
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), WORKBENCH_NOTEBOOK_DIR=str(cwd / "notebooks"))
+    return subprocess.run(
+        [sys.executable, "-m", "workbench", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "negative.pdb").write_text(CELL.replace("   30.000", "  -30.000") + ATOM)
+    (tmp_path / "letters.pdb").write_text(CELL + ATOM.replace("   1.000", "  1O.OOO"))
+    (tmp_path / "nocell.pdb").write_text(ATOM)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "empty.cif").write_text("")
+    return tmp_path
+
+
+USAGE = [
+    (["splat", "--radius", "-2"], "--radius: must be a positive finite number of Å, got '-2'"),
+    (["splat", "--spacing", "nan"], "--spacing: must be a positive finite number of Å, got 'nan'"),
+    (["splat", "--spacing", "0.5x"], "--spacing: must be a number of Å, got '0.5x'"),
+    (["splat", "--cutoff", "0"], "--cutoff: must be a positive finite number of e/Å³, got '0'"),
+    (["splat", "--box-padding", "inf"], "--box-padding: must be a positive finite number of Å, got 'inf'"),
+    (["splat", "--out", "missing/map.ccp4"], "the folder missing does not exist"),
+    (["splat", "--out", "."], "--out . is a folder"),
+    (["splat", "--out", "afile/map.ccp4"], "the folder afile is not a folder"),
+    (["splat", "absent.pdb"], "model absent.pdb does not exist"),
+    (["splat", "--bogus"], "unrecognized arguments: --bogus"),
+    (["lab", "--port", "0"], "a port is a whole number in 1-65535"),
+    (["app", "--port", "http"], "a port is a whole number in 1-65535"),
+    (["lab", "--dir", "afile", "--no-browser"], "exists and is not a folder"),
+    (["app", "--dir", "afile", "--no-browser"], "exists and is not a folder"),
+]
+
+
+@pytest.mark.parametrize("args, expected", USAGE, ids=[" ".join(a) for a, _ in USAGE])
+def test_usage_errors_exit_2_before_any_work(files, args, expected):
+    r = run(*args, cwd=files)
+    assert r.returncode == 2, r.stderr
+    assert expected in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout == ""  # nothing was computed or printed before the refusal
+    assert not (files / "map.ccp4").exists()
+
+
+def test_port_in_use_is_a_usage_error(files):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for command in ("lab", "app"):
+            r = run(command, "--port", str(port), "--no-browser", cwd=files)
+            assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr
+
+
+FAILURES = [
+    (["splat", "negative.pdb"], ["negative.pdb", "impossible unit cell in CRYST1", "a = -30 Å"]),
+    (["splat", "letters.pdb"], ["letters.pdb", "line 2", "x coordinate", "'1O.OOO'"]),
+    (["splat", "empty.cif"], ["empty.cif", "empty (0 bytes)"]),
+    (["splat", "nocell.pdb"], ["nocell.pdb", "no unit cell", "--box-padding"]),
+]
+
+
+@pytest.mark.parametrize("args, expected", FAILURES, ids=[a[1] for a, _ in FAILURES])
+def test_bad_model_exits_1_with_one_line(files, args, expected):
+    r = run(*args, cwd=files)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+    for part in expected:
+        assert part in r.stderr
+    assert not (files / "map.ccp4").exists()
+
+
+def test_success_exits_0_and_box_padding_reads_a_model_without_a_cell(files):
+    r = run("splat", "nocell.pdb", "--box-padding", "4", "--backend", "reference", "--spacing", "1", cwd=files)
+    assert r.returncode == 0, r.stderr
+    assert "built a P 1 box" in r.stdout and (files / "map.ccp4").is_file()
