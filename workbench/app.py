@@ -147,8 +147,14 @@ class Workbench(widgets.VBox):
         # slice and 3D side by side when there is room, one above the other when not
         top = widgets.HBox([self.slice.widget, self.scene.widget], layout=widgets.Layout(flex_flow="row wrap"))
         self.scene.widget.layout = widgets.Layout(flex="1 1 420px", min_width="360px")
-        views = widgets.VBox([top, tabs], layout=widgets.Layout(flex="1 1 auto", min_width="0"))
-        super().__init__([self.status.widget, widgets.HBox([self.controls.widget, views])])
+        # A section never shrinks: its image has max-width 100 %, so a squeezed column
+        # drew it at 20 × 17 px (or none) in a narrow page. Below its width the views
+        # wrap under the controls instead.
+        for view in (self.slice, self.difference.slice):
+            view.widget.layout.flex = "0 0 auto"
+        views = widgets.VBox([top, tabs], layout=widgets.Layout(flex="1 1 440px", min_width="440px"))
+        body = widgets.HBox([self.controls.widget, views], layout=widgets.Layout(flex_flow="row wrap"))
+        super().__init__([self.status.widget, body])
         self.add_class("wb-app")
 
         self.status.cancel.on_click(lambda _: self.cancel())

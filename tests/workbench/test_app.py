@@ -644,3 +644,18 @@ def test_status_text_reads_as_english(make_wb):
     assert not [
         m for m in seen if re.search(r"\b\d+(th|nd|st|rd)\b", m) and not re.search(r"\b(1st|2nd|3rd|\d*[04-9]th)\b", m)
     ]
+
+
+def test_controls_sit_in_collapsible_sections_and_the_section_never_shrinks(make_wb):
+    wb = make_wb()
+    sections = wb.controls.sections
+    assert list(sections) == [
+        "structure", "density", "section", "3D view and gradients", "compute", "profile and atom table", "export",
+    ]  # fmt: skip
+    opened = [t for t, acc in sections.items() if acc.selected_index == 0]
+    assert opened == ["structure", "density", "section"]
+    held = [w for acc in sections.values() for w in acc.children[0].children]
+    for name in [*wb.controls.bound, "profile_a", "profile_b", "path", "upload", "slice_index", "backend_reason"]:
+        assert getattr(wb.controls, name) in held, f"{name} is in no control section"
+    # an image with max-width 100 % in a shrinking flex item was drawn at 20×17 px (issue 19)
+    assert wb.slice.widget.layout.flex == "0 0 auto" and wb.difference.slice.widget.layout.flex == "0 0 auto"

@@ -37,9 +37,10 @@ _SELECTS_MODE = {
     "density_cutoff": ("radius_mode", "auto"),
 }
 _STYLE = {"description_width": "110px"}
-# 20 px narrower than the panel: a control as wide as the panel (its readout at the very
-# edge) makes the panel scroll sideways when a person types into the readout.
-_LAYOUT = {"width": "320px"}
+# Narrower than the panel less a section's padding (2 × 15 px) and border: a control as
+# wide as its box (its readout at the very edge) makes the panel scroll sideways when a
+# person types into the readout.
+_LAYOUT = {"width": "300px"}
 
 
 def _slider(cls, name: str, description: str, **kw):
@@ -364,8 +365,9 @@ class Controls:
 
     def _layout(self) -> widgets.Widget:
         w = widgets
-        # (title, open at start, widgets): what a first look needs is open; the rest folds
-        # away so the column stays short and the views keep the page's width and height.
+        # (title, open at start, widgets): what a first look needs is open (model, density,
+        # grid, section); the rest folds away so that at 1280×800 the open controls and the
+        # pictures fit on one screen and the views keep the page's width.
         sections = [
             ("structure", True, [self.structure, self.path, self.upload]),
             (
@@ -385,7 +387,7 @@ class Controls:
             ("section", True, [self.slice_axis, self.slice_index, self.slice_depth, self.slice_scale]),
             (
                 "3D view and gradients",
-                True,
+                False,
                 [
                     self.iso_sigma,
                     self.region,
