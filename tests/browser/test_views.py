@@ -54,8 +54,14 @@ def _atoms_near(ui: WorkbenchUI) -> int:
 
 
 def _section_makes_sense(ui: WorkbenchUI, what: str) -> None:
-    """A section through the molecule: atoms marked near its plane, density drawn, no 'no density' note."""
+    """A section through the molecule: atoms marked near its plane, density drawn, no 'no density' note,
+    and the slice slider on the section drawn."""
     text = ui.status()[0]
+    caption = ui.page.locator(".wb-slice-caption").inner_text()
+    drawn = int(re.search(r"at index (\d+)", caption).group(1))
+    assert ui.slider_value(".wb-slice-index") == drawn, (
+        f"{what}: slider at {ui.slider_value('.wb-slice-index')}, {caption}"
+    )
     assert "no density" not in text, f"{what}: {text}"
     assert _atoms_near(ui) >= 5, (
         f"{what}: section far from the molecule: {ui.page.locator('.wb-slice-caption').inner_text()}"

@@ -294,9 +294,10 @@ class Controls:
     def _range_from_state(self, change) -> None:
         self._syncing = True
         try:
-            with self.slice_index.hold_sync():
-                self.slice_index.max = self.state.slice_index_max
-                self.slice_index.value = self.state.slice_index
+            # Two messages, the range first: in one message the browser's slider applied
+            # the value against the old range (0 … 0) and showed 0 under a section at 28.
+            self.slice_index.max = self.state.slice_index_max
+            self.slice_index.value = self.state.slice_index
             top = max(self.state.n_atoms - 1, 0)
             self.profile_a.max = self.profile_b.max = top
         finally:
