@@ -73,8 +73,10 @@ class Workbench(widgets.VBox):
     ``wb-structure-path`` (text, Enter loads), ``wb-structure-upload``, ``wb-bmode``,
     ``wb-bfactor`` (global B slider; moving it selects global mode), ``wb-boffset``,
     ``wb-radius-mode``, ``wb-radius``, ``wb-cutoff``, ``wb-spacing``, ``wb-grid-shape``,
-    ``wb-device``, ``wb-device-reason``, ``wb-backend``, ``wb-slice-axis``,
-    ``wb-slice-index``, ``wb-slice-scale``, ``wb-iso``, ``wb-distort`` (distortion amplitude),
+    ``wb-device``, ``wb-device-reason``, ``wb-backend``, ``wb-backend-reason`` (why the
+    backends not offered cannot run here), ``wb-slice-axis``, ``wb-slice-index`` (one step
+    is one section of the current grid; the position kept is a depth in Å),
+    ``wb-slice-depth``, ``wb-slice-scale``, ``wb-iso``, ``wb-distort`` (distortion amplitude),
     ``wb-distort-seed``, ``wb-gradient-kind``, ``wb-region``, ``wb-region-padding``,
     ``wb-profile-a``, ``wb-profile-b``, ``wb-target-map``, ``wb-table-sort``,
     ``wb-table-asc``, ``wb-export-path``, ``wb-export-map``, ``wb-export-grad``; views
@@ -82,7 +84,9 @@ class Workbench(widgets.VBox):
     widget; its canvas sits in ``wb-view3d-canvas``), ``wb-view3d-caption`` (arrow
     scale), ``wb-profile``, ``wb-atom-table``, ``wb-diff-a``, ``wb-diff-b``,
     ``wb-diff-run``, ``wb-diff-slice``, ``wb-diff-stats``, ``wb-timing``,
-    ``wb-compare-all``, ``wb-timing-all``.
+    ``wb-compare-all``, ``wb-timing-all``; ``wb-stale`` marks a note that a tab's result
+    is out of date. The controls sit in collapsible sections ``wb-section`` (also
+    ``wb-section-structure|density|section|3d|compute|profile|export``).
 
     Examples
     --------
@@ -130,6 +134,10 @@ class Workbench(widgets.VBox):
         self._model_version = None
         self._scene_time = -1e9
         self._region_note = ""
+        self._timing_inputs: tuple | None = None  # comparison_inputs the timing table is for
+        self._timing_label = ""
+        # structure -> its slice depths: going back to a model goes back to its sections
+        self._depths_by_structure: dict[str, tuple] = {}
 
         tabs = widgets.Tab(
             [self.profile.widget, self.table.widget, self.difference.widget, self.timing.widget],
@@ -139,8 +147,14 @@ class Workbench(widgets.VBox):
         # slice and 3D side by side when there is room, one above the other when not
         top = widgets.HBox([self.slice.widget, self.scene.widget], layout=widgets.Layout(flex_flow="row wrap"))
         self.scene.widget.layout = widgets.Layout(flex="1 1 420px", min_width="360px")
-        views = widgets.VBox([top, tabs], layout=widgets.Layout(flex="1 1 auto", min_width="0"))
-        super().__init__([self.status.widget, widgets.HBox([self.controls.widget, views])])
+        # A section never shrinks: its image has max-width 100 %, so a squeezed column
+        # drew it at 20 × 17 px (or none) in a narrow page. Below its width the views
+        # wrap under the controls instead.
+        for view in (self.slice, self.difference.slice):
+            view.widget.layout.flex = "0 0 auto"
+        views = widgets.VBox([top, tabs], layout=widgets.Layout(flex="1 1 440px", min_width="440px"))
+        body = widgets.HBox([self.controls.widget, views], layout=widgets.Layout(flex_flow="row wrap"))
+        super().__init__([self.status.widget, body])
         self.add_class("wb-app")
 
         self.status.cancel.on_click(lambda _: self.cancel())
@@ -150,9 +164,6 @@ class Workbench(widgets.VBox):
         self.controls.export_gradients.on_click(lambda _: self._export("gradients"))
         self.controls.upload.observe(self._uploaded, names="value")
 
-        self._keep_slice_index = "slice_index" in settings
-        if self._keep_slice_index:
-            self.state.slice_index_max = 1 << 20  # the grid is not known yet: clamped at the first result
         for name, value in settings.items():
             if name not in _INPUTS:
                 raise TypeError(f"Workbench got an unknown setting {name!r}; settings are {_INPUTS}")
@@ -234,9 +245,15 @@ class Workbench(widgets.VBox):
         return self.result
 
     def _changed(self, change) -> None:
-        if change["name"] in ("region", "structure") and change["new"]:
-            self._region_note = ""  # the person chose again: the note about a bad region is old
-        self.scheduler.changed()
+        with self.scheduler.batch():
+            if change["name"] in ("region", "structure") and change["new"]:
+                self._region_note = ""  # the person chose again: the note about a bad region is old
+            if change["name"] == "structure":
+                # Depths are the old model's: the new one opens on its own middle (or on
+                # where the person left it, if it was shown before).
+                self._depths_by_structure[change["old"]] = self.state.slice_depths
+                self.state.slice_depths = self._depths_by_structure.get(change["new"], (None, None, None))
+            self.scheduler.changed()
 
     def _control_error(self, message: str) -> None:
         self.status.set("error", message)
@@ -322,12 +339,13 @@ class Workbench(widgets.VBox):
                 a, b = self.state.profile_atoms
                 if not (a < n and b < n):
                     self.state.profile_atoms = (0, min(1, n - 1))
-        self.state.grid_shape = r.grid.shape
-        self.state.slice_index_max = r.grid.shape[s.axis] - 1
-        if new_model and not self._keep_slice_index:
-            # Open on the section through the middle of the model, not an empty cell corner.
-            self.state.slice_index = compute.central_index(r.atoms.xyz, r.grid, s.axis)
-        self._keep_slice_index = False
+        with self.state.hold_trait_notifications():
+            self.state.grid_shape = r.grid.shape
+            # where the section is on this grid (the setting is its depth in Å)
+            self.state.slice_plane = compute.section_depth(r.grid, s.axis, 1)
+            self.state.slice_index_max = r.grid.shape[s.axis] - 1
+            self.state.slice_index = r.section.index
+        self._drop_stale(r)
         check()
         names = r.model.atoms.labels
         if r.profile is not None:
@@ -367,6 +385,24 @@ class Workbench(widgets.VBox):
         self.timing.update(r.timings, backend=r.backend, device=s.device, grid_shape=r.grid.shape, n_atoms=len(r.model))
         self._report(r)
 
+    def _drop_stale(self, r: Result) -> None:
+        """Clear (and say so) the views whose result belongs to other settings than ``r``'s."""
+        inputs = compute.comparison_inputs(r.settings)
+        now = compute.inputs_label(r.settings)
+        d = self.difference_result
+        if d is not None:
+            if d.inputs != inputs:
+                self.difference_result = None
+                self.difference.stale(d.label, now)
+            elif (d.section.axis, d.section.index) != (r.section.axis, r.section.index):
+                # same maps, another section: cut it from the maps already compared
+                diff = (d.map_a.double() - d.map_b.double()).float()
+                d.section = compute.difference_section(diff, d.grid, r.section.axis, r.section.index)
+                self.difference.show_section(d)
+        if self._timing_inputs is not None and self._timing_inputs != inputs:
+            self._timing_inputs = None
+            self.timing.stale(self._timing_label, now)
+
     def _report(self, r: Result) -> None:
         if self.scheduler.debouncer.pending:
             self.status.set("busy", "computing: newer settings …")
@@ -384,6 +420,15 @@ class Workbench(widgets.VBox):
         if self._region_note:
             level = "warning"
             parts.append(f"note: {self._region_note}")
+        if compute.section_is_empty(r.section):
+            level = "warning"
+            sec = r.section
+            middle = compute.central_depth(r.model.atoms.xyz, r.grid, sec.axis)
+            parts.append(
+                f"note: the section ⊥ {r.settings.slice_axis} at depth {sec.depth:.1f} Å holds no density "
+                f"(ρ ≤ {float(sec.values.max()):.2g} e/Å³): the model's middle is at depth {middle:.1f} Å, "
+                "move the slice there"
+            )
         self.status.set(level, " | ".join(parts))
 
     def _compare_job(self) -> None:
@@ -397,10 +442,16 @@ class Workbench(widgets.VBox):
             planes = r.planes if r.gradient is not None and r.gradient.kind == "planarity" else None
             diff = compute.compare_backends(
                 self.difference.a.value, self.difference.b.value, r.atoms, r.grid, r.settings,
-                target=r.target, planes=planes, check=self._check(gen),
+                target=r.target, planes=planes, check=self._check(gen), index=r.section.index,
             )  # fmt: skip
             self.difference.update(diff)
             self.difference_result = diff
+            if self.result is not r:  # the views moved on while it ran
+                self._drop_stale(self.result)
+                if self.difference_result is None:
+                    self.status.set("warning", f"the comparison finished for {diff.label}, but the settings "
+                                    "changed meanwhile: press compare again")  # fmt: skip
+                    return
             verdict = "within" if diff.maps.ok else "OUTSIDE"
             self.status.set(
                 "idle" if diff.maps.ok else "warning",
@@ -426,8 +477,12 @@ class Workbench(widgets.VBox):
             rows = compute.time_backends(
                 r.atoms, r.grid, r.settings, target=r.target, planes=r.planes, check=self._check(gen)
             )
-            self.timing.update_all(rows)
-            self.status.set("idle", f"timed {len(rows)} backend runs")
+            self._timing_inputs = compute.comparison_inputs(r.settings)
+            self._timing_label = compute.inputs_label(r.settings)
+            self.timing.update_all(rows, label=self._timing_label)
+            if self.result is not r:
+                self._drop_stale(self.result)
+            self.status.set("idle", f"timed {len(rows)} backend runs for {self._timing_label}")
         except Cancelled:
             self.status.set("cancelled", "timing cancelled (settings changed or cancel pressed)")
         except Exception as exc:  # noqa: BLE001

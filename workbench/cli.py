@@ -13,9 +13,11 @@ add missing files, so a user's edits survive every launch and every upgrade.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -298,7 +300,8 @@ def install_notebooks(dest: str | os.PathLike) -> tuple[list[Path], list[Path]]:
     copied : list of pathlib.Path
         Notebooks written by this call.
     edited : list of pathlib.Path
-        Notebooks left alone that differ from the packaged version.
+        Notebooks left alone whose cells differ from the packaged version's (outputs,
+        execution counts and metadata do not count: running a notebook is not editing it).
     """
     dest = Path(dest).expanduser()
     if dest.exists() and not dest.is_dir():
@@ -308,7 +311,7 @@ def install_notebooks(dest: str | os.PathLike) -> tuple[list[Path], list[Path]]:
     for name, data in sorted(_packaged_notebooks().items()):
         target = dest / name
         if target.exists():
-            if target.read_bytes() != data:
+            if not _same_cells(target.read_bytes(), data):
                 edited.append(target)
             continue
         # Write a temporary file and link it into place exclusively: a notebook that
@@ -330,6 +333,23 @@ def install_notebooks(dest: str | os.PathLike) -> tuple[list[Path], list[Path]]:
         finally:
             tmp.unlink(missing_ok=True)
     return copied, edited
+
+
+def _cells(data: bytes) -> list[tuple[str, str]] | None:
+    """(cell type, source) of every cell of a notebook file; None if it is not notebook JSON."""
+    try:
+        cells = json.loads(data)["cells"]
+        return [(c["cell_type"], "".join(c["source"]) if isinstance(c["source"], list) else c["source"]) for c in cells]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _same_cells(a: bytes, b: bytes) -> bool:
+    """True when two notebook files have the same cells (what a person writes), whatever their outputs."""
+    if a == b:
+        return True
+    cells = _cells(a)
+    return cells is not None and cells == _cells(b)
 
 
 def _prepare_notebooks(args: argparse.Namespace) -> Path | None:
@@ -385,16 +405,50 @@ def _free_port(start: int) -> int:
 
 
 def _serve(cmd: list[str], url: str, token: str) -> int:
-    """Run a server command with the token in its environment (not its argv) and wait for it."""
+    """Run a server command with the token in its environment (not its argv) and wait for it.
+
+    SIGTERM and SIGHUP sent to this process (a service manager, a closed terminal, a test
+    harness) are passed on to the server, which then shuts its kernels down before it
+    exits; without that the server and its kernels would outlive this process.
+    """
     env = dict(os.environ, JUPYTER_TOKEN=token)
     print(f"open       {url}", flush=True)
     print("stop with  Ctrl-C", flush=True)
     try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:  # the server got the same SIGINT and shuts down itself
-        return 130
+        proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:
         return _error(f"cannot start {cmd[2]}: {exc}", EXIT_FAILURE)
+
+    def forward(signum, frame):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    forwarded = [s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None]
+    previous = {}
+    try:
+        for sig in forwarded:
+            previous[sig] = signal.signal(sig, forward)
+    except ValueError:  # not the main thread (called from a test's thread): nothing to forward
+        pass
+    try:
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:
+                # The server got the same SIGINT (same process group) and asks or shuts
+                # down itself; wait for it rather than leave it running behind us.
+                continue
+        return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:  # an unexpected error here: never leave the server behind
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def _lab(args: argparse.Namespace) -> int:

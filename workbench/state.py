@@ -26,8 +26,10 @@ __all__ = [
     "Settings",
     "TABLE_SORTS",
     "WorkbenchState",
+    "backend_choices",
     "compare_choices",
     "cuda_unavailable_reason",
+    "device_choices",
 ]
 
 EXAMPLES = ("1orc", "1pfe", "1aki")
@@ -61,11 +63,50 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
+# The kernels one computation runs: a backend is offered when it can run all of them.
+_OPS = ("density", "planarity", "tricubic")
+
+
+def device_choices() -> tuple[str, ...]:
+    """Devices a computation can run on here (``cuda`` only with a usable GPU)."""
+    return ("cpu",) if cuda_unavailable_reason() is not None else ("cpu", "cuda")
+
+
+def backend_choices(device: str = "cpu") -> tuple[tuple[str, ...], dict[str, str]]:
+    """Backends that can run every kernel of the workbench on ``device``, and why the others cannot.
+
+    Returns
+    -------
+    runnable : tuple of str
+        ``"auto"`` first, then the named backends in :data:`BACKENDS` order.
+    why_not : dict of str to str
+        Backend name -> the reason :func:`kernels.resolve_backend` gives (with its fix).
+    """
+    import kernels
+
+    runnable, why_not = ["auto"], {}
+    for name in BACKENDS[1:]:
+        for op in _OPS:
+            if name not in kernels.available_backends(op, device):
+                try:
+                    kernels.resolve_backend(op, device, name)
+                except kernels.BackendError as exc:
+                    why_not[name] = str(exc)
+                else:  # available_backends and resolve_backend disagree: trust the refusal
+                    why_not[name] = f"the {name} backend cannot run {op} on {device}"
+                break
+        else:
+            runnable.append(name)
+    return tuple(runnable), why_not
+
+
 def compare_choices() -> tuple[str, ...]:
-    """``device:backend`` pairs the difference view can compare on this machine."""
-    pairs = ["cpu:reference", "cpu:cpu", "cpu:triton"]
-    if cuda_unavailable_reason() is None:
-        pairs += ["cuda:triton", "cuda:reference"]
+    """``device:backend`` pairs the difference view can compare on this machine (runnable ones only)."""
+    order = ("reference", "cpu", "triton")
+    pairs = []
+    for device in device_choices():
+        runnable, _ = backend_choices(device)
+        pairs += [f"{device}:{b}" for b in order if b in runnable]
     return tuple(pairs)
 
 
@@ -95,7 +136,7 @@ class Settings:
     device: str
     backend: str
     slice_axis: str
-    slice_index: int
+    slice_depths: tuple[float | None, float | None, float | None]
     slice_scale: str
     iso_sigma: float
     distort_amplitude: float
@@ -117,6 +158,11 @@ class Settings:
     def axis(self) -> int:
         """Slice axis as 0, 1, 2."""
         return SLICE_AXES.index(self.slice_axis)
+
+    @property
+    def slice_depth(self) -> float | None:
+        """Depth in Å of the section ⊥ the slice axis; None: through the middle of the model."""
+        return self.slice_depths[self.axis]
 
 
 # The traits a computation depends on: exactly the fields a snapshot carries, so a
@@ -146,8 +192,13 @@ class WorkbenchState(traitlets.HasTraits):
     device = traitlets.Enum(("cpu", "cuda"), default_value="cpu")
     backend = traitlets.Enum(BACKENDS, default_value="auto")
     slice_axis = traitlets.Enum(SLICE_AXES, default_value="c", help="the section is perpendicular to this cell axis")
-    slice_index = traitlets.Int(0, help="voxel index along the slice axis")
-    slice_index_max = traitlets.Int(0, help="last valid slice index for the current grid").tag(set_by_app=True)
+    slice_depths = traitlets.Tuple(
+        (None, None, None),
+        help="Å, the section's depth ⊥ a, b, c (one per axis, kept across grids; None: the model's middle)",
+    )
+    slice_index = traitlets.Int(0, help="index of the shown section on the current grid").tag(set_by_app=True)
+    slice_index_max = traitlets.Int(0, help="last section index of the current grid").tag(set_by_app=True)
+    slice_plane = traitlets.Float(0.0, help="Å between two sections of the current grid").tag(set_by_app=True)
     slice_scale = traitlets.Enum(
         SLICE_SCALES, default_value="section", help="slice colour scale: the shown section's range, or the whole map's"
     )
@@ -187,12 +238,42 @@ class WorkbenchState(traitlets.HasTraits):
                 raise traitlets.TraitError(f"device 'cuda' is not available: {why}; use device 'cpu'")
         return proposal["value"]
 
-    @traitlets.validate("slice_index")
-    def _check_slice(self, proposal):
+    @traitlets.validate("backend")
+    def _check_backend(self, proposal):
+        runnable, why_not = backend_choices(self.device)
         value = proposal["value"]
-        if not 0 <= value <= self.slice_index_max:
-            raise traitlets.TraitError(f"slice_index must lie in [0, {self.slice_index_max}], got {value}")
+        if value not in runnable:
+            why = why_not.get(value, f"unknown backend {value!r}")
+            raise traitlets.TraitError(
+                f"backend {value!r} cannot run on {self.device}: {why}; choose one of {', '.join(runnable)}"
+            )
         return value
+
+    @traitlets.observe("device")
+    def _backend_for_device(self, change):
+        # A backend picked for one device may not run on the other (cpu on cuda): fall back to auto.
+        if self.backend not in backend_choices(change["new"])[0]:
+            self.backend = "auto"
+
+    @traitlets.validate("slice_depths")
+    def _check_depths(self, proposal):
+        value = tuple(proposal["value"])
+        if len(value) != 3:
+            raise traitlets.TraitError(f"slice_depths needs one depth per cell axis (a, b, c), got {value}")
+        out = []
+        for d in value:
+            if d is not None:
+                if not (isinstance(d, (int, float)) and math.isfinite(d)):
+                    raise traitlets.TraitError(f"a slice depth is a finite number of Å or None, got {d!r}")
+                d = round(float(d), 4)
+            out.append(d)
+        return tuple(out)
+
+    def with_depth(self, depth: float | None) -> tuple[float | None, float | None, float | None]:
+        """``slice_depths`` with the current axis's depth replaced by ``depth`` (Å)."""
+        depths = list(self.slice_depths)
+        depths[SLICE_AXES.index(self.slice_axis)] = depth
+        return tuple(depths)
 
     @traitlets.validate("profile_atoms")
     def _check_profile(self, proposal):
@@ -202,12 +283,6 @@ class WorkbenchState(traitlets.HasTraits):
         if self.n_atoms and not all(0 <= v < self.n_atoms for v in value):
             raise traitlets.TraitError(f"profile atoms must be indices in [0, {self.n_atoms - 1}], got {value}")
         return value
-
-    @traitlets.observe("slice_index_max")
-    def _clamp_slice(self, change):
-        # A coarser grid has fewer sections: keep the index valid rather than reject the grid.
-        if self.slice_index > change["new"]:
-            self.slice_index = change["new"]
 
     def snapshot(self) -> Settings:
         """The current values as an immutable :class:`Settings`."""

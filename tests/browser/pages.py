@@ -103,6 +103,34 @@ class WorkbenchUI:
             }"""
         )
 
+    def move_slider(self, css: str, key: str = "ArrowRight", timeout_ms: int = 60_000) -> float:
+        """Press ``key`` on the handle of slider ``css``; ms until the slice image changed (after :meth:`watch_slice`)."""
+        self.reveal(css)
+        handle = self.page.locator(f"{css} .noUi-handle")
+        handle.focus()
+        before = self.page.evaluate("() => window.__wbSliceChanges.length")
+        start = self.page.evaluate("() => performance.now()")
+        self.page.keyboard.press(key)
+        self.page.wait_for_function(f"() => window.__wbSliceChanges.length > {before}", timeout=timeout_ms)
+        return self.page.evaluate(f"() => window.__wbSliceChanges[{before}]") - start
+
+    def slider_value(self, css: str) -> float:
+        return float(self.page.locator(f"{css} .noUi-handle").get_attribute("aria-valuenow"))
+
+    def open_tab(self, title: str) -> None:
+        """Show the views' tab ``title`` (line profile, density at atoms, difference, timing)."""
+        tab = self.page.locator(".wb-app .lm-TabBar-tab, .wb-app .p-TabBar-tab").filter(has_text=title).first
+        tab.click()
+        self.page.wait_for_timeout(200)
+
+    def box(self, css: str) -> dict[str, float]:
+        """Bounding box of the first element matching ``css`` in viewport pixels (x, y, width, height, right, bottom)."""
+        return self.page.evaluate(
+            """(css) => { const r = document.querySelector(css).getBoundingClientRect();
+                return {x: r.x, y: r.y, width: r.width, height: r.height, right: r.right, bottom: r.bottom}; }""",
+            css,
+        )
+
     def bfactor_value(self) -> float:
         return float(self.page.locator(".wb-bfactor .noUi-handle").get_attribute("aria-valuenow"))
 
@@ -116,8 +144,18 @@ class WorkbenchUI:
         self.page.wait_for_function(f"() => window.__wbSliceChanges.length > {before}", timeout=timeout_ms)
         return self.page.evaluate(f"() => window.__wbSliceChanges[{before}]") - start
 
+    def reveal(self, css: str) -> None:
+        """Open the collapsed control section holding ``css`` (a click on its title, as a person would)."""
+        target = self.page.locator(css).first
+        if target.is_visible():
+            return
+        section = self.page.locator(f".wb-section:has({css})").first
+        section.locator(".jupyter-widget-Collapse-header, .p-Collapse-header").first.click()
+        target.wait_for(state="visible", timeout=10_000)
+
     def type_into_readout(self, css: str, text: str) -> None:
         """Type a value into a slider's editable readout and press Enter (as a person would)."""
+        self.reveal(css)
         readout = self.page.locator(f"{css} .widget-readout")
         readout.scroll_into_view_if_needed()
         readout.click()
@@ -127,6 +165,7 @@ class WorkbenchUI:
 
     def load_path(self, path: str) -> None:
         """Type a model path into the path box and press Enter."""
+        self.reveal(".wb-structure-path")
         box = self.page.locator(".wb-structure-path input")
         box.scroll_into_view_if_needed()
         box.fill(path)
@@ -145,6 +184,7 @@ class WorkbenchUI:
 
     def choose_region(self, index: int) -> str:
         """Pick the ``index``-th entry of the 3D region dropdown (0 is the whole model); its label."""
+        self.reveal(".wb-region")
         select = self.page.locator(".wb-region select")
         label = select.locator("option").nth(index).inner_text()
         select.select_option(index=index)
@@ -186,6 +226,13 @@ def median_latency(ui: WorkbenchUI, moves: int = 10) -> list[float]:
     """Slider-to-new-image latency of ``moves`` single key presses, each waited for (ms)."""
     ui.watch_slice()
     return [ui.move_bfactor() for _ in range(moves)]
+
+
+def percentiles(latencies: list[float]) -> dict[str, float]:
+    """Median and 90th percentile (ms) of a list of latencies."""
+    ordered = sorted(latencies)
+    p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
+    return {"median_ms": statistics.median(ordered), "p90_ms": p90, "n": len(ordered)}
 
 
 def summary(latencies: list[float]) -> str:

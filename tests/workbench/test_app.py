@@ -196,28 +196,44 @@ def test_switching_backend_or_device_never_changes_the_physics(make_wb):
         assert wb.difference_result.maps.ok
 
 
-def test_cuda_without_a_gpu_is_disabled_and_refused_with_the_reason(make_wb):
+def test_cuda_without_a_gpu_is_not_offered_and_refused_with_the_reason(make_wb):
+    # Was: cuda listed but disabled, and a browser message selecting it refused. Now only
+    # runnable devices are offered at all (issue 19), so a browser cannot even send it.
     wb = make_wb()
     if torch.cuda.is_available():
         wb.controls.device.value = "cuda"
         assert wb.result.settings.device == "cuda" and wb.status.level != "error"
         return
-    assert wb.controls.device.disabled
-    assert "cuda unavailable" in wb.controls.device_reason.value
-    wb.controls.device.set_state({"index": 1})  # a browser message may still send it (Dropdowns sync "index")
+    assert wb.controls.device.options == ("cpu",)
+    assert "cuda not offered" in wb.controls.device_reason.value
+    with pytest.raises(traitlets.TraitError, match="device 'cuda' is not available: .*use device 'cpu'"):
+        wb.state.device = "cuda"  # from code: refused with the reason
     assert wb.state.device == "cpu" and wb.controls.device.value == "cpu"
-    assert wb.status.level == "error"
-    assert "device 'cuda' is not available" in wb.status.message and "use device 'cpu'" in wb.status.message
 
 
-def test_a_backend_that_cannot_run_reports_it(make_wb, monkeypatch):
+def test_only_runnable_backends_are_offered_and_the_others_say_why(make_wb, monkeypatch):
+    # Was test_a_backend_that_cannot_run_reports_it: "triton" was offered on a CPU-only
+    # machine, and choosing it left the dropdown on it while the CPU map stayed (issue 19).
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # as in a notebook on a machine without GPU
     wb = make_wb()  # device cpu: triton needs CUDA tensors (or the interpreter) there, GPU or not
-    wb.controls.backend.value = "triton"
-    assert wb.status.level == "error"
-    assert "triton backend runs on CUDA tensors" in wb.status.message and "Choose backend 'auto'" in wb.status.message
-    wb.controls.backend.value = "auto"
-    assert wb.status.level == "idle"
+    options = wb.controls.backend.options
+    assert options[0] == "auto" and {"cpu", "reference"} <= set(options) and "triton" not in options
+    note = wb.controls.backend_reason.value
+    assert "triton" in note and "runs on CUDA tensors" in note, note
+    assert "triton" in wb.controls.backend.tooltip
+    # a script asking for it is refused with the reason and the runnable choices; nothing changes
+    runs = wb.scheduler.n_runs
+    with pytest.raises(traitlets.TraitError, match=r"backend 'triton' cannot run on cpu: .*CUDA.*choose one of auto, "):
+        wb.state.backend = "triton"
+    assert wb.state.backend == "auto" and wb.controls.backend.value == "auto" and wb.scheduler.n_runs == runs
+    # what is offered runs, and the control always names what computed the map on screen
+    for name in options:
+        wb.controls.backend.value = name
+        assert wb.status.level == "idle", (name, wb.status.message)
+        assert wb.result.settings.backend == wb.controls.backend.value == name
+        assert wb.result.backend == ("cpu" if name == "auto" else name)
+    # the difference view offers only runnable pairs too
+    assert "cpu:triton" not in wb.difference.a.options and "cpu:cpu" in wb.difference.a.options
 
 
 def test_truncated_file_reports_an_error_and_keeps_the_last_result(make_wb, tmp_path):
@@ -554,3 +570,116 @@ def test_the_app_recomputes_for_every_setting_and_for_nothing_else(make_wb):
     assert sorted(observed) == sorted(f.name for f in dataclasses.fields(Settings))
     with pytest.raises(TypeError, match="unknown setting 'n_atoms'"):
         workbench.Workbench("1orc", debounce=0.1, threaded=False, clock=lambda: 0.0, n_atoms=3)
+
+
+def test_the_section_keeps_its_depth_across_spacing_axis_and_model(make_wb):
+    # Issue 19: at 0.667 Å, index 28 is 16.9 Å deep; spacing 2.05 Å clamped the index to 23
+    # (46.3 Å, a blank section) and going back did not restore it.
+    wb = make_wb(spacing=0.667)
+    assert wb.result.section.index == 28  # opened on the model's middle
+    wb.controls.slice_index.set_state({"value": 27})
+    wb.controls.slice_index.set_state({"value": 28})  # the browser path
+    depth = wb.result.section.depth
+    assert wb.result.section.index == 28 and depth == pytest.approx(16.91, abs=0.01)
+    assert wb.state.slice_depths[2] == pytest.approx(depth)
+    assert "depth 16.91 Å" in wb.controls.slice_depth.value
+    wb.controls.spacing.value = 2.05
+    sec = wb.result.section
+    plane = wb.state.slice_plane
+    assert abs(sec.depth - depth) <= plane / 2 + 1e-9, (sec.depth, depth, plane)
+    assert wb.controls.slice_index.value == wb.state.slice_index == sec.index
+    assert len(wb.result.near[0]) > 0 and wb.status.level == "idle", wb.status.message
+    wb.controls.spacing.value = 0.667
+    assert wb.result.section.index == 28 and wb.controls.slice_index.value == 28
+    wb.controls.slice_axis.value = "a"  # another axis: its own depth (the model's middle)
+    assert wb.result.section.axis == 0 and len(wb.result.near[0]) > 10
+    wb.controls.slice_axis.value = "c"
+    assert wb.result.section.index == 28
+    wb.controls.structure.value = "1aki"  # another model opens on its own middle …
+    assert len(wb.result.model) != 559 and len(wb.result.near[0]) > 10
+    wb.controls.structure.value = "1orc"  # … and going back goes back to where the section was
+    assert wb.result.section.index == 28 and wb.result.section.depth == pytest.approx(depth)
+
+
+def test_a_section_without_density_says_so_in_the_status(make_wb):
+    wb = make_wb()
+    rho = wb.result.rho
+    peak = float(rho.max())
+    plane_max = [float(rho[:, :, i].max()) for i in range(rho.shape[2])]
+    empty = [i for i, m in enumerate(plane_max) if m < 0.01 * peak]
+    assert empty, f"1ORC ⊥ c has no empty section at 1.5 Å: {plane_max}"
+    assert wb.status.level == "idle", wb.status.message
+    wb.controls.slice_index.value = empty[0]
+    assert wb.result.section.index == empty[0]
+    assert wb.status.level == "warning", wb.status.message
+    assert "holds no density" in wb.status.message and "move the slice there" in wb.status.message
+    assert wb.status.message.startswith("ready: 559 atoms")
+    full = int(np.argmax(plane_max))
+    wb.controls.slice_index.value = full
+    assert wb.status.level == "idle" and "no density" not in wb.status.message
+
+
+def test_a_new_model_marks_the_old_comparison_and_timings_stale(make_wb):
+    # Issue 19: after 5h73 loaded, the difference tab still showed 1ORC's comparison as current.
+    wb = make_wb()
+    wb.compare("cpu:cpu", "cpu:reference")
+    d = wb.difference_result
+    assert d is not None and "1ORC at 1.5 Å" in wb.difference.stats.value
+    wb.compare_all_backends()
+    assert wb.timing.rows and "for 1ORC at 1.5 Å" in wb.timing.table.value
+    # moving the slice keeps the comparison (same maps) and re-cuts its section
+    image = bytes(wb.difference.slice.image.value)
+    wb.controls.slice_index.value = wb.state.slice_index - 3
+    assert wb.difference_result is d and d.section.index == wb.state.slice_index
+    assert bytes(wb.difference.slice.image.value) != image
+    np.testing.assert_allclose(d.section.values, (d.map_a.double() - d.map_b.double()).float()[:, :, d.section.index])
+    wb.controls.structure.value = "1pfe"
+    assert len(wb.result.model) == 342
+    assert wb.difference_result is None
+    assert bytes(wb.difference.slice.image.value) == b""
+    stats = wb.difference.stats.value
+    assert "out of date" in stats and "1ORC at 1.5 Å" in stats and "1PFE at 1.5 Å" in stats and "press compare" in stats
+    assert wb.timing.rows == [] and "out of date" in wb.timing.table.value
+    wb.compare()  # compared again: current
+    assert wb.difference_result is not None and "1PFE at 1.5 Å" in wb.difference.stats.value
+    # any input of the comparison counts, not only the model
+    wb.controls.b_global.value = 40.0
+    assert wb.difference_result is None and "B 40 Å²" in wb.difference.stats.value
+
+
+def test_profile_fields_show_the_atoms_profiled(make_wb):
+    # Issue 19: "profile atom 2 = 0" while the profile ran N → CA (atoms 0 and 1).
+    wb = make_wb()
+    assert wb.state.profile_atoms == (0, 1)
+    assert (wb.controls.profile_a.value, wb.controls.profile_b.value) == (0, 1)
+    names = wb.result.model.atoms.labels
+    assert f"{names[0]} → {names[1]}" in wb.controls.profile_names.value
+    wb.controls.profile_b.value = 5
+    assert wb.result.settings.profile_atoms == (0, 5) and f"→ {names[5]}" in wb.profile.caption.value
+
+
+def test_status_text_reads_as_english(make_wb):
+    # "computing: done …" showed while the views were drawn (issue 19).
+    wb = make_wb()
+    seen = []
+    wb.status.label.observe(lambda ch: seen.append(wb.status.message), names="value")
+    wb.controls.b_global.value = 33.0
+    assert seen and not [m for m in seen if "done" in m], seen
+    assert not [
+        m for m in seen if re.search(r"\b\d+(th|nd|st|rd)\b", m) and not re.search(r"\b(1st|2nd|3rd|\d*[04-9]th)\b", m)
+    ]
+
+
+def test_controls_sit_in_collapsible_sections_and_the_section_never_shrinks(make_wb):
+    wb = make_wb()
+    sections = wb.controls.sections
+    assert list(sections) == [
+        "structure", "density", "section", "3D view and gradients", "compute", "profile and atom table", "export",
+    ]  # fmt: skip
+    opened = [t for t, acc in sections.items() if acc.selected_index == 0]
+    assert opened == ["structure", "density", "section"]
+    held = [w for acc in sections.values() for w in acc.children[0].children]
+    for name in [*wb.controls.bound, "profile_a", "profile_b", "path", "upload", "slice_index", "backend_reason"]:
+        assert getattr(wb.controls, name) in held, f"{name} is in no control section"
+    # an image with max-width 100 % in a shrinking flex item was drawn at 20×17 px (issue 19)
+    assert wb.slice.widget.layout.flex == "0 0 auto" and wb.difference.slice.widget.layout.flex == "0 0 auto"

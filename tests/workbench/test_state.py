@@ -32,14 +32,19 @@ def test_keyboard_step_artefacts_are_rounded():
     assert state.b_global == 30.0
 
 
-def test_slice_index_is_bounded_by_the_grid_and_clamped_when_it_shrinks():
+def test_slice_position_is_a_depth_per_axis():
+    # Was: slice_index a setting, clamped when a coarser grid had fewer sections (the
+    # section then moved, issue 19). The setting is now a depth in Å per axis.
     state = WorkbenchState()
-    with pytest.raises(traitlets.TraitError, match=r"slice_index must lie in \[0, 0\]"):
-        state.slice_index = 3
-    state.slice_index_max = 40
-    state.slice_index = 35
-    state.slice_index_max = 20  # a coarser grid
-    assert state.slice_index == 20
+    assert state.slice_depths == (None, None, None) and state.snapshot().slice_depth is None
+    state.slice_depths = state.with_depth(16.9100000001)
+    assert state.slice_depths == (None, None, 16.91) and state.snapshot().slice_depth == 16.91
+    state.slice_axis = "a"
+    assert state.snapshot().slice_depth is None  # each axis keeps its own
+    with pytest.raises(traitlets.TraitError, match="slice depth is a finite number"):
+        state.slice_depths = (float("nan"), None, None)
+    with pytest.raises(traitlets.TraitError, match="one depth per cell axis"):
+        state.slice_depths = (1.0,)
 
 
 def test_profile_atoms_must_exist():
@@ -79,7 +84,7 @@ def test_inputs_are_the_snapshot_fields_and_every_other_trait_is_set_by_the_app(
     missing = set(fields) - set(traits)
     assert not missing, f"Settings fields without a trait: {missing}"
     by_app = {name for name, t in traits.items() if t.metadata.get("set_by_app")}
-    assert by_app == {"grid_shape", "slice_index_max", "n_atoms"}
+    assert by_app == {"grid_shape", "slice_index", "slice_index_max", "slice_plane", "n_atoms"}
     assert not by_app & set(INPUTS)
     # a trait that is neither a setting nor tagged set_by_app would be a control the
     # computation never sees (or one whose change recomputes nothing): add it to Settings

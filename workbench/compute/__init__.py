@@ -31,7 +31,15 @@ from workbench.compute.atoms import (
     residue_keys,
     save_upload,
 )
-from workbench.compute.comparison import Comparison, DifferenceResult, compare_arrays, compare_backends
+from workbench.compute.comparison import (
+    Comparison,
+    DifferenceResult,
+    compare_arrays,
+    compare_backends,
+    comparison_inputs,
+    difference_section,
+    inputs_label,
+)
 from workbench.compute.errors import Cancelled, WorkbenchError
 from workbench.compute.export import gradients_csv, map_ccp4_bytes, model_pdb
 from workbench.compute.maps import (
@@ -67,13 +75,24 @@ from workbench.compute.scene import (
     region_volume,
     volume_base64,
 )
-from workbench.compute.sections import Section, atoms_near_section, central_index, section
+from workbench.compute.sections import (
+    EMPTY_SECTION_FRACTION,
+    Section,
+    atoms_near_section,
+    central_depth,
+    central_index,
+    section,
+    section_depth,
+    section_index,
+    section_is_empty,
+)
 
 __all__ = [
     "ARROW_MAX_LENGTH",
     "ARROW_MIN_LENGTH",
     "ARROW_SCALE",
     "BOX_PADDING",
+    "EMPTY_SECTION_FRACTION",
     "MAX_ARROWS",
     "MAX_VIEW_VOXELS",
     "VIEW_VOXELS",
@@ -92,17 +111,21 @@ __all__ = [
     "atom_table_order",
     "atoms_near_section",
     "atoms_within",
+    "central_depth",
     "central_index",
     "compare_arrays",
     "compare_backends",
+    "comparison_inputs",
     "density_at_points",
     "density_fit_gradient",
     "density_map",
+    "difference_section",
     "distortion",
     "find_planes",
     "focus_selection",
     "gradient_arrows",
     "gradients_csv",
+    "inputs_label",
     "line_profile",
     "load_model",
     "map_ccp4_bytes",
@@ -117,6 +140,9 @@ __all__ = [
     "residue_keys",
     "save_upload",
     "section",
+    "section_depth",
+    "section_index",
+    "section_is_empty",
     "time_backends",
     "tricubic_sampler",
     "volume_base64",

@@ -10,10 +10,18 @@ import torch
 from kernels import AtomSet, GridSpec
 from workbench.compute.errors import WorkbenchError
 from workbench.compute.maps import density_fit_gradient, density_map, planarity_gradient
-from workbench.compute.sections import Section, section
-from workbench.state import Settings
+from workbench.compute.sections import Section, central_depth, section, section_index
+from workbench.state import EXAMPLES, Settings
 
-__all__ = ["Comparison", "DifferenceResult", "compare_arrays", "compare_backends"]
+__all__ = [
+    "Comparison",
+    "DifferenceResult",
+    "compare_arrays",
+    "compare_backends",
+    "comparison_inputs",
+    "difference_section",
+    "inputs_label",
+]
 
 
 @dataclasses.dataclass
@@ -72,8 +80,17 @@ class DifferenceResult:
     gradient_kind, gradient_note : str
     section : Section
         The section of ``map_a − map_b`` (float32) at the settings' slice.
+    inputs : tuple
+        :func:`comparison_inputs` of the settings compared: a result for other inputs
+        is not this comparison's (the app then drops it).
+    label : str
+        :func:`inputs_label` of those settings ("1ORC at 0.667 Å").
+    grid : kernels.GridSpec
     """
 
+    inputs: tuple
+    label: str
+    grid: GridSpec
     a: str
     b: str
     map_a: torch.Tensor
@@ -83,6 +100,51 @@ class DifferenceResult:
     gradient_kind: str
     gradient_note: str
     section: Section
+
+
+def comparison_inputs(settings: Settings) -> tuple:
+    """The settings a comparison depends on, as a key: equal keys, equal maps and gradients.
+
+    Only what reaches the two runs' inputs counts (structure, B, radius, grid, distortion,
+    gradient and its target); the main view's own device/backend, the slice, the 3D view
+    and the table do not.
+    """
+    s = settings
+    return (
+        s.structure,
+        s.b_mode,
+        s.b_global if s.b_mode == "global" else None,
+        s.b_offset if s.b_mode == "offset" else None,
+        s.radius_arg,
+        s.density_cutoff if s.radius_mode == "auto" else None,
+        s.spacing,
+        (s.distort_amplitude, s.distort_seed) if s.distort_amplitude > 0 else None,
+        s.gradient_kind,
+        s.target_map if s.gradient_kind == "density" else "",
+    )
+
+
+def inputs_label(settings: Settings) -> str:
+    """A short name of what was computed: "1ORC at 0.667 Å" (plus B, radius or distortion when not the default)."""
+    s = settings
+    name = s.structure.upper() if s.structure in EXAMPLES else s.structure.rsplit("/", 1)[-1]
+    if name.startswith("<memory:"):
+        name = name[len("<memory:") : -1]
+    parts = [f"{name} at {s.spacing:g} Å"]
+    if s.b_mode == "global":
+        parts.append(f"B {s.b_global:g} Å²")
+    elif s.b_mode == "offset":
+        parts.append(f"B + {s.b_offset:g} Å²")
+    if s.radius_mode == "radius":
+        parts.append(f"radius {s.radius:g} Å")
+    if s.distort_amplitude > 0:
+        parts.append(f"distorted {s.distort_amplitude:g} Å (seed {s.distort_seed})")
+    return ", ".join(parts)
+
+
+def difference_section(diff: torch.Tensor, grid: GridSpec, axis: int, index: int) -> Section:
+    """The section ``index`` ⊥ ``axis`` of a difference map, with its own range as the map range."""
+    return section(diff, grid, axis, index, (float(diff.min()), float(diff.max())))
 
 
 def _split(pair: str) -> tuple[str, str]:
@@ -100,11 +162,13 @@ def compare_backends(
     target: torch.Tensor | None = None,
     planes=None,
     check: Callable[[], None] = lambda: None,
+    index: int | None = None,
 ) -> DifferenceResult:
     """Run the same splat (and gradient) as ``device:backend`` pairs ``a`` and ``b``; compare.
 
     ``target`` is ρ_target of the density-fit gradient; ``planes`` the planes of the
-    planarity gradient. The section is of ``map_a − map_b`` at the settings' slice.
+    planarity gradient. The section is of ``map_a − map_b`` at section ``index`` ⊥ the
+    settings' axis (default: the settings' depth, or the middle of the atoms).
     When a float32 backend takes part, both runs get the atoms rounded to float32 first
     (the same input values, as the kernel tests compare them): otherwise the rounding
     of 40 Å coordinates alone (~2e-6 Å) moves a planarity gradient of d/σ² by ~5e-3,
@@ -128,9 +192,16 @@ def compare_backends(
     grads = compare_arrays(ga.grad, gb.grad) if ga is not None and gb is not None else None
     note = "" if grads is not None else "no gradient compared (planarity unavailable)"
     diff = (ra.double() - rb.double()).float()
-    index = min(settings.slice_index, grid.shape[settings.axis] - 1)
-    sec = section(diff, grid, settings.axis, index, (float(diff.min()), float(diff.max())))
+    if index is None:
+        depth = settings.slice_depth
+        index = section_index(
+            grid, settings.axis, central_depth(atoms.xyz, grid, settings.axis) if depth is None else depth
+        )
+    sec = difference_section(diff, grid, settings.axis, index)
     return DifferenceResult(
+        inputs=comparison_inputs(settings),
+        label=inputs_label(settings),
+        grid=grid,
         a=a,
         b=b,
         map_a=ra,

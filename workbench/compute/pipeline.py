@@ -26,7 +26,7 @@ from workbench.compute.maps import (
     planarity_gradient,
     tricubic_sampler,
 )
-from workbench.compute.sections import Section, atoms_near_section, section
+from workbench.compute.sections import Section, atoms_near_section, central_depth, section, section_index
 from workbench.state import Settings
 
 __all__ = ["Pipeline", "Result"]
@@ -203,7 +203,13 @@ class Pipeline:
         mean, sigma, lo, hi = self._stage("stats", rho_key, lambda: map_statistics(rho))
         # The section is what a slider drag changes: cut it where the map lives (only the section crosses
         # to the host) and show it before the slower stages and before the whole map is copied.
-        sec = section(rho, grid, settings.axis, min(settings.slice_index, grid.shape[settings.axis] - 1), (lo, hi))
+        # The section is kept as a depth in Å, so a new grid cuts it at the same place.
+        depth = settings.slice_depth
+        if depth is None:
+            depth = self._stage(
+                "middle", (mv, settings.axis), lambda: central_depth(model.atoms.xyz, grid, settings.axis)
+            )
+        sec = section(rho, grid, settings.axis, section_index(grid, settings.axis, depth), (lo, hi))
         near = atoms_near_section(atoms.xyz, grid, sec)
         check()
         on_section(sec, near)
@@ -254,7 +260,7 @@ class Pipeline:
             )
         except WorkbenchError as exc:
             unavailable["tricubic"] = str(exc)
-        progress(6, total, "done")
+        progress(6, total, "drawing")
         return Result(
             settings=settings,
             model=model,

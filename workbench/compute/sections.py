@@ -11,7 +11,21 @@ import torch
 from kernels import GridSpec
 from workbench.compute.errors import WorkbenchError
 
-__all__ = ["Section", "atoms_near_section", "central_index", "section"]
+__all__ = [
+    "EMPTY_SECTION_FRACTION",
+    "Section",
+    "atoms_near_section",
+    "central_depth",
+    "central_index",
+    "section",
+    "section_depth",
+    "section_index",
+    "section_is_empty",
+]
+
+# A section whose maximum is below this fraction of the map maximum holds no density a
+# person could see (the model's tails, 1e-9 e/Å³): the app says so in its status line.
+EMPTY_SECTION_FRACTION = 0.01
 
 
 @dataclasses.dataclass
@@ -106,7 +120,7 @@ def section(
         raise WorkbenchError(f"slice index {index} outside [0, {grid.shape[axis] - 1}] for grid {grid.shape}")
     values = rho.detach().select(axis, index).to("cpu", torch.float32).numpy()
     in_plane, e_u, e_v = _in_plane_frame(grid, axis)
-    depth = index / grid.sampling[axis] / grid.cell.reciprocal_lengths[axis]
+    depth = section_depth(grid, axis, index)
     return Section(
         values=np.ascontiguousarray(values),
         axis=axis,
@@ -119,15 +133,45 @@ def section(
     )
 
 
-def central_index(xyz: torch.Tensor, grid: GridSpec, axis: int) -> int:
-    """Index of the section through the middle of the atoms ``xyz`` (N, 3) Å along ``axis``.
+def section_depth(grid: GridSpec, axis: int, index: int) -> float:
+    """Depth in Å of section ``index`` ⊥ cell ``axis``: its distance from the origin plane
+    along the plane normal (``index / n`` of the cell's thickness ``1 / |a*|``)."""
+    return index / grid.sampling[axis] / grid.cell.reciprocal_lengths[axis]
+
+
+def section_index(grid: GridSpec, axis: int, depth: float) -> int:
+    """Index of the grid section nearest ``depth`` Å ⊥ cell ``axis`` (periodic: any depth maps into the cell).
+
+    The inverse of :func:`section_depth` on the grid's own planes, so a position kept in
+    Å lands on the same place in every grid: the nearest plane of a coarse grid, and
+    the very same plane again once the fine grid comes back.
+    """
+    n = grid.shape[axis]
+    return int(round(depth * grid.cell.reciprocal_lengths[axis] * grid.sampling[axis])) % n
+
+
+def central_depth(xyz: torch.Tensor, grid: GridSpec, axis: int) -> float:
+    """Depth in Å (in [0, cell thickness)) of the middle of the atoms ``xyz`` (N, 3) Å along ``axis``.
 
     A circular mean of the fractional coordinates, so a model straddling the cell edge
     (or lying outside the first cell, as most do) still lands on its own middle.
     """
     f = (xyz.detach().to("cpu", torch.float64) @ grid.cell.frac.T)[:, axis].numpy()
     angle = math.atan2(float(np.sin(2 * np.pi * f).mean()), float(np.cos(2 * np.pi * f).mean()))
-    return int(round(angle / (2 * np.pi) * grid.shape[axis])) % grid.shape[axis]
+    return (angle / (2 * np.pi)) % 1.0 / grid.cell.reciprocal_lengths[axis]
+
+
+def central_index(xyz: torch.Tensor, grid: GridSpec, axis: int) -> int:
+    """Index of the section through the middle of the atoms ``xyz`` (N, 3) Å along ``axis``."""
+    return section_index(grid, axis, central_depth(xyz, grid, axis))
+
+
+def section_is_empty(sec: Section) -> bool:
+    """True when the section holds no visible density: its maximum is below
+    :data:`EMPTY_SECTION_FRACTION` of the whole map's (or it is all ≤ 0)."""
+    top = float(sec.values.max()) if sec.values.size else 0.0
+    map_top = sec.map_range[1] if sec.map_range is not None else top
+    return top <= 0 or top < EMPTY_SECTION_FRACTION * map_top
 
 
 def atoms_near_section(xyz: torch.Tensor, grid: GridSpec, sec: Section, tolerance: float = 1.0):

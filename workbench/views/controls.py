@@ -9,6 +9,7 @@ using. State changes made from code flow back into the widgets.
 from __future__ import annotations
 
 import contextlib
+import html
 from collections.abc import Callable
 
 import ipywidgets as widgets
@@ -16,13 +17,14 @@ import traitlets
 
 from workbench.state import (
     B_MODES,
-    BACKENDS,
     EXAMPLES,
     GRADIENT_KINDS,
     RANGES,
     SLICE_AXES,
     SLICE_SCALES,
     WorkbenchState,
+    backend_choices,
+    device_choices,
 )
 
 __all__ = ["Controls"]
@@ -35,9 +37,10 @@ _SELECTS_MODE = {
     "density_cutoff": ("radius_mode", "auto"),
 }
 _STYLE = {"description_width": "110px"}
-# 20 px narrower than the panel: a control as wide as the panel (its readout at the very
-# edge) makes the panel scroll sideways when a person types into the readout.
-_LAYOUT = {"width": "320px"}
+# Narrower than the panel less a section's padding (2 × 15 px) and border: a control as
+# wide as its box (its readout at the very edge) makes the panel scroll sideways when a
+# person types into the readout.
+_LAYOUT = {"width": "300px"}
 
 
 def _slider(cls, name: str, description: str, **kw):
@@ -104,19 +107,21 @@ class Controls:
         self.spacing = _slider(w.FloatSlider, "spacing", "spacing (Å)", readout_format=".3f")
         self.spacing.continuous_update = False  # each value is a new grid: recompute on release
         self.grid_shape = w.HTML()
-        self.device = w.Dropdown(
-            options=("cpu", "cuda"),
-            description="device",
-            style=_STYLE,
-            layout=_LAYOUT,
-            disabled=cuda_reason is not None,
+        # Only what can run here is offered; the note says why the rest is not.
+        self.device = w.Dropdown(options=device_choices(), description="device", style=_STYLE, layout=_LAYOUT)
+        self.device_reason = w.HTML(
+            f"<small>cuda not offered: {html.escape(cuda_reason)}</small>" if cuda_reason else ""
         )
-        self.device_reason = w.HTML(f"<small>cuda unavailable: {cuda_reason}</small>" if cuda_reason else "")
-        self.backend = w.Dropdown(options=BACKENDS, description="backend", style=_STYLE, layout=_LAYOUT)
+        self.backend = w.Dropdown(options=("auto",), description="backend", style=_STYLE, layout=_LAYOUT)
+        self.backend_reason = w.HTML()
+        self._backends_for_device(state.device)
         self.slice_axis = w.ToggleButtons(
             options=SLICE_AXES, description="slice ⟂", style={"button_width": "40px", **_STYLE}
         )
+        # One step of the slider is one section of the current grid; the position it sets
+        # is a depth in Å (state.slice_depths), which a new grid keeps.
         self.slice_index = w.IntSlider(min=0, max=0, description="slice index", style=_STYLE, layout=_LAYOUT)
+        self.slice_depth = w.HTML()
         self.slice_scale = w.ToggleButtons(
             options=SLICE_SCALES,
             description="colour scale",
@@ -133,8 +138,14 @@ class Controls:
         )
         self.region = w.Dropdown(options=[("whole model", "")], description="3D region", style=_STYLE, layout=_LAYOUT)
         self.region_padding = _slider(w.FloatSlider, "region_padding", "region pad (Å)")
-        self.profile_a = w.BoundedIntText(min=0, max=0, description="profile atom 1", style=_STYLE, layout=_LAYOUT)
-        self.profile_b = w.BoundedIntText(min=0, max=1, description="profile atom 2", style=_STYLE, layout=_LAYOUT)
+        a, b = state.profile_atoms
+        top = max(state.n_atoms - 1, a, b)
+        self.profile_a = w.BoundedIntText(
+            value=a, min=0, max=top, description="profile from atom", style=_STYLE, layout=_LAYOUT
+        )
+        self.profile_b = w.BoundedIntText(
+            value=b, min=0, max=top, description="profile to atom", style=_STYLE, layout=_LAYOUT
+        )
         self.profile_names = w.HTML()
         self.target_map = w.Text(
             placeholder="empty: undistorted model",
@@ -170,8 +181,10 @@ class Controls:
             "device": "wb-device",
             "device_reason": "wb-device-reason",
             "backend": "wb-backend",
+            "backend_reason": "wb-backend-reason",
             "slice_axis": "wb-slice-axis",
             "slice_index": "wb-slice-index",
+            "slice_depth": "wb-slice-depth",
             "slice_scale": "wb-slice-scale",
             "iso_sigma": "wb-iso",
             "distort_amplitude": "wb-distort",
@@ -203,7 +216,6 @@ class Controls:
             "device",
             "backend",
             "slice_axis",
-            "slice_index",
             "slice_scale",
             "iso_sigma",
             "distort_amplitude",
@@ -220,7 +232,9 @@ class Controls:
         self.profile_a.observe(self._profile_changed, names="value")
         self.profile_b.observe(self._profile_changed, names="value")
         state.observe(self._profile_from_state, names="profile_atoms")
-        state.observe(self._range_from_state, names=["slice_index_max", "n_atoms"])
+        state.observe(self._range_from_state, names=["slice_index", "slice_index_max", "slice_plane", "n_atoms"])
+        self.slice_index.observe(self._slice_changed, names="value")
+        state.observe(lambda ch: self._backends_for_device(ch["new"]), names="device")
         self.structure.observe(self._structure_changed, names="value")
         self.path.observe(self._path_changed, names="value")
         state.observe(self._structure_from_state, names="structure")
@@ -280,13 +294,41 @@ class Controls:
     def _range_from_state(self, change) -> None:
         self._syncing = True
         try:
-            with self.slice_index.hold_sync():
-                self.slice_index.max = self.state.slice_index_max
-                self.slice_index.value = self.state.slice_index
+            # Two messages, the range first: in one message the browser's slider applied
+            # the value against the old range (0 … 0) and showed 0 under a section at 28.
+            self.slice_index.max = self.state.slice_index_max
+            self.slice_index.value = self.state.slice_index
             top = max(self.state.n_atoms - 1, 0)
             self.profile_a.max = self.profile_b.max = top
         finally:
             self._syncing = False
+        s = self.state
+        if s.slice_plane > 0:
+            depth = s.slice_index * s.slice_plane
+            thick = (s.slice_index_max + 1) * s.slice_plane
+            self.slice_depth.value = f"<small>depth {depth:.2f} Å of {thick:.2f} Å ⊥ {s.slice_axis}</small>"
+
+    def _slice_changed(self, change) -> None:
+        # The slider moves one section of the current grid; what is kept is its depth in Å.
+        if self._syncing or self.state.slice_plane <= 0:
+            return
+        try:
+            with self.batch():
+                self.state.slice_depths = self.state.with_depth(change["new"] * self.state.slice_plane)
+        except traitlets.TraitError as exc:
+            self.on_error(str(exc))
+
+    def _backends_for_device(self, device: str) -> None:
+        runnable, why_not = backend_choices(device)
+        self._syncing = True
+        try:
+            self.backend.options = runnable
+            self.backend.value = self.state.backend if self.state.backend in runnable else "auto"
+        finally:
+            self._syncing = False
+        note = "; ".join(f"{name}: {why}" for name, why in why_not.items())
+        self.backend.tooltip = f"not offered on {device}: {note}" if note else None
+        self.backend_reason.value = f"<small>not offered on {device}: {html.escape(note)}</small>" if note else ""
 
     def _structure_changed(self, change) -> None:
         if self._syncing or change["new"] == "file":
@@ -324,10 +366,14 @@ class Controls:
 
     def _layout(self) -> widgets.Widget:
         w = widgets
+        # (title, open at start, widgets): what a first look needs is open (model, density,
+        # grid, section); the rest folds away so that at 1280×800 the open controls and the
+        # pictures fit on one screen and the views keep the page's width.
         sections = [
-            ("structure", [self.structure, self.path, self.upload]),
+            ("structure", True, [self.structure, self.path, self.upload]),
             (
                 "density",
+                True,
                 [
                     self.b_mode,
                     self.b_global,
@@ -339,27 +385,37 @@ class Controls:
                     self.grid_shape,
                 ],
             ),
-            ("compute", [self.device, self.device_reason, self.backend]),
+            ("section", True, [self.slice_axis, self.slice_index, self.slice_depth, self.slice_scale]),
             (
-                "views",
+                "3D view and gradients",
+                False,
                 [
-                    self.slice_axis,
-                    self.slice_index,
-                    self.slice_scale,
                     self.iso_sigma,
                     self.region,
                     self.region_padding,
-                    self.profile_a,
-                    self.profile_b,
-                    self.profile_names,
-                    self.table_sort,
-                    self.table_ascending,
+                    self.gradient_kind,
+                    self.distort_amplitude,
+                    self.distort_seed,
+                    self.target_map,
                 ],
+            ),  # fmt: skip
+            ("compute", False, [self.device, self.device_reason, self.backend, self.backend_reason]),
+            (
+                "profile and atom table",
+                False,
+                [self.profile_a, self.profile_b, self.profile_names, self.table_sort, self.table_ascending],
             ),
-            ("gradients", [self.gradient_kind, self.distort_amplitude, self.distort_seed, self.target_map]),
-            ("export", [self.export_path, w.HBox([self.export_map, self.export_gradients])]),
+            ("export", False, [self.export_path, w.HBox([self.export_map, self.export_gradients])]),
         ]
-        boxes = [w.VBox([w.HTML(f"<b>{title}</b>"), *items]) for title, items in sections]
+        self.sections: dict[str, widgets.Accordion] = {}
+        boxes = []
+        for title, is_open, items in sections:
+            # one Accordion per section: each opens and closes on its own
+            acc = w.Accordion(children=[w.VBox(items)], titles=(title,), selected_index=0 if is_open else None)
+            acc.add_class("wb-section")
+            acc.add_class(f"wb-section-{title.split()[0].lower()}")
+            self.sections[title] = acc
+            boxes.append(acc)
         # never squeezed by the views beside it (a narrow notebook cuts the sliders otherwise)
         panel = w.VBox(boxes, layout=w.Layout(width="350px", min_width="350px", flex="0 0 350px", overflow="visible"))
         panel.add_class("wb-controls")

@@ -46,14 +46,29 @@ class DifferenceView:
     def update(self, diff: DifferenceResult) -> None:
         """Show ``diff``: the section of A − B and the map/gradient statistics."""
         self.last = diff
-        self.slice.update(diff.section, note=f"; A = {diff.a}, B = {diff.b}")
+        self.show_section(diff)
         rows = _row("map ρ", diff.maps)
         if diff.gradients is not None:
             rows += _row(f"{diff.gradient_kind} gradient", diff.gradients)
         note = f"<br><small>{html.escape(diff.gradient_note)}</small>" if diff.gradient_note else ""
         self.stats.value = (
-            f"<b>{html.escape(diff.a)} vs {html.escape(diff.b)}</b> (same inputs){note}"
+            f"<b>{html.escape(diff.a)} vs {html.escape(diff.b)}</b> for {html.escape(diff.label)} (same inputs){note}"
             "<table><tr><th></th><th>max |A−B|</th><th>max |B|</th><th>‖A−B‖/‖B‖</th>"
             "<th>over tol.</th><th></th></tr>" + rows + "</table>"
             "<small>tolerance per element: 1e-5·max|B| + 1e-5·|B| (docs/kernels.md float32 contract)</small>"
+        )
+
+    def show_section(self, diff: DifferenceResult) -> None:
+        """Redraw the section of ``diff`` (after the slice moved; the statistics stay)."""
+        self.slice.update(diff.section, note=f"; A = {diff.a}, B = {diff.b}, for {diff.label}")
+
+    def stale(self, label: str, now: str) -> None:
+        """The shown comparison was for ``label``, the views are now for ``now``: clear it and say so."""
+        self.last = None
+        with self.slice.image.hold_sync():
+            self.slice.image.value = b""
+            self.slice.caption.value = ""
+        self.stats.value = (
+            f"<span class='wb-stale'><b>out of date:</b> the last comparison was for {html.escape(label)}; "
+            f"the views now show {html.escape(now)} — press compare to recompute</span>"
         )

@@ -39,8 +39,16 @@ class TimingView:
             f"<table>{cells}</table>"
         )
 
-    def update_all(self, rows: list[dict]) -> None:
-        """Show the rows of :func:`workbench.compute.time_backends`."""
+    def stale(self, label: str, now: str) -> None:
+        """The backend table was timed for ``label``; the views now show ``now``: clear it and say so."""
+        self.rows = []
+        self.table.value = (
+            f"<small class='wb-stale'><b>out of date:</b> backends were timed for {html.escape(label)}; "
+            f"the views now show {html.escape(now)} — press “compare all backends” to time them again</small>"
+        )
+
+    def update_all(self, rows: list[dict], label: str = "") -> None:
+        """Show the rows of :func:`workbench.compute.time_backends` (timed for ``label``)."""
         self.rows = rows
         body = []
         for r in rows:
@@ -57,5 +65,7 @@ class TimingView:
         self.table.value = (
             "<table><tr><th>device</th><th>backend</th><th>op</th><th>forward</th><th>backward</th></tr>"
             + "".join(body)
-            + "</table><small>best of 2 runs each; density backward is that of ½‖ρ − ρ_target‖²</small>"
+            + "</table><small>"
+            + (f"for {html.escape(label)}; " if label else "")
+            + "best of 2 runs each; density backward is that of ½‖ρ − ρ_target‖²</small>"
         )

@@ -1,0 +1,99 @@
+"""``workbench lab`` / ``workbench app`` as launchers: run notebooks are not "edits", and
+SIGTERM stops the server with its kernels (issue 19)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import psutil
+
+from workbench import cli
+
+
+def test_a_notebook_that_was_only_run_is_not_your_edits(tmp_path, capsys):
+    cli.install_notebooks(tmp_path)
+    nb_path = tmp_path / cli.QUICKSTART
+    nb = json.loads(nb_path.read_text())
+    # what running it in Lab or Voilà leaves in the file: outputs, counts, kernel and widget metadata
+    for i, cell in enumerate(c for c in nb["cells"] if c["cell_type"] == "code"):
+        cell["execution_count"] = i + 1
+        cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["ready\n"]}]
+        cell["metadata"]["execution"] = {"iopub.status.idle": "2026-11-25T10:00:00Z"}
+    nb["metadata"]["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    nb["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    nb_path.write_text(json.dumps(nb, indent=1))
+    assert cli.install_notebooks(tmp_path) == ([], [])
+    assert cli.main(["app", "nope.ipynb", "--dir", str(tmp_path), "--no-browser"]) == 2
+    assert "your edits" not in capsys.readouterr().out
+    # a changed cell is an edit, and is kept
+    nb["cells"][0]["source"] = ["# my notes\n"]
+    nb_path.write_text(json.dumps(nb, indent=1))
+    assert cli.install_notebooks(tmp_path) == ([], [nb_path])
+    assert json.loads(nb_path.read_text())["cells"][0]["source"] == ["# my notes\n"]
+
+
+def _request(url: str, method: str = "GET") -> tuple[int, bytes]:
+    req = urllib.request.Request(url, method=method, data=b"{}" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+def test_sigterm_stops_lab_with_its_server_and_kernels(tmp_path):
+    env = dict(
+        os.environ,
+        JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"),
+        JUPYTER_DATA_DIR=str(tmp_path / "data"),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "run"),
+        JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"),
+    )
+    env.pop("JUPYTER_TOKEN", None)
+    args = [sys.executable, "-m", "workbench", "lab", "--no-browser", "--dir", str(tmp_path / "nb")]
+    args += ["--port", str(cli._free_port(18700)), "--LabApp.extension_manager=readonly"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        args.append("--allow-root")
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tree: list[psutil.Process] = []
+    try:
+        url = None
+        deadline = time.monotonic() + 90
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            m = re.match(r"open\s+(http://127\.0\.0\.1:\d+)/lab/\S*\?token=(\S+)", line)
+            url = m and (m.group(1), m.group(2))
+        assert url, "workbench lab printed no URL"
+        base, token = url
+        status = 0
+        while status != 201 and time.monotonic() < deadline:  # start a kernel once it listens
+            status, body = _request(f"{base}/api/kernels?token={token}", "POST")
+            time.sleep(0.5 if status != 201 else 0)
+        assert status == 201, f"could not start a kernel (HTTP {status})"
+        while time.monotonic() < deadline:  # the kernel process appears under the server
+            tree = psutil.Process(proc.pid).children(recursive=True)
+            if any("ipykernel" in " ".join(p.cmdline()) for p in tree if p.is_running()):
+                break
+            time.sleep(0.3)
+        assert any("ipykernel" in " ".join(p.cmdline()) for p in tree), [p.cmdline() for p in tree]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        gone, alive = psutil.wait_procs(tree, timeout=30)
+        assert alive == [], f"still running after SIGTERM to workbench lab: {[p.cmdline() for p in alive]}"
+    finally:
+        for p in [*tree, psutil.Process(proc.pid) if proc.poll() is None else None]:
+            if p is not None and p.is_running():
+                p.kill()
+        proc.wait()
