@@ -12,6 +12,7 @@ One module per stage, each importing only the stages before it:
 - :mod:`~workbench.compute.atoms` — structure → atoms (B mode, distortion, residues)
 - :mod:`~workbench.compute.maps` — atoms → maps, gradients, tricubic samples, timings
 - :mod:`~workbench.compute.sections` — map → a section in Å, the atoms near it
+- :mod:`~workbench.compute.render` — a section → a smooth raster in Å, σ contours, atom marks
 - :mod:`~workbench.compute.pipeline` — :class:`Pipeline` and its :class:`Result`
 - :mod:`~workbench.compute.comparison` — one backend against another
 - :mod:`~workbench.compute.export` — CCP4 bytes, PDB text, gradient CSV
@@ -48,6 +49,18 @@ from workbench.compute.maps import (
     tricubic_sampler,
 )
 from workbench.compute.pipeline import Pipeline, Result
+from workbench.compute.render import (
+    ELEMENT_COLOURS,
+    SECTION_PIXELS,
+    AtomMarks,
+    Contour,
+    SectionImage,
+    atom_marks,
+    render_section,
+    sample_section,
+    section_contours,
+    section_fractions,
+)
 from workbench.compute.scene import (
     ARROW_MAX_LENGTH,
     ARROW_MIN_LENGTH,
@@ -74,21 +87,27 @@ __all__ = [
     "ARROW_MIN_LENGTH",
     "ARROW_SCALE",
     "BOX_PADDING",
+    "ELEMENT_COLOURS",
     "MAX_ARROWS",
     "MAX_VIEW_VOXELS",
+    "SECTION_PIXELS",
     "VIEW_VOXELS",
     "Arrows",
+    "AtomMarks",
     "Cancelled",
     "Comparison",
+    "Contour",
     "DifferenceResult",
     "GradientResult",
     "Pipeline",
     "RegionVolume",
     "Result",
     "Section",
+    "SectionImage",
     "WorkbenchError",
     "arrow_bytes",
     "arrow_segments",
+    "atom_marks",
     "atom_table_order",
     "atoms_near_section",
     "atoms_within",
@@ -114,9 +133,13 @@ __all__ = [
     "region_atoms",
     "region_box",
     "region_volume",
+    "render_section",
     "residue_keys",
+    "sample_section",
     "save_upload",
     "section",
+    "section_contours",
+    "section_fractions",
     "time_backends",
     "tricubic_sampler",
     "volume_base64",
