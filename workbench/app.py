@@ -274,12 +274,9 @@ class Workbench(widgets.VBox):
         settings = self.state.snapshot()
         check = self._check(generation)
         try:
-
-            def early(sec, near):
-                check()
-                self.slice.update(sec, near_uv=near[1], scale=settings.slice_scale)
-
-            result = self.pipeline.run(settings, check=check, progress=self.status.step, on_section=early)
+            # The slice is drawn with the result (_apply): its contours need the map's σ,
+            # which on_section does not carry.
+            result = self.pipeline.run(settings, check=check, progress=self.status.step)
             self._apply(result, generation, check)
         except Cancelled:
             if self.scheduler.cancel_requested:
@@ -328,6 +325,15 @@ class Workbench(widgets.VBox):
             # Open on the section through the middle of the model, not an empty cell corner.
             self.state.slice_index = compute.central_index(r.atoms.xyz, r.grid, s.axis)
         self._keep_slice_index = False
+        check()
+        self.slice.update(
+            r.section,
+            marks=compute.atom_marks(r.near, r.model.atoms.elements),
+            mean=r.mean,
+            sigma=r.sigma,
+            contour_sigmas=s.contour_sigmas,
+            scale=s.slice_scale,
+        )
         check()
         names = r.model.atoms.labels
         if r.profile is not None:
