@@ -190,3 +190,120 @@ def test_app_draws_smooth_contoured_sections_and_follows_the_contour_setting(mak
     assert "3 σ" in wb.slice.caption.value
     wb.state.contour_sigmas = ()
     assert wb.slice.last.contours == [] and len(wb.slice.contours.get_segments()) == 0
+
+
+# --------------------------------------------------------------------------- the 3D view
+
+
+def test_near_atoms_mask_is_exact_in_an_oblique_cell():
+    from workbench.compute import near_atoms_mask
+
+    cell = kernels.Cell.from_parameters(20.0, 24.0, 18.0, 80.0, 105.0, 95.0)
+    box_grid = kernels.GridSpec(cell, (30, 26, 22), (-4, 3, 5), (40, 48, 36))
+    rng = np.random.default_rng(3)
+    frac = (np.array(box_grid.origin) + rng.uniform(0, 1, (6, 3)) * np.array(box_grid.shape)) / box_grid.sampling
+    xyz = torch.from_numpy(frac @ cell.orth.numpy().T)
+    mask = near_atoms_mask(box_grid, xyz, 3.0)
+    ijk = np.stack(np.meshgrid(*[np.arange(n) for n in box_grid.shape], indexing="ij"), -1).reshape(-1, 3)
+    pos = ((ijk + box_grid.origin) / np.array(box_grid.sampling)) @ cell.orth.numpy().T
+    brute = (np.linalg.norm(pos[:, None, :] - xyz.numpy()[None], axis=-1) <= 3.0).any(1)
+    np.testing.assert_array_equal(mask.ravel(), brute)
+
+
+def _volume_from_view(view, tmp_path):
+    path = tmp_path / "box.ccp4"
+    path.write_bytes(view.map_bytes)
+    return kernels.read_map(path)
+
+
+def test_3d_view_is_centred_on_the_region_and_its_box_covers_it_with_margin(make_wb, tmp_path):
+    from workbench.compute import VIEW_MARGIN, atoms_within, region_atoms
+
+    wb = make_wb()
+    view = wb.scene.view
+    xyz = wb.result.atoms.xyz.numpy()
+    # whole model: the sphere holds every atom plus the margin
+    cx, cy, cz, r = view.view_sphere
+    centre = np.array([cx, cy, cz])
+    np.testing.assert_allclose(centre, 0.5 * (xyz.min(0) + xyz.max(0)), atol=1e-9)
+    assert r == pytest.approx(np.linalg.norm(xyz - centre, axis=1).max() + VIEW_MARGIN)
+    zoom = view.zoom_key
+    region = "A/12"
+    wb.state.region = region
+    assert view.zoom_key == zoom + 1 and view.focus == {"chain": "A", "resi": 12}
+    sel = region_atoms(wb.result.model, region)
+    shown = atoms_within(wb.result.atoms.xyz, sel, wb.state.region_padding)
+    cx, cy, cz, r = view.view_sphere
+    centre = np.array([cx, cy, cz])
+    pts = xyz[shown]
+    np.testing.assert_allclose(centre, 0.5 * (pts.min(0) + pts.max(0)), atol=1e-9)
+    assert np.linalg.norm(pts - centre, axis=1).max() + VIEW_MARGIN == pytest.approx(r)
+    assert r < 0.5 * np.linalg.norm(xyz.max(0) - xyz.min(0))  # zoomed in on the residue
+    # the map box covers the residue plus the padding ...
+    rho, grid = _volume_from_view(view, tmp_path)
+    frac = xyz[sel] @ wb.result.grid.cell.frac.numpy().T
+    lo = np.array(grid.origin) / grid.sampling
+    hi = (np.array(grid.origin) + np.array(grid.shape) - 1) / grid.sampling
+    pad = wb.state.region_padding * np.asarray(grid.cell.reciprocal_lengths)
+    assert (lo <= frac.min(0) - pad + 1e-9).all() and (hi >= frac.max(0) + pad - 1e-9).all()
+    # ... and nothing of the map farther than the padding from the residue is above the level
+    ijk = np.stack(np.meshgrid(*[np.arange(n) for n in grid.shape], indexing="ij"), -1).reshape(-1, 3)
+    pos = ((ijk + grid.origin) / np.array(grid.sampling)) @ grid.cell.orth.numpy().T
+    far = np.linalg.norm(pos[:, None, :] - xyz[sel][None], axis=-1).min(1) > wb.state.region_padding + 1e-6
+    assert far.any() and (rho.numpy().ravel()[far] < view.iso_level).all()
+    near_values = rho.numpy().ravel()[~far]
+    assert (near_values >= view.iso_level).any()  # the residue's own density is there
+    # a new model re-centres too
+    wb.state.structure = "1pfe"
+    assert view.zoom_key == zoom + 2 and view.focus == {}
+
+
+def test_3d_map_payload_scales_with_the_region_not_the_cell():
+    from workbench.compute import region_volume
+
+    small = kernels.Cell.from_parameters(40.0, 40.0, 40.0)
+    large = kernels.Cell.from_parameters(160.0, 160.0, 160.0)
+    xyz = torch.tensor([[20.0, 20.0, 20.0], [21.5, 20.0, 20.0], [22.0, 21.4, 20.3]], dtype=torch.float64)
+    sizes = {}
+    for name, cell in (("small", small), ("large", large)):
+        grid = kernels.GridSpec.for_spacing(cell, 1.0)
+        rho = torch.rand(grid.shape)
+        vol = region_volume(rho, grid, xyz, 5.0)
+        sizes[name] = (len(vol.ccp4), vol.n_voxels, grid.n_voxels)
+        assert len(vol.ccp4) <= 1024 + 4 * vol.n_voxels + 4096  # a header and float32 voxels, no text
+    assert sizes["large"][2] == 64 * sizes["small"][2]  # 64× the cell …
+    assert abs(sizes["large"][0] - sizes["small"][0]) < 0.1 * sizes["small"][0]  # … the same payload
+    assert sizes["large"][0] < 0.002 * 4 * sizes["large"][2]
+
+
+def test_picking_an_atom_in_3d_selects_its_residue_and_a_profile_endpoint(make_wb):
+    wb = make_wb()
+    view = wb.scene.view
+    labels = wb.result.model.atoms.labels
+    a = wb.state.profile_atoms[1]
+    k = 40
+    view._handle_custom_msg({"type": "pick", "serial": k + 1}, [])  # what view3d.js sends on a click
+    lab = labels[k]
+    assert wb.state.region == f"{lab.chain}/{lab.seq_num}{lab.icode.strip()}"
+    assert wb.state.profile_atoms == (a, k) and wb.controls.profile_b.value == k
+    assert wb.result.settings.profile_atoms == (a, k)
+    dist = wb.result.profile[0][-1]
+    xyz = wb.result.atoms.xyz.numpy()
+    assert dist == pytest.approx(np.linalg.norm(xyz[k] - xyz[a]), rel=1e-6)
+    assert view.focus == {"chain": lab.chain, "resi": lab.seq_num}
+    view._handle_custom_msg({"type": "pick", "serial": 101}, [])
+    assert wb.state.profile_atoms == (k, 100)
+    view._handle_custom_msg({"type": "pick", "serial": 10**6}, [])  # not an atom: said, nothing changes
+    assert wb.state.profile_atoms == (k, 100) and "not in the model" in wb.status.message
+    # the serials in the PDB text the browser parses are the atom indices + 1
+    serials = [int(line[6:11]) for line in view.model_text.splitlines() if line.startswith(("ATOM", "HETATM"))]
+    assert serials == list(range(1, len(labels) + 1))
+
+
+def test_export_map_writes_a_ccp4_map_on_the_server(make_wb, tmp_path):
+    wb = make_wb()
+    out = wb.export_map(tmp_path / "m.ccp4")
+    rho, grid = kernels.read_map(out)
+    assert grid.shape == wb.result.grid.shape and grid.sampling == wb.result.grid.sampling
+    np.testing.assert_allclose(grid.cell.orth.numpy(), wb.result.grid.cell.orth.numpy(), atol=1e-3)
+    np.testing.assert_array_equal(rho.numpy(), wb.result.rho.float().numpy())
