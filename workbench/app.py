@@ -149,6 +149,7 @@ class Workbench(widgets.VBox):
         self.controls.export_map.on_click(lambda _: self._export("map"))
         self.controls.export_gradients.on_click(lambda _: self._export("gradients"))
         self.controls.upload.observe(self._uploaded, names="value")
+        self.scene.view.on_pick(self.pick_atom)
 
         self._keep_slice_index = "slice_index" in settings
         if self._keep_slice_index:
@@ -221,6 +222,20 @@ class Workbench(widgets.VBox):
             compute.gradients_csv(r.model, r.atoms.xyz.numpy(), r.gradient.grad, r.gradient.kind, r.gradient.units)
         )
         return path
+
+    def pick_atom(self, index: int) -> None:
+        """Select atom ``index`` (a click in the 3D view): its residue becomes the 3D region,
+        and the line profile runs from the last picked endpoint to it."""
+        r = self.result
+        if r is None:
+            return
+        try:
+            region = compute.residue_of_atom(r.model, index)
+        except WorkbenchError as exc:
+            self.status.set("error", f"error: {exc}")
+            return
+        last = self.state.profile_atoms[1]
+        self.set(region=region, profile_atoms=(last, index) if last != index else self.state.profile_atoms)
 
     def to_py3dmol(self, width: int = 640, height: int = 480):
         """A py3Dmol view of the current 3D scene (model, isosurface, arrows)."""
