@@ -128,3 +128,13 @@ def test_benchmarks_notebook_plots_the_latest_record_and_picks_up_torchref(tmp_p
     assert len(images) == 2, f"expected the speed and the accuracy plot of one GPU record, got {len(images)}"
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "torchref {m['version']}" in code  # the legend names each torchref version
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is present: the notebook runs the live check")
+def test_debugging_notebook_without_a_gpu_says_so_and_shows_the_recorded_h100_run(user_folder):
+    results = NOTEBOOKS.parent / "benchmarks" / "results"
+    nb = execute(user_folder / "04_kernel_debugging.ipynb", env={"WORKBENCH_BENCHMARKS_DIR": str(results)})
+    text = text_output(nb)
+    assert "No CUDA GPU on this machine" in text and "compare CPU backends only" in text, text
+    assert "Recorded instead: density_cuda_h100_2026-11-25.json — NVIDIA H100" in text, text
+    assert "2nd call" in text and "3wip" in text and "353 passed" in text, text
