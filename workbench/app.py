@@ -163,6 +163,7 @@ class Workbench(widgets.VBox):
         self.controls.export_map.on_click(lambda _: self._export("map"))
         self.controls.export_gradients.on_click(lambda _: self._export("gradients"))
         self.controls.upload.observe(self._uploaded, names="value")
+        self.scene.view.on_pick(self.pick_atom)
 
         for name, value in settings.items():
             if name not in _INPUTS:
@@ -233,6 +234,20 @@ class Workbench(widgets.VBox):
         )
         return path
 
+    def pick_atom(self, index: int) -> None:
+        """Select atom ``index`` (a click in the 3D view): its residue becomes the 3D region,
+        and the line profile runs from the last picked endpoint to it."""
+        r = self.result
+        if r is None:
+            return
+        try:
+            region = compute.residue_of_atom(r.model, index)
+        except WorkbenchError as exc:
+            self.status.set("error", f"error: {exc}")
+            return
+        last = self.state.profile_atoms[1]
+        self.set(region=region, profile_atoms=(last, index) if last != index else self.state.profile_atoms)
+
     def to_py3dmol(self, width: int = 640, height: int = 480):
         """A py3Dmol view of the current 3D scene (model, isosurface, arrows)."""
         return self.scene.to_py3dmol(width, height)
@@ -291,12 +306,9 @@ class Workbench(widgets.VBox):
         settings = self.state.snapshot()
         check = self._check(generation)
         try:
-
-            def early(sec, near):
-                check()
-                self.slice.update(sec, near_uv=near[1], scale=settings.slice_scale)
-
-            result = self.pipeline.run(settings, check=check, progress=self.status.step, on_section=early)
+            # The slice is drawn with the result (_apply): its contours need the map's σ,
+            # which on_section does not carry.
+            result = self.pipeline.run(settings, check=check, progress=self.status.step)
             self._apply(result, generation, check)
         except Cancelled:
             if self.scheduler.cancel_requested:
@@ -346,6 +358,15 @@ class Workbench(widgets.VBox):
             self.state.slice_index_max = r.grid.shape[s.axis] - 1
             self.state.slice_index = r.section.index
         self._drop_stale(r)
+        check()
+        self.slice.update(
+            r.section,
+            marks=compute.atom_marks(r.near, r.model.atoms.elements),
+            mean=r.mean,
+            sigma=r.sigma,
+            contour_sigmas=s.contour_sigmas,
+            scale=s.slice_scale,
+        )
         check()
         names = r.model.atoms.labels
         if r.profile is not None:

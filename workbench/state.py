@@ -20,6 +20,7 @@ __all__ = [
     "EXAMPLES",
     "GRADIENT_KINDS",
     "INPUTS",
+    "MAX_CONTOURS",
     "RANGES",
     "SLICE_AXES",
     "SLICE_SCALES",
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 EXAMPLES = ("1orc", "1pfe", "1aki")
+MAX_CONTOURS = 6  # slice contour levels; more lines than that hide the density
 B_MODES = ("model", "global", "offset")
 BACKENDS = ("auto", "cpu", "triton", "reference")
 SLICE_AXES = ("a", "b", "c")
@@ -138,6 +140,7 @@ class Settings:
     slice_axis: str
     slice_depths: tuple[float | None, float | None, float | None]
     slice_scale: str
+    contour_sigmas: tuple[float, ...]
     iso_sigma: float
     distort_amplitude: float
     distort_seed: int
@@ -202,6 +205,9 @@ class WorkbenchState(traitlets.HasTraits):
     slice_scale = traitlets.Enum(
         SLICE_SCALES, default_value="section", help="slice colour scale: the shown section's range, or the whole map's"
     )
+    contour_sigmas = traitlets.Tuple(
+        (1.0,), help="slice contour levels in σ above the map mean (as Coot draws maps); () for none"
+    )
     iso_sigma = traitlets.Float(1.5, help="isosurface level in σ above the map mean")
     distort_amplitude = traitlets.Float(0.0, help="Å, RMS random displacement per coordinate")
     distort_seed = traitlets.Int(0)
@@ -229,6 +235,18 @@ class WorkbenchState(traitlets.HasTraits):
         if not lo <= proposal["value"] <= hi:
             raise traitlets.TraitError(f"distort_seed must lie in [{lo}, {hi}], got {proposal['value']}")
         return proposal["value"]
+
+    @traitlets.validate("contour_sigmas")
+    def _check_contours(self, proposal):
+        value = tuple(proposal["value"])
+        if len(value) > MAX_CONTOURS:
+            raise traitlets.TraitError(f"at most {MAX_CONTOURS} contour levels, got {len(value)}")
+        out = []
+        for v in value:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and abs(v) <= 50):
+                raise traitlets.TraitError(f"contour levels are σ multiples in [-50, 50], got {v!r}")
+            out.append(float(v))
+        return tuple(sorted(set(out)))
 
     @traitlets.validate("device")
     def _check_device(self, proposal):

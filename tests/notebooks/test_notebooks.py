@@ -104,21 +104,37 @@ def test_notebook_runs(name, user_folder):
     assert not errors, errors
 
 
-def test_benchmarks_notebook_plots_results(tmp_path, user_folder):
-    """With a results folder of the documented shape, notebook 5 reads every record and draws one plot per file."""
+def test_benchmarks_notebook_plots_the_latest_record_and_picks_up_torchref(tmp_path, user_folder):
+    """Notebook 5 reads the latest JSON per op and device (not older dates, not probes) and
+    draws torchref rows when a density record carries ``torchref_<version>_..._ms`` keys."""
+    record = NOTEBOOKS.parent / "benchmarks" / "results" / "density_cuda_h100_2026-11-25.json"
     results = tmp_path / "results"
     results.mkdir()
-    rows = [
-        {"structure": s, "backend": b, "median_ms": t}
-        for s, b, t in [("1orc", "reference", 95.0), ("1orc", "cpu", 2.5), ("1aki", "reference", 210.0)]
-    ]
-    (results / "density_cpu_ci_2026-11-22.json").write_text(
-        json.dumps({"op": "density", "device": "cpu", "results": rows})
-    )
-    (results / "not_results.json").write_text(json.dumps({"note": "no timings here"}))
+    data = json.loads(record.read_text())
+    (results / "density_cuda_h100_2026-11-20.json").write_text(json.dumps(data))  # older: left out
+    (results / "density_cuda_h100_2026-11-25_probe.json").write_text(json.dumps(data))  # a probe: left out
+    for case in data["cases"]:
+        case["torchref_seed_fwd_ms"] = 40 * case["triton_fwd_ms"]
+        case["torchref_0.7.0_fwd_ms"] = 4 * case["triton_fwd_ms"]
+        case["torchref_0.7.0_rel_l2_vs_gemmi_1e-7"] = 2e-5
+    (results / "density_cuda_h100_2026-11-25.json").write_text(json.dumps(data))
+    (results / "notes.json").write_text("{}")
     nb = execute(user_folder / "05_benchmarks.ipynb", env={"WORKBENCH_BENCHMARKS_DIR": str(results)})
     text = text_output(nb)
-    assert "3 timed records" in text, text
-    assert "skipped not_results.json" in text, text
+    assert "density    cuda_h100  density_cuda_h100_2026-11-25.json" in text, text
+    assert "_2026-11-20" not in text and "_probe" not in text, text
+    assert "skipped notes.json" in text and "torchref rows: shown" in text, text
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(images) == 1, f"expected one plot (one readable file), got {len(images)}"
+    assert len(images) == 2, f"expected the speed and the accuracy plot of one GPU record, got {len(images)}"
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "torchref {m['version']}" in code  # the legend names each torchref version
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is present: the notebook runs the live check")
+def test_debugging_notebook_without_a_gpu_says_so_and_shows_the_recorded_h100_run(user_folder):
+    results = NOTEBOOKS.parent / "benchmarks" / "results"
+    nb = execute(user_folder / "04_kernel_debugging.ipynb", env={"WORKBENCH_BENCHMARKS_DIR": str(results)})
+    text = text_output(nb)
+    assert "No CUDA GPU on this machine" in text and "compare CPU backends only" in text, text
+    assert "Recorded instead: density_cuda_h100_2026-11-25.json — NVIDIA H100" in text, text
+    assert "2nd call" in text and "3wip" in text and "353 passed" in text, text

@@ -54,7 +54,7 @@ def test_default_app_builds_every_view(make_wb):
     assert wb.status.message.startswith("ready: 559 atoms")
     assert r.grid.shape == wb.state.grid_shape == (24, 30, 36)
     assert "24×30×36" in wb.controls.grid_shape.value
-    assert bytes(wb.slice.image.value).startswith(PNG) and _png_size(bytes(wb.slice.image.value)) == (416, 352)
+    assert bytes(wb.slice.image.value).startswith(PNG) and _png_size(bytes(wb.slice.image.value)) == (560, 480)
     assert bytes(wb.profile.image.value).startswith(PNG)
     assert "<table" in wb.table.html.value and "map of the undistorted model" in wb.table.html.value
     view = wb.scene.view
@@ -112,10 +112,12 @@ def test_hexagonal_section_is_not_square(make_wb):
     sec = wb.result.section
     cos = np.dot(sec.e_u, sec.e_v) / np.linalg.norm(sec.e_u) / np.linalg.norm(sec.e_v)
     assert cos == pytest.approx(-0.5)
-    # the image transform maps voxel (n_u, 0) → a and (0, n_v) → b of the rhombus
-    n_u, n_v = sec.values.shape
-    trans = wb.slice.im.get_transform() - wb.slice.ax.transData
-    np.testing.assert_allclose(trans.transform([[n_u, 0], [0, n_v]]), [sec.e_u, sec.e_v], atol=1e-9)
+    # the image is drawn in Å: its raster spans the rhombus's bounding box, NaN outside the face
+    x0, x1, y0, y1 = wb.slice.im.get_extent()
+    assert x0 == pytest.approx(sec.e_v[0]) and y0 == pytest.approx(0.0)
+    assert x1 >= sec.e_u[0] - 1e-9 and y1 >= sec.e_v[1] - 1e-9
+    values = wb.slice.last.values
+    assert np.isnan(values[-1, -1]) and np.isnan(values[0, 0]) and not np.isnan(values[0, values.shape[1] // 2])
 
 
 def test_distortion_draws_planarity_arrows_with_a_stated_scale(make_wb):

@@ -109,7 +109,14 @@ def test_region_volume_is_the_region_box_as_a_ccp4_file(tmp_path):
     path.write_bytes(vol.ccp4)
     back, back_grid = kernels.read_map(path)
     assert back_grid.origin == bgrid.origin
-    np.testing.assert_array_equal(back.numpy(), box.numpy())
+    # the map within the padding of the residue, and below every level beyond it
+    keep = compute.near_atoms_mask(bgrid, m.atoms.xyz[sel], 4.0)
+    assert 0 < vol.n_clipped == int((~keep).sum()) < keep.size
+    np.testing.assert_array_equal(back.numpy()[keep], box.numpy()[keep])
+    assert (back.numpy()[~keep] < float(box.min())).all()
+    whole = compute.region_volume(rho, grid, m.atoms.xyz[sel], 4.0, clip=False)
+    path.write_bytes(whole.ccp4)
+    np.testing.assert_array_equal(kernels.read_map(path)[0].numpy(), box.numpy())
     # the whole model, above max_voxels: subsampled, and the volume says by how much
     sub = compute.region_volume(rho, grid, m.atoms.xyz, 3.0, max_voxels=2000)
     assert sub.stride == 3 and sub.n_voxels == int(np.prod(sub.shape)) <= 2000 * 1.6

@@ -23,7 +23,11 @@ def map_ccp4_bytes(rho: torch.Tensor, grid: GridSpec) -> bytes:
 
 
 def model_pdb(model: Model, xyz: torch.Tensor) -> str:
-    """PDB text of the model with positions ``xyz`` (N, 3) Å (the distorted ones, say)."""
+    """PDB text of the model with positions ``xyz`` (N, 3) Å (the distorted ones, say).
+
+    Atom ``i`` gets serial number ``i + 1`` (TER records take none), so an atom picked in
+    the 3D view is found again by its serial.
+    """
     import gemmi
 
     st = model.structure.clone()
@@ -34,16 +38,20 @@ def model_pdb(model: Model, xyz: torch.Tensor) -> str:
             for atom in res:
                 atom.pos = gemmi.Position(*pos[i])
                 i += 1
+                atom.serial = i
     if i != len(pos):
         raise WorkbenchError(f"the model has {i} atoms but {len(pos)} positions were given")
     st.setup_entities()
+    options = gemmi.PdbWriteOptions()
+    options.preserve_serial = True
+    options.numbered_ter = False
     try:
-        return st.make_pdb_string()
+        return st.make_pdb_string(options)
     except RuntimeError:
         # Long chain names do not fit PDB columns: 3Dmol reads mmCIF too, but sticks need
         # bonds it derives the same way, so shorten names instead.
         st.shorten_chain_names()
-        return st.make_pdb_string()
+        return st.make_pdb_string(options)
 
 
 def gradients_csv(model: Model, xyz: np.ndarray, grad: np.ndarray, kind: str, units: str) -> str:

@@ -2,7 +2,16 @@
 
 The 3D view (:mod:`workbench.views.view3d`) only sets traits from what these return:
 cropping the periodic map to a region, serialising it for 3Dmol.js, choosing and
-scaling the arrows and picking the atoms near a residue all happen here.
+scaling the arrows, picking the atoms near a residue and the sphere the camera fits all
+happen here.
+
+What is shown is one set of atoms (:func:`shown_atoms`: the whole model, or a residue
+and every atom within the region padding of it). The map box covers them plus the
+padding; box voxels farther than the padding from every shown atom are set below any
+isosurface level (:func:`near_atoms_mask`), so no isosurface fragment of a periodic
+image or of a distant part of the model appears at the box's corners; and the camera
+fits the sphere around the shown atoms plus the margin the isosurface needs
+(:func:`focus_sphere`), so nothing shown is cut at the canvas edges.
 """
 
 from __future__ import annotations
@@ -23,8 +32,10 @@ __all__ = [
     "ARROW_MAX_LENGTH",
     "ARROW_MIN_LENGTH",
     "ARROW_SCALE",
+    "CLIPPED",
     "MAX_ARROWS",
     "MAX_VIEW_VOXELS",
+    "VIEW_MARGIN",
     "VIEW_VOXELS",
     "Arrows",
     "RegionVolume",
@@ -32,10 +43,14 @@ __all__ = [
     "arrow_segments",
     "atoms_within",
     "focus_selection",
+    "focus_sphere",
+    "near_atoms_mask",
+    "residue_of_atom",
     "gradient_arrows",
     "region_arrows",
     "region_box",
     "region_volume",
+    "shown_atoms",
     "volume_base64",
 ]
 
@@ -58,6 +73,11 @@ ARROW_MIN_LENGTH = 0.25
 # Longer arrows are clipped to this length (Å) and the caption says how many were.
 ARROW_MAX_LENGTH = 3.0
 MAX_ARROWS = 800  # each is a mesh in 3Dmol.js; more slows a software-WebGL page
+# e/Å³ below the box minimum given to clipped voxels: below any isosurface level.
+CLIPPED = 1.0
+# Å added to the camera's sphere around the shown atoms: stick radius plus the isosurface
+# around an atom at the usual levels (1-2 σ: ~1.5 Å from a carbon at B 20).
+VIEW_MARGIN = 2.0
 
 
 # --------------------------------------------------------------------------- the map box
@@ -119,11 +139,14 @@ class RegionVolume:
         Voxels of the box along a, b, c.
     stride : int
         Every ``stride``-th voxel of the cell grid is in the box (1: all of them).
+    n_clipped : int
+        Box voxels set below every level: farther than the padding from the shown atoms.
     """
 
     ccp4: bytes
     shape: tuple[int, int, int]
     stride: int
+    n_clipped: int = 0
 
     @property
     def n_voxels(self) -> int:
@@ -131,11 +154,63 @@ class RegionVolume:
 
 
 def region_volume(
-    rho: torch.Tensor, grid: GridSpec, xyz: torch.Tensor, padding: float, *, max_voxels: int = VIEW_VOXELS
+    rho: torch.Tensor,
+    grid: GridSpec,
+    xyz: torch.Tensor,
+    padding: float,
+    *,
+    max_voxels: int = VIEW_VOXELS,
+    clip: bool = True,
 ) -> RegionVolume:
-    """The map box around ``xyz`` (M, 3) Å (:func:`region_box`) as a CCP4 file for the 3D view."""
+    """The map box around ``xyz`` (M, 3) Å (:func:`region_box`) as a CCP4 file for the 3D view.
+
+    With ``clip`` every box voxel farther than ``padding`` Å from all of ``xyz`` is set
+    to :data:`CLIPPED` below the box minimum, so no isosurface is drawn there.
+    """
     box, box_grid, stride = region_box(rho, grid, xyz, padding, max_voxels=max_voxels)
-    return RegionVolume(ccp4=map_ccp4_bytes(box, box_grid), shape=tuple(box.shape), stride=stride)
+    n_clipped = 0
+    if clip and box.numel():
+        keep = near_atoms_mask(box_grid, xyz, padding)
+        low = float(box.min()) - CLIPPED
+        box = box.clone()
+        box[~torch.from_numpy(keep)] = low
+        n_clipped = int((~keep).sum())
+    return RegionVolume(ccp4=map_ccp4_bytes(box, box_grid), shape=tuple(box.shape), stride=stride, n_clipped=n_clipped)
+
+
+def near_atoms_mask(box_grid: GridSpec, xyz: torch.Tensor, distance: float) -> np.ndarray:
+    """Voxels of a box grid within ``distance`` Å of any atom ``xyz`` (M, 3) Å, no periodic images.
+
+    Each atom stamps the ball of voxels around it (a stencil of voxel offsets, exact
+    distances in the cell's metric), so the cost is atoms × ball voxels, not atoms × box.
+
+    Returns
+    -------
+    numpy.ndarray, shape box_grid.shape, bool
+    """
+    shape = np.asarray(box_grid.shape)
+    keep = np.zeros(tuple(shape), bool)
+    pts = xyz.detach().to("cpu", torch.float64).numpy().reshape(-1, 3)
+    if not len(pts):
+        return keep
+    orth = box_grid.cell.orth.numpy()
+    m = np.asarray(box_grid.sampling, np.float64)
+    origin = np.asarray(box_grid.origin, np.float64)
+    reach = np.ceil(distance * np.asarray(box_grid.cell.reciprocal_lengths) * m).astype(int) + 1
+    offsets = np.stack(np.meshgrid(*[np.arange(-r, r + 1) for r in reach], indexing="ij"), axis=-1).reshape(-1, 3)
+    frac = pts @ box_grid.cell.frac.numpy().T
+    voxel = frac * m - origin  # continuous voxel coordinates in the box
+    chunk = max(1, 2_000_000 // len(offsets))
+    for start in range(0, len(pts), chunk):
+        base = np.floor(voxel[start : start + chunk]).astype(int)
+        cand = base[:, None, :] + offsets[None, :, :]  # (A, K, 3)
+        d_frac = (cand + origin) / m - frac[start : start + chunk, None, :]
+        near = np.einsum("akj,ij->aki", d_frac, orth)
+        ok = (near**2).sum(-1) <= distance**2
+        ok &= ((cand >= 0) & (cand < shape)).all(-1)
+        c = cand[ok]
+        keep[c[:, 0], c[:, 1], c[:, 2]] = True
+    return keep
 
 
 def volume_base64(ccp4: bytes) -> str:
@@ -165,6 +240,37 @@ def atoms_within(xyz: torch.Tensor, centre: np.ndarray, distance: float) -> np.n
     x = xyz.detach().cpu()
     d = torch.cdist(x, x[torch.as_tensor(np.asarray(centre), dtype=torch.long)]).min(dim=1).values
     return np.nonzero((d <= distance).numpy())[0]
+
+
+def shown_atoms(xyz: torch.Tensor, region: np.ndarray | None, padding: float) -> np.ndarray:
+    """The atoms the 3D view shows with a region: all (None), or the residue ``region``
+    and every atom within ``padding`` Å of it (ascending indices)."""
+    if region is None:
+        return np.arange(len(xyz))
+    return atoms_within(xyz, region, padding)
+
+
+def focus_sphere(xyz: torch.Tensor, shown: np.ndarray, margin: float = VIEW_MARGIN) -> list[float]:
+    """The sphere the camera fits: ``[cx, cy, cz, radius]`` Å.
+
+    Centred on the middle of the bounding box of the atoms ``shown`` (indices into
+    ``xyz`` (N, 3) Å) and reaching ``margin`` Å past the farthest of them.
+    """
+    pts = xyz.detach().to("cpu", torch.float64).numpy()[np.asarray(shown, int)]
+    if not len(pts):
+        return [0.0, 0.0, 0.0, 10.0]
+    centre = 0.5 * (pts.min(axis=0) + pts.max(axis=0))
+    radius = float(np.sqrt(((pts - centre) ** 2).sum(axis=1).max())) + margin
+    return [*map(float, centre), radius]
+
+
+def residue_of_atom(model: Model, index: int) -> str:
+    """The region key (``"chain/seq[icode]"``) of atom ``index``'s residue."""
+    from workbench.compute.atoms import _residue_key
+
+    if not 0 <= index < len(model):
+        raise WorkbenchError(f"atom {index} is not in the model (0 … {len(model) - 1})")
+    return _residue_key(model.atoms.labels[index])
 
 
 def focus_selection(model: Model, region: str) -> dict:

@@ -134,7 +134,35 @@ async function render({ model, el }) {
     if (text) {
       viewer.addModel(text, model.get("model_format"));
       styleModel();
+      // A click on an atom picks it (region and profile endpoint, chosen in Python):
+      // the PDB serial is the atom's index + 1 (model_pdb writes them so).
+      viewer.setClickable({}, true, (atom) => {
+        if (atom && Number.isInteger(atom.serial)) model.send({ type: "pick", serial: atom.serial });
+      });
     }
+  }
+
+  // Centre the camera on view_sphere [x, y, z, r] and zoom so the sphere fills the
+  // canvas's shorter side (3Dmol's zoomTo fits atoms only: a residue's map box and its
+  // neighbours ran past the canvas edge). zoomTo first, for its clipping slab.
+  function zoomToSphere(sphere) {
+    const sel = model.get("focus");
+    const residue = sel && Object.keys(sel).length;
+    viewer.zoomTo(residue ? sel : { model: 0 });
+    if (!sphere || sphere.length !== 4 || !viewer.camera) return;
+    const [x, y, z, r] = sphere;
+    const w = box.clientWidth || 1;
+    const h = box.clientHeight || 1;
+    const tanHalf = Math.tan((Math.PI / 180) * viewer.camera.fov / 2) * Math.min(1, w / h);
+    const view = viewer.getView();
+    view[0] = -x;
+    view[1] = -y;
+    view[2] = -z;
+    view[3] = -(r / tanHalf - viewer.CAMERA_Z);
+    viewer.setView(view);
+    // the clipping slab (relative to the centre) must hold the whole sphere too
+    const slab = viewer.getSlab();
+    viewer.setSlab(Math.min(slab.near, -r), Math.max(slab.far, r));
   }
 
   function fitToWidth() {
@@ -146,11 +174,8 @@ async function render({ model, el }) {
   function finish() {
     const zoom = model.get("zoom_key");
     if (zoom !== zoomed) {
-      const sel = model.get("focus");
-      // {} would also fit the map box and the arrows: fit the atoms (model 0) instead.
-      const residue = sel && Object.keys(sel).length;
-      viewer.zoomTo(residue ? sel : { model: 0 });
-      if (!residue) viewer.zoom(1.25); // the bounding sphere leaves a wide margin around a globular model
+      zoomToSphere(model.get("view_sphere"));
+      el.dataset.zoomKey = String(zoom);
       zoomed = zoom;
     }
     viewer.render();

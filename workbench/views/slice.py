@@ -1,34 +1,39 @@
 """The 2-D density section, drawn in Å with the cell's true angles.
 
-The image is drawn in voxel-index space and mapped to the section's Cartesian frame by
-an affine transform (voxel (p, q) → p/n_u·e_u + q/n_v·e_v), so a hexagonal section is a
-120° rhombus and a monoclinic one a parallelogram, never a square. The figure, image,
-colour bar and atom markers are built once; an update only changes their data.
+The section is resampled at display resolution by tricubic interpolation
+(:func:`workbench.compute.render_section`, through :func:`kernels.tricubic_sample`) on
+square pixels of the section's own Cartesian frame, so a hexagonal section is a 120°
+rhombus and a monoclinic one a parallelogram (pixels outside the cell face are left
+transparent), with optional contour lines at σ levels of the whole map (as Coot draws
+maps) and the atoms near the plane marked by element, larger the closer they lie. The
+figure, image, colour bar, contour lines and atom markers are built once; an update only
+changes their data.
 
 Drawing text dominates a matplotlib redraw (~40 ms here), so the frame, ticks, labels
-and colour bar are drawn once per section geometry and colour range and kept as a
-background; an update restores it and draws only the image, the outline and the atom
-markers. The colour scale covers the shown section (default: a section through the
-middle of a molecule is as bright as the densest one) or the whole map (to compare
-sections). It snaps up to a "nice" value (1, 1.25, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8 ×
-10ⁿ e/Å³) and is kept while the data still span 75 % of it, so it, and the background,
-rarely change while a slider drags; the caption states the exact minimum and maximum of
-the section and of the map. A near-empty section is not stretched: its scale never
-drops below :data:`MIN_SCALE_FRACTION` of the map maximum (amplifying 1e-30 e/Å³ tails
-into bright noise would mislead, and such ranges overflow float32 image scaling).
+and colour bar are drawn once per section geometry, colour range and contour levels and
+kept as a background; an update restores it and draws only the image, the contours, the
+outline and the atom markers. The colour scale covers the shown section (default: a
+section through the middle of a molecule is as bright as the densest one) or the whole
+map (fixed while stepping through sections, to compare them). It snaps up to a "nice"
+value (1, 1.25, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8 × 10ⁿ e/Å³) and is kept while the data
+still span 75 % of it, so it, and the background, rarely change while a slider drags;
+the caption states the exact minimum and maximum of the section and of the map. A
+near-empty section is not stretched: its scale never drops below
+:data:`MIN_SCALE_FRACTION` of the map maximum (amplifying 1e-30 e/Å³ tails into bright
+noise would mislead, and such ranges overflow float32 image scaling).
 """
 
 from __future__ import annotations
 
 import ipywidgets as widgets
 import numpy as np
+from matplotlib.collections import LineCollection
 from matplotlib.ticker import MaxNLocator
-from matplotlib.transforms import Affine2D
 
-from workbench.compute import Section
+from workbench.compute import AtomMarks, Section, render_section
 from workbench.views._figure import canvas_png, new_figure
 
-__all__ = ["AXIS_NAMES", "MIN_SCALE_FRACTION", "SliceView", "axis_labels"]
+__all__ = ["AXIS_NAMES", "CONTOUR_COLOURS", "MIN_SCALE_FRACTION", "SliceView", "axis_labels"]
 
 AXIS_NAMES = ("a", "b", "c")
 # Lowest section colour scale, as a fraction of the map maximum (see the module docstring).
@@ -36,6 +41,12 @@ MIN_SCALE_FRACTION = 0.05
 # A colour range is kept while the data span at least this share of it: fewer redraws of
 # the colour bar during a drag, while at most a quarter of the scale goes unused.
 _KEEP = 0.75
+# Contour line colours, one per level in the order given: white reads on every viridis
+# colour; then light pink and orange for higher levels. Below the mean (difference maps): red.
+CONTOUR_COLOURS = ("#ffffff", "#ffb0ff", "#ffa040", "#80ffff")
+_NEGATIVE_COLOUR = "#ff3030"
+# The figure in inches at 80 dpi: 560 × 480 px, the face up to ~400 px across.
+_FIGSIZE = (7.0, 6.0)
 
 
 class SliceView:
@@ -46,55 +57,87 @@ class SliceView:
     image : ipywidgets.Image
         PNG bytes of the current section; replaced in place on every update.
     caption : ipywidgets.HTML
-        What the section is (axis, index, depth in Å, colour range, atoms marked).
+        What the section is (axis, index, depth in Å, colour range, contours, atoms marked).
+    last : workbench.compute.SectionImage or None
+        What was drawn last (the resampled raster and its contour lines).
     widget : ipywidgets.VBox
     """
 
     def __init__(self, *, cmap: str = "viridis", title: str = "ρ", css: str = "wb-slice", symmetric: bool = False):
         self.symmetric = symmetric  # a difference map: colour range centred on 0
-        self.fig = new_figure(5.2, 4.4)
+        self.fig = new_figure(*_FIGSIZE)
         self.ax = self.fig.add_subplot()
+        self.fig.subplots_adjust(left=0.11, right=0.99, bottom=0.09, top=0.98)
         self.ax.set_aspect("equal")
+        import matplotlib
+
+        colours = matplotlib.colormaps[cmap].with_extremes(bad=(0, 0, 0, 0))  # outside the face: transparent
         self.im = self.ax.imshow(
             np.zeros((2, 2), np.float32),
             origin="lower",
-            cmap=cmap,
-            interpolation="nearest",
+            cmap=colours,
+            interpolation="bilinear",  # resampled at about display resolution: no blocks when scaled
             extent=(-0.5, 1.5, -0.5, 1.5),
         )
         self.cbar = self.fig.colorbar(self.im, ax=self.ax, shrink=0.85)
         self.cbar.set_label(f"{title} (e/Å³)")
         self.cbar.locator = MaxNLocator(5)  # fewer tick labels: text is the costly part of a redraw
+        self._level_ticks = self.cbar.ax.plot([], [], color="k", lw=1.2)[0]
+        self.contours = LineCollection([], linewidths=0.8)
+        self.ax.add_collection(self.contours)
         (self.outline,) = self.ax.plot([], [], color="0.3", lw=0.8)
-        # Small thin crosses, half-transparent: they say where atoms are without hiding the density.
+        # Thin crosses coloured by element, half-transparent: they say where atoms are
+        # without hiding the density; larger on the plane than 1 Å off it.
         self.markers = self.ax.scatter(
-            np.zeros(0), np.zeros(0), s=12, marker="+", c=[(1.0, 1.0, 1.0, 0.6)], linewidths=0.6
+            np.zeros(0), np.zeros(0), s=12, marker="+", c=[(1.0, 1.0, 1.0, 0.6)], linewidths=0.9
         )
-        self.image = widgets.Image(format="png", layout=widgets.Layout(width="420px"))
+        width = int(_FIGSIZE[0] * 80)
+        self.image = widgets.Image(format="png", layout=widgets.Layout(width=f"{width}px"))
         self.image.add_class(css)
         self.caption = widgets.HTML()
         self.caption.add_class(f"{css}-caption")
         # as wide as the image: a long caption wraps instead of widening the column and
         # pushing the 3D view below the slice even on a wide page
-        self.widget = widgets.VBox([self.image, self.caption], layout=widgets.Layout(width="430px"))
+        self.widget = widgets.VBox([self.image, self.caption], layout=widgets.Layout(width=f"{width + 10}px"))
         self.n_updates = 0
+        self.last = None
         self._layout_key = None
         self._background = None
 
     def update(
-        self, sec: Section, *, near_uv: np.ndarray | None = None, note: str = "", scale: str = "section"
+        self,
+        sec: Section,
+        *,
+        marks: AtomMarks | None = None,
+        near_uv: np.ndarray | None = None,
+        mean: float | None = None,
+        sigma: float | None = None,
+        contour_sigmas=(),
+        note: str = "",
+        scale: str = "section",
     ) -> bytes:
-        """Redraw for section ``sec``; ``near_uv`` (M, 2) Å marks the atoms near its plane.
+        """Redraw for section ``sec``.
 
-        ``scale`` is ``"section"`` (colours span this section) or ``"map"`` (the whole map's
-        range, ``sec.map_range``, so stepping through sections keeps one scale).
+        Parameters
+        ----------
+        sec : Section
+        marks : AtomMarks, optional
+            The atoms near the plane (:func:`workbench.compute.atom_marks`).
+        near_uv : numpy.ndarray, shape (M, 2), Å, optional
+            Plain white marks instead, when no ``marks`` are given.
+        mean, sigma : float, optional
+            The whole map's mean and σ, e/Å³; needed for ``contour_sigmas``.
+        contour_sigmas : sequence of float
+            Contour levels in σ above the mean (empty: none).
+        scale : {"section", "map"}
+            Colours span this section, or the whole map's range ``sec.map_range`` (one
+            scale for every section).
         """
-        values = sec.values
-        n_u, n_v = values.shape
-        self.im.set_data(values.T)  # rows = v, columns = u (origin lower)
-        self.im.set_extent((-0.5, n_u - 0.5, -0.5, n_v - 0.5))
-        self.im.set_transform(Affine2D(sec.voxel_affine) + self.ax.transData)
-        vmin, vmax = float(values.min()), float(values.max())
+        img = render_section(sec, mean=mean, sigma=sigma, contour_sigmas=contour_sigmas)
+        self.last = img
+        self.im.set_data(img.values)
+        self.im.set_extent(img.extent)
+        vmin, vmax = float(sec.values.min()), float(sec.values.max())
         mmin, mmax = sec.map_range if sec.map_range is not None else (vmin, vmax)
         if scale == "map":
             cmin, cmax = mmin, mmax
@@ -104,25 +147,61 @@ class SliceView:
         else:
             raise ValueError(f"scale must be 'section' or 'map', got {scale!r}")
         lo, hi = self._colour_range(cmin, cmax)
+        segments, colours = [], []
+        for i, c in enumerate(img.contours):
+            colour = _NEGATIVE_COLOUR if c.sigma < 0 else CONTOUR_COLOURS[i % len(CONTOUR_COLOURS)]
+            segments += c.lines
+            colours += [colour] * len(c.lines)
+        self.contours.set_segments(segments)
+        self.contours.set_colors(colours or ["w"])
+        # the contour levels as black ticks across the colour bar (drawn over the background:
+        # σ moves with every B-factor step, and a background redraw costs ~40 ms)
+        ticks = [c.level for c in img.contours if lo <= c.level <= hi]
+        tx = np.array([[0.0, 1.0, np.nan]] * len(ticks)).ravel()
+        ty = np.repeat(ticks, 3)
+        self._level_ticks.set_data(tx, ty)
         corners = sec.corners
         ring = np.vstack([corners, corners[:1]])
         self.outline.set_data(ring[:, 0], ring[:, 1])
-        self.markers.set_offsets(np.zeros((0, 2)) if near_uv is None or len(near_uv) == 0 else near_uv)
+        if marks is not None and len(marks.uv):
+            self.markers.set_offsets(marks.uv)
+            self.markers.set_sizes(marks.sizes)
+            self.markers.set_edgecolors(marks.colours)
+            self.markers.set_facecolors(marks.colours)
+            n_near = len(marks.uv)
+        elif near_uv is not None and len(near_uv):
+            self.markers.set_offsets(near_uv)
+            self.markers.set_sizes([20.0])
+            self.markers.set_edgecolors([(1.0, 1.0, 1.0, 0.6)])
+            self.markers.set_facecolors([(1.0, 1.0, 1.0, 0.6)])
+            n_near = len(near_uv)
+        else:
+            self.markers.set_offsets(np.zeros((0, 2)))
+            n_near = 0
         pad = 0.02 * float(np.ptp(corners, axis=0).max())
         self.ax.set_xlim(corners[:, 0].min() - pad, corners[:, 0].max() + pad)
         self.ax.set_ylim(corners[:, 1].min() - pad, corners[:, 1].max() + pad)
         xlabel, ylabel, angle = axis_labels(sec)
         self.ax.set_xlabel(xlabel)
         self.ax.set_ylabel(ylabel)
-        data = self._render((n_u, n_v, tuple(sec.e_u), tuple(sec.e_v), sec.axis, lo, hi))
-        n_near = 0 if near_uv is None else len(near_uv)
-        which = "this section" if scale == "section" else "the whole map"
+        n_u, n_v = sec.values.shape
+        key = (n_u, n_v, tuple(sec.e_u), tuple(sec.e_v), sec.axis, lo, hi)
+        data = self._render(key)
+        which = "this section" if scale == "section" else "the whole map (fixed across sections)"
+        if img.contours:
+            levels = ", ".join(f"{c.sigma:g} σ = {c.level:.3g}" for c in img.contours)
+            contour_text = f"; contours at {levels} e/Å³"
+        else:
+            contour_text = ""
+        ny, nx = img.values.shape
         with self.image.hold_sync():
             self.image.value = data
             self.caption.value = (
                 f"<small>section ⊥ {AXIS_NAMES[sec.axis]} at index {sec.index} (depth {sec.depth:.2f} Å), "
-                f"{n_u}×{n_v} voxels{angle}; ρ here {vmin:.3g} … {vmax:.3g} e/Å³, map {mmin:.3g} … {mmax:.3g}; "
-                f"colours span {which} ({lo:.3g} … {hi:.3g}); + {n_near} atoms within 1 Å of the plane{note}</small>"
+                f"{n_u}×{n_v} voxels shown tricubic-interpolated on {nx}×{ny} pixels of {img.pixel:.3f} Å{angle}; "
+                f"ρ here {vmin:.3g} … {vmax:.3g} e/Å³, map {mmin:.3g} … {mmax:.3g}; "
+                f"colours span {which} ({lo:.3g} … {hi:.3g}){contour_text}; "
+                f"+ {n_near} atoms within 1 Å of the plane{note}</small>"
             )
         self.n_updates += 1
         return data
@@ -154,7 +233,7 @@ class SliceView:
     def _render(self, layout_key) -> bytes:
         canvas = self.fig.canvas
         # The image lies inside the padded axis limits, so it never covers the spines.
-        dynamic = [self.im, self.markers, self.outline]
+        dynamic = [self.im, self.contours, self.markers, self.outline, self._level_ticks]
         if layout_key != self._layout_key or self._background is None:
             for artist in dynamic:
                 artist.set_visible(False)
@@ -164,8 +243,8 @@ class SliceView:
                 artist.set_visible(True)
             self._layout_key = layout_key
         canvas.restore_region(self._background)
-        for artist in (self.im, self.outline, self.markers):
-            self.ax.draw_artist(artist)
+        for artist in dynamic:
+            artist.axes.draw_artist(artist)
         return canvas_png(self.fig)
 
 

@@ -31,11 +31,13 @@ from workbench.compute import (
     WorkbenchError,
     arrow_segments,
     focus_selection,
+    focus_sphere,
     gradient_arrows,
     model_pdb,
     region_arrows,
     region_atoms,
     region_volume,
+    shown_atoms,
     volume_base64,
 )
 
@@ -102,7 +104,10 @@ class View3D(anywidget.AnyWidget):
     arrows : bytes
         float32, shape (M, 6): start xyz, end xyz in Å.
     focus : dict
-        3Dmol selection to zoom to; re-zoomed when ``zoom_key`` changes.
+        3Dmol selection of the chosen residue (drawn with thicker sticks).
+    view_sphere : list of 4 float
+        ``[cx, cy, cz, radius]`` Å: the camera is centred there and zoomed so the sphere
+        fills the canvas's shorter side; re-applied when ``zoom_key`` changes.
     js_error : str
         Set by the browser when 3Dmol.js could not load or draw.
     n_arrows_drawn : int
@@ -110,6 +115,11 @@ class View3D(anywidget.AnyWidget):
         canvas element's ``data-arrows`` attribute, for browser tests).
     n_rendered : int
         Incremented by the browser after each render.
+
+    Messages
+    --------
+    ``{"type": "pick", "serial": n}`` from the browser when an atom is clicked (its PDB
+    serial, ``index + 1``); :meth:`on_pick` callbacks get the atom index.
     """
 
     _esm = Path(__file__).resolve().parent.parent / "static" / "view3d.js"
@@ -125,6 +135,7 @@ class View3D(anywidget.AnyWidget):
     arrows = traitlets.Bytes(b"").tag(sync=True)
     arrow_color = traitlets.Unicode(ARROW_COLOR).tag(sync=True)
     focus = traitlets.Dict({}).tag(sync=True)
+    view_sphere = traitlets.List(traitlets.Float(), default_value=[]).tag(sync=True)
     zoom_key = traitlets.Int(0).tag(sync=True)
     height = traitlets.Int(420).tag(sync=True)
     js_error = traitlets.Unicode("").tag(sync=True)
@@ -134,6 +145,21 @@ class View3D(anywidget.AnyWidget):
     def __init__(self, *, lib_path: str | os.PathLike | None = None, **kwargs):
         super().__init__(lib_source=_local_library(lib_path), **kwargs)
         self.add_class("wb-view3d")
+        self._pick_callbacks: list = []
+        self.on_msg(self._message)
+
+    def on_pick(self, callback) -> None:
+        """Call ``callback(index)`` with the atom index when an atom is clicked in the browser."""
+        self._pick_callbacks.append(callback)
+
+    def _message(self, _widget, content, _buffers) -> None:
+        if not isinstance(content, dict) or content.get("type") != "pick":
+            return
+        serial = content.get("serial")
+        if not isinstance(serial, int) or serial < 1:
+            return
+        for callback in self._pick_callbacks:
+            callback(serial - 1)
 
     @property
     def arrow_array(self) -> np.ndarray:
@@ -171,6 +197,7 @@ class Scene3DView:
         s = result.settings
         sel = region_atoms(result.model, s.region)
         xyz = result.atoms.xyz
+        shown = shown_atoms(xyz, sel if s.region else None, s.region_padding)
         updates: dict[str, object] = {}
         if self._keys.get("model") != model_key:
             updates["model_text"] = model_pdb(result.model, xyz)
@@ -191,19 +218,22 @@ class Scene3DView:
         )
         updates["arrows"] = arrows.to_bytes()
         self.arrow_scale = arrows.scale
-        if self._keys.get("focus") != (s.structure, s.region):
+        if self._keys.get("focus") != (s.structure, s.region, s.region_padding):
             updates["focus"] = focus_selection(result.model, s.region)
+            updates["view_sphere"] = focus_sphere(xyz, shown)
             updates["zoom_key"] = self.view.zoom_key + 1
-            self._keys["focus"] = (s.structure, s.region)
+            self._keys["focus"] = (s.structure, s.region, s.region_padding)
         with self.view.hold_sync():
             for name, value in updates.items():
                 setattr(self.view, name, value)
         region = "whole model" if not s.region else f"residue {s.region}"
         vol = self._volume
         sub = f" (every {vol.stride}th voxel: {vol.n_voxels:,} shown)" if vol is not None and vol.stride > 1 else ""
+        sub += f", map drawn within {s.region_padding:g} Å of the {'residue' if s.region else 'atoms'}"
         self.caption.value = (
             f"<small>{region}, map box ± {s.region_padding:g} Å{sub}; isosurface {s.iso_sigma:g} σ = "
-            f"{result.iso_level:.3f} e/Å³; {arrows.caption}</small>"
+            f"{result.iso_level:.3f} e/Å³; click an atom: region = its residue, profile to it from the last one "
+            f"picked; {arrows.caption}</small>"
         )
 
     def to_py3dmol(self, width: int = 640, height: int = 480):
