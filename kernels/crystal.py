@@ -20,6 +20,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from kernels._util import positive_number
+
 __all__ = [
     "AtomLabel",
     "AtomSet",
@@ -224,8 +226,10 @@ class GridSpec:
         """
         import gemmi
 
-        if not (isinstance(spacing, (int, float)) and math.isfinite(spacing) and spacing > 0):
-            raise GridError(f"grid spacing must be a positive number of Å, got {spacing!r}")
+        try:
+            spacing = positive_number(spacing, "spacing", "Å")
+        except ValueError as exc:
+            raise GridError(f"grid {exc}") from None
         if spacegroup is None:
             ops = gemmi.find_spacegroup_by_name("P 1").operations()
         else:

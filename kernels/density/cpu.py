@@ -13,11 +13,10 @@ count follows ``torch.get_num_threads()``.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
-from kernels._util import to_float32
+from kernels._util import positive_number, to_float32
 from kernels.crystal import AtomSet, GridError, GridSpec
 from kernels.density.radius import DEFAULT_CUTOFF
 from kernels.density.reference import atom_radii
@@ -98,7 +97,7 @@ def cutoff_radius_cpu(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cut
     torch.Tensor, shape (N,), float64
         Not differentiable.
     """
-    _check_cutoff(cutoff)
+    cutoff = _check_cutoff(cutoff)
     bb = b_iso.detach().to(torch.float64).contiguous()
     aa = a.detach().to(torch.float64).contiguous()
     wb = b.detach().to(torch.float64).contiguous()
@@ -108,9 +107,8 @@ def cutoff_radius_cpu(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cut
     return out
 
 
-def _check_cutoff(cutoff) -> None:
-    if not (isinstance(cutoff, (int, float)) and math.isfinite(cutoff) and cutoff > 0):
-        raise ValueError(f"density cutoff must be a positive number of e/Å³, got {cutoff!r}")
+def _check_cutoff(cutoff) -> float:
+    return positive_number(cutoff, "cutoff", "e/Å³")
 
 
 def _kernel_cell(grid: GridSpec):
@@ -275,6 +273,6 @@ def _splat_cpu(
     if radius is not None:
         radii, cutoff = atom_radii(atoms, radius, cutoff), 0.0  # the kernel reads the radii, not the cutoff
     else:
-        _check_cutoff(cutoff)
+        cutoff = _check_cutoff(cutoff)
         radii = None  # the kernel derives each atom's radius from the cutoff (one pass, no extra call)
     return _SplatFunction.apply(xyz, b_iso, occ, a, b, grid, radii, float(cutoff), options, timings)

@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from kernels._util import positive_number
 from kernels.crystal import AtomSet, GridSpec
 from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
 
@@ -33,9 +34,8 @@ def atom_radii(atoms: AtomSet, radius: float | None, cutoff: float) -> torch.Ten
     the density ``cutoff`` with gemmi's rule (:func:`kernels.density.radius.cutoff_radius`).
     """
     if radius is not None:
-        if not (isinstance(radius, (int, float)) and math.isfinite(radius) and radius > 0):
-            raise ValueError(f"radius must be a positive number of Å, got {radius!r}")
-        return torch.full((len(atoms),), float(radius), dtype=torch.float64, device=atoms.device)
+        radius = positive_number(radius, "radius", "Å")
+        return torch.full((len(atoms),), radius, dtype=torch.float64, device=atoms.device)
     return cutoff_radius(atoms.b_iso, atoms.a, atoms.b, cutoff)
 
 

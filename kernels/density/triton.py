@@ -52,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._util import to_float32
+from kernels._util import positive_number, to_float32
 from kernels.crystal import AtomSet, GridError, GridSpec
 from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
 from kernels.dispatch import BackendError, triton_interpreted
@@ -1102,12 +1102,9 @@ def splat_triton(
         )
     if not grid.is_whole_cell:
         raise GridError("splat_triton splats whole-cell grids only; use backend='reference' for a box")
-    if radius is not None and not (
-        isinstance(radius, (int, float)) and not isinstance(radius, bool) and math.isfinite(radius) and radius > 0
-    ):
-        raise ValueError(f"radius must be a positive number of Å, got {radius!r}")
-    if not (isinstance(cutoff, (int, float)) and math.isfinite(cutoff) and cutoff > 0):
-        raise ValueError(f"density cutoff must be a positive number of e/Å³, got {cutoff!r}")
+    if radius is not None:
+        radius = positive_number(radius, "radius", "Å")
+    cutoff = positive_number(cutoff, "cutoff", "e/Å³")
     return _splat(atoms, _plan(grid, radius, cutoff, device))
 
 
