@@ -18,6 +18,7 @@ import torch
 
 from kernels._util import positive_number, to_float32
 from kernels.crystal import AtomSet, GridError, GridSpec
+from kernels.density.positions import positions_in_cell
 from kernels.density.radius import DEFAULT_CUTOFF
 from kernels.density.reference import atom_radii
 
@@ -229,7 +230,8 @@ def splat_cpu(
     kernels.GridError
         ``grid`` is a box, not the whole cell.
     ValueError
-        Atoms not on the CPU, a radius or cutoff that is not a positive number.
+        Atoms not on the CPU, a radius or cutoff that is not a positive number, or an atom
+        with a non-finite position (named).
     """
     return _splat_cpu(atoms, grid, radius=radius, cutoff=cutoff)
 
@@ -265,7 +267,8 @@ def _splat_cpu(
         raise GridError("the cpu density backend splats whole-cell grids only; use backend='reference' for a box")
     if atoms.device.type != "cpu":
         raise ValueError(f"splat_cpu needs CPU tensors, got {atoms.device}; use atoms.to('cpu') or backend='auto'")
-    xyz = to_float32(atoms.xyz, _OP)
+    xyz, _ = positions_in_cell(atoms, grid.cell, sync=True)  # far atoms moved in float64, before the cast
+    xyz = to_float32(xyz.to(atoms.xyz.dtype), _OP)
     b_iso = to_float32(atoms.b_iso, _OP)
     occ = to_float32(atoms.occ, _OP)
     a = to_float32(atoms.a, _OP)

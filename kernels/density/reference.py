@@ -19,6 +19,7 @@ import torch
 
 from kernels._util import positive_number
 from kernels.crystal import AtomSet, GridSpec
+from kernels.density.positions import positions_in_cell
 from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
 
 __all__ = ["splat_reference", "atom_radii"]
@@ -60,10 +61,16 @@ def splat_reference(
     -------
     torch.Tensor, shape grid.shape, float64
         Density in e/Å³.
+
+    Raises
+    ------
+    ValueError
+        An atom with a non-finite position (named), or a radius/cutoff that is not a positive number.
     """
     dev = atoms.device
     f64 = torch.float64
-    xyz, b_iso, occ = atoms.xyz.to(f64), atoms.b_iso.to(f64), atoms.occ.to(f64)
+    xyz, _ = positions_in_cell(atoms, grid.cell, sync=True)  # far atoms moved into the cell in float64
+    xyz, b_iso, occ = xyz.to(f64), atoms.b_iso.to(f64), atoms.occ.to(f64)
     a, b = atoms.a.to(f64), atoms.b.to(f64)
     cell = grid.cell
     m = torch.tensor(grid.sampling, dtype=f64, device=dev)

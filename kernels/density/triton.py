@@ -53,7 +53,8 @@ import triton
 import triton.language as tl
 
 from kernels._util import positive_number, to_float32
-from kernels.crystal import AtomSet, GridError, GridSpec
+from kernels.crystal import AtomSet, Cell, GridError, GridSpec
+from kernels.density.positions import positions_in_cell
 from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
 from kernels.dispatch import BackendError, triton_interpreted
 
@@ -874,6 +875,7 @@ class _Plan:
     """
 
     shape: tuple[int, int, int]
+    cell: Cell
     n_voxels: int
     m_dev: torch.Tensor  # (9,) float64 on the device, Cartesian Å → voxel units, diag(n)·frac row-major
     m: tuple[float, ...]  # the same 9 values as Python floats
@@ -920,6 +922,7 @@ class _Plan:
         bp_bwd = max(1, min(triton.next_power_of_2(ext_x), cap))
         return cls(
             shape=(nx, ny, nz),
+            cell=cell,
             n_voxels=nx * ny * nz,
             m_dev=m.reshape(-1).contiguous().to(device),
             m=tuple(float(v) for v in m.reshape(-1)),
@@ -1115,9 +1118,13 @@ def _splat(atoms: AtomSet, plan: _Plan) -> torch.Tensor:
     with ``dataclasses.replace`` to run another tile, launch shape or z layout of the same kernels.
     """
     op = "splat_triton"
-    xyz = to_float32(atoms.xyz, op).contiguous()
+    # Far atoms moved into the cell in float64 before the cast; a non-finite atom gets position 0 and
+    # occupancy 0 (it adds nothing, all its gradients are 0) without the host reading anything back.
+    xyz, finite = positions_in_cell(atoms, plan.cell, sync=False)
+    xyz = to_float32(xyz.to(atoms.xyz.dtype), op).contiguous()
     b_iso = to_float32(atoms.b_iso, op).contiguous()
-    occ = to_float32(atoms.occ, op).contiguous()
+    occ = to_float32(atoms.occ, op)
+    occ = torch.where(finite, occ, torch.zeros_like(occ)).contiguous()
     a = to_float32(atoms.a, op).detach().contiguous()
     b = to_float32(atoms.b, op).detach().contiguous()
     if xyz.shape[0] == 0:
