@@ -294,19 +294,29 @@ class GridSpec:
         """Cartesian coordinates of every voxel in Å, shape (nx, ny, nz, 3), float64."""
         return self.voxel_fractional() @ self.cell.orth.T
 
-    def require_memory(self, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", copies: int = 1):
-        """Raise :class:`GridError` if ``copies`` maps of this grid would not fit on ``device``.
+    def require_memory(
+        self,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        copies: int = 1,
+        extra_bytes: int = 0,
+    ):
+        """Raise :class:`GridError` if ``copies`` maps of this grid plus ``extra_bytes`` would not fit on ``device``.
 
         Called before any map is allocated, so a grid that is too fine fails with a
-        message instead of taking the machine down.
+        message instead of taking the machine down. Each operation passes what it really
+        allocates at its peak (maps and temporaries; see docs/kernels.md, "Memory").
         """
         itemsize = torch.empty((), dtype=dtype).element_size()
-        need = self.n_voxels * itemsize * copies
+        need = self.n_voxels * itemsize * copies + int(extra_bytes)
         free = _free_memory(torch.device(device))
         if need > 0.8 * free:
+            what = f"{copies} cop{'y' if copies == 1 else 'ies'}" if copies else "output and temporaries"
+            if copies and extra_bytes:
+                what += f" and {extra_bytes / 2**30:.2f} GiB of temporaries"
             raise GridError(
                 f"a {self.shape[0]}×{self.shape[1]}×{self.shape[2]} map in {dtype} needs "
-                f"{need / 2**30:.2f} GiB ({copies} cop{'y' if copies == 1 else 'ies'}) but only "
+                f"{need / 2**30:.2f} GiB ({what}) but only "
                 f"{free / 2**30:.2f} GiB is free on {device}: use a coarser grid spacing"
             )
 
