@@ -53,12 +53,12 @@ def grid_operators(grid: GridSpec, spacegroup: str) -> list[tuple[torch.Tensor, 
 
 
 # Output voxels per chunk: the index temporaries (int64 coordinates and flat indices) stay below
-# 50 MB whatever the map size, so the peak is the output map plus this.
-_CHUNK_VOXELS = 1 << 18
+# 17 MB whatever the map size, so the peak is the output map plus this.
+_CHUNK_VOXELS = 1 << 16
 # Bytes of temporaries per voxel of a chunk, an upper bound on what is alive at once: the flat index,
 # its three coordinates and their stack, rot·uvw, + shift and the remainder (int64, 3 each), the
 # flat-index arithmetic and the gathered values and accumulator (≤ 8 bytes each).
-_CHUNK_BYTES_PER_VOXEL = 192
+_CHUNK_BYTES_PER_VOXEL = 256
 
 
 def _symmetrize_into(out: torch.Tensor, flat: torch.Tensor, shape, ops) -> None:
@@ -105,8 +105,8 @@ def symmetrize(rho: torch.Tensor, grid: GridSpec, spacegroup: str) -> torch.Tens
 
     Turns the map of the atoms in the file (the asymmetric unit, as :func:`splat_density`
     gives it) into the crystal's density, as gemmi's ``put_model_density_on_grid`` does.
-    The sum runs over the output in chunks of 2^18 voxels, so the memory it needs beyond
-    ``rho`` is the output map plus at most 50 MB (:func:`symmetrize_peak_bytes`), checked
+    The sum runs over the output in chunks of 2^16 voxels, so the memory it needs beyond
+    ``rho`` is the output map plus at most 17 MB (:func:`symmetrize_peak_bytes`), checked
     against the free memory of the device first. The backward is the same sum of the
     upstream gradient (the group contains every operator's inverse); it keeps nothing.
 
