@@ -313,16 +313,20 @@ class GridSpec:
         if need > 0.8 * free:
             what = f"{copies} cop{'y' if copies == 1 else 'ies'}" if copies else "output and temporaries"
             if copies and extra_bytes:
-                what += f" and {extra_bytes / 2**30:.2f} GiB of temporaries"
+                what += f" and {_size(extra_bytes)} of temporaries"
             raise GridError(
-                f"a {self.shape[0]}×{self.shape[1]}×{self.shape[2]} map in {dtype} needs "
-                f"{need / 2**30:.2f} GiB ({what}) but only "
-                f"{free / 2**30:.2f} GiB is free on {device}: use a coarser grid spacing"
+                f"a {self.shape[0]}×{self.shape[1]}×{self.shape[2]} map in {dtype} needs {_size(need)} ({what}) "
+                f"but only {_size(free)} is free on {device}: use a coarser grid spacing"
             )
 
     def __repr__(self) -> str:
         extra = "" if self.is_whole_cell else f", origin={self.origin}, sampling={self.sampling}"
         return f"GridSpec({self.cell!r}, shape={self.shape}{extra})"
+
+
+def _size(n_bytes: float) -> str:
+    """A byte count for a message: GiB from 1 GiB, MiB below."""
+    return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"
 
 
 def _directions_related(ops, i: int, j: int) -> bool:
