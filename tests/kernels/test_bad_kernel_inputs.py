@@ -497,7 +497,7 @@ def test_symmetrize_refuses_what_does_not_fit(monkeypatch):
     grid = GridSpec.for_spacing(cell, 1.0, "P 21 21 21")
     need = symmetrize_peak_bytes(grid, torch.float32)
     monkeypatch.setattr(kernels.crystal, "_free_memory", lambda device: int(need / 0.8) - 1)
-    with pytest.raises(kernels.GridError, match=r"needs .* GiB \(output and temporaries\)"):
+    with pytest.raises(kernels.GridError, match=r"needs .* MiB \(output and temporaries\)"):
         kernels.symmetrize(torch.zeros(grid.shape), grid, "P 21 21 21")
     monkeypatch.setattr(kernels.crystal, "_free_memory", lambda device: int(need / 0.8) + 64)
     kernels.symmetrize(torch.zeros(grid.shape), grid, "P 21 21 21")
