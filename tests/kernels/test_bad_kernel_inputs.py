@@ -23,8 +23,6 @@ import torch
 
 import kernels
 from kernels.crystal import AtomSet, Cell, GridSpec
-from kernels.density.reference import reference_peak_bytes
-from kernels.symmetry import symmetrize_peak_bytes
 from tests.helpers import assert_kernel_close, requires_cuda
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -465,8 +463,6 @@ def test_read_map_lying_header_allocates_nothing(tmp_path, suffix):
 SYM_PEAK_SCRIPT = """
 import resource, torch, kernels
 from kernels.crystal import Cell, GridSpec
-from kernels.density.reference import reference_peak_bytes
-from kernels.symmetry import symmetrize_peak_bytes
 def rss(): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 cell = Cell.from_parameters(60.0, 60.0, 60.0, 90.0, 90.0, 90.0)
 grid = GridSpec.for_spacing(cell, 0.33, "P 21 21 21")
@@ -492,6 +488,7 @@ def test_symmetrize_peak_within_its_stated_bound():
 
 def test_symmetrize_refuses_what_does_not_fit(monkeypatch):
     import kernels.crystal
+    from kernels.symmetry import symmetrize_peak_bytes
 
     cell = Cell.from_parameters(30.0, 30.0, 30.0, 90.0, 90.0, 90.0)
     grid = GridSpec.for_spacing(cell, 1.0, "P 21 21 21")
@@ -506,6 +503,7 @@ def test_symmetrize_refuses_what_does_not_fit(monkeypatch):
 def test_reference_splat_checks_its_real_peak(monkeypatch):
     """The reference's temporaries (one chunk, and what autograd keeps) count, not only two maps."""
     import kernels.crystal
+    from kernels.density.reference import reference_peak_bytes
 
     grid = GridSpec(_cell(), (40, 48, 56))
     atoms = _atoms()
