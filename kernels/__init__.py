@@ -17,7 +17,7 @@ from kernels.crystal import (
     example_structure,
     read_model,
 )
-from kernels.density import DEFAULT_CUTOFF, cutoff_radius, splat_density
+from kernels.density import DEFAULT_CUTOFF, check_finite, cutoff_radius, splat_density
 from kernels.dispatch import BackendError, available_backends, resolve_backend
 from kernels.mapio import read_map, write_map
 from kernels.planarity import PlaneSet, find_planes, planarity_nll
@@ -36,6 +36,7 @@ __all__ = [
     "ModelError",
     "PlaneSet",
     "available_backends",
+    "check_finite",
     "cutoff_radius",
     "example_structure",
     "find_planes",

@@ -1,7 +1,8 @@
-"""Small helpers shared by the backends (not public API)."""
+"""Small helpers shared by the backends and the public entry points (not public API)."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -27,3 +28,69 @@ def to_float32(tensor: torch.Tensor, op: str) -> torch.Tensor:
         "(convert once with .to(dtype=torch.float32) to avoid the copy, or use backend='reference' for float64)",
     )
     return tensor.to(torch.float32)
+
+
+def _real_scalar(value, name: str, unit: str, allowed: str) -> float:
+    """``value`` as a Python float if it is one real number (Python, numpy or a 0-d/1-element torch tensor).
+
+    bool is refused although Python counts it as an int: ``radius=True`` is a mistake, not 1 Å.
+    """
+    import numbers
+
+    import numpy as np
+
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            raise _number_error(value, name, unit, allowed)
+        value = value.detach().reshape(()).cpu().item()  # a host value: the caller passed a tensor for a scalar
+    elif isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise _number_error(value, name, unit, allowed)
+    return float(value)
+
+
+def _number_error(value, name: str, unit: str, allowed: str) -> ValueError:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    of_unit = f" of {unit}" if unit else ""
+    return ValueError(f"{name} must be {allowed.format(of_unit=of_unit, name=name)}, got {shown} ({type(value).__name__})")
+
+
+def positive_number(value, name: str, unit: str = "") -> float:
+    """Check one public numeric argument that must be a positive finite real number; return it as float.
+
+    Accepts Python ``int``/``float``, numpy real scalars (``np.float32(2)``, ``np.int64(2)``) and
+    one-element real torch tensors (``torch.tensor(2.0)``). Refuses bool, complex, strings,
+    NaN, ±inf and values ≤ 0 with a ``ValueError`` naming the argument, the value and the range.
+
+    Parameters
+    ----------
+    value : real scalar
+    name : str
+        The argument's name as the caller wrote it (``"radius"``).
+    unit : str
+        Its unit for the message (``"Å"``), or ``""``.
+
+    Returns
+    -------
+    float
+    """
+    allowed = "a positive finite number{of_unit} (0 < {name} < inf)"
+    x = _real_scalar(value, name, unit, allowed)
+    if not (math.isfinite(x) and x > 0):
+        raise _number_error(value, name, unit, allowed)
+    return x
+
+
+def finite_number(value, name: str, unit: str = "", *, allow_nan: bool = False) -> float:
+    """Like :func:`positive_number` for an argument that may be any finite real number.
+
+    ``allow_nan=True`` also lets NaN through (``fill_value=nan`` marks points outside a map).
+    """
+    allowed = "a finite number{of_unit}" + (" or nan" if allow_nan else "")
+    x = _real_scalar(value, name, unit, allowed)
+    if not (math.isfinite(x) or (allow_nan and math.isnan(x))):
+        raise _number_error(value, name, unit, allowed)
+    return x

@@ -20,6 +20,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from kernels._util import positive_number
+
 __all__ = [
     "AtomLabel",
     "AtomSet",
@@ -302,8 +304,10 @@ class GridSpec:
         """
         import gemmi
 
-        if not (isinstance(spacing, (int, float)) and math.isfinite(spacing) and spacing > 0):
-            raise GridError(f"grid spacing must be a positive number of Å, got {spacing!r}")
+        try:
+            spacing = positive_number(spacing, "spacing", "Å")
+        except ValueError as exc:
+            raise GridError(f"grid {exc}") from None
         if spacegroup is None:
             ops = gemmi.find_spacegroup_by_name("P 1").operations()
         else:
@@ -368,25 +372,39 @@ class GridSpec:
         """Cartesian coordinates of every voxel in Å, shape (nx, ny, nz, 3), float64."""
         return self.voxel_fractional() @ self.cell.orth.T
 
-    def require_memory(self, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", copies: int = 1):
-        """Raise :class:`GridError` if ``copies`` maps of this grid would not fit on ``device``.
+    def require_memory(
+        self,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        copies: int = 1,
+        extra_bytes: int = 0,
+    ):
+        """Raise :class:`GridError` if ``copies`` maps of this grid plus ``extra_bytes`` would not fit on ``device``.
 
         Called before any map is allocated, so a grid that is too fine fails with a
-        message instead of taking the machine down.
+        message instead of taking the machine down. Each operation passes what it really
+        allocates at its peak (maps and temporaries; see docs/kernels.md, "Memory").
         """
         itemsize = torch.empty((), dtype=dtype).element_size()
-        need = self.n_voxels * itemsize * copies
+        need = self.n_voxels * itemsize * copies + int(extra_bytes)
         free = _free_memory(torch.device(device))
         if need > 0.8 * free:
+            what = f"{copies} cop{'y' if copies == 1 else 'ies'}" if copies else "output and temporaries"
+            if copies and extra_bytes:
+                what += f" and {_size(extra_bytes)} of temporaries"
             raise GridError(
-                f"a {self.shape[0]}×{self.shape[1]}×{self.shape[2]} map in {dtype} needs "
-                f"{need / 2**30:.2f} GiB ({copies} cop{'y' if copies == 1 else 'ies'}) but only "
-                f"{free / 2**30:.2f} GiB is free on {device}: use a coarser grid spacing"
+                f"a {self.shape[0]}×{self.shape[1]}×{self.shape[2]} map in {dtype} needs {_size(need)} ({what}) "
+                f"but only {_size(free)} is free on {device}: use a coarser grid spacing"
             )
 
     def __repr__(self) -> str:
         extra = "" if self.is_whole_cell else f", origin={self.origin}, sampling={self.sampling}"
         return f"GridSpec({self.cell!r}, shape={self.shape}{extra})"
+
+
+def _size(n_bytes: float) -> str:
+    """A byte count for a message: GiB from 1 GiB, MiB below."""
+    return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"
 
 
 def _directions_related(ops, i: int, j: int) -> bool:

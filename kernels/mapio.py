@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +18,66 @@ from kernels.crystal import Cell, GridError, GridSpec
 __all__ = ["write_map", "read_map"]
 
 
+def _umask() -> int:
+    """The process's umask: from /proc (Linux) without touching it, else by setting it and setting it back."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def _removed_on_signal(tmp: str):
+    """While active, SIGTERM/SIGINT/SIGHUP remove ``tmp`` and then act as they would have.
+
+    Only in the main thread (Python delivers signals there; elsewhere the handlers cannot be set).
+    The previous handlers are restored on exit; a handler that was a Python callable is called,
+    the default action is re-raised with the default handler in place.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+
+    def handler(signum, frame):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        old = previous.get(signum, signal.SIG_DFL)
+        if callable(old):
+            old(signum, frame)
+        elif old == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except (ValueError, OSError):  # not settable here
+            pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def write_map(path: str | os.PathLike, rho: torch.Tensor, grid: GridSpec, spacegroup: str = "P 1") -> Path:
     """Write ``rho`` as a CCP4/MRC map (mode 2, float32), atomically.
 
-    The map goes to a temporary file in the same folder and is renamed onto ``path``
-    only once complete, so an interrupted write never leaves a half map under the final
-    name. Box grids keep their origin (header words NXSTART…) and cell sampling.
+    The map goes to a temporary file in the same folder as the final file and is renamed
+    onto it only once complete, so an interrupted write never leaves a half map under
+    the final name; SIGTERM, SIGINT and SIGHUP during the write remove the temporary file
+    (SIGKILL cannot be caught and may leave a ``.<name>.*.tmp`` file, never a half map).
+    A new file gets the usual permissions (0666 less the umask, as ``open`` would give); a
+    replaced file keeps its permissions.
+    When ``path`` is a symbolic link the map is written to the file it points to (the
+    link stays a link). Box grids keep their origin (header words NXSTART…) and cell sampling.
 
     Parameters
     ----------
@@ -29,53 +87,158 @@ def write_map(path: str | os.PathLike, rho: torch.Tensor, grid: GridSpec, spaceg
         Any floating dtype or device (written as float32).
     grid : GridSpec
     spacegroup : str
-        Recorded in the header (P 1 for a map of the atoms in the file).
+        Hermann–Mauguin name recorded in the header (P 1 for a map of the atoms in the file).
 
     Returns
     -------
     pathlib.Path
+        ``path`` as given.
+
+    Raises
+    ------
+    ValueError
+        An unknown space group (named).
+    kernels.GridError
+        ``rho`` does not have the grid's shape.
+    FileNotFoundError
+        The folder to write into does not exist.
     """
     import gemmi
 
     path = Path(path)
     if tuple(rho.shape) != grid.shape:
         raise GridError(f"map shape {tuple(rho.shape)} does not match the grid {grid.shape}")
-    if not path.parent.exists():
-        raise FileNotFoundError(f"{path.parent}: no such folder to write the map into")
+    sg = gemmi.find_spacegroup_by_name(spacegroup) if isinstance(spacegroup, str) else None
+    if sg is None:
+        raise ValueError(
+            f"unknown space group {spacegroup!r} for the map header; give a Hermann–Mauguin name such as "
+            "'P 1' or 'P 21 21 21' (e.g. model.spacegroup)"
+        )
+    # Write through a link to its target: replacing the link itself would leave the file it names stale.
+    target = Path(os.path.realpath(path))
+    if not target.parent.is_dir():
+        raise FileNotFoundError(f"{target.parent}: no such folder to write the map into")
     data = np.ascontiguousarray(rho.detach().to("cpu", torch.float32).numpy())
     ccp4 = gemmi.Ccp4Map()
-    ccp4.grid = gemmi.FloatGrid(data, grid.cell.to_gemmi(), gemmi.find_spacegroup_by_name(spacegroup))
+    ccp4.grid = gemmi.FloatGrid(data, grid.cell.to_gemmi(), sg)
     ccp4.update_ccp4_header(2, True)
     if not grid.is_whole_cell:
         for word, value in zip((5, 6, 7), grid.origin):
             ccp4.set_header_i32(word, value)
         for word, value in zip((8, 9, 10), grid.sampling):
             ccp4.set_header_i32(word, value)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        ccp4.write_ccp4_map(tmp)
-        os.replace(tmp, path)
+        with _removed_on_signal(tmp):
+            # mkstemp makes the file 0600; a map is an ordinary output file: 0666 less the umask, or
+            # the permissions of the file it replaces.
+            mode = target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_umask()
+            os.fchmod(fd, mode)
+            os.close(fd)
+            fd = -1
+            ccp4.write_ccp4_map(tmp)
+            os.replace(tmp, target)
     finally:
-        if os.path.exists(tmp):
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
     return path
+
+
+# CCP4/MRC data modes this reader takes, and the numpy type of one value. Complex modes (3, 4) hold
+# structure factors, not a density, and are refused.
+_MODES = {0: "i1", 1: "i2", 2: "f4", 6: "u2", 12: "f2"}
+_HEADER_BYTES = 1024
+_STREAM_CHUNK = 1 << 20
+
+
+def _open_raw(path: Path):
+    import gzip
+
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _read_header(path: Path, head: bytes) -> dict:
+    """The words of a CCP4/MRC header that say how much data follows; ValueError naming the file otherwise."""
+    if len(head) < _HEADER_BYTES:
+        raise ValueError(
+            f"{path}: {len(head)} bytes is too short for a CCP4/MRC map (the header alone is {_HEADER_BYTES} bytes); "
+            "is the file complete?"
+        )
+    if head[208:212] != b"MAP ":
+        raise ValueError(f"{path}: not a CCP4/MRC map (no 'MAP ' tag at byte 208 of the header)")
+    # MACHST (bytes 212-213): 0x44 0x41 little endian, 0x11 0x11 big endian; files without it are little endian.
+    order = ">" if head[212] == 0x11 else "<"
+    words = np.frombuffer(head[:_HEADER_BYTES], dtype=order + "i4")
+    floats = np.frombuffer(head[:_HEADER_BYTES], dtype=order + "f4")
+    shape = tuple(int(v) for v in words[0:3])
+    mode, nsymbt = int(words[3]), int(words[23])
+    if min(shape) < 1:
+        raise ValueError(
+            f"{path}: the header claims {shape[0]}×{shape[1]}×{shape[2]} values (words NC, NR, NS); "
+            "each must be at least 1: the file is damaged or not a map"
+        )
+    if mode not in _MODES:
+        raise ValueError(
+            f"{path}: data mode {mode} (header word MODE) is not a real-valued map; "
+            f"this reader takes modes {sorted(_MODES)} (2 = float32)"
+        )
+    if nsymbt < 0:
+        raise ValueError(f"{path}: negative extended-header length {nsymbt} (header word NSYMBT): the file is damaged")
+    axes = [int(v) - 1 for v in words[16:19]]  # file column/row/section -> cell axis
+    if sorted(axes) != [0, 1, 2]:
+        raise ValueError(f"{path}: bad axis order words MAPC/MAPR/MAPS {[a + 1 for a in axes]} (need 1, 2, 3 in some order)")
+    itemsize = np.dtype(_MODES[mode]).itemsize
+    return dict(
+        order=order,
+        shape=shape,
+        mode=mode,
+        itemsize=itemsize,
+        data_offset=_HEADER_BYTES + nsymbt,
+        expected=_HEADER_BYTES + nsymbt + math.prod(shape) * itemsize,
+        start=[int(v) for v in words[4:7]],
+        sampling=tuple(int(v) for v in words[7:10]),
+        cell=[float(v) for v in floats[10:16]],
+        axes=axes,
+    )
+
+
+def _stream_size(path: Path, stop_after: int) -> int:
+    """Bytes in the (decompressed) file, counted in chunks; stops once past ``stop_after``."""
+    total = 0
+    with _open_raw(path) as f:
+        while total <= stop_after:
+            chunk = f.read(_STREAM_CHUNK)
+            if not chunk:
+                break
+            total += len(chunk)
+    return total
 
 
 def read_map(path: str | os.PathLike) -> tuple[torch.Tensor, GridSpec]:
     """Read a CCP4/MRC map (optionally gzipped).
 
+    The header is checked against the file before anything is allocated: the data it
+    describes (NC·NR·NS values of MODE's size after the 1024-byte header and NSYMBT
+    bytes of extended header) must be exactly what the file holds (for ``.gz``, counted
+    by streaming the decompressed bytes, never held at once). Only then are the values
+    read, into one array of the validated size.
+
     Returns
     -------
     rho : torch.Tensor, shape (nx, ny, nz), float32
-        Values with axes in a, b, c order whatever the file's axis order.
+        Values with axes in a, b, c order whatever the file's axis order (modes 0, 1, 6
+        and 12 are converted to float32).
     grid : GridSpec
         The cell, the map's shape, its origin and the cell sampling from the header.
 
     Raises
     ------
     ValueError
-        The file is missing, unreadable or not a CCP4/MRC map.
+        The file is missing, unreadable, not a CCP4/MRC map, or its header disagrees with
+        its size (a truncated file, or a header claiming more or fewer values or another
+        MODE); the message names the file and the header word.
     """
     import gemmi
 
@@ -83,20 +246,43 @@ def read_map(path: str | os.PathLike) -> tuple[torch.Tensor, GridSpec]:
     if not path.is_file():
         raise ValueError(f"{path}: no such map file")
     try:
-        ccp4 = gemmi.read_ccp4_map(str(path), setup=False)
-    except Exception as exc:
+        with _open_raw(path) as f:
+            head = f.read(_HEADER_BYTES)
+        hdr = _read_header(path, head)
+        size = _stream_size(path, hdr["expected"]) if path.suffix == ".gz" else path.stat().st_size
+    except (OSError, EOFError) as exc:  # unreadable, or a damaged gzip stream
         raise ValueError(f"{path}: cannot read it as a CCP4/MRC map ({exc})") from exc
-    hdr = ccp4.header_i32
-    axes = [hdr(17) - 1, hdr(18) - 1, hdr(19) - 1]  # file column/row/section -> cell axis
-    if sorted(axes) != [0, 1, 2]:
-        raise ValueError(f"{path}: bad axis order words MAPC/MAPR/MAPS {axes}")
-    raw = np.array(ccp4.grid, copy=True)  # indexed [column, row, section]
-    start_file = [hdr(5), hdr(6), hdr(7)]
-    sampling = (hdr(8), hdr(9), hdr(10))
+    if size != hdr["expected"]:
+        nc, nr, ns = hdr["shape"]
+        more = "at least " if path.suffix == ".gz" and size > hdr["expected"] else ""
+        raise ValueError(
+            f"{path}: the header describes {nc}×{nr}×{ns} values of mode {hdr['mode']} ({hdr['itemsize']} byte{'s' if hdr['itemsize'] > 1 else ''} each) "
+            f"after {hdr['data_offset']} header bytes, {hdr['expected']} bytes in all, but the file holds {more}{size} "
+            "bytes (header words NC, NR, NS, MODE, NSYMBT disagree with the data): the file is truncated or its "
+            "header is wrong"
+        )
+    a, b, c, alpha, beta, gamma = hdr["cell"]
+    try:
+        cell = Cell.from_gemmi(gemmi.UnitCell(a, b, c, alpha, beta, gamma))
+    except (ValueError, RuntimeError) as exc:
+        raise ValueError(f"{path}: unusable unit cell in the header (words 11-16): {exc}") from exc
+    dtype = np.dtype(hdr["order"] + _MODES[hdr["mode"]])
+    count = math.prod(hdr["shape"])
+    try:
+        with _open_raw(path) as f:
+            f.seek(hdr["data_offset"])
+            buf = bytearray(count * dtype.itemsize)  # the validated size
+            if f.readinto(buf) != len(buf):
+                raise EOFError("the file changed while it was read")
+    except (OSError, EOFError) as exc:
+        raise ValueError(f"{path}: cannot read it as a CCP4/MRC map ({exc})") from exc
+    nc, nr, ns = hdr["shape"]
+    raw = np.frombuffer(buf, dtype=dtype).reshape(ns, nr, nc).transpose(2, 1, 0)  # [column, row, section]
+    axes = hdr["axes"]
     perm = [axes.index(k) for k in range(3)]  # for cell axis k, which file axis holds it
-    data = np.ascontiguousarray(np.transpose(raw, perm))
-    origin = tuple(start_file[p] for p in perm)
-    cell = Cell.from_gemmi(ccp4.grid.unit_cell)
+    data = np.ascontiguousarray(np.transpose(raw, perm), dtype=np.float32)
+    origin = tuple(hdr["start"][p] for p in perm)
+    sampling = hdr["sampling"]
     if min(sampling) <= 0:
         sampling = data.shape
     grid = GridSpec(cell, data.shape, origin=origin, sampling=sampling)

@@ -6,13 +6,37 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from kernels._util import positive_number
 from kernels.crystal import AtomSet, GridError, GridSpec
+from kernels.density.positions import check_finite
 from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
 from kernels.dispatch import get_backend
 
-__all__ = ["splat_density", "cutoff_radius", "DEFAULT_CUTOFF"]
+__all__ = ["splat_density", "check_finite", "cutoff_radius", "DEFAULT_CUTOFF"]
+
+# Most voxels one atom's box may span (2^27: about a second of work per atom on one core, 1 GiB of
+# float64 for the reference's per-atom chunk). A fixed radius beyond it is a unit mistake (nm, or
+# "everything"), not a density; per-atom radii from the cutoff stay below 60 Å and never reach it.
+MAX_BOX_VOXELS = 1 << 27
+
+
+def _check_radius_extent(radius: float, grid: GridSpec) -> None:
+    """GridError when a fixed ``radius`` makes each atom's box span more than MAX_BOX_VOXELS voxels."""
+    per_angstrom = [r * m for r, m in zip(grid.cell.reciprocal_lengths, grid.sampling)]  # voxels per Å
+    box = math.prod(2 * math.ceil(radius * k) + 1 for k in per_angstrom)
+    if box > MAX_BOX_VOXELS:
+        # the largest radius whose box stays within the limit (a cube of side 2·R·k + 1 per axis)
+        r_max = (MAX_BOX_VOXELS ** (1 / 3) - 1) / (2 * max(per_angstrom))
+        nx, ny, nz = grid.shape
+        raise GridError(
+            f"radius={radius:g} Å makes each atom cover {box:.3g} voxels of this {nx}×{ny}×{nz} grid "
+            f"(at most {MAX_BOX_VOXELS} per atom); a density radius is a few Å: use radius ≤ {r_max:.4g} Å, "
+            "or radius=None for each atom's own radius from the cutoff"
+        )
 
 
 def splat_density(
@@ -52,8 +76,18 @@ def splat_density(
     kernels.BackendError
         The backend asked for cannot run here.
     kernels.GridError
-        The map would not fit in memory, or a fast backend got a box grid.
+        The map would not fit in memory, a fast backend got a box grid, or ``radius`` makes each
+        atom's box larger than ``MAX_BOX_VOXELS`` voxels.
+    ValueError
+        ``radius``/``cutoff`` not a positive finite number, or (``cpu``, ``reference``) an atom
+        with a non-finite position, named. The ``triton`` backend does not read positions back
+        (no host synchronisation): there such an atom adds nothing and gets zero gradients, and
+        :func:`check_finite` raises the same error where the caller synchronises anyway.
     """
+    if radius is not None:
+        radius = positive_number(radius, "radius", "Å")
+        _check_radius_extent(radius, grid)
+    cutoff = positive_number(cutoff, "cutoff", "e/Å³")
     name, fn = get_backend("density", atoms.device, backend)
     if name != "reference" and not grid.is_whole_cell:
         raise GridError(f"the {name} density backend splats whole-cell grids only; use backend='reference' for a box")

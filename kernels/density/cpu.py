@@ -13,12 +13,12 @@ count follows ``torch.get_num_threads()``.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
-from kernels._util import to_float32
+from kernels._util import positive_number, to_float32
 from kernels.crystal import AtomSet, GridError, GridSpec
+from kernels.density.positions import positions_in_cell
 from kernels.density.radius import DEFAULT_CUTOFF
 from kernels.density.reference import atom_radii
 
@@ -98,7 +98,7 @@ def cutoff_radius_cpu(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cut
     torch.Tensor, shape (N,), float64
         Not differentiable.
     """
-    _check_cutoff(cutoff)
+    cutoff = _check_cutoff(cutoff)
     bb = b_iso.detach().to(torch.float64).contiguous()
     aa = a.detach().to(torch.float64).contiguous()
     wb = b.detach().to(torch.float64).contiguous()
@@ -108,9 +108,8 @@ def cutoff_radius_cpu(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cut
     return out
 
 
-def _check_cutoff(cutoff) -> None:
-    if not (isinstance(cutoff, (int, float)) and math.isfinite(cutoff) and cutoff > 0):
-        raise ValueError(f"density cutoff must be a positive number of e/Å³, got {cutoff!r}")
+def _check_cutoff(cutoff) -> float:
+    return positive_number(cutoff, "cutoff", "e/Å³")
 
 
 def _kernel_cell(grid: GridSpec):
@@ -231,7 +230,8 @@ def splat_cpu(
     kernels.GridError
         ``grid`` is a box, not the whole cell.
     ValueError
-        Atoms not on the CPU, a radius or cutoff that is not a positive number.
+        Atoms not on the CPU, a radius or cutoff that is not a positive number, or an atom
+        with a non-finite position (named).
     """
     return _splat_cpu(atoms, grid, radius=radius, cutoff=cutoff)
 
@@ -267,7 +267,8 @@ def _splat_cpu(
         raise GridError("the cpu density backend splats whole-cell grids only; use backend='reference' for a box")
     if atoms.device.type != "cpu":
         raise ValueError(f"splat_cpu needs CPU tensors, got {atoms.device}; use atoms.to('cpu') or backend='auto'")
-    xyz = to_float32(atoms.xyz, _OP)
+    xyz, _ = positions_in_cell(atoms, grid.cell, sync=True)  # far atoms moved in float64, before the cast
+    xyz = to_float32(xyz.to(atoms.xyz.dtype), _OP)
     b_iso = to_float32(atoms.b_iso, _OP)
     occ = to_float32(atoms.occ, _OP)
     a = to_float32(atoms.a, _OP)
@@ -275,6 +276,6 @@ def _splat_cpu(
     if radius is not None:
         radii, cutoff = atom_radii(atoms, radius, cutoff), 0.0  # the kernel reads the radii, not the cutoff
     else:
-        _check_cutoff(cutoff)
+        cutoff = _check_cutoff(cutoff)
         radii = None  # the kernel derives each atom's radius from the cutoff (one pass, no extra call)
     return _SplatFunction.apply(xyz, b_iso, occ, a, b, grid, radii, float(cutoff), options, timings)

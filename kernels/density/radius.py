@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from kernels._util import positive_number
+
 __all__ = ["cutoff_radius", "radial_density", "DEFAULT_CUTOFF"]
 
 DEFAULT_CUTOFF = 1e-5
@@ -70,8 +72,7 @@ def cutoff_radius(
     torch.Tensor, shape (N,), float64, on the atoms' device
         Not differentiable (the radius is a cutoff; it carries no gradient).
     """
-    if not (cutoff > 0 and math.isfinite(cutoff)):
-        raise ValueError(f"density cutoff must be a positive number of e/Å³, got {cutoff!r}")
+    cutoff = positive_number(cutoff, "cutoff", "e/Å³")
     with torch.no_grad():
         bb = b_iso.detach().to(torch.float64)
         amp, expo = _precalculate(bb, a.detach().to(torch.float64), b.detach().to(torch.float64))

@@ -17,13 +17,41 @@ import math
 
 import torch
 
+from kernels._util import positive_number
 from kernels.crystal import AtomSet, GridSpec
+from kernels.density.positions import positions_in_cell
 from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
 
 __all__ = ["splat_reference", "atom_radii"]
 
-# Entries (atoms × box voxels) handled per chunk: bounds memory to a few hundred MB.
+# Entries (atoms × box voxels) handled per chunk: bounds the temporaries to a few hundred MB.
 _CHUNK_ENTRIES = 1 << 22
+# Peak bytes per box entry (measured on 1ORC with ru_maxrss, rounded up): the temporaries of one chunk
+# (offsets, r², masks, lattice coordinates, values), and, when a gradient is wanted, what autograd
+# keeps of every chunk until the backward (the exponentials, gathered coefficients and indices).
+_CHUNK_BYTES_PER_ENTRY = 160
+_GRAD_BYTES_PER_ENTRY = 96
+
+
+def reference_peak_bytes(n_voxels: int, box_entries: int, largest_box: int, grad: bool) -> int:
+    """Memory the reference splat allocates beyond its inputs, in bytes.
+
+    The float64 map, one chunk of temporaries (``_CHUNK_ENTRIES`` entries, or one atom's whole box
+    if larger) and, when a gradient is wanted, the saved tensors of every entry.
+
+    Parameters
+    ----------
+    n_voxels : int
+    box_entries : int
+        Σ over atoms of the voxels in each atom's box.
+    largest_box : int
+        Voxels in the largest box.
+    grad : bool
+        Whether autograd records the splat.
+    """
+    chunk = max(min(box_entries, _CHUNK_ENTRIES), largest_box)
+    saved = box_entries * _GRAD_BYTES_PER_ENTRY if grad else 0
+    return n_voxels * 8 + chunk * _CHUNK_BYTES_PER_ENTRY + saved
 
 
 def atom_radii(atoms: AtomSet, radius: float | None, cutoff: float) -> torch.Tensor:
@@ -33,9 +61,8 @@ def atom_radii(atoms: AtomSet, radius: float | None, cutoff: float) -> torch.Ten
     the density ``cutoff`` with gemmi's rule (:func:`kernels.density.radius.cutoff_radius`).
     """
     if radius is not None:
-        if not (isinstance(radius, (int, float)) and math.isfinite(radius) and radius > 0):
-            raise ValueError(f"radius must be a positive number of Å, got {radius!r}")
-        return torch.full((len(atoms),), float(radius), dtype=torch.float64, device=atoms.device)
+        radius = positive_number(radius, "radius", "Å")
+        return torch.full((len(atoms),), radius, dtype=torch.float64, device=atoms.device)
     return cutoff_radius(atoms.b_iso, atoms.a, atoms.b, cutoff)
 
 
@@ -60,19 +87,24 @@ def splat_reference(
     -------
     torch.Tensor, shape grid.shape, float64
         Density in e/Å³.
+
+    Raises
+    ------
+    ValueError
+        An atom with a non-finite position (named), or a radius/cutoff that is not a positive number.
     """
     dev = atoms.device
     f64 = torch.float64
-    xyz, b_iso, occ = atoms.xyz.to(f64), atoms.b_iso.to(f64), atoms.occ.to(f64)
+    xyz, _ = positions_in_cell(atoms, grid.cell, sync=True)  # far atoms moved into the cell in float64
+    xyz, b_iso, occ = xyz.to(f64), atoms.b_iso.to(f64), atoms.occ.to(f64)
     a, b = atoms.a.to(f64), atoms.b.to(f64)
     cell = grid.cell
     m = torch.tensor(grid.sampling, dtype=f64, device=dev)
     m_int = torch.tensor(grid.sampling, dtype=torch.int64, device=dev)
     metric = cell.metric.to(dev)
     shape = grid.shape
-    out = torch.zeros(grid.n_voxels, dtype=f64, device=dev)
     if len(atoms) == 0:
-        return out.reshape(shape)
+        return torch.zeros(shape, dtype=f64, device=dev)
 
     radii = atom_radii(atoms, radius, cutoff).to(f64)
     recip = torch.linalg.norm(cell.frac, dim=1).to(dev)
@@ -83,12 +115,17 @@ def splat_reference(
         lo = torch.floor(centre - reach).to(torch.int64)
         hi = torch.ceil(centre + reach).to(torch.int64)
         counts = (hi - lo + 1).cpu()
+    boxes = counts.prod(dim=1)
+    grad = torch.is_grad_enabled() and (xyz.requires_grad or b_iso.requires_grad or occ.requires_grad)
+    need = reference_peak_bytes(0, int(boxes.sum()), int(boxes.max()), grad)
+    grid.require_memory(f64, dev, copies=1, extra_bytes=need)
+    out = torch.zeros(grid.n_voxels, dtype=f64, device=dev)
 
     width = b + b_iso[:, None]  # (N, 5)
     amp = occ[:, None] * a * (4 * math.pi / width) ** 1.5
     expo = -4 * math.pi**2 / width
 
-    order = torch.argsort(counts.prod(dim=1))
+    order = torch.argsort(boxes)
     n = len(atoms)
     start = 0
     pieces = []
@@ -129,7 +166,7 @@ def splat_reference(
         if grid.is_whole_cell:
             cellwise = torch.remainder(lattice, m_int)
             flat = (cellwise[:, 0] * shape[1] + cellwise[:, 1]) * shape[2] + cellwise[:, 2]
-            out = out.index_add(0, flat, values)
+            out.index_add_(0, flat, values)  # in place: one map, whatever the number of chunks
             continue
         # Box grid: place every periodic image of each lattice point that falls in the box.
         rel = lattice - origin
@@ -141,5 +178,5 @@ def splat_reference(
             if ok.any():
                 q = p[ok]
                 flat = (q[:, 0] * shape[1] + q[:, 1]) * shape[2] + q[:, 2]
-                out = out.index_add(0, flat, values[ok])
+                out.index_add_(0, flat, values[ok])
     return out.reshape(shape)

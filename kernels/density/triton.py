@@ -52,8 +52,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._util import to_float32
-from kernels.crystal import AtomSet, GridError, GridSpec
+from kernels._util import positive_number, to_float32
+from kernels.crystal import AtomSet, Cell, GridError, GridSpec
+from kernels.density.positions import positions_in_cell
 from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
 from kernels.dispatch import BackendError, triton_interpreted
 
@@ -874,6 +875,7 @@ class _Plan:
     """
 
     shape: tuple[int, int, int]
+    cell: Cell
     n_voxels: int
     m_dev: torch.Tensor  # (9,) float64 on the device, Cartesian Å → voxel units, diag(n)·frac row-major
     m: tuple[float, ...]  # the same 9 values as Python floats
@@ -920,6 +922,7 @@ class _Plan:
         bp_bwd = max(1, min(triton.next_power_of_2(ext_x), cap))
         return cls(
             shape=(nx, ny, nz),
+            cell=cell,
             n_voxels=nx * ny * nz,
             m_dev=m.reshape(-1).contiguous().to(device),
             m=tuple(float(v) for v in m.reshape(-1)),
@@ -1102,12 +1105,9 @@ def splat_triton(
         )
     if not grid.is_whole_cell:
         raise GridError("splat_triton splats whole-cell grids only; use backend='reference' for a box")
-    if radius is not None and not (
-        isinstance(radius, (int, float)) and not isinstance(radius, bool) and math.isfinite(radius) and radius > 0
-    ):
-        raise ValueError(f"radius must be a positive number of Å, got {radius!r}")
-    if not (isinstance(cutoff, (int, float)) and math.isfinite(cutoff) and cutoff > 0):
-        raise ValueError(f"density cutoff must be a positive number of e/Å³, got {cutoff!r}")
+    if radius is not None:
+        radius = positive_number(radius, "radius", "Å")
+    cutoff = positive_number(cutoff, "cutoff", "e/Å³")
     return _splat(atoms, _plan(grid, radius, cutoff, device))
 
 
@@ -1118,9 +1118,13 @@ def _splat(atoms: AtomSet, plan: _Plan) -> torch.Tensor:
     with ``dataclasses.replace`` to run another tile, launch shape or z layout of the same kernels.
     """
     op = "splat_triton"
-    xyz = to_float32(atoms.xyz, op).contiguous()
+    # Far atoms moved into the cell in float64 before the cast; a non-finite atom gets position 0 and
+    # occupancy 0 (it adds nothing, all its gradients are 0) without the host reading anything back.
+    xyz, finite = positions_in_cell(atoms, plan.cell, sync=False)
+    xyz = to_float32(xyz.to(atoms.xyz.dtype), op).contiguous()
     b_iso = to_float32(atoms.b_iso, op).contiguous()
-    occ = to_float32(atoms.occ, op).contiguous()
+    occ = to_float32(atoms.occ, op)
+    occ = torch.where(finite, occ, torch.zeros_like(occ)).contiguous()
     a = to_float32(atoms.a, op).detach().contiguous()
     b = to_float32(atoms.b, op).detach().contiguous()
     if xyz.shape[0] == 0:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels._util import warn_once
+from kernels._util import positive_number, warn_once
 
 __all__ = ["PlaneSet", "find_planes", "check_inputs", "PLANE_DEFINITIONS", "DEFAULT_SIGMA"]
 
@@ -153,8 +153,9 @@ class PlaneSet:
         """
         planes = [list(map(int, p)) for p in planes]
         n = len(planes)
-        if isinstance(sigma, (int, float)):
-            sigmas = [[float(sigma)] * len(p) for p in planes]
+        if np.ndim(sigma) == 0:
+            sigma = positive_number(sigma, "sigma", "Å")
+            sigmas = [[sigma] * len(p) for p in planes]
         else:
             sigmas = [list(map(float, s)) for s in sigma]
             if len(sigmas) != n or any(len(s) != len(p) for s, p in zip(sigmas, planes)):
@@ -368,8 +369,7 @@ def find_planes(model, *, sigma: float = DEFAULT_SIGMA, monomer_library: str | o
         ``sigma`` is not a positive number, or ``monomer_library`` was given and cannot be
         read (the message says what gemmi reported).
     """
-    if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0):
-        raise ValueError(f"sigma must be a positive number of Å, got {sigma!r}")
+    sigma = positive_number(sigma, "sigma", "Å")
     st = model.structure
     n_atoms = len(model.atoms)
 

@@ -12,6 +12,7 @@ import warnings
 
 import torch
 
+from kernels._util import finite_number
 from kernels.crystal import GridError, GridSpec
 from kernels.dispatch import get_backend
 from kernels.tricubic.reference import METHODS, MODES, outside_mask, voxel_coordinates
@@ -114,8 +115,7 @@ def tricubic_sample(
             f"mode='periodic' wraps a whole-cell map, but this grid's shape {grid.shape} differs from its sampling "
             f"{grid.sampling} (a box); use mode='bounded' for a box map"
         )
-    if not isinstance(fill_value, (int, float)):
-        raise TypeError(f"fill_value must be a number, got {type(fill_value).__name__}")
+    fill_value = finite_number(fill_value, "fill_value", allow_nan=True)
     name, fn = get_backend("tricubic", rho.device, backend)
     if mode == "bounded" and points.numel():
         compute = {"reference": torch.float64, "triton": torch.float32}.get(name, rho.dtype)

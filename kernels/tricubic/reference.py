@@ -21,6 +21,11 @@ from kernels.crystal import GridSpec
 __all__ = ["tricubic_reference", "voxel_coordinates", "outside_mask", "grid_parameters", "METHODS", "MODES"]
 
 METHODS = ("catmull-rom", "lagrange")
+# A periodic point at least this many voxels from the map's origin is folded through its fractional
+# coordinate first, u = (f − floor(f))·m − o: wrapping u itself modulo n is exact only well inside
+# 2^53 (and a C++ int64 cast of a larger u is undefined). f − floor(f) is exact for any finite f,
+# so every backend lands on the same voxel, however far the point.
+FAR_VOXELS = 2.0**40
 MODES = ("periodic", "bounded")
 
 
@@ -35,18 +40,22 @@ def grid_parameters(grid: GridSpec, device: torch.device | str = "cpu") -> torch
     return torch.cat([frac, rest]).to(device)
 
 
-def voxel_coordinates(points: torch.Tensor, grid: GridSpec) -> torch.Tensor:
+def voxel_coordinates(points: torch.Tensor, grid: GridSpec, periodic: bool = False) -> torch.Tensor:
     """Map-voxel coordinates of Cartesian points, float64.
 
-    ``u[..., r] = sampling[r] · (frac[r,0]·x + frac[r,1]·y + frac[r,2]·z) − origin[r]``,
+    ``u[..., r] = sampling[r] · f_r − origin[r]`` with ``f_r = frac[r,0]·x + frac[r,1]·y + frac[r,2]·z``,
     written out term by term in this order (the C++ and Triton kernels add in the same
-    order) so every backend puts a point on the same side of a voxel boundary.
+    order) so every backend puts a point on the same side of a voxel boundary. With
+    ``periodic=True``, where ``|u| ≥ FAR_VOXELS`` (2^40) the coordinate is
+    ``sampling[r] · (f_r − floor(f_r)) − origin[r]`` instead (the same point modulo the cell).
 
     Parameters
     ----------
     points : torch.Tensor, shape (..., 3)
         Cartesian positions in Å (any floating dtype; computed in float64).
     grid : GridSpec
+    periodic : bool
+        Fold far points through their fractional coordinate (periodic mode).
 
     Returns
     -------
@@ -59,7 +68,10 @@ def voxel_coordinates(points: torch.Tensor, grid: GridSpec) -> torch.Tensor:
     f = x * frac[:, 0] + y * frac[:, 1] + z * frac[:, 2]
     m = torch.tensor(grid.sampling, dtype=torch.float64, device=p.device)
     o = torch.tensor(grid.origin, dtype=torch.float64, device=p.device)
-    return f * m - o
+    u = f * m - o
+    if periodic:
+        u = torch.where(u.abs() < FAR_VOXELS, u, (f - torch.floor(f).detach()) * m - o)
+    return u
 
 
 def outside_mask(u: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
@@ -134,7 +146,7 @@ def tricubic_reference(
     """
     lead = points.shape[:-1]
     rho64 = rho.to(torch.float64)
-    u = voxel_coordinates(points.reshape(-1, 3), grid)
+    u = voxel_coordinates(points.reshape(-1, 3), grid, periodic=mode == "periodic")
     shape = tuple(rho.shape)
     n = torch.tensor(shape, dtype=torch.float64, device=u.device)
     finite = torch.isfinite(u).all(dim=-1)

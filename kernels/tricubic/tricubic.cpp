@@ -50,10 +50,18 @@ struct Params {
     bool periodic;
 };
 
-// Voxel coordinate along axis r, added in the same order as reference.voxel_coordinates.
+// Beyond this many voxels from the map's origin a periodic coordinate is folded through its
+// fractional part first: the wrap below is exact only while |u| is far inside 2^53, and an
+// int64 cast of a larger u is undefined behaviour. (The same constant and steps in every backend.)
+constexpr double FAR_VOXELS = 1099511627776.0;  // 2^40
+
+// Voxel coordinate along axis r, added in the same order as reference.voxel_coordinates. Periodic
+// maps: a finite point at |u| >= 2^40 voxels takes u = (f - floor(f))·m - o (f - floor(f) is exact).
 inline double voxel_coord(const Params& P, int r, double x, double y, double z) {
-    double f = P.frac[3 * r] * x + P.frac[3 * r + 1] * y + P.frac[3 * r + 2] * z;
-    return f * P.m[r] - P.o[r];
+    const double f = P.frac[3 * r] * x + P.frac[3 * r + 1] * y + P.frac[3 * r + 2] * z;
+    const double u = f * P.m[r] - P.o[r];
+    if (P.periodic && !(std::fabs(u) < FAR_VOXELS)) return (f - std::floor(f)) * P.m[r] - P.o[r];
+    return u;
 }
 
 // Where the 4 samples along one axis start and the offset t in [0, 1).

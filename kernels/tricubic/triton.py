@@ -70,9 +70,12 @@ def _axis(params_ptr, r: tl.constexpr, x, y, z, n, PERIODIC: tl.constexpr, IDX64
     f2 = tl.load(params_ptr + 3 * r + 2)
     m = tl.load(params_ptr + 9 + r)
     o = tl.load(params_ptr + 12 + r)
-    u = (f0 * x + f1 * y + f2 * z) * m - o  # float64, same order as reference.voxel_coordinates
+    f = f0 * x + f1 * y + f2 * z
+    u = f * m - o  # float64, same order as reference.voxel_coordinates
+    if PERIODIC:  # far points fold through their fractional part (reference.FAR_VOXELS says why)
+        u = tl.where(tl.abs(u) < 1099511627776.0, u, (f - tl.floor(f)) * m - o)
     finite = u == u
-    finite = finite & (tl.abs(u) < 1.0e300)
+    finite = finite & (tl.abs(u) <= 1.7976931348623157e308)
     u = tl.where(finite, u, 0.0)  # never 0·u: that is NaN for u = ±inf
     nd = n.to(tl.float64)
     if PERIODIC:

@@ -1,0 +1,120 @@
+"""Atom positions as the density kernels take them: finite, and near the unit cell in float64.
+
+Every backend calls :func:`positions_in_cell` before it casts anything to float32, so an atom far
+from the cell (a lattice translation of 10^6 Å, or 10^30 Å) is placed in the cell exactly as the
+float64 fractional coordinate says, not after a float32 rounding of its Cartesian position (ulp
+0.06 Å at 10^6 Å), and no backend turns a huge voxel coordinate into an integer index.
+:func:`check_finite` is the one definition of "a non-finite position" and its error.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.crystal import AtomSet, Cell
+
+__all__ = ["check_finite", "positions_in_cell", "NEAR_CELL"]
+
+# Fractional range kept as given: the unit cell and one cell either side, where every model file's
+# atoms lie. Moving those by lattice vectors would change their float32 rounding (and so the map's
+# bits) for no gain in accuracy: at two cell edges from the origin float32 positions are within
+# 6e-8 relative of the float64 ones, well inside the float32 contract.
+NEAR_CELL = (-1.0, 2.0)
+
+
+def _nonfinite_error(atoms: AtomSet, bad: torch.Tensor) -> ValueError:
+    bad = bad.cpu()
+    idx = int(bad.nonzero()[0, 0])
+    count = int(bad.sum())
+    more = f" ({count - 1} more atoms too)" if count > 1 else ""
+    label = atoms.labels[idx] if len(atoms.labels) == len(atoms) else f"#{idx + 1}"
+    return ValueError(
+        f"atom {label} (index {idx}) has a non-finite position {atoms.xyz[idx].detach().cpu().tolist()} Å{more} "
+        "(NaN or inf, or so far from the cell that its fractional coordinate overflows float64); "
+        "the density kernels place every atom: fix or drop it (e.g. atoms.select(mask)) before splatting"
+    )
+
+
+def _fractional(xyz: torch.Tensor, cell: Cell) -> torch.Tensor:
+    return xyz.detach().to(torch.float64) @ cell.frac.to(xyz.device).T
+
+
+def check_finite(atoms: AtomSet, cell: Cell | None = None) -> None:
+    """Raise ``ValueError`` naming the first atom whose position is not finite.
+
+    ``splat_density`` runs this on entry for the ``cpu`` and ``reference`` backends (a few µs for
+    10^4 atoms). The ``triton`` backend does not, because reading the answer back would stop the
+    host for the GPU on every call; there a non-finite atom adds nothing to the map and gets a zero
+    gradient. Call this where your code synchronises anyway (e.g. after reading a map or loss back)
+    to get the same error on CUDA.
+
+    Parameters
+    ----------
+    atoms : AtomSet
+        Any device (CUDA tensors: one host synchronisation).
+    cell : Cell, optional
+        Also refuse finite positions whose fractional coordinates overflow float64 in this cell.
+
+    Raises
+    ------
+    ValueError
+        An atom has a NaN or infinite coordinate; the message names it, its index and how many
+        more there are.
+    """
+    pos = atoms.xyz.detach() if cell is None else _fractional(atoms.xyz, cell)
+    finite = torch.isfinite(pos).all(dim=1)
+    if not bool(finite.all()):
+        raise _nonfinite_error(atoms, ~finite)
+
+
+def positions_in_cell(atoms: AtomSet, cell: Cell, *, sync: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Positions with every far atom moved by whole lattice vectors into the unit cell, in float64.
+
+    Atoms whose fractional coordinates f = frac·xyz (float64) all lie in ``NEAR_CELL`` = [−1, 2)
+    keep their positions bit for bit. The others become ``orth·(f − floor(f))``: f − floor(f) is
+    exact in floating point for any finite f, so an atom at 10^30 Å lands where its float64
+    fractional coordinate says, and no kernel ever sees a coordinate beyond two cells.
+
+    Parameters
+    ----------
+    atoms : AtomSet
+        ``atoms.xyz`` (N, 3) Å, any floating dtype and device; may require grad.
+    cell : Cell
+    sync : bool
+        True (``cpu``, ``reference``): a non-finite position raises ``ValueError`` (see
+        :func:`check_finite`), and on the CPU nothing is computed when no atom is far. False
+        (``triton``): no host synchronisation; non-finite positions become (0, 0, 0) and the mask
+        says which atoms are finite, for the caller to give them zero weight.
+
+    Returns
+    -------
+    xyz : torch.Tensor, shape (N, 3)
+        ``atoms.xyz`` itself when nothing moved on the CPU (no copy, no autograd node); otherwise
+        float64 and differentiable (a translation: gradient 1 up to rounding).
+    finite : torch.Tensor, shape (N,), bool, or None
+        None with ``sync=True`` (every position is finite once it returns).
+    """
+    xyz = atoms.xyz
+    x64 = xyz.to(torch.float64)
+    lo, hi = NEAR_CELL
+    with torch.no_grad():
+        f = _fractional(xyz, cell)
+        if sync and x64.device.type == "cpu":
+            # The usual case in one reduction (NaN makes both tests fail and takes the full path below).
+            f_min, f_max = (float(v) for v in torch.aminmax(f)) if f.numel() else (lo, lo)
+            if f_min >= lo and f_max < hi:
+                return xyz, None
+        finite = torch.isfinite(f).all(dim=1)
+        far = (((f < lo) | (f >= hi)).any(dim=1) & finite)[:, None]
+        if sync:
+            if not bool(finite.all()):
+                raise _nonfinite_error(atoms, ~finite)
+            if x64.device.type == "cpu" and not bool(far.any()):
+                return xyz, None
+        shift = torch.where(far, torch.floor(f), torch.zeros_like(f))
+    # frac·xyz − floor(frac·xyz) in the differentiable path (exact), then back to Cartesian.
+    moved = (x64 @ cell.frac.to(x64.device).T - shift) @ cell.orth.to(x64.device).T
+    out = torch.where(far, moved, x64)
+    if sync:
+        return out, None
+    return torch.where(finite[:, None], out, torch.zeros_like(out)), finite
