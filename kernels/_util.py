@@ -58,6 +58,15 @@ def _number_error(value, name: str, unit: str, allowed: str) -> ValueError:
     return ValueError(f"{name} must be {allowed.format(of_unit=of_unit, name=name)}, got {shown} ({type(value).__name__})")
 
 
+def real_number(value, name: str, unit: str = "") -> float:
+    """One real scalar (as :func:`positive_number` accepts them) as a float; NaN and ±inf pass.
+
+    For callers that judge the value themselves (cell parameters, whose message names the
+    whole cell).
+    """
+    return _real_scalar(value, name, unit, "a real number{of_unit}")
+
+
 def positive_number(value, name: str, unit: str = "") -> float:
     """Check one public numeric argument that must be a positive finite real number; return it as float.
 

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from kernels._util import positive_number
+from kernels._util import positive_number, real_number
 
 __all__ = [
     "AtomLabel",
@@ -68,20 +68,6 @@ def example_structure(name: str = "1orc") -> Path:
 
 
 # --------------------------------------------------------------------------- cells
-
-
-def _real_number(value, name: str) -> float:
-    """``value`` as a float when it is one real number (Python, numpy or 0-d torch); else ValueError.
-
-    bool is refused (``True`` is not a length); NaN and ±inf pass here and are judged by the caller.
-    """
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
-        if value.dtype == torch.bool:
-            raise ValueError(f"{name} must be a number, got the boolean tensor {value!r}")
-        return float(value)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
-    return float(value)
 
 
 def _cell_problem(params: Sequence[float]) -> str | None:
@@ -164,7 +150,7 @@ class Cell:
         import gemmi
 
         names = ("a", "b", "c", "alpha", "beta", "gamma")
-        params = tuple(_real_number(v, f"cell {n}") for n, v in zip(names, (a, b, c, alpha, beta, gamma)))
+        params = tuple(real_number(v, f"cell {n}") for n, v in zip(names, (a, b, c, alpha, beta, gamma)))
         problem = _cell_problem(params)
         if problem:
             raise ValueError(f"impossible unit cell ({_format_cell(params)}): {problem}")
@@ -779,12 +765,9 @@ def read_model(
         raise ModelError(f"{where}: model_index must be an integer (0 = the first model), got {model_index!r}")
     if box_padding is not None:
         try:
-            pad = _real_number(box_padding, "box_padding")
-        except ValueError:
-            pad = math.nan
-        if not (math.isfinite(pad) and pad > 0):
-            raise ModelError(f"{where}: box_padding must be a positive number of Å, got {box_padding!r}")
-        box_padding = pad
+            box_padding = positive_number(box_padding, "box_padding", "Å")
+        except ValueError as exc:
+            raise ModelError(f"{where}: {exc}") from None
 
     is_cif = stem.endswith((".cif", ".mmcif"))
     data, compressed = _model_file.read_model_bytes(path, where)
