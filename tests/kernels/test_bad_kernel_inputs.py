@@ -463,6 +463,7 @@ def test_read_map_lying_header_allocates_nothing(tmp_path, suffix):
 SYM_PEAK_SCRIPT = """
 import resource, torch, kernels
 from kernels.crystal import Cell, GridSpec
+from kernels.symmetry import symmetrize_peak_bytes
 def rss(): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 cell = Cell.from_parameters(60.0, 60.0, 60.0, 90.0, 90.0, 90.0)
 grid = GridSpec.for_spacing(cell, 0.33, "P 21 21 21")
