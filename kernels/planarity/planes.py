@@ -153,7 +153,8 @@ class PlaneSet:
         """
         planes = [list(map(int, p)) for p in planes]
         n = len(planes)
-        if np.ndim(sigma) == 0:
+        # one number (any real scalar, checked below) or ragged per-plane lists (never given to numpy whole)
+        if not isinstance(sigma, (list, tuple)) and np.ndim(sigma) == 0:
             sigma = positive_number(sigma, "sigma", "Å")
             sigmas = [[sigma] * len(p) for p in planes]
         else:
