@@ -22,6 +22,10 @@ import torch
 
 from kernels._util import positive_number, real_number
 
+#: B (Å²) below which an atom's displacement is less than zero-point motion gives any atom
+#: (U < 0.006 Å²): such a B is a mistake in the data, and AtomSet warns about it.
+MIN_PHYSICAL_B = 0.5
+
 __all__ = [
     "AtomLabel",
     "AtomSet",
@@ -525,6 +529,18 @@ class AtomSet:
                 raise ValueError(f"atom {self.labels[idx]} (index {idx}) {what}: {value(idx)}{more}")
         if not torch.isfinite(self.a).all() or not torch.isfinite(self.b).all() or (self.b < 0).any():
             raise ValueError("form-factor coefficients must be finite with widths b ≥ 0")
+        tiny = (self.b_iso < MIN_PHYSICAL_B).detach().cpu()
+        if tiny.any():
+            idx = int(tiny.nonzero()[0, 0])
+            count = int(tiny.sum())
+            more = f" and {count - 1} more atoms" if count > 1 else ""
+            warnings.warn(
+                f"atom {self.labels[idx]} (index {idx}){more}: B = {float(self.b_iso[idx]):.3g} Å² is below "
+                f"{MIN_PHYSICAL_B} Å², less than zero-point motion allows; its density is a spike narrower than "
+                "any map voxel, so the map will not show it faithfully (check the B column or the B offset)",
+                UserWarning,
+                stacklevel=4,
+            )
 
     def __len__(self) -> int:
         return self.xyz.shape[0]

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -16,7 +17,7 @@ from kernels.density.positions import check_finite
 from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
 from kernels.dispatch import get_backend
 
-__all__ = ["splat_density", "check_finite", "cutoff_radius", "DEFAULT_CUTOFF"]
+__all__ = ["splat_density", "check_finite", "cutoff_radius", "peak_density", "DEFAULT_CUTOFF"]
 
 # Most voxels one atom's box may span (2^27: about a second of work per atom on one core, 1 GiB of
 # float64 for the reference's per-atom chunk). A fixed radius beyond it is a unit mistake (nm, or
@@ -36,6 +37,41 @@ def _check_radius_extent(radius: float, grid: GridSpec) -> None:
             f"radius={radius:g} Å makes each atom cover {box:.3g} voxels of this {nx}×{ny}×{nz} grid "
             f"(at most {MAX_BOX_VOXELS} per atom); a density radius is a few Å: use radius ≤ {r_max:.4g} Å, "
             "or radius=None for each atom's own radius from the cutoff"
+        )
+
+
+def peak_density(atoms: AtomSet) -> torch.Tensor:
+    """Each atom's density at its centre, occ·Σ_k a_k·(4π/(b_k + B))^{3/2}, in e/Å³.
+
+    Returns
+    -------
+    torch.Tensor, shape (N,), the atoms' dtype and device; not differentiable.
+    """
+    with torch.no_grad():
+        width = atoms.b + atoms.b_iso[:, None]
+        return atoms.occ * (atoms.a * (4 * math.pi / width) ** 1.5).sum(dim=1)
+
+
+def _warn_atoms_below_cutoff(atoms: AtomSet, cutoff: float) -> None:
+    """Warn when an atom's peak density is below ``cutoff``: with per-atom radii it adds nothing.
+
+    Host tensors only (a few µs for 10^4 atoms); on a GPU the answer would have to be read back.
+    Atoms of occupancy 0 are meant to add nothing and are not reported.
+    """
+    if len(atoms) == 0:
+        return
+    low = (peak_density(atoms) < cutoff) & (atoms.occ > 0)
+    if bool(low.any()):
+        idx = int(low.nonzero()[0, 0])
+        count = int(low.sum())
+        more = f" and {count - 1} more atoms" if count > 1 else ""
+        label = atoms.labels[idx] if len(atoms.labels) == len(atoms) else f"#{idx + 1}"
+        warnings.warn(
+            f"atom {label} (index {idx}){more}: peak density {float(peak_density(atoms.select([idx]))[0]):.3g} "
+            f"e/Å³ is below the cutoff {cutoff:g} e/Å³, so the per-atom radius leaves it out of the map "
+            "(B or occupancy too small?); lower the cutoff or pass radius= to splat it",
+            UserWarning,
+            stacklevel=3,
         )
 
 
@@ -88,6 +124,8 @@ def splat_density(
         radius = positive_number(radius, "radius", "Å")
         _check_radius_extent(radius, grid)
     cutoff = positive_number(cutoff, "cutoff", "e/Å³")
+    if radius is None and atoms.device.type == "cpu":
+        _warn_atoms_below_cutoff(atoms, cutoff)
     name, fn = get_backend("density", atoms.device, backend)
     if name != "reference" and not grid.is_whole_cell:
         raise GridError(f"the {name} density backend splats whole-cell grids only; use backend='reference' for a box")

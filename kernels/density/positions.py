@@ -35,8 +35,29 @@ def _nonfinite_error(atoms: AtomSet, bad: torch.Tensor) -> ValueError:
     )
 
 
+_MATRICES: dict[tuple[Cell, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _matrices(cell: Cell, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(frac, orth)`` of ``cell`` on ``device`` (float64), copied once per (cell, device).
+
+    Kept because a host-to-device copy on every call would cost a transfer each time and cannot
+    be captured in a CUDA graph; the first (eager) call of a cell on a device makes them.
+    """
+    key = (cell, torch.device(device))
+    hit = _MATRICES.get(key)
+    if hit is None:
+        if len(_MATRICES) > 64:  # a long session of many cells: start again rather than grow
+            _MATRICES.clear()
+        hit = _MATRICES[key] = (
+            cell.frac.to(device=device, dtype=torch.float64),
+            cell.orth.to(device=device, dtype=torch.float64),
+        )
+    return hit
+
+
 def _fractional(xyz: torch.Tensor, cell: Cell) -> torch.Tensor:
-    return xyz.detach().to(torch.float64) @ cell.frac.to(xyz.device).T
+    return xyz.detach().to(torch.float64) @ _matrices(cell, xyz.device)[0].T
 
 
 def check_finite(atoms: AtomSet, cell: Cell | None = None) -> None:
@@ -113,7 +134,8 @@ def positions_in_cell(atoms: AtomSet, cell: Cell, *, sync: bool) -> tuple[torch.
                 return xyz, None
         shift = torch.where(far, torch.floor(f), torch.zeros_like(f))
     # frac·xyz − floor(frac·xyz) in the differentiable path (exact), then back to Cartesian.
-    moved = (x64 @ cell.frac.to(x64.device).T - shift) @ cell.orth.to(x64.device).T
+    frac, orth = _matrices(cell, x64.device)
+    moved = (x64 @ frac.T - shift) @ orth.T
     out = torch.where(far, moved, x64)
     if sync:
         return out, None

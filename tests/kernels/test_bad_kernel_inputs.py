@@ -653,3 +653,45 @@ def test_write_map_interrupted_leaves_no_temporary_file(tmp_path, sig):
     if out.exists():  # a complete earlier write, never a half one
         back, grid = kernels.read_map(out)
         assert grid.shape == (400, 400, 400) and bool((back == 1).all())
+
+
+# --------------------------------------------------------------------------- values that make no physical sense
+
+
+@pytest.mark.parametrize("b", [1e-6, 0.1, 0.49])
+def test_a_b_below_zero_point_motion_warns_naming_the_atom(b):
+    xyz = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    with pytest.warns(UserWarning, match=rf"index 1\): B = {b:.3g} Å² is below 0.5 Å²"):
+        AtomSet.from_elements(["C", "N"], xyz, torch.tensor([20.0, b]))
+
+
+def test_physical_b_values_do_not_warn():
+    xyz = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AtomSet.from_elements(["C", "N"], xyz, torch.tensor([0.5, 150.0]))
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_a_cutoff_above_an_atoms_peak_density_warns(backend):
+    cell = Cell.from_parameters(12.0, 13.0, 14.0, 90.0, 90.0, 90.0)
+    grid = GridSpec.for_spacing(cell, 1.0)
+    xyz = torch.tensor([[1.0, 2.0, 3.0], [6.0, 6.0, 6.0]])
+    atoms = AtomSet.from_elements(["C", "O"], xyz, torch.tensor([20.0, 20.0]), torch.tensor([1.0, 1e-5]))
+    peaks = kernels.density.peak_density(atoms)
+    cutoff = float(peaks[1]) * 2  # above the faint atom's peak, far below the other's
+    with pytest.warns(UserWarning, match=r"atom .*\(index 1\): peak density .* is below the cutoff"):
+        kernels.splat_density(atoms.to(dtype=torch.float32), grid, cutoff=cutoff, backend=backend)
+    with warnings.catch_warnings():  # a fixed radius reads no cutoff; occupancy 0 is meant to add nothing
+        warnings.simplefilter("error")
+        kernels.splat_density(atoms.to(dtype=torch.float32), grid, radius=2.0, backend=backend)
+        empty = atoms.replace(occ=torch.tensor([1.0, 0.0], dtype=atoms.occ.dtype))
+        kernels.splat_density(empty.to(dtype=torch.float32), grid, cutoff=cutoff, backend=backend)
+
+
+def test_peak_density_is_the_formula_at_the_centre():
+    cell = Cell.from_parameters(20.0, 20.0, 20.0, 90.0, 90.0, 90.0)
+    atoms = AtomSet.from_elements(["S"], torch.tensor([[10.0, 10.0, 10.0]]), torch.tensor([25.0]))
+    grid = GridSpec(cell, (40, 40, 40))  # voxel (20, 20, 20) sits on the atom
+    rho = kernels.splat_density(atoms, grid, backend="reference")
+    assert float(kernels.density.peak_density(atoms)[0]) == pytest.approx(float(rho[20, 20, 20]), rel=1e-12)
