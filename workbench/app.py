@@ -306,9 +306,14 @@ class Workbench(widgets.VBox):
         settings = self.state.snapshot()
         check = self._check(generation)
         try:
-            # The slice is drawn with the result (_apply): its contours need the map's σ,
-            # which on_section does not carry.
-            result = self.pipeline.run(settings, check=check, progress=self.status.step)
+
+            def early(sec, near, mean, sigma):
+                # The section is what a drag watches: drawn as soon as it exists, before
+                # the planarity and tricubic stages and the other views.
+                check()
+                self._draw_section(settings, sec, near, mean, sigma, self.pipeline.model(settings.structure))
+
+            result = self.pipeline.run(settings, check=check, progress=self.status.step, on_section=early)
             self._apply(result, generation, check)
         except Cancelled:
             if self.scheduler.cancel_requested:
@@ -359,15 +364,6 @@ class Workbench(widgets.VBox):
             self.state.slice_index = r.section.index
         self._drop_stale(r)
         check()
-        self.slice.update(
-            r.section,
-            marks=compute.atom_marks(r.near, r.model.atoms.elements),
-            mean=r.mean,
-            sigma=r.sigma,
-            contour_sigmas=s.contour_sigmas,
-            scale=s.slice_scale,
-        )
-        check()
         names = r.model.atoms.labels
         if r.profile is not None:
             i, j = s.profile_atoms
@@ -405,6 +401,16 @@ class Workbench(widgets.VBox):
             self.scene.update(r, model_key=(r.atoms_key[0], r.atoms_key[2]), map_key=r.map_key)
         self.timing.update(r.timings, backend=r.backend, device=s.device, grid_shape=r.grid.shape, n_atoms=len(r.model))
         self._report(r)
+
+    def _draw_section(self, settings, sec, near, mean: float, sigma: float, model) -> None:
+        self.slice.update(
+            sec,
+            marks=compute.atom_marks(near, model.atoms.elements),
+            mean=mean,
+            sigma=sigma,
+            contour_sigmas=settings.contour_sigmas,
+            scale=settings.slice_scale,
+        )
 
     def _drop_stale(self, r: Result) -> None:
         """Clear (and say so) the views whose result belongs to other settings than ``r``'s."""

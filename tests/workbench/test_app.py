@@ -112,9 +112,11 @@ def test_hexagonal_section_is_not_square(make_wb):
     sec = wb.result.section
     cos = np.dot(sec.e_u, sec.e_v) / np.linalg.norm(sec.e_u) / np.linalg.norm(sec.e_v)
     assert cos == pytest.approx(-0.5)
-    # the image is drawn in Å: its raster spans the rhombus's bounding box, NaN outside the face
+    # the image is drawn in Å: its raster spans the rhombus's bounding box (from the display
+    # pixel edge at or just before its corner), NaN outside the face
     x0, x1, y0, y1 = wb.slice.im.get_extent()
-    assert x0 == pytest.approx(sec.e_v[0]) and y0 == pytest.approx(0.0)
+    pixel = wb.slice.last.pixel
+    assert sec.e_v[0] - pixel < x0 <= sec.e_v[0] + 1e-9 and -pixel < y0 <= 1e-9
     assert x1 >= sec.e_u[0] - 1e-9 and y1 >= sec.e_v[1] - 1e-9
     values = wb.slice.last.values
     assert np.isnan(values[-1, -1]) and np.isnan(values[0, 0]) and not np.isnan(values[0, values.shape[1] // 2])
@@ -498,11 +500,18 @@ def test_slice_colour_scale_follows_the_section_or_the_map(make_wb):
     map_max = float(r.rho.max())
     lo, hi = wb.slice.im.get_clim()
     assert lo == 0.0 and section_max <= hi <= 1.5 * section_max  # this section's range, not the map's
-    assert "colours span this section" in wb.slice.caption.value
+    # the caption states the range the bar shows, and the bar labels both its ends
+    caption = wb.slice.caption.value
+    assert f"colour bar {lo:.3g} … {hi:.3g} e/Å³ (rounded out from this section's ρ" in caption
+    assert f"… {section_max:.3g})" in caption
+    ticks = wb.slice.cbar.get_ticks()
+    assert ticks[0] == pytest.approx(lo) and ticks[-1] == pytest.approx(hi)
     wb.controls.slice_scale.value = "map"
     assert wb.state.slice_scale == "map"
-    assert wb.slice.im.get_clim()[1] >= map_max
-    assert "colours span the whole map" in wb.slice.caption.value
+    lo, hi = wb.slice.im.get_clim()
+    assert hi >= map_max
+    assert f"colour bar {lo:.3g} … {hi:.3g} e/Å³ (rounded out from the whole map's ρ" in wb.slice.caption.value
+    assert wb.slice.cbar.get_ticks()[-1] == pytest.approx(hi)
     # plain axis labels on an orthogonal cell
     assert (wb.slice.ax.get_xlabel(), wb.slice.ax.get_ylabel()) == ("b (Å)", "c (Å)")
 
