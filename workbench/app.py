@@ -14,6 +14,7 @@ import ipywidgets as widgets
 import kernels
 from workbench import compute
 from workbench.compute import Cancelled, Pipeline, Result, WorkbenchError
+from workbench.compute.text import count
 from workbench.scheduler import Scheduler
 from workbench.state import INPUTS, WorkbenchState, cuda_unavailable_reason
 from workbench.views import AtomTableView, DifferenceView, ProfileView, Scene3DView, SliceView, StatusView, TimingView
@@ -435,7 +436,7 @@ class Workbench(widgets.VBox):
             self.status.set("busy", "computing: newer settings …")
             return
         ms = 1e3 * sum(r.timings.values())
-        parts = [f"ready: {len(r.model)} atoms, grid {'×'.join(map(str, r.grid.shape))}, {r.backend} on "
+        parts = [f"ready: {count(len(r.model), 'atom')}, grid {'×'.join(map(str, r.grid.shape))}, {r.backend} on "
                  f"{r.settings.device}, {ms:.0f} ms of kernels"]  # fmt: skip
         level = "idle"
         if r.unavailable:

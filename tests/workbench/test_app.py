@@ -694,3 +694,23 @@ def test_controls_sit_in_collapsible_sections_and_the_section_never_shrinks(make
         assert getattr(wb.controls, name) in held, f"{name} is in no control section"
     # an image with max-width 100 % in a shrinking flex item was drawn at 20×17 px (issue 19)
     assert wb.slice.widget.layout.flex == "0 0 auto" and wb.difference.slice.widget.layout.flex == "0 0 auto"
+
+
+def test_user_visible_counts_and_ordinals_read_as_english(make_wb, monkeypatch):
+    from workbench.compute.text import count, ordinal
+    from workbench.views import view3d
+
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "101st", "111th",
+    ]  # fmt: skip
+    assert (count(1, "atom"), count(0, "atom"), count(1234, "atom")) == ("1 atom", "0 atoms", "1,234 atoms")
+    # a whole-model map box subsampled: "every 2nd voxel", never "every 2th"
+    original = view3d.region_volume
+    monkeypatch.setattr(view3d, "region_volume", lambda *a, **k: original(*a, **{**k, "max_voxels": 20_000}))
+    wb = make_wb(spacing=0.8)
+    stride = wb.scene._volume.stride
+    assert stride > 1 and f"every {ordinal(stride)} voxel" in wb.scene.caption.value
+    for text in (wb.scene.caption.value, wb.slice.caption.value, wb.status.message, wb.table.html.value):
+        for number, suffix in re.findall(r"\b(\d+)(st|nd|rd|th)\b", text):
+            assert ordinal(int(number)) == number + suffix, text
+        assert not re.search(r"(?<![\d.,])1 (?:atoms|rows|voxels|residues|arrows)\b", text), text

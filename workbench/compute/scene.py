@@ -27,6 +27,7 @@ from workbench.compute.atoms import region_atoms
 from workbench.compute.errors import WorkbenchError
 from workbench.compute.export import map_ccp4_bytes
 from workbench.compute.maps import GradientResult
+from workbench.compute.text import count
 
 __all__ = [
     "ARROW_MAX_LENGTH",
@@ -319,7 +320,7 @@ def gradient_arrows(xyz: np.ndarray, grad: np.ndarray, kind: str, units: str) ->
     text = (
         f"arrows (magenta): −∇ of the {kind} loss, 1 Å of arrow = {1 / scale:.4g} {units}; "
         f"drawn where |∇| ≥ {ARROW_MIN_LENGTH / scale:.3g} {units} ({ARROW_MIN_LENGTH:g} Å): "
-        f"{len(keep)} of {len(norms)} atoms, largest |∇| {gmax:.3g} {units}"
+        f"{len(keep)} of {count(len(norms), 'atom')}, largest |∇| {gmax:.3g} {units}"
     )
     if n_clipped:
         text += f", {n_clipped} clipped at {ARROW_MAX_LENGTH:g} Å"

@@ -36,6 +36,7 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import Bbox
 
 from workbench.compute import AtomMarks, Section, render_section
+from workbench.compute.text import count
 from workbench.views._figure import canvas_png, new_figure
 
 __all__ = ["AXIS_NAMES", "CONTOUR_COLOURS", "MIN_SCALE_FRACTION", "SliceView", "axis_labels", "bar_ticks"]
@@ -208,7 +209,7 @@ class SliceView:
         else:
             contour_text = ""
         ny, nx = img.values.shape
-        n_text = "1 atom" if n_near == 1 else f"{n_near} atoms"
+        n_text = count(n_near, "atom")
         with self.image.hold_sync():
             self.image.value = data
             self.caption.value = (

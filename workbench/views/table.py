@@ -8,6 +8,7 @@ import ipywidgets as widgets
 import numpy as np
 
 from workbench.compute import atom_table_order
+from workbench.compute.text import count
 
 __all__ = ["AtomTableView"]
 
@@ -46,8 +47,8 @@ class AtomTableView:
             )
         head = head.replace("<th>#</th>", "<th>#</th><th>atom</th>")
         self.html.value = (
-            f"<small>density at {len(rho)} atoms (tricubic, Catmull-Rom); target: {html.escape(target_source)}; "
-            f"first {min(self.rows, len(rho))} rows sorted by {COLUMNS[sort]}</small>"
+            f"<small>density at {count(len(rho), 'atom')} (tricubic, Catmull-Rom); target: {html.escape(target_source)}; "
+            f"first {count(min(self.rows, len(rho)), 'row')} sorted by {COLUMNS[sort]}</small>"
             f"<table class='wb-atom-table-body'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
         )
         return order

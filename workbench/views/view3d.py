@@ -40,6 +40,7 @@ from workbench.compute import (
     shown_atoms,
     volume_base64,
 )
+from workbench.compute.text import ordinal
 
 # The arrow scale and gradient_arrows live in workbench.compute (they are geometry); they
 # stay importable from here, where the view that draws them is.
@@ -228,7 +229,11 @@ class Scene3DView:
                 setattr(self.view, name, value)
         region = "whole model" if not s.region else f"residue {s.region}"
         vol = self._volume
-        sub = f" (every {vol.stride}th voxel: {vol.n_voxels:,} shown)" if vol is not None and vol.stride > 1 else ""
+        sub = (
+            f" (every {ordinal(vol.stride)} voxel: {vol.n_voxels:,} shown)"
+            if vol is not None and vol.stride > 1
+            else ""
+        )
         sub += f", map drawn within {s.region_padding:g} Å of the {'residue' if s.region else 'atoms'}"
         self.caption.value = (
             f"<small>{region}, map box ± {s.region_padding:g} Å{sub}; isosurface {s.iso_sigma:g} σ = "
