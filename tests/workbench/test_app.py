@@ -714,3 +714,24 @@ def test_user_visible_counts_and_ordinals_read_as_english(make_wb, monkeypatch):
         for number, suffix in re.findall(r"\b(\d+)(st|nd|rd|th)\b", text):
             assert ordinal(int(number)) == number + suffix, text
         assert not re.search(r"(?<![\d.,])1 (?:atoms|rows|voxels|residues|arrows)\b", text), text
+
+
+def test_results_holding_arrays_compare_by_identity_and_value_objects_by_value(make_wb):
+    import copy
+
+    from workbench.compute import Comparison, atom_marks, region_arrows
+
+    wb = make_wb(distort_amplitude=0.3)
+    wb.compare("cpu:reference", "cpu:reference")
+    wb.flush()
+    r = wb.result
+    arrows = region_arrows(r.atoms.xyz, r.gradient, None, 4.0, missing="none")
+    objects = [
+        r, r.section, r.gradient, wb.slice.last, wb.slice.last.contours[0], wb.scene._volume, arrows,
+        wb.difference_result, atom_marks(r.near, r.model.atoms.elements),
+    ]  # fmt: skip
+    for obj in objects:
+        assert obj == obj and obj != copy.copy(obj), type(obj).__name__  # no "truth value of an array"
+        assert len({obj, obj}) == 1  # usable in sets and as dict keys
+    c = Comparison(1.0, 2.0, 0.1, 0, 10)
+    assert c == Comparison(1.0, 2.0, 0.1, 0, 10)  # scalars only: a value object

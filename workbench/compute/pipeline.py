@@ -32,7 +32,7 @@ from workbench.state import Settings
 __all__ = ["Pipeline", "Result"]
 
 
-@dataclasses.dataclass(kw_only=True)
+@dataclasses.dataclass(kw_only=True, eq=False)
 class Result:
     """Everything the views draw for one :class:`Settings` snapshot.
 

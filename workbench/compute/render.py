@@ -56,7 +56,7 @@ _OTHER_COLOUR = "#ff80ff"
 _UNIT = Cell.from_parameters(1.0, 1.0, 1.0)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Contour:
     """The lines of one contour level.
 
@@ -74,7 +74,7 @@ class Contour:
     lines: list
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class SectionImage:
     """A section resampled on square pixels of its Cartesian frame.
 
@@ -283,7 +283,7 @@ def render_section(
     return SectionImage(values=values, extent=extent, pixel=pixel, contours=contours, vmin=vmin, vmax=vmax)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class AtomMarks:
     """Marks of the atoms near a section plane.
 

@@ -128,7 +128,7 @@ def region_box(
     return torch.from_numpy(box), GridSpec(grid.cell, tuple(shape), tuple(lo_s), sampling), stride
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class RegionVolume:
     """A region's map box, serialised for 3Dmol.js.
 
@@ -339,7 +339,7 @@ def arrow_segments(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype=np.float32).reshape(-1, 6)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Arrows:
     """Gradient arrows for the 3D view.
 
