@@ -77,7 +77,7 @@ class Workbench(widgets.VBox):
     ``wb-device``, ``wb-device-reason``, ``wb-backend``, ``wb-backend-reason`` (why the
     backends not offered cannot run here), ``wb-slice-axis``, ``wb-slice-index`` (one step
     is one section of the current grid; the position kept is a depth in Å),
-    ``wb-slice-depth``, ``wb-slice-scale``, ``wb-iso``, ``wb-distort`` (distortion amplitude),
+    ``wb-slice-depth``, ``wb-slice-scale``, ``wb-contours`` (σ levels, "1, 2"), ``wb-iso``, ``wb-distort`` (distortion amplitude),
     ``wb-distort-seed``, ``wb-gradient-kind``, ``wb-region``, ``wb-region-padding``,
     ``wb-profile-a``, ``wb-profile-b``, ``wb-target-map``, ``wb-table-sort``,
     ``wb-table-asc``, ``wb-export-path``, ``wb-export-map``, ``wb-export-grad``; views

@@ -735,3 +735,23 @@ def test_results_holding_arrays_compare_by_identity_and_value_objects_by_value(m
         assert len({obj, obj}) == 1  # usable in sets and as dict keys
     c = Comparison(1.0, 2.0, 0.1, 0, 10)
     assert c == Comparison(1.0, 2.0, 0.1, 0, 10)  # scalars only: a value object
+
+
+def test_contour_levels_box_sets_the_levels_and_reports_bad_input(make_wb):
+    wb = make_wb()
+    box = wb.controls.contour_sigmas
+    assert box.value == "1" and "wb-contours" in box._dom_classes
+    box.set_state({"value": "2, -1 1.5σ, 2"})  # the path a browser message takes
+    assert wb.state.contour_sigmas == (-1.0, 1.5, 2.0) and box.value == "-1, 1.5, 2"
+    assert [c.sigma for c in wb.slice.last.contours] == [-1.0, 1.5, 2.0]
+    assert "contours at -1 σ" in wb.slice.caption.value
+    n = wb.n_applied
+    for bad, says in (("1, two", "'two' is not a number"), ("1 2 3 4 5 6 7", "at most 6"), ("99", "[-50, 50]")):
+        box.set_state({"value": bad})
+        assert wb.status.level == "error" and says in wb.status.message, wb.status.message
+        assert box.value == "-1, 1.5, 2" and wb.state.contour_sigmas == (-1.0, 1.5, 2.0)  # put back
+    assert wb.n_applied == n  # nothing recomputed for bad input
+    box.set_state({"value": ""})
+    assert wb.state.contour_sigmas == () and wb.slice.last.contours == [] and wb.status.level != "error"
+    wb.state.contour_sigmas = (3.0,)  # from code: the box follows
+    assert box.value == "3"
