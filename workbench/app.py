@@ -165,6 +165,7 @@ class Workbench(widgets.VBox):
         self.controls.export_gradients.on_click(lambda _: self._export("gradients"))
         self.controls.upload.observe(self._uploaded, names="value")
         self.scene.view.on_pick(self.pick_atom)
+        self.table.on_pick(self.pick_atom)
 
         for name, value in settings.items():
             if name not in _INPUTS:
@@ -236,8 +237,9 @@ class Workbench(widgets.VBox):
         return path
 
     def pick_atom(self, index: int) -> None:
-        """Select atom ``index`` (a click in the 3D view): its residue becomes the 3D region,
-        and the line profile runs from the last picked endpoint to it."""
+        """Select atom ``index`` (a click on it in the 3D view or on its atom-table row): its
+        residue becomes the 3D region, and the line profile runs from the last picked
+        endpoint to it."""
         r = self.result
         if r is None:
             return
@@ -388,6 +390,7 @@ class Workbench(widgets.VBox):
                 sort=s.table_sort,
                 ascending=s.table_ascending,
                 target_source=r.target_source,
+                picked=s.profile_atoms,
             )
         else:
             self.table.unavailable(r.unavailable.get("tricubic", "not computed"))

@@ -365,3 +365,22 @@ def test_export_map_writes_a_ccp4_map_on_the_server(make_wb, tmp_path):
     assert grid.shape == wb.result.grid.shape and grid.sampling == wb.result.grid.sampling
     np.testing.assert_allclose(grid.cell.orth.numpy(), wb.result.grid.cell.orth.numpy(), atol=1e-3)
     np.testing.assert_array_equal(rho.numpy(), wb.result.rho.float().numpy())
+
+
+def test_clicking_an_atom_table_row_picks_its_atom(make_wb):
+    wb = make_wb()
+    table = wb.table.html
+    labels = wb.result.model.atoms.labels
+    a = wb.state.profile_atoms[1]
+    k = int(wb.table.order[3])  # the 4th row shown
+    assert f"<tr data-atom='{k}'" in table.value and "click a row" in table.value
+    table._handle_custom_msg({"type": "pick", "index": k}, [])  # what table.js sends on a click
+    lab = labels[k]
+    assert wb.state.region == f"{lab.chain}/{lab.seq_num}{lab.icode.strip()}"
+    assert wb.state.profile_atoms == (a, k) and wb.result.settings.profile_atoms == (a, k)
+    assert f"<tr data-atom='{k}' class='wb-picked'>" in table.value  # the picked row stands out
+    assert wb.scene.view.focus == {"chain": lab.chain, "resi": lab.seq_num}
+    hidden = int(wb.table.order[-1])  # not a row on show: a stale or forged message changes nothing
+    for msg in ({"type": "pick", "index": hidden}, {"type": "pick", "index": "3"}, {"type": "pick", "index": True}):
+        table._handle_custom_msg(msg, [])
+        assert wb.state.profile_atoms == (a, k)
