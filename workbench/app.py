@@ -17,7 +17,16 @@ from workbench.compute import Cancelled, Pipeline, Result, WorkbenchError
 from workbench.compute.text import count
 from workbench.scheduler import Scheduler
 from workbench.state import INPUTS, WorkbenchState, cuda_unavailable_reason
-from workbench.views import AtomTableView, DifferenceView, ProfileView, Scene3DView, SliceView, StatusView, TimingView
+from workbench.views import (
+    AtomTableView,
+    DifferenceView,
+    Download,
+    ProfileView,
+    Scene3DView,
+    SliceView,
+    StatusView,
+    TimingView,
+)
 from workbench.views.controls import Controls
 
 __all__ = ["Workbench"]
@@ -80,7 +89,8 @@ class Workbench(widgets.VBox):
     ``wb-slice-depth``, ``wb-slice-scale``, ``wb-contours`` (σ levels, "1, 2"), ``wb-iso``, ``wb-distort`` (distortion amplitude),
     ``wb-distort-seed``, ``wb-gradient-kind``, ``wb-region``, ``wb-region-padding``,
     ``wb-profile-a``, ``wb-profile-b``, ``wb-target-map``, ``wb-table-sort``,
-    ``wb-table-asc``, ``wb-export-path``, ``wb-export-map``, ``wb-export-grad``; views
+    ``wb-table-asc``, ``wb-export-path`` (the downloaded file's name), ``wb-export-map``, ``wb-export-grad``
+    (download to the browser), ``wb-export-note``, ``wb-download`` (the download widget); views
     ``wb-slice`` (the section PNG), ``wb-slice-caption``, ``wb-view3d`` (the 3Dmol.js
     widget; its canvas sits in ``wb-view3d-canvas``), ``wb-view3d-caption`` (arrow
     scale), ``wb-profile``, ``wb-atom-table``, ``wb-diff-a``, ``wb-diff-b``,
@@ -126,6 +136,7 @@ class Workbench(widgets.VBox):
         self.scene = Scene3DView(lib_path=lib_path)
         self.difference = DifferenceView()
         self.timing = TimingView()
+        self.download = Download()
         self.result: Result | None = None
         self.difference_result = None
         self.n_applied = 0
@@ -155,7 +166,7 @@ class Workbench(widgets.VBox):
             view.widget.layout.flex = "0 0 auto"
         views = widgets.VBox([top, tabs], layout=widgets.Layout(flex="1 1 440px", min_width="440px"))
         body = widgets.HBox([self.controls.widget, views], layout=widgets.Layout(flex_flow="row wrap"))
-        super().__init__([self.status.widget, body])
+        super().__init__([self.status.widget, body, self.download])
         self.add_class("wb-app")
 
         self.status.cancel.on_click(lambda _: self.cancel())
@@ -221,12 +232,13 @@ class Workbench(widgets.VBox):
         self.scheduler.submit(self._timing_job)
 
     def export_map(self, path: str | os.PathLike) -> Path:
-        """Write the current model map as a CCP4/MRC file (:func:`kernels.write_map`)."""
+        """Write the current model map as a CCP4/MRC file (:func:`kernels.write_map`) where
+        this Python runs (the server); the export buttons download to the browser instead."""
         r = self._require_result()
         return kernels.write_map(path, r.rho, r.grid)
 
     def export_gradients(self, path: str | os.PathLike) -> Path:
-        """Write the current gradients (one row per atom) as CSV."""
+        """Write the current gradients (one row per atom) as CSV where this Python runs (the server)."""
         r = self._require_result()
         if r.gradient is None:
             raise WorkbenchError(f"no gradient to export: {r.unavailable.get('gradient', 'none computed')}")
@@ -521,12 +533,20 @@ class Workbench(widgets.VBox):
             self.status.set("error", f"error: {_friendly(exc)}")
 
     def _export(self, what: str) -> None:
-        path = Path(self.controls.export_path.value).expanduser()
+        """An export button: the file goes to the browser as a download (not the server's disk)."""
+        map_name, csv_name = self.controls.export_names()
         try:
+            r = self._require_result()
             if what == "map":
-                out = self.export_map(path)
+                name, data, mime = map_name, compute.map_ccp4_bytes(r.rho, r.grid), "application/octet-stream"
             else:
-                out = self.export_gradients(path.with_suffix(".csv"))
-            self.status.set("idle", f"wrote {out}")
+                if r.gradient is None:
+                    raise WorkbenchError(f"no gradient to export: {r.unavailable.get('gradient', 'none computed')}")
+                csv = compute.gradients_csv(
+                    r.model, r.atoms.xyz.numpy(), r.gradient.grad, r.gradient.kind, r.gradient.units
+                )
+                name, data, mime = csv_name, csv.encode(), "text/csv"
+            self.download.send_file(name, data, mime)
+            self.status.set("idle", f"downloading {name} ({len(data) / 1024:,.0f} kB) to your browser")
         except (WorkbenchError, OSError, ValueError) as exc:
-            self.status.set("error", f"error: export failed: {exc}; check the folder exists and is writable")
+            self.status.set("error", f"error: export failed: {exc}")

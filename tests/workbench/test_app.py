@@ -322,9 +322,34 @@ def test_model_object_and_exports(make_wb, tmp_path):
     assert len(csv) == len(m) + 2
     gx = np.array([float(line.split(",")[9]) for line in csv[2:]])
     np.testing.assert_allclose(gx, wb.result.gradient.grad[:, 0], rtol=1e-6)
+    # the buttons download to the browser: nothing is written on the server
+    sent = []
+    wb.download.send = lambda content, buffers=None: sent.append((content, buffers))
     wb.controls.export_path.value = str(tmp_path / "no_such_dir" / "x.ccp4")
+    assert "downloads x.ccp4 / x.csv to your browser" in wb.controls.export_note.value
     wb.controls.export_map.click()
-    assert wb.status.level == "error" and "export failed" in wb.status.message
+    ((content, buffers),) = sent
+    assert content == {"type": "download", "filename": "x.ccp4", "mime": "application/octet-stream"}
+    data = bytes(buffers[0])
+    assert data[208:212] == b"MAP " and np.frombuffer(data[:12], "<i4").tolist() == list(wb.result.grid.shape)
+    (tmp_path / "got.ccp4").write_bytes(data)
+    rho2, grid2 = kernels.read_map(tmp_path / "got.ccp4")
+    np.testing.assert_array_equal(rho2.numpy(), wb.result.rho.numpy())
+    assert (
+        wb.status.level == "idle"
+        and "downloading x.ccp4" in wb.status.message
+        and "to your browser" in wb.status.message
+    )
+    assert not (tmp_path / "no_such_dir").exists()
+    wb.controls.export_gradients.click()
+    content, buffers = sent[-1]
+    assert content["filename"] == "x.csv" and content["mime"] == "text/csv"
+    assert bytes(buffers[0]).decode().splitlines() == csv
+    wb.set(distort_amplitude=0.0, gradient_kind="planarity")
+    n = len(sent)
+    wb.result.gradient = None  # nothing to export: said in the status line, nothing sent
+    wb.controls.export_gradients.click()
+    assert wb.status.level == "error" and "export failed: no gradient" in wb.status.message and len(sent) == n
 
 
 def test_to_py3dmol_carries_the_scene(make_wb):

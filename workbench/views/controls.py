@@ -196,9 +196,24 @@ class Controls:
             layout=_LAYOUT,
         )
         self.table_ascending = w.Checkbox(description="ascending", indent=False)
-        self.export_path = w.Text(value="workbench_map.ccp4", description="export to", style=_STYLE, layout=_LAYOUT)
-        self.export_map = w.Button(description="map (CCP4)", icon="download")
-        self.export_gradients = w.Button(description="gradients (CSV)", icon="download")
+        # The buttons download to the browser (the person's computer, wherever the kernel
+        # runs); Workbench.export_map(path) writes on the server, from Python.
+        self.export_path = w.Text(
+            value="workbench_map.ccp4",
+            description="file name",
+            tooltip="name of the downloaded map; the gradients get the same name with .csv",
+            style=_STYLE,
+            layout=_LAYOUT,
+        )
+        self.export_map = w.Button(
+            description="map (CCP4)", icon="download", tooltip="download the map to your browser"
+        )
+        self.export_gradients = w.Button(
+            description="gradients (CSV)", icon="download", tooltip="download the gradients to your browser"
+        )
+        self.export_note = w.HTML()
+        self.export_path.observe(lambda _: self._export_note(), names="value")
+        self._export_note()
 
         css = {
             "structure": "wb-structure",
@@ -235,6 +250,7 @@ class Controls:
             "export_path": "wb-export-path",
             "export_map": "wb-export-map",
             "export_gradients": "wb-export-grad",
+            "export_note": "wb-export-note",
         }
         for attr, cls in css.items():
             getattr(self, attr).add_class(cls)
@@ -371,6 +387,19 @@ class Controls:
         # the state sorts and drops repeats: show what is drawn
         self._set_widget(self.contour_sigmas, format_sigmas(self.state.contour_sigmas))
 
+    def export_names(self) -> tuple[str, str]:
+        """File names of the map and gradient downloads (the name box's, a folder part dropped)."""
+        name = self.export_path.value.strip().replace("\\", "/").rsplit("/", 1)[-1] or "workbench_map.ccp4"
+        stem = name.rsplit(".", 1)[0] if "." in name else name
+        return name, f"{stem}.csv"
+
+    def _export_note(self) -> None:
+        map_name, csv_name = self.export_names()
+        self.export_note.value = (
+            f"<small>downloads {html.escape(map_name)} / {html.escape(csv_name)} to your browser; "
+            "<code>wb.export_map(path)</code> in Python writes on the server</small>"
+        )
+
     def _backends_for_device(self, device: str) -> None:
         runnable, why_not = backend_choices(device)
         self._syncing = True
@@ -462,7 +491,7 @@ class Controls:
                 False,
                 [self.profile_a, self.profile_b, self.profile_names, self.table_sort, self.table_ascending],
             ),
-            ("export", False, [self.export_path, w.HBox([self.export_map, self.export_gradients])]),
+            ("export", False, [self.export_path, w.HBox([self.export_map, self.export_gradients]), self.export_note]),
         ]
         self.sections: dict[str, widgets.Accordion] = {}
         boxes = []
