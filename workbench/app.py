@@ -158,7 +158,9 @@ class Workbench(widgets.VBox):
             tabs.set_title(i, title)
         # slice and 3D side by side when there is room, one above the other when not
         top = widgets.HBox([self.slice.widget, self.scene.widget], layout=widgets.Layout(flex_flow="row wrap"))
-        self.scene.widget.layout = widgets.Layout(flex="1 1 420px", min_width="360px")
+        # Wrapping goes by the flex basis: the section (570 px) and 320 px of 3D fit beside
+        # the 350-px controls at 1280 px (a 420-px basis put the 3D view under the section).
+        self.scene.widget.layout = widgets.Layout(flex="1 1 320px", min_width="320px")
         # A section never shrinks: its image has max-width 100 %, so a squeezed column
         # drew it at 20 × 17 px (or none) in a narrow page. Below its width the views
         # wrap under the controls instead.

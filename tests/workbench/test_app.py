@@ -728,7 +728,7 @@ def test_user_visible_counts_and_ordinals_read_as_english(make_wb, monkeypatch):
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "101st", "111th",
     ]  # fmt: skip
-    assert (count(1, "atom"), count(0, "atom"), count(1234, "atom")) == ("1 atom", "0 atoms", "1,234 atoms")
+    assert (count(1, "atom"), count(0, "atom"), count(1234, "atom")) == ("1 atom", "0 atoms", "1234 atoms")
     # a whole-model map box subsampled: "every 2nd voxel", never "every 2th"
     original = view3d.region_volume
     monkeypatch.setattr(view3d, "region_volume", lambda *a, **k: original(*a, **{**k, "max_voxels": 20_000}))

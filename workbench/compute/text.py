@@ -6,9 +6,9 @@ __all__ = ["count", "ordinal"]
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
-    """``n`` and the noun, singular for exactly one: "1 atom", "0 atoms", "1,234 atoms"."""
+    """``n`` and the noun, singular for exactly one: "1 atom", "0 atoms", "1234 atoms"."""
     word = noun if n == 1 else (plural or f"{noun}s")
-    return f"{n:,} {word}"
+    return f"{n} {word}"
 
 
 def ordinal(n: int) -> str:
