@@ -251,16 +251,22 @@ def shown_atoms(xyz: torch.Tensor, region: np.ndarray | None, padding: float) ->
     return atoms_within(xyz, region, padding)
 
 
-def focus_sphere(xyz: torch.Tensor, shown: np.ndarray, margin: float = VIEW_MARGIN) -> list[float]:
+def focus_sphere(
+    xyz: torch.Tensor, shown: np.ndarray, margin: float = VIEW_MARGIN, centre_on: np.ndarray | None = None
+) -> list[float]:
     """The sphere the camera fits: ``[cx, cy, cz, radius]`` Å.
 
-    Centred on the middle of the bounding box of the atoms ``shown`` (indices into
-    ``xyz`` (N, 3) Å) and reaching ``margin`` Å past the farthest of them.
+    Centred on the middle of the bounding box of the atoms ``centre_on`` (default: those
+    ``shown``; indices into ``xyz`` (N, 3) Å) and reaching ``margin`` Å past the farthest
+    atom shown. A chosen residue is centred even when its neighbours lie to one side (a
+    water at the surface).
     """
-    pts = xyz.detach().to("cpu", torch.float64).numpy()[np.asarray(shown, int)]
+    all_xyz = xyz.detach().to("cpu", torch.float64).numpy()
+    pts = all_xyz[np.asarray(shown, int)]
     if not len(pts):
         return [0.0, 0.0, 0.0, 10.0]
-    centre = 0.5 * (pts.min(axis=0) + pts.max(axis=0))
+    middle = pts if centre_on is None or not len(centre_on) else all_xyz[np.asarray(centre_on, int)]
+    centre = 0.5 * (middle.min(axis=0) + middle.max(axis=0))
     radius = float(np.sqrt(((pts - centre) ** 2).sum(axis=1).max())) + margin
     return [*map(float, centre), radius]
 

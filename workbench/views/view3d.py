@@ -221,7 +221,7 @@ class Scene3DView:
         self.arrow_scale = arrows.scale
         if self._keys.get("focus") != (s.structure, s.region, s.region_padding):
             updates["focus"] = focus_selection(result.model, s.region)
-            updates["view_sphere"] = focus_sphere(xyz, shown)
+            updates["view_sphere"] = focus_sphere(xyz, shown, centre_on=sel if s.region else None)
             updates["zoom_key"] = self.view.zoom_key + 1
             self._keys["focus"] = (s.structure, s.region, s.region_padding)
         with self.view.hold_sync():
