@@ -14,9 +14,19 @@ import ipywidgets as widgets
 import kernels
 from workbench import compute
 from workbench.compute import Cancelled, Pipeline, Result, WorkbenchError
+from workbench.compute.text import count
 from workbench.scheduler import Scheduler
 from workbench.state import INPUTS, WorkbenchState, cuda_unavailable_reason
-from workbench.views import AtomTableView, DifferenceView, ProfileView, Scene3DView, SliceView, StatusView, TimingView
+from workbench.views import (
+    AtomTableView,
+    DifferenceView,
+    Download,
+    ProfileView,
+    Scene3DView,
+    SliceView,
+    StatusView,
+    TimingView,
+)
 from workbench.views.controls import Controls
 
 __all__ = ["Workbench"]
@@ -76,10 +86,11 @@ class Workbench(widgets.VBox):
     ``wb-device``, ``wb-device-reason``, ``wb-backend``, ``wb-backend-reason`` (why the
     backends not offered cannot run here), ``wb-slice-axis``, ``wb-slice-index`` (one step
     is one section of the current grid; the position kept is a depth in Å),
-    ``wb-slice-depth``, ``wb-slice-scale``, ``wb-iso``, ``wb-distort`` (distortion amplitude),
+    ``wb-slice-depth``, ``wb-slice-scale``, ``wb-contours`` (σ levels, "1, 2"), ``wb-iso``, ``wb-distort`` (distortion amplitude),
     ``wb-distort-seed``, ``wb-gradient-kind``, ``wb-region``, ``wb-region-padding``,
     ``wb-profile-a``, ``wb-profile-b``, ``wb-target-map``, ``wb-table-sort``,
-    ``wb-table-asc``, ``wb-export-path``, ``wb-export-map``, ``wb-export-grad``; views
+    ``wb-table-asc``, ``wb-export-path`` (the downloaded file's name), ``wb-export-map``, ``wb-export-grad``
+    (download to the browser), ``wb-export-note``, ``wb-download`` (the download widget); views
     ``wb-slice`` (the section PNG), ``wb-slice-caption``, ``wb-view3d`` (the 3Dmol.js
     widget; its canvas sits in ``wb-view3d-canvas``), ``wb-view3d-caption`` (arrow
     scale), ``wb-profile``, ``wb-atom-table``, ``wb-diff-a``, ``wb-diff-b``,
@@ -125,6 +136,7 @@ class Workbench(widgets.VBox):
         self.scene = Scene3DView(lib_path=lib_path)
         self.difference = DifferenceView()
         self.timing = TimingView()
+        self.download = Download()
         self.result: Result | None = None
         self.difference_result = None
         self.n_applied = 0
@@ -146,7 +158,9 @@ class Workbench(widgets.VBox):
             tabs.set_title(i, title)
         # slice and 3D side by side when there is room, one above the other when not
         top = widgets.HBox([self.slice.widget, self.scene.widget], layout=widgets.Layout(flex_flow="row wrap"))
-        self.scene.widget.layout = widgets.Layout(flex="1 1 420px", min_width="360px")
+        # Wrapping goes by the flex basis: the section (570 px) and 320 px of 3D fit beside
+        # the 350-px controls at 1280 px (a 420-px basis put the 3D view under the section).
+        self.scene.widget.layout = widgets.Layout(flex="1 1 320px", min_width="320px")
         # A section never shrinks: its image has max-width 100 %, so a squeezed column
         # drew it at 20 × 17 px (or none) in a narrow page. Below its width the views
         # wrap under the controls instead.
@@ -154,7 +168,7 @@ class Workbench(widgets.VBox):
             view.widget.layout.flex = "0 0 auto"
         views = widgets.VBox([top, tabs], layout=widgets.Layout(flex="1 1 440px", min_width="440px"))
         body = widgets.HBox([self.controls.widget, views], layout=widgets.Layout(flex_flow="row wrap"))
-        super().__init__([self.status.widget, body])
+        super().__init__([self.status.widget, body, self.download])
         self.add_class("wb-app")
 
         self.status.cancel.on_click(lambda _: self.cancel())
@@ -164,6 +178,7 @@ class Workbench(widgets.VBox):
         self.controls.export_gradients.on_click(lambda _: self._export("gradients"))
         self.controls.upload.observe(self._uploaded, names="value")
         self.scene.view.on_pick(self.pick_atom)
+        self.table.on_pick(self.pick_atom)
 
         for name, value in settings.items():
             if name not in _INPUTS:
@@ -219,12 +234,13 @@ class Workbench(widgets.VBox):
         self.scheduler.submit(self._timing_job)
 
     def export_map(self, path: str | os.PathLike) -> Path:
-        """Write the current model map as a CCP4/MRC file (:func:`kernels.write_map`)."""
+        """Write the current model map as a CCP4/MRC file (:func:`kernels.write_map`) where
+        this Python runs (the server); the export buttons download to the browser instead."""
         r = self._require_result()
         return kernels.write_map(path, r.rho, r.grid)
 
     def export_gradients(self, path: str | os.PathLike) -> Path:
-        """Write the current gradients (one row per atom) as CSV."""
+        """Write the current gradients (one row per atom) as CSV where this Python runs (the server)."""
         r = self._require_result()
         if r.gradient is None:
             raise WorkbenchError(f"no gradient to export: {r.unavailable.get('gradient', 'none computed')}")
@@ -235,8 +251,9 @@ class Workbench(widgets.VBox):
         return path
 
     def pick_atom(self, index: int) -> None:
-        """Select atom ``index`` (a click in the 3D view): its residue becomes the 3D region,
-        and the line profile runs from the last picked endpoint to it."""
+        """Select atom ``index`` (a click on it in the 3D view or on its atom-table row): its
+        residue becomes the 3D region, and the line profile runs from the last picked
+        endpoint to it."""
         r = self.result
         if r is None:
             return
@@ -306,9 +323,14 @@ class Workbench(widgets.VBox):
         settings = self.state.snapshot()
         check = self._check(generation)
         try:
-            # The slice is drawn with the result (_apply): its contours need the map's σ,
-            # which on_section does not carry.
-            result = self.pipeline.run(settings, check=check, progress=self.status.step)
+
+            def early(sec, near, mean, sigma):
+                # The section is what a drag watches: drawn as soon as it exists, before
+                # the planarity and tricubic stages and the other views.
+                check()
+                self._draw_section(settings, sec, near, mean, sigma, self.pipeline.model(settings.structure))
+
+            result = self.pipeline.run(settings, check=check, progress=self.status.step, on_section=early)
             self._apply(result, generation, check)
         except Cancelled:
             if self.scheduler.cancel_requested:
@@ -359,15 +381,6 @@ class Workbench(widgets.VBox):
             self.state.slice_index = r.section.index
         self._drop_stale(r)
         check()
-        self.slice.update(
-            r.section,
-            marks=compute.atom_marks(r.near, r.model.atoms.elements),
-            mean=r.mean,
-            sigma=r.sigma,
-            contour_sigmas=s.contour_sigmas,
-            scale=s.slice_scale,
-        )
-        check()
         names = r.model.atoms.labels
         if r.profile is not None:
             i, j = s.profile_atoms
@@ -391,6 +404,7 @@ class Workbench(widgets.VBox):
                 sort=s.table_sort,
                 ascending=s.table_ascending,
                 target_source=r.target_source,
+                picked=s.profile_atoms,
             )
         else:
             self.table.unavailable(r.unavailable.get("tricubic", "not computed"))
@@ -405,6 +419,16 @@ class Workbench(widgets.VBox):
             self.scene.update(r, model_key=(r.atoms_key[0], r.atoms_key[2]), map_key=r.map_key)
         self.timing.update(r.timings, backend=r.backend, device=s.device, grid_shape=r.grid.shape, n_atoms=len(r.model))
         self._report(r)
+
+    def _draw_section(self, settings, sec, near, mean: float, sigma: float, model) -> None:
+        self.slice.update(
+            sec,
+            marks=compute.atom_marks(near, model.atoms.elements),
+            mean=mean,
+            sigma=sigma,
+            contour_sigmas=settings.contour_sigmas,
+            scale=settings.slice_scale,
+        )
 
     def _drop_stale(self, r: Result) -> None:
         """Clear (and say so) the views whose result belongs to other settings than ``r``'s."""
@@ -429,7 +453,7 @@ class Workbench(widgets.VBox):
             self.status.set("busy", "computing: newer settings …")
             return
         ms = 1e3 * sum(r.timings.values())
-        parts = [f"ready: {len(r.model)} atoms, grid {'×'.join(map(str, r.grid.shape))}, {r.backend} on "
+        parts = [f"ready: {count(len(r.model), 'atom')}, grid {'×'.join(map(str, r.grid.shape))}, {r.backend} on "
                  f"{r.settings.device}, {ms:.0f} ms of kernels"]  # fmt: skip
         level = "idle"
         if r.unavailable:
@@ -511,12 +535,20 @@ class Workbench(widgets.VBox):
             self.status.set("error", f"error: {_friendly(exc)}")
 
     def _export(self, what: str) -> None:
-        path = Path(self.controls.export_path.value).expanduser()
+        """An export button: the file goes to the browser as a download (not the server's disk)."""
+        map_name, csv_name = self.controls.export_names()
         try:
+            r = self._require_result()
             if what == "map":
-                out = self.export_map(path)
+                name, data, mime = map_name, compute.map_ccp4_bytes(r.rho, r.grid), "application/octet-stream"
             else:
-                out = self.export_gradients(path.with_suffix(".csv"))
-            self.status.set("idle", f"wrote {out}")
+                if r.gradient is None:
+                    raise WorkbenchError(f"no gradient to export: {r.unavailable.get('gradient', 'none computed')}")
+                csv = compute.gradients_csv(
+                    r.model, r.atoms.xyz.numpy(), r.gradient.grad, r.gradient.kind, r.gradient.units
+                )
+                name, data, mime = csv_name, csv.encode(), "text/csv"
+            self.download.send_file(name, data, mime)
+            self.status.set("idle", f"downloading {name} ({len(data) / 1024:,.0f} kB) to your browser")
         except (WorkbenchError, OSError, ValueError) as exc:
-            self.status.set("error", f"error: export failed: {exc}; check the folder exists and is writable")
+            self.status.set("error", f"error: export failed: {exc}")

@@ -89,6 +89,7 @@ def _splat(args: argparse.Namespace) -> int:
     import torch
 
     import kernels
+    from workbench.compute.text import count
 
     # Every argument is checked before anything is read or computed (and before anything is printed).
     path = Path(args.model) if args.model else kernels.example_structure()
@@ -113,7 +114,7 @@ def _splat(args: argparse.Namespace) -> int:
     atoms = model.atoms.to(device, torch.float64 if backend == "reference" else torch.float32)
     try:
         grid = kernels.GridSpec.for_spacing(model.cell, args.spacing, model.spacegroup)
-        print(f"model   {path} ({len(model)} atoms, cell {model.cell.parameters}, {model.spacegroup})")
+        print(f"model   {path} ({count(len(model), 'atom')}, cell {model.cell.parameters}, {model.spacegroup})")
         for note in model.notes:
             print(f"note    {note}")
         radius = (

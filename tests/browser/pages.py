@@ -72,13 +72,19 @@ class WorkbenchUI:
 
     def wait_ready(self, timeout_ms: int = 120_000) -> str:
         """Wait until a computation has finished and the status line says so; its text."""
-        self.page.wait_for_function(
-            f"""() => {{
-                const s = document.querySelector('.wb-status');
-                return s && !s.classList.contains('wb-status-busy') && {READY}.test(s.textContent.trim());
-            }}""",
-            timeout=timeout_ms,
-        )
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            self.page.wait_for_function(
+                f"""() => {{
+                    const s = document.querySelector('.wb-status');
+                    return s && !s.classList.contains('wb-status-busy') && {READY}.test(s.textContent.trim());
+                }}""",
+                timeout=timeout_ms,
+            )
+        except PlaywrightTimeout as exc:
+            text, classes = self.status()
+            raise AssertionError(f"the app never said ready; status line [{classes}]: {text}") from exc
         return self.status()[0]
 
     def slice_png(self) -> bytes:

@@ -255,8 +255,103 @@ def test_region_is_centred_in_the_canvas(app):
     bg = rgb[0, 0]
     ys, xs = np.nonzero(np.abs(rgb - bg).sum(axis=-1) > 30)
     assert len(xs) > 0.02 * rgb.shape[0] * rgb.shape[1], "the region view is blank"
-    cx, cy = xs.mean() / rgb.shape[1], ys.mean() / rgb.shape[0]
-    RESULTS["region_centre_fraction"] = {"x": cx, "y": cy}
-    assert abs(cx - 0.5) < 0.15 and abs(cy - 0.5) < 0.15, (
-        f"the region's drawing is centred at ({cx:.2f}, {cy:.2f}) of the canvas"
+    # Where the chosen residue's atoms land on the canvas (the rest of the model is drawn
+    # too, as context, and runs past the canvas edges: its pixels say nothing of centring).
+    centre = op.page.evaluate(
+        """() => {
+            const box = document.querySelector('.wb-view3d-canvas');
+            const v = box.wbViewer;
+            const atoms = v.selectedAtoms(JSON.parse(box.dataset.focus || '{}'));
+            let sx = 0, sy = 0;
+            for (const a of atoms) { const p = v.modelToScreen({x: a.x, y: a.y, z: a.z}); sx += p.x; sy += p.y; }
+            // modelToScreen gives page coordinates (3Dmol adds the canvas's page offset)
+            const r = v.getCanvas().getBoundingClientRect();
+            return {x: sx / atoms.length - (r.left + window.scrollX), y: sy / atoms.length - (r.top + window.scrollY),
+                    n: atoms.length, w: r.width, h: r.height};
+        }"""
     )
+    cx, cy = centre["x"] / centre["w"], centre["y"] / centre["h"]
+    RESULTS["region_centre_fraction"] = {"x": cx, "y": cy, "atoms": centre["n"]}
+    assert 0 < centre["n"] < 100, centre  # the residue's atoms, not the whole model
+    assert abs(cx - 0.5) < 0.15 and abs(cy - 0.5) < 0.15, (
+        f"the region's atoms are centred at ({cx:.2f}, {cy:.2f}) of the canvas"
+    )
+
+
+def _profile_end(ui: WorkbenchUI) -> int:
+    ui.reveal(".wb-profile-b")
+    return int(ui.page.locator(".wb-profile-b input").input_value())
+
+
+def test_clicking_an_atom_table_row_picks_that_atom(app):
+    op, ui = app
+    ui.open_tab("density at atoms")
+    row = op.page.locator(".wb-atom-table tr[data-atom]").nth(3)
+    atom = int(row.get_attribute("data-atom"))
+    label = row.locator("td").nth(1).inner_text()
+    assert _profile_end(ui) != atom
+    row.click()
+    op.page.wait_for_function(
+        "(atom) => document.querySelector('.wb-profile-b input').value === String(atom)", arg=atom, timeout=60_000
+    )
+    ui.wait_ready()
+    # the picked row stands out, the profile runs to it, and its residue is the 3D region
+    op.page.wait_for_selector(f".wb-atom-table tr.wb-picked[data-atom='{atom}']", timeout=30_000)
+    caption = ui.caption_3d()
+    assert "residue" in caption, caption
+    assert f"→ {label}" in op.page.locator(".wb-section-profile").inner_text()  # the profile's new end
+    screenshot(op.page.locator(".wb-app .widget-tab").first, "views_table_picked")
+    ui.open_tab(TABS[0])
+
+
+def test_clicking_an_atom_in_the_3d_canvas_picks_it(app):
+    op, ui = app
+    ui.wait_canvas_drawn()
+    canvas = op.page.locator(".wb-view3d canvas").first
+    box = canvas.bounding_box()
+    before = _profile_end(ui)
+    # the chosen residue is centred: scan outwards from the centre until a click lands on an atom
+    picked = None
+    for r in range(0, 120, 6):
+        for k in range(8 if r else 1):
+            angle = k * np.pi / 4
+            x, y = box["width"] / 2 + r * np.cos(angle), box["height"] / 2 + r * np.sin(angle)
+            canvas.click(position={"x": x, "y": y})
+            op.page.wait_for_timeout(150)
+            now = _profile_end(ui)
+            if now != before:
+                picked = now
+                break
+        if picked is not None:
+            break
+    assert picked is not None, "no click near the centre of the 3D view picked an atom"
+    ui.wait_ready()
+    assert "residue" in ui.caption_3d()
+    screenshot(op.page.locator(".wb-view3d"), "views_3d_picked")
+
+
+def test_export_button_downloads_a_ccp4_map_to_the_browser(app, tmp_path):
+    import kernels
+
+    op, ui = app
+    ui.reveal(".wb-export-map")
+    note = op.page.locator(".wb-export-note").inner_text()
+    assert "to your browser" in note and "on the server" in note, note
+    grid = re.search(r"grid (\d+)×(\d+)×(\d+)", ui.status()[0])
+    with op.page.expect_download(timeout=60_000) as info:
+        op.page.locator(".wb-export-map button, button.wb-export-map").first.click()
+    download = info.value
+    assert download.suggested_filename == "workbench_map.ccp4"
+    path = tmp_path / download.suggested_filename
+    download.save_as(path)
+    data = path.read_bytes()
+    header = np.frombuffer(data[:1024], dtype="<i4")
+    assert data[208:212] == b"MAP ", data[200:220]
+    n = header[:3]
+    assert header[3] == 2 and (n > 0).all()  # mode 2: float32 voxels
+    assert len(data) == 1024 + int(header[23]) + 4 * int(np.prod(n))  # header, symmetry records, the voxels
+    rho, map_grid = kernels.read_map(path)
+    if grid is not None:
+        assert sorted(map_grid.shape) == sorted(int(g) for g in grid.groups()), (map_grid.shape, grid.group(0))
+    assert float(rho.max()) > 0.5
+    assert "downloading workbench_map.ccp4" in ui.status()[0]

@@ -112,9 +112,11 @@ def test_hexagonal_section_is_not_square(make_wb):
     sec = wb.result.section
     cos = np.dot(sec.e_u, sec.e_v) / np.linalg.norm(sec.e_u) / np.linalg.norm(sec.e_v)
     assert cos == pytest.approx(-0.5)
-    # the image is drawn in Å: its raster spans the rhombus's bounding box, NaN outside the face
+    # the image is drawn in Å: its raster spans the rhombus's bounding box (from the display
+    # pixel edge at or just before its corner), NaN outside the face
     x0, x1, y0, y1 = wb.slice.im.get_extent()
-    assert x0 == pytest.approx(sec.e_v[0]) and y0 == pytest.approx(0.0)
+    pixel = wb.slice.last.pixel
+    assert sec.e_v[0] - pixel < x0 <= sec.e_v[0] + 1e-9 and -pixel < y0 <= 1e-9
     assert x1 >= sec.e_u[0] - 1e-9 and y1 >= sec.e_v[1] - 1e-9
     values = wb.slice.last.values
     assert np.isnan(values[-1, -1]) and np.isnan(values[0, 0]) and not np.isnan(values[0, values.shape[1] // 2])
@@ -320,9 +322,34 @@ def test_model_object_and_exports(make_wb, tmp_path):
     assert len(csv) == len(m) + 2
     gx = np.array([float(line.split(",")[9]) for line in csv[2:]])
     np.testing.assert_allclose(gx, wb.result.gradient.grad[:, 0], rtol=1e-6)
+    # the buttons download to the browser: nothing is written on the server
+    sent = []
+    wb.download.send = lambda content, buffers=None: sent.append((content, buffers))
     wb.controls.export_path.value = str(tmp_path / "no_such_dir" / "x.ccp4")
+    assert "downloads x.ccp4 / x.csv to your browser" in wb.controls.export_note.value
     wb.controls.export_map.click()
-    assert wb.status.level == "error" and "export failed" in wb.status.message
+    ((content, buffers),) = sent
+    assert content == {"type": "download", "filename": "x.ccp4", "mime": "application/octet-stream"}
+    data = bytes(buffers[0])
+    assert data[208:212] == b"MAP " and np.frombuffer(data[:12], "<i4").tolist() == list(wb.result.grid.shape)
+    (tmp_path / "got.ccp4").write_bytes(data)
+    rho2, grid2 = kernels.read_map(tmp_path / "got.ccp4")
+    np.testing.assert_array_equal(rho2.numpy(), wb.result.rho.numpy())
+    assert (
+        wb.status.level == "idle"
+        and "downloading x.ccp4" in wb.status.message
+        and "to your browser" in wb.status.message
+    )
+    assert not (tmp_path / "no_such_dir").exists()
+    wb.controls.export_gradients.click()
+    content, buffers = sent[-1]
+    assert content["filename"] == "x.csv" and content["mime"] == "text/csv"
+    assert bytes(buffers[0]).decode().splitlines() == csv
+    wb.set(distort_amplitude=0.0, gradient_kind="planarity")
+    n = len(sent)
+    wb.result.gradient = None  # nothing to export: said in the status line, nothing sent
+    wb.controls.export_gradients.click()
+    assert wb.status.level == "error" and "export failed: no gradient" in wb.status.message and len(sent) == n
 
 
 def test_to_py3dmol_carries_the_scene(make_wb):
@@ -498,11 +525,18 @@ def test_slice_colour_scale_follows_the_section_or_the_map(make_wb):
     map_max = float(r.rho.max())
     lo, hi = wb.slice.im.get_clim()
     assert lo == 0.0 and section_max <= hi <= 1.5 * section_max  # this section's range, not the map's
-    assert "colours span this section" in wb.slice.caption.value
+    # the caption states the range the bar shows, and the bar labels both its ends
+    caption = wb.slice.caption.value
+    assert f"colour bar {lo:.3g} … {hi:.3g} e/Å³ (rounded out from this section's ρ" in caption
+    assert f"… {section_max:.3g})" in caption
+    ticks = wb.slice.cbar.get_ticks()
+    assert ticks[0] == pytest.approx(lo) and ticks[-1] == pytest.approx(hi)
     wb.controls.slice_scale.value = "map"
     assert wb.state.slice_scale == "map"
-    assert wb.slice.im.get_clim()[1] >= map_max
-    assert "colours span the whole map" in wb.slice.caption.value
+    lo, hi = wb.slice.im.get_clim()
+    assert hi >= map_max
+    assert f"colour bar {lo:.3g} … {hi:.3g} e/Å³ (rounded out from the whole map's ρ" in wb.slice.caption.value
+    assert wb.slice.cbar.get_ticks()[-1] == pytest.approx(hi)
     # plain axis labels on an orthogonal cell
     assert (wb.slice.ax.get_xlabel(), wb.slice.ax.get_ylabel()) == ("b (Å)", "c (Å)")
 
@@ -685,3 +719,64 @@ def test_controls_sit_in_collapsible_sections_and_the_section_never_shrinks(make
         assert getattr(wb.controls, name) in held, f"{name} is in no control section"
     # an image with max-width 100 % in a shrinking flex item was drawn at 20×17 px (issue 19)
     assert wb.slice.widget.layout.flex == "0 0 auto" and wb.difference.slice.widget.layout.flex == "0 0 auto"
+
+
+def test_user_visible_counts_and_ordinals_read_as_english(make_wb, monkeypatch):
+    from workbench.compute.text import count, ordinal
+    from workbench.views import view3d
+
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "101st", "111th",
+    ]  # fmt: skip
+    assert (count(1, "atom"), count(0, "atom"), count(1234, "atom")) == ("1 atom", "0 atoms", "1234 atoms")
+    # a whole-model map box subsampled: "every 2nd voxel", never "every 2th"
+    original = view3d.region_volume
+    monkeypatch.setattr(view3d, "region_volume", lambda *a, **k: original(*a, **{**k, "max_voxels": 20_000}))
+    wb = make_wb(spacing=0.8)
+    stride = wb.scene._volume.stride
+    assert stride > 1 and f"every {ordinal(stride)} voxel" in wb.scene.caption.value
+    for text in (wb.scene.caption.value, wb.slice.caption.value, wb.status.message, wb.table.html.value):
+        for number, suffix in re.findall(r"\b(\d+)(st|nd|rd|th)\b", text):
+            assert ordinal(int(number)) == number + suffix, text
+        assert not re.search(r"(?<![\d.,])1 (?:atoms|rows|voxels|residues|arrows)\b", text), text
+
+
+def test_results_holding_arrays_compare_by_identity_and_value_objects_by_value(make_wb):
+    import copy
+
+    from workbench.compute import Comparison, atom_marks, region_arrows
+
+    wb = make_wb(distort_amplitude=0.3)
+    wb.compare("cpu:reference", "cpu:reference")
+    wb.flush()
+    r = wb.result
+    arrows = region_arrows(r.atoms.xyz, r.gradient, None, 4.0, missing="none")
+    objects = [
+        r, r.section, r.gradient, wb.slice.last, wb.slice.last.contours[0], wb.scene._volume, arrows,
+        wb.difference_result, atom_marks(r.near, r.model.atoms.elements),
+    ]  # fmt: skip
+    for obj in objects:
+        assert obj == obj and obj != copy.copy(obj), type(obj).__name__  # no "truth value of an array"
+        assert len({obj, obj}) == 1  # usable in sets and as dict keys
+    c = Comparison(1.0, 2.0, 0.1, 0, 10)
+    assert c == Comparison(1.0, 2.0, 0.1, 0, 10)  # scalars only: a value object
+
+
+def test_contour_levels_box_sets_the_levels_and_reports_bad_input(make_wb):
+    wb = make_wb()
+    box = wb.controls.contour_sigmas
+    assert box.value == "1" and "wb-contours" in box._dom_classes
+    box.set_state({"value": "2, -1 1.5σ, 2"})  # the path a browser message takes
+    assert wb.state.contour_sigmas == (-1.0, 1.5, 2.0) and box.value == "-1, 1.5, 2"
+    assert [c.sigma for c in wb.slice.last.contours] == [-1.0, 1.5, 2.0]
+    assert "contours at -1 σ" in wb.slice.caption.value
+    n = wb.n_applied
+    for bad, says in (("1, two", "'two' is not a number"), ("1 2 3 4 5 6 7", "at most 6"), ("99", "[-50, 50]")):
+        box.set_state({"value": bad})
+        assert wb.status.level == "error" and says in wb.status.message, wb.status.message
+        assert box.value == "-1, 1.5, 2" and wb.state.contour_sigmas == (-1.0, 1.5, 2.0)  # put back
+    assert wb.n_applied == n  # nothing recomputed for bad input
+    box.set_state({"value": ""})
+    assert wb.state.contour_sigmas == () and wb.slice.last.contours == [] and wb.status.level != "error"
+    wb.state.contour_sigmas = (3.0,)  # from code: the box follows
+    assert box.value == "3"

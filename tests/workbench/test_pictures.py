@@ -17,7 +17,7 @@ from workbench.compute import (
     section,
     section_fractions,
 )
-from workbench.views.slice import SliceView
+from workbench.views.slice import SliceView, bar_ticks
 
 
 def _blob_map(cell: kernels.Cell, shape, centre_frac, width: float = 1.2) -> tuple[torch.Tensor, kernels.GridSpec]:
@@ -149,6 +149,64 @@ def test_slice_view_draws_the_contours_and_says_their_levels():
     assert len(view.contours.get_segments()) == 0 and "contours" not in view.caption.value
 
 
+def _png_rgb(data: bytes) -> np.ndarray:
+    import io
+
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+@pytest.mark.parametrize(("cell", "axis"), [(MONOCLINIC, 1), (HEXAGONAL, 2)])
+def test_section_pixels_are_the_display_pixels_in_their_colours(cell, axis):
+    rho, grid = _blob_map(cell, (30, 24, 36) if axis == 1 else (40, 40, 24), (0.4, 0.5, 0.5), width=2.5)
+    sec = section(rho, grid, axis, 12, (float(rho.min()), float(rho.max())))
+    view = SliceView()
+    png = _png_rgb(view.update(sec))
+    img = view.last
+    # one raster pixel per display pixel: the raster's width is the face's width on screen
+    to_display = view.ax.transData
+    (ax0, _), (ax1, _) = to_display.transform([(img.extent[0], 0.0), (img.extent[1], 0.0)])
+    assert ax1 - ax0 == pytest.approx(img.values.shape[1], abs=1e-6)
+    lo, hi = view.im.get_clim()
+    cmap = view.im.get_cmap()
+    height = png.shape[0]
+    ny, nx = img.values.shape
+    rng = np.random.default_rng(1)
+    checked = 0
+    for r, c in zip(rng.integers(0, ny, 400), rng.integers(0, nx, 400)):
+        v = img.values[r, c]
+        # away from the face's edge, where the outline is drawn over the image
+        if not np.isfinite(img.values[max(r - 3, 0) : r + 4, max(c - 3, 0) : c + 4]).all() or not 3 <= r < ny - 3:
+            continue
+        x = img.extent[0] + (c + 0.5) * img.pixel
+        y = img.extent[2] + (r + 0.5) * img.pixel
+        px, py = to_display.transform((x, y))
+        drawn = png[height - 1 - int(np.floor(py)), int(np.floor(px))]
+        expected = np.asarray(cmap((v - lo) / (hi - lo), bytes=True)[:3])
+        assert np.abs(drawn.astype(int) - expected).max() <= 1, (r, c, drawn, expected)
+        checked += 1
+    assert checked > 100
+
+
+def test_a_section_sweep_draws_the_frame_once_and_each_colour_bar_once():
+    rho, grid = _blob_map(MONOCLINIC, (30, 24, 36), (0.4, 0.5, 0.5), width=2.5)
+    mean, sigma = float(rho.mean()), float(rho.std())
+    view = SliceView()
+    draws = []
+    view.fig.canvas.mpl_connect("draw_event", lambda event: draws.append(event))
+    for _sweep in range(2):
+        for i in range(24):
+            sec = section(rho, grid, 1, i, (float(rho.min()), float(rho.max())))
+            view.update(sec, mean=mean, sigma=sigma, contour_sigmas=(1.0,))
+            lo, hi = view.im.get_clim()
+            assert next(reversed(view._bars)) == (lo, hi)  # the bar shown is this range's
+            ticks = bar_ticks(lo, hi)
+            assert ticks[0] == pytest.approx(lo) and ticks[-1] == pytest.approx(hi)  # labelled at both ends
+    assert len(draws) == 1  # full-figure draws: the frame and labels, once for this geometry
+    assert 1 < len(view._bars) <= 8  # the colour ranges met, each drawn once and kept
+
+
 # --------------------------------------------------------------------------- atoms near the plane
 
 
@@ -236,7 +294,8 @@ def test_3d_view_is_centred_on_the_region_and_its_box_covers_it_with_margin(make
     cx, cy, cz, r = view.view_sphere
     centre = np.array([cx, cy, cz])
     pts = xyz[shown]
-    np.testing.assert_allclose(centre, 0.5 * (pts.min(0) + pts.max(0)), atol=1e-9)
+    # centred on the residue itself (its neighbours may lie to one side), holding all shown
+    np.testing.assert_allclose(centre, 0.5 * (xyz[sel].min(0) + xyz[sel].max(0)), atol=1e-9)
     assert np.linalg.norm(pts - centre, axis=1).max() + VIEW_MARGIN == pytest.approx(r)
     assert r < 0.5 * np.linalg.norm(xyz.max(0) - xyz.min(0))  # zoomed in on the residue
     # the map box covers the residue plus the padding ...
@@ -307,3 +366,22 @@ def test_export_map_writes_a_ccp4_map_on_the_server(make_wb, tmp_path):
     assert grid.shape == wb.result.grid.shape and grid.sampling == wb.result.grid.sampling
     np.testing.assert_allclose(grid.cell.orth.numpy(), wb.result.grid.cell.orth.numpy(), atol=1e-3)
     np.testing.assert_array_equal(rho.numpy(), wb.result.rho.float().numpy())
+
+
+def test_clicking_an_atom_table_row_picks_its_atom(make_wb):
+    wb = make_wb()
+    table = wb.table.html
+    labels = wb.result.model.atoms.labels
+    a = wb.state.profile_atoms[1]
+    k = int(wb.table.order[3])  # the 4th row shown
+    assert f"<tr data-atom='{k}'" in table.value and "click a row" in table.value
+    table._handle_custom_msg({"type": "pick", "index": k}, [])  # what table.js sends on a click
+    lab = labels[k]
+    assert wb.state.region == f"{lab.chain}/{lab.seq_num}{lab.icode.strip()}"
+    assert wb.state.profile_atoms == (a, k) and wb.result.settings.profile_atoms == (a, k)
+    assert f"<tr data-atom='{k}' class='wb-picked'>" in table.value  # the picked row stands out
+    assert wb.scene.view.focus == {"chain": lab.chain, "resi": lab.seq_num}
+    hidden = int(wb.table.order[-1])  # not a row on show: a stale or forged message changes nothing
+    for msg in ({"type": "pick", "index": hidden}, {"type": "pick", "index": "3"}, {"type": "pick", "index": True}):
+        table._handle_custom_msg(msg, [])
+        assert wb.state.profile_atoms == (a, k)

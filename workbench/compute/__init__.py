@@ -17,6 +17,7 @@ One module per stage, each importing only the stages before it:
 - :mod:`~workbench.compute.comparison` — one backend against another
 - :mod:`~workbench.compute.export` — CCP4 bytes, PDB text, gradient CSV
 - :mod:`~workbench.compute.scene` — the 3D view's map box, volume, arrows and focus
+- :mod:`~workbench.compute.text` — counts and ordinals in the words of user-visible text
 
 Every public name of these modules is importable from ``workbench.compute``.
 Errors meant for a person are :class:`WorkbenchError` (the message says what is wrong
@@ -105,8 +106,11 @@ from workbench.compute.sections import (
     section_index,
     section_is_empty,
 )
+from workbench.compute.text import count, ordinal
 
 __all__ = [
+    "count",
+    "ordinal",
     "ARROW_MAX_LENGTH",
     "ARROW_MIN_LENGTH",
     "ARROW_SCALE",

@@ -65,7 +65,7 @@ def compare_arrays(out, ref) -> Comparison:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class DifferenceResult:
     """Two ``device:backend`` runs on the same inputs and how they differ.
 

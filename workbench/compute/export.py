@@ -11,6 +11,7 @@ import torch
 import kernels
 from kernels import GridSpec, Model
 from workbench.compute.errors import WorkbenchError
+from workbench.compute.text import count
 
 __all__ = ["gradients_csv", "map_ccp4_bytes", "model_pdb"]
 
@@ -40,7 +41,7 @@ def model_pdb(model: Model, xyz: torch.Tensor) -> str:
                 i += 1
                 atom.serial = i
     if i != len(pos):
-        raise WorkbenchError(f"the model has {i} atoms but {len(pos)} positions were given")
+        raise WorkbenchError(f"the model has {count(i, 'atom')} but {count(len(pos), 'position')} were given")
     st.setup_entities()
     options = gemmi.PdbWriteOptions()
     options.preserve_serial = True

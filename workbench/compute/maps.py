@@ -86,7 +86,7 @@ def density_map(atoms: AtomSet, grid: GridSpec, settings: Settings, *, backend: 
     return rho, name, seconds
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class GradientResult:
     """A loss and its gradient with respect to every atom position.
 

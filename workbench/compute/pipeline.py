@@ -32,7 +32,7 @@ from workbench.state import Settings
 __all__ = ["Pipeline", "Result"]
 
 
-@dataclasses.dataclass(kw_only=True)
+@dataclasses.dataclass(kw_only=True, eq=False)
 class Result:
     """Everything the views draw for one :class:`Settings` snapshot.
 
@@ -153,12 +153,13 @@ class Pipeline:
         *,
         check: Callable[[], None] = lambda: None,
         progress: Callable[[int, int, str], None] = lambda i, n, what: None,
-        on_section: Callable[[Section, tuple], None] = lambda sec, near: None,
+        on_section: Callable[[Section, tuple, float, float], None] = lambda sec, near, mean, sigma: None,
     ) -> Result:
         """Compute every result for ``settings``; raise WorkbenchError or Cancelled.
 
-        ``on_section(section, near)`` is called as soon as the section exists, before the
-        gradients and the tricubic samples (so the slice view updates first).
+        ``on_section(section, near, mean, sigma)`` is called as soon as the section exists,
+        with the whole map's mean and σ (e/Å³, for σ contours), before the gradients and
+        the tricubic samples: the slice view, what a drag watches, updates first.
         """
         total = 6
         notes: list[str] = []
@@ -212,7 +213,7 @@ class Pipeline:
         sec = section(rho, grid, settings.axis, section_index(grid, settings.axis, depth), (lo, hi))
         near = atoms_near_section(atoms.xyz, grid, sec)
         check()
-        on_section(sec, near)
+        on_section(sec, near, mean, sigma)
         rho_cpu = self._stage("rho_cpu", rho_key, lambda: rho.detach().cpu())
         if not want_fit:
             target, target_source, target_key = self._target(grid, undistorted, settings, base)

@@ -21,6 +21,7 @@ frame.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import torch
@@ -55,7 +56,7 @@ _OTHER_COLOUR = "#ff80ff"
 _UNIT = Cell.from_parameters(1.0, 1.0, 1.0)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Contour:
     """The lines of one contour level.
 
@@ -73,7 +74,7 @@ class Contour:
     lines: list
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class SectionImage:
     """A section resampled on square pixels of its Cartesian frame.
 
@@ -103,12 +104,17 @@ class SectionImage:
         return sum(len(c.lines) for c in self.contours)
 
 
-def _raster(sec: Section, pixels: int) -> tuple[np.ndarray, np.ndarray, float, tuple]:
+def _raster(sec: Section, pixels: int, pixel: float | None = None, anchor=None):
     corners = sec.corners
     lo, hi = corners.min(axis=0), corners.max(axis=0)
-    pixel = float((hi - lo).max()) / pixels
-    nx = max(2, int(np.ceil((hi[0] - lo[0]) / pixel)))
-    ny = max(2, int(np.ceil((hi[1] - lo[1]) / pixel)))
+    if pixel is None:
+        pixel = float((hi - lo).max()) / pixels
+    if anchor is not None:
+        # pixel edges on anchor + k·pixel: the raster's pixels are the display's pixels
+        ax, ay = anchor
+        lo = np.array([ax + np.floor((lo[0] - ax) / pixel) * pixel, ay + np.floor((lo[1] - ay) / pixel) * pixel])
+    nx = max(2, int(np.ceil((hi[0] - lo[0]) / pixel - 1e-9)))
+    ny = max(2, int(np.ceil((hi[1] - lo[1]) / pixel - 1e-9)))
     x = lo[0] + (np.arange(nx) + 0.5) * pixel
     y = lo[1] + (np.arange(ny) + 0.5) * pixel
     return x, y, pixel, (float(lo[0]), float(lo[0] + nx * pixel), float(lo[1]), float(lo[1] + ny * pixel))
@@ -150,6 +156,63 @@ def sample_section(sec: Section, fu: np.ndarray, fv: np.ndarray, *, backend: str
     return out.numpy().astype(np.float32, copy=False)
 
 
+@functools.lru_cache(maxsize=8)
+def _face_plan(n_u: int, e_u: tuple, e_v: tuple, x: tuple, y: tuple):
+    """What the resampling of a face on a raster reuses while only the values change:
+    the rows crossing the face, the pixels on it, and their 1-D Catmull-Rom stencils
+    along u (flat indices into the (n_u, rows) v-interpolated table and weights).
+
+    Keyed on the geometry alone (tuples), so stepping through sections or B-factors of
+    one grid computes it once.
+    """
+    x, y = np.asarray(x), np.asarray(y)
+    fv_rows = y / e_v[1]
+    eps = 1e-9
+    rows = np.nonzero((fv_rows >= -eps) & (fv_rows < 1 + eps))[0]
+    fv = fv_rows[rows]
+    fu = (x[None, :] - fv[:, None] * e_v[0]) / e_u[0]  # section_fractions, row by row
+    r, c = np.nonzero((fu >= -eps) & (fu < 1 + eps))
+    t = fu[r, c] * n_u
+    i = np.floor(t)
+    t -= i
+    i = i.astype(np.intp)
+    stencil = np.stack([((i + k) % n_u) * len(rows) + r for k in (-1, 0, 1, 2)])
+    # Catmull-Rom weights of the kernel (kernels.tricubic.reference._catmull_rom_1d)
+    weights = np.stack(
+        [
+            0.5 * (-t + 2 * t**2 - t**3),
+            0.5 * (2 - 5 * t**2 + 3 * t**3),
+            0.5 * (t + 4 * t**2 - 3 * t**3),
+            0.5 * (t**3 - t**2),
+        ]
+    )
+    pixels = rows[r] * len(x) + c
+    for a in (rows, fv, stencil, weights, pixels):
+        a.flags.writeable = False
+    return rows, fv, stencil, weights, pixels
+
+
+def _resample_face(sec: Section, x: np.ndarray, y: np.ndarray, backend: str) -> np.ndarray:
+    """Catmull-Rom values of the face on the raster ``x`` × ``y`` Å; NaN off the face.
+
+    Tensor-product Catmull-Rom is separable, and ``fv`` is constant along a raster row
+    (``y = fv · e_v[1]``): the kernel interpolates along v once per row at every u node
+    (n_u · rows points: at a node the u weights are 0, 1, 0, 0), then each pixel takes the
+    1-D Catmull-Rom along u of its row. Equal to sampling every pixel with the kernel, at
+    a fraction of its points (a 400-pixel face over 60 voxels: about 7× fewer).
+    """
+    n_u = sec.values.shape[0]
+    rows, fv, stencil, weights, pixels = _face_plan(
+        n_u, tuple(map(float, sec.e_u)), tuple(map(float, sec.e_v)), tuple(map(float, x)), tuple(map(float, y))
+    )
+    values = np.full(len(y) * len(x), np.nan, np.float32)
+    if len(rows):
+        pu, pv = np.meshgrid(np.arange(n_u) / n_u, fv, indexing="ij")
+        along_v = sample_section(sec, pu, pv, backend=backend).ravel()  # (n_u, rows), flat
+        values[pixels] = np.einsum("kp,kp->p", weights, along_v[stencil])
+    return values.reshape(len(y), len(x))
+
+
 def section_contours(
     x: np.ndarray, y: np.ndarray, values: np.ndarray, sigmas, mean: float, sigma: float
 ) -> list[Contour]:
@@ -179,6 +242,8 @@ def render_section(
     sigma: float | None = None,
     contour_sigmas=(),
     pixels: int = SECTION_PIXELS,
+    pixel: float | None = None,
+    anchor: tuple[float, float] | None = None,
     backend: str = "cpu",
 ) -> SectionImage:
     """Resample ``sec`` at display resolution and contour it.
@@ -191,19 +256,23 @@ def render_section(
     contour_sigmas : sequence of float
         Contour levels in σ above the mean; empty for none.
     pixels : int
-        Pixels along the longer side of the face's bounding box.
+        Pixels along the longer side of the face's bounding box (when ``pixel`` is not given).
+    pixel : float, optional
+        Å per pixel instead: the scale the face is drawn at, so that each raster pixel is
+        one display pixel (no resampling when drawn).
+    anchor : (float, float), optional
+        A point, Å in the section frame, on pixel edges: the raster's pixel edges lie at
+        ``anchor + k·pixel`` (a display pixel's corner, for a one-to-one drawing).
     backend : str
         :func:`kernels.tricubic_sample` backend.
     """
     if pixels < 2:
         raise WorkbenchError(f"a section needs at least 2 pixels, got {pixels}")
-    x, y, pixel, extent = _raster(sec, pixels)
-    xx, yy = np.meshgrid(x, y)
-    fu, fv = section_fractions(sec, xx, yy)
-    eps = 1e-9
-    inside = (fu >= -eps) & (fu < 1 + eps) & (fv >= -eps) & (fv < 1 + eps)
-    values = np.full(xx.shape, np.nan, np.float32)
-    values[inside] = sample_section(sec, fu[inside], fv[inside], backend=backend)
+    if pixel is not None and not (pixel > 0 and np.isfinite(pixel)):
+        raise WorkbenchError(f"pixel size must be a positive number of Å, got {pixel!r}")
+    x, y, pixel, extent = _raster(sec, pixels, pixel, anchor)
+    values = _resample_face(sec, x, y, backend)
+    inside = np.isfinite(values)
     face = values[inside]
     vmin, vmax = (float(face.min()), float(face.max())) if face.size else (0.0, 0.0)
     contours: list[Contour] = []
@@ -214,7 +283,7 @@ def render_section(
     return SectionImage(values=values, extent=extent, pixel=pixel, contours=contours, vmin=vmin, vmax=vmax)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class AtomMarks:
     """Marks of the atoms near a section plane.
 

@@ -27,6 +27,7 @@ from workbench.compute.atoms import region_atoms
 from workbench.compute.errors import WorkbenchError
 from workbench.compute.export import map_ccp4_bytes
 from workbench.compute.maps import GradientResult
+from workbench.compute.text import count
 
 __all__ = [
     "ARROW_MAX_LENGTH",
@@ -127,7 +128,7 @@ def region_box(
     return torch.from_numpy(box), GridSpec(grid.cell, tuple(shape), tuple(lo_s), sampling), stride
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class RegionVolume:
     """A region's map box, serialised for 3Dmol.js.
 
@@ -250,16 +251,22 @@ def shown_atoms(xyz: torch.Tensor, region: np.ndarray | None, padding: float) ->
     return atoms_within(xyz, region, padding)
 
 
-def focus_sphere(xyz: torch.Tensor, shown: np.ndarray, margin: float = VIEW_MARGIN) -> list[float]:
+def focus_sphere(
+    xyz: torch.Tensor, shown: np.ndarray, margin: float = VIEW_MARGIN, centre_on: np.ndarray | None = None
+) -> list[float]:
     """The sphere the camera fits: ``[cx, cy, cz, radius]`` Å.
 
-    Centred on the middle of the bounding box of the atoms ``shown`` (indices into
-    ``xyz`` (N, 3) Å) and reaching ``margin`` Å past the farthest of them.
+    Centred on the middle of the bounding box of the atoms ``centre_on`` (default: those
+    ``shown``; indices into ``xyz`` (N, 3) Å) and reaching ``margin`` Å past the farthest
+    atom shown. A chosen residue is centred even when its neighbours lie to one side (a
+    water at the surface).
     """
-    pts = xyz.detach().to("cpu", torch.float64).numpy()[np.asarray(shown, int)]
+    all_xyz = xyz.detach().to("cpu", torch.float64).numpy()
+    pts = all_xyz[np.asarray(shown, int)]
     if not len(pts):
         return [0.0, 0.0, 0.0, 10.0]
-    centre = 0.5 * (pts.min(axis=0) + pts.max(axis=0))
+    middle = pts if centre_on is None or not len(centre_on) else all_xyz[np.asarray(centre_on, int)]
+    centre = 0.5 * (middle.min(axis=0) + middle.max(axis=0))
     radius = float(np.sqrt(((pts - centre) ** 2).sum(axis=1).max())) + margin
     return [*map(float, centre), radius]
 
@@ -319,7 +326,7 @@ def gradient_arrows(xyz: np.ndarray, grad: np.ndarray, kind: str, units: str) ->
     text = (
         f"arrows (magenta): −∇ of the {kind} loss, 1 Å of arrow = {1 / scale:.4g} {units}; "
         f"drawn where |∇| ≥ {ARROW_MIN_LENGTH / scale:.3g} {units} ({ARROW_MIN_LENGTH:g} Å): "
-        f"{len(keep)} of {len(norms)} atoms, largest |∇| {gmax:.3g} {units}"
+        f"{len(keep)} of {count(len(norms), 'atom')}, largest |∇| {gmax:.3g} {units}"
     )
     if n_clipped:
         text += f", {n_clipped} clipped at {ARROW_MAX_LENGTH:g} Å"
@@ -338,7 +345,7 @@ def arrow_segments(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype=np.float32).reshape(-1, 6)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Arrows:
     """Gradient arrows for the 3D view.
 

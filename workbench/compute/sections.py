@@ -28,7 +28,7 @@ __all__ = [
 EMPTY_SECTION_FRACTION = 0.01
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Section:
     """One grid section drawn in Å with the cell's true angles.
 

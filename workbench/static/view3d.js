@@ -76,6 +76,7 @@ async function render({ model, el }) {
     return;
   }
   const viewer = $3Dmol.createViewer(box, { backgroundColor: "white" });
+  box.wbViewer = viewer; // reachable from the page: browser tests and the console project atoms with it
   for (const c of box.querySelectorAll("canvas")) {
     c.style.position = "absolute"; // no intrinsic width: the box, not the canvas, sets the size
     c.style.left = "0";
@@ -126,6 +127,7 @@ async function render({ model, el }) {
     viewer.setStyle({}, { stick: { radius: 0.12 } });
     const sel = model.get("focus");
     if (sel && Object.keys(sel).length) viewer.setStyle(sel, { stick: { radius: 0.22 } });
+    box.dataset.focus = JSON.stringify(sel || {});
   }
 
   function drawModel() {

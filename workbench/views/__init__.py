@@ -5,6 +5,7 @@ Every view builds its widgets and marks once and updates them in place (inside
 """
 
 from workbench.views.difference import DifferenceView
+from workbench.views.download import Download
 from workbench.views.profile import ProfileView
 from workbench.views.slice import SliceView
 from workbench.views.status import StatusView
@@ -15,6 +16,7 @@ from workbench.views.view3d import Scene3DView, View3D
 __all__ = [
     "AtomTableView",
     "DifferenceView",
+    "Download",
     "ProfileView",
     "Scene3DView",
     "SliceView",

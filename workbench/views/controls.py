@@ -19,6 +19,7 @@ from workbench.state import (
     B_MODES,
     EXAMPLES,
     GRADIENT_KINDS,
+    MAX_CONTOURS,
     RANGES,
     SLICE_AXES,
     SLICE_SCALES,
@@ -27,7 +28,7 @@ from workbench.state import (
     device_choices,
 )
 
-__all__ = ["Controls"]
+__all__ = ["Controls", "format_sigmas", "parse_sigmas"]
 
 # Touching one of these sliders selects the mode it belongs to.
 _SELECTS_MODE = {
@@ -48,6 +49,30 @@ def _slider(cls, name: str, description: str, **kw):
     return cls(
         min=lo, max=hi, step=step, description=description, continuous_update=True, style=_STYLE, layout=_LAYOUT, **kw
     )
+
+
+def parse_sigmas(text: str) -> tuple[float, ...]:
+    """Contour levels typed as numbers separated by commas or spaces ("1, 2", "-3 1.5 σ").
+
+    Raises ValueError naming the first entry that is not a number; the range and count
+    are the state's to check.
+    """
+    out = []
+    for part in text.replace(",", " ").replace(";", " ").split():
+        part = part.removesuffix("σ")
+        if not part:
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            raise ValueError(f"{part!r} is not a number; type σ levels like '1, 2' (empty: none)") from None
+        out.append(value)
+    return tuple(out)
+
+
+def format_sigmas(levels) -> str:
+    """The levels as the text box shows them: "1, 2"."""
+    return ", ".join(f"{v:g}" for v in levels)
 
 
 class Controls:
@@ -128,6 +153,15 @@ class Controls:
             tooltips=("this section's own range", "the whole map's range (compare sections)"),
             style={"button_width": "70px", **_STYLE},
         )
+        self.contour_sigmas = w.Text(
+            value=format_sigmas(state.contour_sigmas),
+            placeholder="none",
+            tooltip=f"contour levels in σ above the map mean, e.g. '1, 2' (at most {MAX_CONTOURS}; empty: none); Enter applies",
+            description="contours at σ",
+            style=_STYLE,
+            layout=_LAYOUT,
+            continuous_update=False,
+        )
         self.iso_sigma = _slider(w.FloatSlider, "iso_sigma", "iso level (σ)")
         self.distort_amplitude = _slider(w.FloatSlider, "distort_amplitude", "distort (Å)")
         self.distort_seed = w.BoundedIntText(
@@ -162,9 +196,24 @@ class Controls:
             layout=_LAYOUT,
         )
         self.table_ascending = w.Checkbox(description="ascending", indent=False)
-        self.export_path = w.Text(value="workbench_map.ccp4", description="export to", style=_STYLE, layout=_LAYOUT)
-        self.export_map = w.Button(description="map (CCP4)", icon="download")
-        self.export_gradients = w.Button(description="gradients (CSV)", icon="download")
+        # The buttons download to the browser (the person's computer, wherever the kernel
+        # runs); Workbench.export_map(path) writes on the server, from Python.
+        self.export_path = w.Text(
+            value="workbench_map.ccp4",
+            description="file name",
+            tooltip="name of the downloaded map; the gradients get the same name with .csv",
+            style=_STYLE,
+            layout=_LAYOUT,
+        )
+        self.export_map = w.Button(
+            description="map (CCP4)", icon="download", tooltip="download the map to your browser"
+        )
+        self.export_gradients = w.Button(
+            description="gradients (CSV)", icon="download", tooltip="download the gradients to your browser"
+        )
+        self.export_note = w.HTML()
+        self.export_path.observe(lambda _: self._export_note(), names="value")
+        self._export_note()
 
         css = {
             "structure": "wb-structure",
@@ -186,6 +235,7 @@ class Controls:
             "slice_index": "wb-slice-index",
             "slice_depth": "wb-slice-depth",
             "slice_scale": "wb-slice-scale",
+            "contour_sigmas": "wb-contours",
             "iso_sigma": "wb-iso",
             "distort_amplitude": "wb-distort",
             "distort_seed": "wb-distort-seed",
@@ -200,6 +250,7 @@ class Controls:
             "export_path": "wb-export-path",
             "export_map": "wb-export-map",
             "export_gradients": "wb-export-grad",
+            "export_note": "wb-export-note",
         }
         for attr, cls in css.items():
             getattr(self, attr).add_class(cls)
@@ -234,6 +285,10 @@ class Controls:
         state.observe(self._profile_from_state, names="profile_atoms")
         state.observe(self._range_from_state, names=["slice_index", "slice_index_max", "slice_plane", "n_atoms"])
         self.slice_index.observe(self._slice_changed, names="value")
+        self.contour_sigmas.observe(self._contours_changed, names="value")
+        state.observe(
+            lambda ch: self._set_widget(self.contour_sigmas, format_sigmas(ch["new"])), names="contour_sigmas"
+        )
         state.observe(lambda ch: self._backends_for_device(ch["new"]), names="device")
         self.structure.observe(self._structure_changed, names="value")
         self.path.observe(self._path_changed, names="value")
@@ -318,6 +373,33 @@ class Controls:
         except traitlets.TraitError as exc:
             self.on_error(str(exc))
 
+    def _contours_changed(self, change) -> None:
+        if self._syncing:
+            return
+        try:
+            levels = parse_sigmas(change["new"])
+            with self.batch():
+                self.state.contour_sigmas = levels
+        except (ValueError, traitlets.TraitError) as exc:
+            self.on_error(f"contours at σ: {exc}")
+            self._set_widget(self.contour_sigmas, format_sigmas(self.state.contour_sigmas))
+            return
+        # the state sorts and drops repeats: show what is drawn
+        self._set_widget(self.contour_sigmas, format_sigmas(self.state.contour_sigmas))
+
+    def export_names(self) -> tuple[str, str]:
+        """File names of the map and gradient downloads (the name box's, a folder part dropped)."""
+        name = self.export_path.value.strip().replace("\\", "/").rsplit("/", 1)[-1] or "workbench_map.ccp4"
+        stem = name.rsplit(".", 1)[0] if "." in name else name
+        return name, f"{stem}.csv"
+
+    def _export_note(self) -> None:
+        map_name, csv_name = self.export_names()
+        self.export_note.value = (
+            f"<small>downloads {html.escape(map_name)} / {html.escape(csv_name)} to your browser; "
+            "<code>wb.export_map(path)</code> in Python writes on the server</small>"
+        )
+
     def _backends_for_device(self, device: str) -> None:
         runnable, why_not = backend_choices(device)
         self._syncing = True
@@ -385,7 +467,11 @@ class Controls:
                     self.grid_shape,
                 ],
             ),
-            ("section", True, [self.slice_axis, self.slice_index, self.slice_depth, self.slice_scale]),
+            (
+                "section",
+                True,
+                [self.slice_axis, self.slice_index, self.slice_depth, self.slice_scale, self.contour_sigmas],
+            ),
             (
                 "3D view and gradients",
                 False,
@@ -405,7 +491,7 @@ class Controls:
                 False,
                 [self.profile_a, self.profile_b, self.profile_names, self.table_sort, self.table_ascending],
             ),
-            ("export", False, [self.export_path, w.HBox([self.export_map, self.export_gradients])]),
+            ("export", False, [self.export_path, w.HBox([self.export_map, self.export_gradients]), self.export_note]),
         ]
         self.sections: dict[str, widgets.Accordion] = {}
         boxes = []

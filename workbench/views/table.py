@@ -3,34 +3,84 @@
 from __future__ import annotations
 
 import html
+from pathlib import Path
 
-import ipywidgets as widgets
+import anywidget
 import numpy as np
+import traitlets
 
 from workbench.compute import atom_table_order
+from workbench.compute.text import count
 
-__all__ = ["AtomTableView"]
+__all__ = ["AtomTable", "AtomTableView"]
 
 COLUMNS = {"index": "#", "rho": "ρ model (e/Å³)", "target": "ρ target (e/Å³)", "ratio": "target / model"}
 
 
+# Rows are buttons: the pointer says so, the picked endpoints stand out.
+_STYLE = (
+    "<style>.wb-atom-table-body tr[data-atom]{cursor:pointer}"
+    ".wb-atom-table-body tr[data-atom]:hover{background:#e8f0ff}"
+    ".wb-atom-table-body tr.wb-picked{background:#fff2c0;font-weight:bold}</style>"
+)
+
+
+class AtomTable(anywidget.AnyWidget):
+    """HTML table whose rows can be clicked (CSS class ``wb-atom-table``).
+
+    ``value`` is the table's HTML (escaped by the caller); rows carry ``data-atom`` with
+    their atom index. A click on a row sends ``{"type": "pick", "index": i}``;
+    :meth:`on_pick` callbacks get ``i`` (checked to be a row's atom).
+    """
+
+    _esm = Path(__file__).resolve().parent.parent / "static" / "table.js"
+    value = traitlets.Unicode("").tag(sync=True)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.add_class("wb-atom-table")
+        self._pick_callbacks: list = []
+        self.rows: set[int] = set()
+        self.on_msg(self._message)
+
+    def on_pick(self, callback) -> None:
+        """Call ``callback(index)`` when the row of atom ``index`` is clicked."""
+        self._pick_callbacks.append(callback)
+
+    def _message(self, _widget, content, _buffers) -> None:
+        if not isinstance(content, dict) or content.get("type") != "pick":
+            return
+        index = content.get("index")
+        if isinstance(index, bool) or not isinstance(index, int) or index not in self.rows:
+            return  # a stale or forged message: only rows on show can be picked
+        for callback in self._pick_callbacks:
+            callback(index)
+
+
 class AtomTableView:
-    """An HTML table of the atoms, sorted by one column (CSS class ``wb-atom-table``).
+    """The atoms sorted by one column, as a clickable table (CSS class ``wb-atom-table``).
 
     The sort column and direction are controls bound to the state (``table_sort``,
     ``table_ascending``); the default, ascending target/model ratio, puts the atoms that
-    are most out of density first. Shows ``rows`` rows.
+    are most out of density first. Shows ``rows`` rows; clicking a row picks its atom
+    (:meth:`on_pick`), like clicking the atom in the 3D view.
     """
 
     def __init__(self, rows: int = 25):
         self.rows = rows
-        self.html = widgets.HTML()
-        self.html.add_class("wb-atom-table")
+        self.html = AtomTable()
         self.widget = self.html
         self.order: np.ndarray = np.zeros(0, int)
 
-    def update(self, labels, rho, target, *, sort: str, ascending: bool, target_source: str) -> np.ndarray:
-        """Sort and draw; returns the atom indices in table order (all atoms, not only shown rows)."""
+    def on_pick(self, callback) -> None:
+        """Call ``callback(index)`` with the atom index when a row is clicked."""
+        self.html.on_pick(callback)
+
+    def update(self, labels, rho, target, *, sort: str, ascending: bool, target_source: str, picked=()) -> np.ndarray:
+        """Sort and draw; returns the atom indices in table order (all atoms, not only shown rows).
+
+        ``picked`` atoms (the profile's endpoints) are highlighted.
+        """
         rho = np.asarray(rho, float)
         target = np.asarray(target, float)
         ratio, order = atom_table_order(rho, target, sort=sort, ascending=ascending)
@@ -38,16 +88,22 @@ class AtomTableView:
         head = "".join(
             f"<th>{COLUMNS[c]}{' ▲' if c == sort and ascending else ' ▼' if c == sort else ''}</th>" for c in COLUMNS
         )
+        picked = {int(i) for i in picked}
         body = []
-        for i in order[: self.rows]:
+        shown = [int(i) for i in order[: self.rows]]
+        for i in shown:
+            cls = " class='wb-picked'" if i in picked else ""
             body.append(
-                f"<tr><td>{i}</td><td>{html.escape(str(labels[i]))}</td><td>{rho[i]:.3f}</td>"
+                f"<tr data-atom='{i}'{cls}><td>{i}</td><td>{html.escape(str(labels[i]))}</td><td>{rho[i]:.3f}</td>"
                 f"<td>{target[i]:.3f}</td><td>{ratio[i]:.3f}</td></tr>"
             )
         head = head.replace("<th>#</th>", "<th>#</th><th>atom</th>")
+        self.html.rows = set(shown)
         self.html.value = (
-            f"<small>density at {len(rho)} atoms (tricubic, Catmull-Rom); target: {html.escape(target_source)}; "
-            f"first {min(self.rows, len(rho))} rows sorted by {COLUMNS[sort]}</small>"
+            f"{_STYLE}<small>density at {count(len(rho), 'atom')} (tricubic, Catmull-Rom); target: "
+            f"{html.escape(target_source)}; first {count(min(self.rows, len(rho)), 'row')} sorted by "
+            f"{COLUMNS[sort]}; click a row: its residue becomes the 3D region, and the line profile "
+            "runs to it from the last atom picked</small>"
             f"<table class='wb-atom-table-body'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
         )
         return order
@@ -55,4 +111,5 @@ class AtomTableView:
     def unavailable(self, why: str) -> None:
         """Say why the table is empty."""
         self.order = np.zeros(0, int)
+        self.html.rows = set()
         self.html.value = f"<small>density at atoms unavailable: {html.escape(why)}</small>"

@@ -6,6 +6,8 @@ import html
 
 import ipywidgets as widgets
 
+from workbench.compute.text import count
+
 __all__ = ["TimingView"]
 
 
@@ -34,7 +36,7 @@ class TimingView:
             )
         shape = "×".join(str(n) for n in grid_shape)
         self.current.value = (
-            f"<b>{html.escape(backend)} on {html.escape(device)}</b>, {n_atoms} atoms, grid {shape} "
+            f"<b>{html.escape(backend)} on {html.escape(device)}</b>, {count(n_atoms, 'atom')}, grid {shape} "
             "(last computation; first calls include compilation)"
             f"<table>{cells}</table>"
         )

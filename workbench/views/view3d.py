@@ -40,6 +40,7 @@ from workbench.compute import (
     shown_atoms,
     volume_base64,
 )
+from workbench.compute.text import ordinal
 
 # The arrow scale and gradient_arrows live in workbench.compute (they are geometry); they
 # stay importable from here, where the view that draws them is.
@@ -220,7 +221,7 @@ class Scene3DView:
         self.arrow_scale = arrows.scale
         if self._keys.get("focus") != (s.structure, s.region, s.region_padding):
             updates["focus"] = focus_selection(result.model, s.region)
-            updates["view_sphere"] = focus_sphere(xyz, shown)
+            updates["view_sphere"] = focus_sphere(xyz, shown, centre_on=sel if s.region else None)
             updates["zoom_key"] = self.view.zoom_key + 1
             self._keys["focus"] = (s.structure, s.region, s.region_padding)
         with self.view.hold_sync():
@@ -228,7 +229,11 @@ class Scene3DView:
                 setattr(self.view, name, value)
         region = "whole model" if not s.region else f"residue {s.region}"
         vol = self._volume
-        sub = f" (every {vol.stride}th voxel: {vol.n_voxels:,} shown)" if vol is not None and vol.stride > 1 else ""
+        sub = (
+            f" (every {ordinal(vol.stride)} voxel: {vol.n_voxels:,} shown)"
+            if vol is not None and vol.stride > 1
+            else ""
+        )
         sub += f", map drawn within {s.region_padding:g} Å of the {'residue' if s.region else 'atoms'}"
         self.caption.value = (
             f"<small>{region}, map box ± {s.region_padding:g} Å{sub}; isosurface {s.iso_sigma:g} σ = "
