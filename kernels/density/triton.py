@@ -54,7 +54,6 @@ import triton.language as tl
 
 from kernels._util import positive_number, to_float32
 from kernels.crystal import AtomSet, Cell, GridError, GridSpec
-from kernels.density.positions import positions_in_cell
 from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
 from kernels.dispatch import BackendError, triton_interpreted
 
@@ -1118,13 +1117,12 @@ def _splat(atoms: AtomSet, plan: _Plan) -> torch.Tensor:
     with ``dataclasses.replace`` to run another tile, launch shape or z layout of the same kernels.
     """
     op = "splat_triton"
-    # Far atoms moved into the cell in float64 before the cast; a non-finite atom gets position 0 and
-    # occupancy 0 (it adds nothing, all its gradients are 0) without the host reading anything back.
-    xyz, finite = positions_in_cell(atoms, plan.cell, sync=False)
-    xyz = to_float32(xyz.to(atoms.xyz.dtype), op).contiguous()
+    # Positions go to the kernel as given (cast to float32), with no per-call work on them: done with
+    # torch ops, the float64 wrap and non-finite mask of the other backends (kernels.density.positions)
+    # are ~15 launches, several times the splat's own GPU time on small models (docs/kernels.md).
+    xyz = to_float32(atoms.xyz, op).contiguous()
     b_iso = to_float32(atoms.b_iso, op).contiguous()
-    occ = to_float32(atoms.occ, op)
-    occ = torch.where(finite, occ, torch.zeros_like(occ)).contiguous()
+    occ = to_float32(atoms.occ, op).contiguous()
     a = to_float32(atoms.a, op).detach().contiguous()
     b = to_float32(atoms.b, op).detach().contiguous()
     if xyz.shape[0] == 0:
