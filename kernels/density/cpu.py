@@ -267,7 +267,7 @@ def _splat_cpu(
         raise GridError("the cpu density backend splats whole-cell grids only; use backend='reference' for a box")
     if atoms.device.type != "cpu":
         raise ValueError(f"splat_cpu needs CPU tensors, got {atoms.device}; use atoms.to('cpu') or backend='auto'")
-    xyz, _ = positions_in_cell(atoms, grid.cell, sync=True)  # far atoms moved in float64, before the cast
+    xyz = positions_in_cell(atoms, grid.cell)  # far atoms moved in float64, before the cast
     xyz = to_float32(xyz.to(atoms.xyz.dtype), _OP)
     b_iso = to_float32(atoms.b_iso, _OP)
     occ = to_float32(atoms.occ, _OP)

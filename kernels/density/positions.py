@@ -1,9 +1,9 @@
 """Atom positions as the density kernels take them: finite, and near the unit cell in float64.
 
-Every backend calls :func:`positions_in_cell` before it casts anything to float32, so an atom far
+The `cpu` and `reference` backends call :func:`positions_in_cell` before they cast to float32, so an atom far
 from the cell (a lattice translation of 10^6 Å, or 10^30 Å) is placed in the cell exactly as the
 float64 fractional coordinate says, not after a float32 rounding of its Cartesian position (ulp
-0.06 Å at 10^6 Å), and no backend turns a huge voxel coordinate into an integer index.
+0.06 Å at 10^6 Å), and neither turns a huge voxel coordinate into an integer index.
 :func:`check_finite` is the one definition of "a non-finite position" and its error.
 """
 
@@ -88,55 +88,51 @@ def check_finite(atoms: AtomSet, cell: Cell | None = None) -> None:
         raise _nonfinite_error(atoms, ~finite)
 
 
-def positions_in_cell(atoms: AtomSet, cell: Cell, *, sync: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def positions_in_cell(atoms: AtomSet, cell: Cell) -> torch.Tensor:
     """Positions with every far atom moved by whole lattice vectors into the unit cell, in float64.
 
     Atoms whose fractional coordinates f = frac·xyz (float64) all lie in ``NEAR_CELL`` = [−1, 2)
     keep their positions bit for bit. The others become ``orth·(f − floor(f))``: f − floor(f) is
     exact in floating point for any finite f, so an atom at 10^30 Å lands where its float64
-    fractional coordinate says, and no kernel ever sees a coordinate beyond two cells.
+    fractional coordinate says, and no kernel ever sees a coordinate beyond two cells. Used by the
+    ``cpu`` and ``reference`` backends, which read the answer on the host; on the CPU the usual
+    case (every atom near the cell) costs one reduction.
 
     Parameters
     ----------
     atoms : AtomSet
         ``atoms.xyz`` (N, 3) Å, any floating dtype and device; may require grad.
     cell : Cell
-    sync : bool
-        True (``cpu``, ``reference``): a non-finite position raises ``ValueError`` (see
-        :func:`check_finite`), and on the CPU nothing is computed when no atom is far. False
-        (``triton``): no host synchronisation; non-finite positions become (0, 0, 0) and the mask
-        says which atoms are finite, for the caller to give them zero weight.
 
     Returns
     -------
-    xyz : torch.Tensor, shape (N, 3)
+    torch.Tensor, shape (N, 3)
         ``atoms.xyz`` itself when nothing moved on the CPU (no copy, no autograd node); otherwise
         float64 and differentiable (a translation: gradient 1 up to rounding).
-    finite : torch.Tensor, shape (N,), bool, or None
-        None with ``sync=True`` (every position is finite once it returns).
+
+    Raises
+    ------
+    ValueError
+        A non-finite position (see :func:`check_finite`).
     """
     xyz = atoms.xyz
     x64 = xyz.to(torch.float64)
     lo, hi = NEAR_CELL
     with torch.no_grad():
         f = _fractional(xyz, cell)
-        if sync and x64.device.type == "cpu":
+        if x64.device.type == "cpu":
             # The usual case in one reduction (NaN makes both tests fail and takes the full path below).
             f_min, f_max = (float(v) for v in torch.aminmax(f)) if f.numel() else (lo, lo)
             if f_min >= lo and f_max < hi:
-                return xyz, None
+                return xyz
         finite = torch.isfinite(f).all(dim=1)
-        far = (((f < lo) | (f >= hi)).any(dim=1) & finite)[:, None]
-        if sync:
-            if not bool(finite.all()):
-                raise _nonfinite_error(atoms, ~finite)
-            if x64.device.type == "cpu" and not bool(far.any()):
-                return xyz, None
+        if not bool(finite.all()):
+            raise _nonfinite_error(atoms, ~finite)
+        far = ((f < lo) | (f >= hi)).any(dim=1)[:, None]
+        if x64.device.type == "cpu" and not bool(far.any()):
+            return xyz
         shift = torch.where(far, torch.floor(f), torch.zeros_like(f))
     # frac·xyz − floor(frac·xyz) in the differentiable path (exact), then back to Cartesian.
     frac, orth = _matrices(cell, x64.device)
     moved = (x64 @ frac.T - shift) @ orth.T
-    out = torch.where(far, moved, x64)
-    if sync:
-        return out, None
-    return torch.where(finite[:, None], out, torch.zeros_like(out)), finite
+    return torch.where(far, moved, x64)

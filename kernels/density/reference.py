@@ -95,7 +95,7 @@ def splat_reference(
     """
     dev = atoms.device
     f64 = torch.float64
-    xyz, _ = positions_in_cell(atoms, grid.cell, sync=True)  # far atoms moved into the cell in float64
+    xyz = positions_in_cell(atoms, grid.cell)  # far atoms moved into the cell in float64
     xyz, b_iso, occ = xyz.to(f64), atoms.b_iso.to(f64), atoms.occ.to(f64)
     a, b = atoms.a.to(f64), atoms.b.to(f64)
     cell = grid.cell
