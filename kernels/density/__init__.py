@@ -48,8 +48,9 @@ def peak_density(atoms: AtomSet) -> torch.Tensor:
     torch.Tensor, shape (N,), the atoms' dtype and device; not differentiable.
     """
     with torch.no_grad():
-        width = atoms.b + atoms.b_iso[:, None]
-        return atoms.occ * (atoms.a * (4 * math.pi / width) ** 1.5).sum(dim=1)
+        scale = torch.reciprocal(atoms.b + atoms.b_iso[:, None]).mul_(4 * math.pi)  # 4π/B_k
+        scale.mul_(scale.sqrt()).mul_(atoms.a)  # a_k·(4π/B_k)^{3/2}, without pow
+        return scale.sum(dim=1).mul_(atoms.occ)
 
 
 def _warn_atoms_below_cutoff(atoms: AtomSet, cutoff: float) -> None:
@@ -60,7 +61,9 @@ def _warn_atoms_below_cutoff(atoms: AtomSet, cutoff: float) -> None:
     """
     if len(atoms) == 0:
         return
-    low = (peak_density(atoms) < cutoff) & (atoms.occ > 0)
+    low = peak_density(atoms) < cutoff
+    if bool(low.any()):
+        low &= atoms.occ > 0
     if bool(low.any()):
         idx = int(low.nonzero()[0, 0])
         count = int(low.sum())
