@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
+from tests.notebooks._lab import lab_command
 from workbench import cli
 
 SHIPPED = cli.shipped_notebooks_dir()
@@ -82,18 +81,7 @@ def _get(url: str) -> int:
 
 def test_lab_serves_the_quickstart_with_token_auth(tmp_path):
     """A real ``workbench lab``: prints a 127.0.0.1 URL with a token; the token is needed and enough."""
-    env = dict(
-        os.environ,
-        JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"),
-        JUPYTER_DATA_DIR=str(tmp_path / "data"),
-        JUPYTER_RUNTIME_DIR=str(tmp_path / "run"),
-        JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"),
-    )
-    env.pop("JUPYTER_TOKEN", None)
-    args = [sys.executable, "-m", "workbench", "lab", "--no-browser", "--dir", str(tmp_path / "nb")]
-    args += ["--port", str(cli._free_port(18900)), "--LabApp.extension_manager=readonly"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        args.append("--allow-root")  # CI containers run as root; Lab refuses root without it
+    env, args = lab_command(tmp_path, 18900)
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = None

@@ -4,17 +4,16 @@ SIGTERM stops the server with its kernels (issue 19)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
 import psutil
 
+from tests.notebooks._lab import lab_command
 from workbench import cli
 
 
@@ -52,18 +51,7 @@ def _request(url: str, method: str = "GET") -> tuple[int, bytes]:
 
 
 def test_sigterm_stops_lab_with_its_server_and_kernels(tmp_path):
-    env = dict(
-        os.environ,
-        JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"),
-        JUPYTER_DATA_DIR=str(tmp_path / "data"),
-        JUPYTER_RUNTIME_DIR=str(tmp_path / "run"),
-        JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"),
-    )
-    env.pop("JUPYTER_TOKEN", None)
-    args = [sys.executable, "-m", "workbench", "lab", "--no-browser", "--dir", str(tmp_path / "nb")]
-    args += ["--port", str(cli._free_port(18700)), "--LabApp.extension_manager=readonly"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        args.append("--allow-root")
+    env, args = lab_command(tmp_path, 18700)
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tree: list[psutil.Process] = []
     try:
