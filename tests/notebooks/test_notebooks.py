@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -130,11 +131,32 @@ def test_benchmarks_notebook_plots_the_latest_record_and_picks_up_torchref(tmp_p
     assert "torchref {m['version']}" in code  # the legend names each torchref version
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is present: the notebook runs the live check")
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="a GPU is present: the notebook runs the live check"
+)
 def test_debugging_notebook_without_a_gpu_says_so_and_shows_the_recorded_h100_run(user_folder):
     results = NOTEBOOKS.parent / "benchmarks" / "results"
     nb = execute(user_folder / "04_kernel_debugging.ipynb", env={"WORKBENCH_BENCHMARKS_DIR": str(results)})
     text = text_output(nb)
     assert "No CUDA GPU on this machine" in text and "compare CPU backends only" in text, text
     assert "Recorded instead: density_cuda_h100_2026-11-25.json — NVIDIA H100" in text, text
-    assert "2nd call" in text and "3wip" in text and "353 passed" in text, text
+    logs = sorted(results.glob("tests_cuda_*.log"))
+    plain = [p for p in logs if re.fullmatch(r"tests_cuda_\w+?_\d{4}-\d{2}-\d{2}\.log", p.name)]
+    newest = max(plain or logs, key=lambda p: re.findall(r"\d{4}-\d{2}-\d{2}", p.name))
+    summary = [line.strip() for line in newest.read_text().splitlines() if re.search(r"\d+ passed", line)][-1]
+    assert "2nd call" in text and "3wip" in text and f"({newest.name}): {summary}" in text, text
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU: the live Triton check")
+def test_debugging_notebook_on_a_gpu_checks_triton_in_a_fresh_process(user_folder):
+    """With a GPU, notebook 4 runs the Triton splat in a fresh process with an empty Triton cache:
+    calls 1-3 against the float64 reference and the position gradient, inside the contract."""
+    nb = execute(user_folder / "04_kernel_debugging.ipynb")
+    text = text_output(nb)
+    print(text)
+    assert "fresh process, empty Triton cache" in text, text
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["1orc"], ["1aki"])]
+    assert [r[0] for r in rows] == ["1orc", "1aki"], text
+    for r in rows:
+        rel_calls, grad_rel = [float(v) for v in r[-4:-1]], float(r[-1])
+        assert max(rel_calls) < 1e-4 and grad_rel < 1e-3, r
