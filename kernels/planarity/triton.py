@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._launch import FastLauncher
 from kernels._util import to_float32
 from kernels.dispatch import triton_interpreted
 from kernels.planarity.cpu import NEWTON_STEPS
@@ -40,16 +41,18 @@ _BLOCK_R = 128  # partial sums the last program adds per step
 _BLOCK_A = 128  # atoms per backward program
 
 
-@triton.jit
+# Ints are never specialised: the launcher (kernels._launch) keys compiled kernels on the
+# constexprs, so an int equal to 1 (one plane) must not become a compile-time constant.
+@triton.jit(do_not_specialize=["P", "K", "n_programs"])
 def _planarity_fwd_kernel(
     xyz_ptr,  # (N, 3) float32, contiguous
     index_ptr,  # (P, K) int32: atom per slot, padding repeats the plane's first atom
     weight_ptr,  # (P, K) float32: 1/σ², 0 in padding
-    partial_ptr,  # (n_programs,) float32: each program's Σ ½ w d²
+    partial_ptr,  # (n_programs,) float32: each program's Σ ½ w d² (scratch kept per stream)
     count_ptr,  # (1,) int32, 0 between calls: the ticket; the last program resets it
     loss_ptr,  # () float32: Σ partials + constant, written by the last program
-    coef_ptr,  # (P, K) float32: w·d per slot (0 in padding and degenerate planes), when WITH_GRAD
-    normal_ptr,  # (P, 3) float32: unit normal (0 for degenerate planes), when WITH_GRAD
+    table_ptr,  # (P·K + P·3,) float32 when WITH_GRAD: w·d per slot (0 in padding and
+    # degenerate planes), then each plane's unit normal (0 for degenerate planes)
     P,
     K,
     n_programs,
@@ -161,7 +164,8 @@ def _planarity_fwd_kernel(
     if WITH_GRAD:
         # ∂NLL/∂x_a = (d_a/σ_a²)·n, exact for the weighted fit (docs/kernels.md): the backward
         # kernel needs only these two tables.
-        tl.store(coef_ptr + offs, coef, mask=mask)
+        tl.store(table_ptr + offs, coef, mask=mask)
+        normal_ptr = table_ptr + P * K
         live = rows < P
         tl.store(normal_ptr + rows * 3 + 0, nx, mask=live)
         tl.store(normal_ptr + rows * 3 + 1, ny, mask=live)
@@ -182,19 +186,21 @@ def _planarity_fwd_kernel(
     tl.atomic_xchg(count_ptr, 0, mask=last)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "K", "PK"])
 def _planarity_bwd_kernel(
-    coef_ptr,  # (P, K) float32 from the forward
-    normal_ptr,  # (P, 3) float32 from the forward
+    table_ptr,  # (P·K + P·3,) float32 from the forward: coefficients, then normals
     start_ptr,  # (N + 1,) int32: atom a's slots are slots[start[a]:start[a + 1]]
     slot_ptr,  # (M,) int32: flat slot p·K + s of every real (non-padding) slot, grouped by atom
     gout_ptr,  # () float32: upstream gradient
     grad_ptr,  # (N, 3) float32 out, every row written
     N,
     K,
+    PK,  # P·K: where the normals start in the table
     MAX_DEGREE: tl.constexpr,  # most planes any atom is in
     BLOCK_A: tl.constexpr,
 ):
+    coef_ptr = table_ptr
+    normal_ptr = table_ptr + PK
     atoms = tl.program_id(0) * BLOCK_A + tl.arange(0, BLOCK_A)
     am = atoms < N
     s0 = tl.load(start_ptr + atoms, mask=am, other=0)
@@ -226,9 +232,17 @@ def _blocks(k: int, block_p: int | None) -> tuple[int, int]:
     return block_p, block_k
 
 
-@dataclasses.dataclass
+_fwd_launch = FastLauncher(_planarity_fwd_kernel)
+_bwd_launch = FastLauncher(_planarity_bwd_kernel)
+
+
+@dataclasses.dataclass(eq=False)
 class _Plan:
-    """Device tables and launch sizes for one PlaneSet on one device (built once, cached)."""
+    """Device tables and launch constants for one PlaneSet on one device (built once, cached).
+
+    Everything a call needs besides ``xyz`` and its fresh outputs is here, so the per-call
+    host work is one dict lookup, the allocations and the launch.
+    """
 
     index: torch.Tensor  # (P, K) int32
     weight: torch.Tensor  # (P, K) float32, 1/σ², 0 in padding
@@ -242,18 +256,32 @@ class _Plan:
     block_k: int
     n_programs: int
     constant: float
-    counters: dict  # CUDA stream id (0 on the CPU) -> (1,) int32 ticket, 0 between calls
+    device: torch.device
+    table_size: int  # P·K + P·3: coefficients and normals saved for the backward
+    fwd_grid: tuple[int, int, int]
+    bwd_grid: tuple[int, int, int]
+    fwd_meta: tuple  # the forward's constexprs after WITH_GRAD, in signature order
+    scratch: dict  # stream handle (0 on the CPU) -> ((1,) int32 ticket, (n_programs,) float32 partials)
 
-    def counter(self, device: torch.device) -> torch.Tensor:
-        key = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-        c = self.counters.get(key)
-        if c is None:
-            c = self.counters[key] = torch.zeros(1, dtype=torch.int32, device=device)
-        return c
+    def stream_scratch(self) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """``(stream, ticket, partials)`` for the current stream of this plan's device.
+
+        The ticket is 0 between calls (the last program resets it) and the partials are
+        rewritten by every call, so both live as long as the plan: calls on one stream run
+        in order, and each stream (or CUDA graph capture stream) has its own pair.
+        """
+        stream = torch._C._cuda_getCurrentRawStream(self.device.index) if self.device.type == "cuda" else 0
+        hit = self.scratch.get(stream)
+        if hit is None:
+            hit = self.scratch[stream] = (
+                torch.zeros(1, dtype=torch.int32, device=self.device),
+                torch.empty(self.n_programs, dtype=torch.float32, device=self.device),
+            )
+        return (stream, *hit)
 
 
 def _plan(planes: PlaneSet, device: torch.device, block_p: int | None) -> _Plan:
-    key = ("triton_plan", str(device), block_p)
+    key = ("triton_plan", device, block_p)
     plan = planes._cache.get(key)
     if plan is not None:
         return plan
@@ -269,6 +297,7 @@ def _plan(planes: PlaneSet, device: torch.device, block_p: int | None) -> _Plan:
     np.cumsum(counts, out=start[1:])
     bp, bk = _blocks(k, block_p)
     dev = planes.to(device)
+    n_programs = triton.cdiv(p, bp)
     plan = _Plan(
         index=dev.index.to(torch.int32).contiguous(),
         weight=dev.weight(torch.float32),
@@ -280,47 +309,67 @@ def _plan(planes: PlaneSet, device: torch.device, block_p: int | None) -> _Plan:
         k=k,
         block_p=bp,
         block_k=bk,
-        n_programs=triton.cdiv(p, bp),
+        n_programs=n_programs,
         constant=planes.constant,
-        counters={},
+        device=device,
+        table_size=p * k + p * 3,
+        fwd_grid=(n_programs, 1, 1),
+        bwd_grid=(triton.cdiv(planes.n_atoms, _BLOCK_A), 1, 1),
+        fwd_meta=(DEGENERATE_GAP, NEWTON_STEPS, bp, bk, _BLOCK_R, triton.cdiv(n_programs, _BLOCK_R)),
+        scratch={},
     )
     planes._cache[key] = plan
     return plan
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """Whether Triton sees ``t``'s pointer as 16-byte aligned (part of its specialisation)."""
+    return t.data_ptr() % 16 == 0
+
+
+def _forward(xyz: torch.Tensor, plan: _Plan, with_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward launch: the loss, and the table the backward needs when ``with_grad``."""
+    stream, count, partial = plan.stream_scratch()
+    loss = torch.empty((), dtype=torch.float32, device=plan.device)
+    table = torch.empty(plan.table_size, dtype=torch.float32, device=plan.device) if with_grad else None
+    _fwd_launch(
+        plan.fwd_grid,
+        (plan.device.index, with_grad, plan.fwd_meta, _aligned(xyz)),
+        (xyz, plan.index, plan.weight, partial, count, loss, loss if table is None else table,
+         plan.p, plan.k, plan.n_programs, plan.constant, with_grad, *plan.fwd_meta),
+        plan.device,
+    )  # fmt: skip
+    return loss, table
+
+
+def _backward(table: torch.Tensor, grad_out: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """One backward launch: ∂NLL/∂xyz scaled by ``grad_out`` (read on the device, no sync)."""
+    if grad_out.dtype != torch.float32:
+        grad_out = grad_out.to(torch.float32)
+    grad = torch.empty((plan.n_atoms, 3), dtype=torch.float32, device=plan.device)  # every row written
+    _bwd_launch(
+        plan.bwd_grid,
+        (plan.device.index, plan.max_degree, _aligned(grad_out)),
+        (table, plan.start, plan.slots, grad_out, grad, plan.n_atoms, plan.k, plan.p * plan.k,
+         plan.max_degree, _BLOCK_A),
+        plan.device,
+    )  # fmt: skip
+    return grad
 
 
 class _PlanarityTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, xyz, plan):
         with_grad = ctx.needs_input_grad[0]
-        # One workspace allocation: partial sums, then (with grad) the coefficient and normal tables.
-        size = plan.n_programs + (plan.p * plan.k + plan.p * 3 if with_grad else 0)
-        ws = torch.empty(size, dtype=torch.float32, device=xyz.device)
-        loss = torch.empty((), dtype=torch.float32, device=xyz.device)
-        coef = ws[plan.n_programs : plan.n_programs + plan.p * plan.k] if with_grad else ws
-        normal = ws[plan.n_programs + plan.p * plan.k :] if with_grad else ws
-        _planarity_fwd_kernel[(plan.n_programs,)](
-            xyz, plan.index, plan.weight, ws, plan.counter(xyz.device), loss, coef, normal,
-            plan.p, plan.k, plan.n_programs, plan.constant,
-            WITH_GRAD=with_grad, GAP=DEGENERATE_GAP, NEWTON=NEWTON_STEPS,
-            BLOCK_P=plan.block_p, BLOCK_K=plan.block_k, BLOCK_R=_BLOCK_R,
-            R_STEPS=triton.cdiv(plan.n_programs, _BLOCK_R),
-        )  # fmt: skip
+        loss, table = _forward(xyz, plan, with_grad)
         if with_grad:
-            ctx.tables = (coef, normal)
+            ctx.table = table
             ctx.plan = plan
         return loss
 
     @staticmethod
     def backward(ctx, grad_out):
-        coef, normal = ctx.tables
-        plan = ctx.plan
-        grad = torch.empty((plan.n_atoms, 3), dtype=torch.float32, device=coef.device)
-        # grad_out is read on the device (no sync); every row of grad is written.
-        _planarity_bwd_kernel[(triton.cdiv(plan.n_atoms, _BLOCK_A),)](
-            coef, normal, plan.start, plan.slots, grad_out.to(torch.float32), grad, plan.n_atoms, plan.k,
-            MAX_DEGREE=plan.max_degree, BLOCK_A=_BLOCK_A,
-        )  # fmt: skip
-        return grad, None
+        return _backward(ctx.table, grad_out, ctx.plan), None
 
 
 def planarity_nll_triton(xyz: torch.Tensor, planes: PlaneSet) -> torch.Tensor:
@@ -353,7 +402,10 @@ def _planarity_nll_triton(xyz: torch.Tensor, planes: PlaneSet, *, block_p: int |
     that time other program shapes; every value gives the same loss and gradient.
     """
     check_inputs(xyz, planes)
-    xyz = to_float32(xyz, "planarity_nll").contiguous()
+    if xyz.dtype != torch.float32:
+        xyz = to_float32(xyz, "planarity_nll")
+    if not xyz.is_contiguous():
+        xyz = xyz.contiguous()
     if len(planes) == 0:
         return (xyz * 0.0).sum() + planes.constant
     return _PlanarityTriton.apply(xyz, _plan(planes, xyz.device, block_p))
