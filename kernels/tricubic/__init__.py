@@ -115,7 +115,8 @@ def tricubic_sample(
             f"mode='periodic' wraps a whole-cell map, but this grid's shape {grid.shape} differs from its sampling "
             f"{grid.sampling} (a box); use mode='bounded' for a box map"
         )
-    fill_value = finite_number(fill_value, "fill_value", allow_nan=True)
+    if type(fill_value) is not float or math.isinf(fill_value):  # the common case costs one compare
+        fill_value = finite_number(fill_value, "fill_value", allow_nan=True)
     name, fn = get_backend("tricubic", rho.device, backend)
     if mode == "bounded" and points.numel():
         compute = {"reference": torch.float64, "triton": torch.float32}.get(name, rho.dtype)
@@ -131,4 +132,4 @@ def tricubic_sample(
                 OutsideMapWarning,
                 stacklevel=2,
             )
-    return fn(rho, grid, points, method, mode, float(fill_value))
+    return fn(rho, grid, points, method, mode, fill_value)

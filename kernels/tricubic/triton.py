@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from kernels._launch import FastLauncher
 from kernels._util import to_float32
 from kernels.crystal import GridSpec
 from kernels.dispatch import triton_interpreted
@@ -294,47 +295,109 @@ def _block() -> int:
     return 1024 if triton_interpreted() else 128
 
 
-def _launch_meta(rho: torch.Tensor) -> dict:
-    return dict(IDX64=rho.numel() >= 2**31 - 1)
+_fwd_launch = FastLauncher(_tricubic_fwd_kernel)
+_bwd_launch = FastLauncher(_tricubic_bwd_kernel)
+_params: dict = {}  # (grid, device) -> grid_parameters on that device
+_MAX_PARAMS = 64
+
+
+def cached_grid_parameters(grid: GridSpec, device: torch.device) -> torch.Tensor:
+    """:func:`~kernels.tricubic.reference.grid_parameters` on ``device``, made once per grid.
+
+    A fresh one costs a host-to-device copy per call (and cannot be made inside a CUDA
+    graph capture); grids compare by value, so equal grids share one tensor.
+    """
+    key = (grid, device)
+    params = _params.get(key)
+    if params is None:
+        if len(_params) >= _MAX_PARAMS:
+            _params.pop(next(iter(_params)))
+        params = _params[key] = grid_parameters(grid, device)
+    return params
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """Whether Triton sees ``t``'s pointer as 16-byte aligned (part of its specialisation)."""
+    return t.data_ptr() % 16 == 0
+
+
+def _forward(rho, points, params, method_code: int, periodic: bool, fill_value: float) -> torch.Tensor:
+    """Values at ``points`` (N, 3): one allocation and one launch (none for N = 0)."""
+    n = points.shape[0]
+    out = torch.empty(n, dtype=torch.float32, device=rho.device)
+    if n:
+        block = _block()
+        nx, ny, nz = rho.shape
+        idx64 = rho.numel() >= 2**31 - 1
+        _fwd_launch(
+            (triton.cdiv(n, block), 1, 1),
+            (rho.device.index, method_code, periodic, idx64, block, _aligned(rho), _aligned(points)),
+            (rho, points, params, out, fill_value, n, nx, ny, nz, method_code, periodic, idx64, block),
+            rho.device,
+        )  # fmt: skip
+    return out
+
+
+def _backward(rho, points, params, grad_out, method_code: int, periodic: bool, need_rho: bool, need_points: bool):
+    """``(grad_rho, grad_points)``, each None unless asked for: one launch for both."""
+    grad_rho = torch.zeros(rho.shape, dtype=torch.float32, device=rho.device) if need_rho else None
+    # Every row of grad_points is written (0 outside a bounded map and at non-finite points).
+    grad_points = torch.empty(points.shape, dtype=torch.float32, device=rho.device) if need_points else None
+    n = points.shape[0]
+    if n and (need_rho or need_points):
+        if grad_out.dtype != torch.float32:
+            grad_out = grad_out.to(torch.float32)
+        if not grad_out.is_contiguous():
+            grad_out = grad_out.contiguous()
+        block = _block()
+        nx, ny, nz = rho.shape
+        idx64 = rho.numel() >= 2**31 - 1
+        _bwd_launch(
+            (triton.cdiv(n, block), 1, 1),
+            (rho.device.index, method_code, periodic, idx64, need_points, need_rho, block, _aligned(rho),
+             _aligned(points), _aligned(grad_out)),
+            (rho, points, params, grad_out,
+             grad_points if need_points else points,  # unused pointer when not needed
+             grad_rho if need_rho else rho,
+             n, nx, ny, nz, method_code, periodic, idx64, need_points, need_rho, block),
+            rho.device,
+        )  # fmt: skip
+    return grad_rho, grad_points
 
 
 class _TricubicTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rho, points, params, method_code, periodic, fill_value):
-        n = points.shape[0]
-        out = torch.empty(n, dtype=torch.float32, device=rho.device)
-        if n:
-            block = _block()
-            nx, ny, nz = rho.shape
-            _tricubic_fwd_kernel[(triton.cdiv(n, block),)](
-                rho, points, params, out, fill_value, n, nx, ny, nz,
-                METHOD=method_code, PERIODIC=periodic, BLOCK=block, **_launch_meta(rho),
-            )  # fmt: skip
-        ctx.save_for_backward(rho, points, params)
-        ctx.method_code, ctx.periodic = method_code, periodic
+        out = _forward(rho, points, params, method_code, periodic, fill_value)
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            ctx.save_for_backward(rho, points, params)
+            ctx.method_code, ctx.periodic = method_code, periodic
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
         rho, points, params = ctx.saved_tensors
-        need_rho, need_points = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_rho = torch.zeros_like(rho) if need_rho else None
-        grad_points = torch.zeros_like(points) if need_points else None
-        n = points.shape[0]
-        if n and (need_rho or need_points):
-            grad_out = grad_out.to(torch.float32).contiguous()
-            block = _block()
-            nx, ny, nz = rho.shape
-            _tricubic_bwd_kernel[(triton.cdiv(n, block),)](
-                rho, points, params, grad_out,
-                grad_points if need_points else points,  # unused pointer when not needed
-                grad_rho if need_rho else rho,
-                n, nx, ny, nz,
-                METHOD=ctx.method_code, PERIODIC=ctx.periodic, NEED_POINTS=need_points, NEED_RHO=need_rho,
-                BLOCK=block, **_launch_meta(rho),
-            )  # fmt: skip
+        grad_rho, grad_points = _backward(
+            rho, points, params, grad_out, ctx.method_code, ctx.periodic, ctx.needs_input_grad[0],
+            ctx.needs_input_grad[1],
+        )  # fmt: skip
         return grad_rho, grad_points, None, None, None, None
+
+
+def _prepare(rho: torch.Tensor, points: torch.Tensor):
+    """float32, C-contiguous map and (N, 3) points, without a copy where they already are."""
+    if rho.dtype != torch.float32:
+        rho = to_float32(rho, "tricubic_sample")
+    if points.dtype != torch.float32:
+        points = to_float32(points, "tricubic_sample")
+    if not rho.is_contiguous():
+        rho = rho.contiguous()
+    if points.ndim != 2:
+        points = points.reshape(-1, 3)
+    if not points.is_contiguous():
+        points = points.contiguous()
+    return rho, points
 
 
 def tricubic_triton(
@@ -362,12 +425,8 @@ def tricubic_triton(
         Differentiable with respect to ``rho`` and ``points`` (analytic Triton backward;
         the map gradient uses float32 atomics).
     """
-    rho = to_float32(rho, "tricubic_sample")
-    points = to_float32(points, "tricubic_sample")
     lead = points.shape[:-1]
-    params = grid_parameters(grid, rho.device)
-    out = _TricubicTriton.apply(
-        rho.contiguous(), points.reshape(-1, 3).contiguous(), params, _METHOD_CODE[method], mode == "periodic",
-        float(fill_value),
-    )  # fmt: skip
-    return out.reshape(lead)
+    rho, flat = _prepare(rho, points)
+    params = cached_grid_parameters(grid, rho.device)
+    out = _TricubicTriton.apply(rho, flat, params, _METHOD_CODE[method], mode == "periodic", float(fill_value))
+    return out if len(lead) == 1 else out.reshape(lead)
