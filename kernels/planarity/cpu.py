@@ -15,7 +15,7 @@ from kernels._util import to_float32
 from kernels.planarity import _plane_fit
 from kernels.planarity.planes import PlaneSet, check_inputs
 
-__all__ = ["planarity_nll_cpu", "NEWTON_STEPS"]
+__all__ = ["planarity_nll_cpu", "NEWTON_STEPS", "fit_table", "scatter_table"]
 
 NEWTON_STEPS = 6
 """Newton steps (in ``plane_fit.cpp`` and the Triton kernel) for the smallest root of the
@@ -25,25 +25,38 @@ precision; 6 also cover groups far from planar (start at −2, quadratic converg
 the left). The power step that follows squares what error is left."""
 
 
+def fit_table(xyz: torch.Tensor, planes: PlaneSet) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fit every plane: ``(loss, table)``, the table holding w·d per slot (P·K) then the normals (P·3).
+
+    ``xyz`` is (N, 3), float32 or float64, C-contiguous, on the CPU; both outputs have its dtype.
+    """
+    p, k = planes.index.shape
+    table = torch.empty(p * k + p * 3, dtype=xyz.dtype)
+    coef, normal = table[: p * k].view(p, k), table[p * k :].view(p, 3)
+    data = _plane_fit.fit(xyz.detach(), planes.index, planes.weight(xyz.dtype), coef, normal)
+    return torch.tensor(data + planes.constant, dtype=xyz.dtype), table
+
+
+def scatter_table(table: torch.Tensor, grad_out: torch.Tensor, planes: PlaneSet) -> torch.Tensor:
+    """∂NLL/∂xyz, shape (N, 3), from :func:`fit_table`'s table, scaled by ``grad_out``."""
+    p, k = planes.index.shape
+    # ∂NLL/∂x_a = (d_a/σ_a²)·n: exact because the weighted fit makes the terms through
+    # the centroid and the normal vanish (docs/kernels.md).
+    grad = torch.empty((planes.n_atoms, 3), dtype=table.dtype)  # zero-filled by scatter
+    _plane_fit.scatter(planes.index, table[: p * k].view(p, k), table[p * k :].view(p, 3), grad, float(grad_out))
+    return grad
+
+
 class _PlanarityCPU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, xyz, index, weight, constant):
-        p, k = index.shape
-        coef = torch.empty((p, k), dtype=xyz.dtype)
-        normal = torch.empty((p, 3), dtype=xyz.dtype)
-        data = _plane_fit.fit(xyz.detach(), index, weight, coef, normal)
-        ctx.save_for_backward(index, coef, normal)
-        ctx.n_atoms = xyz.shape[0]
-        return torch.tensor(data + constant, dtype=xyz.dtype)
+    def forward(ctx, xyz, planes):
+        loss, table = fit_table(xyz, planes)
+        ctx.table, ctx.planes = table, planes
+        return loss
 
     @staticmethod
     def backward(ctx, grad_out):
-        index, coef, normal = ctx.saved_tensors
-        # ∂NLL/∂x_a = (d_a/σ_a²)·n: exact because the weighted fit makes the terms through
-        # the centroid and the normal vanish (KERNELS.md).
-        grad = torch.empty((ctx.n_atoms, 3), dtype=coef.dtype)  # zero-filled by scatter
-        _plane_fit.scatter(index, coef, normal, grad, float(grad_out))
-        return grad, None, None, None
+        return scatter_table(ctx.table, grad_out, ctx.planes), None
 
 
 def planarity_nll_cpu(xyz: torch.Tensor, planes: PlaneSet) -> torch.Tensor:
@@ -71,4 +84,4 @@ def planarity_nll_cpu(xyz: torch.Tensor, planes: PlaneSet) -> torch.Tensor:
         xyz = to_float32(xyz, "planarity_nll")
     if len(planes) == 0:
         return (xyz * 0.0).sum() + planes.constant
-    return _PlanarityCPU.apply(xyz.contiguous(), planes.index, planes.weight(xyz.dtype), planes.constant)
+    return _PlanarityCPU.apply(xyz.contiguous(), planes)

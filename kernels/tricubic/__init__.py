@@ -15,12 +15,31 @@ import torch
 from kernels._util import finite_number
 from kernels.crystal import GridError, GridSpec
 from kernels.dispatch import get_backend
-from kernels.tricubic.reference import METHODS, MODES, outside_mask, voxel_coordinates
+from kernels.tricubic.reference import METHODS, MODES, grid_parameters, outside_mask, voxel_coordinates
 
 __all__ = ["tricubic_sample", "OutsideMapWarning", "METHODS", "MODES"]
 
 # Points per chunk when counting bounded-mode misses: bounds the float64 temporaries.
 _COUNT_CHUNK = 1 << 20
+
+_params: dict = {}  # (grid, device) -> grid_parameters(grid, device)
+_MAX_PARAMS = 64
+
+
+def cached_grid_parameters(grid: GridSpec, device: torch.device) -> torch.Tensor:
+    """:func:`~kernels.tricubic.reference.grid_parameters` on ``device``, made once per grid.
+
+    A fresh one costs a few small ops and, on a GPU, a host-to-device copy per call (which
+    cannot run inside a CUDA graph capture); grids compare by value, so equal grids share one
+    tensor. At most 64 are kept (the oldest goes first).
+    """
+    key = (grid, device)
+    params = _params.get(key)
+    if params is None:
+        if len(_params) >= _MAX_PARAMS:
+            _params.pop(next(iter(_params)))
+        params = _params[key] = grid_parameters(grid, device)
+    return params
 
 
 class OutsideMapWarning(UserWarning):
@@ -117,6 +136,8 @@ def tricubic_sample(
         )
     if type(fill_value) is not float or math.isinf(fill_value):  # the common case costs one compare
         fill_value = finite_number(fill_value, "fill_value", allow_nan=True)
+    if torch.compiler.is_compiling():
+        return _compiled_tricubic(rho, grid, points, method, mode, fill_value, backend)
     name, fn = get_backend("tricubic", rho.device, backend)
     if mode == "bounded" and points.numel():
         compute = {"reference": torch.float64, "triton": torch.float32}.get(name, rho.dtype)
@@ -133,3 +154,104 @@ def tricubic_sample(
                 stacklevel=2,
             )
     return fn(rho, grid, points, method, mode, fill_value)
+
+
+# --------------------------------------------------------------------------- torch.compile
+#
+# Eager calls go straight to the backends' autograd Functions (a custom op's dispatch would
+# add host time to each). Under torch.compile the public function calls the custom ops
+# below, single graph nodes whose fake implementations give the output shapes, so
+# ``torch.compile(fullgraph=True)`` compiles a loop that calls tricubic_sample. The bounded-mode
+# warning needs the count of points outside on the host (a sync, a graph break), so a compiled
+# call does not issue it; the values and gradients are the same.
+
+
+@torch.compiler.assume_constant_result
+def _backend_name(device_type: str, backend: str) -> str:
+    return get_backend("tricubic", device_type, backend)[0]
+
+
+def _compiled_tricubic(rho, grid, points, method, mode, fill_value, backend):
+    name = _backend_name(rho.device.type, backend)
+    if name == "reference":  # plain torch: dynamo traces it
+        from kernels.tricubic.reference import tricubic_reference
+
+        return tricubic_reference(rho, grid, points, method, mode, fill_value)
+    if name == "triton":
+        from kernels.tricubic.triton import _prepare
+    else:
+        from kernels.tricubic.cpu import _prepare
+    lead = points.shape[:-1]
+    rho, flat = _prepare(rho, points)
+    params = cached_grid_parameters(grid, rho.device)
+    out = _tricubic_op(rho, flat, params, method, mode == "periodic", fill_value, name)
+    return out.reshape(lead)
+
+
+def _backend_module(name: str):
+    if name == "triton":
+        from kernels.tricubic import triton as module
+    else:
+        from kernels.tricubic import cpu as module
+    return module
+
+
+def _method_arg(name: str, method: str):
+    """The method as the backend's kernels take it (Triton: a code, C++: the name)."""
+    if name == "triton":
+        from kernels.tricubic.triton import _METHOD_CODE
+
+        return _METHOD_CODE[method]
+    return method
+
+
+@torch.library.custom_op("kernels::tricubic_sample", mutates_args=())
+def _tricubic_op(
+    rho: torch.Tensor, points: torch.Tensor, params: torch.Tensor, method: str, periodic: bool, fill_value: float,
+    backend: str,
+) -> torch.Tensor:  # fmt: skip
+    """Values at ``points`` (N, 3) of the prepared map (see the backends' ``_prepare``)."""
+    return _backend_module(backend)._forward(rho, points, params, _method_arg(backend, method), periodic, fill_value)
+
+
+@_tricubic_op.register_fake
+def _(rho, points, params, method, periodic, fill_value, backend):
+    return points.new_empty(points.shape[:1], dtype=rho.dtype)
+
+
+@torch.library.custom_op("kernels::tricubic_sample_backward", mutates_args=())
+def _tricubic_backward_op(
+    rho: torch.Tensor, points: torch.Tensor, params: torch.Tensor, grad_out: torch.Tensor, method: str,
+    periodic: bool, need_rho: bool, need_points: bool, backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(grad_rho, grad_points)``; one not asked for is an empty (0,) tensor."""
+    grad_rho, grad_points = _backend_module(backend)._backward(
+        rho, points, params, grad_out, _method_arg(backend, method), periodic, need_rho, need_points
+    )
+    empty = rho.new_empty((0,))
+    return grad_rho if need_rho else empty, grad_points if need_points else empty
+
+
+@_tricubic_backward_op.register_fake
+def _(rho, points, params, grad_out, method, periodic, need_rho, need_points, backend):
+    empty = rho.new_empty((0,))
+    return rho.new_empty(rho.shape) if need_rho else empty, points.new_empty(points.shape) if need_points else empty
+
+
+def _setup(ctx, inputs, output):
+    rho, points, params, method, periodic, _, backend = inputs
+    ctx.save_for_backward(rho, points, params)
+    ctx.args = (method, periodic, backend)
+
+
+def _backward(ctx, grad_out):
+    rho, points, params = ctx.saved_tensors
+    method, periodic, backend = ctx.args
+    need_rho, need_points = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    grad_rho, grad_points = _tricubic_backward_op(
+        rho, points, params, grad_out, method, periodic, need_rho, need_points, backend
+    )
+    return grad_rho if need_rho else None, grad_points if need_points else None, None, None, None, None, None
+
+
+_tricubic_op.register_autograd(_backward, setup_context=_setup)

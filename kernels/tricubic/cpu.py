@@ -14,7 +14,7 @@ from torch.autograd.function import once_differentiable
 
 from kernels._util import to_float32
 from kernels.crystal import GridSpec
-from kernels.tricubic.reference import grid_parameters
+from kernels.tricubic import cached_grid_parameters
 
 __all__ = ["tricubic_cpu"]
 
@@ -29,21 +29,53 @@ except ImportError as exc:  # the dispatcher turns this into "cannot be imported
 _DTYPES = (torch.float32, torch.float64)
 
 
+def _forward(rho, points, params, method: str, periodic: bool, fill_value: float) -> torch.Tensor:
+    """Values at ``points`` (N, 3, ``rho``'s dtype, C-contiguous), in ``rho``'s dtype."""
+    out = torch.empty(points.shape[0], dtype=rho.dtype)
+    if points.shape[0]:
+        _ext.forward(
+            rho.detach(),
+            points.detach(),
+            out,
+            params,
+            method=method,
+            periodic=periodic,
+            fill_value=float(fill_value),
+            n_threads=torch.get_num_threads(),
+        )
+    return out
+
+
+def _backward(rho, points, params, grad_out, method: str, periodic: bool, need_rho: bool, need_points: bool):
+    """``(grad_rho, grad_points)``, each None unless asked for; the map gradient is deterministic."""
+    if grad_out.dtype != rho.dtype:
+        grad_out = grad_out.to(rho.dtype)
+    if not grad_out.is_contiguous():
+        grad_out = grad_out.contiguous()
+    # C-contiguous whatever rho's layout (zeros_like would copy a Fortran-ordered map's strides).
+    grad_rho = torch.zeros(rho.shape, dtype=rho.dtype) if need_rho else None
+    grad_points = torch.empty_like(points) if need_points else None
+    if points.shape[0] and (need_rho or need_points):
+        _ext.backward(
+            rho.detach(),
+            points.detach(),
+            grad_out,
+            grad_points,
+            grad_rho,
+            params,
+            method=method,
+            periodic=periodic,
+            n_threads=torch.get_num_threads(),
+        )
+    elif need_points:
+        grad_points.zero_()
+    return grad_rho, grad_points
+
+
 class _TricubicCPU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rho, points, params, method, periodic, fill_value):
-        out = torch.empty(points.shape[0], dtype=rho.dtype)
-        if points.shape[0]:
-            _ext.forward(
-                rho.detach(),
-                points.detach(),
-                out,
-                params,
-                method=method,
-                periodic=periodic,
-                fill_value=float(fill_value),
-                n_threads=torch.get_num_threads(),
-            )
+        out = _forward(rho, points, params, method, periodic, fill_value)
         ctx.save_for_backward(rho, points, params)
         ctx.method, ctx.periodic = method, periodic
         return out
@@ -52,26 +84,28 @@ class _TricubicCPU(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         rho, points, params = ctx.saved_tensors
-        need_rho, need_points = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_out = grad_out.to(rho.dtype).contiguous()
-        # C-contiguous whatever rho's layout (zeros_like would copy a Fortran-ordered map's strides).
-        grad_rho = torch.zeros(rho.shape, dtype=rho.dtype) if need_rho else None
-        grad_points = torch.empty_like(points) if need_points else None
-        if points.shape[0] and (need_rho or need_points):
-            _ext.backward(
-                rho.detach(),
-                points.detach(),
-                grad_out,
-                grad_points,
-                grad_rho,
-                params,
-                method=ctx.method,
-                periodic=ctx.periodic,
-                n_threads=torch.get_num_threads(),
-            )
-        elif need_points:
-            grad_points.zero_()
+        grad_rho, grad_points = _backward(
+            rho, points, params, grad_out, ctx.method, ctx.periodic, ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        )
         return grad_rho, grad_points, None, None, None, None
+
+
+def _prepare(rho: torch.Tensor, points: torch.Tensor):
+    """The map in a kernel dtype (its strides kept) and C-contiguous (N, 3) points of its dtype.
+
+    The map is never copied for its layout: .contiguous() of a Fortran-ordered view (numpy's
+    view of a gemmi grid) would copy the whole map on every call (35 MB for 3WIP), more than
+    interpolating 10^5 points costs. C order is still the fast layout (vector row loads).
+    """
+    if rho.dtype not in _DTYPES:
+        rho = to_float32(rho, "tricubic_sample")
+    if points.dtype != rho.dtype:
+        points = to_float32(points, "tricubic_sample") if rho.dtype == torch.float32 else points.to(rho.dtype)
+    if points.ndim != 2:
+        points = points.reshape(-1, 3)
+    if not points.is_contiguous():
+        points = points.contiguous()
+    return rho, points
 
 
 def tricubic_cpu(
@@ -103,21 +137,8 @@ def tricubic_cpu(
         Differentiable with respect to ``rho`` and ``points`` (analytic backward,
         deterministic map gradient).
     """
-    if rho.dtype not in _DTYPES:
-        rho = to_float32(rho, "tricubic_sample")
-    if points.dtype != rho.dtype:
-        points = to_float32(points, "tricubic_sample") if rho.dtype == torch.float32 else points.to(rho.dtype)
     lead = points.shape[:-1]
-    params = grid_parameters(grid)
-    # The map is passed with its strides, never copied: .contiguous() of a Fortran-ordered view
-    # (numpy's view of a gemmi grid) would copy the whole map on every call (35 MB for 3WIP),
-    # more than interpolating 10^5 points costs. C order is still the fast layout (vector row loads).
-    out = _TricubicCPU.apply(
-        rho,
-        points.reshape(-1, 3).contiguous(),
-        params,
-        method,
-        mode == "periodic",
-        fill_value,
-    )
+    rho, flat = _prepare(rho, points)
+    params = cached_grid_parameters(grid, rho.device)
+    out = _TricubicCPU.apply(rho, flat, params, method, mode == "periodic", fill_value)
     return out.reshape(lead)

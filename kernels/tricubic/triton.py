@@ -23,7 +23,7 @@ from kernels._launch import FastLauncher
 from kernels._util import to_float32
 from kernels.crystal import GridSpec
 from kernels.dispatch import triton_interpreted
-from kernels.tricubic.reference import grid_parameters
+from kernels.tricubic import cached_grid_parameters
 
 __all__ = ["tricubic_triton"]
 
@@ -297,23 +297,6 @@ def _block() -> int:
 
 _fwd_launch = FastLauncher(_tricubic_fwd_kernel)
 _bwd_launch = FastLauncher(_tricubic_bwd_kernel)
-_params: dict = {}  # (grid, device) -> grid_parameters on that device
-_MAX_PARAMS = 64
-
-
-def cached_grid_parameters(grid: GridSpec, device: torch.device) -> torch.Tensor:
-    """:func:`~kernels.tricubic.reference.grid_parameters` on ``device``, made once per grid.
-
-    A fresh one costs a host-to-device copy per call (and cannot be made inside a CUDA
-    graph capture); grids compare by value, so equal grids share one tensor.
-    """
-    key = (grid, device)
-    params = _params.get(key)
-    if params is None:
-        if len(_params) >= _MAX_PARAMS:
-            _params.pop(next(iter(_params)))
-        params = _params[key] = grid_parameters(grid, device)
-    return params
 
 
 def _aligned(t: torch.Tensor) -> bool:
