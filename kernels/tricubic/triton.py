@@ -221,12 +221,13 @@ def _tricubic_fwd_kernel(
     tl.store(out_ptr + offs, val, mask=valid)
 
 
-@triton.jit(do_not_specialize=["n_points", "nx", "ny", "nz"])
+@triton.jit(do_not_specialize=["gout_stride", "n_points", "nx", "ny", "nz"])
 def _tricubic_bwd_kernel(
     rho_ptr,  # (nx, ny, nz) float32
     pts_ptr,  # (N, 3) float32
     params_ptr,  # (15,) float64
-    gout_ptr,  # (N,) float32: upstream gradient
+    gout_ptr,  # (N,) float32, any stride: upstream gradient (stride 0 after a .sum())
+    gout_stride,
     gpts_ptr,  # (N, 3) float32: gradient w.r.t. points (written when NEED_POINTS)
     grho_ptr,  # (nx, ny, nz) float32, zeroed: gradient w.r.t. the map (atomic adds when NEED_RHO)
     n_points,
@@ -245,7 +246,7 @@ def _tricubic_bwd_kernel(
     x0, x1, x2, x3, y0, y1, y2, y3, z0, z1, z2, z3, tx, ty, tz, inside, finite, valid = _stencil(
         params_ptr, pts_ptr, offs, n_points, nx, ny, nz, PERIODIC, IDX64
     )
-    g = tl.load(gout_ptr + offs, mask=valid, other=0.0)
+    g = tl.load(gout_ptr + offs * gout_stride, mask=valid, other=0.0)
     g = tl.where(inside, g, 0.0)
     wx0, wx1, wx2, wx3 = _weights(tx, METHOD)
     wy0, wy1, wy2, wy3 = _weights(ty, METHOD)
@@ -330,8 +331,8 @@ def _backward(rho, points, params, grad_out, method_code: int, periodic: bool, n
     if n and (need_rho or need_points):
         if grad_out.dtype != torch.float32:
             grad_out = grad_out.to(torch.float32)
-        if not grad_out.is_contiguous():
-            grad_out = grad_out.contiguous()
+        # Read through its stride: the gradient of a .sum() is one value expanded (stride 0),
+        # which .contiguous() would copy with an allocation and a launch.
         block = _block()
         nx, ny, nz = rho.shape
         idx64 = rho.numel() >= 2**31 - 1
@@ -339,7 +340,7 @@ def _backward(rho, points, params, grad_out, method_code: int, periodic: bool, n
             (triton.cdiv(n, block), 1, 1),
             (rho.device.index, method_code, periodic, idx64, need_points, need_rho, block, _aligned(rho),
              _aligned(points), _aligned(grad_out)),
-            (rho, points, params, grad_out,
+            (rho, points, params, grad_out, grad_out.stride(0),
              grad_points if need_points else points,  # unused pointer when not needed
              grad_rho if need_rho else rho,
              n, nx, ny, nz, method_code, periodic, idx64, need_points, need_rho, block),
