@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 
 import torch
 
@@ -183,9 +184,31 @@ def _compiled_tricubic(rho, grid, points, method, mode, fill_value, backend):
         from kernels.tricubic.cpu import _prepare
     lead = points.shape[:-1]
     rho, flat = _prepare(rho, points)
-    params = cached_grid_parameters(grid, rho.device)
-    out = _tricubic_op(rho, flat, params, method, mode == "periodic", fill_value, name)
+    # The grid goes in as its parts (no cache lookup here: a guard on a cache dict would
+    # recompile the graph whenever the cache changed); the op makes the parameters once.
+    frac = grid.cell.frac
+    out = _tricubic_op(rho, flat, frac, list(grid.sampling), list(grid.origin), method, mode == "periodic",
+                       fill_value, name)  # fmt: skip
     return out.reshape(lead)
+
+
+# id(frac tensor) -> (weak reference to it, {(sampling, origin, device): parameters})
+_op_params: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def _params_of(frac: torch.Tensor, sampling, origin, device: torch.device) -> torch.Tensor:
+    """The 15 grid parameters (see ``grid_parameters``) on ``device``, made once per grid."""
+    hit = _op_params.get(id(frac))
+    if hit is None or hit[0]() is not frac:
+        for key in [key for key, (ref, _) in _op_params.items() if ref() is None]:
+            del _op_params[key]
+        hit = _op_params[id(frac)] = (weakref.ref(frac), {})
+    key = (tuple(sampling), tuple(origin), device)
+    params = hit[1].get(key)
+    if params is None:
+        rest = torch.tensor([*sampling, *origin], dtype=torch.float64)
+        params = hit[1][key] = torch.cat([frac.detach().to(torch.float64).reshape(9).cpu(), rest]).to(device)
+    return params
 
 
 def _backend_module(name: str):
@@ -207,24 +230,26 @@ def _method_arg(name: str, method: str):
 
 @torch.library.custom_op("kernels::tricubic_sample", mutates_args=())
 def _tricubic_op(
-    rho: torch.Tensor, points: torch.Tensor, params: torch.Tensor, method: str, periodic: bool, fill_value: float,
-    backend: str,
+    rho: torch.Tensor, points: torch.Tensor, frac: torch.Tensor, sampling: list[int], origin: list[int], method: str,
+    periodic: bool, fill_value: float, backend: str,
 ) -> torch.Tensor:  # fmt: skip
     """Values at ``points`` (N, 3) of the prepared map (see the backends' ``_prepare``)."""
+    params = _params_of(frac, sampling, origin, rho.device)
     return _backend_module(backend)._forward(rho, points, params, _method_arg(backend, method), periodic, fill_value)
 
 
 @_tricubic_op.register_fake
-def _(rho, points, params, method, periodic, fill_value, backend):
+def _(rho, points, frac, sampling, origin, method, periodic, fill_value, backend):
     return points.new_empty(points.shape[:1], dtype=rho.dtype)
 
 
 @torch.library.custom_op("kernels::tricubic_sample_backward", mutates_args=())
 def _tricubic_backward_op(
-    rho: torch.Tensor, points: torch.Tensor, params: torch.Tensor, grad_out: torch.Tensor, method: str,
-    periodic: bool, need_rho: bool, need_points: bool, backend: str,
+    rho: torch.Tensor, points: torch.Tensor, frac: torch.Tensor, sampling: list[int], origin: list[int],
+    grad_out: torch.Tensor, method: str, periodic: bool, need_rho: bool, need_points: bool, backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(grad_rho, grad_points)``; one not asked for is an empty (0,) tensor."""
+    params = _params_of(frac, sampling, origin, rho.device)
     grad_rho, grad_points = _backend_module(backend)._backward(
         rho, points, params, grad_out, _method_arg(backend, method), periodic, need_rho, need_points
     )
@@ -233,25 +258,25 @@ def _tricubic_backward_op(
 
 
 @_tricubic_backward_op.register_fake
-def _(rho, points, params, grad_out, method, periodic, need_rho, need_points, backend):
+def _(rho, points, frac, sampling, origin, grad_out, method, periodic, need_rho, need_points, backend):
     empty = rho.new_empty((0,))
     return rho.new_empty(rho.shape) if need_rho else empty, points.new_empty(points.shape) if need_points else empty
 
 
 def _setup(ctx, inputs, output):
-    rho, points, params, method, periodic, _, backend = inputs
-    ctx.save_for_backward(rho, points, params)
-    ctx.args = (method, periodic, backend)
+    rho, points, frac, sampling, origin, method, periodic, _, backend = inputs
+    ctx.save_for_backward(rho, points, frac)
+    ctx.args = (sampling, origin, method, periodic, backend)
 
 
 def _backward(ctx, grad_out):
-    rho, points, params = ctx.saved_tensors
-    method, periodic, backend = ctx.args
+    rho, points, frac = ctx.saved_tensors
+    sampling, origin, method, periodic, backend = ctx.args
     need_rho, need_points = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     grad_rho, grad_points = _tricubic_backward_op(
-        rho, points, params, grad_out, method, periodic, need_rho, need_points, backend
+        rho, points, frac, sampling, origin, grad_out, method, periodic, need_rho, need_points, backend
     )
-    return grad_rho if need_rho else None, grad_points if need_points else None, None, None, None, None, None
+    return (grad_rho if need_rho else None, grad_points if need_points else None) + (None,) * 7
 
 
 _tricubic_op.register_autograd(_backward, setup_context=_setup)

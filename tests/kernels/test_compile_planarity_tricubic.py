@@ -1,0 +1,299 @@
+"""planarity_nll and tricubic_sample outside plain eager calls: torch.compile, CUDA graphs, the
+direct Triton launch, and the host work (allocations, launches) of an eager call.
+
+The compiled loops run in CI on the CPU (the C++ backends, and Triton in the interpreter) and
+on CUDA where there is a GPU; the CUDA graph, launcher and allocation tests need a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import kernels
+from kernels import _launch
+from kernels.planarity import triton as planarity_triton
+from kernels.tricubic import triton as tricubic_triton
+from tests.helpers import assert_close, assert_kernel_close, model, requires_cuda
+
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# (backend, dtype, device); the cpu backend in float64 is checked to 1e-12 against its eager self.
+CASES = [("cpu", torch.float64, "cpu"), ("triton", torch.float32, TRITON_DEVICE)]
+CASE_IDS = ["cpu-float64", "triton"]
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """Compiled against eager: the same kernels, so equal up to the order of inductor's own sums."""
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    assert_close(out, ref, atol=tol * max(scale, 1.0), rtol=tol)
+
+
+# --------------------------------------------------------------------------- torch.compile
+
+
+def _planarity_loop(step, x0: torch.Tensor, n: int = 3):
+    """``n`` gradient steps on the planarity NLL: the losses and gradients seen."""
+    x = x0.clone().requires_grad_(True)
+    seen = []
+    for _ in range(n):
+        loss = step(x)
+        loss.backward()
+        seen.append((loss.detach(), x.grad.clone()))
+        with torch.no_grad():
+            x -= 1e-5 * x.grad
+        x.grad = None
+    return seen
+
+
+@pytest.mark.parametrize(("backend", "dtype", "device"), CASES, ids=CASE_IDS)
+def test_compiled_planarity_loop_matches_eager(backend, dtype, device):
+    m = model("1aki")
+    planes = kernels.find_planes(m)
+    x0 = m.atoms.xyz.to(device=device, dtype=dtype)
+
+    def step(x):
+        return 0.5 * kernels.planarity_nll(x, planes, backend=backend) + 1.0
+
+    counter = CompileCounterWithBackend("inductor")
+    compiled = _planarity_loop(torch.compile(step, backend=counter, fullgraph=True), x0)
+    eager = _planarity_loop(step, x0)
+    assert counter.frame_count == 1  # one graph for the whole loop: no recompiles as x moves
+    for (lc, gc), (le, ge) in zip(compiled, eager):
+        _close(lc, le, dtype)
+        _close(gc, ge, dtype)
+        assert gc.dtype == dtype and gc.device.type == device
+
+
+def _tricubic_loop(step, rho0: torch.Tensor, pts0: torch.Tensor, n: int = 3):
+    rho = rho0.clone().requires_grad_(True)
+    pts = pts0.clone().requires_grad_(True)
+    seen = []
+    for _ in range(n):
+        out = step(rho, pts)
+        out.backward()
+        seen.append((out.detach(), rho.grad.clone(), pts.grad.clone()))
+        with torch.no_grad():
+            pts -= 0.1 * pts.grad
+        rho.grad = pts.grad = None
+    return seen
+
+
+@pytest.mark.parametrize("method", ["catmull-rom", "lagrange"])
+@pytest.mark.parametrize(("backend", "dtype", "device"), CASES, ids=CASE_IDS)
+def test_compiled_tricubic_loop_matches_eager(backend, dtype, device, method):
+    cell = kernels.Cell.from_parameters(21.0, 25.0, 29.0, 80.0, 100.0, 95.0)
+    grid = kernels.GridSpec(cell, (11, 13, 15))
+    g = torch.Generator().manual_seed(3)
+    rho0 = torch.randn(grid.shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+    frac = torch.rand(2, 40, 3, generator=g, dtype=torch.float64) * 2 - 0.5  # some wrap
+    pts0 = (frac @ cell.orth.T).to(device=device, dtype=dtype)  # a (2, 40) batch of points
+    w = torch.randn(2, 40, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+
+    def step(rho, pts):
+        values = kernels.tricubic_sample(rho, grid, pts, method=method, backend=backend)
+        return (values * w).sum() + values.sum()  # the .sum() sends an expanded (stride 0) gradient
+
+    counter = CompileCounterWithBackend("inductor")
+    compiled = _tricubic_loop(torch.compile(step, backend=counter, fullgraph=True), rho0, pts0)
+    eager = _tricubic_loop(step, rho0, pts0)
+    assert counter.frame_count == 1
+    for got, want in zip(compiled, eager):
+        for a, b in zip(got, want):
+            _close(a, b, dtype)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_custom_ops_pass_opcheck(backend):
+    # Schema, fake (meta) implementations against the real ones, autograd registration and
+    # AOT dispatch, as torch.library checks them.
+    from kernels.planarity import _planarity_op
+    from kernels.tricubic import _tricubic_op
+
+    dtype = torch.float64 if backend == "cpu" else torch.float32
+    planes = kernels.PlaneSet.from_lists([[0, 1, 2, 3], [2, 3, 4, 5, 6]], sigma=[[0.02] * 4, [0.03] * 5], n_atoms=8)
+    g = torch.Generator().manual_seed(5)
+    xyz = torch.randn(8, 3, generator=g, dtype=torch.float64).to(dtype).requires_grad_(True)
+    torch.library.opcheck(_planarity_op, (xyz, planes.index, planes.sigma, backend))
+    cell = kernels.Cell.from_parameters(12.0, 13.0, 14.0)
+    grid = kernels.GridSpec(cell, (6, 7, 8))
+    rho = torch.randn(grid.shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_(True)
+    pts = (torch.rand(9, 3, generator=g, dtype=torch.float64) * 12).to(dtype).requires_grad_(True)
+    args = (rho, pts, cell.frac, list(grid.sampling), list(grid.origin), "catmull-rom", True, 0.0, backend)
+    torch.library.opcheck(_tricubic_op, args)
+
+
+# --------------------------------------------------------------------------- CUDA graphs
+
+
+def _capture(step, inputs, warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, object]:
+    """Capture ``step(*inputs)`` (forward and backward) after warm-up calls on a side stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            for t in inputs:
+                t.grad = None
+            step(*inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    for t in inputs:
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(*inputs)
+    return graph, out
+
+
+@requires_cuda
+def test_cuda_graph_replay_equals_eager_planarity():
+    m = model("3wip")
+    planes = kernels.find_planes(m)
+    base = m.atoms.xyz.float().cuda()
+    x = base.clone().requires_grad_(True)
+
+    def step(x):
+        loss = kernels.planarity_nll(x, planes)
+        loss.backward()
+        return loss
+
+    graph, loss = _capture(step, [x])
+    grad = x.grad
+    g = torch.Generator(device="cuda").manual_seed(4)
+    for _ in range(3):
+        new = base + 0.05 * torch.randn(base.shape, generator=g, device="cuda")
+        with torch.no_grad():
+            x.copy_(new)
+        graph.replay()
+        xe = new.clone().requires_grad_(True)
+        eager = step(xe)
+        torch.cuda.synchronize()
+        # The same launches on the same data: the kernels are deterministic, so bit for bit.
+        assert torch.equal(loss, eager.detach())
+        assert torch.equal(grad, xe.grad)
+
+
+@requires_cuda
+def test_cuda_graph_replay_equals_eager_tricubic():
+    m = model("1aki")
+    grid = kernels.GridSpec.for_spacing(m.cell, 0.7)
+    g = torch.Generator(device="cuda").manual_seed(6)
+    rho = torch.randn(grid.shape, generator=g, device="cuda").requires_grad_(True)
+    base = (torch.rand(20_000, 3, generator=g, device="cuda", dtype=torch.float64) * 1.2 - 0.1).float()
+    base = base @ m.cell.orth.T.float().cuda()
+    pts = base.clone().requires_grad_(True)
+
+    def step(rho, pts):
+        out = kernels.tricubic_sample(rho, grid, pts)
+        out.sum().backward()
+        return out
+
+    graph, out = _capture(step, [rho, pts])
+    grad_rho, grad_pts = rho.grad, pts.grad
+    for _ in range(3):
+        new = base + 0.3 * torch.randn(base.shape, generator=g, device="cuda")
+        with torch.no_grad():
+            pts.copy_(new)
+        graph.replay()
+        re, pe = rho.detach().clone().requires_grad_(True), new.clone().requires_grad_(True)
+        eager = step(re, pe)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager.detach())
+        assert torch.equal(grad_pts, pe.grad)
+        assert_kernel_close(grad_rho.cpu(), re.grad.cpu())  # float32 atomics: order varies
+
+
+# --------------------------------------------------------------------------- the eager path
+
+
+@requires_cuda
+def test_direct_launch_is_taken_and_equals_the_normal_launch():
+    m = model("1aki")
+    planes = kernels.find_planes(m)
+    cell = m.cell
+    grid = kernels.GridSpec.for_spacing(cell, 1.0)
+    g = torch.Generator(device="cuda").manual_seed(8)
+    rho = torch.randn(grid.shape, generator=g, device="cuda")
+    pts = (torch.rand(5000, 3, generator=g, device="cuda") * 1.4 - 0.2) @ cell.orth.T.float().cuda()
+
+    def run():
+        x = m.atoms.xyz.float().cuda().requires_grad_(True)
+        loss = kernels.planarity_nll(x, planes)
+        loss.backward()
+        p = pts.clone().requires_grad_(True)
+        values = kernels.tricubic_sample(rho, grid, p)
+        values.sum().backward()
+        torch.cuda.synchronize()
+        return loss.detach(), x.grad, values.detach(), p.grad
+
+    assert _launch.fast_launch_enabled()
+    try:
+        _launch.fast_launch_enabled(False)
+        normal = run()
+        _launch.fast_launch_enabled(True)
+        run()  # compiles through the normal path and keeps the compiled kernels
+        direct = run()
+    finally:
+        _launch.fast_launch_enabled(True)
+    for launcher in (planarity_triton._fwd_launch, planarity_triton._bwd_launch, tricubic_triton._fwd_launch,
+                     tricubic_triton._bwd_launch):  # fmt: skip
+        assert launcher.verified and not launcher.broken and launcher.compiled
+    for a, b in zip(normal, direct):
+        assert torch.equal(a, b)
+
+
+def _allocations(fn) -> tuple[int, object]:
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    out = fn()
+    torch.cuda.synchronize()
+    return torch.cuda.memory_stats()["allocation.all.allocated"] - before, out
+
+
+def _kernels(fn) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@requires_cuda
+def test_eager_calls_allocate_and_launch_only_their_outputs():
+    # The host time of an eager call is its launches and allocations: forward without grad is
+    # one output and one kernel; with grad the forward adds its table and the backward is one
+    # allocation (the gradient) and one kernel.
+    m = model("1aki")
+    planes = kernels.find_planes(m)
+    x = m.atoms.xyz.float().cuda().requires_grad_(True)
+    seed = torch.ones((), device="cuda")
+    kernels.planarity_nll(x, planes).backward(seed)  # warm-up: compile, device tables, scratch
+    with torch.no_grad():
+        n, _ = _allocations(lambda: kernels.planarity_nll(x, planes))
+        assert n == 1
+        assert len(_kernels(lambda: kernels.planarity_nll(x, planes))) == 1
+    n, loss = _allocations(lambda: kernels.planarity_nll(x, planes))
+    assert n == 2
+    n, _ = _allocations(lambda: torch.autograd.grad(loss, x, seed))
+    assert n == 1
+    names = _kernels(lambda: torch.autograd.grad(kernels.planarity_nll(x, planes), x, seed))
+    assert len(names) == 2, names
+
+    grid = kernels.GridSpec.for_spacing(m.cell, 1.0)
+    rho = torch.randn(grid.shape, device="cuda")
+    pts = torch.rand(1000, 3, device="cuda") * 20
+    p = pts.clone().requires_grad_(True)
+    kernels.tricubic_sample(rho, grid, p).sum().backward()
+    with torch.no_grad():
+        n, _ = _allocations(lambda: kernels.tricubic_sample(rho, grid, pts))
+        assert n == 1
+        assert len(_kernels(lambda: kernels.tricubic_sample(rho, grid, pts))) == 1
+    up = torch.ones(1000, device="cuda")
+    values = kernels.tricubic_sample(rho, grid, p)
+    n, _ = _allocations(lambda: torch.autograd.grad(values, p, up))
+    assert n == 1  # the points gradient; the map's is not asked for
+    names = _kernels(lambda: torch.autograd.grad(kernels.tricubic_sample(rho, grid, p), p, up))
+    assert len(names) == 2, names
