@@ -11,12 +11,15 @@ backward is one launch of :func:`_planarity_bwd_kernel`: each atom gathers its t
 through an atom → slot table built once per PlaneSet (no atomics, deterministic, every row
 written, so no zero fill) and scales by the upstream gradient read on the device.
 
-Per call: forward = 2 allocations from torch's caching allocator + 1 launch; backward = 1
-allocation + 1 launch. The device tables (index, weight, atom → slot) are built on the first
-call for a device and cached on the PlaneSet, so after one warm-up call forward+backward can
-be captured in a CUDA graph (``tests/kernels/test_planarity.py`` checks a replay after
-changing ``xyz``). The ticket counter is kept per CUDA stream: concurrent calls with the same
-PlaneSet on different streams each use their own. float32 throughout.
+Per call: forward = 1 allocation (the loss) + 1 launch, plus the coefficient/normal table
+when a gradient is wanted; backward = 1 allocation + 1 launch. Launches go through
+:class:`kernels._launch.FastLauncher` (the compiled kernel's launcher called directly after
+the first call). The device tables (index, weight, atom → slot) are built on the first call
+for a device and cached on the PlaneSet with the launch sizes, so after one warm-up call
+forward+backward can be captured in a CUDA graph (``tests/kernels/test_planarity.py`` checks
+a replay after changing ``xyz``). The ticket counter and the partial sums are kept per CUDA
+stream: concurrent calls with the same PlaneSet on different streams each use their own.
+float32 throughout.
 """
 
 from __future__ import annotations

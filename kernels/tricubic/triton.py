@@ -7,6 +7,11 @@ would use up the float32 tolerance of docs/kernels.md on steep maps. Weights and
 contraction are float32. The map gradient is a float32 atomic scatter (order varies run
 to run; compare with tolerances, never bitwise).
 
+Per call: forward = 1 allocation + 1 launch; backward = 1 launch and an allocation per
+gradient asked for (the map's is zero-filled, one memset more). The grid parameters are
+made once per (grid, device), the upstream gradient is read through its stride (a
+``.sum()``'s is expanded), and launches go through :class:`kernels._launch.FastLauncher`.
+
 Runs under ``TRITON_INTERPRET=1`` (CI): no libdevice calls, integer wrap with
 ``((i % n) + n) % n`` semantics via compares, and large blocks there because the
 interpreter costs per program.

@@ -208,6 +208,24 @@ def test_cuda_graph_replay_equals_eager_tricubic():
 
 
 @requires_cuda
+def test_periodic_tricubic_makes_no_host_sync():
+    m = model("1aki")
+    grid = kernels.GridSpec.for_spacing(m.cell, 1.0)
+    rho = torch.randn(grid.shape, device="cuda").requires_grad_(True)
+    pts = (torch.rand(3000, 3, device="cuda") * 30).requires_grad_(True)
+    for method in ("catmull-rom", "lagrange"):  # first calls: compile, grid parameters
+        kernels.tricubic_sample(rho, grid, pts, method=method).sum().backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for method in ("catmull-rom", "lagrange"):
+            kernels.tricubic_sample(rho, grid, pts, method=method).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@requires_cuda
 def test_direct_launch_is_taken_and_equals_the_normal_launch():
     m = model("1aki")
     planes = kernels.find_planes(m)
