@@ -8,8 +8,8 @@ metadata, before the C launcher runs. On the H100 host that is 13 µs for one ar
 compiled kernel of the first call under a key the caller computes (the constexprs and
 whatever else changes the specialisation) and calls its C launcher directly afterwards:
 ``CompiledKernel.run(gx, gy, gz, stream, function, packed_metadata, launch_metadata,
-enter_hook, exit_hook, *args)``, the call ``JITFunction.run`` itself ends with on Triton
-3.4–3.7.
+enter_hook, exit_hook, *args)``, the call ``JITFunction.run`` itself ends with (read from
+Triton 3.7.1; the GPU test checks the Triton installed there takes it too).
 
 The caller's key must cover everything Triton specialises on: the kernels launched
 through here mark their int arguments ``do_not_specialize`` (an int equal to 1 would
@@ -51,7 +51,7 @@ def fast_launch_enabled(enabled: bool | None = None) -> bool:
 
 
 def _hooks_idle() -> bool:
-    """True when no launch hook is installed (None on Triton 3.4–3.6, an empty chain on 3.7)."""
+    """True when no launch hook is installed (a hook is None, or an empty HookChain on 3.7)."""
     rt = _knobs.runtime
     for hook in (rt.launch_enter_hook, rt.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):
