@@ -1250,12 +1250,12 @@ def _as_kernel_input(t: torch.Tensor, op: str) -> torch.Tensor:
     return t
 
 
-def _splat(atoms: AtomSet, plan: _Plan, n_frames: int = 1) -> torch.Tensor:
+def _splat(atoms: AtomSet, plan: _Plan, n_frames: int | None = None) -> torch.Tensor:
     """The splat of :func:`splat_triton` (inputs already validated) with an explicit ``plan``.
 
     ``splat_triton`` passes the cached production plan; tests and benchmarks pass one derived from it
     with ``dataclasses.replace`` to run another tile, launch shape or z layout of the same kernels.
-    ``n_frames`` > 1: ``atoms`` are that many frames, frame-major; the result is (n_frames, *grid shape).
+    With ``n_frames``, ``atoms`` are that many frames, frame-major, and the result is (n_frames, *grid shape).
     """
     op = "splat_triton"
     # Positions go to the kernel in their own dtype when float64: the kernel wraps them into the cell
@@ -1269,7 +1269,8 @@ def _splat(atoms: AtomSet, plan: _Plan, n_frames: int = 1) -> torch.Tensor:
     occ = _as_kernel_input(atoms.occ, op)
     a = _as_kernel_input(atoms.a, op)
     b = _as_kernel_input(atoms.b, op)
-    shape = plan.shape if n_frames == 1 else (n_frames, *plan.shape)
+    shape = plan.shape if n_frames is None else (n_frames, *plan.shape)
+    n_frames = n_frames or 1
     if xyz.shape[0] == 0:
         return torch.zeros(shape, dtype=torch.float32, device=xyz.device)
     if torch.is_grad_enabled() and (xyz.requires_grad or b_iso.requires_grad or occ.requires_grad):
