@@ -128,14 +128,15 @@ def splat_density(
     if radius is not None:
         radius = positive_number(radius, "radius", "Å")
         _check_radius_extent(radius, grid)
-    cutoff = positive_number(cutoff, "cutoff", "e/Å³")
+    if type(cutoff) is not float or not 0.0 < cutoff < math.inf:  # the usual float skips the validator's call
+        cutoff = positive_number(cutoff, "cutoff", "e/Å³")
     if radius is None and atoms.device.type == "cpu":
         _warn_atoms_below_cutoff(atoms, cutoff)
     name, fn = get_backend("density", atoms.device, backend)
     if name != "reference" and not grid.is_whole_cell:
         raise GridError(f"the {name} density backend splats whole-cell grids only; use backend='reference' for a box")
     dtype = torch.float64 if name == "reference" else torch.float32
-    key = (grid.cell.parameters, grid.shape, dtype, str(atoms.device))
+    key = (grid.cell.parameters, grid.shape, dtype, atoms.device)
     if key not in _memory_checked:  # once per grid: the query is a driver call, and not allowed in graph capture
         grid.require_memory(dtype, atoms.device, copies=2)
         _memory_checked.add(key)

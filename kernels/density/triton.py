@@ -1044,13 +1044,14 @@ _plans: dict[tuple, _Plan] = {}
 
 
 def _plan(grid: GridSpec, radius: float | None, cutoff: float, device: torch.device) -> _Plan:
+    # The interpreter setting only changes plans for CPU tensors (reading it is an environment lookup).
     key = (
         grid.cell.parameters,
         grid.shape,
         radius,
         cutoff if radius is None else None,
-        str(device),
-        triton_interpreted(),
+        device,
+        device.type == "cpu" and triton_interpreted(),
     )
     plan = _plans.get(key)
     if plan is None:
@@ -1199,8 +1200,15 @@ def _check_call(atoms: AtomSet, grid: GridSpec, radius, cutoff, op: str):
     if not grid.is_whole_cell:
         raise GridError(f"{op} splats whole-cell grids only; use backend='reference' for a box")
     if radius is not None:
-        radius = positive_number(radius, "radius", "Å")
-    return device, radius, positive_number(cutoff, "cutoff", "e/Å³")
+        radius = _positive(radius, "radius", "Å")
+    return device, radius, _positive(cutoff, "cutoff", "e/Å³")
+
+
+def _positive(value, name: str, unit: str) -> float:
+    """:func:`positive_number`, without its call for the usual argument (a positive finite float)."""
+    if type(value) is float and 0.0 < value < math.inf:
+        return value
+    return positive_number(value, name, unit)
 
 
 def splat_triton(
