@@ -122,6 +122,12 @@ def splat_density(
         with a non-finite position, named. The ``triton`` backend does not read positions back
         (no host synchronisation): there such an atom adds nothing and gets zero gradients, and
         :func:`check_finite` raises the same error where the caller synchronises anyway.
+
+    Notes
+    -----
+    Under ``torch.compile`` the ``cpu`` and ``triton`` backends run as ``torch.library`` custom
+    ops (``kernels.density.ops``), so a loop of splats compiles with ``fullgraph=True``; eager
+    calls go to the backends directly.
     """
     if torch.compiler.is_compiling():
         return _splat_compiling(atoms, grid, radius, cutoff, backend)

@@ -32,14 +32,21 @@ Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was
 - Per-atom tables live in registers (tensors of the program), never in a global scratch
   buffer: a public kernel of this design that wrote tables to global memory and read them
   back without a barrier returned wrong maps on the first call after each compile.
-- Per-atom radii are computed on the device by ``_radius_kernel``, a port of gemmi's
-  ``estimate_radius`` rule (the same steps as :func:`kernels.density.radius.cutoff_radius`,
-  in float32, with early exit): one launch of a few µs instead of the ~500 small torch
-  launches of the vectorised rule. No ``.item()``/``.cpu()`` anywhere in forward or
-  backward, so a training step can be captured in a CUDA graph.
-- Atom centres are converted to voxel units in float64 inside the kernel (a few flops per
-  atom): in float32, a 240 Å cell loses ~2e-5 Å, which at B = 2 Å² moves the density of
-  N by more than the 1e-5 contract.
+- Per-atom radii are computed by the forward kernel itself (``_cutoff_radius``, a port of gemmi's
+  ``estimate_radius`` rule: the same steps as :func:`kernels.density.radius.cutoff_radius`, in
+  float32, with early exit) and stored for the backward: no launch of their own, no
+  ``.item()``/``.cpu()`` anywhere in forward or backward, so a training step can be captured in
+  a CUDA graph.
+- Positions are loaded in their own dtype (float32 or float64) and wrapped into the cell in
+  float64 in both kernels: f = frac·xyz, then f − floor(f) (exact for any finite f) times the
+  grid shape, rounded to float32 only as the sub-voxel offset. An atom translated by lattice
+  vectors of any size lands where its float64 fractional coordinate says, and float32 would lose
+  ~2e-5 Å in a 240 Å cell, which at B = 2 Å² moves the density of N by more than the 1e-5
+  contract. An atom with a non-finite position, B or occupancy gets an empty box and zero
+  gradients, without a host check.
+- Host side (an eager call is host time, not GPU time): every plan constant is in one float64
+  device tensor, the forward is one memset and one launch, the backward one launch, and after a
+  plan's first call its compiled kernels are launched directly (``_launch``).
 """
 
 from __future__ import annotations
@@ -1219,8 +1226,11 @@ def splat_triton(
     Parameters
     ----------
     atoms : AtomSet
-        CUDA tensors (CPU tensors only under ``TRITON_INTERPRET=1``); float32, or float64
-        cast to float32 with one warning per dtype.
+        CUDA tensors (CPU tensors only under ``TRITON_INTERPRET=1``); float32 or float64.
+        float64 positions are wrapped into the cell in float64 inside the kernels (their
+        gradient is float64); float64 B, occupancies and coefficients are cast to float32 with
+        one warning per dtype. An atom with a non-finite position, B or occupancy adds nothing
+        and gets zero gradients (no host check; see :func:`kernels.check_finite`).
     grid : GridSpec
         Whole-cell grid (periodic); any cell, orthogonal or not.
     radius : float, optional
