@@ -1092,7 +1092,7 @@ def _launch(fn, plan: _Plan, key: tuple, n_programs: int, args: tuple, constexpr
     """
     global _direct_launch
     kernel = plan.compiled.get(key) if _direct_launch else None
-    if kernel is not None and _knobs.runtime.launch_enter_hook is None and _knobs.runtime.launch_exit_hook is None:
+    if kernel is not None and _no_hook(_knobs.runtime.launch_enter_hook) and _no_hook(_knobs.runtime.launch_exit_hook):
         device = key[-1]
         if torch.cuda.current_device() == device:
             try:
@@ -1106,6 +1106,11 @@ def _launch(fn, plan: _Plan, key: tuple, n_programs: int, args: tuple, constexpr
     kernel = fn[(n_programs,)](*args, **dict(zip(_CONSTEXPR_NAMES, constexprs)), num_warps=num_warps)
     if _direct_launch and isinstance(kernel, _CompiledKernel) and key[-1] is not None:
         plan.compiled[key] = kernel
+
+
+def _no_hook(hook) -> bool:
+    """No launch hook set: None (Triton 3.6) or an empty ``HookChain`` (3.7); the launcher then gets None."""
+    return hook is None or (type(hook).__name__ == "HookChain" and not hook.calls)
 
 
 def _direct_launch_available() -> bool:
