@@ -122,18 +122,27 @@ def splat_density(
         with a non-finite position, named. The ``triton`` backend does not read positions back
         (no host synchronisation): there such an atom adds nothing and gets zero gradients, and
         :func:`check_finite` raises the same error where the caller synchronises anyway.
+
+    Notes
+    -----
+    Under ``torch.compile`` the ``cpu`` and ``triton`` backends run as ``torch.library`` custom
+    ops (``kernels.density.ops``), so a loop of splats compiles with ``fullgraph=True``; eager
+    calls go to the backends directly.
     """
+    if torch.compiler.is_compiling():
+        return _splat_compiling(atoms, grid, radius, cutoff, backend)
     if radius is not None:
         radius = positive_number(radius, "radius", "Å")
         _check_radius_extent(radius, grid)
-    cutoff = positive_number(cutoff, "cutoff", "e/Å³")
+    if type(cutoff) is not float or not 0.0 < cutoff < math.inf:  # the usual float skips the validator's call
+        cutoff = positive_number(cutoff, "cutoff", "e/Å³")
     if radius is None and atoms.device.type == "cpu":
         _warn_atoms_below_cutoff(atoms, cutoff)
     name, fn = get_backend("density", atoms.device, backend)
     if name != "reference" and not grid.is_whole_cell:
         raise GridError(f"the {name} density backend splats whole-cell grids only; use backend='reference' for a box")
     dtype = torch.float64 if name == "reference" else torch.float32
-    key = (grid.cell.parameters, grid.shape, dtype, str(atoms.device))
+    key = (grid.cell.parameters, grid.shape, dtype, atoms.device)
     if key not in _memory_checked:  # once per grid: the query is a driver call, and not allowed in graph capture
         grid.require_memory(dtype, atoms.device, copies=2)
         _memory_checked.add(key)
@@ -141,3 +150,28 @@ def splat_density(
 
 
 _memory_checked: set[tuple] = set()
+
+
+def _splat_compiling(atoms: AtomSet, grid: GridSpec, radius, cutoff, backend: str) -> torch.Tensor:
+    """:func:`splat_density` inside ``torch.compile``: the backend's custom op (``kernels.density.ops``).
+
+    Eager calls never come here: the ops' dispatch costs host time a direct call does not. What the eager
+    path checks on the host with values read back (the memory query, the peak-density warning) is left
+    out of the graph; arguments are checked as plain Python values at trace time.
+    """
+    from kernels.density.ops import splat_density_op
+
+    if radius is not None:
+        radius = float(radius)
+        if not 0 < radius < math.inf:
+            raise ValueError(f"radius must be a positive finite number of Å (0 < radius < inf), got {radius!r}")
+    cutoff = float(cutoff)
+    if not 0 < cutoff < math.inf:
+        raise ValueError(f"cutoff must be a positive finite number of e/Å³ (0 < cutoff < inf), got {cutoff!r}")
+    if backend == "auto":
+        backend = "triton" if atoms.xyz.device.type == "cuda" else "cpu"
+    if not grid.is_whole_cell:
+        raise GridError(
+            f"the {backend} density backend splats whole-cell grids only; use backend='reference' for a box"
+        )
+    return splat_density_op(atoms, grid, backend, radius, cutoff)

@@ -32,14 +32,21 @@ Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was
 - Per-atom tables live in registers (tensors of the program), never in a global scratch
   buffer: a public kernel of this design that wrote tables to global memory and read them
   back without a barrier returned wrong maps on the first call after each compile.
-- Per-atom radii are computed on the device by ``_radius_kernel``, a port of gemmi's
-  ``estimate_radius`` rule (the same steps as :func:`kernels.density.radius.cutoff_radius`,
-  in float32, with early exit): one launch of a few µs instead of the ~500 small torch
-  launches of the vectorised rule. No ``.item()``/``.cpu()`` anywhere in forward or
-  backward, so a training step can be captured in a CUDA graph.
-- Atom centres are converted to voxel units in float64 inside the kernel (a few flops per
-  atom): in float32, a 240 Å cell loses ~2e-5 Å, which at B = 2 Å² moves the density of
-  N by more than the 1e-5 contract.
+- Per-atom radii are computed by the forward kernel itself (``_cutoff_radius``, a port of gemmi's
+  ``estimate_radius`` rule: the same steps as :func:`kernels.density.radius.cutoff_radius`, in
+  float32, with early exit) and stored for the backward: no launch of their own, no
+  ``.item()``/``.cpu()`` anywhere in forward or backward, so a training step can be captured in
+  a CUDA graph.
+- Positions are loaded in their own dtype (float32 or float64) and wrapped into the cell in
+  float64 in both kernels: f = frac·xyz, then f − floor(f) (exact for any finite f) times the
+  grid shape, rounded to float32 only as the sub-voxel offset. An atom translated by lattice
+  vectors of any size lands where its float64 fractional coordinate says, and float32 would lose
+  ~2e-5 Å in a 240 Å cell, which at B = 2 Å² moves the density of N by more than the 1e-5
+  contract. An atom with a non-finite position, B or occupancy gets an empty box and zero
+  gradients, without a host check.
+- Host side (an eager call is host time, not GPU time): every plan constant is in one float64
+  device tensor, the forward is one memset and one launch, the backward one launch, and after a
+  plan's first call its compiled kernels are launched directly (``_launch``).
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ from kernels.crystal import AtomSet, Cell, GridError, GridSpec
 from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
 from kernels.dispatch import BackendError, triton_interpreted
 
-__all__ = ["splat_triton"]
+__all__ = ["splat_triton", "splat_frames_triton"]
 
 _LOG2E = 1.4426950408889634
 # Interpreter: atoms per program (it costs per program, not per element).
@@ -93,21 +100,12 @@ def _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, k: tl.constexpr):
 
 
 @triton.jit
-def _radius_kernel(
-    b_iso_ptr,  # (N,) float32, Å²
-    a_ptr,  # (N, 5) float32
-    b_ptr,  # (N, 5) float32, Å²
-    out_ptr,  # (N,) float32, Å (written)
-    n_atoms,
-    cutoff,  # float, e/Å³
-    MAX_STEPS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    # Same steps as kernels.density.radius.cutoff_radius (gemmi's estimate_radius), lane-wise,
-    # each loop leaving as soon as no lane of the block still moves.
-    ia = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    valid = ia < n_atoms
-    bb = tl.load(b_iso_ptr + ia, mask=valid, other=1.0)
+def _cutoff_radius(bb, a_ptr, b_ptr, ia, valid, cutoff, MAX_STEPS: tl.constexpr):
+    """Radius in Å where each lane's atom density falls to ``cutoff`` (gemmi's estimate_radius), float32.
+
+    Same steps as kernels.density.radius.cutoff_radius, lane-wise, each loop leaving as soon as no lane
+    of the block still moves. bb: B in Å² per lane (finite; invalid lanes any positive value).
+    """
     amp0, al0, _b0 = _radial_coef(a_ptr, b_ptr, ia, valid, bb, 0)
     amp1, al1, _b1 = _radial_coef(a_ptr, b_ptr, ia, valid, bb, 1)
     amp2, al2, _b2 = _radial_coef(a_ptr, b_ptr, ia, valid, bb, 2)
@@ -174,7 +172,25 @@ def _radius_kernel(
     safe = tl.where(denom == 0, 1.0, denom)
     radius = tl.where(denom == 0, x1, x1 + (x1 - x2) / safe * (cutoff - y1))
     radius = tl.where(done_early, x1, radius)
-    tl.store(out_ptr + ia, tl.maximum(radius, 0.0), mask=valid)
+    return tl.maximum(radius, 0.0)
+
+
+@triton.jit
+def _radius_kernel(
+    b_iso_ptr,  # (N,) float32, Å²
+    a_ptr,  # (N, 5) float32
+    b_ptr,  # (N, 5) float32, Å²
+    out_ptr,  # (N,) float32, Å (written)
+    n_atoms,
+    cutoff,  # float, e/Å³
+    MAX_STEPS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # The splat's forward computes the same radii itself; this kernel serves tests and benchmarks.
+    ia = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = ia < n_atoms
+    bb = tl.load(b_iso_ptr + ia, mask=valid, other=1.0)
+    tl.store(out_ptr + ia, _cutoff_radius(bb, a_ptr, b_ptr, ia, valid, cutoff, MAX_STEPS), mask=valid)
 
 
 @triton.jit
@@ -184,51 +200,89 @@ def _wrap(v, n):
 
 
 @triton.jit
-def _atom_box(xyz_ptr, radius_ptr, m_ptr, ia, valid, radius_all, nx, ny, nz, rx, ry, rz, PER_ATOM_RADIUS: tl.constexpr):
-    """Per-atom geometry, shape (ATOMS,): sub-voxel offset t, wrapped base voxel, box start/extent, R²."""
+def _plan_scalars(p_ptr):
+    """The plan's constants from its packed float64 tensor (layout: ``_Plan.build``).
+
+    Returns nx, ny, nz (int32), the voxel-unit metric h00, h11, h22, h01, h02, h12 and the reach rx, ry, rz
+    (float32: voxels of box half-extent per Å of radius), the fixed radius (Å) and the cutoff (e/Å³), float32.
+    """
+    nx = tl.load(p_ptr + 9).to(tl.int32)
+    ny = tl.load(p_ptr + 10).to(tl.int32)
+    nz = tl.load(p_ptr + 11).to(tl.int32)
+    h00 = tl.load(p_ptr + 12).to(tl.float32)
+    h11 = tl.load(p_ptr + 13).to(tl.float32)
+    h22 = tl.load(p_ptr + 14).to(tl.float32)
+    h01 = tl.load(p_ptr + 15).to(tl.float32)
+    h02 = tl.load(p_ptr + 16).to(tl.float32)
+    h12 = tl.load(p_ptr + 17).to(tl.float32)
+    rx = tl.load(p_ptr + 18).to(tl.float32)
+    ry = tl.load(p_ptr + 19).to(tl.float32)
+    rz = tl.load(p_ptr + 20).to(tl.float32)
+    radius_all = tl.load(p_ptr + 21).to(tl.float32)
+    cutoff = tl.load(p_ptr + 22).to(tl.float32)
+    return nx, ny, nz, h00, h11, h22, h01, h02, h12, rx, ry, rz, radius_all, cutoff
+
+
+@triton.jit
+def _cell_coordinate(f, n, n_f):
+    """Fractional coordinate f (float64, finite) wrapped into the cell: sub-voxel offset (float32) and voxel in [0, n).
+
+    f − floor(f) is exact for any finite float64 f, so a lattice translation of any size changes nothing
+    but rounding far below float32. (f − floor(f))·n may round up to n: that is voxel 0 at offset 0.
+    """
+    c = (f - tl.floor(f)) * n_f
+    fl = tl.floor(c)
+    v = fl.to(tl.int32)
+    return (c - fl).to(tl.float32), tl.where(v >= n, v - n, v)
+
+
+@triton.jit
+def _atom_inputs(xyz_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz):
+    """Per-atom centre and values, shape (ATOMS,) each: sub-voxel offsets t, base voxel b, B, occupancy, ok.
+
+    Positions are read in their own dtype (float32 or float64) and taken to fractional coordinates in
+    float64 before anything is rounded to float32. ``ok``: in range and a finite position (also after
+    frac·xyz), B and occupancy; an atom that is not ok gets zero extent, B = 1 and occupancy 0, so it adds
+    nothing and its gradients are exact zeros (no NaN reaches the map or a gradient).
+    """
     x = tl.load(xyz_ptr + ia * 3 + 0, mask=valid, other=0.0).to(tl.float64)
     y = tl.load(xyz_ptr + ia * 3 + 1, mask=valid, other=0.0).to(tl.float64)
     z = tl.load(xyz_ptr + ia * 3 + 2, mask=valid, other=0.0).to(tl.float64)
-    # Centre in voxel units, in float64 (m = diag(n)·frac).
-    cx = tl.load(m_ptr + 0) * x + tl.load(m_ptr + 1) * y + tl.load(m_ptr + 2) * z
-    cy = tl.load(m_ptr + 3) * x + tl.load(m_ptr + 4) * y + tl.load(m_ptr + 5) * z
-    cz = tl.load(m_ptr + 6) * x + tl.load(m_ptr + 7) * y + tl.load(m_ptr + 8) * z
-    fx = tl.floor(cx)
-    fy = tl.floor(cy)
-    fz = tl.floor(cz)
-    tx = (cx - fx).to(tl.float32)
-    ty = (cy - fy).to(tl.float32)
-    tz = (cz - fz).to(tl.float32)
-    # Base voxel folded into the cell in float64 (exact for any |centre| < 2^40 voxels).
-    bx = tl.minimum(tl.maximum((fx - nx * tl.floor(fx / nx)).to(tl.int32), 0), nx - 1)
-    by = tl.minimum(tl.maximum((fy - ny * tl.floor(fy / ny)).to(tl.int32), 0), ny - 1)
-    bz = tl.minimum(tl.maximum((fz - nz * tl.floor(fz / nz)).to(tl.int32), 0), nz - 1)
-    if PER_ATOM_RADIUS:
-        rad = tl.load(radius_ptr + ia, mask=valid, other=0.0)
-    else:
-        rad = tl.zeros_like(tx) + radius_all
-    # |offset along axis i| < R·|a*_i|·n_i for every voxel with r < R: the box [lo, lo + cnt).
+    fx = tl.load(p_ptr + 0) * x + tl.load(p_ptr + 1) * y + tl.load(p_ptr + 2) * z
+    fy = tl.load(p_ptr + 3) * x + tl.load(p_ptr + 4) * y + tl.load(p_ptr + 5) * z
+    fz = tl.load(p_ptr + 6) * x + tl.load(p_ptr + 7) * y + tl.load(p_ptr + 8) * z
+    b_iso = tl.load(b_iso_ptr + ia, mask=valid, other=1.0)
+    occ = tl.load(occ_ptr + ia, mask=valid, other=0.0)
+    # v − v == 0 exactly when v is finite (inf − inf and NaN are NaN).
+    ok = valid & (fx - fx == 0) & (fy - fy == 0) & (fz - fz == 0) & (b_iso - b_iso == 0) & (occ - occ == 0)
+    tx, bx = _cell_coordinate(tl.where(ok, fx, 0.0), nx, tl.load(p_ptr + 9))
+    ty, by = _cell_coordinate(tl.where(ok, fy, 0.0), ny, tl.load(p_ptr + 10))
+    tz, bz = _cell_coordinate(tl.where(ok, fz, 0.0), nz, tl.load(p_ptr + 11))
+    return tx, ty, tz, bx, by, bz, tl.where(ok, b_iso, 1.0), tl.where(ok, occ, 0.0), ok
+
+
+@triton.jit
+def _atom_box(tx, ty, tz, rad, ok, rx, ry, rz):
+    """Box of voxels [lo, lo + cnt) per axis around each atom (from its base voxel) and R², (ATOMS,) each.
+
+    |offset along axis i| < R·|a*_i|·n_i for every voxel with r < R; an atom that is not ok has cnt = 0.
+    """
     lox = tl.floor(tx - rad * rx)
     loy = tl.floor(ty - rad * ry)
     loz = tl.floor(tz - rad * rz)
-    cntx = tl.where(valid, (-tl.floor(-(tx + rad * rx)) - lox + 1.0).to(tl.int32), 0)
-    cnty = tl.where(valid, (-tl.floor(-(ty + rad * ry)) - loy + 1.0).to(tl.int32), 0)
-    cntz = tl.where(valid, (-tl.floor(-(tz + rad * rz)) - loz + 1.0).to(tl.int32), 0)
-    return (
-        tx,
-        ty,
-        tz,
-        bx,
-        by,
-        bz,
-        lox.to(tl.int32),
-        loy.to(tl.int32),
-        loz.to(tl.int32),
-        cntx,
-        cnty,
-        cntz,
-        rad * rad,
-    )
+    cntx = tl.where(ok, (-tl.floor(-(tx + rad * rx)) - lox + 1.0).to(tl.int32), 0)
+    cnty = tl.where(ok, (-tl.floor(-(ty + rad * ry)) - loy + 1.0).to(tl.int32), 0)
+    cntz = tl.where(ok, (-tl.floor(-(tz + rad * rz)) - loz + 1.0).to(tl.int32), 0)
+    return lox.to(tl.int32), loy.to(tl.int32), loz.to(tl.int32), cntx, cnty, cntz, rad * rad
+
+
+@triton.jit
+def _frame_offset(ia, atoms_per_frame, nx, ny, nz, INDEX64: tl.constexpr):
+    """Offset of each atom's map in a stack of frames, (ATOMS, 1, 1): (atom // atoms_per_frame)·nx·ny·nz."""
+    frame = ia // atoms_per_frame
+    if INDEX64:
+        frame = frame.to(tl.int64)
+    return (frame * (nx * ny * nz))[:, None, None]
 
 
 @triton.jit
@@ -416,30 +470,24 @@ def _row_sums(g, dy, qy, be0, be1, be2, be3, be4, t0, t1, t2, t3, t4, yd0, yd1, 
 # --------------------------------------------------------------------------- kernels
 
 
-@triton.jit
+# Per-atom pointers and integers unspecialised: one compiled kernel serves every atom count and every
+# (possibly offset) view of the atoms' tensors, which the direct launch (``_launch``) relies on. The map
+# keeps its 16-byte alignment specialisation (vector atomics).
+_ATOM_ARGS = ("xyz_ptr", "b_iso_ptr", "occ_ptr", "a_ptr", "b_ptr", "radius_ptr", "p_ptr")
+
+
+@triton.jit(do_not_specialize=(*_ATOM_ARGS, "n_atoms", "atoms_per_frame"), do_not_specialize_on_alignment=_ATOM_ARGS)
 def _splat_fwd_kernel(
-    xyz_ptr,  # (N, 3) float32, Å
+    xyz_ptr,  # (N, 3) float32 or float64, Å
     b_iso_ptr,  # (N,) float32, Å²
     occ_ptr,  # (N,) float32
     a_ptr,  # (N, 5) float32, IT92 amplitudes (c as the 5th)
     b_ptr,  # (N, 5) float32, IT92 widths in Å² (0 for c)
-    radius_ptr,  # (N,) float32, Å (read when PER_ATOM_RADIUS)
-    m_ptr,  # (9,) float64, Cartesian Å → voxel units, row-major diag(n)·frac
-    out_ptr,  # (nx·ny·nz,) float32, zero-filled; accumulated with atomics
+    radius_ptr,  # (N,) float32, Å: written with each atom's cutoff radius when PER_ATOM_RADIUS (the backward's)
+    p_ptr,  # (32,) float64, the plan's constants (layout: _Plan.build)
+    out_ptr,  # (nx·ny·nz,) float32 (FRAMES: (F·nx·ny·nz,)), zero-filled; accumulated with atomics
     n_atoms,
-    nx,
-    ny,
-    nz,
-    radius_all,  # float, Å (when not PER_ATOM_RADIUS)
-    h00,  # floats: voxel-unit metric, r² = Σ h_ij d_i d_j (Å²)
-    h11,
-    h22,
-    h01,
-    h02,
-    h12,
-    rx,  # floats: |a*_i|·n_i, voxels of box half-extent per Å of radius
-    ry,
-    rz,
+    atoms_per_frame,  # atoms of one frame (read when FRAMES)
     ATOMS: tl.constexpr,
     BP: tl.constexpr,
     BQ: tl.constexpr,
@@ -447,14 +495,19 @@ def _splat_fwd_kernel(
     PER_ATOM_RADIUS: tl.constexpr,
     INDEX64: tl.constexpr,
     VEC: tl.constexpr,
+    FRAMES: tl.constexpr,
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
-    tx, ty, tz, bx, by, bz, lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(
-        xyz_ptr, radius_ptr, m_ptr, ia, valid, radius_all, nx, ny, nz, rx, ry, rz, PER_ATOM_RADIUS
-    )
-    b_iso = tl.load(b_iso_ptr + ia, mask=valid, other=1.0)
-    occ = tl.load(occ_ptr + ia, mask=valid, other=0.0)
+    nx, ny, nz, h00, h11, h22, h01, h02, h12, rx, ry, rz, radius_all, cutoff = _plan_scalars(p_ptr)
+    tx, ty, tz, bx, by, bz, b_iso, occ, ok = _atom_inputs(xyz_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz)
+    if PER_ATOM_RADIUS:
+        # Computed here (no launch of its own) and kept for the backward, which reads the same radii.
+        rad = _cutoff_radius(b_iso, a_ptr, b_ptr, ia, ok, cutoff, 80)
+        tl.store(radius_ptr + ia, rad, mask=valid)
+    else:
+        rad = tl.zeros_like(tx) + radius_all
+    lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
     amp0, al0, _b0 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 0)
     amp1, al1, _b1 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 1)
     amp2, al2, _b2 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 2)
@@ -480,6 +533,8 @@ def _splat_fwd_kernel(
         nz = nz // 4 * 4  # the host sends nz % 4 == 0: lets the axis analysis see nz and row strides divide by 4
         loz, cntz = _vec_z_box(bz, loz, cntz)
         inv_h22 = 1.0 / h22
+    if FRAMES:
+        fo = _frame_offset(ia, atoms_per_frame, nx, ny, nz, INDEX64)
     n_pc = tl.cdiv(tl.max(cntx, axis=0), BP)
     n_qc = tl.cdiv(tl.max(cntz, axis=0), BQ)
     n_rows = tl.max(cnty, axis=0)
@@ -519,6 +574,8 @@ def _splat_fwd_kernel(
                 gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)  # x–z part of the group's r² bound
             qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # (ATOMS, BP, BQ) Å²
             base_xz = ix * (ny * nz) + iz
+            if FRAMES:
+                base_xz += fo
             if SEPARABLE:
                 e0 = amp0 * tl.exp2(-be0 * qxz)
                 e1 = amp1 * tl.exp2(-be1 * qxz)
@@ -578,42 +635,27 @@ def _splat_fwd_kernel(
         pc += 1
 
 
-@triton.jit
+_GRAD_ARGS = ("gxyz_ptr", "gb_ptr", "gocc_ptr")
+
+
+@triton.jit(
+    do_not_specialize=(*_ATOM_ARGS, *_GRAD_ARGS, "n_atoms", "atoms_per_frame"),
+    do_not_specialize_on_alignment=(*_ATOM_ARGS, *_GRAD_ARGS),
+)
 def _splat_bwd_kernel(
-    grad_ptr,  # (nx·ny·nz,) float32, upstream gradient of the map
-    xyz_ptr,  # (N, 3) float32, Å
+    grad_ptr,  # (nx·ny·nz,) float32 (FRAMES: (F·nx·ny·nz,)), upstream gradient of the map
+    xyz_ptr,  # (N, 3) float32 or float64, Å
     b_iso_ptr,  # (N,) float32, Å²
     occ_ptr,  # (N,) float32
     a_ptr,  # (N, 5) float32
     b_ptr,  # (N, 5) float32, Å²
-    radius_ptr,  # (N,) float32, Å (read when PER_ATOM_RADIUS)
-    m_ptr,  # (9,) float64, Cartesian Å → voxel units, row-major
-    gxyz_ptr,  # (N, 3) float32, written: ∂L/∂xyz
+    radius_ptr,  # (N,) float32, Å, the forward's radii (read when PER_ATOM_RADIUS)
+    p_ptr,  # (32,) float64, the plan's constants (layout: _Plan.build)
+    gxyz_ptr,  # (N, 3) the dtype of xyz, written: ∂L/∂xyz
     gb_ptr,  # (N,) float32, written: ∂L/∂b_iso
     gocc_ptr,  # (N,) float32, written: ∂L/∂occ
     n_atoms,
-    nx,
-    ny,
-    nz,
-    radius_all,
-    h00,
-    h11,
-    h22,
-    h01,
-    h02,
-    h12,
-    rx,
-    ry,
-    rz,
-    m00,  # floats: the same m as m_ptr in float32, for the chain rule voxel → Cartesian
-    m01,
-    m02,
-    m10,
-    m11,
-    m12,
-    m20,
-    m21,
-    m22,
+    atoms_per_frame,  # atoms of one frame (read when FRAMES)
     ATOMS: tl.constexpr,
     BP: tl.constexpr,
     BQ: tl.constexpr,
@@ -621,14 +663,17 @@ def _splat_bwd_kernel(
     PER_ATOM_RADIUS: tl.constexpr,
     INDEX64: tl.constexpr,
     VEC: tl.constexpr,
+    FRAMES: tl.constexpr,
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
-    tx, ty, tz, bx, by, bz, lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(
-        xyz_ptr, radius_ptr, m_ptr, ia, valid, radius_all, nx, ny, nz, rx, ry, rz, PER_ATOM_RADIUS
-    )
-    b_iso = tl.load(b_iso_ptr + ia, mask=valid, other=1.0)
-    occ = tl.load(occ_ptr + ia, mask=valid, other=0.0)
+    nx, ny, nz, h00, h11, h22, h01, h02, h12, rx, ry, rz, radius_all, cutoff = _plan_scalars(p_ptr)
+    tx, ty, tz, bx, by, bz, b_iso, occ, ok = _atom_inputs(xyz_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz)
+    if PER_ATOM_RADIUS:
+        rad = tl.load(radius_ptr + ia, mask=valid, other=0.0)
+    else:
+        rad = tl.zeros_like(tx) + radius_all
+    lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
     # Unit-occupancy amplitudes c_k and the weights of the three sums the gradients need:
     # u0 = Σ c_k e_k (ρ/occ), u1 = Σ c_k α_k e_k (−∂(ρ/occ)/∂r²), u2 = Σ c_k (α_k r² − 3/2)/B_k e_k (∂(ρ/occ)/∂B).
     c0, al0, w0 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 0)
@@ -670,6 +715,8 @@ def _splat_bwd_kernel(
         nz = nz // 4 * 4  # the host sends nz % 4 == 0: lets the axis analysis see nz and row strides divide by 4
         loz, cntz = _vec_z_box(bz, loz, cntz)
         inv_h22 = 1.0 / h22
+    if FRAMES:
+        fo = _frame_offset(ia, atoms_per_frame, nx, ny, nz, INDEX64)
     n_pc = tl.cdiv(tl.max(cntx, axis=0), BP)
     n_qc = tl.cdiv(tl.max(cntz, axis=0), BQ)
     n_rows = tl.max(cnty, axis=0)
@@ -722,6 +769,8 @@ def _splat_bwd_kernel(
                 gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)  # x–z part of the group's r² bound
             qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz
             base_xz = ix * (ny * nz) + iz
+            if FRAMES:
+                base_xz += fo
             if SEPARABLE:
                 # e_k = x_k(x, z)·y_k(row): sum g·y_k (and ·dy, ·qy) over the rows first, then fold in
                 # the x_k and the coefficients once per tile (20 instead of ~40 flops per voxel).
@@ -854,6 +903,15 @@ def _splat_bwd_kernel(
     gcx = 2.0 * (h00 * s_x + h01 * s_y + h02 * s_z)
     gcy = 2.0 * (h01 * s_x + h11 * s_y + h12 * s_z)
     gcz = 2.0 * (h02 * s_x + h12 * s_y + h22 * s_z)
+    m00 = tl.load(p_ptr + 23).to(tl.float32)
+    m01 = tl.load(p_ptr + 24).to(tl.float32)
+    m02 = tl.load(p_ptr + 25).to(tl.float32)
+    m10 = tl.load(p_ptr + 26).to(tl.float32)
+    m11 = tl.load(p_ptr + 27).to(tl.float32)
+    m12 = tl.load(p_ptr + 28).to(tl.float32)
+    m20 = tl.load(p_ptr + 29).to(tl.float32)
+    m21 = tl.load(p_ptr + 30).to(tl.float32)
+    m22 = tl.load(p_ptr + 31).to(tl.float32)
     tl.store(gxyz_ptr + ia * 3 + 0, m00 * gcx + m10 * gcy + m20 * gcz, mask=valid)
     tl.store(gxyz_ptr + ia * 3 + 1, m01 * gcx + m11 * gcy + m21 * gcz, mask=valid)
     tl.store(gxyz_ptr + ia * 3 + 2, m02 * gcx + m12 * gcy + m22 * gcz, mask=valid)
@@ -876,10 +934,11 @@ class _Plan:
     shape: tuple[int, int, int]
     cell: Cell
     n_voxels: int
-    m_dev: torch.Tensor  # (9,) float64 on the device, Cartesian Å → voxel units, diag(n)·frac row-major
-    m: tuple[float, ...]  # the same 9 values as Python floats
-    h: tuple[float, ...]  # voxel-unit metric h00, h11, h22, h01, h02, h12
-    reach: tuple[float, float, float]  # |a*_i|·n_i: voxels of box half-extent per Å of radius
+    # (32,) float64 on the device, every constant the kernels read (one pointer instead of ~20 scalar
+    # arguments, each of which costs host time per launch): [0:9] frac row-major, [9:12] the grid shape,
+    # [12:18] the voxel-unit metric h00, h11, h22, h01, h02, h12, [18:21] the reach |a*_i|·n_i,
+    # [21] the fixed radius (Å, 0 when per_atom), [22] the cutoff, [23:32] m = diag(n)·frac row-major.
+    params: torch.Tensor
     separable: bool  # exp(−α r²) = E(x, z)·e(y): orthogonal and monoclinic cells only
     per_atom: bool  # per-atom radii from the cutoff (else ``radius`` for every atom)
     radius: float  # Å, 0 when per_atom
@@ -893,6 +952,9 @@ class _Plan:
     atoms_per_program: int
     num_warps: int
     num_warps_bwd: int
+    # Compiled kernels of this plan for the direct launch (``_launch``), per (kernel, xyz dtype, frames,
+    # device index). Not copied by ``dataclasses.replace``: a derived plan compiles its own.
+    compiled: dict = dataclasses.field(init=False, default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, grid: GridSpec, radius: float | None, cutoff: float, device: torch.device) -> _Plan:
@@ -919,14 +981,21 @@ class _Plan:
         bq_bwd = bq
         cap = 16 if interpret else max(1, 256 // bq_bwd)
         bp_bwd = max(1, min(triton.next_power_of_2(ext_x), cap))
+        hv = [h[0, 0], h[1, 1], h[2, 2], h[0, 1], h[0, 2], h[1, 2]]
+        params = torch.cat(
+            [
+                cell.frac.reshape(-1),
+                n,
+                torch.stack(hv),
+                torch.tensor([*reach, radius_all, float(cutoff)], dtype=torch.float64),
+                m.reshape(-1),
+            ]
+        ).to(torch.float64)
         return cls(
             shape=(nx, ny, nz),
             cell=cell,
             n_voxels=nx * ny * nz,
-            m_dev=m.reshape(-1).contiguous().to(device),
-            m=tuple(float(v) for v in m.reshape(-1)),
-            h=(float(h[0, 0]), float(h[1, 1]), float(h[2, 2]), float(h[0, 1]), float(h[0, 2]), float(h[1, 2])),
-            reach=reach,
+            params=params.contiguous().to(device),
             separable=cell.kind in ("orthogonal", "monoclinic"),
             per_atom=radius is None,
             radius=radius_all,
@@ -948,27 +1017,25 @@ class _Plan:
             num_warps_bwd=1,
         )
 
-    def common_args(self):
-        h00, h11, h22, h01, h02, h12 = self.h
-        rx, ry, rz = self.reach
-        return (*self.shape, self.radius, h00, h11, h22, h01, h02, h12, rx, ry, rz)
+    def constexprs(self, frames: bool, index64: bool) -> tuple:
+        """Forward constexprs in signature order: ATOMS, BP, BQ, SEPARABLE, PER_ATOM_RADIUS, INDEX64, VEC, FRAMES."""
+        return (self.atoms_per_program, self.bp, self.bq, self.separable, self.per_atom, index64, self.vec, frames)
 
-    def meta(self):
-        """Constexprs and launch options of the forward kernel."""
-        return dict(
-            ATOMS=self.atoms_per_program,
-            BP=self.bp,
-            BQ=self.bq,
-            SEPARABLE=self.separable,
-            PER_ATOM_RADIUS=self.per_atom,
-            INDEX64=self.index64,
-            VEC=self.vec,
-            num_warps=self.num_warps,
+    def constexprs_bwd(self, frames: bool, index64: bool) -> tuple:
+        """The backward's: its own tile."""
+        return (
+            self.atoms_per_program,
+            self.bp_bwd,
+            self.bq_bwd,
+            self.separable,
+            self.per_atom,
+            index64,
+            self.vec,
+            frames,
         )
 
-    def meta_bwd(self):
-        """Constexprs and launch options of the backward kernel."""
-        return {**self.meta(), "BP": self.bp_bwd, "BQ": self.bq_bwd, "num_warps": self.num_warps_bwd}
+
+_CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "SEPARABLE", "PER_ATOM_RADIUS", "INDEX64", "VEC", "FRAMES")
 
 
 @functools.lru_cache(maxsize=8)
@@ -984,13 +1051,14 @@ _plans: dict[tuple, _Plan] = {}
 
 
 def _plan(grid: GridSpec, radius: float | None, cutoff: float, device: torch.device) -> _Plan:
+    # The interpreter setting only changes plans for CPU tensors (reading it is an environment lookup).
     key = (
         grid.cell.parameters,
         grid.shape,
         radius,
         cutoff if radius is None else None,
-        str(device),
-        triton_interpreted(),
+        device,
+        device.type == "cpu" and triton_interpreted(),
     )
     plan = _plans.get(key)
     if plan is None:
@@ -1009,57 +1077,150 @@ def _radii_device(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cutoff:
     return out
 
 
-def _launch_forward(plan: _Plan, xyz, b_iso, occ, a, b, radii) -> torch.Tensor:
+def _launch(fn, plan: _Plan, key: tuple, n_programs: int, args: tuple, constexprs: tuple, num_warps: int) -> None:
+    """Launch ``fn`` on ``n_programs`` programs, directly through its compiled kernel once there is one.
+
+    ``fn[grid](...)`` binds and specialises every argument and looks the kernel up on each call (~13 µs of
+    host time on the H100 host, more with more arguments). The first launch of each ``key`` goes that way,
+    compiling if needed; its compiled kernel is kept on the plan and later launches call its launcher with
+    the same arguments in signature order (what ``JITFunction.run`` does once it has found the kernel).
+    That is equivalent only while Triton would pick the same compiled kernel: the per-atom pointers and
+    integers are compiled without specialisation (``do_not_specialize``), the plan fixes the constexprs and
+    ``key`` holds the rest (xyz dtype, frames, 64-bit indices, device); the map and gradient pointers
+    keep their 16-byte alignment specialisation (vector atomics and loads), so a caller with a misaligned
+    one takes the normal launch. Launch hooks (profilers) also take the normal launch.
+    """
+    global _direct_launch
+    kernel = plan.compiled.get(key) if _direct_launch else None
+    if kernel is not None and _no_hook(_knobs.runtime.launch_enter_hook) and _no_hook(_knobs.runtime.launch_exit_hook):
+        device = key[-1]
+        if torch.cuda.current_device() == device:
+            try:
+                kernel.run(
+                    n_programs, 1, 1, _stream(device), kernel.function, kernel.packed_metadata, None, None, None,
+                    *args, *constexprs,
+                )  # fmt: skip
+                return
+            except TypeError:  # a Triton whose launcher takes other arguments: the normal launch from now on
+                _direct_launch = False
+    kernel = fn[(n_programs,)](*args, **dict(zip(_CONSTEXPR_NAMES, constexprs)), num_warps=num_warps)
+    if _direct_launch and isinstance(kernel, _CompiledKernel) and key[-1] is not None:
+        plan.compiled[key] = kernel
+
+
+def _no_hook(hook) -> bool:
+    """No launch hook set: None (Triton 3.6) or an empty ``HookChain`` (3.7); the launcher then gets None."""
+    return hook is None or (type(hook).__name__ == "HookChain" and not hook.calls)
+
+
+def _direct_launch_available() -> bool:
+    return _knobs is not None and _CompiledKernel is not None and not triton_interpreted()
+
+
+try:
+    from triton import knobs as _knobs
+    from triton.compiler import CompiledKernel as _CompiledKernel
+    from triton.runtime import driver as _driver
+except ImportError:  # a Triton without knobs: every launch through fn[grid]
+    _knobs = _CompiledKernel = _driver = None
+
+_direct_launch = _direct_launch_available()
+
+
+def _stream(device: int):
+    return _driver.active.get_current_stream(device)
+
+
+def _device_key(t: torch.Tensor):
+    return t.device.index if t.device.type == "cuda" else None
+
+
+def _forward(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int):
+    """Zero-filled map (one memset) and one forward launch; returns the flat map and the radii written."""
     n = xyz.shape[0]
-    out = torch.zeros(plan.n_voxels, dtype=torch.float32, device=xyz.device)
-    if n:
-        grid = (triton.cdiv(n, plan.atoms_per_program),)
-        _splat_fwd_kernel[grid](xyz, b_iso, occ, a, b, radii, plan.m_dev, out, n, *plan.common_args(), **plan.meta())
-    return out.view(plan.shape)
+    size = n_frames * plan.n_voxels
+    out = torch.zeros(size, dtype=torch.float32, device=xyz.device)
+    # Per-atom radii: written by the forward, read by the backward. A fixed radius: nothing is written
+    # and any float32 pointer will do.
+    radii = torch.empty(n, dtype=torch.float32, device=xyz.device) if plan.per_atom else b_iso
+    frames = n_frames > 1
+    index64 = plan.index64 or size >= 2**31 - 1
+    _launch(
+        _splat_fwd_kernel, plan, ("fwd", xyz.dtype, frames, index64, _device_key(xyz)),
+        triton.cdiv(n, plan.atoms_per_program),
+        (xyz, b_iso, occ, a, b, radii, plan.params, out, n, n // n_frames),
+        plan.constexprs(frames, index64), plan.num_warps,
+    )  # fmt: skip
+    return out, radii
 
 
-def _launch_backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii):
+def _backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii, n_frames: int):
+    """∂L/∂xyz (xyz's dtype), ∂L/∂b_iso, ∂L/∂occ (float32) from the flat float32 ``grad``: one launch."""
     n = xyz.shape[0]
     g_xyz = torch.empty_like(xyz)
     g_b = torch.empty_like(b_iso)
     g_occ = torch.empty_like(occ)
-    if n:
-        grid = (triton.cdiv(n, plan.atoms_per_program),)
-        _splat_bwd_kernel[grid](
-            grad, xyz, b_iso, occ, a, b, radii, plan.m_dev, g_xyz, g_b, g_occ, n,
-            *plan.common_args(), *plan.m,
-            **plan.meta_bwd(),
-        )  # fmt: skip
+    frames = n_frames > 1
+    index64 = plan.index64 or n_frames * plan.n_voxels >= 2**31 - 1
+    device = _device_key(xyz) if grad.data_ptr() % 16 == 0 else None
+    _launch(
+        _splat_bwd_kernel, plan, ("bwd", xyz.dtype, frames, index64, device),
+        triton.cdiv(n, plan.atoms_per_program),
+        (grad, xyz, b_iso, occ, a, b, radii, plan.params, g_xyz, g_b, g_occ, n, n // n_frames),
+        plan.constexprs_bwd(frames, index64), plan.num_warps_bwd,
+    )  # fmt: skip
     return g_xyz, g_b, g_occ
 
 
 class _SplatTriton(torch.autograd.Function):
+    """Forward and backward launches; ``rest`` = (a, b, plan, n_frames), not differentiable."""
+
     @staticmethod
-    def forward(ctx, xyz, b_iso, occ, a, b, radii, plan):
-        ctx.save_for_backward(xyz, b_iso, occ, a, b, radii)
-        ctx.plan = plan
-        return _launch_forward(plan, xyz, b_iso, occ, a, b, radii)
+    def forward(ctx, xyz, b_iso, occ, rest):
+        a, b, plan, n_frames = rest
+        out, radii = _forward(plan, xyz, b_iso, occ, a, b, n_frames)
+        ctx.save_for_backward(xyz, b_iso, occ)
+        ctx.rest = (a, b, radii, plan, n_frames)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
-        xyz, b_iso, occ, a, b, radii = ctx.saved_tensors
-        if not any(ctx.needs_input_grad[:3]):
-            return (None,) * 7
-        grad = grad.contiguous().to(torch.float32).reshape(-1)
-        g_xyz, g_b, g_occ = _launch_backward(ctx.plan, grad, xyz, b_iso, occ, a, b, radii)
         need = ctx.needs_input_grad
-        return (
-            g_xyz if need[0] else None,
-            g_b if need[1] else None,
-            g_occ if need[2] else None,
-            None,
-            None,
-            None,
-            None,
-        )
+        if not (need[0] or need[1] or need[2]):
+            return None, None, None, None
+        xyz, b_iso, occ = ctx.saved_tensors
+        a, b, radii, plan, n_frames = ctx.rest
+        if grad.dtype != torch.float32:
+            grad = grad.to(torch.float32)
+        if not grad.is_contiguous():
+            grad = grad.contiguous()
+        g_xyz, g_b, g_occ = _backward(plan, grad, xyz, b_iso, occ, a, b, radii, n_frames)
+        return g_xyz if need[0] else None, g_b if need[1] else None, g_occ if need[2] else None, None
 
 
 # --------------------------------------------------------------------------- public
+
+
+def _check_call(atoms: AtomSet, grid: GridSpec, radius, cutoff, op: str):
+    """The device, radius (None or Å) and cutoff of a call, checked."""
+    device = atoms.device
+    if device.type != "cuda" and not triton_interpreted():
+        raise BackendError(
+            f"{op} runs on CUDA tensors; move the atoms to a GPU with atoms.to('cuda') "
+            "(or set TRITON_INTERPRET=1 before importing kernels to run it slowly in the interpreter)"
+        )
+    if not grid.is_whole_cell:
+        raise GridError(f"{op} splats whole-cell grids only; use backend='reference' for a box")
+    if radius is not None:
+        radius = _positive(radius, "radius", "Å")
+    return device, radius, _positive(cutoff, "cutoff", "e/Å³")
+
+
+def _positive(value, name: str, unit: str) -> float:
+    """:func:`positive_number`, without its call for the usual argument (a positive finite float)."""
+    if type(value) is float and 0.0 < value < math.inf:
+        return value
+    return positive_number(value, name, unit)
 
 
 def splat_triton(
@@ -1070,8 +1231,11 @@ def splat_triton(
     Parameters
     ----------
     atoms : AtomSet
-        CUDA tensors (CPU tensors only under ``TRITON_INTERPRET=1``); float32, or float64
-        cast to float32 with one warning per dtype.
+        CUDA tensors (CPU tensors only under ``TRITON_INTERPRET=1``); float32 or float64.
+        float64 positions are wrapped into the cell in float64 inside the kernels (their
+        gradient is float64); float64 B, occupancies and coefficients are cast to float32 with
+        one warning per dtype. An atom with a non-finite position, B or occupancy adds nothing
+        and gets zero gradients (no host check; see :func:`kernels.check_finite`).
     grid : GridSpec
         Whole-cell grid (periodic); any cell, orthogonal or not.
     radius : float, optional
@@ -1096,39 +1260,82 @@ def splat_triton(
     ValueError
         ``radius`` or ``cutoff`` not a positive finite number.
     """
-    device = atoms.device
-    if device.type != "cuda" and not triton_interpreted():
-        raise BackendError(
-            "splat_triton runs on CUDA tensors; move the atoms to a GPU with atoms.to('cuda') "
-            "(or set TRITON_INTERPRET=1 before importing kernels to run it slowly in the interpreter)"
-        )
-    if not grid.is_whole_cell:
-        raise GridError("splat_triton splats whole-cell grids only; use backend='reference' for a box")
-    if radius is not None:
-        radius = positive_number(radius, "radius", "Å")
-    cutoff = positive_number(cutoff, "cutoff", "e/Å³")
+    device, radius, cutoff = _check_call(atoms, grid, radius, cutoff, "splat_triton")
     return _splat(atoms, _plan(grid, radius, cutoff, device))
 
 
-def _splat(atoms: AtomSet, plan: _Plan) -> torch.Tensor:
+def _as_kernel_input(t: torch.Tensor, op: str) -> torch.Tensor:
+    """``t`` as a contiguous float32 tensor, without a call when it already is one."""
+    if t.dtype != torch.float32:
+        t = to_float32(t, op)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t
+
+
+def _splat(atoms: AtomSet, plan: _Plan, n_frames: int | None = None) -> torch.Tensor:
     """The splat of :func:`splat_triton` (inputs already validated) with an explicit ``plan``.
 
     ``splat_triton`` passes the cached production plan; tests and benchmarks pass one derived from it
     with ``dataclasses.replace`` to run another tile, launch shape or z layout of the same kernels.
+    With ``n_frames``, ``atoms`` are that many frames, frame-major, and the result is (n_frames, *grid shape).
     """
     op = "splat_triton"
-    # Positions go to the kernel as given (cast to float32), with no per-call work on them: done with
-    # torch ops, the float64 wrap and non-finite mask of the other backends (kernels.density.positions)
-    # are ~15 launches, several times the splat's own GPU time on small models (docs/kernels.md).
-    xyz = to_float32(atoms.xyz, op).contiguous()
-    b_iso = to_float32(atoms.b_iso, op).contiguous()
-    occ = to_float32(atoms.occ, op).contiguous()
-    a = to_float32(atoms.a, op).detach().contiguous()
-    b = to_float32(atoms.b, op).detach().contiguous()
+    # Positions go to the kernel in their own dtype when float64: the kernel wraps them into the cell
+    # in float64 before rounding to float32 (and masks non-finite atoms) at no extra launch.
+    xyz = atoms.xyz
+    if xyz.dtype != torch.float64:
+        xyz = _as_kernel_input(xyz, op)
+    elif not xyz.is_contiguous():
+        xyz = xyz.contiguous()
+    b_iso = _as_kernel_input(atoms.b_iso, op)
+    occ = _as_kernel_input(atoms.occ, op)
+    a = _as_kernel_input(atoms.a, op)
+    b = _as_kernel_input(atoms.b, op)
+    shape = plan.shape if n_frames is None else (n_frames, *plan.shape)
+    n_frames = n_frames or 1
     if xyz.shape[0] == 0:
-        return torch.zeros(plan.shape, dtype=torch.float32, device=atoms.device)
-    if plan.per_atom:
-        radii = _radii_device(b_iso.detach(), a, b, plan.cutoff)
-    else:
-        radii = b_iso.detach()  # not read (PER_ATOM_RADIUS=False); any float32 pointer will do
-    return _SplatTriton.apply(xyz, b_iso, occ, a, b, radii, plan)
+        return torch.zeros(shape, dtype=torch.float32, device=xyz.device)
+    if torch.is_grad_enabled() and (xyz.requires_grad or b_iso.requires_grad or occ.requires_grad):
+        out = _SplatTriton.apply(xyz, b_iso, occ, (a, b, plan, n_frames))
+    else:  # no autograd node to build (its apply alone costs ~15 µs of host time)
+        out = _forward(plan, xyz, b_iso, occ, a, b, n_frames)[0]
+    return out.view(shape)
+
+
+def splat_frames_triton(
+    atoms: AtomSet, grid: GridSpec, *, n_frames: int, radius: float | None = None, cutoff: float = DEFAULT_CUTOFF
+) -> torch.Tensor:
+    """Density maps of ``n_frames`` frames of the same atoms, one forward and one backward launch.
+
+    Parameters
+    ----------
+    atoms : AtomSet
+        ``n_frames``·N atoms, frame-major (atom i belongs to frame i // N); tensors as for
+        :func:`splat_triton`.
+    grid : GridSpec
+        Whole-cell grid.
+    n_frames : int
+        Number of frames F (≥ 1, dividing ``len(atoms)``).
+    radius, cutoff
+        As for :func:`splat_triton`.
+
+    Returns
+    -------
+    torch.Tensor, shape (n_frames, *grid.shape), float32
+        Map f is what :func:`splat_triton` gives for frame f's atoms; differentiable with respect to
+        ``atoms.xyz``, ``atoms.b_iso`` and ``atoms.occ`` (the backward reads frame f's slice of the
+        incoming gradient for frame f's atoms).
+
+    Raises
+    ------
+    ValueError
+        ``n_frames`` not a positive integer dividing the number of atoms; ``radius``/``cutoff`` as for
+        :func:`splat_triton`.
+    """
+    if isinstance(n_frames, bool) or not isinstance(n_frames, int) or n_frames < 1 or len(atoms) % n_frames:
+        raise ValueError(
+            f"n_frames must be a positive integer dividing the {len(atoms)} atoms (frame-major), got {n_frames!r}"
+        )
+    device, radius, cutoff = _check_call(atoms, grid, radius, cutoff, "splat_frames_triton")
+    return _splat(atoms, _plan(grid, radius, cutoff, device), n_frames=n_frames)

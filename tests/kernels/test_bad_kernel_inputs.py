@@ -231,20 +231,33 @@ def test_extreme_finite_inputs_give_defined_values_identical_across_backends():
                 assert_kernel_close(torch.tensor(res[stem + be], dtype=torch.float64), ref_map)
 
 
-# The triton backend takes positions as given (float32): with float64 input it does not wrap in
-# float64 first (docs/kernels.md, "Positions at kernel entry"), so it runs the float32 case only.
+def _map_and_grads(atoms: AtomSet, grid: GridSpec, backend: str, dev: str, w: torch.Tensor):
+    """The map of ``atoms`` (moved to ``dev``) and the gradients of Σ w·ρ for xyz, b_iso, occ, as float64 on the CPU."""
+    at = atoms.to(dev)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (at.xyz, at.b_iso, at.occ)]
+    at = AtomSet(*leaves, at.a, at.b, at.elements, at.labels, _validate=False)
+    rho = kernels.splat_density(at, grid, backend=backend)
+    grads = torch.autograd.grad((rho * w.to(rho)).sum(), leaves)
+    for leaf, g in zip(leaves, grads):
+        assert g.dtype == leaf.dtype  # gradients come back in the inputs' dtype (float64 positions included)
+    return rho.double().cpu(), [g.double().cpu() for g in grads]
+
+
+# Every backend wraps positions into the cell in float64 when they are float64 (the triton kernels do it
+# in the kernel, before rounding to float32); float32 positions are what they are.
 @pytest.mark.parametrize(
     ("backend", "dtype"),
     [
         ("reference", torch.float64),
         ("cpu", torch.float64),
+        ("triton", torch.float64),
         ("reference", torch.float32),
         ("cpu", torch.float32),
         ("triton", torch.float32),
     ],
 )
 def test_lattice_translation_far_away_gives_the_same_map(backend, dtype):
-    """Atoms moved by ~10^6 Å of whole lattice vectors: wrapped in float64 before any float32 cast."""
+    """Atoms moved by ~10^6 Å of whole lattice vectors: wrapped in float64 before any float32 cast; map and gradients."""
     cell = _cell()
     grid = GridSpec(cell, (20, 24, 28))
     atoms = _atoms(torch.float64)
@@ -253,16 +266,66 @@ def test_lattice_translation_far_away_gives_the_same_map(backend, dtype):
     )
     far = atoms.replace(xyz=atoms.xyz + shift @ cell.orth.T)
     dev = TRITON_DEVICE if backend == "triton" else "cpu"
+    w = torch.randn(grid.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        near_map = kernels.splat_density(atoms.to(dev, dtype), grid, backend=backend).double().cpu()
         if dtype == torch.float32:  # float32 input: the float32 far positions are what they are; compare with them
             far32 = far.to(dtype=dtype)
-            ref = kernels.splat_density(far32, grid, backend="reference")
-            assert_kernel_close(kernels.splat_density(far32.to(dev), grid, backend=backend).double().cpu(), ref)
-            return
-        far_map = kernels.splat_density(far.to(dev, dtype), grid, backend=backend).double().cpu()
-    assert_kernel_close(far_map, near_map)
+            ref, ref_g = _map_and_grads(far32.to(dtype=torch.float64), grid, "reference", "cpu", w)
+            got, got_g = _map_and_grads(far32, grid, backend, dev, w)
+        else:
+            ref, ref_g = _map_and_grads(atoms, grid, backend, dev, w)
+            got, got_g = _map_and_grads(far, grid, backend, dev, w)
+    assert_kernel_close(got, ref)
+    for name, g, rg in zip(("xyz", "b_iso", "occ"), got_g, ref_g):
+        try:
+            assert_kernel_close(g, rg)
+        except AssertionError as exc:
+            raise AssertionError(f"gradient of {name}: {exc}") from None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("field", ["xyz", "b_iso", "occ"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=repr)
+def test_triton_nonfinite_atom_adds_nothing_and_gets_zero_gradients(field, bad, dtype):
+    """No host check on the GPU path: the kernels drop an atom whose position, B or occupancy is not finite.
+
+    The map and the other atoms' gradients are those of the atoms without it; its own gradients are 0.
+    """
+    grid = GridSpec(_cell(), (20, 24, 28))
+    atoms = _atoms(dtype)
+    values = {"xyz": atoms.xyz.clone(), "b_iso": atoms.b_iso.clone(), "occ": atoms.occ.clone()}
+    if field == "xyz":
+        values["xyz"][1, 2] = bad
+    else:
+        values[field][1] = bad
+    broken = AtomSet(values["xyz"], values["b_iso"], values["occ"], atoms.a, atoms.b, _validate=False)
+    w = torch.randn(grid.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got, got_g = _map_and_grads(broken, grid, "triton", TRITON_DEVICE, w)
+        want, want_g = _map_and_grads(atoms.select([0, 2]), grid, "triton", TRITON_DEVICE, w)
+    assert torch.isfinite(got).all() and all(torch.isfinite(g).all() for g in got_g)
+    assert_kernel_close(got, want)
+    for g, wg in zip(got_g, want_g):
+        assert float(g[1].abs().max()) == 0.0
+        assert_kernel_close(g[[0, 2]], wg)
+
+
+def test_triton_far_float64_positions_match_the_reference():
+    """float64 positions 10^20–3·10^38 Å from the origin: the kernel's float64 wrap lands where the reference's does."""
+    grid = GridSpec(_cell(), (12, 15, 18))
+    atoms = _atoms(torch.float64)
+    for off in (1e20, 1e30, 3e38, -3e38):
+        xyz = atoms.xyz.clone()
+        xyz[0] = torch.tensor([off, -0.5 * off, 0.25 * off], dtype=torch.float64)
+        far = _with_xyz(atoms, xyz)
+        ref = kernels.splat_density(far, grid, backend="reference")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = kernels.splat_density(far.to(TRITON_DEVICE), grid, backend="triton")
+        assert ref.sum() > 0
+        assert_kernel_close(got.double().cpu(), ref)
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])

@@ -428,3 +428,65 @@ def test_row_spans_keep_every_voxel_of_a_small_sphere(kind, atoms_per_program, n
     atoms = _atoms_on_z_faces(cell, seed=70 + len(kind))
     fields = {} if atoms_per_program is None else {"atoms_per_program": atoms_per_program}
     check_against_reference(atoms, GridSpec(cell, (24, 26, nz)), radius=1.3, seed=70, **fields)
+
+
+# --------------------------------------------------------------------------- frames (splat_frames_triton)
+# F frames of the same atoms in one launch each way: the kernels add (atom // atoms_per_frame)·n_voxels to
+# each atom's map offset. Under the interpreter many atoms share a program, so one program spans frames.
+
+
+def _frame_stack(cell: Cell, n_atoms: int, n_frames: int, seed: int) -> AtomSet:
+    """``n_frames`` frames of one synthetic model, frame-major: positions, B and occupancy differ per frame."""
+    gen = torch.Generator().manual_seed(seed)
+    base = synthetic(cell, MIXED[:n_atoms], seed=seed)
+    xyz = torch.cat(
+        [base.xyz + 0.6 * torch.randn(base.xyz.shape, generator=gen, dtype=torch.float64) for _ in range(n_frames)]
+    )
+    b_iso = torch.cat([base.b_iso * (1.0 + 0.3 * f) for f in range(n_frames)])
+    occ = torch.cat([base.occ * (1.0 - 0.2 * f) for f in range(n_frames)])
+    a, b = base.a.repeat(n_frames, 1), base.b.repeat(n_frames, 1)
+    return AtomSet(xyz, b_iso, occ, a, b, list(base.elements) * n_frames, _validate=False).to(dtype=torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("kind", "radius", "fields"),
+    [("orthogonal", None, {}), ("triclinic", None, {"atoms_per_program": 1}), ("monoclinic", 2.5, {"vec": False})],
+)
+def test_frames_equal_single_splats_forward_and_gradients(kind, radius, fields):
+    cell = Cell.from_parameters(*CELLS[kind])
+    grid = GridSpec(cell, (16, 18, 20))
+    n_frames, n_atoms = 3, 5
+    stack = _frame_stack(cell, n_atoms, n_frames, seed=80 + len(kind))
+    plan = dataclasses.replace(triton_splat._plan(grid, radius, kernels.DEFAULT_CUTOFF, DEVICE), **fields)
+    atoms, leaves = _with_grads(stack, torch.float32)
+    maps = triton_splat._splat(atoms, plan, n_frames=n_frames)
+    assert tuple(maps.shape) == (n_frames, *grid.shape) and maps.dtype == torch.float32
+    w = torch.randn(maps.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    grads = torch.autograd.grad((maps * w).sum(), leaves)
+    for f in range(n_frames):
+        frame, frame_leaves = _with_grads(stack.select(list(range(f * n_atoms, (f + 1) * n_atoms))), torch.float32)
+        single = triton_splat._splat(frame, plan)
+        assert float(single.detach().abs().max()) > 0
+        assert_kernel_close(maps[f], single)
+        for name, g, sg in zip(
+            ("xyz", "b_iso", "occ"), grads, torch.autograd.grad((single * w[f]).sum(), frame_leaves)
+        ):
+            try:
+                assert_kernel_close(g[f * n_atoms : (f + 1) * n_atoms], sg)
+            except AssertionError as exc:
+                raise AssertionError(f"frame {f}, gradient of {name}: {exc}") from None
+
+
+def test_splat_frames_triton_public_function():
+    cell = Cell.from_parameters(*CELLS["hexagonal"])
+    grid = GridSpec(cell, (15, 15, 20))
+    stack = _frame_stack(cell, 4, 2, seed=90).to(DEVICE)
+    maps = triton_splat.splat_frames_triton(stack, grid, n_frames=2)
+    for f in range(2):
+        assert_kernel_close(maps[f], splat_triton(stack.select(list(range(4 * f, 4 * f + 4))), grid))
+    one = triton_splat.splat_frames_triton(stack, grid, n_frames=1)
+    assert tuple(one.shape) == (1, *grid.shape)
+    assert_kernel_close(one[0], splat_triton(stack, grid))
+    for bad in (3, 0, True, 2.0):
+        with pytest.raises(ValueError, match="n_frames must be a positive integer dividing the 8 atoms"):
+            triton_splat.splat_frames_triton(stack, grid, n_frames=bad)
