@@ -22,7 +22,7 @@ frames, 1 and 2 threads as set by ``OMP_NUM_THREADS``) by wall clock.
 
 Distributed (``torchrun --nproc_per_node 2 benchmarks/bench_ensemble.py --distributed``), issue
 23: NCCL on one GPU per rank (gloo on CPU processes with ``--device cpu``). Every rank builds the
-same 1,024 frames of 3wip (CPU: 1aki, 10 frames, so the split is uneven), and
+same 1,024 frames of 3wip (CPU: 1aki, 11 frames, so the split is uneven), and
 
 - rank 0 alone times the single-device call (the other ranks wait);
 - all ranks time the call with ``process_group=torch.distributed.group.WORLD``: per call, a
@@ -286,7 +286,7 @@ def distributed_case(args) -> dict:
     try:
         small = args.smoke or not cuda
         name = "1aki" if small else "3wip"
-        n_frames = (3 if args.smoke else 10) if small else args.frames_3wip
+        n_frames = (3 if args.smoke else 11) if small else args.frames_3wip
         spacing = 2.0 if args.smoke else args.spacing
         atoms, grid, frames, w = _setup(name, n_frames, spacing, device, args.sigma, args.n_atoms)
         res: dict = {"case": f"{name}, {n_frames} frames over {world} ranks", "ranks": world, "frames": n_frames,
@@ -345,7 +345,10 @@ def distributed_case(args) -> dict:
             res["targets"] = targets
         return res if rank == 0 else {}
     finally:
-        dist.destroy_process_group()
+        try:  # leave together: a rank that exits while another still talks to it aborts (gloo)
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 # ----------------------------------------------------------------------------------------------
