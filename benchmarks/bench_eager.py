@@ -237,14 +237,15 @@ def density_case(name: str, device: torch.device, peers: dict, args, deadline: E
     targets = {}
     for what in ("fwd", "fwd_bwd"):
         for key in ("eager", "graph"):
-            peer_ms = [m for p in res["peers"].values() if (m := _med(p.get(what, {}), key)) is not None]
-            best = min(peer_ms) if peer_ms else None
+            peer_ms = {n: m for n, p in res["peers"].items() if (m := _med(p.get(what, {}), key)) is not None}
+            best_name = min(peer_ms, key=peer_ms.get) if peer_ms else None
+            best = peer_ms.get(best_name)
             ratio = _ratio(best, _med(res["ours"][what], key))
+            info = {"best_peer": best_name, "best_peer_ms": best}
             if key == "eager":
-                targets[f"{what}_speedup_vs_best_peer"] = {**_check(f"{what}_speedup_vs_best_peer", ratio),
-                                                           "best_peer_ms": best}  # fmt: skip
+                targets[f"{what}_speedup_vs_best_peer"] = {**_check(f"{what}_speedup_vs_best_peer", ratio), **info}
             else:
-                targets[f"{what}_graph_speedup_vs_best_peer_graph"] = {"value": ratio, "best_peer_ms": best}
+                targets[f"{what}_graph_speedup_vs_best_peer_graph"] = {"value": ratio, **info}
     targets.update(_floor_targets(res["ours"], res["floor"], res["ours"]["custom_ops"]))
     res["targets"] = targets
     del ref
@@ -357,7 +358,8 @@ def print_tables(result: dict) -> None:
                 print(f"{c['case']:24s} {impl[:40]:40s} {' '.join(cells)}  {_fmt(acc, '9.2e')}")
             for tname, t in c.get("targets", {}).items():
                 if isinstance(t, dict) and "target" in t:
-                    print(f"{'':24s}   {tname:40s} {_fmt(t['value'], '7.2f')} (target {t['target']}) {_pf(t)}")
+                    best = f" best peer: {t['best_peer']}" if t.get("best_peer") else ""
+                    print(f"{'':24s}   {tname:40s} {_fmt(t['value'], '7.2f')} (target {t['target']}) {_pf(t)}{best}")
         if result["parts"][part].get("error"):
             print(f"  {part} stopped: {result['parts'][part]['error']}")
 
