@@ -18,7 +18,7 @@ Single process (``python benchmarks/bench_ensemble.py``), issue 20 part 2:
 
 Timing: CUDA events around each call, synchronised after each, median/p10/p90 after warm-up
 (``benchmarks/_eager.py``); CPU (``--device cpu``, the small CPU mode: 1aki 8 frames and 3wip 4
-frames, 1 and 2 threads as set by ``OMP_NUM_THREADS``) by wall clock.
+frames, at the threads ``OMP_NUM_THREADS`` sets) by wall clock.
 
 Distributed (``torchrun --nproc_per_node 2 benchmarks/bench_ensemble.py --distributed``), issue
 23: NCCL on one GPU per rank (gloo on CPU processes with ``--device cpu``). Every rank builds the
@@ -67,6 +67,7 @@ SPACING = 2.0 / 3.0
 TARGET_VS_ONE_FRAME = 10.0
 TARGET_SCALING = 1.8
 TOLERANCE = 1e-6
+_OUT_OF_MEMORY = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), MemoryError)
 TIME_LIMITS = {"ratio": 120.0, "throughput": 180.0, "distributed": 300.0}
 
 
@@ -223,7 +224,7 @@ def throughput_case(device: torch.device, args, deadline: E.Deadline) -> dict:
             res["fwd"] = E.eager_stats(fwd, device, reps)
             res["fwd_bwd"] = E.eager_stats(fwd_bwd, device, reps)
             break
-        except torch.OutOfMemoryError as exc:
+        except _OUT_OF_MEMORY as exc:
             x.grad = None
             if device.type == "cuda":
                 torch.cuda.empty_cache()
