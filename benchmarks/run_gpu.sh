@@ -5,7 +5,7 @@
 #
 # Run from the repository root. Assumes the Python dependencies (torch, triton, gemmi, the
 # workbench's widget stack, pytest, pytest-xdist) are installed; builds the C++ extensions in
-# place. Parts (default: all but probe):
+# place. Parts (default: all but probe, eager and ensemble):
 #   tests      the CUDA suite: tests/kernels and tests/workbench (the notebook and browser tests
 #              need Jupyter and Chromium and are left out)
 #   density    benchmarks/_density_cuda.py with the 3WIP variants
@@ -14,6 +14,10 @@
 #   workbench  bench_workbench.py on 3WIP with the GPU
 #   cpu        bench_density.py --device cpu on the host's cores, 1 and 2 threads, 11 rounds
 #   probe      cpu_phase_probe.py on 5H73 and 3WIP at 1 and 2 threads
+#   eager      bench_eager.py: density (with the torchref peers from $PEER053 / $PEER070, each a
+#              `pip install --no-deps --target DIR` of its wheel; a peer left unset is reported as
+#              not run), planarity and tricubic, eager vs graph vs the floor
+#   ensemble   bench_ensemble.py on one GPU; with 2 or more GPUs also the torchrun (NCCL) run on 2
 # Files are named <op>_<gpu>_<date> (GPU parts) and <op>_<gpu>host_<date> (CPU parts), <gpu> from
 # nvidia-smi (h100, h200, a100, ... or "gpu"). device.txt records the GPU, CPU and versions.
 set -o pipefail
@@ -64,6 +68,24 @@ if has cpu; then
         --threads 1 2 --repeats 11 --slab-variants 1 4 --out "$DIR/density_cpu_${gpu}host_$day.json" \
         > "$DIR/density_cpu_${gpu}host_$day.log" 2>&1
     summary+=("density cpu rc=$?")
+fi
+if has eager; then
+    peers=()
+    [ -n "${PEER053:-}" ] && peers+=(--peer053 "$PEER053")
+    [ -n "${PEER070:-}" ] && peers+=(--peer070 "$PEER070")
+    timeout 600 python3 benchmarks/bench_eager.py "${peers[@]}" --out "$DIR/eager_cuda_${gpu}_$day.json" \
+        > "$DIR/eager_cuda_${gpu}_$day.log" 2>&1
+    summary+=("eager rc=$?")
+fi
+if has ensemble; then
+    timeout 480 python3 benchmarks/bench_ensemble.py --out "$DIR/ensemble_cuda_${gpu}_$day.json" \
+        > "$DIR/ensemble_cuda_${gpu}_$day.log" 2>&1
+    summary+=("ensemble rc=$?")
+    if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+        timeout 480 python3 -m torch.distributed.run --standalone --nproc_per_node 2 benchmarks/bench_ensemble.py --distributed \
+            --out "$DIR/ensemble_cuda_${gpu}x2_$day.json" > "$DIR/ensemble_cuda_${gpu}x2_$day.log" 2>&1
+        summary+=("ensemble 2 GPUs rc=$?")
+    fi
 fi
 if has probe; then
     OMP_NUM_THREADS=2 python3 benchmarks/cpu_phase_probe.py --structures 5h73 3wip --threads 1 2 --rounds 12 \

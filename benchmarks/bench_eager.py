@@ -1,0 +1,487 @@
+"""Eager-path benchmark: density, planarity and tricubic as the user calls them, against the floor
+and (density) the torchref peers, in one process.
+
+Density (``kernels.splat_density``) on 1aki, 5h73, 3wip and ``3wip-hiB`` (3wip with every B
+scaled by 250 / max B, so B runs from 13 to 250 Å²: 17,146 atoms, a large high-B cell), 0.667 Å
+grids, float32 on the GPU:
+
+- forward under ``no_grad``; forward+backward ``(splat_density(A, grid) * W).sum().backward()``
+  with xyz, B and occupancy requiring grad (``.grad`` set to None before each call);
+- each timed eagerly (CUDA events, sync per call, median/p10/p90 of 50 after warm-up — the
+  headline), as host time per call (no sync, GPU queue kept busy) and replayed from a CUDA graph
+  (beside), see ``benchmarks/_eager.py``;
+- the floor, the same surrounding code around an autograd Function (and a ``torch.library``
+  custom op) that zeroes a map and launches one empty Triton kernel each way;
+- the peers on the same inputs: torchref 0.5.3.3 ``separable_density_gpu`` (radius 4 Å) and
+  torchref 0.7.0 ``add_isotropic_cuda_var`` (per-atom radii at 3σ from its own radius policy,
+  computed once outside the timed call, which favours the peer), from ``--peer053 DIR`` and
+  ``--peer070 DIR`` (``pip install --no-deps --target DIR`` of each wheel). Peers are handed a
+  zero map allocated once (they return ``map + splat``) and 0.5.3.3 its fractional→Cartesian
+  matrix on the CPU (it keys its cache on the matrix's values, read with ``.cpu()`` every call).
+- accuracy: relative L2 of each forward map against the float64 reference
+  (``backend="reference"``, cutoff 1e-7, on the same device).
+
+Planarity (``kernels.planarity_nll``, 3wip's planes) and tricubic (``kernels.tricubic_sample``,
+10⁵ and 10⁷ random points in 3wip's 0.667 Å map, points and map requiring grad) the same way:
+eager, host, graph, floor.
+
+Ratios and pass/fail against issue 20's targets are in the JSON (``targets`` of each case) and
+the printed table: forward ≥ 2× and forward+backward ≥ 1.5× faster than the best peer (eager
+medians), eager and host time ≤ 1.3× the floor's (the custom-op floor when the op runs
+``torch.library`` custom ops, else the autograd-Function floor). A peer or a measurement that
+fails is recorded with its error; each part stops at its time limit and keeps what it measured.
+
+Usage::
+
+    python benchmarks/bench_eager.py --peer053 DIR053 --peer070 DIR070 [--out X.json]
+        [--parts density planarity tricubic] [--reps 50]
+    TRITON_INTERPRET=1 python benchmarks/bench_eager.py --smoke [--peer053 ...]   # CPU check, tiny inputs
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import kernels  # noqa: E402
+from benchmarks import _eager as E  # noqa: E402
+from benchmarks import _peers  # noqa: E402
+from benchmarks._structures import model  # noqa: E402
+from kernels.crystal import AtomSet, GridSpec  # noqa: E402
+
+SPACING = 2.0 / 3.0
+DENSITY_CASES = ("1aki", "5h73", "3wip", "3wip-hiB")
+HIGH_B = 250.0
+TRICUBIC_POINTS = (10**5, 10**7)
+PEER053_RADIUS = 4.0
+PEER070_SIGMAS = 3.0
+TARGETS = {
+    "fwd_speedup_vs_best_peer": (">=", 2.0),
+    "fwd_bwd_speedup_vs_best_peer": (">=", 1.5),
+    "eager_over_floor": ("<=", 1.3),
+    "host_over_floor": ("<=", 1.3),
+}
+TIME_LIMITS = {"density": 300.0, "planarity": 60.0, "tricubic": 120.0}
+
+
+def _check(name: str, value: float | None) -> dict:
+    op, bound = TARGETS[name]
+    ok = None if value is None else (value >= bound if op == ">=" else value <= bound)
+    return {"value": value, "target": f"{op} {bound}", "pass": ok}
+
+
+def _med(stats: dict, key: str = "eager") -> float | None:
+    s = stats.get(key, {})
+    return s.get("median_ms") if isinstance(s, dict) else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _rel_l2(x: torch.Tensor, ref: torch.Tensor | None) -> float | None:
+    if ref is None:
+        return None
+    x = x.detach().to(torch.float64)
+    return float((x - ref).norm() / ref.norm())
+
+
+def _structure_atoms(name: str, smoke: bool) -> tuple[AtomSet, kernels.Cell, str]:
+    """Atoms (float64, CPU) of case ``name`` and how they were made."""
+    base = name.removesuffix("-hiB")
+    m = model(base)
+    a = m.atoms
+    what = f"{base}: {len(a)} atoms as deposited"
+    if name.endswith("-hiB"):
+        scale = HIGH_B / float(a.b_iso.max())
+        a = AtomSet(a.xyz, a.b_iso * scale, a.occ, a.a, a.b, a.elements, a.labels)
+        what = f"{base} with every B scaled by {scale:.3f} (B {float(a.b_iso.min()):.1f}-{float(a.b_iso.max()):.1f} Å²)"
+    if smoke:
+        n = 40
+        a = AtomSet(a.xyz[:n], a.b_iso[:n], a.occ[:n], a.a[:n], a.b[:n], a.elements[:n], a.labels[:n])
+        what += f"; smoke: first {n} atoms"
+    return a, m.cell, what
+
+
+def _peer_fns(peers: dict, atoms32: AtomSet, grid: GridSpec, device: torch.device) -> dict:
+    """name -> (make(xyz, b, occ) -> map) for every loaded peer, or name -> error record."""
+    out = {}
+    frac = grid.cell.frac.to(device, torch.float32).contiguous()
+    orth_dev = grid.cell.orth.to(device, torch.float32).contiguous()
+    orth_cpu = grid.cell.orth.to(torch.float32).contiguous()
+    zero = torch.zeros(grid.shape, dtype=torch.float32, device=device)
+    a, bcoef = atoms32.a.contiguous(), atoms32.b.contiguous()
+    for name, peer in peers.items():
+        if "error" in peer:
+            out[name] = peer
+            continue
+        if name.startswith("torchref 0.5.3.3"):
+            sep = peer["module"].separable_density_gpu
+
+            def fn(xyz, b, occ, sep=sep):
+                return sep(zero, xyz, b, frac, orth_cpu, a, bcoef, occ, PEER053_RADIUS)
+
+            out[name] = {"fn": fn, "radius": f"{PEER053_RADIUS} Å for every atom"}
+        else:
+            variable, policy = peer["module"], peer["radius_policy"]
+            radii = policy.per_atom_radius_iso(atoms32.b_iso.detach(), bcoef, n_sigma=PEER070_SIGMAS).contiguous()
+            add = variable.add_isotropic_cuda_var
+
+            def fn(xyz, b, occ, add=add, radii=radii):
+                return add(zero, xyz, b, occ, a, bcoef, frac, orth_dev, radii)
+
+            out[name] = {
+                "fn": fn,
+                "radius": f"per atom at {PEER070_SIGMAS} sigma (radius_policy.per_atom_radius_iso), "
+                f"{float(radii.min()):.2f}-{float(radii.max()):.2f} Å, computed once outside the timed call",
+            }
+    return out
+
+
+def _fwd_and_fwd_bwd(op, leaves: list[torch.Tensor], upstream: torch.Tensor | None):
+    """The two callables every op is timed as: forward under no_grad, forward + backward."""
+
+    def fwd():
+        with torch.no_grad():
+            return op(*leaves)
+
+    def fwd_bwd():
+        for t in leaves:
+            t.grad = None
+        y = op(*leaves)
+        (y if upstream is None else (y * upstream).sum()).backward()
+
+    return fwd, fwd_bwd
+
+
+def _custom_ops(fn) -> list[str]:
+    """The custom ops one call of ``fn`` runs; a failure to record them is reported, not raised."""
+    try:
+        return E.custom_ops_called(fn)
+    except Exception as exc:
+        return [f"not recorded: {E.error_record(exc)['error']}"]
+
+
+def _floors(shape, leaves, upstream, device, reps) -> dict:
+    res = {}
+    for kind, fns in E.floor_cases(shape, leaves, upstream).items():
+        res[kind] = {what: E.measure(fn, device, reps) for what, fn in fns.items()}
+    return res
+
+
+def _floor_targets(ours: dict, floors: dict, custom_ops: list[str]) -> dict:
+    kind = "custom_op" if any(not c.startswith("not recorded") for c in custom_ops) else "function"
+    t = {"floor_used": kind}
+    for what in ("fwd", "fwd_bwd"):
+        for key, target in (("eager", "eager_over_floor"), ("host", "host_over_floor")):
+            t[f"{what}_{target}"] = _check(target, _ratio(_med(ours[what], key), _med(floors[kind][what], key)))
+    return t
+
+
+def density_case(name: str, device: torch.device, peers: dict, args, deadline: E.Deadline) -> dict:
+    atoms64, cell, what = _structure_atoms(name, args.smoke)
+    spacing = 2.0 if args.smoke else SPACING
+    grid = GridSpec.for_spacing(cell, spacing)
+    res: dict = {"case": name, "what": what, "atoms": len(atoms64), "grid": list(grid.shape), "spacing": spacing}
+    print(f"\n== density {name}: {what}, grid {grid.shape}", flush=True)
+    try:  # accuracy is reported beside the timings; a reference that fails must not lose them
+        ref = kernels.splat_density(atoms64.to(device), grid, backend="reference", cutoff=1e-7)
+    except Exception as exc:
+        ref, res["reference_error"] = None, E.error_record(exc)["error"]
+    base = atoms64.to(device, torch.float32)
+    leaves = [base.xyz.clone().requires_grad_(), base.b_iso.clone().requires_grad_(), base.occ.clone().requires_grad_()]
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(0)).to(device)
+
+    atoms = AtomSet(*leaves, base.a, base.b, _validate=False)  # built once, as a refinement loop does
+
+    def ours_op(*_leaves):
+        return kernels.splat_density(atoms, grid)
+
+    fwd, fwd_bwd = _fwd_and_fwd_bwd(ours_op, leaves, upstream)
+    res["ours"] = {"rel_l2_vs_float64_reference": _rel_l2(fwd(), ref)}
+    fwd_bwd()
+    res["ours"]["custom_ops"] = _custom_ops(fwd_bwd)
+    res["ours"]["fwd"] = E.measure(fwd, device, args.reps)
+    res["ours"]["fwd_bwd"] = E.measure(fwd_bwd, device, args.reps)
+    deadline.check()
+    res["floor"] = _floors(grid.shape, leaves, upstream, device, args.reps)
+    deadline.check()
+    res["peers"] = {}
+    for pname, peer in _peer_fns(peers, base, grid, device).items():
+        if "error" in peer:
+            res["peers"][pname] = {"error": peer["error"]}
+            continue
+        rec: dict = {"radius": peer["radius"]}
+        try:
+            pf, pfb = _fwd_and_fwd_bwd(peer["fn"], leaves, upstream)
+            rec["rel_l2_vs_float64_reference"] = _rel_l2(pf(), ref)
+            pfb()
+            rec["fwd"] = E.measure(pf, device, args.reps)
+            rec["fwd_bwd"] = E.measure(pfb, device, args.reps)
+        except E.PartTimeout:
+            raise
+        except Exception as exc:  # a peer that fails is a result
+            rec.update(E.error_record(exc))
+        res["peers"][pname] = rec
+        deadline.check()
+    targets = {}
+    for what in ("fwd", "fwd_bwd"):
+        for key in ("eager", "graph"):
+            peer_ms = {n: m for n, p in res["peers"].items() if (m := _med(p.get(what, {}), key)) is not None}
+            best_name = min(peer_ms, key=peer_ms.get) if peer_ms else None
+            best = peer_ms.get(best_name)
+            ratio = _ratio(best, _med(res["ours"][what], key))
+            info = {"best_peer": best_name, "best_peer_ms": best}
+            if key == "eager":
+                targets[f"{what}_speedup_vs_best_peer"] = {**_check(f"{what}_speedup_vs_best_peer", ratio), **info}
+            else:
+                targets[f"{what}_graph_speedup_vs_best_peer_graph"] = {"value": ratio, **info}
+    targets.update(_floor_targets(res["ours"], res["floor"], res["ours"]["custom_ops"]))
+    res["targets"] = targets
+    del ref
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+def planarity_case(device: torch.device, args, deadline: E.Deadline) -> dict:
+    name = "1aki" if args.smoke else "3wip"
+    m = model(name)
+    planes = kernels.find_planes(m)
+    res: dict = {"case": name, "atoms": len(m.atoms), "planes": len(planes)}
+    print(f"\n== planarity {name}: {len(planes)} planes", flush=True)
+    xyz = m.atoms.xyz.to(device, torch.float32).clone().requires_grad_()
+    fwd, fwd_bwd = _fwd_and_fwd_bwd(lambda x: kernels.planarity_nll(x, planes), [xyz], None)
+    try:
+        ref = float(kernels.planarity_nll(m.atoms.xyz.to(device), planes, backend="reference"))
+        res["ours"] = {"rel_diff_vs_float64_reference": abs(float(fwd()) - ref) / abs(ref)}
+    except Exception as exc:
+        fwd()
+        res["ours"] = {"rel_diff_vs_float64_reference": None, "reference_error": E.error_record(exc)["error"]}
+    fwd_bwd()
+    res["ours"]["custom_ops"] = _custom_ops(fwd_bwd)
+    res["ours"]["fwd"] = E.measure(fwd, device, args.reps)
+    res["ours"]["fwd_bwd"] = E.measure(fwd_bwd, device, args.reps)
+    deadline.check()
+    res["floor"] = _floors((), [xyz], None, device, args.reps)
+    res["targets"] = _floor_targets(res["ours"], res["floor"], res["ours"]["custom_ops"])
+    return res
+
+
+def tricubic_cases(device: torch.device, args, deadline: E.Deadline) -> list[dict]:
+    name = "1aki" if args.smoke else "3wip"
+    m = model(name)
+    grid = GridSpec.for_spacing(m.cell, 2.0 if args.smoke else SPACING)
+    with torch.no_grad():
+        rho = kernels.splat_density(m.atoms.to(device, torch.float32), grid).contiguous()
+    rows = []
+    gen = torch.Generator().manual_seed(1)
+    for n in (1000,) if args.smoke else TRICUBIC_POINTS:
+        print(f"\n== tricubic {name} map {grid.shape}, {n} points", flush=True)
+        pts = (torch.rand(n, 3, generator=gen, dtype=torch.float64) @ grid.cell.orth.T).to(device, torch.float32)
+        upstream = torch.randn(n, generator=gen).to(device)
+        leaves = [rho.clone().requires_grad_(), pts.clone().requires_grad_()]
+        res: dict = {"case": f"{name} map, {n} points", "grid": list(grid.shape), "points": n}
+        fwd, fwd_bwd = _fwd_and_fwd_bwd(lambda r, p: kernels.tricubic_sample(r, grid, p), leaves, upstream)
+        fwd_bwd()
+        res["ours"] = {"custom_ops": _custom_ops(fwd_bwd)}
+        res["ours"]["fwd"] = E.measure(fwd, device, args.reps)
+        res["ours"]["fwd_bwd"] = E.measure(fwd_bwd, device, args.reps)
+        deadline.check()
+        res["floor"] = _floors((n,), leaves, upstream, device, args.reps)
+        res["targets"] = _floor_targets(res["ours"], res["floor"], res["ours"]["custom_ops"])
+        rows.append(res)
+        deadline.check()
+    return rows
+
+
+def load_peers(args) -> dict:
+    """name -> {"module": ..., ...} or {"error": ...} for each peer directory given."""
+    peers: dict = {}
+    if args.peer053:
+        try:
+            peers["torchref 0.5.3.3 separable_density_gpu"] = {"module": _peers.load_torchref_053(args.peer053)}
+        except Exception as exc:
+            peers["torchref 0.5.3.3 separable_density_gpu"] = E.error_record(exc)
+    else:
+        peers["torchref 0.5.3.3 separable_density_gpu"] = {"error": "not run: no --peer053 DIR"}
+    if args.peer070:
+        try:
+            variable, policy, new = _peers.load_torchref_070(args.peer070)
+            peers["torchref 0.7.0 add_isotropic_cuda_var"] = {"module": variable, "radius_policy": policy,
+                                                              "new_imports": new}  # fmt: skip
+        except Exception as exc:
+            peers["torchref 0.7.0 add_isotropic_cuda_var"] = E.error_record(exc)
+    else:
+        peers["torchref 0.7.0 add_isotropic_cuda_var"] = {"error": "not run: no --peer070 DIR"}
+    return peers
+
+
+def _fmt(x: float | None, spec: str = "7.3f") -> str:
+    return format(x, spec) if isinstance(x, (int, float)) else " " * (int(spec.split(".")[0]) - 2) + "--"
+
+
+def _pf(t: dict) -> str:
+    return {True: "pass", False: "FAIL", None: "n/a"}[t.get("pass")]
+
+
+def print_tables(result: dict) -> None:
+    print(f"\n{result['env'].get('device')}  (ms, median; eager = CUDA events per call; host = Python call, "
+          "no sync; graph = CUDA-graph replay)")  # fmt: skip
+    for part in ("density", "planarity", "tricubic"):
+        cases = result["parts"].get(part, {}).get("cases", [])
+        if not cases:
+            continue
+        print(f"\n{part}")
+        print(f"{'case':24s} {'impl':40s} {'fwd':>7s} {'f host':>7s} {'f graph':>7s} {'f+b':>7s} {'fb host':>7s} "
+              f"{'fb grph':>7s}  rel. L2")  # fmt: skip
+        for c in cases:
+            rows = [("ours", c["ours"])]
+            rows += [(f"floor ({k})", v) for k, v in c.get("floor", {}).items()]
+            rows += list(c.get("peers", {}).items())
+            for impl, r in rows:
+                if "error" in r and "fwd" not in r:
+                    print(f"{c['case']:24s} {impl[:40]:40s} error: {r['error'][:80]}")
+                    continue
+                acc = r.get("rel_l2_vs_float64_reference", r.get("rel_diff_vs_float64_reference"))
+                cells = [_fmt(_med(r.get(w, {}), k)) for w in ("fwd", "fwd_bwd") for k in ("eager", "host", "graph")]
+                print(f"{c['case']:24s} {impl[:40]:40s} {' '.join(cells)}  {_fmt(acc, '9.2e')}")
+            for tname, t in c.get("targets", {}).items():
+                if isinstance(t, dict) and "target" in t:
+                    best = f" best peer: {t['best_peer']}" if t.get("best_peer") else ""
+                    print(f"{'':24s}   {tname:40s} {_fmt(t['value'], '7.2f')} (target {t['target']}) {_pf(t)}{best}")
+        if result["parts"][part].get("error"):
+            print(f"  {part} stopped: {result['parts'][part]['error']}")
+
+
+REQUIRED_CASE_KEYS = {
+    "density": ("case", "grid", "ours", "floor", "peers", "targets"),
+    "planarity": ("case", "planes", "ours", "floor", "targets"),
+    "tricubic": ("case", "points", "ours", "floor", "targets"),
+}
+
+
+def check_schema(result: dict) -> list[str]:
+    """Problems with ``result``'s layout (empty when it is complete): every part has cases, every
+    case its keys, ours and the floors have eager and host statistics without errors."""
+    problems = []
+    for key in ("benchmark", "date", "env", "parts", "targets"):
+        if key not in result:
+            problems.append(f"missing {key}")
+    for part, keys in REQUIRED_CASE_KEYS.items():
+        p = result.get("parts", {}).get(part)
+        if p is None:
+            continue
+        if p.get("error"):
+            problems.append(f"{part}: {p['error']}")
+        if not p.get("cases"):
+            problems.append(f"{part}: no cases")
+        for c in p.get("cases", []):
+            problems += [f"{part}/{c.get('case')}: missing {k}" for k in keys if k not in c]
+            timed = [("ours", c.get("ours", {}))] + [(f"floor {k}", v) for k, v in c.get("floor", {}).items()]
+            for impl, r in timed:
+                for what in ("fwd", "fwd_bwd"):
+                    for how in ("eager", "host"):
+                        s = r.get(what, {}).get(how, {})
+                        if not isinstance(s.get("median_ms"), float) or not {"p10_ms", "p90_ms", "reps"} <= set(s):
+                            problems.append(f"{part}/{c.get('case')}/{impl}/{what}/{how}: {s.get('error', s)}")
+                    if "graph" not in r.get(what, {}):
+                        problems.append(f"{part}/{c.get('case')}/{impl}/{what}: no graph entry")
+            for pname, pr in c.get("peers", {}).items():
+                if "error" not in pr and not {"fwd", "fwd_bwd", "rel_l2_vs_float64_reference"} <= set(pr):
+                    problems.append(f"{part}/{c.get('case')}/{pname}: incomplete")
+    return problems
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", nargs="+", default=["density", "planarity", "tricubic"],
+                    choices=["density", "planarity", "tricubic"])  # fmt: skip
+    ap.add_argument("--cases", nargs="+", default=list(DENSITY_CASES), help="density cases")
+    ap.add_argument("--peer053", default=None, help="directory with torchref 0.5.3.3 (pip --target)")
+    ap.add_argument("--peer070", default=None, help="directory with torchref 0.7.0 (pip --target)")
+    ap.add_argument("--reps", type=int, default=E.REPS)
+    ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--time-scale", type=float, default=1.0, help="multiply every part's time limit")
+    ap.add_argument("--smoke", action="store_true",
+                    help="each measurement once on tiny inputs (40 atoms, 2 Å, 1,000 points), then check the JSON")  # fmt: skip
+    args = ap.parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.smoke:
+        args.reps = 1
+        E.WARMUP_CALLS, E.WARMUP_S = 1, 0.0
+        args.cases = args.cases[:1] if args.cases != list(DENSITY_CASES) else ["1aki"]
+    date = datetime.date.today().isoformat()
+    result = {
+        "benchmark": "eager path: density (with torchref peers), planarity, tricubic vs the floor",
+        "date": date,
+        "env": E.environment(),
+        "device_used": str(device),
+        "smoke": args.smoke,
+        "spacing": 2.0 if args.smoke else SPACING,
+        "timing": {
+            "eager": "CUDA events around each call, sync after each, median/p10/p90 of reps after warm-up",
+            "host": "wall clock of the call without sync, a sleep kernel queued before each call",
+            "graph": "the same callable captured in a CUDA graph, events around each replay",
+            "reps": args.reps,
+            "fwd": "forward under torch.no_grad()",
+            "fwd_bwd": "(op(...) * W).sum().backward() (planarity: op(...).backward()), .grad reset to None each call",
+        },
+        "targets": {k: f"{op} {b}" for k, (op, b) in TARGETS.items()},
+        "parts": {},
+    }
+    peers = load_peers(args) if "density" in args.parts else {}
+    result["peers"] = {k: {kk: vv for kk, vv in v.items() if kk not in ("module", "radius_policy")}
+                       for k, v in peers.items()}  # fmt: skip
+    if args.out is None:
+        tag = "smoke" if args.smoke else f"{device.type}_{E.gpu_tag() if device.type == 'cuda' else 'cpu'}"
+        args.out = ROOT / "benchmarks" / "results" / f"eager_{tag}_{date}.json"
+    for part in args.parts:
+        limit = TIME_LIMITS[part] * args.time_scale * (20 if args.smoke else 1)
+        rec: dict = {"time_limit_s": limit, "cases": []}
+        result["parts"][part] = rec
+        t0 = time.perf_counter()
+        try:
+            with E.Deadline(limit, part) as deadline:
+                if part == "density":
+                    for name in args.cases:
+                        try:
+                            rec["cases"].append(density_case(name, device, peers, args, deadline))
+                        except E.PartTimeout:
+                            raise
+                        except Exception as exc:
+                            rec["cases"].append({"case": name, **E.error_record(exc)})
+                        print(json.dumps(rec["cases"][-1].get("targets", rec["cases"][-1].get("error"))), flush=True)
+                elif part == "planarity":
+                    rec["cases"].append(planarity_case(device, args, deadline))
+                else:
+                    rec["cases"] += tricubic_cases(device, args, deadline)
+        except Exception as exc:  # the time limit, or a part that cannot start: keep what was measured
+            rec.update(E.error_record(exc))
+        rec["seconds"] = time.perf_counter() - t0
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print_tables(result)
+    print(f"wrote {args.out}")
+    if args.smoke:
+        problems = check_schema(result)
+        for p in problems:
+            print("SCHEMA:", p)
+        print("smoke:", "ok" if not problems else f"{len(problems)} problems")
+        return 1 if problems else 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
