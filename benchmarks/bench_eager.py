@@ -145,6 +145,17 @@ def _peer_fns(peers: dict, atoms32: AtomSet, grid: GridSpec, device: torch.devic
                 "radius": f"per atom at {PEER070_SIGMAS} sigma (radius_policy.per_atom_radius_iso), "
                 f"{float(radii.min()):.2f}-{float(radii.max()):.2f} Å, computed once outside the timed call",
             }
+
+            # In a refinement loop B changes every step, so the radii follow it: the peer as such a
+            # loop calls it (our own call computes its radii inside, from the B it is given).
+            def fn_per_call(xyz, b, occ, add=add, policy=policy):
+                radii = policy.per_atom_radius_iso(b.detach(), bcoef, n_sigma=PEER070_SIGMAS).contiguous()
+                return add(zero, xyz, b, occ, a, bcoef, frac, orth_dev, radii)
+
+            out[f"{name} (radii per call)"] = {
+                "fn": fn_per_call,
+                "radius": f"per atom at {PEER070_SIGMAS} sigma, computed inside every call from the current B",
+            }
     return out
 
 
