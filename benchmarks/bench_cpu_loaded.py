@@ -185,7 +185,9 @@ def _print_table(condition: str, row: dict, checks: dict) -> None:
     print(f"{condition:6s} {row['structure']:5s} p10/p50/p90 ms: {cells}", flush=True)
     print(
         "       targets: "
-        + "  ".join(f"{k} {v['value']:.3f} ({'ok' if v['met'] else 'MISSED'}, limit {v['limit']})" for k, v in checks.items()),
+        + "  ".join(
+            f"{k} {v['value']:.3f} ({'ok' if v['met'] else 'MISSED'}, limit {v['limit']})" for k, v in checks.items()
+        ),
         flush=True,
     )
 
@@ -194,7 +196,9 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--structures", nargs="+", default=["1aki", "5h73", "3wip"], choices=sorted(STRUCTURES))
     p.add_argument("--cores", default="0,1", help="the two logical CPUs this process runs on (default 0,1)")
-    p.add_argument("--busy-core", type=int, default=None, help="CPU the busy process spins on (default: 2nd of --cores)")
+    p.add_argument(
+        "--busy-core", type=int, default=None, help="CPU the busy process spins on (default: 2nd of --cores)"
+    )
     p.add_argument("--conditions", nargs="+", default=["quiet", "loaded"], choices=["quiet", "loaded"])
     p.add_argument("--calls", type=int, default=21, help="interleaved rounds per structure and condition (≥ 21)")
     p.add_argument("--spacing", type=float, default=0.667)
@@ -211,7 +215,7 @@ def main(argv=None) -> dict:
     from kernels.density import _scatter
 
     report = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {
             "host": platform.node(),
             "cpu": _cpu_name(),

@@ -130,7 +130,7 @@ void check_rows(const Atoms& atoms, size_t n, const char* what) {
 }
 
 const char* const kModuleDoc =
-    "Separable density splat and its gradient gather on the CPU (C++, OpenMP or std::thread).\n\n"
+    "Separable density splat and its gradient gather on the CPU (C++, a std::thread pool).\n\n"
     "Private to kernels.density.cpu: arrays are C-contiguous CPU arrays of exactly the dtypes named\n"
     "(torch tensors pass through DLPack, never copied). Every option gives bitwise the same results.";
 

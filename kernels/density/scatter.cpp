@@ -24,7 +24,8 @@
 // with the same tables and the same voxel set. Atoms are independent tasks; each atom's
 // sums are formed by one thread in a fixed order (deterministic for any thread count).
 //
-// Threads: OpenMP when built with it, std::thread otherwise (macro KERNELS_NO_OPENMP).
+// Threads: a pool of std::threads that the caller never waits to arrive (HelperPool); OpenMP,
+// when built with it, only for its simd pragmas (macro KERNELS_NO_OPENMP: without).
 
 #include "scatter.hpp"
 
@@ -40,12 +41,12 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
-#ifndef KERNELS_NO_OPENMP
-#include <omp.h>
-#endif
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -1289,7 +1290,109 @@ void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
 
 // ------------------------------------------------------------------ threads
 
-// fn(task, worker) for task in [0, n_tasks), dynamically scheduled over n_threads workers.
+// A parallel loop that never waits for a thread to arrive, only for tasks that have started.
+//
+// fn(task, worker) for task in [0, n_tasks): the caller (worker 0) and up to n_threads − 1
+// helper threads take tasks from one atomic counter. An OpenMP region (or a fork-join of
+// std::threads) ends only when every thread of its team has arrived: on a machine where another
+// process keeps a core busy, a helper woken on that core may get it only after milliseconds,
+// and the caller would wait for it even when it has done all the work itself. Here a helper that
+// comes late finds no task left and goes back to sleep; the caller returns as soon as every
+// task taken has finished. Helpers live for the process (started on first use, never joined).
+// Calls from several host threads at once: one runs with the helpers, the others on their own
+// thread (their results are the same: any assignment of tasks to workers is).
+class HelperPool {
+   public:
+    static HelperPool& get() {
+        static HelperPool* pool = new HelperPool;  // never destroyed: helpers may outlive static destructors
+        return *pool;
+    }
+
+    template <class F>
+    void run(int64_t n_tasks, int n_threads, F& fn) {
+        std::unique_lock<std::mutex> busy(call_, std::try_to_lock);
+        if (!busy.owns_lock() || n_threads <= 1) {
+            for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
+            return;
+        }
+        auto job = std::make_shared<Job>();
+        job->n_tasks = n_tasks;
+        job->n_workers = n_threads;
+        job->body = [&fn](int64_t t, int w) { fn(t, w); };
+        start_helpers(n_threads - 1);
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            job_ = job;
+            ++generation_;
+        }
+        cv_.notify_all();
+        job->work(0);
+        // tasks still running on helpers: spin briefly, then yield the core
+        for (int spins = 0; job->done.load(std::memory_order_acquire) < n_tasks; ++spins)
+            if (spins > 2000) std::this_thread::yield();
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            job_.reset();  // a helper that has not looked yet finds nothing
+        }
+        if (job->error) std::rethrow_exception(job->error);
+    }
+
+   private:
+    struct Job {
+        int64_t n_tasks = 0;
+        int n_workers = 1;
+        std::function<void(int64_t, int)> body;
+        std::atomic<int64_t> next{0}, done{0};
+        std::atomic<int> next_worker{1};
+        std::mutex error_mu;
+        std::exception_ptr error;
+
+        void work(int worker) {
+            for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
+                try {
+                    body(t, worker);
+                } catch (...) {
+                    std::lock_guard<std::mutex> lock(error_mu);
+                    if (!error) error = std::current_exception();
+                }
+                done.fetch_add(1, std::memory_order_release);
+            }
+        }
+    };
+
+    void start_helpers(int n) {
+        while (static_cast<int>(n_helpers_) < n) {
+            std::thread(&HelperPool::helper, this).detach();
+            ++n_helpers_;
+        }
+    }
+
+    void helper() {
+        uint64_t seen = 0;
+        for (;;) {
+            std::shared_ptr<Job> job;
+            {
+                std::unique_lock<std::mutex> lock(mu_);
+                cv_.wait(lock, [&] { return generation_ != seen; });
+                seen = generation_;
+                job = job_;
+            }
+            if (!job) continue;
+            // worker ids 1..n_workers−1, each at most once per job (they index per-worker scratch)
+            const int id = job->next_worker.fetch_add(1);
+            if (id < job->n_workers) job->work(id);
+        }
+    }
+
+    std::mutex call_;  // one job at a time
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::shared_ptr<Job> job_;
+    uint64_t generation_ = 0;
+    size_t n_helpers_ = 0;
+};
+
+// fn(task, worker) for task in [0, n_tasks) over up to n_threads workers (HelperPool); worker < n_threads.
 template <class F>
 void parallel_for(int64_t n_tasks, int n_threads, F&& fn) {
     n_threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(n_threads, n_tasks)));
@@ -1297,20 +1400,7 @@ void parallel_for(int64_t n_tasks, int n_threads, F&& fn) {
         for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
         return;
     }
-#ifndef KERNELS_NO_OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
-    for (int64_t t = 0; t < n_tasks; ++t) fn(t, omp_get_thread_num());
-#else
-    std::atomic<int64_t> next{0};
-    auto worker = [&](int id) {
-        for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) fn(t, id);
-    };
-    std::vector<std::thread> pool;
-    pool.reserve(n_threads - 1);
-    for (int id = 1; id < n_threads; ++id) pool.emplace_back(worker, id);
-    worker(0);
-    for (auto& th : pool) th.join();
-#endif
+    HelperPool::get().run(n_tasks, n_threads, fn);
 }
 
 // ------------------------------------------------------------------ forward
@@ -1730,7 +1820,7 @@ void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double*
 BuildInfo build_info() {
     BuildInfo info;
 #ifndef KERNELS_NO_OPENMP
-    info.threads = "openmp";
+    info.threads = "std::thread, omp simd";
 #else
     info.threads = "std::thread";
 #endif

@@ -1,5 +1,5 @@
 // Separable Gaussian density splat on a periodic whole-cell grid, its gradient, and gemmi's
-// per-atom cutoff radius (CPU, C++17, OpenMP or std::thread). Free of Python: the bindings
+// per-atom cutoff radius (CPU, C++17, a std::thread pool; OpenMP simd pragmas where built with it). Free of Python: the bindings
 // live in _scatter.cpp, the algorithm in scatter.cpp (its header comment says how it works).
 //
 // Arrays are C-contiguous and owned by the caller; every function writes only its outputs.
@@ -109,7 +109,7 @@ void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double*
 
 // How this build runs on this CPU.
 struct BuildInfo {
-    const char* threads;  // "openmp" or "std::thread"
+    const char* threads;  // "std::thread, omp simd" (built with OpenMP) or "std::thread"
     bool clones;          // whether the hot loops have AVX2 / AVX-512 clones
     const char* forward_isa;
     const char* backward_isa;
