@@ -8,10 +8,14 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <array>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "scatter.hpp"
 
@@ -129,6 +133,65 @@ void check_rows(const Atoms& atoms, size_t n, const char* what) {
                                   .c_str());
 }
 
+// Storage of the maps splat() writes for Python, kept for the next call when a map is freed.
+//
+// A fresh map of tens of MB is a fresh mmap each call (glibc maps every block over 32 MB), and
+// its first touch costs a page fault per page: 3WIP's zeroing takes 6.6 ms fresh against 0.4 ms
+// in memory touched before. A freed map's block goes to a short idle list instead of back to the
+// system, and the next map of the same size takes it. A map in use is never handed out twice.
+class MapBuffers {
+   public:
+    static constexpr size_t kIdle = 2;                 // blocks kept after their maps are freed
+    static constexpr size_t kAlign = size_t(1) << 21;  // huge-page aligned (splat() asks for THP)
+
+    static float* take(size_t bytes) {
+        {
+            std::lock_guard<std::mutex> lock(mu());
+            auto& idle = list();
+            for (size_t i = 0; i < idle.size(); ++i)
+                if (idle[i].bytes == bytes) {
+                    float* p = idle[i].ptr;
+                    idle.erase(idle.begin() + static_cast<std::ptrdiff_t>(i));
+                    return p;
+                }
+        }
+        const size_t rounded = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+        void* p = std::aligned_alloc(kAlign, rounded);
+        if (!p) throw std::bad_alloc();
+        return static_cast<float*>(p);
+    }
+
+    static void give_back(float* ptr, size_t bytes) noexcept {
+        std::lock_guard<std::mutex> lock(mu());
+        auto& idle = list();
+        if (idle.size() == kIdle) {  // the oldest goes back to the system
+            std::free(idle.front().ptr);
+            idle.erase(idle.begin());
+        }
+        idle.push_back({ptr, bytes});
+    }
+
+   private:
+    struct Block {
+        float* ptr;
+        size_t bytes;
+    };
+    // never destroyed: a map may be freed during interpreter shutdown, after static destructors
+    static std::mutex& mu() {
+        static std::mutex* m = new std::mutex;
+        return *m;
+    }
+    static std::vector<Block>& list() {
+        static std::vector<Block>* l = new std::vector<Block>;
+        return *l;
+    }
+};
+
+struct HeldMap {
+    float* ptr;
+    size_t bytes;
+};
+
 const char* const kModuleDoc =
     "Separable density splat and its gradient gather on the CPU (C++, a std::thread pool).\n\n"
     "Private to kernels.density.cpu: arrays are C-contiguous CPU arrays of exactly the dtypes named\n"
@@ -202,8 +265,8 @@ NB_MODULE(_scatter, m) {
 
     m.def(
         "gather",
-        [](Maps<const float> grad, const kd::CellGeometry& cell, const Atoms& atoms, Array<double, -1, 3> gxyz,
-           Array<double, -1> gb_iso, Array<double, -1> gocc, kd::RowIntervals* rows, int n_threads, bool force_int64,
+        [](Maps<const float> grad, const kd::CellGeometry& cell, const Atoms& atoms, Array<float, -1, 3> gxyz,
+           Array<float, -1> gb_iso, Array<float, -1> gocc, kd::RowIntervals* rows, int n_threads, bool force_int64,
            bool float_rows, int lanes) {
             int64_t shape[3];
             const int64_t n_maps = map_shape(grad, "grad", shape);
@@ -222,8 +285,17 @@ NB_MODULE(_scatter, m) {
             kd::Timings tm;
             {
                 nb::gil_scoped_release release;
-                tm = kd::gather(cell, shape, atoms.view(), grad.data(), opt, rows, gxyz.data(), gb_iso.data(),
-                                gocc.data(), n_maps);
+                // sums in double, rounded once to float32 here (on this thread: a torch cast of N×3
+                // values would be a multi-threaded op, a wait for a core on a busy machine)
+                const size_t n = static_cast<size_t>(atoms.size());
+                std::vector<double> gx(3 * n), gb(n), go(n);
+                tm = kd::gather(cell, shape, atoms.view(), grad.data(), opt, rows, gx.data(), gb.data(), go.data(),
+                                n_maps);
+                for (size_t i = 0; i < 3 * n; ++i) gxyz.data()[i] = static_cast<float>(gx[i]);
+                for (size_t i = 0; i < n; ++i) {
+                    gb_iso.data()[i] = static_cast<float>(gb[i]);
+                    gocc.data()[i] = static_cast<float>(go[i]);
+                }
             }
             return timings_dict(tm, false);
         },
@@ -231,11 +303,33 @@ NB_MODULE(_scatter, m) {
         "gocc"_a.noconvert(), nb::kw_only(), "rows"_a.none() = nb::none(), "n_threads"_a = 1, "force_int64"_a = false,
         "float_rows"_a = true, "lanes"_a = 0,
         "Gradient of sum(grad * splat(atoms)) with respect to xyz (N, 3), b_iso (N,) and occ (N,), written to\n"
-        "gxyz, gb_iso, gocc (float64). grad (n, nx, ny, nz): n frames as in splat(), each reading its own map.\n"
-        "gxyz, gb_iso, gocc (float64). grad: (nx, ny, nz) float32. rows: None, or the RowIntervals of splat()\n"
+        "gxyz, gb_iso, gocc (float32; summed in float64, rounded once). grad (n, nx, ny, nz): n frames as in\n"
+        "splat(), each reading its own map; grad (nx, ny, nz): one. rows: None, or the RowIntervals of splat()\n"
         "on the same atoms and grid (skips solving for the row intervals). lanes: 0 picks the lane blocks for\n"
         "this CPU (16 where it runs the x86-64-v4 clone), 8 keeps 8-lane blocks (bitwise the same gradients).\n"
         "Returns a dict of phase times as splat() does, with 'rows_reused': atoms whose rows came from rows.");
+
+    m.def(
+        "empty_maps",
+        [](std::vector<size_t> shape) {
+            if (shape.size() != 3 && shape.size() != 4)
+                throw nb::value_error("empty_maps takes a map shape (nx, ny, nz) or (n, nx, ny, nz)");
+            size_t count = 1;
+            for (size_t d : shape) count *= d;
+            const size_t bytes = count * sizeof(float);
+            auto* held = new HeldMap{MapBuffers::take(bytes), bytes};
+            nb::capsule owner(held, [](void* p) noexcept {
+                auto* h = static_cast<HeldMap*>(p);
+                MapBuffers::give_back(h->ptr, h->bytes);
+                delete h;
+            });
+            return nb::ndarray<nb::pytorch, float, nb::c_contig, nb::device::cpu>(held->ptr, shape.size(), shape.data(),
+                                                                                 owner);
+        },
+        "shape"_a,
+        "An uninitialised float32 torch tensor of `shape` (C order) for splat() to fill. Its storage comes\n"
+        "from the last maps of that size that were freed (already paged in) when there is one; a freed\n"
+        "map's storage is kept for the next (at most two blocks), not returned to the system.");
 
     m.def(
         "fractional",

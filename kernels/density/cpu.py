@@ -172,7 +172,9 @@ class _SplatFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, xyz, b_iso, occ, a, b, grid, radii, cutoff, options, timings, frac=None, n_frames=0):
         shape = grid.shape if n_frames == 0 else (n_frames, *grid.shape)
-        out = torch.empty(shape, dtype=torch.float32)  # the kernel writes every voxel
+        # uninitialised (the kernel writes every voxel); storage of a freed map of this size when
+        # there is one, already paged in
+        out = _scatter.empty_maps(list(shape))
         keep = options.keep_rows and any(ctx.needs_input_grad[:3])
         cell, info, rows, frac, (b_iso, occ, a, b) = _run_forward(
             out, xyz, frac, b_iso, occ, a, b, grid, radii, cutoff, options, keep
@@ -193,10 +195,10 @@ class _SplatFunction(torch.autograd.Function):
         frac, radii, b_iso, occ, a, b = ctx.saved_tensors
         n = frac.shape[0]
         g = grad_out.detach().to(torch.float32).contiguous()
-        # the kernel writes every atom's entries
-        gxyz = torch.empty((n, 3), dtype=torch.float64)
-        gb = torch.empty(n, dtype=torch.float64)
-        gocc = torch.empty(n, dtype=torch.float64)
+        # the kernel writes every atom's entries: sums in float64, rounded once to float32
+        gxyz = torch.empty((n, 3), dtype=torch.float32)
+        gb = torch.empty(n, dtype=torch.float32)
+        gocc = torch.empty(n, dtype=torch.float32)
         if n:
             opt = ctx.options
             ctx.backward_info = _scatter.gather(
@@ -213,11 +215,10 @@ class _SplatFunction(torch.autograd.Function):
                 lanes=opt.lanes,
             )
         want = ctx.needs_input_grad
-        f32 = torch.float32
         return (
-            gxyz.to(f32) if want[0] else None,
-            gb.to(f32) if want[1] else None,
-            gocc.to(f32) if want[2] else None,
+            gxyz if want[0] else None,
+            gb if want[1] else None,
+            gocc if want[2] else None,
             None,
             None,
             None,
@@ -262,6 +263,9 @@ def splat_cpu(
     torch.Tensor, shape grid.shape, float32
         Density in e/Å³, differentiable with respect to ``atoms.xyz``, ``atoms.b_iso``
         and ``atoms.occ`` (backward is a C++ gather over the same voxels); ``out`` when given.
+        Without ``out`` the map's storage is the kernel's: when a map is freed its memory is
+        kept for the next map of that size (at most two blocks), which skips the page faults of
+        fresh memory; such a tensor cannot be resized in place (``resize_``).
 
     Raises
     ------

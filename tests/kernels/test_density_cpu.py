@@ -727,3 +727,21 @@ def test_concurrent_calls_from_host_threads_agree():
     for got in results:
         for a, b in zip(got, want):
             assert torch.equal(a, b)
+
+
+def test_map_storage_is_reused_only_after_the_map_is_freed():
+    # A freed map's memory serves the next map of its size (no fresh pages to fault in); a map in
+    # use is never handed out again, and every voxel of a reused block is written anew.
+    m = model("1orc")
+    grid = GridSpec.for_spacing(m.cell, SPACING)
+    atoms = m.atoms.to(dtype=torch.float32)
+    first = kernels.splat_density(atoms, grid, backend="cpu")
+    want = first.clone()
+    second = kernels.splat_density(atoms, grid, backend="cpu")
+    assert second.data_ptr() != first.data_ptr()
+    ptr = first.data_ptr()
+    first.fill_(float("nan"))  # what a reused block holds before the kernel writes it
+    del first
+    third = kernels.splat_density(atoms, grid, backend="cpu")
+    assert third.data_ptr() == ptr
+    assert torch.equal(third, want) and torch.equal(second, want)
