@@ -141,8 +141,9 @@ void check_rows(const Atoms& atoms, size_t n, const char* what) {
 // system, and the next map of the same size takes it. A map in use is never handed out twice.
 class MapBuffers {
    public:
-    static constexpr size_t kIdle = 2;                 // blocks kept after their maps are freed
-    static constexpr size_t kAlign = size_t(1) << 21;  // huge-page aligned (splat() asks for THP)
+    static constexpr size_t kIdle = 2;                      // blocks kept after their maps are freed
+    static constexpr size_t kIdleBytes = size_t(1) << 28;  // at most 256 MiB kept; larger blocks go back
+    static constexpr size_t kAlign = size_t(1) << 21;      // huge-page aligned (splat() asks for THP)
 
     static float* take(size_t bytes) {
         {
@@ -162,9 +163,16 @@ class MapBuffers {
     }
 
     static void give_back(float* ptr, size_t bytes) noexcept {
+        if (bytes > kIdleBytes) {
+            std::free(ptr);
+            return;
+        }
         std::lock_guard<std::mutex> lock(mu());
         auto& idle = list();
-        if (idle.size() == kIdle) {  // the oldest goes back to the system
+        size_t kept = bytes;
+        for (const Block& b : idle) kept += b.bytes;
+        while (!idle.empty() && (idle.size() == kIdle || kept > kIdleBytes)) {  // the oldest go back
+            kept -= idle.front().bytes;
             std::free(idle.front().ptr);
             idle.erase(idle.begin());
         }
@@ -329,7 +337,7 @@ NB_MODULE(_scatter, m) {
         "shape"_a,
         "An uninitialised float32 torch tensor of `shape` (C order) for splat() to fill. Its storage comes\n"
         "from the last maps of that size that were freed (already paged in) when there is one; a freed\n"
-        "map's storage is kept for the next (at most two blocks), not returned to the system.");
+        "map's storage is kept for the next (at most two blocks, 256 MiB in all), not returned to the system.");
 
     m.def(
         "fractional",

@@ -264,7 +264,7 @@ def splat_cpu(
         Density in e/Å³, differentiable with respect to ``atoms.xyz``, ``atoms.b_iso``
         and ``atoms.occ`` (backward is a C++ gather over the same voxels); ``out`` when given.
         Without ``out`` the map's storage is the kernel's: when a map is freed its memory is
-        kept for the next map of that size (at most two blocks), which skips the page faults of
+        kept for the next map of that size (at most two blocks, 256 MiB in all), which skips the page faults of
         fresh memory; such a tensor cannot be resized in place (``resize_``).
 
     Raises
