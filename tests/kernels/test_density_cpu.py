@@ -745,3 +745,40 @@ def test_map_storage_is_reused_only_after_the_map_is_freed():
     third = kernels.splat_density(atoms, grid, backend="cpu")
     assert third.data_ptr() == ptr
     assert torch.equal(third, want) and torch.equal(second, want)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork (POSIX)")
+def test_kernel_in_a_forked_child_after_the_helpers_started():
+    # A forked child has none of the parent's helper threads; the kernel's loops never wait for a
+    # helper to arrive, so a 2-thread splat in the child runs on its own thread and gives the same
+    # map. (The child calls the extension directly on numpy arrays: torch's own OpenMP ops hang in
+    # a child forked after they ran multi-threaded, which is torch's limitation, not the kernel's.)
+    script = textwrap.dedent(
+        """
+        import os, sys, numpy as np, torch
+        import kernels
+        from kernels.density import cpu
+        from tests.helpers import model
+        m = model("1orc")
+        grid = kernels.GridSpec.for_spacing(m.cell, 1.0)
+        atoms = m.atoms.to(dtype=torch.float32)
+        frac = (atoms.xyz.to(torch.float64) @ grid.cell.frac.T).contiguous().numpy()
+        f32 = [t.contiguous().numpy() for t in (atoms.b_iso, atoms.occ, atoms.a, atoms.b)]
+        cell = cpu._kernel_cell(grid)
+        katoms = cpu._scatter.Atoms(frac, *f32, cutoff=1e-5)
+        want = np.empty(grid.shape, dtype=np.float32)
+        cpu._scatter.splat(want, cell, katoms, n_threads=2)  # starts the helper
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            got = np.empty(grid.shape, dtype=np.float32)
+            cpu._scatter.splat(got, cell, katoms, n_threads=2)
+            os.write(w, b"1" if np.array_equal(got, want) else b"0")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        sys.exit(0 if os.read(r, 1) == b"1" else 1)
+        """
+    )
+    root = Path(kernels.__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
