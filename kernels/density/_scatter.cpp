@@ -8,10 +8,14 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <array>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "scatter.hpp"
 
@@ -99,9 +103,27 @@ nb::dict timings_dict(const kd::Timings& tm, bool with_slabs) {
 }
 
 template <class T>
-void check_map(const T& map, const char* what) {
-    for (int d = 0; d < 3; ++d)
-        if (map.shape(d) < 1) throw nb::value_error((std::string(what) + ": every grid axis needs a voxel").c_str());
+using Maps = nb::ndarray<T, nb::c_contig, nb::device::cpu>;
+
+// The grid shape of a map (nx, ny, nz) or of a stack of maps (n_maps, nx, ny, nz); returns n_maps.
+template <class T>
+int64_t map_shape(const Maps<T>& map, const char* what, int64_t shape[3]) {
+    const size_t nd = map.ndim();
+    if (nd != 3 && nd != 4)
+        throw nb::value_error((std::string(what) + " must be a map (nx, ny, nz) or maps (n, nx, ny, nz), got " +
+                               std::to_string(nd) + " dimensions")
+                                  .c_str());
+    for (size_t d = 0; d < nd; ++d)
+        if (map.shape(d) < 1) throw nb::value_error((std::string(what) + ": every axis needs an entry").c_str());
+    for (int d = 0; d < 3; ++d) shape[d] = int64_t(map.shape(nd - 3 + d));
+    return nd == 4 ? int64_t(map.shape(0)) : 1;
+}
+
+void check_frames(const Atoms& atoms, int64_t n_maps) {
+    if (atoms.size() % n_maps != 0)
+        throw nb::value_error(("the " + std::to_string(atoms.size()) + " atoms do not split into " +
+                               std::to_string(n_maps) + " frames of equal size")
+                                  .c_str());
 }
 
 void check_rows(const Atoms& atoms, size_t n, const char* what) {
@@ -111,8 +133,75 @@ void check_rows(const Atoms& atoms, size_t n, const char* what) {
                                   .c_str());
 }
 
+// Storage of the maps splat() writes for Python, kept for the next call when a map is freed.
+//
+// A fresh map of tens of MB is a fresh mmap each call (glibc maps every block over 32 MB), and
+// its first touch costs a page fault per page: 3WIP's zeroing takes 6.6 ms fresh against 0.4 ms
+// in memory touched before. A freed map's block goes to a short idle list instead of back to the
+// system, and the next map of the same size takes it. A map in use is never handed out twice.
+class MapBuffers {
+   public:
+    static constexpr size_t kIdle = 2;                      // blocks kept after their maps are freed
+    static constexpr size_t kIdleBytes = size_t(1) << 28;  // at most 256 MiB kept; larger blocks go back
+    static constexpr size_t kAlign = size_t(1) << 21;      // huge-page aligned (splat() asks for THP)
+
+    static float* take(size_t bytes) {
+        {
+            std::lock_guard<std::mutex> lock(mu());
+            auto& idle = list();
+            for (size_t i = 0; i < idle.size(); ++i)
+                if (idle[i].bytes == bytes) {
+                    float* p = idle[i].ptr;
+                    idle.erase(idle.begin() + static_cast<std::ptrdiff_t>(i));
+                    return p;
+                }
+        }
+        const size_t rounded = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+        void* p = std::aligned_alloc(kAlign, rounded);
+        if (!p) throw std::bad_alloc();
+        return static_cast<float*>(p);
+    }
+
+    static void give_back(float* ptr, size_t bytes) noexcept {
+        if (bytes > kIdleBytes) {
+            std::free(ptr);
+            return;
+        }
+        std::lock_guard<std::mutex> lock(mu());
+        auto& idle = list();
+        size_t kept = bytes;
+        for (const Block& b : idle) kept += b.bytes;
+        while (!idle.empty() && (idle.size() == kIdle || kept > kIdleBytes)) {  // the oldest go back
+            kept -= idle.front().bytes;
+            std::free(idle.front().ptr);
+            idle.erase(idle.begin());
+        }
+        idle.push_back({ptr, bytes});
+    }
+
+   private:
+    struct Block {
+        float* ptr;
+        size_t bytes;
+    };
+    // never destroyed: a map may be freed during interpreter shutdown, after static destructors
+    static std::mutex& mu() {
+        static std::mutex* m = new std::mutex;
+        return *m;
+    }
+    static std::vector<Block>& list() {
+        static std::vector<Block>* l = new std::vector<Block>;
+        return *l;
+    }
+};
+
+struct HeldMap {
+    float* ptr;
+    size_t bytes;
+};
+
 const char* const kModuleDoc =
-    "Separable density splat and its gradient gather on the CPU (C++, OpenMP or std::thread).\n\n"
+    "Separable density splat and its gradient gather on the CPU (C++, a std::thread pool).\n\n"
     "Private to kernels.density.cpu: arrays are C-contiguous CPU arrays of exactly the dtypes named\n"
     "(torch tensors pass through DLPack, never copied). Every option gives bitwise the same results.";
 
@@ -152,10 +241,11 @@ NB_MODULE(_scatter, m) {
 
     m.def(
         "splat",
-        [](Array<float, -1, -1, -1> out, const kd::CellGeometry& cell, const Atoms& atoms, int n_threads,
-           int slabs_per_thread, bool force_int64, bool float_rows, bool keep_rows, bool slab_times) {
-            check_map(out, "out");
-            const int64_t shape[3] = {int64_t(out.shape(0)), int64_t(out.shape(1)), int64_t(out.shape(2))};
+        [](Maps<float> out, const kd::CellGeometry& cell, const Atoms& atoms, int n_threads, int slabs_per_thread,
+           bool force_int64, bool float_rows, bool keep_rows, bool slab_times) {
+            int64_t shape[3];
+            const int64_t n_maps = map_shape(out, "out", shape);
+            check_frames(atoms, n_maps);
             kd::Options opt;
             opt.n_threads = n_threads;
             opt.slabs_per_thread = slabs_per_thread;
@@ -166,31 +256,33 @@ NB_MODULE(_scatter, m) {
             kd::Timings tm;
             {
                 nb::gil_scoped_release release;
-                tm = kd::splat(cell, shape, atoms.view(), out.data(), opt, rows.get());
+                tm = kd::splat(cell, shape, atoms.view(), out.data(), opt, rows.get(), n_maps);
             }
             nb::object kept = rows ? nb::cast(rows.release(), nb::rv_policy::take_ownership) : nb::none();
             return nb::make_tuple(timings_dict(tm, slab_times), kept);
         },
-        "out"_a.noconvert(), "cell"_a, "atoms"_a, nb::kw_only(), "n_threads"_a = 1, "slabs_per_thread"_a = 2,
+        "out"_a.noconvert(), "cell"_a, "atoms"_a, nb::kw_only(), "n_threads"_a = 1, "slabs_per_thread"_a = 0,
         "force_int64"_a = false, "float_rows"_a = true, "keep_rows"_a = false, "slab_times"_a = false,
-        "Writes the density of `atoms` to `out` (nx, ny, nz) float32, overwriting it (it may be uninitialised).\n\n"
+        "Writes the density of `atoms` to `out` (nx, ny, nz) float32, overwriting it (it may be uninitialised).\n"
+        "out (n, nx, ny, nz): the atoms are n frames of equal size (frame-major), map f the density of frame f.\n\n"
         "Returns (timings, rows): a dict of phase times in s ('prepare', 'partition', 'compute'), 'tasks',\n"
         "'index' ('int32' or 'int64') and, with slab_times, 'slabs': (worker, start, zeroed, end) per map slab\n"
         "in s from the start of the compute phase; rows: a RowIntervals for gather() with keep_rows, else None.\n"
-        "slabs_per_thread: x slabs of the map per thread (1..64). force_int64: 64-bit voxel indices on any map.\n"
+        "slabs_per_thread: 0 slabs of decreasing size, k (1..64) k equal slabs per thread. force_int64: 64-bit voxel indices on any map.\n"
         "float_rows=False: the row intervals from the double pass only. All options give bitwise the same map.");
 
     m.def(
         "gather",
-        [](Array<const float, -1, -1, -1> grad, const kd::CellGeometry& cell, const Atoms& atoms,
-           Array<double, -1, 3> gxyz, Array<double, -1> gb_iso, Array<double, -1> gocc, kd::RowIntervals* rows,
-           int n_threads, bool force_int64, bool float_rows, int lanes) {
-            check_map(grad, "grad");
+        [](Maps<const float> grad, const kd::CellGeometry& cell, const Atoms& atoms, Array<float, -1, 3> gxyz,
+           Array<float, -1> gb_iso, Array<float, -1> gocc, kd::RowIntervals* rows, int n_threads, bool force_int64,
+           bool float_rows, int lanes) {
+            int64_t shape[3];
+            const int64_t n_maps = map_shape(grad, "grad", shape);
+            check_frames(atoms, n_maps);
             check_rows(atoms, gxyz.shape(0), "gxyz");
             check_rows(atoms, gb_iso.shape(0), "gb_iso");
             check_rows(atoms, gocc.shape(0), "gocc");
             if (lanes != 0 && lanes != 8) throw nb::value_error("lanes must be 0 (picked for this CPU) or 8");
-            const int64_t shape[3] = {int64_t(grad.shape(0)), int64_t(grad.shape(1)), int64_t(grad.shape(2))};
             if (rows && (rows->shape[0] != shape[0] || rows->shape[1] != shape[1] || rows->shape[2] != shape[2]))
                 throw nb::value_error("rows come from a splat on a grid of another shape");
             kd::Options opt;
@@ -201,8 +293,17 @@ NB_MODULE(_scatter, m) {
             kd::Timings tm;
             {
                 nb::gil_scoped_release release;
-                tm = kd::gather(cell, shape, atoms.view(), grad.data(), opt, rows, gxyz.data(), gb_iso.data(),
-                                gocc.data());
+                // sums in double, rounded once to float32 here (on this thread: a torch cast of N×3
+                // values would be a multi-threaded op, a wait for a core on a busy machine)
+                const size_t n = static_cast<size_t>(atoms.size());
+                std::vector<double> gx(3 * n), gb(n), go(n);
+                tm = kd::gather(cell, shape, atoms.view(), grad.data(), opt, rows, gx.data(), gb.data(), go.data(),
+                                n_maps);
+                for (size_t i = 0; i < 3 * n; ++i) gxyz.data()[i] = static_cast<float>(gx[i]);
+                for (size_t i = 0; i < n; ++i) {
+                    gb_iso.data()[i] = static_cast<float>(gb[i]);
+                    gocc.data()[i] = static_cast<float>(go[i]);
+                }
             }
             return timings_dict(tm, false);
         },
@@ -210,10 +311,45 @@ NB_MODULE(_scatter, m) {
         "gocc"_a.noconvert(), nb::kw_only(), "rows"_a.none() = nb::none(), "n_threads"_a = 1, "force_int64"_a = false,
         "float_rows"_a = true, "lanes"_a = 0,
         "Gradient of sum(grad * splat(atoms)) with respect to xyz (N, 3), b_iso (N,) and occ (N,), written to\n"
-        "gxyz, gb_iso, gocc (float64). grad: (nx, ny, nz) float32. rows: None, or the RowIntervals of splat()\n"
+        "gxyz, gb_iso, gocc (float32; summed in float64, rounded once). grad (n, nx, ny, nz): n frames as in\n"
+        "splat(), each reading its own map; grad (nx, ny, nz): one. rows: None, or the RowIntervals of splat()\n"
         "on the same atoms and grid (skips solving for the row intervals). lanes: 0 picks the lane blocks for\n"
         "this CPU (16 where it runs the x86-64-v4 clone), 8 keeps 8-lane blocks (bitwise the same gradients).\n"
         "Returns a dict of phase times as splat() does, with 'rows_reused': atoms whose rows came from rows.");
+
+    m.def(
+        "empty_maps",
+        [](std::vector<size_t> shape) {
+            if (shape.size() != 3 && shape.size() != 4)
+                throw nb::value_error("empty_maps takes a map shape (nx, ny, nz) or (n, nx, ny, nz)");
+            size_t count = 1;
+            for (size_t d : shape) count *= d;
+            const size_t bytes = count * sizeof(float);
+            auto* held = new HeldMap{MapBuffers::take(bytes), bytes};
+            nb::capsule owner(held, [](void* p) noexcept {
+                auto* h = static_cast<HeldMap*>(p);
+                MapBuffers::give_back(h->ptr, h->bytes);
+                delete h;
+            });
+            return nb::ndarray<nb::pytorch, float, nb::c_contig, nb::device::cpu>(held->ptr, shape.size(), shape.data(),
+                                                                                 owner);
+        },
+        "shape"_a,
+        "An uninitialised float32 torch tensor of `shape` (C order) for splat() to fill. Its storage comes\n"
+        "from the last maps of that size that were freed (already paged in) when there is one; a freed\n"
+        "map's storage is kept for the next (at most two blocks, 256 MiB in all), not returned to the system.");
+
+    m.def(
+        "fractional",
+        [](Array<double, -1, 3> out, Array<const float, -1, 3> xyz, const Matrix3& frac, double lo, double hi) {
+            if (out.shape(0) != xyz.shape(0)) throw nb::value_error("out and xyz need the same number of rows");
+            nb::gil_scoped_release release;
+            return kd::fractional(static_cast<int64_t>(xyz.shape(0)), xyz.data(), frac.data(), lo, hi, out.data());
+        },
+        "out"_a.noconvert(), "xyz"_a.noconvert(), "frac"_a.noconvert(), "lo"_a, "hi"_a,
+        "Fractional positions frac @ xyz (float64, no fused multiply-adds: torch's float64 matmul of these\n"
+        "shapes rounds the same way) written to out (N, 3) float64 from xyz (N, 3) float32 and frac (3, 3)\n"
+        "float64, on the calling thread. Returns whether every coordinate is finite and in [lo, hi).");
 
     m.def(
         "cutoff_radii",

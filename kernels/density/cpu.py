@@ -7,7 +7,10 @@ per-atom quantities the kernel needs, and wraps forward (scatter) and backward (
 a ``torch.autograd.Function``.
 
 The result is bitwise identical run to run and for any number of threads; the thread
-count follows ``torch.get_num_threads()``.
+count follows ``torch.get_num_threads()``. One call runs two OpenMP parallel regions (the
+atoms' preparation and the map's slabs; the backward likewise) and no multi-threaded torch op:
+on a machine where other processes keep the cores busy, every region costs a wait until each of
+its threads gets a core, so the work around the kernel stays on the calling thread.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 
 from kernels._util import positive_number, to_float32
 from kernels.crystal import AtomSet, GridError, GridSpec
-from kernels.density.positions import positions_in_cell
+from kernels.density.positions import NEAR_CELL, positions_in_cell
 from kernels.density.radius import DEFAULT_CUTOFF
 from kernels.density.reference import atom_radii
 
@@ -30,7 +33,7 @@ except ImportError as exc:  # the dispatcher turns this into a BackendError with
         "`pip install --no-build-isolation -e .` in the source tree (needs a C++17 compiler)"
     ) from exc
 
-__all__ = ["splat_cpu", "cutoff_radius_cpu"]
+__all__ = ["splat_cpu", "splat_frames_cpu", "cutoff_radius_cpu"]
 
 _OP = "splat_density"
 # Cell kinds as the C++ kernel takes them: which axis stays separable.
@@ -58,8 +61,11 @@ class _KernelOptions:
         Lane blocks of the backward: 0 lets the kernel pick (16 on CPUs that run its AVX-512
         clone, 8 elsewhere), 8 forces 8-lane blocks.
     slabs_per_thread : int
-        x slabs of the map per thread in the forward (one slab at one thread). More slabs
-        balance the threads' loads; each slab edge splits the atoms that cross it.
+        x slabs of the map in the forward (one slab at one thread). 0: slabs of decreasing
+        work (each 1/(2T) of what is left, down to 1/(16T) for T threads; about 11 slabs at two
+        threads), taken by whichever thread is free, so a thread slowed by another process on its
+        core holds the others up by at most a small slab. k > 0: k slabs of equal work per thread.
+        Each slab edge splits the atoms that cross it.
     slab_times : bool
         Record each forward slab's worker and start, zeroed and end times (``"slabs"`` in the
         forward's timing dict; see :func:`_splat_cpu`).
@@ -69,7 +75,7 @@ class _KernelOptions:
     keep_rows: bool = True
     float_rows: bool = True
     lanes: int = 0
-    slabs_per_thread: int = 2
+    slabs_per_thread: int = 0
     slab_times: bool = False
 
 
@@ -124,33 +130,54 @@ def _kernel_atoms(frac, radii, cutoff: float, b_iso, occ, a, b):
     return _scatter.Atoms(frac, b_iso, occ, a, b, radii=radii, cutoff=cutoff)
 
 
-class _SplatFunction(torch.autograd.Function):
-    """float32 map from float32 atoms; backward is the C++ gather (no dense graph).
+def _fractional(xyz: torch.Tensor, grid: GridSpec) -> torch.Tensor:
+    """frac·xyz in float64, (N, 3): the same product (and rounding) as the reference's matmul."""
+    return (xyz.detach().to(torch.float64) @ grid.cell.frac.T).contiguous()
 
-    ``radii``: (N,) float64 cutoff radii in Å, or None for per-atom radii from ``cutoff``
-    (gemmi's rule, computed inside the kernel as :func:`cutoff_radius_cpu` computes them).
-    ``options``: a :class:`_KernelOptions`. ``timings``: None, or a list that receives the
-    forward's timing dict.
+
+def _run_forward(out, xyz, frac, b_iso, occ, a, b, grid, radii, cutoff, options, keep_rows):
+    """The C++ forward into ``out`` ((nx, ny, nz) or (F, nx, ny, nz) float32, C-contiguous).
+
+    Returns (cell, timing dict, kept rows or None, frac, (b_iso, occ, a, b) as the kernel read them).
+    """
+    if frac is None:
+        frac = _fractional(xyz, grid)
+    b_iso, occ, a, b = (t.detach().contiguous() for t in (b_iso, occ, a, b))  # float32, read as they are
+    cell = _kernel_cell(grid)
+    info, rows = _scatter.splat(
+        out,
+        cell,
+        _kernel_atoms(frac, radii, cutoff, b_iso, occ, a, b),
+        n_threads=torch.get_num_threads(),
+        slabs_per_thread=options.slabs_per_thread,
+        force_int64=options.force_int64,
+        float_rows=options.float_rows,
+        keep_rows=keep_rows,
+        slab_times=options.slab_times,
+    )
+    return cell, info, rows, frac, (b_iso, occ, a, b)
+
+
+class _SplatFunction(torch.autograd.Function):
+    """float32 map(s) from float32 atoms; backward is the C++ gather (no dense graph).
+
+    ``frac``: (N, 3) float64 fractional positions of ``xyz`` (:func:`_fractional`'s product), or
+    None to form them here. ``radii``: (N,) float64 cutoff radii in Å, or None for per-atom radii
+    from ``cutoff`` (gemmi's rule, computed inside the kernel as :func:`cutoff_radius_cpu` computes
+    them). ``options``: a :class:`_KernelOptions`. ``timings``: None, or a list that receives the
+    forward's timing dict. ``n_frames``: 0 for one map of shape ``grid.shape``; F ≥ 1 for F maps
+    (F, nx, ny, nz) of F equal frames of the atoms (frame-major).
     """
 
     @staticmethod
-    def forward(ctx, xyz, b_iso, occ, a, b, grid, radii, cutoff, options, timings):
-        # The same float64 product as the reference, so voxel membership (r² < R²) agrees
-        # with it bit for bit at exact ties.
-        frac = (xyz.detach().to(torch.float64) @ grid.cell.frac.T).contiguous()
-        b_iso, occ, a, b = (t.detach().contiguous() for t in (b_iso, occ, a, b))  # float32, read as they are
-        out = torch.empty(grid.shape, dtype=torch.float32)  # the kernel writes every voxel
-        cell = _kernel_cell(grid)
-        info, rows = _scatter.splat(
-            out,
-            cell,
-            _kernel_atoms(frac, radii, cutoff, b_iso, occ, a, b),
-            n_threads=torch.get_num_threads(),
-            slabs_per_thread=options.slabs_per_thread,
-            force_int64=options.force_int64,
-            float_rows=options.float_rows,
-            keep_rows=options.keep_rows and any(ctx.needs_input_grad[:3]),
-            slab_times=options.slab_times,
+    def forward(ctx, xyz, b_iso, occ, a, b, grid, radii, cutoff, options, timings, frac=None, n_frames=0):
+        shape = grid.shape if n_frames == 0 else (n_frames, *grid.shape)
+        # uninitialised (the kernel writes every voxel); storage of a freed map of this size when
+        # there is one, already paged in
+        out = _scatter.empty_maps(list(shape))
+        keep = options.keep_rows and any(ctx.needs_input_grad[:3])
+        cell, info, rows, frac, (b_iso, occ, a, b) = _run_forward(
+            out, xyz, frac, b_iso, occ, a, b, grid, radii, cutoff, options, keep
         )
         if timings is not None:
             timings.append(info)
@@ -168,9 +195,10 @@ class _SplatFunction(torch.autograd.Function):
         frac, radii, b_iso, occ, a, b = ctx.saved_tensors
         n = frac.shape[0]
         g = grad_out.detach().to(torch.float32).contiguous()
-        gxyz = torch.zeros((n, 3), dtype=torch.float64)
-        gb = torch.zeros(n, dtype=torch.float64)
-        gocc = torch.zeros(n, dtype=torch.float64)
+        # the kernel writes every atom's entries: sums in float64, rounded once to float32
+        gxyz = torch.empty((n, 3), dtype=torch.float32)
+        gb = torch.empty(n, dtype=torch.float32)
+        gocc = torch.empty(n, dtype=torch.float32)
         if n:
             opt = ctx.options
             ctx.backward_info = _scatter.gather(
@@ -187,11 +215,12 @@ class _SplatFunction(torch.autograd.Function):
                 lanes=opt.lanes,
             )
         want = ctx.needs_input_grad
-        f32 = torch.float32
         return (
-            gxyz.to(f32) if want[0] else None,
-            gb.to(f32) if want[1] else None,
-            gocc.to(f32) if want[2] else None,
+            gxyz if want[0] else None,
+            gb if want[1] else None,
+            gocc if want[2] else None,
+            None,
+            None,
             None,
             None,
             None,
@@ -203,7 +232,12 @@ class _SplatFunction(torch.autograd.Function):
 
 
 def splat_cpu(
-    atoms: AtomSet, grid: GridSpec, *, radius: float | None = None, cutoff: float = DEFAULT_CUTOFF
+    atoms: AtomSet,
+    grid: GridSpec,
+    *,
+    radius: float | None = None,
+    cutoff: float = DEFAULT_CUTOFF,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Electron density of ``atoms`` on a whole-cell ``grid``, float32, on the CPU.
 
@@ -218,22 +252,106 @@ def splat_cpu(
         (gemmi's rule, see :func:`cutoff_radius_cpu`).
     cutoff : float
         Density level in e/Å³ that sets each atom's radius when ``radius`` is None.
+    out : torch.Tensor, optional
+        shape grid.shape, float32, CPU, C-contiguous: the map is written into it (every voxel
+        overwritten) and it is returned. For loops that splat the same grid again and again: a
+        fresh map costs a page fault per 4 KiB page on its first touch. Not differentiable: refused
+        while gradients are recorded for ``atoms`` (see :func:`check_out`).
 
     Returns
     -------
     torch.Tensor, shape grid.shape, float32
         Density in e/Å³, differentiable with respect to ``atoms.xyz``, ``atoms.b_iso``
-        and ``atoms.occ`` (backward is a C++ gather over the same voxels).
+        and ``atoms.occ`` (backward is a C++ gather over the same voxels); ``out`` when given.
+        Without ``out`` the map's storage is the kernel's: when a map is freed its memory is
+        kept for the next map of that size (at most two blocks, 256 MiB in all), which skips the page faults of
+        fresh memory; such a tensor cannot be resized in place (``resize_``).
 
     Raises
     ------
     kernels.GridError
         ``grid`` is a box, not the whole cell.
     ValueError
-        Atoms not on the CPU, a radius or cutoff that is not a positive number, or an atom
-        with a non-finite position (named).
+        Atoms not on the CPU, a radius or cutoff that is not a positive number, an atom
+        with a non-finite position (named), or an ``out`` that does not fit (see :func:`check_out`).
     """
-    return _splat_cpu(atoms, grid, radius=radius, cutoff=cutoff)
+    return _splat_cpu(atoms, grid, radius=radius, cutoff=cutoff, out=out)
+
+
+def splat_frames_cpu(
+    atoms: AtomSet, grid: GridSpec, *, n_frames: int, radius: float | None = None, cutoff: float = DEFAULT_CUTOFF
+) -> torch.Tensor:
+    """Density of each of ``n_frames`` frames of atoms, one map per frame, in one parallel loop.
+
+    Parameters
+    ----------
+    atoms : AtomSet
+        ``n_frames * N`` atoms, frame-major (atom i belongs to frame i // N), CPU tensors,
+        float32 (float64 is cast, with one warning per dtype).
+    grid : GridSpec
+        Whole-cell grid, the same for every frame.
+    n_frames : int
+        F ≥ 1; ``len(atoms)`` must be a multiple of it.
+    radius, cutoff
+        As for :func:`splat_cpu`.
+
+    Returns
+    -------
+    torch.Tensor, shape (n_frames, nx, ny, nz), float32
+        Map f is bitwise :func:`splat_cpu` of frame f's atoms, for any thread count (every map's
+        slabs are tasks of one parallel loop, each voxel summed in its frame's atom order).
+        Differentiable with respect to ``atoms.xyz``, ``atoms.b_iso`` and ``atoms.occ``: the
+        backward gives each frame's atoms the gradient of their own map's slice of the upstream
+        (F, nx, ny, nz) gradient.
+
+    Raises
+    ------
+    kernels.GridError
+        ``grid`` is a box, not the whole cell.
+    ValueError
+        ``n_frames`` not a positive integer dividing ``len(atoms)``, or as for :func:`splat_cpu`.
+    """
+    if isinstance(n_frames, bool) or not isinstance(n_frames, int) or n_frames < 1:
+        raise ValueError(f"n_frames must be a positive integer, got {n_frames!r}")
+    if len(atoms) % n_frames:
+        raise ValueError(
+            f"{len(atoms)} atoms do not split into {n_frames} frames of equal size; "
+            "pass the frames' atoms frame-major, N atoms per frame"
+        )
+    return _splat_cpu(atoms, grid, radius=radius, cutoff=cutoff, n_frames=n_frames)
+
+
+def check_out(out, atoms: AtomSet, shape: tuple[int, ...]) -> None:
+    """Raise ``ValueError`` unless ``out`` can receive the CPU backend's map of ``atoms``.
+
+    ``out`` must be a float32 CPU tensor of ``shape``, C-contiguous, not requiring grad, and no
+    gradient may be recorded for ``atoms`` (an in-place result has no backward here: call without
+    ``out``, or under ``torch.no_grad()``, or with detached atoms).
+    """
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    problems = []
+    if out.device.type != "cpu":
+        problems.append(f"it is on {out.device}, the map is made on the cpu")
+    if out.dtype != torch.float32:
+        problems.append(f"its dtype is {out.dtype}, the map is float32")
+    if tuple(out.shape) != tuple(shape):
+        problems.append(f"its shape is {tuple(out.shape)}, the grid's is {tuple(shape)}")
+    elif not out.is_contiguous():
+        problems.append("it is not contiguous (use out.contiguous() once and keep that tensor)")
+    if problems:
+        raise ValueError(
+            "out cannot hold this map: "
+            + "; ".join(problems)
+            + f"; make it with torch.empty({tuple(shape)}, dtype=torch.float32)"
+        )
+    if out.requires_grad or (
+        torch.is_grad_enabled() and any(t.requires_grad for t in (atoms.xyz, atoms.b_iso, atoms.occ))
+    ):
+        raise ValueError(
+            "out= is not differentiable: the atoms (or out) require grad while gradients are recorded; "
+            "call without out= to get a differentiable map, or splat under torch.no_grad()"
+        )
 
 
 def _splat_cpu(
@@ -244,12 +362,14 @@ def _splat_cpu(
     cutoff: float = DEFAULT_CUTOFF,
     options: _KernelOptions = _DEFAULT_OPTIONS,
     timings: list | None = None,
+    n_frames: int = 0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`splat_cpu` with the kernel's private options, for tests and benchmarks.
 
     Parameters
     ----------
-    atoms, grid, radius, cutoff
+    atoms, grid, radius, cutoff, out
         As for :func:`splat_cpu`.
     options : _KernelOptions
         How the kernel runs the forward and its backward (bitwise the same results for any).
@@ -257,18 +377,34 @@ def _splat_cpu(
         Receives the forward's timing dict: phase times in s (``"prepare"``, ``"partition"``,
         ``"compute"``), ``"tasks"``, ``"index"`` (``"int32"``/``"int64"``) and, with
         ``options.slab_times``, ``"slabs"``: (worker, start, zeroed, end) per map slab.
+    n_frames : int
+        0: one map of all atoms. F ≥ 1: F maps of F equal frames (:func:`splat_frames_cpu`).
 
     Returns
     -------
-    torch.Tensor, shape grid.shape, float32
+    torch.Tensor, shape grid.shape (n_frames 0) or (n_frames, *grid.shape), float32
         As for :func:`splat_cpu`.
     """
     if not grid.is_whole_cell:
         raise GridError("the cpu density backend splats whole-cell grids only; use backend='reference' for a box")
     if atoms.device.type != "cpu":
         raise ValueError(f"splat_cpu needs CPU tensors, got {atoms.device}; use atoms.to('cpu') or backend='auto'")
-    xyz = positions_in_cell(atoms, grid.cell)  # far atoms moved in float64, before the cast
-    xyz = to_float32(xyz.to(atoms.xyz.dtype), _OP)
+    if out is not None:
+        check_out(out, atoms, grid.shape if n_frames == 0 else (n_frames, *grid.shape))
+    frac = None
+    if atoms.xyz.dtype == torch.float32:
+        # frac·xyz on this thread (a parallel torch op would wake other threads for microseconds of
+        # work); atoms far from the cell take positions_in_cell's float64 move below
+        xyz = atoms.xyz
+        frac = torch.empty((len(atoms), 3), dtype=torch.float64)
+        near = _scatter.fractional(
+            frac, xyz.detach().contiguous(), grid.cell.frac.contiguous(), NEAR_CELL[0], NEAR_CELL[1]
+        )
+        if not near:
+            frac = None
+    if frac is None:
+        xyz = positions_in_cell(atoms, grid.cell)  # far atoms moved in float64, before the cast
+        xyz = to_float32(xyz.to(atoms.xyz.dtype), _OP)
     b_iso = to_float32(atoms.b_iso, _OP)
     occ = to_float32(atoms.occ, _OP)
     a = to_float32(atoms.a, _OP)
@@ -278,4 +414,9 @@ def _splat_cpu(
     else:
         cutoff = _check_cutoff(cutoff)
         radii = None  # the kernel derives each atom's radius from the cutoff (one pass, no extra call)
-    return _SplatFunction.apply(xyz, b_iso, occ, a, b, grid, radii, float(cutoff), options, timings)
+    if out is not None:
+        _, info, _, _, _ = _run_forward(out, xyz, frac, b_iso, occ, a, b, grid, radii, float(cutoff), options, False)
+        if timings is not None:
+            timings.append(info)
+        return out
+    return _SplatFunction.apply(xyz, b_iso, occ, a, b, grid, radii, float(cutoff), options, timings, frac, n_frames)

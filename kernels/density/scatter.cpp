@@ -24,7 +24,8 @@
 // with the same tables and the same voxel set. Atoms are independent tasks; each atom's
 // sums are formed by one thread in a fixed order (deterministic for any thread count).
 //
-// Threads: OpenMP when built with it, std::thread otherwise (macro KERNELS_NO_OPENMP).
+// Threads: a pool of std::threads that the caller never waits to arrive (HelperPool); OpenMP,
+// when built with it, only for its simd pragmas (macro KERNELS_NO_OPENMP: without).
 
 #include "scatter.hpp"
 
@@ -40,12 +41,12 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
-#ifndef KERNELS_NO_OPENMP
-#include <omp.h>
-#endif
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -1289,7 +1290,109 @@ void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
 
 // ------------------------------------------------------------------ threads
 
-// fn(task, worker) for task in [0, n_tasks), dynamically scheduled over n_threads workers.
+// A parallel loop that never waits for a thread to arrive, only for tasks that have started.
+//
+// fn(task, worker) for task in [0, n_tasks): the caller (worker 0) and up to n_threads − 1
+// helper threads take tasks from one atomic counter. An OpenMP region (or a fork-join of
+// std::threads) ends only when every thread of its team has arrived: on a machine where another
+// process keeps a core busy, a helper woken on that core may get it only after milliseconds,
+// and the caller would wait for it even when it has done all the work itself. Here a helper that
+// comes late finds no task left and goes back to sleep; the caller returns as soon as every
+// task taken has finished. Helpers live for the process (started on first use, never joined).
+// Calls from several host threads at once: one runs with the helpers, the others on their own
+// thread (their results are the same: any assignment of tasks to workers is).
+class HelperPool {
+   public:
+    static HelperPool& get() {
+        static HelperPool* pool = new HelperPool;  // never destroyed: helpers may outlive static destructors
+        return *pool;
+    }
+
+    template <class F>
+    void run(int64_t n_tasks, int n_threads, F& fn) {
+        std::unique_lock<std::mutex> busy(call_, std::try_to_lock);
+        if (!busy.owns_lock() || n_threads <= 1) {
+            for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
+            return;
+        }
+        auto job = std::make_shared<Job>();
+        job->n_tasks = n_tasks;
+        job->n_workers = n_threads;
+        job->body = [&fn](int64_t t, int w) { fn(t, w); };
+        start_helpers(n_threads - 1);
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            job_ = job;
+            ++generation_;
+        }
+        cv_.notify_all();
+        job->work(0);
+        // tasks still running on helpers: spin briefly, then yield the core
+        for (int spins = 0; job->done.load(std::memory_order_acquire) < n_tasks; ++spins)
+            if (spins > 2000) std::this_thread::yield();
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            job_.reset();  // a helper that has not looked yet finds nothing
+        }
+        if (job->error) std::rethrow_exception(job->error);
+    }
+
+   private:
+    struct Job {
+        int64_t n_tasks = 0;
+        int n_workers = 1;
+        std::function<void(int64_t, int)> body;
+        std::atomic<int64_t> next{0}, done{0};
+        std::atomic<int> next_worker{1};
+        std::mutex error_mu;
+        std::exception_ptr error;
+
+        void work(int worker) {
+            for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
+                try {
+                    body(t, worker);
+                } catch (...) {
+                    std::lock_guard<std::mutex> lock(error_mu);
+                    if (!error) error = std::current_exception();
+                }
+                done.fetch_add(1, std::memory_order_release);
+            }
+        }
+    };
+
+    void start_helpers(int n) {
+        while (static_cast<int>(n_helpers_) < n) {
+            std::thread(&HelperPool::helper, this).detach();
+            ++n_helpers_;
+        }
+    }
+
+    void helper() {
+        uint64_t seen = 0;
+        for (;;) {
+            std::shared_ptr<Job> job;
+            {
+                std::unique_lock<std::mutex> lock(mu_);
+                cv_.wait(lock, [&] { return generation_ != seen; });
+                seen = generation_;
+                job = job_;
+            }
+            if (!job) continue;
+            // worker ids 1..n_workers−1, each at most once per job (they index per-worker scratch)
+            const int id = job->next_worker.fetch_add(1);
+            if (id < job->n_workers) job->work(id);
+        }
+    }
+
+    std::mutex call_;  // one job at a time
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::shared_ptr<Job> job_;
+    uint64_t generation_ = 0;
+    size_t n_helpers_ = 0;
+};
+
+// fn(task, worker) for task in [0, n_tasks) over up to n_threads workers (HelperPool); worker < n_threads.
 template <class F>
 void parallel_for(int64_t n_tasks, int n_threads, F&& fn) {
     n_threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(n_threads, n_tasks)));
@@ -1297,20 +1400,7 @@ void parallel_for(int64_t n_tasks, int n_threads, F&& fn) {
         for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
         return;
     }
-#ifndef KERNELS_NO_OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
-    for (int64_t t = 0; t < n_tasks; ++t) fn(t, omp_get_thread_num());
-#else
-    std::atomic<int64_t> next{0};
-    auto worker = [&](int id) {
-        for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) fn(t, id);
-    };
-    std::vector<std::thread> pool;
-    pool.reserve(n_threads - 1);
-    for (int id = 1; id < n_threads; ++id) pool.emplace_back(worker, id);
-    worker(0);
-    for (auto& th : pool) th.join();
-#endif
+    HelperPool::get().run(n_tasks, n_threads, fn);
 }
 
 // ------------------------------------------------------------------ forward
@@ -1373,8 +1463,98 @@ void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int
         for (int d = 0; d < 3; ++d) box_max[d] = std::max(box_max[d], A.hi[d] - A.lo[d] + 1);
 }
 
-void splat(const Inputs& in, float* out, int n_threads, int slabs_per_thread, bool use64, bool record_slabs,
-           Timings& tm, RowIntervals* saved) {
+// Cumulative work fractions at which the slabs of one map end (the last is 1). slabs_per_thread
+// > 0: that many slabs of equal work per thread. 0: decreasing sizes, as OpenMP's guided
+// schedule cuts its chunks: each slab takes 1/(2·threads) of the work left, down to
+// 1/(16·threads). Taken in order by whichever thread is free, the first big slabs keep the
+// number of slab edges small (each edge splits the atoms that cross it), and the last small ones
+// bound how long a thread slowed by another process on its core can keep the others waiting.
+std::vector<double> slab_fractions(int n_threads, int slabs_per_thread) {
+    std::vector<double> ends;
+    if (n_threads <= 1) return {1.0};
+    if (slabs_per_thread > 0) {
+        const int n = slabs_per_thread * n_threads;
+        for (int s = 1; s <= n; ++s) ends.push_back(static_cast<double>(s) / n);
+        return ends;
+    }
+    const double smallest = 1.0 / (16.0 * n_threads);
+    double done = 0;
+    while (1.0 - done > 1e-9) {
+        const double left = 1.0 - done;
+        const double take = std::max(left / (2.0 * n_threads), smallest);
+        done = take >= left - 0.5 * smallest ? 1.0 : done + take;  // no sliver at the end
+        ends.push_back(done);
+    }
+    return ends;
+}
+
+// One map's forward plan: its atoms' x segments counting-sorted by first plane, and its slabs.
+struct MapPlan {
+    int64_t first_atom = 0, last_atom = 0;  // atoms [first, last) of the atom arrays
+    std::vector<Segment> raw;
+    std::vector<int64_t> bucket;  // bucket[x] = first segment with xs >= x
+    std::vector<int64_t> by_x;    // segment ids counting-sorted by first plane
+    std::vector<int64_t> edge;    // slab s is planes [edge[s], edge[s + 1])
+    int64_t lmax = 1;
+};
+
+void plan_map(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<double>& ends, MapPlan& P) {
+    const int64_t nx = in.g.n[0];
+    P.raw.reserve((P.last_atom - P.first_atom) * 5 / 4 + 8);
+    std::vector<int64_t> count(nx + 1, 0);
+    std::vector<double> work(nx + 1, 0.0);  // per-plane cost estimate (difference array)
+    for (int64_t i = P.first_atom; i < P.last_atom; ++i) {
+        const AtomP& A = atoms[i];
+        if (!(A.R2 > 0)) continue;
+        const double area = static_cast<double>(A.hi[1] - A.lo[1] + 1) * static_cast<double>(A.hi[2] - A.lo[2] + 1);
+        for (int64_t u = A.lo[0]; u <= A.hi[0];) {
+            const int64_t xs = floor_mod(u, nx);
+            const int64_t len = std::min(A.hi[0] - u + 1, nx - xs);
+            P.raw.push_back({i, u, len});
+            count[xs + 1] += 1;
+            work[xs] += area;
+            work[xs + len] -= area;
+            P.lmax = std::max(P.lmax, len);
+            u += len;
+        }
+    }
+    P.bucket.assign(nx + 1, 0);
+    for (int64_t x = 0; x < nx; ++x) P.bucket[x + 1] = P.bucket[x] + count[x + 1];
+    P.by_x.resize(P.raw.size());
+    {
+        std::vector<int64_t> fill(P.bucket.begin(), P.bucket.end() - 1);
+        for (int64_t id = 0; id < static_cast<int64_t>(P.raw.size()); ++id)
+            P.by_x[fill[floor_mod(P.raw[id].u0, nx)]++] = id;
+    }
+    // Slab edges at the planes where the cumulative estimated work crosses each fraction.
+    std::vector<double> fr = ends;
+    if (static_cast<int64_t>(fr.size()) > nx) {  // at most one slab per plane
+        fr.clear();
+        for (int64_t s = 1; s <= nx; ++s) fr.push_back(static_cast<double>(s) / static_cast<double>(nx));
+    }
+    const int64_t n_slabs = static_cast<int64_t>(fr.size());
+    std::vector<double> cum(nx + 1, 0.0);
+    double run = 0;
+    for (int64_t x = 0; x < nx; ++x) {
+        run += work[x];
+        cum[x + 1] = cum[x] + run + 1.0;  // +1: every plane costs something, keeps edges distinct
+    }
+    const double total = cum[nx];
+    P.edge.assign(1, 0);
+    int64_t x = 0;
+    for (int64_t s = 1; s < n_slabs; ++s) {
+        const double target = total * fr[s - 1];
+        while (x < nx && cum[x + 1] < target) ++x;
+        const int64_t e = std::max(P.edge.back() + 1, std::min(x + 1, nx - (n_slabs - s)));
+        P.edge.push_back(e);
+    }
+    P.edge.push_back(nx);
+}
+
+// n_maps maps of in.n_atoms / n_maps atoms each (map m: atoms [m·n, (m+1)·n), written to
+// out + m·voxels). Every (map, slab) pair is one task of one parallel loop.
+void splat(const Inputs& in, float* out, int64_t n_maps, int n_threads, int slabs_per_thread, bool use64,
+           bool record_slabs, Timings& tm, RowIntervals* saved) {
     auto t0 = Clock::now();
     std::vector<AtomP> atoms;
     int64_t box[3];
@@ -1382,94 +1562,64 @@ void splat(const Inputs& in, float* out, int n_threads, int slabs_per_thread, bo
     if (saved) plan_saved_rows(in.g, atoms, *saved);
     tm.prepare = seconds_since(t0);
 
-    // Segments: each atom's x-range split where it wraps, counting-sorted by first plane.
     t0 = Clock::now();
-    const int64_t nx = in.g.n[0];
-    std::vector<Segment> raw;
-    raw.reserve(in.n_atoms + in.n_atoms / 4 + 8);
-    std::vector<int64_t> count(nx + 1, 0);
-    std::vector<double> work(nx + 1, 0.0);  // per-plane cost estimate (difference array)
-    int64_t lmax = 1;
-    for (int64_t i = 0; i < in.n_atoms; ++i) {
-        const AtomP& A = atoms[i];
-        if (!(A.R2 > 0)) continue;
-        const double area = static_cast<double>(A.hi[1] - A.lo[1] + 1) * static_cast<double>(A.hi[2] - A.lo[2] + 1);
-        for (int64_t u = A.lo[0]; u <= A.hi[0];) {
-            const int64_t xs = floor_mod(u, nx);
-            const int64_t len = std::min(A.hi[0] - u + 1, nx - xs);
-            raw.push_back({i, u, len});
-            count[xs + 1] += 1;
-            work[xs] += area;
-            work[xs + len] -= area;
-            lmax = std::max(lmax, len);
-            u += len;
-        }
+    const int64_t per_map = n_maps > 0 ? in.n_atoms / n_maps : 0;
+    // One map: the slab fractions above. Several: each map is cut into equal slabs, enough that
+    // there are about 16 tasks per thread in all (a whole map is already a task).
+    std::vector<double> ends;
+    if (n_maps <= 1 || n_threads <= 1 || slabs_per_thread > 0) {
+        ends = slab_fractions(n_threads, slabs_per_thread);
+    } else {
+        const int64_t k = std::max<int64_t>(1, (16 * n_threads + n_maps - 1) / n_maps);
+        for (int64_t s = 1; s <= k; ++s) ends.push_back(static_cast<double>(s) / k);
     }
-    std::vector<int64_t> bucket(nx + 1, 0);  // bucket[x] = first segment with xs >= x
-    for (int64_t x = 0; x < nx; ++x) bucket[x + 1] = bucket[x] + count[x + 1];
-    std::vector<int64_t> by_x(raw.size());  // segment ids counting-sorted by first plane
-    {
-        std::vector<int64_t> fill(bucket.begin(), bucket.end() - 1);
-        for (int64_t id = 0; id < static_cast<int64_t>(raw.size()); ++id) by_x[fill[floor_mod(raw[id].u0, nx)]++] = id;
+    std::vector<MapPlan> plans(n_maps);
+    for (int64_t m = 0; m < n_maps; ++m) {
+        plans[m].first_atom = m * per_map;
+        plans[m].last_atom = (m + 1) * per_map;
+        plan_map(in, atoms, ends, plans[m]);
     }
-    // Slabs of about equal work; more slabs than threads lets a busy core not hold the rest up,
-    // but every slab edge splits the atoms that cross it (each piece rebuilds its per-atom tables).
-    const int64_t n_slabs =
-        n_threads <= 1 ? 1 : std::min<int64_t>(nx, static_cast<int64_t>(slabs_per_thread) * n_threads);
-    std::vector<int64_t> edge(1, 0);
-    {
-        double total = 0;
-        std::vector<double> cum(nx + 1, 0.0);
-        double run = 0;
-        for (int64_t x = 0; x < nx; ++x) {
-            run += work[x];
-            cum[x + 1] = cum[x] + run + 1.0;  // +1: every plane costs something, keeps edges distinct
-        }
-        total = cum[nx];
-        int64_t x = 0;
-        for (int64_t s = 1; s < n_slabs; ++s) {
-            const double target = total * static_cast<double>(s) / static_cast<double>(n_slabs);
-            while (x < nx && cum[x + 1] < target) ++x;
-            const int64_t e = std::max(edge.back() + 1, std::min(x + 1, nx - (n_slabs - s)));
-            edge.push_back(e);
-        }
-        edge.push_back(nx);
-    }
+    std::vector<std::pair<int64_t, int64_t>> tasks;  // (map, slab)
+    for (int64_t m = 0; m < n_maps; ++m)
+        for (int64_t s = 0; s + 1 < static_cast<int64_t>(plans[m].edge.size()); ++s) tasks.push_back({m, s});
     std::vector<Scratch> scratch(n_threads);
     std::vector<std::vector<int64_t>> ids(n_threads);
     for (int w = 0; w < n_threads; ++w) {
         size_scratch(scratch[w], box[0], box[1], box[2]);
-        ids[w].reserve(raw.size() / std::max<int64_t>(1, n_slabs / 2) + 16);
+        ids[w].reserve(per_map / 4 + 16);
     }
     tm.partition = seconds_since(t0);
-    tm.tasks = static_cast<int64_t>(edge.size()) - 1;
+    tm.tasks = static_cast<int64_t>(tasks.size());
 
     t0 = Clock::now();
+    const int64_t plane = in.g.n[1] * in.g.n[2];
+    const int64_t voxels = in.g.n[0] * plane;
 #if defined(MADV_HUGEPAGE)
     // A fresh map of tens of MB costs a page fault per 4 KiB on first touch (10-20 ms for
     // 3WIP); asking for transparent huge pages makes that a few hundred faults. Only a hint.
     {
         const uintptr_t huge = uintptr_t(1) << 21;
         const uintptr_t lo = (reinterpret_cast<uintptr_t>(out) + huge - 1) & ~(huge - 1);
-        const uintptr_t hi = (reinterpret_cast<uintptr_t>(out) + sizeof(float) * in.g.n[0] * in.g.n[1] * in.g.n[2]) &
-                             ~(huge - 1);
+        const uintptr_t hi = (reinterpret_cast<uintptr_t>(out) + sizeof(float) * voxels * n_maps) & ~(huge - 1);
         if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
     }
 #endif
-    const int64_t plane = in.g.n[1] * in.g.n[2];
     if (record_slabs) tm.slabs.assign(tm.tasks, Timings::Slab{});
-    parallel_for(tm.tasks, n_threads, [&](int64_t s, int worker) {
-        Timings::Slab* ts = record_slabs ? &tm.slabs[s] : nullptr;
+    parallel_for(tm.tasks, n_threads, [&](int64_t t, int worker) {
+        Timings::Slab* ts = record_slabs ? &tm.slabs[t] : nullptr;
         if (ts) {
             ts->worker = worker;
             ts->start = seconds_since(t0);
         }
-        // each slab zeroes its own planes first (the map arrives uninitialised): parallel
+        const MapPlan& P = plans[tasks[t].first];
+        const int64_t s = tasks[t].second;
+        float* map = out + tasks[t].first * voxels;
+        // each slab zeroes its own planes first (the map may arrive uninitialised): parallel
         // first touch, and the slab is warm in cache when the atoms are added
-        std::memset(out + edge[s] * plane, 0, sizeof(float) * (edge[s + 1] - edge[s]) * plane);
+        std::memset(map + P.edge[s] * plane, 0, sizeof(float) * (P.edge[s + 1] - P.edge[s]) * plane);
         if (ts) ts->zeroed = seconds_since(t0);
-        run_slab(in, atoms, raw, by_x, bucket, lmax, edge[s], edge[s + 1], out, scratch[worker], ids[worker], use64,
-                 saved);
+        run_slab(in, atoms, P.raw, P.by_x, P.bucket, P.lmax, P.edge[s], P.edge[s + 1], map, scratch[worker],
+                 ids[worker], use64, saved);
         if (ts) ts->end = seconds_since(t0);
     });
     tm.compute = seconds_since(t0);
@@ -1531,8 +1681,9 @@ void gather_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t fir
     gather_atoms_w<8>(in, atoms, first, last, grad, S, use64, saved, gxyz, gb, gocc);
 }
 
-void gather(const Inputs& in, const float* grad, int n_threads, bool use64, bool wide, RowIntervals* saved, double* gxyz,
-            double* gb, double* gocc, Timings& tm) {
+// n_maps maps as in splat(): atom i reads the upstream map grad + (i / (n_atoms / n_maps))·voxels.
+void gather(const Inputs& in, const float* grad, int64_t n_maps, int n_threads, bool use64, bool wide,
+            RowIntervals* saved, double* gxyz, double* gb, double* gocc, Timings& tm) {
     auto t0 = Clock::now();
     std::vector<AtomP> atoms;
     int64_t box[3];
@@ -1544,10 +1695,15 @@ void gather(const Inputs& in, const float* grad, int n_threads, bool use64, bool
         for (int64_t i = 0; i < in.n_atoms; ++i) tm.rows_reused += saved->off[i] >= 0;
     t0 = Clock::now();
     const int64_t per = 32;
-    tm.tasks = (in.n_atoms + per - 1) / per;
+    const int64_t per_map = in.n_atoms / n_maps;
+    const int64_t chunks = (per_map + per - 1) / per;  // tasks of one map (a task never spans two)
+    const int64_t voxels = in.g.n[0] * in.g.n[1] * in.g.n[2];
+    tm.tasks = chunks * n_maps;
     parallel_for(tm.tasks, n_threads, [&](int64_t t, int worker) {
-        gather_atoms(in, atoms, t * per, std::min(in.n_atoms, (t + 1) * per), grad, scratch[worker], use64, wide, saved,
-                     gxyz, gb, gocc);
+        const int64_t m = t / chunks, c = t % chunks;
+        const int64_t first = m * per_map + c * per;
+        gather_atoms(in, atoms, first, std::min((m + 1) * per_map, first + per), grad + m * voxels, scratch[worker],
+                     use64, wide, saved, gxyz, gb, gocc);
     });
     tm.compute = seconds_since(t0);
 }
@@ -1597,27 +1753,59 @@ bool use_int64(const int64_t shape[3], bool force) {
 
 namespace kernels::density {
 
+namespace {
+int64_t checked_maps(const AtomArrays& atoms, int64_t n_maps) {
+    if (n_maps < 1) throw std::invalid_argument("the number of maps must be at least 1");
+    if (atoms.n % n_maps != 0) throw std::invalid_argument("the atoms do not split into n_maps equal frames");
+    return n_maps;
+}
+}  // namespace
+
 Timings splat(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, float* out,
-              const Options& opt, RowIntervals* rows) {
+              const Options& opt, RowIntervals* rows, int64_t n_maps) {
+    checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
     Timings tm;
     tm.int64_index = use_int64(shape, opt.force_int64);
     if (rows) std::copy(shape, shape + 3, rows->shape);
-    ::splat(in, out, std::max(1, opt.n_threads), std::clamp(opt.slabs_per_thread, 1, 64), tm.int64_index,
+    ::splat(in, out, n_maps, std::max(1, opt.n_threads), std::clamp(opt.slabs_per_thread, 0, 64), tm.int64_index,
             opt.slab_times, tm, rows);
     return tm;
 }
 
 Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
-               const Options& opt, RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc) {
+               const Options& opt, RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc, int64_t n_maps) {
+    checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
     if (rows && rows->n_atoms != atoms.n)
         throw std::invalid_argument("the row intervals come from a splat of a different number of atoms");
     Timings tm;
     tm.int64_index = use_int64(shape, opt.force_int64);
     if (atoms.n > 0)
-        ::gather(in, grad, std::max(1, opt.n_threads), tm.int64_index, opt.lanes != 8, rows, gxyz, gb_iso, gocc, tm);
+        ::gather(in, grad, n_maps, std::max(1, opt.n_threads), tm.int64_index, opt.lanes != 8, rows, gxyz, gb_iso,
+                 gocc, tm);
     return tm;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+bool fractional(int64_t n, const float* xyz, const double frac[9], double lo, double hi, double* out) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    bool near = true;
+    for (int64_t i = 0; i < n; ++i) {
+        const double x = xyz[3 * i], y = xyz[3 * i + 1], z = xyz[3 * i + 2];
+        for (int d = 0; d < 3; ++d) {
+            double f = x * frac[3 * d];
+            f = f + y * frac[3 * d + 1];
+            f = f + z * frac[3 * d + 2];
+            out[3 * i + d] = f;
+            near = near && f >= lo && f < hi;  // false for NaN
+        }
+    }
+    return near;
 }
 
 void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double* b, double cutoff, int n_threads,
@@ -1632,7 +1820,7 @@ void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double*
 BuildInfo build_info() {
     BuildInfo info;
 #ifndef KERNELS_NO_OPENMP
-    info.threads = "openmp";
+    info.threads = "std::thread, omp simd";
 #else
     info.threads = "std::thread";
 #endif

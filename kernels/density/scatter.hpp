@@ -1,5 +1,5 @@
 // Separable Gaussian density splat on a periodic whole-cell grid, its gradient, and gemmi's
-// per-atom cutoff radius (CPU, C++17, OpenMP or std::thread). Free of Python: the bindings
+// per-atom cutoff radius (CPU, C++17, a std::thread pool; OpenMP simd pragmas where built with it). Free of Python: the bindings
 // live in _scatter.cpp, the algorithm in scatter.cpp (its header comment says how it works).
 //
 // Arrays are C-contiguous and owned by the caller; every function writes only its outputs.
@@ -40,7 +40,7 @@ struct AtomArrays {
 // vary the partition.
 struct Options {
     int n_threads = 1;
-    int slabs_per_thread = 2;  // forward: x slabs of the map per thread (1 slab at 1 thread)
+    int slabs_per_thread = 0;  // forward: 0 slabs of decreasing size (see splat()), k > 0: k equal slabs per thread
     bool force_int64 = false;  // 64-bit voxel indices on a map of < 2^31 voxels
     bool float_rows = true;    // lane path: row intervals from the float pass, settled in double
     int lanes = 0;             // backward lane blocks: 0 picks for this CPU (16 with AVX-512), 8 forces 8
@@ -75,16 +75,32 @@ struct RowIntervals {
 };
 
 // Writes the density of `atoms` to `out` (shape[0] x shape[1] x shape[2] float32, C order,
-// any previous content overwritten). rows: nullptr, or filled with the row intervals for
-// gather(). Throws std::invalid_argument on a bad shape or kind, std::bad_alloc when out of memory.
+// any previous content overwritten). n_maps > 1: the atoms are n_maps frames of atoms.n / n_maps
+// atoms each (frame-major), and out holds n_maps maps, map m the density of frame m alone,
+// bitwise what a splat of that frame gives; all maps' slabs are tasks of one parallel loop.
+// rows: nullptr, or filled with the row intervals for gather(). Throws std::invalid_argument on
+// a bad shape, kind or frame count, std::bad_alloc when out of memory.
+//
+// Slabs (x planes of one map, one task each, taken by whichever thread is free): at one
+// thread one slab; otherwise, with opt.slabs_per_thread = 0, slabs of decreasing work (1/(2T) of
+// what is left, down to 1/(16T) for T threads), so a thread slowed by another process holds the
+// others up by at most a small slab; any partition gives bitwise the same map.
 Timings splat(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, float* out,
-              const Options& opt, RowIntervals* rows);
+              const Options& opt, RowIntervals* rows, int64_t n_maps = 1);
 
 // Gradient of sum(grad · splat(atoms)) with respect to xyz (n, 3), b_iso (n,) and occ (n,),
-// written as float64. grad: the upstream map (shape, float32, C order). rows: nullptr, or the
-// row intervals a splat() of the same atoms and grid filled.
+// written as float64. grad: the upstream map (shape, float32, C order; n_maps of them for
+// frames as in splat(), each frame's atoms reading their own). rows: nullptr, or the row
+// intervals a splat() of the same atoms, grid and n_maps filled.
 Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
-               const Options& opt, RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc);
+               const Options& opt, RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc,
+               int64_t n_maps = 1);
+
+// Fractional positions frac·xyz of n atoms (xyz (n, 3) float32 in Å, frac (3, 3) row-major):
+// out (n, 3) float64, each as ((x·F0 + y·F1) + z·F2) without fused multiply-adds (torch's float64
+// matmul of these shapes rounds the same way). Serial: a few µs per thousand atoms, cheaper than
+// waking another thread. Returns whether every coordinate is finite and in [lo, hi).
+bool fractional(int64_t n, const float* xyz, const double frac[9], double lo, double hi, double* out);
 
 // Per-atom cutoff radius (Å) where the atom's radial density drops to `cutoff` (e/Å³), by the
 // steps of gemmi's DensityCalculator::estimate_radius: b_iso (n,), a and b (n, 5), all float64.
@@ -93,7 +109,7 @@ void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double*
 
 // How this build runs on this CPU.
 struct BuildInfo {
-    const char* threads;  // "openmp" or "std::thread"
+    const char* threads;  // "std::thread, omp simd" (built with OpenMP) or "std::thread"
     bool clones;          // whether the hot loops have AVX2 / AVX-512 clones
     const char* forward_isa;
     const char* backward_isa;

@@ -326,7 +326,8 @@ def test_slab_count_does_not_change_results(kind):
     # slabs; every voxel still receives its atoms in one global order: bitwise the same.
     atoms, grid, upstream = _big_cell_case(kind, 60, seed=7, grad_seed=3)
     first = _run_with_threads(1, atoms, grid, upstream, slabs_per_thread=1)
-    for per_thread, threads in ((1, 2), (2, 2), (4, 2), (7, 3)):
+    # 0: the default slabs of decreasing size, taken by whichever thread is free
+    for per_thread, threads in ((1, 2), (2, 2), (4, 2), (7, 3), (0, 2), (0, 3)):
         other = _run_with_threads(threads, atoms, grid, upstream, slabs_per_thread=per_thread)
         for a, b in zip(first, other):
             assert torch.equal(a, b), (per_thread, threads)
@@ -557,3 +558,227 @@ def test_no_openmp_build_gives_identical_maps(tmp_path):
     for out, gx in maps:
         assert_kernel_close(out, ref)
         assert torch.equal(out, maps[0][0]) and torch.equal(gx, maps[0][1])
+
+
+# --------------------------------------------------------------------------- frames (splat_frames_cpu)
+
+
+def _frames(cell: Cell, n_atoms: int, n_frames: int, seed: int) -> AtomSet:
+    """``n_frames`` frames of the same ``n_atoms`` random atoms (frame-major), each frame's
+    positions, B and occupancies drawn anew."""
+    frames = [_random_atoms(cell, n_atoms, seed=seed + f) for f in range(n_frames)]
+    return AtomSet(
+        torch.cat([f.xyz for f in frames]),
+        torch.cat([f.b_iso for f in frames]),
+        torch.cat([f.occ for f in frames]),
+        torch.cat([f.a for f in frames]),
+        torch.cat([f.b for f in frames]),
+    ).to(dtype=torch.float32)
+
+
+def _frame(atoms: AtomSet, f: int, n: int) -> AtomSet:
+    return _leaf(atoms.select(list(range(f * n, (f + 1) * n))), torch.float32)
+
+
+@pytest.mark.parametrize("kind", ["orthogonal", "monoclinic", "hexagonal", "triclinic"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_frames_are_the_single_splats_bitwise(kind, threads):
+    # Map f and frame f's gradients are exactly what splat_cpu gives for frame f alone (the same
+    # voxel order per map, the same per-atom gather), whatever the thread count.
+    params, shape = {**CELLS, **BIG_CELLS}[kind]  # BIG_CELLS: lane paths; triclinic: the full exponent
+    cell = Cell.from_parameters(*params)
+    grid = GridSpec(cell, shape)
+    n, n_frames = 25, 3
+    atoms = _frames(cell, n, n_frames, seed=40)
+    upstream = torch.randn((n_frames, *grid.shape), generator=torch.Generator().manual_seed(1))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        leaf = _leaf(atoms, torch.float32)
+        maps = density_cpu.splat_frames_cpu(leaf, grid, n_frames=n_frames)
+        assert maps.shape == (n_frames, *grid.shape) and maps.dtype == torch.float32
+        maps.backward(upstream)
+        for f in range(n_frames):
+            single = _frame(atoms, f, n)
+            one = density_cpu.splat_cpu(single, grid)
+            one.backward(upstream[f])
+            assert torch.equal(maps[f].detach(), one.detach()), f
+            rows = slice(f * n, (f + 1) * n)
+            for name in ("xyz", "b_iso", "occ"):
+                assert torch.equal(getattr(leaf, name).grad[rows], getattr(single, name).grad), (f, name)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_frames_with_one_radius_and_against_the_reference():
+    # A fixed radius, and the float64 reference of each frame as the truth (forward and gradients).
+    params, shape = CELLS["monoclinic"]
+    cell = Cell.from_parameters(*params)
+    grid = GridSpec(cell, shape)
+    n, n_frames = 6, 2
+    atoms = _frames(cell, n, n_frames, seed=3)
+    leaf = _leaf(atoms, torch.float32)
+    maps = density_cpu.splat_frames_cpu(leaf, grid, n_frames=n_frames, radius=3.0)
+    upstream = torch.randn((n_frames, *grid.shape), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    maps.backward(upstream.to(torch.float32))
+    for f in range(n_frames):
+        ref_atoms = _leaf(_frame(atoms, f, n), torch.float64)
+        ref = splat_reference(ref_atoms, grid, radius=3.0)
+        assert_kernel_close(maps[f].detach(), ref.detach())
+        ref.backward(upstream[f])
+        rows = slice(f * n, (f + 1) * n)
+        for name in ("xyz", "b_iso", "occ"):
+            assert_kernel_close(getattr(leaf, name).grad[rows], getattr(ref_atoms, name).grad)
+
+
+def test_frames_edge_cases():
+    cell = Cell.from_parameters(*CELLS["orthogonal-odd"][0])
+    grid = GridSpec(cell, CELLS["orthogonal-odd"][1])
+    atoms = _frames(cell, 4, 2, seed=9)
+    one = density_cpu.splat_frames_cpu(atoms, grid, n_frames=1)
+    assert one.shape == (1, *grid.shape) and torch.equal(one[0], density_cpu.splat_cpu(atoms, grid))
+    empty = atoms.select([])
+    zeros = density_cpu.splat_frames_cpu(empty, grid, n_frames=3)
+    assert zeros.shape == (3, *grid.shape) and not zeros.any()
+    with pytest.raises(ValueError, match="do not split into 3 frames"):
+        density_cpu.splat_frames_cpu(atoms, grid, n_frames=3)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="n_frames must be a positive integer"):
+            density_cpu.splat_frames_cpu(atoms, grid, n_frames=bad)
+
+
+# --------------------------------------------------------------------------- out=
+
+
+def test_out_is_filled_in_place_and_returned():
+    m = model("1aki")
+    grid = GridSpec.for_spacing(m.cell, SPACING)
+    atoms = m.atoms.to(dtype=torch.float32)
+    want = kernels.splat_density(atoms, grid, backend="cpu")
+    out = torch.full(grid.shape, float("nan"))  # every voxel must be overwritten
+    got = kernels.splat_density(atoms, grid, out=out)
+    assert got is out and torch.equal(out, want)
+    out.fill_(7.0)
+    assert kernels.splat_density(atoms, grid, out=out) is out and torch.equal(out, want)
+    # atoms that require grad are fine where no gradient is recorded
+    leaf = _leaf(atoms, torch.float32)
+    with torch.no_grad():
+        assert torch.equal(kernels.splat_density(leaf, grid, out=out), want)
+
+
+def test_out_that_does_not_fit_is_refused():
+    m = model("1orc")
+    grid = GridSpec.for_spacing(m.cell, SPACING)
+    atoms = m.atoms.to(dtype=torch.float32)
+    nx, ny, nz = grid.shape
+    cases = [
+        (torch.empty(nx, ny, nz + 1), "shape is"),
+        (torch.empty(grid.shape, dtype=torch.float64), "dtype is torch.float64"),
+        (torch.empty(nz, ny, nx).permute(2, 1, 0), "not contiguous"),
+        (np.empty(grid.shape, dtype=np.float32), "must be a torch.Tensor"),
+        (torch.empty(grid.shape, requires_grad=True), "not differentiable"),
+    ]
+    for out, match in cases:
+        with pytest.raises(ValueError, match=match):
+            kernels.splat_density(atoms, grid, out=out)
+    with pytest.raises(ValueError, match="not differentiable"):
+        kernels.splat_density(_leaf(atoms, torch.float32), grid, out=torch.empty(grid.shape))
+    with pytest.raises(ValueError, match="cpu density backend only"):
+        kernels.splat_density(atoms, grid, out=torch.empty(grid.shape), backend="reference")
+
+
+def test_fractional_positions_round_as_torch_matmul():
+    # The kernel forms frac·xyz itself (on the calling thread) and relies on it being the product
+    # the reference forms with torch's float64 matmul: voxel membership at exact ties depends on it.
+    for params in [(31.2, 47.3, 55.1, 81, 97, 104), (12.0, 9.0, 14.0, 90, 104.5, 90), (10, 10, 13, 90, 90, 120)]:
+        cell = Cell.from_parameters(*params)
+        xyz = (torch.rand(5000, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 200 - 50).float()
+        got = torch.empty(5000, 3, dtype=torch.float64)
+        near = density_cpu._scatter.fractional(got, xyz, cell.frac.contiguous(), -1e9, 1e9)
+        assert near
+        assert torch.equal(got, xyz.to(torch.float64) @ cell.frac.T), params
+    far = torch.tensor([[1e6, 0.0, 0.0]])
+    assert not density_cpu._scatter.fractional(
+        torch.empty(1, 3, dtype=torch.float64), far, cell.frac.contiguous(), -1, 2
+    )
+
+
+def test_concurrent_calls_from_host_threads_agree():
+    # The kernel's helper threads serve one call at a time; a call made while they are busy runs
+    # on its own thread. Either way the map and gradients are bitwise those of a lone call.
+    import concurrent.futures
+
+    atoms, grid, upstream = _big_cell_case("monoclinic", 60, seed=13, grad_seed=4)
+    want = _run_with_threads(2, atoms, grid, upstream)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+
+        def call(_):
+            leaf = _leaf(atoms, torch.float32)
+            out = density_cpu.splat_cpu(leaf, grid)
+            out.backward(upstream)
+            return out.detach(), leaf.xyz.grad, leaf.b_iso.grad, leaf.occ.grad
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(call, range(8)))
+    finally:
+        torch.set_num_threads(before)
+    for got in results:
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+
+
+def test_map_storage_is_reused_only_after_the_map_is_freed():
+    # A freed map's memory serves the next map of its size (no fresh pages to fault in); a map in
+    # use is never handed out again, and every voxel of a reused block is written anew.
+    m = model("1orc")
+    grid = GridSpec.for_spacing(m.cell, SPACING)
+    atoms = m.atoms.to(dtype=torch.float32)
+    first = kernels.splat_density(atoms, grid, backend="cpu")
+    want = first.clone()
+    second = kernels.splat_density(atoms, grid, backend="cpu")
+    assert second.data_ptr() != first.data_ptr()
+    ptr = first.data_ptr()
+    first.fill_(float("nan"))  # what a reused block holds before the kernel writes it
+    del first
+    third = kernels.splat_density(atoms, grid, backend="cpu")
+    assert third.data_ptr() == ptr
+    assert torch.equal(third, want) and torch.equal(second, want)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork (POSIX)")
+def test_kernel_in_a_forked_child_after_the_helpers_started():
+    # A forked child has none of the parent's helper threads; the kernel's loops never wait for a
+    # helper to arrive, so a 2-thread splat in the child runs on its own thread and gives the same
+    # map. (The child calls the extension directly on numpy arrays: torch's own OpenMP ops hang in
+    # a child forked after they ran multi-threaded, which is torch's limitation, not the kernel's.)
+    script = textwrap.dedent(
+        """
+        import os, sys, numpy as np, torch
+        import kernels
+        from kernels.density import cpu
+        from tests.helpers import model
+        m = model("1orc")
+        grid = kernels.GridSpec.for_spacing(m.cell, 1.0)
+        atoms = m.atoms.to(dtype=torch.float32)
+        frac = (atoms.xyz.to(torch.float64) @ grid.cell.frac.T).contiguous().numpy()
+        f32 = [t.contiguous().numpy() for t in (atoms.b_iso, atoms.occ, atoms.a, atoms.b)]
+        cell = cpu._kernel_cell(grid)
+        katoms = cpu._scatter.Atoms(frac, *f32, cutoff=1e-5)
+        want = np.empty(grid.shape, dtype=np.float32)
+        cpu._scatter.splat(want, cell, katoms, n_threads=2)  # starts the helper
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            got = np.empty(grid.shape, dtype=np.float32)
+            cpu._scatter.splat(got, cell, katoms, n_threads=2)
+            os.write(w, b"1" if np.array_equal(got, want) else b"0")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        sys.exit(0 if os.read(r, 1) == b"1" else 1)
+        """
+    )
+    root = Path(kernels.__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,265 @@
+"""The CPU density splat at 1 and 2 threads on a quiet machine and with one core busy (issue 20 part 3).
+
+The process pins itself to ``--cores`` (two logical CPUs, e.g. ``0,1``) before any thread pool
+starts, so the run means the same on a 2-core VM and on a 16-core host restricted to two cores.
+For each condition (``quiet``; ``loaded``: a spinning subprocess pinned to ``--busy-core``, by
+default the second of ``--cores``) and structure, ``--calls`` rounds each time, interleaved:
+
+- ``fwd 1t`` / ``fwd 2t``          ``kernels.splat_density(atoms, grid)`` under ``no_grad`` after
+                                   ``torch.set_num_threads(1)`` / ``(2)`` (how a user picks threads:
+                                   the CPU backend follows ``torch.get_num_threads()``);
+- ``fwd+bwd 1t`` / ``fwd+bwd 2t``  ``(splat_density(leaf, grid) * W).sum().backward()``, xyz, B and
+                                   occupancy requiring grad (W a fixed random map);
+- ``gemmi``                        gemmi's ``add_model_density_to_grid`` on the same grid (cutoff
+                                   1e-5, ANISOU zeroed, as ``kernels.testing`` sets it up; its grid
+                                   zeroing not timed; gemmi runs on one thread).
+
+Each call's wall time and the process's minor page faults during it are recorded. The table gives
+10/50/90th percentiles (ms) and the targets of issue 20 part 3: quiet, 2-thread forward p90 ≤ 0.8×
+the 1-thread median and gemmi's median ≥ 10× our 2-thread forward median (≥ 4× forward+backward);
+loaded, the 2-thread median ≤ 1.05× and p90 ≤ 1.1× the 1-thread ones (forward and forward+backward).
+The JSON (``--out``) holds every call, the machine, the load average before and after each
+condition and the other CPUs' busy share (this benchmark cannot make a shared machine quiet:
+``quiet_enough`` says whether the pinned cores were idle before the quiet run).
+
+Usage::
+
+    python benchmarks/bench_cpu_loaded.py --cores 0,1 --calls 21 \\
+        --out benchmarks/results/cpu_loaded_<machine>_<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import kernels  # noqa: E402
+from benchmarks._structures import STRUCTURES  # noqa: E402
+from benchmarks.bench_density import _busy_fraction, _cpu_name  # noqa: E402
+from kernels.crystal import AtomSet, GridSpec  # noqa: E402
+from kernels.testing import gemmi_density_calculator  # noqa: E402
+
+SERIES = ("fwd_1t", "fwd_2t", "fwd_bwd_1t", "fwd_bwd_2t", "gemmi")
+# A pinned core counts as idle when it was busy less than this share of the second before the run.
+QUIET_BUSY = 0.1
+
+_SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+
+
+class BusyCore:
+    """A subprocess spinning on one logical CPU for as long as the ``with`` block runs."""
+
+    def __init__(self, cpu: int):
+        self.cpu = cpu
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", _SPIN, str(self.cpu)])
+        time.sleep(0.5)  # let it reach its core
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the busy process for CPU {self.cpu} exited with {self.proc.returncode}")
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=10)
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def percentiles(values) -> dict:
+    """10/50/90th percentiles of ``values`` (s) in ms."""
+    p10, p50, p90 = np.percentile(np.asarray(values, dtype=np.float64) * 1e3, [10, 50, 90])
+    return {"p10": round(float(p10), 3), "p50": round(float(p50), 3), "p90": round(float(p90), 3)}
+
+
+def targets(condition: str, stats: dict) -> dict:
+    """Issue 20 part 3's ratios for one structure and condition (value, limit, met)."""
+
+    def ratio(value, limit, below: bool):
+        return {"value": round(value, 3), "limit": limit, "met": value <= limit if below else value >= limit}
+
+    if condition == "quiet":
+        return {
+            "fwd_2t_p90_over_fwd_1t_p50": ratio(stats["fwd_2t"]["p90"] / stats["fwd_1t"]["p50"], 0.8, True),
+            "gemmi_p50_over_fwd_2t_p50": ratio(stats["gemmi"]["p50"] / stats["fwd_2t"]["p50"], 10.0, False),
+            "gemmi_p50_over_fwd_bwd_2t_p50": ratio(stats["gemmi"]["p50"] / stats["fwd_bwd_2t"]["p50"], 4.0, False),
+        }
+    out = {}
+    for op in ("fwd", "fwd_bwd"):
+        one, two = stats[f"{op}_1t"], stats[f"{op}_2t"]
+        out[f"{op}_2t_p50_over_1t_p50"] = ratio(two["p50"] / one["p50"], 1.05, True)
+        out[f"{op}_2t_p90_over_1t_p90"] = ratio(two["p90"] / one["p90"], 1.1, True)
+    return out
+
+
+def bench_structure(name: str, calls: int, spacing: float) -> dict:
+    path = STRUCTURES[name]
+    model = kernels.read_model(path)
+    grid = GridSpec.for_spacing(model.cell, spacing)
+    atoms = model.atoms.to(dtype=torch.float32)
+    st, dc = gemmi_density_calculator(path, spacing, 1e-5)
+    dc.initialize_grid()
+    if tuple(dc.grid.shape) != grid.shape:
+        raise RuntimeError(f"{name}: gemmi's grid {tuple(dc.grid.shape)} is not ours {grid.shape}")
+    weight = torch.randn(grid.shape, generator=torch.Generator().manual_seed(0))
+    leaf = AtomSet(
+        atoms.xyz.clone().requires_grad_(),
+        atoms.b_iso.clone().requires_grad_(),
+        atoms.occ.clone().requires_grad_(),
+        atoms.a,
+        atoms.b,
+        _validate=False,
+    )
+
+    def fwd():
+        with torch.no_grad():
+            kernels.splat_density(atoms, grid)
+
+    def fwd_bwd():
+        for t in (leaf.xyz, leaf.b_iso, leaf.occ):
+            t.grad = None
+        (kernels.splat_density(leaf, grid) * weight).sum().backward()
+
+    def gemmi():
+        dc.initialize_grid()  # not timed, as in bench_density.py
+        t0 = time.perf_counter()
+        dc.add_model_density_to_grid(st[0])
+        return time.perf_counter() - t0
+
+    def timed(fn, threads: int) -> tuple[float, int]:
+        torch.set_num_threads(threads)
+        f0 = _faults()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0, _faults() - f0
+
+    for threads in (1, 2):  # warm-up, not recorded
+        timed(fwd, threads)
+        timed(fwd_bwd, threads)
+    gemmi()
+    times = {s: [] for s in SERIES}
+    faults = {s: [] for s in SERIES if s != "gemmi"}
+    for i in range(calls):
+        # alternate which thread count goes first, so a slow spell does not favour one of them
+        order = (1, 2) if i % 2 == 0 else (2, 1)
+        for op, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
+            for threads in order:
+                t, f = timed(fn, threads)
+                times[f"{op}_{threads}t"].append(t)
+                faults[f"{op}_{threads}t"].append(f)
+        times["gemmi"].append(gemmi())
+    stats = {s: percentiles(v) for s, v in times.items()}
+    return {
+        "structure": name,
+        "atoms": len(atoms),
+        "grid": list(grid.shape),
+        "stats_ms": stats,
+        "minor_faults_median": {s: float(np.median(v)) for s, v in faults.items()},
+        "calls_s": times,
+        "minor_faults": faults,
+    }
+
+
+def _print_table(condition: str, row: dict, checks: dict) -> None:
+    s = row["stats_ms"]
+    cells = "  ".join(f"{k} {v['p10']:.1f}/{v['p50']:.1f}/{v['p90']:.1f}" for k, v in s.items())
+    print(f"{condition:6s} {row['structure']:5s} p10/p50/p90 ms: {cells}", flush=True)
+    print(
+        "       targets: "
+        + "  ".join(
+            f"{k} {v['value']:.3f} ({'ok' if v['met'] else 'MISSED'}, limit {v['limit']})" for k, v in checks.items()
+        ),
+        flush=True,
+    )
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--structures", nargs="+", default=["1aki", "5h73", "3wip"], choices=sorted(STRUCTURES))
+    p.add_argument("--cores", default="0,1", help="the two logical CPUs this process runs on (default 0,1)")
+    p.add_argument(
+        "--busy-core", type=int, default=None, help="CPU the busy process spins on (default: 2nd of --cores)"
+    )
+    p.add_argument("--conditions", nargs="+", default=["quiet", "loaded"], choices=["quiet", "loaded"])
+    p.add_argument("--calls", type=int, default=21, help="interleaved rounds per structure and condition (≥ 21)")
+    p.add_argument("--spacing", type=float, default=0.667)
+    p.add_argument("--out", type=Path, default=None, help="JSON output")
+    args = p.parse_args(argv)
+    cores = [int(c) for c in args.cores.split(",")]
+    if len(cores) != 2:
+        p.error(f"--cores takes two logical CPUs, got {args.cores!r}")
+    busy_core = cores[1] if args.busy_core is None else args.busy_core
+    # before any OpenMP pool exists: its threads inherit this affinity
+    os.sched_setaffinity(0, cores)
+    import gemmi
+
+    from kernels.density import _scatter
+
+    report = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "host": platform.node(),
+            "cpu": _cpu_name(),
+            "logical_cpus": os.cpu_count(),
+            "cores_used": cores,
+            "busy_core": busy_core,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "gemmi": gemmi.__version__,
+            "build": _scatter.build_info(),
+        },
+        "spacing": args.spacing,
+        "calls": args.calls,
+        "note": "interleaved 1-thread/2-thread calls of the public kernels.splat_density (threads set with "
+        "torch.set_num_threads); fwd under no_grad, fwd_bwd = (map * W).sum().backward() with xyz, B, occ "
+        "requiring grad; gemmi = add_model_density_to_grid alone; percentiles in ms",
+        "conditions": {},
+    }
+    for condition in args.conditions:
+        busy, _ = _busy_fraction()
+        entry = {
+            "loadavg_before": os.getloadavg(),
+            "busy_before": {c: round(b, 3) for c, b in busy.items()},
+            "quiet_enough": all(busy.get(c, 0.0) < QUIET_BUSY for c in cores),
+            "results": [],
+        }
+        print(f"{condition}: load average {entry['loadavg_before']}, cores busy {entry['busy_before']}", flush=True)
+        if condition == "loaded":
+            with BusyCore(busy_core):
+                rows = [bench_structure(n, args.calls, args.spacing) for n in args.structures]
+        else:
+            rows = [bench_structure(n, args.calls, args.spacing) for n in args.structures]
+        for row in rows:
+            row["targets"] = targets(condition, row["stats_ms"])
+            _print_table(condition, row, row["targets"])
+        entry["results"] = rows
+        entry["loadavg_after"] = os.getloadavg()
+        report["conditions"][condition] = entry
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
