@@ -18,6 +18,7 @@ from kernels.crystal import (
     read_model,
 )
 from kernels.density import DEFAULT_CUTOFF, check_finite, cutoff_radius, splat_density
+from kernels.density.ensemble import frame_share, splat_ensemble, sum_gradients_over_ranks
 from kernels.dispatch import BackendError, available_backends, resolve_backend
 from kernels.mapio import read_map, write_map
 from kernels.planarity import PlaneSet, find_planes, planarity_nll
@@ -40,11 +41,14 @@ __all__ = [
     "cutoff_radius",
     "example_structure",
     "find_planes",
+    "frame_share",
     "planarity_nll",
     "read_map",
     "read_model",
     "resolve_backend",
     "splat_density",
+    "splat_ensemble",
+    "sum_gradients_over_ranks",
     "symmetrize",
     "tricubic_sample",
     "write_map",
