@@ -14,13 +14,19 @@ import torch
 
 import kernels
 from kernels.crystal import AtomSet, Cell, GridError, GridSpec
-from tests.helpers import assert_close, assert_kernel_close
+from tests.helpers import assert_close, assert_kernel_close, requires_cuda
 
 BACKENDS = ["reference", "cpu", "triton"]
 F, N = 3, 7
+# Triton runs on the GPU where there is one, else on CPU tensors in the interpreter (conftest.py).
+TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _system(dtype=torch.float64, frames: int = F, seed: int = 0):
+def _device(backend: str) -> torch.device:
+    return TRITON_DEVICE if backend == "triton" else torch.device("cpu")
+
+
+def _system(dtype=torch.float64, frames: int = F, seed: int = 0, device="cpu"):
     """A small triclinic cell, N atoms of mixed elements, and F perturbed frames of them."""
     gen = torch.Generator().manual_seed(seed)
     cell = Cell.from_parameters(11.0, 12.0, 10.0, 84.0, 96.0, 101.0)
@@ -36,7 +42,7 @@ def _system(dtype=torch.float64, frames: int = F, seed: int = 0):
     b_f = (b + 10.0 * torch.rand((frames, N), generator=gen, dtype=torch.float64)).to(dtype)
     occ_f = (0.3 + 0.7 * torch.rand((frames, N), generator=gen, dtype=torch.float64)).to(dtype)
     weights = (0.2 + torch.rand(frames, generator=gen, dtype=torch.float64)).to(dtype)
-    return atoms, grid, xyz, b_f, occ_f, weights
+    return atoms.to(device), grid, xyz.to(device), b_f.to(device), occ_f.to(device), weights.to(device)
 
 
 def _frame(atoms: AtomSet, xyz, b_iso=None, occ=None) -> AtomSet:
@@ -69,7 +75,7 @@ def _dtype(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("per_frame", [False, True], ids=["shared-B-occ", "per-frame-B-occ"])
 def test_sum_equals_the_sum_of_single_frame_splats(backend, per_frame):
-    atoms, grid, xyz, b_f, occ_f, w = _system(_dtype(backend))
+    atoms, grid, xyz, b_f, occ_f, w = _system(_dtype(backend), device=_device(backend))
     b_iso, occ = (b_f, occ_f) if per_frame else (None, None)
     out = kernels.splat_ensemble(atoms, xyz, grid, weights=w, b_iso=b_iso, occ=occ, backend=backend)
     assert out.shape == grid.shape and out.dtype == _dtype(backend)
@@ -88,7 +94,7 @@ def test_sum_equals_the_sum_of_single_frame_splats(backend, per_frame):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_none_equals_the_stack_of_single_frame_splats(backend):
-    atoms, grid, xyz, b_f, occ_f, w = _system(_dtype(backend))
+    atoms, grid, xyz, b_f, occ_f, w = _system(_dtype(backend), device=_device(backend))
     out = kernels.splat_ensemble(atoms, xyz, grid, weights=w, b_iso=b_f, occ=occ_f, reduce="none", backend=backend)
     assert out.shape == (F, *grid.shape) and out.dtype == _dtype(backend)
     want = _per_frame_maps(
@@ -100,7 +106,7 @@ def test_none_equals_the_stack_of_single_frame_splats(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_one_frame_equals_splat_density(backend):
-    atoms, grid, xyz, *_ = _system(_dtype(backend), frames=1)
+    atoms, grid, xyz, *_ = _system(_dtype(backend), frames=1, device=_device(backend))
     single = kernels.splat_density(_frame(atoms, xyz[0]), grid, backend=backend)
     out = kernels.splat_ensemble(atoms, xyz, grid, backend=backend)
     if backend == "triton":  # float32 atomics: the order of additions differs run to run
@@ -114,16 +120,16 @@ def test_one_frame_equals_splat_density(backend):
 def test_gradients_of_every_input_match_the_reference(backend, reduce):
     """Gradients w.r.t. every frame's xyz, B, occupancy and the weights, against autograd through
     per-frame float64 reference splats of the same values."""
-    atoms, grid, xyz, b_f, occ_f, w = _system(_dtype(backend))
+    atoms, grid, xyz, b_f, occ_f, w = _system(_dtype(backend), device=_device(backend))
     gen = torch.Generator().manual_seed(1)
     shape = grid.shape if reduce == "sum" else (F, *grid.shape)
-    upstream = torch.randn(shape, generator=gen, dtype=torch.float64)
+    upstream = torch.randn(shape, generator=gen, dtype=torch.float64).to(_device(backend))
 
     leaves = [t.detach().clone().requires_grad_() for t in (xyz, b_f, occ_f, w)]
     out = kernels.splat_ensemble(
         atoms, leaves[0], grid, b_iso=leaves[1], occ=leaves[2], weights=leaves[3], reduce=reduce, backend=backend
     )
-    out.backward(upstream.to(out.dtype))
+    out.backward(upstream.to(dtype=out.dtype))
 
     ref = [t.detach().double().clone().requires_grad_() for t in (xyz, b_f, occ_f, w)]
     maps = _per_frame_maps(atoms.to(dtype=torch.float64), grid, *ref, "reference")
@@ -283,3 +289,18 @@ def test_an_initialised_process_group_alone_changes_nothing(tmp_path):
         assert torch.equal(summed, before)
     finally:
         dist.destroy_process_group()
+
+
+@requires_cuda
+def test_sum_on_cuda_makes_no_host_synchronisation():
+    """The triton path of reduce="sum" reads nothing back (so it can be captured in a CUDA graph)."""
+    atoms, grid, xyz, b_f, occ_f, w = _system(torch.float32, device="cuda")
+    kwargs = {"b_iso": b_f, "occ": occ_f, "weights": w, "backend": "triton"}
+    want = kernels.splat_ensemble(atoms, xyz, grid, **kwargs)  # first call per grid: memory query
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = kernels.splat_ensemble(atoms, xyz, grid, **kwargs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_kernel_close(got, want.double())
