@@ -2,8 +2,10 @@
 
 Read a model (:func:`read_model`), pick a grid (:class:`GridSpec`), splat its density
 (:func:`splat_density`), add the symmetry mates (:func:`symmetrize`) and write the map
-(:func:`write_map`). Every function takes torch tensors; the device of the atoms picks
-CPU or GPU, and ``backend=`` picks the implementation (see :mod:`kernels.dispatch`).
+(:func:`write_map`). Many frames of the same atoms (an ensemble, an MD trajectory) go through
+:func:`splat_ensemble` in one call, optionally split over ``torch.distributed`` ranks. Every
+function takes torch tensors; the device of the atoms picks CPU or GPU, and ``backend=`` picks
+the implementation (see :mod:`kernels.dispatch`).
 """
 
 from kernels.crystal import (

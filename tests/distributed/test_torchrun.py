@@ -118,3 +118,8 @@ def test_cli_one_process_and_frames_that_are_not_the_same_atoms(models, tmp_path
     err = capsys.readouterr().err
     assert "model 3 of 3 (MODEL 3): atom 5 is A/ALA 1/CG (C) where model 1 has A/ALA 1/CB (C)" in err, err
     assert not (tmp_path / "bad.ccp4").exists()
+    # usage errors: exit 2 before anything is read
+    assert workbench_main(["ensemble", str(tmp_path / "missing.pdb")]) == 2
+    assert "frames " in capsys.readouterr().err
+    assert workbench_main(["ensemble", str(models), "--out", str(tmp_path / "no" / "map.ccp4")]) == 2
+    assert "does not exist" in capsys.readouterr().err
