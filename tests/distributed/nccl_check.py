@@ -12,6 +12,8 @@ float32 contract scaled to the map's and each gradient's largest value. Throughp
 frames, ``reduce="sum"``, forward (no grad) and forward+backward (xyz requiring grad), median of
 ``--repeats`` CUDA-event timings after a warm-up, first on rank 0 alone (the other ranks wait),
 then on every rank with the group. Rank 0 prints one JSON object (and writes it to ``--out``).
+``--cpu`` runs the same steps on CPU processes over gloo (a dry run of this script where there is
+no GPU; its timings are not the GPU figures).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import datetime
 import json
 import os
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -37,12 +40,17 @@ def _frames(atoms: kernels.AtomSet, n_frames: int, device) -> torch.Tensor:
     return (atoms.xyz.float()[None] + jitter).to(device)
 
 
-def _time(fn, repeats: int) -> float:
-    """Median milliseconds of ``fn`` over ``repeats`` calls (CUDA events), after one warm-up call."""
+def _time(fn, repeats: int, cuda: bool) -> float:
+    """Median milliseconds of ``fn`` over ``repeats`` calls (CUDA events on a GPU), after one warm-up call."""
     fn()
-    torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
+        if not cuda:
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+            continue
+        torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -66,12 +74,18 @@ def main() -> None:
     parser.add_argument("--check-frames", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out")
+    parser.add_argument("--cpu", action="store_true", help="gloo on CPU processes: a dry run without a GPU")
     args = parser.parse_args()
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    device = torch.device("cuda", local)
-    dist.init_process_group("nccl", device_id=device)
+    cuda = not args.cpu
+    if cuda:
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
     group, rank, world = dist.group.WORLD, dist.get_rank(), dist.get_world_size()
 
     model = kernels.read_model(args.structure)
@@ -120,17 +134,17 @@ def main() -> None:
 
     one = {}
     if rank == 0:
-        one = {"fwd_ms": _time(lambda: forward(None), args.repeats)}
-        one["fwd_bwd_ms"] = _time(lambda: forward_backward(None), args.repeats)
+        one = {"fwd_ms": _time(lambda: forward(None), args.repeats, cuda)}
+        one["fwd_bwd_ms"] = _time(lambda: forward_backward(None), args.repeats, cuda)
     dist.barrier()
-    many = {"fwd_ms": _time(lambda: forward(group), args.repeats)}
-    many["fwd_bwd_ms"] = _time(lambda: forward_backward(group), args.repeats)
+    many = {"fwd_ms": _time(lambda: forward(group), args.repeats, cuda)}
+    many["fwd_bwd_ms"] = _time(lambda: forward_backward(group), args.repeats, cuda)
     dist.barrier()
 
     if rank == 0:
         result = {
             "what": "splat_ensemble reduce='sum' over NCCL vs one GPU",
-            "device": torch.cuda.get_device_name(device),
+            "device": torch.cuda.get_device_name(device) if cuda else "cpu (gloo dry run)",
             "gpus": world,
             "date": datetime.date.today().isoformat(),
             "torch": torch.__version__,
