@@ -2,8 +2,10 @@
 
 Read a model (:func:`read_model`), pick a grid (:class:`GridSpec`), splat its density
 (:func:`splat_density`), add the symmetry mates (:func:`symmetrize`) and write the map
-(:func:`write_map`). Every function takes torch tensors; the device of the atoms picks
-CPU or GPU, and ``backend=`` picks the implementation (see :mod:`kernels.dispatch`).
+(:func:`write_map`). Many frames of the same atoms (an ensemble, an MD trajectory) go through
+:func:`splat_ensemble` in one call, optionally split over ``torch.distributed`` ranks. Every
+function takes torch tensors; the device of the atoms picks CPU or GPU, and ``backend=`` picks
+the implementation (see :mod:`kernels.dispatch`).
 """
 
 from kernels.crystal import (
@@ -18,6 +20,7 @@ from kernels.crystal import (
     read_model,
 )
 from kernels.density import DEFAULT_CUTOFF, check_finite, cutoff_radius, splat_density
+from kernels.density.ensemble import frame_share, splat_ensemble, sum_gradients_over_ranks
 from kernels.dispatch import BackendError, available_backends, resolve_backend
 from kernels.mapio import read_map, write_map
 from kernels.planarity import PlaneSet, find_planes, planarity_nll
@@ -40,11 +43,14 @@ __all__ = [
     "cutoff_radius",
     "example_structure",
     "find_planes",
+    "frame_share",
     "planarity_nll",
     "read_map",
     "read_model",
     "resolve_backend",
     "splat_density",
+    "splat_ensemble",
+    "sum_gradients_over_ranks",
     "symmetrize",
     "tricubic_sample",
     "write_map",

@@ -31,6 +31,12 @@ BACKENDS: dict[str, dict[str, str]] = {
         "cpu": "kernels.density.cpu:splat_cpu",
         "triton": "kernels.density.triton:splat_triton",
     },
+    # F frames of N atoms (frame-major) -> (F, nx, ny, nz): splat_ensemble(reduce="none")
+    "density_frames": {
+        "reference": "kernels.density.reference:splat_frames_reference",
+        "cpu": "kernels.density.cpu:splat_frames_cpu",
+        "triton": "kernels.density.triton:splat_frames_triton",
+    },
     "planarity": {
         "reference": "kernels.planarity.reference:planarity_nll_reference",
         "cpu": "kernels.planarity.cpu:planarity_nll_cpu",

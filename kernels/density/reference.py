@@ -22,7 +22,7 @@ from kernels.crystal import AtomSet, GridSpec
 from kernels.density.positions import positions_in_cell
 from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
 
-__all__ = ["splat_reference", "atom_radii"]
+__all__ = ["splat_reference", "splat_frames_reference", "atom_radii"]
 
 # Entries (atoms × box voxels) handled per chunk: bounds the temporaries to a few hundred MB.
 _CHUNK_ENTRIES = 1 << 22
@@ -180,3 +180,50 @@ def splat_reference(
                 flat = (q[:, 0] * shape[1] + q[:, 1]) * shape[2] + q[:, 2]
                 out.index_add_(0, flat, values[ok])
     return out.reshape(shape)
+
+
+def splat_frames_reference(
+    atoms: AtomSet, grid: GridSpec, *, n_frames: int, radius: float | None = None, cutoff: float = DEFAULT_CUTOFF
+) -> torch.Tensor:
+    """One float64 map per frame: frame f is atoms ``f·N … (f+1)·N − 1`` of a frame-major ``atoms``.
+
+    Parameters
+    ----------
+    atoms : AtomSet
+        n_frames·N atoms, frame-major (atom i belongs to frame i // N); any floating dtype.
+    grid : GridSpec
+        Whole-cell or box grid, as for :func:`splat_reference`.
+    n_frames : int
+        F ≥ 1; must divide ``len(atoms)``.
+    radius, cutoff
+        As for :func:`splat_reference`.
+
+    Returns
+    -------
+    torch.Tensor, shape (n_frames, *grid.shape), float64
+        Map f is exactly ``splat_reference`` of frame f's atoms; differentiable by autograd with
+        respect to ``atoms.xyz``, ``atoms.b_iso`` and ``atoms.occ``.
+
+    Raises
+    ------
+    ValueError
+        ``n_frames`` not a positive integer dividing ``len(atoms)``, or as :func:`splat_reference`.
+    """
+    if isinstance(n_frames, bool) or not isinstance(n_frames, int) or n_frames < 1 or len(atoms) % n_frames:
+        raise ValueError(f"n_frames must be a positive integer dividing the {len(atoms)} atoms, got {n_frames!r}")
+    n = len(atoms) // n_frames
+    maps = []
+    for f in range(n_frames):  # the reference may loop: it is the truth, not the fast path
+        s = slice(f * n, (f + 1) * n)
+        frame = AtomSet(
+            atoms.xyz[s],
+            atoms.b_iso[s],
+            atoms.occ[s],
+            atoms.a[s],
+            atoms.b[s],
+            tuple(atoms.elements[s]),
+            tuple(atoms.labels[s]),
+            _validate=False,
+        )
+        maps.append(splat_reference(frame, grid, radius=radius, cutoff=cutoff))
+    return torch.stack(maps)

@@ -1,0 +1,47 @@
+"""A small multi-model PDB written by the tests: F frames of one short peptide in a small cell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+CELL = (14.0, 15.0, 13.0, 90.0, 95.0, 90.0)
+# (atom name, residue, residue number, element, x, y, z)
+ATOMS = [
+    ("N", "ALA", 1, "N", 3.0, 4.0, 5.0),
+    ("CA", "ALA", 1, "C", 4.2, 4.6, 5.5),
+    ("C", "ALA", 1, "C", 5.4, 3.8, 5.1),
+    ("O", "ALA", 1, "O", 5.5, 2.6, 5.3),
+    ("CB", "ALA", 1, "C", 4.3, 6.0, 4.9),
+    ("N", "SER", 2, "N", 6.4, 4.5, 4.6),
+    ("CA", "SER", 2, "C", 7.6, 3.9, 4.2),
+    ("OG", "SER", 2, "O", 8.1, 4.8, 3.2),
+    ("SD", "MET", 3, "S", 9.5, 6.0, 7.0),
+]
+
+
+def write_models(path: Path, n_models: int, seed: int = 0, rename: tuple[int, int, str] | None = None) -> Path:
+    """Write ``n_models`` models (positions jittered by 0.4 Å, B and occupancy per model) to ``path``.
+
+    ``rename=(model, atom, name)`` gives one atom of one model (0-based) another name, for the
+    "frames do not share the same atoms" error.
+    """
+    rng = np.random.default_rng(seed)
+    lines = ["CRYST1{:9.3f}{:9.3f}{:9.3f}{:7.2f}{:7.2f}{:7.2f} P 1           1".format(*CELL)]
+    for m in range(n_models):
+        lines.append(f"MODEL     {m + 1:4d}")
+        for i, (name, res, num, el, x, y, z) in enumerate(ATOMS):
+            if rename is not None and rename[:2] == (m, i):
+                name = rename[2]
+            dx, dy, dz = rng.normal(0, 0.4, 3)
+            occ = rng.uniform(0.6, 1.0)
+            b = rng.uniform(10.0, 30.0)
+            lines.append(
+                f"ATOM  {i + 1:5d}  {name:<3s} {res:3s} A{num:4d}    {x + dx:8.3f}{y + dy:8.3f}{z + dz:8.3f}"
+                f"{occ:6.2f}{b:6.2f}          {el:>2s}"
+            )
+        lines.append("ENDMDL")
+    lines.append("END")
+    path.write_text("\n".join(lines) + "\n")
+    return path
