@@ -57,7 +57,12 @@ def _matrices(cell: Cell, device: torch.device) -> tuple[torch.Tensor, torch.Ten
 
 
 def _fractional(xyz: torch.Tensor, cell: Cell) -> torch.Tensor:
-    return xyz.detach().to(torch.float64) @ _matrices(cell, xyz.device)[0].T
+    # (x·F_d0 + y·F_d1) + z·F_d2, one exactly rounded op at a time: the order the C++ kernel uses, on
+    # every machine (a matmul's order and FMA use depend on the BLAS and the CPU), so both backends put
+    # an atom at an exact voxel tie on the same side.
+    x = xyz.detach().to(torch.float64)
+    frac = _matrices(cell, xyz.device)[0]
+    return x[:, 0:1] * frac[:, 0] + x[:, 1:2] * frac[:, 1] + x[:, 2:3] * frac[:, 2]
 
 
 def check_finite(atoms: AtomSet, cell: Cell | None = None) -> None:

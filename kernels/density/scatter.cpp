@@ -1790,6 +1790,9 @@ Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArray
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("fp-contract=off")))
 #endif
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))  // no FMA: the reference rounds each product and sum
+#endif
 bool fractional(int64_t n, const float* xyz, const double frac[9], double lo, double hi, double* out) {
 #if defined(__clang__)
 #pragma clang fp contract(off)

@@ -689,14 +689,17 @@ def test_out_that_does_not_fit_is_refused():
 
 def test_fractional_positions_round_as_torch_matmul():
     # The kernel forms frac·xyz itself (on the calling thread) and relies on it being the product
-    # the reference forms with torch's float64 matmul: voxel membership at exact ties depends on it.
+    # the reference forms (kernels.density.positions, one rounded op at a time in a fixed order, on
+    # every CPU): voxel membership at exact ties depends on it.
+    from kernels.density.positions import _fractional
+
     for params in [(31.2, 47.3, 55.1, 81, 97, 104), (12.0, 9.0, 14.0, 90, 104.5, 90), (10, 10, 13, 90, 90, 120)]:
         cell = Cell.from_parameters(*params)
         xyz = (torch.rand(5000, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 200 - 50).float()
         got = torch.empty(5000, 3, dtype=torch.float64)
         near = density_cpu._scatter.fractional(got, xyz, cell.frac.contiguous(), -1e9, 1e9)
         assert near
-        assert torch.equal(got, xyz.to(torch.float64) @ cell.frac.T), params
+        assert torch.equal(got, _fractional(xyz, cell)), params
     far = torch.tensor([[1e6, 0.0, 0.0]])
     assert not density_cpu._scatter.fractional(
         torch.empty(1, 3, dtype=torch.float64), far, cell.frac.contiguous(), -1, 2
