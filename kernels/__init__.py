@@ -18,7 +18,15 @@ from kernels.crystal import (
     read_model,
 )
 from kernels.density import DEFAULT_CUTOFF, check_finite, cutoff_radius, splat_density
-from kernels.dispatch import BackendError, available_backends, resolve_backend
+from kernels.checking import Check, CheckReport, check_backend
+from kernels.dispatch import (
+    BackendCapabilities,
+    BackendError,
+    available_backends,
+    register_backend,
+    resolve_backend,
+    unregister_backend,
+)
 from kernels.mapio import read_map, write_map
 from kernels.planarity import PlaneSet, find_planes, planarity_nll
 from kernels.symmetry import symmetrize
@@ -27,8 +35,11 @@ from kernels.tricubic import tricubic_sample
 __all__ = [
     "AtomLabel",
     "AtomSet",
+    "BackendCapabilities",
     "BackendError",
     "Cell",
+    "Check",
+    "CheckReport",
     "DEFAULT_CUTOFF",
     "GridError",
     "GridSpec",
@@ -36,6 +47,7 @@ __all__ = [
     "ModelError",
     "PlaneSet",
     "available_backends",
+    "check_backend",
     "check_finite",
     "cutoff_radius",
     "example_structure",
@@ -43,10 +55,12 @@ __all__ = [
     "planarity_nll",
     "read_map",
     "read_model",
+    "register_backend",
     "resolve_backend",
     "splat_density",
     "symmetrize",
     "tricubic_sample",
+    "unregister_backend",
     "write_map",
 ]
 

@@ -3,6 +3,7 @@
 ``workbench lab``    JupyterLab on 127.0.0.1 (token kept) with the quickstart notebook open.
 ``workbench app``    the quickstart notebook as a standalone Voilà app.
 ``workbench splat``  splat a model's density and write a CCP4 map.
+``workbench check``  register a user's density kernel and check it (:mod:`workbench.check_cli`).
 
 The notebooks are the repository's ``notebooks/`` folder, which an installed package carries
 as ``workbench/notebooks`` (see :func:`shipped_notebooks_dir`); ``lab`` and ``app`` copy
@@ -179,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--symmetrize", action="store_true", help="add the space group's symmetry mates")
     sp.add_argument("--out", default="map.ccp4", help="output map (default map.ccp4)")
     sp.set_defaults(func=_splat)
+
+    from workbench.check_cli import add_parser as add_check_parser
+
+    add_check_parser(sub, _positive)
 
     for name, helptext, default_port in (
         ("lab", "start JupyterLab on 127.0.0.1 with the quickstart notebook open", 8888),
