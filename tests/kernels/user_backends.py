@@ -103,3 +103,47 @@ def example_atoms(triclinic: bool = True) -> kernels.Model:
     occ[[4, 9]] = torch.tensor([0.5, 0.3], dtype=torch.float64)
     atoms = kernels.AtomSet.from_elements(elements, xyz, b, occ)
     return kernels.Model(atoms, cell, "P 1", None, None)
+
+
+# A Triton kernel with the classic first-call bug: it accumulates into a workspace it keeps
+# between calls, allocated with torch.empty and zeroed only after each use, so the first call
+# adds the map to whatever the new memory held. check_backend poisons uninitialised memory
+# (NaN), so the first call is garbage on every machine, the Triton interpreter included.
+
+_workspaces: dict = {}
+
+
+def _add_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add(out_ptr, src_ptr, n, BLOCK: tl.constexpr):
+        # out_ptr: (n,) float32, the workspace; src_ptr: (n,) float32, this call's map
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        acc = tl.load(out_ptr + offs, mask=mask) + tl.load(src_ptr + offs, mask=mask)
+        tl.store(out_ptr + offs, acc, mask=mask)
+
+    return add
+
+
+_ADD = None
+
+
+def triton_first_call_garbage(atoms, grid, *, radius, cutoff):
+    """Bug: the first call returns the map plus the workspace's uninitialised memory."""
+    global _ADD
+    if _ADD is None:
+        _ADD = _add_kernel()
+    key = (grid.shape, atoms.device)
+    work = _workspaces.get(key)
+    if work is None:
+        work = _workspaces[key] = torch.empty(grid.n_voxels, dtype=torch.float32, device=atoms.device)
+    with torch.no_grad():
+        src = _splat(atoms, grid, radius, cutoff).to(torch.float32).reshape(-1).contiguous()
+    n = src.numel()
+    _ADD[((n + 255) // 256,)](work, src, n, BLOCK=256)
+    out = work.clone().reshape(grid.shape)
+    work.zero_()  # ready for the next call
+    return out
