@@ -6,6 +6,7 @@ Read a model (:func:`read_model`), pick a grid (:class:`GridSpec`), splat its de
 CPU or GPU, and ``backend=`` picks the implementation (see :mod:`kernels.dispatch`).
 """
 
+from kernels.checking import Check, CheckReport, check_backend
 from kernels.crystal import (
     AtomLabel,
     AtomSet,
@@ -18,7 +19,6 @@ from kernels.crystal import (
     read_model,
 )
 from kernels.density import DEFAULT_CUTOFF, check_finite, cutoff_radius, splat_density
-from kernels.checking import Check, CheckReport, check_backend
 from kernels.dispatch import (
     BackendCapabilities,
     BackendError,
