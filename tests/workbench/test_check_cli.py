@@ -25,9 +25,7 @@ def pdb(tmp_path_factory):
         zip(m.atoms.elements, m.atoms.xyz.tolist(), m.atoms.occ.tolist(), m.atoms.b_iso.tolist()), start=1
     ):
         name = f" {el}{i}".ljust(4)
-        lines.append(
-            f"ATOM  {i:5d} {name} UNL A{i:4d}    {x:8.3f}{y:8.3f}{z:8.3f}{occ:6.2f}{bb:6.2f}          {el:>2}"
-        )
+        lines.append(f"ATOM  {i:5d} {name} UNL A{i:4d}    {x:8.3f}{y:8.3f}{z:8.3f}{occ:6.2f}{bb:6.2f}          {el:>2}")
     path = tmp_path_factory.mktemp("model") / "tiny.pdb"
     path.write_text("\n".join(lines + ["END", ""]))
     return str(path)

@@ -41,6 +41,8 @@ from workbench.compute.comparison import (
     comparison_inputs,
     difference_section,
     inputs_label,
+    over_tolerance,
+    over_uv,
 )
 from workbench.compute.errors import Cancelled, WorkbenchError
 from workbench.compute.export import gradients_csv, map_ccp4_bytes, model_pdb
@@ -145,6 +147,8 @@ __all__ = [
     "central_depth",
     "central_index",
     "compare_arrays",
+    "over_tolerance",
+    "over_uv",
     "compare_backends",
     "comparison_inputs",
     "density_at_points",
