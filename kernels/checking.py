@@ -143,7 +143,7 @@ class Check:
         return self.status == "fail"
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, repr=False)
 class CheckReport:
     """What :func:`check_backend` found.
 
@@ -189,8 +189,11 @@ class CheckReport:
         lines = [head]
         for c in self.checks:
             where = f" — worst at {c.worst.describe()}" if c.worst is not None and c.status == "fail" else ""
-            lines.append(f"  {c.status.upper():7} {c.name:18} {c.structure:8} {c.summary} [{c.tolerance}]{where}")
+            tol = f" [{c.tolerance}]" if c.tolerance else ""
+            lines.append(f"  {c.status.upper():7} {c.name:18} {c.structure:8} {c.summary}{tol}{where}")
         return "\n".join(lines)
+
+    __repr__ = __str__
 
     def _table(self) -> str:
         colours = {"pass": "#1a7f37", "fail": "#cf222e", "skipped": "#9a6700", "info": "#0969da"}
