@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import kernels
-from tests.helpers import STRUCTURES
+from tests.helpers import STRUCTURES, requires_cuda
 from tests.kernels import user_backends as ub
 
 SPACING = 1.0
@@ -245,3 +245,19 @@ def test_check_backend_refuses_other_ops_and_unrunnable_backends():
         kernels.check_backend("planarity", "cpu")
     with pytest.raises(kernels.BackendError, match="unknown backend 'nope'"):
         kernels.check_backend("density", "nope")
+
+
+@requires_cuda
+def test_our_triton_backend_on_cuda_passes_every_check_with_a_fresh_first_call():
+    report = kernels.check_backend("density", "triton", structures=[STRUCTURES["1aki"]], device="cuda")
+    assert report.ok, str(report)
+    assert report.status("first call") == "pass" and report.status("gemmi") == "pass"
+    assert "GPU atomics" in report["determinism"][0].tolerance
+
+
+@requires_cuda
+def test_first_call_garbage_on_cuda_is_found(register, model):
+    register("garbage_cuda", ub.triton_first_call_garbage, devices=("cuda",), capabilities={"gradients": False})
+    report = check("garbage_cuda", model, device="cuda", fresh_process=True)
+    assert report.status("first call") == "fail", str(report)
+    assert report.status("reference") == "pass"

@@ -56,6 +56,8 @@ def test_difference_view_marks_voxels_over_tolerance_on_the_section_and_in_3d(ma
     marks = wb.difference.slice.markers.get_offsets()
     assert len(marks) == wb.difference.n_marked
     assert wb.difference.view3d.map_bytes and wb.difference.view3d.iso_level == 0.5
+    # its own CSS class: page tests find the main scene's ".wb-view3d" alone
+    assert wb.difference.view3d.css_class == "wb-diff-3d" and "wb-view3d" not in wb.difference.view3d._dom_classes
     assert "\nATOM  " in wb.difference.view3d.model_text  # the model drawn as sticks
     assert "voxels where cpu:mine_occ is outside" in wb.difference.caption3d.value
     # a correct kernel: nothing marked, no surface

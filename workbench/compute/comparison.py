@@ -11,6 +11,8 @@ import torch
 from kernels import AtomSet, GridSpec
 from workbench.compute.errors import WorkbenchError
 from workbench.compute.maps import density_fit_gradient, density_map, planarity_gradient
+from workbench.compute.render import AtomMarks
+from workbench.compute.scene import RegionVolume, region_volume
 from workbench.compute.sections import Section, central_depth, section, section_index
 from workbench.state import EXAMPLES, Settings, registered_density_backends
 
@@ -22,8 +24,10 @@ __all__ = [
     "comparison_inputs",
     "difference_section",
     "inputs_label",
+    "over_marks",
     "over_tolerance",
     "over_uv",
+    "over_volume",
 ]
 
 
@@ -65,6 +69,17 @@ def over_uv(over: torch.Tensor, sec: Section) -> np.ndarray:
     p, q = np.nonzero(plane)
     pts = np.stack([p, q, np.ones_like(p)]).astype(np.float64)
     return (sec.voxel_affine @ pts)[:2].T
+
+
+def over_marks(diff: DifferenceResult, size: float = 6.0, colour: str = "#000000") -> AtomMarks:
+    """Marks of the over-tolerance voxels on ``diff.section`` for the slice view (dots of ``size`` points²)."""
+    uv = over_uv(diff.over, diff.section)
+    return AtomMarks(uv=uv, sizes=np.full(len(uv), size), colours=[colour] * len(uv))
+
+
+def over_volume(diff: DifferenceResult, padding: float = 3.0) -> RegionVolume:
+    """The over-tolerance voxels as a 0/1 map box around the atoms (CCP4 bytes) for the 3D view's isosurface at 0.5."""
+    return region_volume(diff.over.to(torch.float32), diff.grid, diff.xyz, padding, clip=False)
 
 
 def compare_arrays(out, ref) -> Comparison:

@@ -5,15 +5,13 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-import numpy as np
-import torch
 
-from workbench.compute import AtomMarks, Comparison, DifferenceResult, model_pdb, over_uv, region_volume
+from workbench.compute import Comparison, DifferenceResult, model_pdb, over_marks, over_volume
 from workbench.state import compare_choices
 from workbench.views.slice import SliceView
 from workbench.views.view3d import View3D
 
-# Over-tolerance voxels: black dots on the section, an orange surface in 3D.
+# Over-tolerance voxels: black dots on the section, an orange mesh in 3D.
 _OVER_COLOUR = "#000000"
 _OVER_3D = "#ff7f00"
 
@@ -34,7 +32,7 @@ class DifferenceView:
 
     Tolerance per element is docs/kernels.md's float32 contract, 1e-5·max|ref| + 1e-5·|ref|,
     with run B as the reference. Voxels of A outside it are marked: black dots on the
-    section, an orange surface around them in 3D (``wb-diff-3d``), with the model's sticks.
+    section, an orange mesh around them in 3D (``wb-diff-3d``), with the model's sticks.
     Registered density backends (:func:`kernels.register_backend`) are in both lists.
     """
 
@@ -49,8 +47,7 @@ class DifferenceView:
         self.slice = SliceView(cmap="RdBu_r", title="A − B", css="wb-diff-slice", symmetric=True)
         self.stats = widgets.HTML("<small>press compare: both runs use the same atoms, grid and radius</small>")
         self.stats.add_class("wb-diff-stats")
-        self.view3d = View3D(lib_path=lib_path, height=360)
-        self.view3d.add_class("wb-diff-3d")
+        self.view3d = View3D(lib_path=lib_path, height=360, css_class="wb-diff-3d")
         self.caption3d = widgets.HTML()
         self.widget = widgets.VBox(
             [widgets.HBox([self.a, self.b, self.run]), self.stats, self.slice.widget, self.view3d, self.caption3d]
@@ -88,22 +85,21 @@ class DifferenceView:
 
     def show_section(self, diff: DifferenceResult) -> None:
         """Redraw the section of ``diff`` (after the slice moved; the statistics stay), over-tolerance voxels marked."""
-        uv = over_uv(diff.over, diff.section)
-        self.n_marked = len(uv)
-        marks = AtomMarks(uv=uv, sizes=np.full(len(uv), 6.0), colours=[_OVER_COLOUR] * len(uv))
-        over = f"; black dots: {len(uv)} voxels over tolerance here ({int(diff.over.sum())} in the map)"
+        marks = over_marks(diff, colour=_OVER_COLOUR)
+        self.n_marked = len(marks.uv)
+        over = f"; black dots: {self.n_marked} voxels over tolerance here ({diff.maps.n_over} in the map)"
         self.slice.update(diff.section, marks=marks, note=f"; A = {diff.a}, B = {diff.b}, for {diff.label}{over}")
 
     def _show_3d(self, diff: DifferenceResult, model) -> None:
-        n_over = int(diff.over.sum())
-        vol = region_volume(diff.over.to(torch.float32), diff.grid, diff.xyz, 3.0, clip=False)
+        n_over = diff.maps.n_over
+        vol = over_volume(diff)
         with self.view3d.hold_sync():
             if model is not None:
                 self.view3d.model_text = model_pdb(model, diff.xyz)
             self.view3d.map_bytes = vol.ccp4 if n_over else b""
             self.view3d.iso_level = 0.5
             self.view3d.iso_color = _OVER_3D
-            self.view3d.iso_style = "surface"
+            self.view3d.iso_style = "mesh"  # drawn in iso_color (the "surface" skin has the map's own colour)
         stride = f" (every {vol.stride}th voxel)" if vol.stride > 1 else ""
         self.caption3d.value = (
             f"<small>orange: the {n_over} voxels where {html.escape(diff.a)} is outside the tolerance around "
