@@ -4,6 +4,8 @@ Read a model (:func:`read_model`), pick a grid (:class:`GridSpec`), splat its de
 (:func:`splat_density`), add the symmetry mates (:func:`symmetrize`) and write the map
 (:func:`write_map`). Every function takes torch tensors; the device of the atoms picks
 CPU or GPU, and ``backend=`` picks the implementation (see :mod:`kernels.dispatch`).
+Your own density kernel joins them with :func:`register_backend` and is judged as ours
+are with :func:`check_backend` (:mod:`kernels.checking`).
 """
 
 from kernels.checking import Check, CheckReport, check_backend

@@ -73,3 +73,17 @@ def test_usage_errors_exit_2():
     with pytest.raises(SystemExit) as exc:
         main(["check"])
     assert exc.value.code == 2
+
+
+def test_device_cuda_checks_on_the_gpu_or_exits_4_saying_why(pdb, capsys):
+    """On a GPU machine the whole check runs on CUDA (fresh process included); without one, exit 4."""
+    import torch
+
+    code = main(["check", "tests.kernels.user_backends:correct", pdb, "--device", "cuda", "--spacing", "1.0"])
+    captured = capsys.readouterr()
+    if torch.cuda.is_available():
+        assert code == 0, captured.out
+        assert "PASS    first call" in captured.out
+    else:
+        assert code == EXIT_CANNOT_RUN
+        assert "needs a CUDA GPU" in captured.err
