@@ -219,8 +219,8 @@ class CheckReport:
         """Write a self-contained HTML page: the table and the worst sections of failed map checks.
 
         Each failed map check (``reference``, ``gemmi``, ``first call``) gets the section ⊥ c
-        through its worst voxel: out − expected in a blue–white–red scale, and the voxels
-        over tolerance marked black. Pictures are inline PNG; the page needs no other file.
+        through its worst voxel: out − expected in a blue–white–red scale, and beside it the
+        voxels over tolerance in black. Pictures are inline PNG; the page needs no other file.
 
         Returns
         -------
@@ -243,9 +243,10 @@ class CheckReport:
             parts.append(
                 f"<h3>{html.escape(c.name)} on {html.escape(c.structure)}</h3><p>{html.escape(c.summary)}; worst at "
                 f"{html.escape(c.worst.describe() if c.worst else '')}</p>"
-                f"<p>section ⊥ c through the worst voxel: out − expected, ±{scale:.3g} e/Å³ blue → red; "
-                "black: over tolerance; magenta: not finite (a axis down, b across)</p>"
-                f"<img width='{4 * c.section.shape[1]}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+                f"<p>section ⊥ c through the worst voxel (a down, b across). Left: out − expected, "
+                f"±{scale:.3g} e/Å³ blue → white → red; right: black where over tolerance; magenta: not finite</p>"
+                f"<img width='{6 * (2 * c.section.shape[1] + 2)}' "
+                f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
             )
         parts.append("</body></html>")
         out = Path(path)
@@ -266,18 +267,22 @@ def _png(rgb: np.ndarray) -> bytes:
 
 
 def _section_png(diff: np.ndarray, over: np.ndarray | None) -> bytes:
+    """Two panels side by side: out − expected (blue < 0 < red, white 0) and the voxels over tolerance (black)."""
     finite = np.isfinite(diff)
     scale = float(np.abs(diff[finite]).max()) if finite.any() else 1.0
     t = np.clip(np.where(finite, diff, 0.0) / (scale or 1.0), -1.0, 1.0)
     rgb = np.empty((*diff.shape, 3), dtype=np.float64)
-    # white at 0, red for positive, blue for negative
     rgb[..., 0] = np.where(t > 0, 1.0, 1.0 + t)
     rgb[..., 1] = 1.0 - np.abs(t)
     rgb[..., 2] = np.where(t < 0, 1.0, 1.0 - t)
+    mask = np.ones_like(rgb)
     if over is not None:
-        rgb[over] = 0.0
-    rgb[~finite] = (1.0, 0.0, 1.0)
-    return _png(np.ascontiguousarray((rgb * 255).round().astype(np.uint8)))
+        mask[over] = 0.0
+    for panel in (rgb, mask):
+        panel[~finite] = (1.0, 0.0, 1.0)
+    gap = np.full((diff.shape[0], 2, 3), 0.5)
+    both = np.concatenate([rgb, gap, mask], axis=1)
+    return _png(np.ascontiguousarray((both * 255).round().astype(np.uint8)))
 
 
 # ---------------------------------------------------------------------------- inputs
