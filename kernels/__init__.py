@@ -6,8 +6,11 @@ Read a model (:func:`read_model`), pick a grid (:class:`GridSpec`), splat its de
 :func:`splat_ensemble` in one call, optionally split over ``torch.distributed`` ranks. Every
 function takes torch tensors; the device of the atoms picks CPU or GPU, and ``backend=`` picks
 the implementation (see :mod:`kernels.dispatch`).
+Your own density kernel joins them with :func:`register_backend` and is judged as ours
+are with :func:`check_backend` (:mod:`kernels.checking`).
 """
 
+from kernels.checking import Check, CheckReport, check_backend
 from kernels.crystal import (
     AtomLabel,
     AtomSet,
@@ -21,7 +24,14 @@ from kernels.crystal import (
 )
 from kernels.density import DEFAULT_CUTOFF, check_finite, cutoff_radius, splat_density
 from kernels.density.ensemble import frame_share, splat_ensemble, sum_gradients_over_ranks
-from kernels.dispatch import BackendError, available_backends, resolve_backend
+from kernels.dispatch import (
+    BackendCapabilities,
+    BackendError,
+    available_backends,
+    register_backend,
+    resolve_backend,
+    unregister_backend,
+)
 from kernels.mapio import read_map, write_map
 from kernels.planarity import PlaneSet, find_planes, planarity_nll
 from kernels.symmetry import symmetrize
@@ -30,8 +40,11 @@ from kernels.tricubic import tricubic_sample
 __all__ = [
     "AtomLabel",
     "AtomSet",
+    "BackendCapabilities",
     "BackendError",
     "Cell",
+    "Check",
+    "CheckReport",
     "DEFAULT_CUTOFF",
     "GridError",
     "GridSpec",
@@ -39,6 +52,7 @@ __all__ = [
     "ModelError",
     "PlaneSet",
     "available_backends",
+    "check_backend",
     "check_finite",
     "cutoff_radius",
     "example_structure",
@@ -47,12 +61,14 @@ __all__ = [
     "planarity_nll",
     "read_map",
     "read_model",
+    "register_backend",
     "resolve_backend",
     "splat_density",
     "splat_ensemble",
     "sum_gradients_over_ranks",
     "symmetrize",
     "tricubic_sample",
+    "unregister_backend",
     "write_map",
 ]
 

@@ -4,18 +4,36 @@
 per op and device) which one it chose; a backend asked for by name that cannot run
 raises :class:`BackendError` saying why and what to do. Backends are imported lazily, so
 a missing compiler or GPU only matters when that backend is asked for.
+
+Users add their own backends with :func:`register_backend` (a function, the devices it
+runs on and its :class:`BackendCapabilities`); a registered backend is offered wherever
+the built-in ones are (``available_backends``, ``backend=name``), never picked by
+``"auto"``, and :func:`unregister_backend` takes it out again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
-__all__ = ["BackendError", "BACKENDS", "available_backends", "resolve_backend", "get_backend"]
+__all__ = [
+    "BackendError",
+    "BACKENDS",
+    "BackendCapabilities",
+    "RegisteredBackend",
+    "available_backends",
+    "backend_capabilities",
+    "get_backend",
+    "register_backend",
+    "registered_backends",
+    "resolve_backend",
+    "unregister_backend",
+]
 
 log = logging.getLogger("kernels")
 
@@ -63,10 +81,189 @@ def triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@dataclasses.dataclass(frozen=True)
+class BackendCapabilities:
+    """What a registered backend can take, so it is never handed what it cannot do.
+
+    Attributes
+    ----------
+    gradients : bool
+        The function's output is differentiable (autograd) with respect to the inputs the
+        built-in backends differentiate (density: ``xyz``, ``b_iso``, ``occ``). A backend
+        with ``gradients=False`` is refused (:class:`BackendError`) when an input requires
+        grad, and :func:`kernels.check_backend` skips its gradient checks.
+    anisotropic : bool
+        The function splats anisotropic atoms (per-atom U tensors). Every :class:`AtomSet`
+        today is isotropic (B only), so this flag is recorded, not yet consulted: when
+        anisotropic atom sets exist, dispatch will refuse to hand one to a backend whose
+        flag is False, and a backend that declares True is held to it then.
+    """
+
+    gradients: bool = True
+    anisotropic: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisteredBackend:
+    """A user's backend as :func:`register_backend` recorded it.
+
+    Attributes
+    ----------
+    op, name : str
+    fn : callable
+        The user's function, with the signature of the op's built-in backends.
+    devices : tuple of str
+        Device types it runs on (``"cpu"``, ``"cuda"``).
+    capabilities : BackendCapabilities
+    """
+
+    op: str
+    name: str
+    fn: Callable
+    devices: tuple[str, ...]
+    capabilities: BackendCapabilities
+
+
+# op -> name -> a user's backend; separate from BACKENDS, whose rows are the built-in
+# "module:function" paths (importable in any process, which a user's function may not be).
+_REGISTERED: dict[str, dict[str, RegisteredBackend]] = {}
+_DEVICE_TYPES = ("cpu", "cuda")
+
+
+def _capabilities(value) -> BackendCapabilities:
+    if value is None:
+        return BackendCapabilities()
+    if isinstance(value, BackendCapabilities):
+        return value
+    if isinstance(value, dict):
+        known = {f.name for f in dataclasses.fields(BackendCapabilities)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown capabilities {unknown}; known: {sorted(known)}")
+        bad = {k: v for k, v in value.items() if not isinstance(v, bool)}
+        if bad:
+            raise ValueError(f"capabilities are True or False, got {bad}")
+        return BackendCapabilities(**value)
+    raise TypeError(
+        f"capabilities must be a kernels.BackendCapabilities or a dict such as {{'gradients': True}}, "
+        f"got {type(value).__name__}"
+    )
+
+
+def register_backend(
+    op: str,
+    name: str,
+    fn: Callable,
+    *,
+    devices: Iterable[str] = ("cpu", "cuda"),
+    capabilities: BackendCapabilities | dict | None = None,
+) -> RegisteredBackend:
+    """Add a user's function as backend ``name`` of ``op``, offered wherever the built-in ones are.
+
+    Parameters
+    ----------
+    op : str
+        An op of :data:`BACKENDS` (``"density"``, ``"planarity"``, ``"tricubic"``).
+    name : str
+        The backend's name: not ``"auto"`` nor a built-in backend of ``op``, no ``":"``
+        (the workbench writes runs as ``device:backend``). Registering a name again
+        replaces the earlier function (a notebook cell run twice).
+    fn : callable
+        The function the op's built-in backends are, with their signature. For density:
+        ``fn(atoms, grid, *, radius, cutoff) -> map``, ``atoms`` a float32
+        :class:`AtomSet` on the device (``splat_density`` hands over what it got), ``grid``
+        a whole-cell :class:`GridSpec`, ``radius`` float Å or None (each atom's radius from
+        ``cutoff``, see :func:`kernels.cutoff_radius`), ``cutoff`` e/Å³; returns a tensor of
+        ``grid.shape`` on the atoms' device, e/Å³.
+    devices : iterable of str
+        Device types it runs on, from ``("cpu", "cuda")``.
+    capabilities : BackendCapabilities or dict, optional
+        ``{"gradients": bool, "anisotropic": bool}``; default: gradients, isotropic only.
+
+    Returns
+    -------
+    RegisteredBackend
+
+    Raises
+    ------
+    BackendError
+        ``op`` is unknown or ``name`` is ``"auto"`` or a built-in backend.
+    TypeError, ValueError
+        ``fn`` is not callable, ``name`` is not a plain string, ``devices`` or
+        ``capabilities`` hold something unknown.
+    """
+    if op not in BACKENDS:
+        raise BackendError(f"unknown op {op!r}; known: {sorted(BACKENDS)}")
+    if not isinstance(name, str) or not name or not name.strip() == name or ":" in name:
+        raise ValueError(f"a backend name is a non-empty string without ':' or surrounding spaces, got {name!r}")
+    if name == "auto" or name in BACKENDS[op]:
+        raise BackendError(
+            f"{name!r} is a built-in name for {op} ({['auto', *BACKENDS[op]]}); register your function under another name"
+        )
+    if not callable(fn):
+        raise TypeError(f"fn must be callable (the {op} backend function), got {type(fn).__name__}")
+    devices = (devices,) if isinstance(devices, str) else tuple(devices)
+    unknown = [d for d in devices if d not in _DEVICE_TYPES]
+    if not devices or unknown:
+        raise ValueError(f"devices must be a non-empty subset of {_DEVICE_TYPES}, got {devices}")
+    entry = RegisteredBackend(op, name, fn, devices, _capabilities(capabilities))
+    _REGISTERED.setdefault(op, {})[name] = entry
+    _forget(op)
+    return entry
+
+
+def unregister_backend(op: str, name: str) -> None:
+    """Remove the backend ``name`` of ``op`` that :func:`register_backend` added.
+
+    Raises
+    ------
+    BackendError
+        No backend ``name`` is registered for ``op`` (built-in backends cannot be removed).
+    """
+    if name not in _REGISTERED.get(op, {}):
+        raise BackendError(f"no registered backend {name!r} for {op}; registered: {registered_backends(op)}")
+    del _REGISTERED[op][name]
+    _forget(op)
+
+
+def registered_backends(op: str) -> list[str]:
+    """Names of the user backends registered for ``op``, in registration order."""
+    return list(_REGISTERED.get(op, {}))
+
+
+def backend_capabilities(op: str, name: str) -> BackendCapabilities:
+    """What backend ``name`` of ``op`` can take (built-in backends: gradients, isotropic)."""
+    entry = _REGISTERED.get(op, {}).get(name)
+    if entry is not None:
+        return entry.capabilities
+    if op in BACKENDS and name in BACKENDS[op]:
+        return BackendCapabilities(gradients=True, anisotropic=False)
+    raise BackendError(f"unknown backend {name!r} for {op}")
+
+
+def _forget(op: str) -> None:
+    for key in [k for k in _resolved if k[0] == op]:
+        del _resolved[key]
+
+
+def _names(op: str) -> list[str]:
+    return [*BACKENDS[op], *_REGISTERED.get(op, {})]
+
+
 def _why_not(op: str, backend: str, device: torch.device) -> str | None:
     """None if ``backend`` can run ``op`` on ``device``; otherwise the reason and the fix."""
+    user = _REGISTERED.get(op, {}).get(backend)
+    if user is not None:
+        if device.type not in user.devices:
+            return (
+                f"the registered backend {backend!r} runs on {', '.join(user.devices)}, not {device.type} "
+                f"(register it with devices=(..., {device.type!r}) if it can)"
+            )
+        if device.type == "cuda" and not torch.cuda.is_available():
+            return f"the registered backend {backend!r} on cuda needs a CUDA GPU and none is visible"
+        return None
     if backend not in BACKENDS[op]:
-        return f"unknown backend {backend!r} for {op}; choose one of {['auto', *BACKENDS[op]]}"
+        return f"unknown backend {backend!r} for {op}; choose one of {['auto', *_names(op)]}"
     if backend == "triton":
         if device.type == "cuda":
             if not torch.cuda.is_available():
@@ -86,14 +283,54 @@ def _why_not(op: str, backend: str, device: torch.device) -> str | None:
 
 
 def _load(op: str, backend: str) -> Callable:
+    user = _REGISTERED.get(op, {}).get(backend)
+    if user is not None:
+        return _guarded(user)
     module, func = BACKENDS[op][backend].split(":")
     return getattr(importlib.import_module(module), func)
 
 
+def _requires_grad(arg) -> bool:
+    if isinstance(arg, torch.Tensor):
+        return arg.requires_grad
+    return (
+        any(isinstance(t, torch.Tensor) and t.requires_grad for t in vars(arg).values())
+        if hasattr(arg, "__dict__")
+        else False
+    )
+
+
+def _guarded(user: RegisteredBackend) -> Callable:
+    """``user.fn`` refusing inputs that need what it cannot do, and naming it when its output is malformed."""
+    fn, name = user.fn, user.name
+
+    def call(*args, **kwargs):
+        if not user.capabilities.gradients and torch.is_grad_enabled():
+            if any(_requires_grad(a) for a in args):
+                raise BackendError(
+                    f"the registered backend {name!r} declares no gradients (capabilities.gradients=False) but an "
+                    "input requires grad; use a backend with gradients or detach the inputs"
+                )
+        out = fn(*args, **kwargs)
+        if not isinstance(out, torch.Tensor):
+            raise BackendError(f"the registered backend {name!r} returned {type(out).__name__}, not a torch.Tensor")
+        grid = args[1] if len(args) > 1 else None
+        shape = getattr(grid, "shape", None)
+        if user.op == "density" and shape is not None and tuple(out.shape) != tuple(shape):
+            raise BackendError(
+                f"the registered backend {name!r} returned a map of shape {tuple(out.shape)}; the grid is {tuple(shape)}"
+            )
+        return out
+
+    call.__wrapped__ = fn
+    call.__name__ = getattr(fn, "__name__", name)
+    return call
+
+
 def available_backends(op: str, device: str | torch.device = "cpu") -> list[str]:
-    """Backends that can run ``op`` on ``device`` right now."""
+    """Backends that can run ``op`` on ``device`` right now: the built-in ones, then registered ones."""
     device = torch.device(device)
-    return [b for b in BACKENDS[op] if _why_not(op, b, device) is None]
+    return [b for b in _names(op) if _why_not(op, b, device) is None]
 
 
 def resolve_backend(op: str, device: str | torch.device, backend: str = "auto") -> str:

@@ -16,7 +16,7 @@ from workbench import compute
 from workbench.compute import Cancelled, Pipeline, Result, WorkbenchError
 from workbench.compute.text import count
 from workbench.scheduler import Scheduler
-from workbench.state import INPUTS, WorkbenchState, cuda_unavailable_reason
+from workbench.state import INPUTS, WorkbenchState, backend_choices, cuda_unavailable_reason
 from workbench.views import (
     AtomTableView,
     DifferenceView,
@@ -134,7 +134,7 @@ class Workbench(widgets.VBox):
         self.profile = ProfileView()
         self.table = AtomTableView()
         self.scene = Scene3DView(lib_path=lib_path)
-        self.difference = DifferenceView()
+        self.difference = DifferenceView(lib_path=lib_path)
         self.timing = TimingView()
         self.download = Download()
         self.result: Result | None = None
@@ -221,8 +221,20 @@ class Workbench(widgets.VBox):
             close_tree(child)
         super().close()
 
+    def refresh_backends(self) -> None:
+        """Offer the backends runnable now in the backend and compare lists (after :func:`kernels.register_backend`
+        or :func:`kernels.unregister_backend`); a chosen backend that is gone falls back to ``auto``."""
+        if self.state.backend not in backend_choices(self.state.device)[0]:
+            self.state.backend = "auto"
+        self.controls.refresh_backends()
+        self.difference.refresh_choices()
+
     def compare(self, a: str | None = None, b: str | None = None) -> None:
-        """Run the difference view on ``device:backend`` pairs ``a`` and ``b`` (default: its dropdowns)."""
+        """Run the difference view on ``device:backend`` pairs ``a`` and ``b`` (default: its dropdowns).
+
+        A pair may name a backend registered with :func:`kernels.register_backend` (``"cpu:mine"``).
+        """
+        self.difference.refresh_choices()
         if a is not None:
             self.difference.a.value = a
         if b is not None:
@@ -489,7 +501,7 @@ class Workbench(widgets.VBox):
                 self.difference.a.value, self.difference.b.value, r.atoms, r.grid, r.settings,
                 target=r.target, planes=planes, check=self._check(gen), index=r.section.index,
             )  # fmt: skip
-            self.difference.update(diff)
+            self.difference.update(diff, r.model)
             self.difference_result = diff
             if self.result is not r:  # the views moved on while it ran
                 self._drop_stale(self.result)

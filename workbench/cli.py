@@ -4,6 +4,7 @@
 ``workbench app``    the quickstart notebook as a standalone Voilà app.
 ``workbench splat``  splat a model's density and write a CCP4 map.
 ``workbench ensemble``  one map of every frame of a multi-model file or MD trajectory (torchrun: ranks).
+``workbench check``  register a user's density kernel and check it (:mod:`workbench.check_cli`).
 
 The notebooks are the repository's ``notebooks/`` folder, which an installed package carries
 as ``workbench/notebooks`` (see :func:`shipped_notebooks_dir`); ``lab`` and ``app`` copy
@@ -184,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.ensemble_cli import add_parser as add_ensemble_parser
 
     add_ensemble_parser(sub, _positive)
+
+    from workbench.check_cli import add_parser as add_check_parser
+
+    add_check_parser(sub, _positive)
 
     for name, helptext, default_port in (
         ("lab", "start JupyterLab on 127.0.0.1 with the quickstart notebook open", 8888),

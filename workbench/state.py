@@ -31,6 +31,8 @@ __all__ = [
     "compare_choices",
     "cuda_unavailable_reason",
     "device_choices",
+    "op_backend",
+    "registered_density_backends",
 ]
 
 EXAMPLES = ("1orc", "1pfe", "1aki")
@@ -74,21 +76,43 @@ def device_choices() -> tuple[str, ...]:
     return ("cpu",) if cuda_unavailable_reason() is not None else ("cpu", "cuda")
 
 
+def registered_density_backends() -> tuple[str, ...]:
+    """Density backends users registered with :func:`kernels.register_backend`, in registration order."""
+    from kernels.dispatch import registered_backends
+
+    return tuple(registered_backends("density"))
+
+
+def op_backend(op: str, backend: str) -> str:
+    """The backend that runs ``op`` when ``backend`` is chosen: a user's density backend has no
+    planarity or tricubic kernel (unless registered for those too), so those ops run ``auto``."""
+    from kernels.dispatch import registered_backends
+
+    if backend in BACKENDS or backend in registered_backends(op):
+        return backend
+    return "auto"
+
+
 def backend_choices(device: str = "cpu") -> tuple[tuple[str, ...], dict[str, str]]:
     """Backends that can run every kernel of the workbench on ``device``, and why the others cannot.
+
+    A registered density backend (:func:`kernels.register_backend`) is offered when it can
+    run density on ``device``; the planarity and tricubic kernels then run ``auto``
+    (:func:`op_backend`).
 
     Returns
     -------
     runnable : tuple of str
-        ``"auto"`` first, then the named backends in :data:`BACKENDS` order.
+        ``"auto"`` first, then the named backends in :data:`BACKENDS` order, then the
+        registered ones.
     why_not : dict of str to str
         Backend name -> the reason :func:`kernels.resolve_backend` gives (with its fix).
     """
     import kernels
 
     runnable, why_not = ["auto"], {}
-    for name in BACKENDS[1:]:
-        for op in _OPS:
+    for name in (*BACKENDS[1:], *registered_density_backends()):
+        for op in _OPS if name in BACKENDS else ("density",):
             if name not in kernels.available_backends(op, device):
                 try:
                     kernels.resolve_backend(op, device, name)
@@ -103,8 +127,9 @@ def backend_choices(device: str = "cpu") -> tuple[tuple[str, ...], dict[str, str
 
 
 def compare_choices() -> tuple[str, ...]:
-    """``device:backend`` pairs the difference view can compare on this machine (runnable ones only)."""
-    order = ("reference", "cpu", "triton")
+    """``device:backend`` pairs the difference view can compare on this machine (runnable ones only),
+    registered density backends last."""
+    order = ("reference", "cpu", "triton", *registered_density_backends())
     pairs = []
     for device in device_choices():
         runnable, _ = backend_choices(device)
@@ -193,7 +218,7 @@ class WorkbenchState(traitlets.HasTraits):
     spacing = traitlets.Float(0.667, help="Å, requested grid spacing (an upper bound)")
     grid_shape = traitlets.Tuple((0, 0, 0), help="grid shape for the current spacing").tag(set_by_app=True)
     device = traitlets.Enum(("cpu", "cuda"), default_value="cpu")
-    backend = traitlets.Enum(BACKENDS, default_value="auto")
+    backend = traitlets.Unicode("auto", help="auto, a built-in backend or a registered density backend")
     slice_axis = traitlets.Enum(SLICE_AXES, default_value="c", help="the section is perpendicular to this cell axis")
     slice_depths = traitlets.Tuple(
         (None, None, None),

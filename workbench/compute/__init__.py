@@ -41,6 +41,10 @@ from workbench.compute.comparison import (
     comparison_inputs,
     difference_section,
     inputs_label,
+    over_marks,
+    over_tolerance,
+    over_uv,
+    over_volume,
 )
 from workbench.compute.errors import Cancelled, WorkbenchError
 from workbench.compute.export import gradients_csv, map_ccp4_bytes, model_pdb
@@ -145,6 +149,10 @@ __all__ = [
     "central_depth",
     "central_index",
     "compare_arrays",
+    "over_marks",
+    "over_tolerance",
+    "over_uv",
+    "over_volume",
     "compare_backends",
     "comparison_inputs",
     "density_at_points",

@@ -5,13 +5,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from kernels import AtomSet, GridSpec
 from workbench.compute.errors import WorkbenchError
 from workbench.compute.maps import density_fit_gradient, density_map, planarity_gradient
+from workbench.compute.render import AtomMarks
+from workbench.compute.scene import RegionVolume, region_volume
 from workbench.compute.sections import Section, central_depth, section, section_index
-from workbench.state import EXAMPLES, Settings
+from workbench.state import EXAMPLES, Settings, registered_density_backends
 
 __all__ = [
     "Comparison",
@@ -21,6 +24,10 @@ __all__ = [
     "comparison_inputs",
     "difference_section",
     "inputs_label",
+    "over_marks",
+    "over_tolerance",
+    "over_uv",
+    "over_volume",
 ]
 
 
@@ -40,6 +47,39 @@ class Comparison:
     @property
     def ok(self) -> bool:
         return self.n_over == 0
+
+
+def over_tolerance(out, ref) -> torch.Tensor:
+    """Elements of ``out`` outside the float32 contract around ``ref`` (bool, CPU, their shape);
+    a non-finite element of ``out`` is always outside."""
+    o = torch.as_tensor(out).detach().to("cpu", torch.float64)
+    r = torch.as_tensor(ref).detach().to("cpu", torch.float64)
+    max_ref = float(r.abs().max()) if r.numel() else 0.0
+    return ~((o - r).abs() <= 1e-5 * max_ref + 1e-5 * r.abs())
+
+
+def over_uv(over: torch.Tensor, sec: Section) -> np.ndarray:
+    """Where the voxels of ``over`` (grid-shaped bool) on section ``sec`` lie, Å in the section frame.
+
+    Returns
+    -------
+    numpy.ndarray, shape (M, 2), float64
+    """
+    plane = over.select(sec.axis, sec.index).numpy()
+    p, q = np.nonzero(plane)
+    pts = np.stack([p, q, np.ones_like(p)]).astype(np.float64)
+    return (sec.voxel_affine @ pts)[:2].T
+
+
+def over_marks(diff: DifferenceResult, size: float = 6.0, colour: str = "#000000") -> AtomMarks:
+    """Marks of the over-tolerance voxels on ``diff.section`` for the slice view (dots of ``size`` points²)."""
+    uv = over_uv(diff.over, diff.section)
+    return AtomMarks(uv=uv, sizes=np.full(len(uv), size), colours=[colour] * len(uv))
+
+
+def over_volume(diff: DifferenceResult, padding: float = 3.0) -> RegionVolume:
+    """The over-tolerance voxels as a 0/1 map box around the atoms (CCP4 bytes) for the 3D view's isosurface at 0.5."""
+    return region_volume(diff.over.to(torch.float32), diff.grid, diff.xyz, padding, clip=False)
 
 
 def compare_arrays(out, ref) -> Comparison:
@@ -80,6 +120,10 @@ class DifferenceResult:
     gradient_kind, gradient_note : str
     section : Section
         The section of ``map_a − map_b`` (float32) at the settings' slice.
+    over : torch.Tensor, shape grid.shape, bool, CPU
+        Voxels of ``map_a`` outside the float32 contract around ``map_b``.
+    xyz : torch.Tensor, shape (N, 3), float64, CPU
+        The atom positions both runs splatted.
     inputs : tuple
         :func:`comparison_inputs` of the settings compared: a result for other inputs
         is not this comparison's (the app then drops it).
@@ -100,6 +144,8 @@ class DifferenceResult:
     gradient_kind: str
     gradient_note: str
     section: Section
+    over: torch.Tensor
+    xyz: torch.Tensor
 
 
 def comparison_inputs(settings: Settings) -> tuple:
@@ -175,6 +221,13 @@ def compare_backends(
     far above the float32 contract, and the view would blame the kernel for its input.
     """
     pairs = [_split(p) for p in (a, b)]
+    registered = registered_density_backends()
+    no_planarity = [p for p, (_, backend) in zip((a, b), pairs) if backend in registered]
+    if planes and settings.gradient_kind != "density" and no_planarity:
+        planes = None
+        note = f"no gradient compared: {', '.join(no_planarity)} is a density backend; choose gradient 'density'"
+    else:
+        note = "no gradient compared (planarity unavailable)"
     if any(backend != "reference" for _, backend in pairs):
         atoms = atoms.to(dtype=torch.float32).to(dtype=torch.float64)
         target = target.float().double() if target is not None else None
@@ -190,7 +243,7 @@ def compare_backends(
     (ra, ga), (rb, gb) = runs
     maps = compare_arrays(ra, rb)
     grads = compare_arrays(ga.grad, gb.grad) if ga is not None and gb is not None else None
-    note = "" if grads is not None else "no gradient compared (planarity unavailable)"
+    note = "" if grads is not None else note
     diff = (ra.double() - rb.double()).float()
     if index is None:
         depth = settings.slice_depth
@@ -211,4 +264,6 @@ def compare_backends(
         gradient_kind=ga.kind if ga else "",
         gradient_note=note,
         section=sec,
+        over=over_tolerance(ra, rb),
+        xyz=atoms.xyz.detach().to("cpu", torch.float64),
     )

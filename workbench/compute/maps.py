@@ -17,7 +17,7 @@ import torch
 import kernels
 from kernels import AtomSet, GridSpec, Model
 from workbench.compute.errors import WorkbenchError, sentence
-from workbench.state import Settings
+from workbench.state import Settings, op_backend
 
 __all__ = [
     "GradientResult",
@@ -166,7 +166,7 @@ def planarity_gradient(xyz: torch.Tensor, planes, settings: Settings, *, backend
         raise WorkbenchError("planarity is unavailable: kernels.planarity_nll is not in this install yet") from exc
     device = torch.device(device or settings.device)
     try:
-        name = kernels.resolve_backend("planarity", device, backend or settings.backend)
+        name = kernels.resolve_backend("planarity", device, op_backend("planarity", backend or settings.backend))
     except kernels.BackendError as exc:
         raise WorkbenchError(f"planarity backend on {device}: {sentence(exc)} Choose backend 'auto'.") from exc
     dtype = torch.float64 if name == "reference" else torch.float32
@@ -202,7 +202,7 @@ def density_at_points(rho: torch.Tensor, grid: GridSpec, points: torch.Tensor, *
     sample = tricubic_sampler()
     pts = points.to(device=rho.device, dtype=rho.dtype)
     try:
-        name = kernels.resolve_backend("tricubic", rho.device, backend)
+        name = kernels.resolve_backend("tricubic", rho.device, op_backend("tricubic", backend))
     except kernels.BackendError:
         name = "auto"  # the splat backend need not exist for tricubic (e.g. none yet): let dispatch pick
     out = sample(rho, grid, pts, method="catmull-rom", mode="periodic", backend=name)

@@ -49,9 +49,11 @@ function isoOptions(model) {
 }
 
 async function render({ model, el }) {
-  el.classList.add("wb-view3d");
+  // One class per viewer ("wb-view3d" for the main scene): page tests find each by it.
+  const css = model.get("css_class") || "wb-view3d";
+  el.classList.add(css);
   const box = document.createElement("div");
-  box.className = "wb-view3d-canvas";
+  box.className = `${css}-canvas`;
   box.style.position = "relative";
   box.style.width = "100%";
   box.style.maxWidth = "100%";

@@ -400,6 +400,10 @@ class Controls:
             "<code>wb.export_map(path)</code> in Python writes on the server</small>"
         )
 
+    def refresh_backends(self) -> None:
+        """Offer the backends runnable now (after :func:`kernels.register_backend`)."""
+        self._backends_for_device(self.state.device)
+
     def _backends_for_device(self, device: str) -> None:
         runnable, why_not = backend_choices(device)
         self._syncing = True

@@ -6,9 +6,14 @@ import html
 
 import ipywidgets as widgets
 
-from workbench.compute import Comparison, DifferenceResult
+from workbench.compute import Comparison, DifferenceResult, model_pdb, over_marks, over_volume
 from workbench.state import compare_choices
 from workbench.views.slice import SliceView
+from workbench.views.view3d import View3D
+
+# Over-tolerance voxels: black dots on the section, an orange mesh in 3D.
+_OVER_COLOUR = "#000000"
+_OVER_3D = "#ff7f00"
 
 __all__ = ["DifferenceView"]
 
@@ -26,10 +31,12 @@ class DifferenceView:
     difference section (``wb-diff-slice``) and the statistics (``wb-diff-stats``).
 
     Tolerance per element is docs/kernels.md's float32 contract, 1e-5·max|ref| + 1e-5·|ref|,
-    with run B as the reference.
+    with run B as the reference. Voxels of A outside it are marked: black dots on the
+    section, an orange mesh around them in 3D (``wb-diff-3d``), with the model's sticks.
+    Registered density backends (:func:`kernels.register_backend`) are in both lists.
     """
 
-    def __init__(self):
+    def __init__(self, *, lib_path=None):
         choices = compare_choices()
         self.a = widgets.Dropdown(options=choices, value="cpu:cpu", description="run A")
         self.a.add_class("wb-diff-a")
@@ -40,13 +47,31 @@ class DifferenceView:
         self.slice = SliceView(cmap="RdBu_r", title="A − B", css="wb-diff-slice", symmetric=True)
         self.stats = widgets.HTML("<small>press compare: both runs use the same atoms, grid and radius</small>")
         self.stats.add_class("wb-diff-stats")
-        self.widget = widgets.VBox([widgets.HBox([self.a, self.b, self.run]), self.stats, self.slice.widget])
+        self.view3d = View3D(lib_path=lib_path, height=360, css_class="wb-diff-3d")
+        self.caption3d = widgets.HTML()
+        self.widget = widgets.VBox(
+            [widgets.HBox([self.a, self.b, self.run]), self.stats, self.slice.widget, self.view3d, self.caption3d]
+        )
         self.last: DifferenceResult | None = None
+        self.n_marked = 0
 
-    def update(self, diff: DifferenceResult) -> None:
-        """Show ``diff``: the section of A − B and the map/gradient statistics."""
+    def refresh_choices(self) -> None:
+        """Offer the pairs runnable now (a backend registered after the view was built included)."""
+        choices = compare_choices()
+        for dd, fallback in ((self.a, "cpu:cpu"), (self.b, "cpu:reference")):
+            if tuple(dd.options) != choices:
+                value = dd.value if dd.value in choices else fallback
+                dd.options = choices
+                dd.value = value
+
+    def update(self, diff: DifferenceResult, model=None) -> None:
+        """Show ``diff``: the section of A − B, the voxels over tolerance in 3D, the statistics.
+
+        ``model`` (the :class:`kernels.Model` compared) gives the 3D view its sticks.
+        """
         self.last = diff
         self.show_section(diff)
+        self._show_3d(diff, model)
         rows = _row("map ρ", diff.maps)
         if diff.gradients is not None:
             rows += _row(f"{diff.gradient_kind} gradient", diff.gradients)
@@ -59,12 +84,35 @@ class DifferenceView:
         )
 
     def show_section(self, diff: DifferenceResult) -> None:
-        """Redraw the section of ``diff`` (after the slice moved; the statistics stay)."""
-        self.slice.update(diff.section, note=f"; A = {diff.a}, B = {diff.b}, for {diff.label}")
+        """Redraw the section of ``diff`` (after the slice moved; the statistics stay), over-tolerance voxels marked."""
+        marks = over_marks(diff, colour=_OVER_COLOUR)
+        self.n_marked = len(marks.uv)
+        over = f"; black dots: {self.n_marked} voxels over tolerance here ({diff.maps.n_over} in the map)"
+        self.slice.update(diff.section, marks=marks, note=f"; A = {diff.a}, B = {diff.b}, for {diff.label}{over}")
+
+    def _show_3d(self, diff: DifferenceResult, model) -> None:
+        n_over = diff.maps.n_over
+        vol = over_volume(diff)
+        with self.view3d.hold_sync():
+            if model is not None:
+                self.view3d.model_text = model_pdb(model, diff.xyz)
+            self.view3d.map_bytes = vol.ccp4 if n_over else b""
+            self.view3d.iso_level = 0.5
+            self.view3d.iso_color = _OVER_3D
+            self.view3d.iso_style = "mesh"  # drawn in iso_color (the "surface" skin has the map's own colour)
+        stride = f" (every {vol.stride}th voxel)" if vol.stride > 1 else ""
+        self.caption3d.value = (
+            f"<small>orange: the {n_over} voxels where {html.escape(diff.a)} is outside the tolerance around "
+            f"{html.escape(diff.b)}{stride}</small>"
+            if n_over
+            else f"<small>no voxel of {html.escape(diff.a)} is outside the tolerance</small>"
+        )
 
     def stale(self, label: str, now: str) -> None:
         """The shown comparison was for ``label``, the views are now for ``now``: clear it and say so."""
         self.last = None
+        self.view3d.map_bytes = b""
+        self.caption3d.value = ""
         with self.slice.image.hold_sync():
             self.slice.image.value = b""
             self.slice.caption.value = ""

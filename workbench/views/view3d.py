@@ -93,6 +93,9 @@ class View3D(anywidget.AnyWidget):
 
     Attributes (traits)
     -------------------
+    css_class : str
+        The element's CSS class, ``wb-view3d`` for the main scene (the canvas box gets
+        ``<css_class>-canvas``), so a second viewer is told apart by page tests.
     model_text, model_format : str
         The model as PDB text.
     map_bytes : bytes
@@ -125,6 +128,9 @@ class View3D(anywidget.AnyWidget):
 
     _esm = Path(__file__).resolve().parent.parent / "static" / "view3d.js"
 
+    css_class = traitlets.Unicode("wb-view3d", help="the viewer's CSS class (and its canvas box's, + '-canvas')").tag(
+        sync=True
+    )
     lib_url = traitlets.Unicode(CDN_URL).tag(sync=True)
     lib_source = traitlets.Unicode("").tag(sync=True)
     model_text = traitlets.Unicode("").tag(sync=True)
@@ -145,7 +151,7 @@ class View3D(anywidget.AnyWidget):
 
     def __init__(self, *, lib_path: str | os.PathLike | None = None, **kwargs):
         super().__init__(lib_source=_local_library(lib_path), **kwargs)
-        self.add_class("wb-view3d")
+        self.add_class(self.css_class)
         self._pick_callbacks: list = []
         self.on_msg(self._message)
 

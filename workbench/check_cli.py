@@ -1,0 +1,121 @@
+"""``workbench check MODULE:FUNCTION``: register a user's kernel and check it from the shell.
+
+The exit status is 0 only when every check passes, so the command can gate a user's CI:
+
+==  =====================================================================================
+0   every check passed (skipped and informational checks do not fail)
+1   a check failed (the report on stdout says which, and where)
+2   a usage error (bad arguments; nothing was run)
+3   the kernel could not be loaded: its module does not import, or the function is missing
+    or not callable
+4   the check could not run: a model unreadable, the device or backend unavailable
+==  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+__all__ = ["EXIT_CHECK_FAILED", "EXIT_LOAD", "EXIT_CANNOT_RUN", "add_parser", "load_function"]
+
+EXIT_PASSED, EXIT_CHECK_FAILED, EXIT_LOAD, EXIT_CANNOT_RUN = 0, 1, 3, 4
+
+
+class LoadError(Exception):
+    """MODULE:FUNCTION does not name a callable that can be imported."""
+
+
+def load_function(target: str):
+    """The function ``MODULE:FUNCTION`` names; MODULE is a dotted module name or a ``.py`` file.
+
+    A file's folder is put first on ``sys.path`` and the file imported by its name, so the
+    check's fresh process imports it the same way.
+
+    Raises
+    ------
+    LoadError
+        With what is wrong and what to do.
+    """
+    module_name, sep, func = target.rpartition(":")
+    if not sep or not module_name or not func:
+        raise LoadError(f"{target!r} is not MODULE:FUNCTION (e.g. mykernels:splat or path/to/mykernels.py:splat)")
+    if module_name.endswith(".py") or Path(module_name).is_file():
+        path = Path(module_name).resolve()
+        if not path.is_file():
+            raise LoadError(f"no file {path}")
+        sys.path.insert(0, str(path.parent))
+        module_name = path.stem
+    elif "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any error importing the user's module is a load error
+        raise LoadError(f"cannot import {module_name}: {type(exc).__name__}: {exc}") from exc
+    fn = module
+    for part in func.split("."):
+        if not hasattr(fn, part):
+            raise LoadError(f"module {module_name} has no {func!r}")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise LoadError(f"{target} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def _run(args: argparse.Namespace) -> int:
+    import kernels
+
+    try:
+        fn = load_function(args.target)
+    except LoadError as exc:
+        print(f"workbench check: {exc}", file=sys.stderr)
+        return EXIT_LOAD
+    name = args.name or getattr(fn, "__name__", "user")
+    if name in ("auto", *kernels.available_backends(args.op, "cpu"), "reference", "cpu", "triton"):
+        name = f"user_{name}"
+    caps = {"gradients": not args.no_gradients}
+    try:
+        kernels.register_backend(args.op, name, fn, devices=(args.device,), capabilities=caps)
+    except (kernels.BackendError, ValueError, TypeError) as exc:
+        print(f"workbench check: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    try:
+        report = kernels.check_backend(
+            args.op,
+            name,
+            structures=args.models or None,
+            device=args.device,
+            spacing=args.spacing,
+            fresh_process=not args.no_fresh_process,
+        )
+    except (kernels.BackendError, kernels.ModelError, kernels.GridError, OSError, ValueError) as exc:
+        print(f"workbench check: cannot run the check: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    finally:
+        kernels.unregister_backend(args.op, name)
+    print(report)
+    if args.html:
+        print(f"report written to {report.save(args.html)}")
+    return EXIT_PASSED if report.ok else EXIT_CHECK_FAILED
+
+
+def add_parser(sub, positive) -> None:
+    """Add the ``check`` subcommand to ``sub`` (``positive`` makes a positive-number argument type)."""
+    cp = sub.add_parser(
+        "check",
+        help="register a density kernel MODULE:FUNCTION and check it as ours are checked",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cp.add_argument("target", metavar="MODULE:FUNCTION", help="e.g. mykernels:splat or path/to/mykernels.py:splat")
+    cp.add_argument("models", nargs="*", metavar="MODEL", help="PDB/mmCIF files (default: the bundled examples)")
+    cp.add_argument("--op", default="density", choices=["density"], help="the op the function computes")
+    cp.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    cp.add_argument("--name", help="backend name to register it under (default: the function's name)")
+    cp.add_argument("--spacing", type=positive("--spacing", " of Å"), default=2 / 3, help="grid spacing in Å")
+    cp.add_argument("--no-gradients", action="store_true", help="the kernel is not differentiable: skip gradients")
+    cp.add_argument("--no-fresh-process", action="store_true", help="skip the first-call check in a new process")
+    cp.add_argument("--html", type=Path, help="also write the report as a self-contained HTML page")
+    cp.set_defaults(func=_run)
