@@ -147,7 +147,9 @@ def test_a_correct_user_kernel_passes_every_check_including_a_fresh_first_call(r
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_our_backends_pass_every_check(backend, model):
-    report = check(backend, model)
+    # Triton runs on CUDA tensors where a GPU is present (in the interpreter, on CPU tensors).
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    report = check(backend, model, device=device)
     assert report.ok, str(report)
     assert {c.status for c in report.checks} == {"pass", "skipped"}  # gemmi: no file
 
@@ -196,6 +198,9 @@ def test_wrong_gradient_sign_is_found_by_finite_differences_too_and_named_by_com
     assert worst.got == pytest.approx(-worst.expected, rel=1e-3)
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="a GPU is present: Triton takes CUDA tensors, and the CUDA variant below runs"
+)
 def test_first_call_garbage_of_a_triton_kernel_is_found_in_a_fresh_process(register, model):
     register("garbage", ub.triton_first_call_garbage, devices=("cpu",), capabilities={"gradients": False})
     report = check("garbage", model, fresh_process=True)
