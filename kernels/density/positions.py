@@ -60,9 +60,12 @@ def _fractional(xyz: torch.Tensor, cell: Cell) -> torch.Tensor:
     # (x·F_d0 + y·F_d1) + z·F_d2, one exactly rounded op at a time: the order the C++ kernel uses, on
     # every machine (a matmul's order and FMA use depend on the BLAS and the CPU), so both backends put
     # an atom at an exact voxel tie on the same side.
-    x = xyz.detach().to(torch.float64)
-    frac = _matrices(cell, xyz.device)[0]
-    return x[:, 0:1] * frac[:, 0] + x[:, 1:2] * frac[:, 1] + x[:, 2:3] * frac[:, 2]
+    return _frac_product(xyz.detach().to(torch.float64), _matrices(cell, xyz.device)[0])
+
+
+def _frac_product(x64: torch.Tensor, frac: torch.Tensor) -> torch.Tensor:
+    """frac·x per row, (N, 3) float64, in the fixed order of :func:`_fractional` (differentiable)."""
+    return x64[:, 0:1] * frac[:, 0] + x64[:, 1:2] * frac[:, 1] + x64[:, 2:3] * frac[:, 2]
 
 
 def check_finite(atoms: AtomSet, cell: Cell | None = None) -> None:
@@ -139,5 +142,5 @@ def positions_in_cell(atoms: AtomSet, cell: Cell) -> torch.Tensor:
         shift = torch.where(far, torch.floor(f), torch.zeros_like(f))
     # frac·xyz − floor(frac·xyz) in the differentiable path (exact), then back to Cartesian.
     frac, orth = _matrices(cell, x64.device)
-    moved = (x64 @ frac.T - shift) @ orth.T
+    moved = (_frac_product(x64, frac) - shift) @ orth.T
     return torch.where(far, moved, x64)

@@ -411,4 +411,7 @@ def _planarity_nll_triton(xyz: torch.Tensor, planes: PlaneSet, *, block_p: int |
         xyz = xyz.contiguous()
     if len(planes) == 0:
         return (xyz * 0.0).sum() + planes.constant
-    return _PlanarityTriton.apply(xyz, _plan(planes, xyz.device, block_p))
+    plan = _plan(planes, xyz.device, block_p)
+    if not (xyz.requires_grad and torch.is_grad_enabled()):  # no table, no autograd node
+        return _forward(xyz, plan, False)[0]
+    return _PlanarityTriton.apply(xyz, plan)
