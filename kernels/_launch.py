@@ -33,7 +33,7 @@ __all__ = ["FastLauncher", "fast_launch_enabled"]
 
 try:
     from triton import knobs as _knobs
-except ImportError:  # Triton before 3.4: no knobs, launcher arguments unknown
+except ImportError:  # a Triton without knobs (older than 3.4): launcher arguments unknown
     _knobs = None
 
 _enabled = _knobs is not None

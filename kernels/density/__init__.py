@@ -49,9 +49,24 @@ def peak_density(atoms: AtomSet) -> torch.Tensor:
     torch.Tensor, shape (N,), the atoms' dtype and device; not differentiable.
     """
     with torch.no_grad():
+        if atoms.device.type == "cpu":
+            return torch.from_numpy(_peak_density_host(atoms))
         scale = torch.reciprocal(atoms.b + atoms.b_iso[:, None]).mul_(4 * math.pi)  # 4π/B_k
         scale.mul_(scale.sqrt()).mul_(atoms.a)  # a_k·(4π/B_k)^{3/2}, without pow
         return scale.sum(dim=1).mul_(atoms.occ)
+
+
+def _peak_density_host(atoms: AtomSet) -> np.ndarray:
+    """:func:`peak_density` of CPU atoms in numpy: one pass over N×5 values on the calling thread.
+
+    torch would split it over its thread pool, whose threads may be busy elsewhere (a browser,
+    another kernel) and hold the splat call up behind them.
+    """
+    with torch.no_grad():
+        a, b = atoms.a.numpy(), atoms.b.numpy()
+        b_iso, occ = atoms.b_iso.numpy(), atoms.occ.numpy()
+    scale = (4 * math.pi) / (b + b_iso[:, None])
+    return (a * (scale * np.sqrt(scale))).sum(axis=1) * occ
 
 
 def _warn_atoms_below_cutoff(atoms: AtomSet, cutoff: float) -> None:
@@ -62,13 +77,9 @@ def _warn_atoms_below_cutoff(atoms: AtomSet, cutoff: float) -> None:
     """
     if len(atoms) == 0:
         return
-    # numpy, not torch: these are one pass over N×5 values, and torch would split them over its
-    # thread pool, whose threads may be busy elsewhere (a browser, another kernel) and hold the call up.
-    with torch.no_grad():
-        a, b = atoms.a.numpy(), atoms.b.numpy()
-        b_iso, occ = atoms.b_iso.numpy(), atoms.occ.numpy()
-    scale = (4 * math.pi) / (b + b_iso[:, None])
-    low = (a * (scale * np.sqrt(scale))).sum(axis=1) * occ < cutoff
+    peaks = _peak_density_host(atoms)
+    low = peaks < cutoff
+    occ = atoms.occ.detach().numpy()
     if low.any():
         low &= occ > 0
     if low.any():
@@ -77,7 +88,7 @@ def _warn_atoms_below_cutoff(atoms: AtomSet, cutoff: float) -> None:
         more = f" and {count - 1} more atoms" if count > 1 else ""
         label = atoms.labels[idx] if len(atoms.labels) == len(atoms) else f"#{idx + 1}"
         warnings.warn(
-            f"atom {label} (index {idx}){more}: peak density {float(peak_density(atoms.select([idx]))[0]):.3g} "
+            f"atom {label} (index {idx}){more}: peak density {float(peaks[idx]):.3g} "
             f"e/Å³ is below the cutoff {cutoff:g} e/Å³, so the per-atom radius leaves it out of the map "
             "(B or occupancy too small?); lower the cutoff or pass radius= to splat it",
             UserWarning,
