@@ -457,16 +457,30 @@ class AtomSet:
     occ : torch.Tensor, shape (N,)
         Occupancies in [0, 1].
     a, b : torch.Tensor, shape (N, 5)
-        IT92 form-factor coefficients from gemmi: the four Gaussians (a₁..a₄, b₁..b₄)
-        and the constant c as a fifth term with width 0.
+        Form-factor coefficients from gemmi for ``radiation``, as five Gaussians
+        ρ(r) ∝ a_k·exp(−b_k s²/4): X-ray IT92 (the four Gaussians and the constant c as a fifth
+        term with width 0), electron (the five Gaussians of International Tables C 4.3.2.2)
+        or neutron (the coherent scattering length in fm as the first term with width 0, the
+        others 0; hydrogen's length is negative).
     elements : tuple of str, length N
         Element symbols.
     labels : tuple of AtomLabel, length N
         Chain / residue / atom name / altloc of each atom.
+    u_aniso : torch.Tensor or None, shape (N, 6)
+        Anisotropic displacement tensors U11, U22, U33, U12, U13, U23 in Å², Cartesian
+        (gemmi's and the ANISOU convention). Used for the atoms where ``aniso`` is True; the rows
+        of the other atoms are ignored (they use ``b_iso``). ``None`` for an isotropic set.
+    aniso : torch.Tensor or None, shape (N,), bool
+        Which atoms use ``u_aniso`` (their ``b_iso`` is then informational only). ``None``
+        exactly when ``u_aniso`` is.
+    radiation : {"xray", "electron", "neutron"}
+        Which scattering the coefficients describe; it sets the cutoff-radius rule (neutron
+        lengths are one Gaussian, solved in closed form as gemmi does).
 
     Constructing an AtomSet validates it on the host (finite positions, B > 0,
-    occupancy in [0, 1], matching shapes) and raises ``ValueError`` naming the first
-    bad atom. All tensors share one device and dtype.
+    occupancy in [0, 1], matching shapes, finite and positive-definite U of the anisotropic
+    atoms) and raises ``ValueError`` naming the first bad atom. All tensors share one device
+    and dtype (``aniso`` is bool on the same device).
 
     Two AtomSets are equal when their tensors (same dtype and device, equal values),
     elements and labels are; an AtomSet is unhashable, as its tensors can change in place.
@@ -479,6 +493,9 @@ class AtomSet:
     b: torch.Tensor
     elements: tuple[str, ...] = ()
     labels: tuple[AtomLabel, ...] = ()
+    u_aniso: torch.Tensor | None = None
+    aniso: torch.Tensor | None = None
+    radiation: str = "xray"
     _validate: dataclasses.InitVar[bool] = True
 
     def __post_init__(self, _validate: bool):
@@ -495,6 +512,22 @@ class AtomSet:
             raise ValueError(f"AtomSet tensors must share one device and dtype, got {devices} and {dtypes}")
         if not self.xyz.dtype.is_floating_point:
             raise ValueError(f"AtomSet tensors must be floating point, got {self.xyz.dtype}")
+        if self.radiation not in RADIATIONS:
+            raise ValueError(f"AtomSet.radiation must be one of {RADIATIONS}, got {self.radiation!r}")
+        if (self.u_aniso is None) != (self.aniso is None):
+            raise ValueError("AtomSet.u_aniso and AtomSet.aniso are given together or not at all")
+        if self.u_aniso is not None:
+            u, flag = self.u_aniso, self.aniso
+            if not isinstance(u, torch.Tensor) or tuple(u.shape) != (n, 6):
+                got = tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__
+                raise ValueError(f"AtomSet.u_aniso must be a tensor of shape {(n, 6)} (N = {n}), got {got}")
+            if not isinstance(flag, torch.Tensor) or tuple(flag.shape) != (n,) or flag.dtype != torch.bool:
+                got = f"{tuple(flag.shape)} {flag.dtype}" if isinstance(flag, torch.Tensor) else type(flag).__name__
+                raise ValueError(f"AtomSet.aniso must be a bool tensor of shape {(n,)} (N = {n}), got {got}")
+            if u.device != self.xyz.device or u.dtype != self.xyz.dtype or flag.device != self.xyz.device:
+                raise ValueError(
+                    "AtomSet.u_aniso must share the device and dtype of the other tensors, and aniso their device"
+                )
         if not self.elements:
             object.__setattr__(self, "elements", ("?",) * n)
         if not self.labels:
@@ -529,6 +562,17 @@ class AtomSet:
                 raise ValueError(f"atom {self.labels[idx]} (index {idx}) {what}: {value(idx)}{more}")
         if not torch.isfinite(self.a).all() or not torch.isfinite(self.b).all() or (self.b < 0).any():
             raise ValueError("form-factor coefficients must be finite with widths b ≥ 0")
+        if self.u_aniso is not None:
+            from kernels.density.adp import first_bad_adp
+
+            bad = first_bad_adp(self.u_aniso, self.aniso)
+            if bad is not None:
+                idx, count, what = bad
+                more = f" ({count - 1} more atoms too)" if count > 1 else ""
+                raise ValueError(
+                    f"atom {self.labels[idx]} (index {idx}) {what}{more}; read the model with adp='iso', or "
+                    "on_bad_adp='iso' to fall back to B_iso for such atoms"
+                )
         tiny = (self.b_iso < MIN_PHYSICAL_B).detach().cpu()
         if tiny.any():
             idx = int(tiny.nonzero()[0, 0])
@@ -549,9 +593,14 @@ class AtomSet:
         if not isinstance(other, AtomSet):
             return NotImplemented
         names = ("xyz", "b_iso", "occ", "a", "b")
+        if (self.u_aniso is None) != (other.u_aniso is None):
+            return False
+        if self.u_aniso is not None:
+            names += ("u_aniso", "aniso")
         return (
             self.elements == other.elements
             and self.labels == other.labels
+            and self.radiation == other.radiation
             and self.dtype == other.dtype
             and self.device == other.device
             and all(torch.equal(getattr(self, n), getattr(other, n)) for n in names)
@@ -577,13 +626,24 @@ class AtomSet:
         if dtype is not None:
             kw["dtype"] = dtype
         moved = {name: getattr(self, name).to(**kw) for name in ("xyz", "b_iso", "occ", "a", "b")}
-        return AtomSet(**moved, elements=self.elements, labels=self.labels, _validate=False)
+        if self.u_aniso is not None:
+            moved["u_aniso"] = self.u_aniso.to(**kw)
+            moved["aniso"] = self.aniso.to(device=kw.get("device", self.aniso.device))
+        return AtomSet(**moved, elements=self.elements, labels=self.labels, radiation=self.radiation, _validate=False)
 
     def replace(self, **changes) -> AtomSet:
-        """A new AtomSet with some tensors replaced (validated again), e.g. ``replace(b_iso=b)``."""
-        fields = {name: getattr(self, name) for name in ("xyz", "b_iso", "occ", "a", "b", "elements", "labels")}
+        """A new AtomSet with some fields replaced (validated again), e.g. ``replace(b_iso=b)``.
+
+        ``replace(u_aniso=None, aniso=None)`` gives the isotropic set (every atom at its ``b_iso``).
+        """
+        fields = {name: getattr(self, name) for name in _FIELDS}
         fields.update(changes)
         return AtomSet(**fields)
+
+    @property
+    def is_anisotropic(self) -> bool:
+        """Whether the set carries anisotropic displacement tensors (``u_aniso`` is not None)."""
+        return self.u_aniso is not None
 
     def select(self, index: torch.Tensor | Sequence[int]) -> AtomSet:
         """The atoms at ``index`` (integer indices or a boolean mask), in that order."""
@@ -594,11 +654,13 @@ class AtomSet:
             idx = idx.nonzero().flatten()
         sel = idx.tolist()
         dev_idx = idx.to(self.device)
-        tensors = {name: getattr(self, name)[dev_idx] for name in ("xyz", "b_iso", "occ", "a", "b")}
+        names = ("xyz", "b_iso", "occ", "a", "b") + (("u_aniso", "aniso") if self.u_aniso is not None else ())
+        tensors = {name: getattr(self, name)[dev_idx] for name in names}
         return AtomSet(
             **tensors,
             elements=tuple(self.elements[i] for i in sel),
             labels=tuple(self.labels[i] for i in sel),
+            radiation=self.radiation,
             _validate=False,
         )
 
@@ -612,8 +674,10 @@ class AtomSet:
         *,
         labels: Sequence[AtomLabel] | None = None,
         dtype: torch.dtype = torch.float64,
+        radiation: str = "xray",
+        u_aniso=None,
     ) -> AtomSet:
-        """Build atoms from element symbols, taking the IT92 coefficients from gemmi.
+        """Build atoms from element symbols, taking the form-factor coefficients from gemmi.
 
         Parameters
         ----------
@@ -623,6 +687,16 @@ class AtomSet:
         occ : array-like, shape (N,) or scalar, optional (default 1)
         labels : sequence of AtomLabel, optional
         dtype : torch.dtype
+        radiation : {"xray", "electron", "neutron"}
+            Which table the coefficients come from (:func:`form_factor_coefficients`).
+        u_aniso : array-like, shape (N, 6), optional
+            U11, U22, U33, U12, U13, U23 in Å² (Cartesian); a row of NaN marks an isotropic atom.
+            Given, every other atom is anisotropic.
+
+        Raises
+        ------
+        ValueError
+            An element the table does not cover (named), or values an AtomSet refuses.
         """
         n = len(elements)
         xyz = torch.as_tensor(np.asarray(xyz, dtype=np.float64).reshape(n, 3), dtype=dtype)
@@ -635,8 +709,77 @@ class AtomSet:
             if labels is not None
             else tuple(AtomLabel("", "", i + 1, "", f"{el}{i + 1}", "") for i, el in enumerate(elements))
         )
-        a, b = it92_coefficients(elements, labels)
-        return cls(xyz, b_iso, occ, a.to(dtype), b.to(dtype), tuple(elements), labels)
+        a, b = form_factor_coefficients(elements, radiation, labels)
+        u = flag = None
+        if u_aniso is not None:
+            u_np = np.asarray(u_aniso, dtype=np.float64).reshape(n, 6)
+            flag_np = ~np.isnan(u_np).all(axis=1)
+            u = torch.as_tensor(np.where(flag_np[:, None], u_np, 0.0), dtype=dtype)
+            flag = torch.as_tensor(flag_np)
+        return cls(xyz, b_iso, occ, a.to(dtype), b.to(dtype), tuple(elements), labels, u, flag, radiation=radiation)
+
+
+#: The scattering a model's coefficients can describe (``AtomSet.radiation``).
+RADIATIONS = ("xray", "electron", "neutron")
+_FIELDS = ("xyz", "b_iso", "occ", "a", "b", "elements", "labels", "u_aniso", "aniso", "radiation")
+
+
+def form_factor_coefficients(
+    elements: Sequence[str], radiation: str = "xray", labels: Sequence[AtomLabel] | None = None
+):
+    """Form-factor coefficients from gemmi's tables as two float64 tensors ``a (N, 5)``, ``b (N, 5)``.
+
+    Parameters
+    ----------
+    elements : sequence of str, length N
+    radiation : {"xray", "electron", "neutron"}
+        ``xray``: IT92 (:func:`it92_coefficients`). ``electron``: the five-Gaussian fits of
+        International Tables C 4.3.2.2 (gemmi's ``c4322``). ``neutron``: the coherent scattering
+        length in fm (gemmi's ``neutron92``) as term 1 with width 0, terms 2–5 zero.
+    labels : sequence of AtomLabel, optional
+        Names the atom in the error.
+
+    Raises
+    ------
+    ValueError
+        ``radiation`` unknown, or the first atom whose element the table does not cover (named,
+        with what to do).
+    """
+    import gemmi
+
+    if radiation not in RADIATIONS:
+        raise ValueError(f"radiation must be one of {RADIATIONS}, got {radiation!r}")
+    if radiation == "xray":
+        return it92_coefficients(elements, labels)
+    table: dict[str, tuple[list[float], list[float]] | None] = {}
+    a = np.zeros((len(elements), 5))
+    b = np.zeros((len(elements), 5))
+    for i, symbol in enumerate(elements):
+        if symbol not in table:
+            el = gemmi.Element(symbol)
+            entry = None
+            if el.atomic_number > 0:
+                if radiation == "electron" and el.c4322 is not None and any(el.c4322.a):
+                    entry = (list(el.c4322.a), list(el.c4322.b))
+                elif radiation == "neutron" and el.neutron92 is not None:
+                    length = el.neutron92.get_coefs()[0]
+                    if length != 0:
+                        entry = ([length, 0.0, 0.0, 0.0, 0.0], [0.0] * 5)
+            table[symbol] = entry
+        entry = table[symbol]
+        if entry is None:
+            who = f"atom {labels[i]}" if labels else f"atom {i}"
+            what = (
+                "electron form factor (International Tables 4.3.2.2)"
+                if radiation == "electron"
+                else ("neutron scattering length")
+            )
+            raise ValueError(
+                f"{who} has element {symbol!r}, which has no {what} in gemmi: fix the element column of the "
+                f"file or drop the atom before splatting a {radiation} map"
+            )
+        a[i], b[i] = entry
+    return torch.from_numpy(a), torch.from_numpy(b)
 
 
 def it92_coefficients(elements: Sequence[str], labels: Sequence[AtomLabel] | None = None):
@@ -711,6 +854,9 @@ def read_model(
     water: bool = True,
     hydrogens: bool = True,
     box_padding: float | None = None,
+    adp: str = "auto",
+    on_bad_adp: str = "raise",
+    radiation: str = "xray",
 ) -> Model:
     """Read a PDB or mmCIF file (optionally gzipped) into atom tensors.
 
@@ -732,6 +878,17 @@ def read_model(
         For a model without a unit cell (no CRYST1, or a 1×1×1 placeholder): build a
         P 1 orthogonal box around the atoms with this margin in Å. Without it such a
         model is an error.
+    adp : {"auto", "iso"}
+        ``auto`` keeps each atom's ANISOU as a row of ``atoms.u_aniso`` (``atoms.aniso`` marks
+        those atoms; the others use their B); a file without ANISOU gives an isotropic set.
+        ``iso`` ignores ANISOU and splats every atom at its isotropic B.
+    on_bad_adp : {"raise", "iso"}
+        What to do with an atom whose U is not positive definite (no Gaussian has that shape;
+        gemmi's map is NaN around it): ``raise`` a ModelError naming the atom and its eigenvalues,
+        or ``iso`` to splat that atom at its B_iso (one warning naming the atoms, also in ``notes``).
+    radiation : {"xray", "electron", "neutron"}
+        Which form-factor table gives ``atoms.a``/``atoms.b``
+        (:func:`kernels.crystal.form_factor_coefficients`).
 
     Returns
     -------
@@ -749,7 +906,9 @@ def read_model(
         without coordinates, element or B column; an unknown element; a cell that is not
         a cell (a length ≤ 0, angles no cell has); a space group the cell contradicts;
         no atoms; no unit cell without ``box_padding``; non-finite coordinates, B ≤ 0,
-        occupancy outside [0, 1].
+        occupancy outside [0, 1]; an ANISOU U that is not positive definite (with
+        ``on_bad_adp="raise"``); an element the ``radiation`` table does not cover; ``adp``,
+        ``on_bad_adp`` or ``radiation`` not one of their values.
 
     Warns
     -----
@@ -757,7 +916,7 @@ def read_model(
         Where the file is readable but something was assumed (also in ``notes``): an
         mmCIF without occupancies (taken as 1), a space group gemmi does not know or none
         (P 1 is used), a cell that fits its space group only within 0.1 % of its metric,
-        B derived from ANISOU.
+        B derived from ANISOU, anisotropic atoms splatted at B_iso (``on_bad_adp="iso"``).
     """
     import gemmi
 
@@ -765,6 +924,13 @@ def read_model(
 
     path = Path(path)
     where = str(path)
+    for name, value, allowed in (
+        ("adp", adp, ("auto", "iso")),
+        ("on_bad_adp", on_bad_adp, ("raise", "iso")),
+        ("radiation", radiation, RADIATIONS),
+    ):
+        if value not in allowed:
+            raise ModelError(f"{where}: {name} must be one of {allowed}, got {value!r}")
     if not path.exists():
         raise ModelError(f"{where}: no such file")
     if not path.is_file():
@@ -917,12 +1083,59 @@ def read_model(
             "(--box-padding on the command line) to build a P 1 box around the atoms"
         )
 
+    u_aniso = flags = None
+    if adp == "auto":
+        flags = np.array([atom.aniso.nonzero() for _, _, atom in rows], dtype=bool)
+        if flags.any():
+            u_aniso = np.zeros((len(rows), 6))
+            for i in np.flatnonzero(flags):
+                u = rows[i][2].aniso
+                u_aniso[i] = (u.u11, u.u22, u.u33, u.u12, u.u13, u.u23)
+            _check_adp(u_aniso, flags, labels, where, on_bad_adp, notes)
+        else:
+            flags = None
     try:
-        a, b = it92_coefficients(elements, labels)
-        atoms = AtomSet(torch.from_numpy(xyz), torch.from_numpy(b_iso), torch.from_numpy(occ), a, b, elements, labels)
+        a, b = form_factor_coefficients(elements, radiation, labels)
+        atoms = AtomSet(
+            torch.from_numpy(xyz),
+            torch.from_numpy(b_iso),
+            torch.from_numpy(occ),
+            a,
+            b,
+            elements,
+            labels,
+            None if u_aniso is None else torch.from_numpy(u_aniso),
+            None if flags is None else torch.from_numpy(flags),
+            radiation=radiation,
+        )
     except ValueError as exc:
         raise ModelError(f"{where}: {exc}") from exc
     return Model(atoms, cell, spacegroup, path, st, tuple(notes))
+
+
+def _check_adp(u_aniso: np.ndarray, flags: np.ndarray, labels, where: str, on_bad_adp: str, notes: list[str]) -> None:
+    """Refuse, or (``on_bad_adp="iso"``) turn isotropic in place, the atoms whose U is not positive definite."""
+    from kernels.density.adp import u_matrix
+
+    u = torch.from_numpy(u_aniso)
+    lam = torch.linalg.eigvalsh(u_matrix(u)).numpy()
+    bad = flags & ~(np.isfinite(u_aniso).all(axis=1) & (lam[:, 0] > 0))
+    if not bad.any():
+        return
+    idx = np.flatnonzero(bad)
+    described = [f"{labels[i]} (eigenvalues {', '.join(f'{v:.4g}' for v in lam[i])} Å²)" for i in idx[:5]]
+    more = f" and {len(idx) - 5} more" if len(idx) > 5 else ""
+    what = f"{len(idx)} atom(s) have an ANISOU U that is not positive definite: {'; '.join(described)}{more}"
+    if on_bad_adp == "raise":
+        raise ModelError(
+            f"{where}: {what}. No Gaussian has that shape. Read with on_bad_adp='iso' to splat these atoms at "
+            "their isotropic B (the others stay anisotropic), or adp='iso' for an isotropic model"
+        )
+    flags[idx] = False
+    u_aniso[idx] = 0.0
+    msg = f"{what}; splatted at their isotropic B instead"
+    warnings.warn(f"{where}: {msg}", stacklevel=3)
+    notes.append(msg)
 
 
 def _gemmi_read(where: str, fn, *args):

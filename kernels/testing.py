@@ -1,9 +1,9 @@
 """What the kernels are checked against: gemmi's density calculator, set up as the kernels are.
 
 Tests, benchmarks and users checking a kernel of their own compare maps with gemmi's
-``DensityCalculatorX`` on the same grid. This module is the one place that sets gemmi up
-for that: grid spacing, cutoff, and the anisotropic ADPs dropped (the kernels splat
-isotropic B; gemmi would otherwise splat the file's ANISOU).
+``DensityCalculatorX`` (``…E`` for electrons, ``…N`` for neutrons) on the same grid. This module is
+the one place that sets gemmi up for that: grid spacing, cutoff, blur, and the ANISOU kept or
+dropped as :func:`kernels.read_model` keeps or drops it (``adp``).
 """
 
 from __future__ import annotations
@@ -20,48 +20,80 @@ __all__ = ["GEMMI_RATE", "gemmi_density", "gemmi_density_calculator"]
 GEMMI_RATE = 1.5
 
 
-def gemmi_density_calculator(structure, spacing: float, cutoff: float = 1e-5):
-    """gemmi's X-ray density calculator for ``structure``, its grid sized for ``spacing``.
+_CALCULATORS = {"xray": "DensityCalculatorX", "electron": "DensityCalculatorE", "neutron": "DensityCalculatorN"}
+
+
+def gemmi_density_calculator(
+    structure,
+    spacing: float,
+    cutoff: float = 1e-5,
+    *,
+    adp: str = "auto",
+    radiation: str = "xray",
+    blur: float = 0.0,
+):
+    """gemmi's density calculator for ``structure``, its grid sized for ``spacing``.
 
     The grid is gemmi's whole-cell grid for the structure's cell and space group at
     ``spacing`` Å, the same shape as ``kernels.GridSpec.for_spacing(cell, spacing,
-    spacegroup)``. Every atom's ANISOU is zeroed, so gemmi splats each atom's isotropic B
-    as the kernels do.
+    spacegroup)``.
 
     Parameters
     ----------
     structure : str, os.PathLike or gemmi.Structure
         A model file gemmi reads (PDB/mmCIF, optionally gzipped) or a structure already
-        read; a structure passed in is modified (its ANISOU zeroed).
+        read; a structure passed in is modified when ``adp="iso"`` (its ANISOU zeroed).
     spacing : float
         Grid spacing in Å.
     cutoff : float
-        Density level in e/Å³ at which gemmi ends each atom's sphere.
+        Density level at which gemmi ends each atom's sphere (e/Å³; fm/Å³ for neutrons).
+    adp : {"auto", "iso"}
+        ``auto`` splats each atom's ANISOU where it has one (as ``read_model(adp="auto")`` keeps
+        it); ``iso`` zeroes every ANISOU so gemmi splats isotropic B.
+    radiation : {"xray", "electron", "neutron"}
+        ``DensityCalculatorX``, ``DensityCalculatorE`` or ``DensityCalculatorN``.
+    blur : float
+        gemmi's ``blur``: an extra B in Å² on every atom.
 
     Returns
     -------
-    (gemmi.Structure, gemmi.DensityCalculatorX)
+    (gemmi.Structure, gemmi.DensityCalculator*)
         The structure and the calculator, its grid allocated and zero.
     """
     import gemmi
 
+    if adp not in ("auto", "iso"):
+        raise ValueError(f"adp must be 'auto' or 'iso', got {adp!r}")
+    if radiation not in _CALCULATORS:
+        raise ValueError(f"radiation must be one of {tuple(_CALCULATORS)}, got {radiation!r}")
     st = gemmi.read_structure(os.fspath(structure)) if isinstance(structure, (str, Path)) else structure
-    zero = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
-    for chain in st[0]:
-        for residue in chain:
-            for atom in residue:
-                atom.aniso = zero
-    dc = gemmi.DensityCalculatorX()
+    if adp == "iso":
+        zero = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
+        for chain in st[0]:
+            for residue in chain:
+                for atom in residue:
+                    atom.aniso = zero
+    dc = getattr(gemmi, _CALCULATORS[radiation])()
     dc.d_min = 2 * GEMMI_RATE * spacing
     dc.rate = GEMMI_RATE
     dc.cutoff = cutoff
+    dc.blur = blur
     dc.set_grid_cell_and_spacegroup(st)
     dc.initialize_grid()
     return st, dc
 
 
-def gemmi_density(structure, spacing: float = 2.0 / 3.0, cutoff: float = 1e-5, *, symmetry: bool = False) -> np.ndarray:
-    """gemmi's density map of ``structure`` (first model, ANISOU zeroed).
+def gemmi_density(
+    structure,
+    spacing: float = 2.0 / 3.0,
+    cutoff: float = 1e-5,
+    *,
+    symmetry: bool = False,
+    adp: str = "auto",
+    radiation: str = "xray",
+    blur: float = 0.0,
+) -> np.ndarray:
+    """gemmi's density map of ``structure`` (first model).
 
     Parameters
     ----------
@@ -72,13 +104,15 @@ def gemmi_density(structure, spacing: float = 2.0 / 3.0, cutoff: float = 1e-5, *
     symmetry : bool
         False: the asymmetric unit's atoms only, as ``kernels.splat_density`` computes.
         True: with the symmetry mates added, as ``kernels.symmetrize`` of that map.
+    adp, radiation, blur
+        As for :func:`gemmi_density_calculator`.
 
     Returns
     -------
     numpy.ndarray, shape (nx, ny, nz), float32
         Density in e/Å³ (a copy; gemmi's grid is freed).
     """
-    st, dc = gemmi_density_calculator(structure, spacing, cutoff)
+    st, dc = gemmi_density_calculator(structure, spacing, cutoff, adp=adp, radiation=radiation, blur=blur)
     if symmetry:
         dc.put_model_density_on_grid(st[0])
     else:

@@ -16,7 +16,10 @@ import torch
 
 from kernels._util import positive_number
 
-__all__ = ["cutoff_radius", "radial_density", "DEFAULT_CUTOFF"]
+__all__ = ["cutoff_radius", "atom_cutoff_radii", "radial_density", "DEFAULT_CUTOFF", "RADIUS_RULES"]
+
+#: How the cutoff radius of an anisotropic atom is found (:func:`atom_cutoff_radii`).
+RADIUS_RULES = ("gemmi", "eigen")
 
 DEFAULT_CUTOFF = 1e-5
 # 0.5 Å steps; 80 steps move 40 Å, far beyond any atom at B < 1000 Å².
@@ -76,62 +79,133 @@ def cutoff_radius(
     with torch.no_grad():
         bb = b_iso.detach().to(torch.float64)
         amp, expo = _precalculate(bb, a.detach().to(torch.float64), b.detach().to(torch.float64))
+        return _step_search(amp, expo, bb, cutoff)
 
-        def value(x):
-            return (amp * torch.exp(expo * (x * x)[:, None])).sum(-1)
 
-        def value_and_slope(x):
-            e = amp * torch.exp(expo * (x * x)[:, None])
-            return e.sum(-1), (2 * x[:, None] * expo * e).sum(-1)
+def _step_search(amp: torch.Tensor, expo: torch.Tensor, bb: torch.Tensor, cutoff: float) -> torch.Tensor:
+    """gemmi's ``determine_cutoff_radius`` for ρ(r) = Σ_k amp_k·exp(expo_k·r²), started at its guess for B = bb.
 
-        x1 = (8.5 + 0.075 * bb) / (2.4 + 0.0045 * bb)
-        y1, dy = value_and_slope(x1)
-        for _ in range(_MAX_STEPS):  # move past a maximum (only with addends; kept for fidelity)
-            up = dy > 0
-            x1 = torch.where(up, x1 + 1.0, x1)
+    amp, expo: (N, 5) float64; bb: (N,) float64. Returns (N,) float64 radii in Å.
+    """
+
+    def value(x):
+        return (amp * torch.exp(expo * (x * x)[:, None])).sum(-1)
+
+    def value_and_slope(x):
+        e = amp * torch.exp(expo * (x * x)[:, None])
+        return e.sum(-1), (2 * x[:, None] * expo * e).sum(-1)
+
+    x1 = (8.5 + 0.075 * bb) / (2.4 + 0.0045 * bb)
+    y1, dy = value_and_slope(x1)
+    for _ in range(_MAX_STEPS):  # move past a maximum (only with addends; kept for fidelity)
+        up = dy > 0
+        x1 = torch.where(up, x1 + 1.0, x1)
+        y1n, dyn = value_and_slope(x1)
+        y1, dy = torch.where(up, y1n, y1), torch.where(up, dyn, dy)
+    x2, y2 = x1.clone(), y1.clone()
+    # Case A: the guess is already below the level: walk inwards.
+    inward = y1 < cutoff
+    active = inward.clone()
+    rose = torch.zeros_like(inward)  # gemmi's "landed left of a maximum" branch
+    for _ in range(_MAX_STEPS):
+        if not _maybe_any(active):
+            break
+        step = active & (y1 < cutoff)
+        x2 = torch.where(step, x1, x2)
+        y2 = torch.where(step, y1, y2)
+        x1 = torch.where(step, x1 - 0.5, x1)
+        y1n, dyn = value_and_slope(x1)
+        y1 = torch.where(step, y1n, y1)
+        dy = torch.where(step, dyn, dy)
+        rising = step & (dy > 0)
+        rose = rose | rising
+        neg = step & ~rising & (x1 < 0)
+        x1 = torch.where(neg, torch.zeros_like(x1), x1)
+        y1 = torch.where(neg, value(torch.zeros_like(x1)), y1)
+        active = step & ~rising & ~neg & (y1 < cutoff)
+    if _maybe_any(rose):  # only reachable with addends; walk back up in 0.1 Å steps
+        for _ in range(6):
+            mv = rose & (dy > 0) & (x1 + 0.1 < x2)
+            x1 = torch.where(mv, x1 + 0.1, x1)
             y1n, dyn = value_and_slope(x1)
-            y1, dy = torch.where(up, y1n, y1), torch.where(up, dyn, dy)
-        x2, y2 = x1.clone(), y1.clone()
-        # Case A: the guess is already below the level: walk inwards.
-        inward = y1 < cutoff
-        active = inward.clone()
-        rose = torch.zeros_like(inward)  # gemmi's "landed left of a maximum" branch
-        for _ in range(_MAX_STEPS):
-            if not _maybe_any(active):
-                break
-            step = active & (y1 < cutoff)
-            x2 = torch.where(step, x1, x2)
-            y2 = torch.where(step, y1, y2)
-            x1 = torch.where(step, x1 - 0.5, x1)
-            y1n, dyn = value_and_slope(x1)
-            y1 = torch.where(step, y1n, y1)
-            dy = torch.where(step, dyn, dy)
-            rising = step & (dy > 0)
-            rose = rose | rising
-            neg = step & ~rising & (x1 < 0)
-            x1 = torch.where(neg, torch.zeros_like(x1), x1)
-            y1 = torch.where(neg, value(torch.zeros_like(x1)), y1)
-            active = step & ~rising & ~neg & (y1 < cutoff)
-        if _maybe_any(rose):  # only reachable with addends; walk back up in 0.1 Å steps
-            for _ in range(6):
-                mv = rose & (dy > 0) & (x1 + 0.1 < x2)
-                x1 = torch.where(mv, x1 + 0.1, x1)
-                y1n, dyn = value_and_slope(x1)
-                y1, dy = torch.where(mv, y1n, y1), torch.where(mv, dyn, dy)
-        done_early = rose & (y1 < cutoff)
-        # Case B: the guess is above the level: walk outwards.
-        active = ~inward
-        for _ in range(_MAX_STEPS):
-            if not _maybe_any(active):
-                break
-            step = active & (y2 > cutoff)
-            x1 = torch.where(step, x2, x1)
-            y1 = torch.where(step, y2, y1)
-            x2 = torch.where(step, x2 + 0.5, x2)
-            y2 = torch.where(step, value(x2), y2)
-            active = step & (y2 > cutoff)
-        denom = y1 - y2
-        safe = torch.where(denom == 0, torch.ones_like(denom), denom)
-        radius = torch.where(denom == 0, x1, x1 + (x1 - x2) / safe * (cutoff - y1))
-        radius = torch.where(done_early, x1, radius)
-        return radius.clamp_min(0.0)
+            y1, dy = torch.where(mv, y1n, y1), torch.where(mv, dyn, dy)
+    done_early = rose & (y1 < cutoff)
+    # Case B: the guess is above the level: walk outwards.
+    active = ~inward
+    for _ in range(_MAX_STEPS):
+        if not _maybe_any(active):
+            break
+        step = active & (y2 > cutoff)
+        x1 = torch.where(step, x2, x1)
+        y1 = torch.where(step, y2, y1)
+        x2 = torch.where(step, x2 + 0.5, x2)
+        y2 = torch.where(step, value(x2), y2)
+        active = step & (y2 > cutoff)
+    denom = y1 - y2
+    safe = torch.where(denom == 0, torch.ones_like(denom), denom)
+    radius = torch.where(denom == 0, x1, x1 + (x1 - x2) / safe * (cutoff - y1))
+    radius = torch.where(done_early, x1, radius)
+    return radius.clamp_min(0.0)
+
+
+def _closed_form(amp: torch.Tensor, expo: torch.Tensor, cutoff: float) -> torch.Tensor:
+    """Radius of a one-Gaussian density |amp|·exp(expo·r²) at ``cutoff`` (gemmi's rule for one-term tables).
+
+    amp, expo: (N,) float64. An atom whose peak |amp| is below the cutoff gets radius 0.
+    """
+    level = torch.log(amp.abs().clamp_min(1e-300) / cutoff)
+    return torch.where(level > 0, torch.sqrt(level.clamp_min(0.0) / -expo), torch.zeros_like(level))
+
+
+def atom_cutoff_radii(atoms, cutoff: float = DEFAULT_CUTOFF, radius_rule: str = "gemmi") -> torch.Tensor:
+    """Cutoff radius of each atom of ``atoms`` in Å: where its density falls to ``cutoff``.
+
+    Parameters
+    ----------
+    atoms : AtomSet
+        Isotropic, anisotropic or mixed; any radiation.
+    cutoff : float
+        Density level (e/Å³ for X-rays and electrons, fm/Å³ for neutrons), > 0.
+    radius_rule : {"gemmi", "eigen"}
+        For anisotropic atoms. ``gemmi``: B_max = 8π² × the largest *diagonal* element of U, then
+        the isotropic rule at B_max — gemmi's maps, voxel for voxel; on a strongly tilted atom it
+        can cut density well above ``cutoff``. ``eigen``: the exact sphere — every M_k = U + b_k/8π² I
+        shares U's eigenvectors, so the density is largest along the major axis for every term at
+        once; the radius is found on that axis with the same search, so no voxel at or above
+        ``cutoff`` is left out. Isotropic atoms follow gemmi's rule under both.
+
+    Returns
+    -------
+    torch.Tensor, shape (N,), float64, on the atoms' device; no gradient, no host synchronisation on a GPU.
+
+    Notes
+    -----
+    X-ray and electron tables have five Gaussians: gemmi's step search
+    (:func:`cutoff_radius`). A neutron length is one Gaussian: solved in closed form with |a|, as
+    gemmi does (hydrogen's length is negative).
+    """
+    from kernels.density.adp import U_TO_B, adp_eigenvalues, effective_u
+
+    cutoff = positive_number(cutoff, "cutoff", "e/Å³")
+    if radius_rule not in RADIUS_RULES:
+        raise ValueError(f"radius_rule must be one of {RADIUS_RULES}, got {radius_rule!r}")
+    f64 = torch.float64
+    with torch.no_grad():
+        a, b = atoms.a.detach().to(f64), atoms.b.detach().to(f64)
+        bb = atoms.b_iso.detach().to(f64)
+        if atoms.u_aniso is None:
+            amp, expo = _precalculate(bb, a, b)
+        else:
+            u = effective_u(atoms.u_aniso.detach().to(f64), atoms.aniso, bb)
+            if radius_rule == "gemmi":
+                bb = U_TO_B * u[:, :3].max(dim=1).values
+                amp, expo = _precalculate(bb, a, b)
+            else:
+                lam = adp_eigenvalues(u)  # (N, 3) ascending
+                m_eig = lam[:, None, :] + (b / U_TO_B)[:, :, None]  # (N, 5, 3) eigenvalues of each M_k
+                amp = a * (2 * math.pi) ** -1.5 * m_eig.prod(-1).rsqrt()
+                expo = -0.5 / m_eig[:, :, 2]
+                bb = U_TO_B * lam[:, 2]
+        if atoms.radiation == "neutron":
+            return _closed_form(amp.sum(-1), expo[:, 0], cutoff)
+        return _step_search(amp, expo, bb, cutoff)

@@ -6,8 +6,9 @@ any of its periodic images — receives
     occ · Σ_k a_k · (4π/B_k)^{3/2} · exp(−4π² r² / B_k),   B_k = b_k + b_iso,
 
 with r measured through the cell's metric tensor, so non-orthogonal cells and spheres
-larger than the cell are exact. Differentiable by autograd with respect to ``xyz``,
-``b_iso`` and ``occ``.
+larger than the cell are exact; an anisotropic atom receives the general Gaussian of
+:mod:`kernels.density.adp`, occ · Σ_k amp_k · exp(−½ Δfᵀ Q_k Δf) in fractional offsets Δf.
+Differentiable by autograd with respect to ``xyz``, ``b_iso``, ``occ`` and ``u_aniso``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import torch
 
 from kernels._util import positive_number
 from kernels.crystal import AtomSet, GridSpec
+from kernels.density.adp import effective_u, first_bad_adp, term_gaussians
 from kernels.density.positions import positions_in_cell
-from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
+from kernels.density.radius import DEFAULT_CUTOFF, atom_cutoff_radii
 
 __all__ = ["splat_reference", "splat_frames_reference", "atom_radii"]
 
@@ -31,9 +33,13 @@ _CHUNK_ENTRIES = 1 << 22
 # keeps of every chunk until the backward (the exponentials, gathered coefficients and indices).
 _CHUNK_BYTES_PER_ENTRY = 160
 _GRAD_BYTES_PER_ENTRY = 96
+# Anisotropic atoms add, per entry, the gathered quadratic forms of five terms and their products.
+_ANISO_BYTES_PER_ENTRY = 5 * 6 * 8 * 3
 
 
-def reference_peak_bytes(n_voxels: int, box_entries: int, largest_box: int, grad: bool) -> int:
+def reference_peak_bytes(
+    n_voxels: int, box_entries: int, largest_box: int, grad: bool, anisotropic: bool = False
+) -> int:
     """Memory the reference splat allocates beyond its inputs, in bytes.
 
     The float64 map, one chunk of temporaries (``_CHUNK_ENTRIES`` entries, or one atom's whole box
@@ -48,26 +54,35 @@ def reference_peak_bytes(n_voxels: int, box_entries: int, largest_box: int, grad
         Voxels in the largest box.
     grad : bool
         Whether autograd records the splat.
+    anisotropic : bool
+        Whether the atoms carry U tensors (more temporaries per entry).
     """
+    extra = _ANISO_BYTES_PER_ENTRY if anisotropic else 0
     chunk = max(min(box_entries, _CHUNK_ENTRIES), largest_box)
-    saved = box_entries * _GRAD_BYTES_PER_ENTRY if grad else 0
-    return n_voxels * 8 + chunk * _CHUNK_BYTES_PER_ENTRY + saved
+    saved = box_entries * (_GRAD_BYTES_PER_ENTRY + extra) if grad else 0
+    return n_voxels * 8 + chunk * (_CHUNK_BYTES_PER_ENTRY + extra) + saved
 
 
-def atom_radii(atoms: AtomSet, radius: float | None, cutoff: float) -> torch.Tensor:
+def atom_radii(atoms: AtomSet, radius: float | None, cutoff: float, radius_rule: str = "gemmi") -> torch.Tensor:
     """Cutoff radius of each atom in Å, shape (N,), float64, on the atoms' device.
 
     ``radius`` (Å) applies to every atom; ``radius=None`` takes each atom's radius from
-    the density ``cutoff`` with gemmi's rule (:func:`kernels.density.radius.cutoff_radius`).
+    the density ``cutoff`` (:func:`kernels.density.radius.atom_cutoff_radii`, with ``radius_rule``
+    for anisotropic atoms).
     """
     if radius is not None:
         radius = positive_number(radius, "radius", "Å")
         return torch.full((len(atoms),), radius, dtype=torch.float64, device=atoms.device)
-    return cutoff_radius(atoms.b_iso, atoms.a, atoms.b, cutoff)
+    return atom_cutoff_radii(atoms, cutoff, radius_rule)
 
 
 def splat_reference(
-    atoms: AtomSet, grid: GridSpec, *, radius: float | None = None, cutoff: float = DEFAULT_CUTOFF
+    atoms: AtomSet,
+    grid: GridSpec,
+    *,
+    radius: float | None = None,
+    cutoff: float = DEFAULT_CUTOFF,
+    radius_rule: str = "gemmi",
 ) -> torch.Tensor:
     """Electron density of ``atoms`` on ``grid`` in float64.
 
@@ -82,6 +97,8 @@ def splat_reference(
         One cutoff radius in Å for every atom; default: per atom from ``cutoff``.
     cutoff : float
         Density level in e/Å³ that sets each atom's radius when ``radius`` is None.
+    radius_rule : {"gemmi", "eigen"}
+        Cutoff radius of anisotropic atoms (:func:`kernels.density.radius.atom_cutoff_radii`).
 
     Returns
     -------
@@ -91,7 +108,8 @@ def splat_reference(
     Raises
     ------
     ValueError
-        An atom with a non-finite position (named), or a radius/cutoff that is not a positive number.
+        An atom with a non-finite position or (anisotropic) a U that is not finite and positive
+        definite (named), or a radius/cutoff that is not a positive number.
     """
     dev = atoms.device
     f64 = torch.float64
@@ -106,7 +124,13 @@ def splat_reference(
     if len(atoms) == 0:
         return torch.zeros(shape, dtype=f64, device=dev)
 
-    radii = atom_radii(atoms, radius, cutoff).to(f64)
+    anisotropic = atoms.u_aniso is not None
+    if anisotropic:
+        bad = first_bad_adp(atoms.u_aniso, atoms.aniso)
+        if bad is not None:
+            idx, _count, what = bad
+            raise ValueError(f"atom {atoms.labels[idx]} (index {idx}) {what}")
+    radii = atom_radii(atoms, radius, cutoff, radius_rule).to(f64)
     recip = torch.linalg.norm(cell.frac, dim=1).to(dev)
     frac = xyz @ cell.frac.to(dev).T  # (N, 3), differentiable
     with torch.no_grad():
@@ -116,14 +140,24 @@ def splat_reference(
         hi = torch.ceil(centre + reach).to(torch.int64)
         counts = (hi - lo + 1).cpu()
     boxes = counts.prod(dim=1)
-    grad = torch.is_grad_enabled() and (xyz.requires_grad or b_iso.requires_grad or occ.requires_grad)
-    need = reference_peak_bytes(0, int(boxes.sum()), int(boxes.max()), grad)
+    grad = torch.is_grad_enabled() and (
+        xyz.requires_grad or b_iso.requires_grad or occ.requires_grad or (anisotropic and atoms.u_aniso.requires_grad)
+    )
+    need = reference_peak_bytes(0, int(boxes.sum()), int(boxes.max()), grad, anisotropic)
     grid.require_memory(f64, dev, copies=1, extra_bytes=need)
     out = torch.zeros(grid.n_voxels, dtype=f64, device=dev)
 
-    width = b + b_iso[:, None]  # (N, 5)
-    amp = occ[:, None] * a * (4 * math.pi / width) ** 1.5
-    expo = -4 * math.pi**2 / width
+    if anisotropic:
+        u_eff = effective_u(atoms.u_aniso.to(f64), atoms.aniso, b_iso)
+        amp, q = term_gaussians(u_eff, occ, a, b, cell.orth.to(dev))  # (N, 5), (N, 5, 3, 3)
+        # −½ Δfᵀ Q Δf as six coefficients of dx², dy², dz², dx·dy, dx·dz, dy·dz.
+        quad = -0.5 * torch.stack(
+            (q[..., 0, 0], q[..., 1, 1], q[..., 2, 2], 2 * q[..., 0, 1], 2 * q[..., 0, 2], 2 * q[..., 1, 2]), -1
+        )  # (N, 5, 6)
+    else:
+        width = b + b_iso[:, None]  # (N, 5)
+        amp = occ[:, None] * a * (4 * math.pi / width) ** 1.5
+        expo = -4 * math.pi**2 / width
 
     order = torch.argsort(boxes)
     n = len(atoms)
@@ -159,7 +193,13 @@ def splat_reference(
         inside = r2 < (radii[idx] ** 2)[:, None, None, None]
         r2_in = r2[inside]
         atom_of = torch.arange(len(idx), device=dev)[:, None, None, None].expand_as(r2)[inside]
-        values = (amp[idx][atom_of] * torch.exp(expo[idx][atom_of] * r2_in[:, None])).sum(-1)
+        if anisotropic:
+            ex, ey, ez = (t.expand_as(r2)[inside] for t in (dx, dy, dz))
+            monomials = torch.stack((ex * ex, ey * ey, ez * ez, ex * ey, ex * ez, ey * ez), -1)  # (E, 6)
+            exponent = (quad[idx][atom_of] * monomials[:, None, :]).sum(-1)  # (E, 5)
+            values = (amp[idx][atom_of] * torch.exp(exponent)).sum(-1)
+        else:
+            values = (amp[idx][atom_of] * torch.exp(expo[idx][atom_of] * r2_in[:, None])).sum(-1)
         lattice = torch.stack(
             torch.broadcast_tensors(u[:, :, None, None], v[:, None, :, None], w[:, None, None, :]), dim=-1
         )[inside]  # (E, 3) voxel lattice coordinates, unwrapped
@@ -183,7 +223,13 @@ def splat_reference(
 
 
 def splat_frames_reference(
-    atoms: AtomSet, grid: GridSpec, *, n_frames: int, radius: float | None = None, cutoff: float = DEFAULT_CUTOFF
+    atoms: AtomSet,
+    grid: GridSpec,
+    *,
+    n_frames: int,
+    radius: float | None = None,
+    cutoff: float = DEFAULT_CUTOFF,
+    radius_rule: str = "gemmi",
 ) -> torch.Tensor:
     """One float64 map per frame: frame f is atoms ``f·N … (f+1)·N − 1`` of a frame-major ``atoms``.
 
@@ -195,14 +241,14 @@ def splat_frames_reference(
         Whole-cell or box grid, as for :func:`splat_reference`.
     n_frames : int
         F ≥ 1; must divide ``len(atoms)``.
-    radius, cutoff
+    radius, cutoff, radius_rule
         As for :func:`splat_reference`.
 
     Returns
     -------
     torch.Tensor, shape (n_frames, *grid.shape), float64
         Map f is exactly ``splat_reference`` of frame f's atoms; differentiable by autograd with
-        respect to ``atoms.xyz``, ``atoms.b_iso`` and ``atoms.occ``.
+        respect to ``atoms.xyz``, ``atoms.b_iso``, ``atoms.occ`` and ``atoms.u_aniso``.
 
     Raises
     ------
@@ -223,7 +269,10 @@ def splat_frames_reference(
             atoms.b[s],
             tuple(atoms.elements[s]),
             tuple(atoms.labels[s]),
+            None if atoms.u_aniso is None else atoms.u_aniso[s],
+            None if atoms.aniso is None else atoms.aniso[s],
+            radiation=atoms.radiation,
             _validate=False,
         )
-        maps.append(splat_reference(frame, grid, radius=radius, cutoff=cutoff))
+        maps.append(splat_reference(frame, grid, radius=radius, cutoff=cutoff, radius_rule=radius_rule))
     return torch.stack(maps)

@@ -1,0 +1,158 @@
+"""Anisotropic displacement parameters (ADPs): U tensors, their checks, blur and per-term Gaussians.
+
+An atom with displacement tensor U (Cartesian, Å²) and form-factor term (a_k, b_k) has the density
+
+    ρ_k(r) = occ · a_k · (2π)^{-3/2} · det(M_k)^{-1/2} · exp(−½ rᵀ M_k⁻¹ r),   M_k = U + b_k/(8π²) · I,
+
+a normal distribution of covariance M_k. An isotropic atom is the case U = B/(8π²) · I, which gives
+the familiar a_k (4π/B_k)^{3/2} exp(−4π² r²/B_k) with B_k = b_k + B. Every M_k of one atom shares
+U's eigenvectors (adding a multiple of I moves only the eigenvalues), which the exact radius rule uses.
+
+U is stored as six numbers per atom in gemmi's order: U11, U22, U33, U12, U13, U23.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["U_TO_B", "effective_u", "first_bad_adp", "u_matrix", "with_blur", "adp_eigenvalues"]
+
+#: B = 8π² U: a displacement of U Å² spreads density as an isotropic B of 8π²U Å².
+U_TO_B = 8 * math.pi**2
+
+
+def u_matrix(u6: torch.Tensor) -> torch.Tensor:
+    """Symmetric 3×3 matrices from six components.
+
+    Parameters
+    ----------
+    u6 : torch.Tensor, shape (..., 6)
+        U11, U22, U33, U12, U13, U23.
+
+    Returns
+    -------
+    torch.Tensor, shape (..., 3, 3), same dtype and device (differentiable).
+    """
+    u11, u22, u33, u12, u13, u23 = u6.unbind(-1)
+    rows = (
+        torch.stack((u11, u12, u13), -1),
+        torch.stack((u12, u22, u23), -1),
+        torch.stack((u13, u23, u33), -1),
+    )
+    return torch.stack(rows, -2)
+
+
+def adp_eigenvalues(u6: torch.Tensor) -> torch.Tensor:
+    """Eigenvalues of each U in Å², ascending, shape (..., 3), float64 (not differentiable)."""
+    with torch.no_grad():
+        return torch.linalg.eigvalsh(u_matrix(u6.detach().to(torch.float64)))
+
+
+def first_bad_adp(u_aniso: torch.Tensor, aniso: torch.Tensor) -> tuple[int, int, str] | None:
+    """The first anisotropic atom whose U is not finite or not positive definite, on the host.
+
+    Parameters
+    ----------
+    u_aniso : torch.Tensor, shape (N, 6)
+    aniso : torch.Tensor, shape (N,), bool
+
+    Returns
+    -------
+    None when every anisotropic atom's U is finite and positive definite, else
+    ``(index, count, what)``: the first bad atom, how many are bad, and a phrase naming the problem
+    with the atom's eigenvalues.
+    """
+    u = u_aniso.detach().to("cpu", torch.float64)
+    flag = aniso.detach().cpu()
+    finite = torch.isfinite(u).all(dim=1)
+    lam = torch.linalg.eigvalsh(u_matrix(torch.where(finite[:, None], u, torch.zeros_like(u))))
+    bad = flag & (~finite | (lam[:, 0] <= 0))
+    if not bad.any():
+        return None
+    idx = int(bad.nonzero()[0, 0])
+    if not bool(finite[idx]):
+        what = f"has a non-finite anisotropic U: {u[idx].tolist()}"
+    else:
+        eig = ", ".join(f"{v:.4g}" for v in lam[idx].tolist())
+        what = f"has an anisotropic U that is not positive definite (eigenvalues {eig} Å²)"
+    return idx, int(bad.sum()), what
+
+
+def effective_u(u_aniso: torch.Tensor, aniso: torch.Tensor, b_iso: torch.Tensor) -> torch.Tensor:
+    """Each atom's U as six components: its own row where ``aniso``, else B/(8π²) on the diagonal.
+
+    Parameters
+    ----------
+    u_aniso : torch.Tensor, shape (N, 6), Å²
+    aniso : torch.Tensor, shape (N,), bool
+    b_iso : torch.Tensor, shape (N,), Å²
+
+    Returns
+    -------
+    torch.Tensor, shape (N, 6), the dtype of ``u_aniso``: differentiable with respect to ``u_aniso``
+    (anisotropic rows) and ``b_iso`` (isotropic rows); no host synchronisation.
+    """
+    u_iso = b_iso.to(u_aniso.dtype)[:, None] / U_TO_B
+    diag = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], dtype=u_aniso.dtype, device=u_aniso.device)
+    return torch.where(aniso[:, None], u_aniso, u_iso * diag)
+
+
+def with_blur(atoms, blur: float):
+    """``atoms`` with an extra B of ``blur`` Å² on every atom (gemmi's ``blur``), differentiably.
+
+    Isotropic atoms get ``b_iso + blur``; anisotropic atoms ``U + blur/(8π²)·I``. ``blur = 0`` returns
+    ``atoms`` itself. Not validated again: a negative blur that leaves some B ≤ 0 or some U not
+    positive definite is refused by :func:`kernels.splat_density` before it gets here.
+    """
+    if blur == 0:
+        return atoms
+    from kernels.crystal import AtomSet
+
+    u = atoms.u_aniso
+    if u is not None:
+        diag = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], dtype=u.dtype, device=u.device)
+        u = u + (blur / U_TO_B) * diag
+    return AtomSet(
+        atoms.xyz,
+        atoms.b_iso + blur,
+        atoms.occ,
+        atoms.a,
+        atoms.b,
+        atoms.elements,
+        atoms.labels,
+        u,
+        atoms.aniso,
+        radiation=atoms.radiation,
+        _validate=False,
+    )
+
+
+def term_gaussians(u_eff: torch.Tensor, occ: torch.Tensor, a: torch.Tensor, b: torch.Tensor, orth: torch.Tensor):
+    """Per atom and form-factor term: the amplitude and the fractional-space quadratic form.
+
+    ρ_k(Δf) = amp_k · exp(−½ Δfᵀ Q_k Δf) for a fractional offset Δf from the atom, with
+    Q_k = orthᵀ M_k⁻¹ orth and amp_k = occ · a_k · (2π)^{-3/2} · det(M_k)^{-1/2}.
+
+    Parameters
+    ----------
+    u_eff : torch.Tensor, shape (N, 6), Å² (:func:`effective_u`)
+    occ : torch.Tensor, shape (N,)
+    a, b : torch.Tensor, shape (N, 5)
+    orth : torch.Tensor, shape (3, 3), fractional → Cartesian
+
+    Returns
+    -------
+    amp : torch.Tensor, shape (N, 5)
+    q : torch.Tensor, shape (N, 5, 3, 3)
+        Both in the dtype of ``u_eff`` and differentiable with respect to every input.
+    """
+    eye = torch.eye(3, dtype=u_eff.dtype, device=u_eff.device)
+    m = u_matrix(u_eff)[:, None] + (b.to(u_eff.dtype) / U_TO_B)[:, :, None, None] * eye  # (N, 5, 3, 3)
+    m_inv = torch.linalg.inv(m)
+    det = torch.linalg.det(m)
+    amp = occ.to(u_eff.dtype)[:, None] * a.to(u_eff.dtype) * (2 * math.pi) ** -1.5 * det.rsqrt()
+    orth = orth.to(device=u_eff.device, dtype=u_eff.dtype)
+    q = orth.T @ m_inv @ orth
+    return amp, q
