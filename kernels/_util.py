@@ -55,7 +55,9 @@ def _number_error(value, name: str, unit: str, allowed: str) -> ValueError:
     if len(shown) > 80:
         shown = shown[:77] + "..."
     of_unit = f" of {unit}" if unit else ""
-    return ValueError(f"{name} must be {allowed.format(of_unit=of_unit, name=name)}, got {shown} ({type(value).__name__})")
+    return ValueError(
+        f"{name} must be {allowed.format(of_unit=of_unit, name=name)}, got {shown} ({type(value).__name__})"
+    )
 
 
 def real_number(value, name: str, unit: str = "") -> float:

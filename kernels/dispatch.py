@@ -93,10 +93,12 @@ class BackendCapabilities:
         with ``gradients=False`` is refused (:class:`BackendError`) when an input requires
         grad, and :func:`kernels.check_backend` skips its gradient checks.
     anisotropic : bool
-        The function splats anisotropic atoms (per-atom U tensors). Every :class:`AtomSet`
-        today is isotropic (B only), so this flag is recorded, not yet consulted: when
-        anisotropic atom sets exist, dispatch will refuse to hand one to a backend whose
-        flag is False, and a backend that declares True is held to it then.
+        The function splats anisotropic atoms (``AtomSet.u_aniso`` not None). Dispatch refuses
+        (:class:`BackendError`) to hand such a set to a backend whose flag is False. A backend
+        that declares True takes every atom of such a set through its U
+        (:func:`kernels.density.adp.effective_u`), accepts a ``radius_rule=`` keyword
+        (:func:`kernels.density.radius.atom_cutoff_radii`), and is held to the anisotropic
+        checks of :func:`kernels.check_backend`.
     """
 
     gradients: bool = True
@@ -232,12 +234,12 @@ def registered_backends(op: str) -> list[str]:
 
 
 def backend_capabilities(op: str, name: str) -> BackendCapabilities:
-    """What backend ``name`` of ``op`` can take (built-in backends: gradients, isotropic)."""
+    """What backend ``name`` of ``op`` can take (built-in backends: gradients; the density ones anisotropic atoms too)."""
     entry = _REGISTERED.get(op, {}).get(name)
     if entry is not None:
         return entry.capabilities
     if op in BACKENDS and name in BACKENDS[op]:
-        return BackendCapabilities(gradients=True, anisotropic=False)
+        return BackendCapabilities(gradients=True, anisotropic=op in ("density", "density_frames"))
     raise BackendError(f"unknown backend {name!r} for {op}")
 
 
@@ -293,11 +295,11 @@ def _load(op: str, backend: str) -> Callable:
 def _requires_grad(arg) -> bool:
     if isinstance(arg, torch.Tensor):
         return arg.requires_grad
-    return (
-        any(isinstance(t, torch.Tensor) and t.requires_grad for t in vars(arg).values())
-        if hasattr(arg, "__dict__")
-        else False
-    )
+    if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
+        values = [getattr(arg, f.name) for f in dataclasses.fields(arg)]
+    else:
+        values = list(vars(arg).values()) if hasattr(arg, "__dict__") else []
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in values)
 
 
 def _guarded(user: RegisteredBackend) -> Callable:
@@ -305,6 +307,13 @@ def _guarded(user: RegisteredBackend) -> Callable:
     fn, name = user.fn, user.name
 
     def call(*args, **kwargs):
+        atoms = args[0] if args else None
+        if not user.capabilities.anisotropic and getattr(atoms, "u_aniso", None) is not None:
+            raise BackendError(
+                f"the registered backend {name!r} declares no anisotropic atoms (capabilities.anisotropic=False) but "
+                "the atoms carry U tensors; use a backend that splats them, or atoms.replace(u_aniso=None, "
+                "aniso=None) for an isotropic map (read_model(..., adp='iso') does it when reading)"
+            )
         if not user.capabilities.gradients and torch.is_grad_enabled():
             if any(_requires_grad(a) for a in args):
                 raise BackendError(

@@ -188,7 +188,9 @@ def _read_header(path: Path, head: bytes) -> dict:
         raise ValueError(f"{path}: negative extended-header length {nsymbt} (header word NSYMBT): the file is damaged")
     axes = [int(v) - 1 for v in words[16:19]]  # file column/row/section -> cell axis
     if sorted(axes) != [0, 1, 2]:
-        raise ValueError(f"{path}: bad axis order words MAPC/MAPR/MAPS {[a + 1 for a in axes]} (need 1, 2, 3 in some order)")
+        raise ValueError(
+            f"{path}: bad axis order words MAPC/MAPR/MAPS {[a + 1 for a in axes]} (need 1, 2, 3 in some order)"
+        )
     itemsize = np.dtype(_MODES[mode]).itemsize
     return dict(
         order=order,

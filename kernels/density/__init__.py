@@ -14,11 +14,20 @@ import torch
 
 from kernels._util import positive_number
 from kernels.crystal import AtomSet, GridError, GridSpec
+from kernels.density.adp import U_TO_B, first_bad_adp, with_blur
 from kernels.density.positions import check_finite
-from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
+from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES, atom_cutoff_radii, cutoff_radius
 from kernels.dispatch import get_backend
 
-__all__ = ["splat_density", "check_finite", "cutoff_radius", "peak_density", "DEFAULT_CUTOFF"]
+__all__ = [
+    "splat_density",
+    "check_finite",
+    "cutoff_radius",
+    "atom_cutoff_radii",
+    "peak_density",
+    "DEFAULT_CUTOFF",
+    "RADIUS_RULES",
+]
 
 # Most voxels one atom's box may span (2^27: about a second of work per atom on one core, 1 GiB of
 # float64 for the reference's per-atom chunk). A fixed radius beyond it is a unit mistake (nm, or
@@ -42,7 +51,10 @@ def _check_radius_extent(radius: float, grid: GridSpec) -> None:
 
 
 def peak_density(atoms: AtomSet) -> torch.Tensor:
-    """Each atom's density at its centre, occ·Σ_k a_k·(4π/(b_k + B))^{3/2}, in e/Å³.
+    """Each atom's density at its centre, in e/Å³ (fm/Å³ for neutrons; negative for hydrogen there).
+
+    Isotropic atoms: occ·Σ_k a_k·(4π/(b_k + B))^{3/2}; anisotropic ones:
+    occ·Σ_k a_k·(2π)^{-3/2}·det(U + b_k/(8π²)·I)^{-1/2}.
 
     Returns
     -------
@@ -51,6 +63,12 @@ def peak_density(atoms: AtomSet) -> torch.Tensor:
     with torch.no_grad():
         if atoms.device.type == "cpu":
             return torch.from_numpy(_peak_density_host(atoms))
+        if atoms.u_aniso is not None:
+            from kernels.density.adp import effective_u, term_gaussians
+
+            u = effective_u(atoms.u_aniso, atoms.aniso, atoms.b_iso)
+            amp, _ = term_gaussians(u, atoms.occ, atoms.a, atoms.b, torch.eye(3, dtype=u.dtype))
+            return amp.sum(dim=1)
         scale = torch.reciprocal(atoms.b + atoms.b_iso[:, None]).mul_(4 * math.pi)  # 4π/B_k
         scale.mul_(scale.sqrt()).mul_(atoms.a)  # a_k·(4π/B_k)^{3/2}, without pow
         return scale.sum(dim=1).mul_(atoms.occ)
@@ -65,8 +83,21 @@ def _peak_density_host(atoms: AtomSet) -> np.ndarray:
     with torch.no_grad():
         a, b = atoms.a.numpy(), atoms.b.numpy()
         b_iso, occ = atoms.b_iso.numpy(), atoms.occ.numpy()
+        if atoms.u_aniso is not None:
+            u, flag = atoms.u_aniso.numpy(), atoms.aniso.numpy()
     scale = (4 * math.pi) / (b + b_iso[:, None])
-    return (a * (scale * np.sqrt(scale))).sum(axis=1) * occ
+    peaks = (a * (scale * np.sqrt(scale))).sum(axis=1) * occ
+    if atoms.u_aniso is not None and flag.any():
+        # det(U + c·I) from U's characteristic polynomial: c³ + tr·c² + m₂·c + det, per term width c.
+        ua = u[flag]
+        u11, u22, u33, u12, u13, u23 = ua.T
+        tr = u11 + u22 + u33
+        m2 = u11 * u22 + u11 * u33 + u22 * u33 - u12 * u12 - u13 * u13 - u23 * u23
+        det = u11 * (u22 * u33 - u23 * u23) - u12 * (u12 * u33 - u23 * u13) + u13 * (u12 * u23 - u22 * u13)
+        c = b[flag] / U_TO_B
+        det_m = c**3 + tr[:, None] * c**2 + m2[:, None] * c + det[:, None]
+        peaks[flag] = (a[flag] * (2 * math.pi) ** -1.5 / np.sqrt(det_m)).sum(axis=1) * occ[flag]
+    return peaks
 
 
 def _warn_atoms_below_cutoff(atoms: AtomSet, cutoff: float) -> None:
@@ -77,7 +108,7 @@ def _warn_atoms_below_cutoff(atoms: AtomSet, cutoff: float) -> None:
     """
     if len(atoms) == 0:
         return
-    peaks = _peak_density_host(atoms)
+    peaks = np.abs(_peak_density_host(atoms))  # a neutron length can be negative (hydrogen)
     low = peaks < cutoff
     occ = atoms.occ.detach().numpy()
     if low.any():
@@ -87,13 +118,19 @@ def _warn_atoms_below_cutoff(atoms: AtomSet, cutoff: float) -> None:
         count = int(low.sum())
         more = f" and {count - 1} more atoms" if count > 1 else ""
         label = atoms.labels[idx] if len(atoms.labels) == len(atoms) else f"#{idx + 1}"
+        unit = density_unit(atoms.radiation)
         warnings.warn(
             f"atom {label} (index {idx}){more}: peak density {float(peaks[idx]):.3g} "
-            f"e/Å³ is below the cutoff {cutoff:g} e/Å³, so the per-atom radius leaves it out of the map "
+            f"{unit} is below the cutoff {cutoff:g} {unit}, so the per-atom radius leaves it out of the map "
             "(B or occupancy too small?); lower the cutoff or pass radius= to splat it",
             UserWarning,
             stacklevel=3,
         )
+
+
+def density_unit(radiation: str) -> str:
+    """The unit of a map splatted from coefficients of ``radiation``: ``"fm/Å³"`` for neutrons, else ``"e/Å³"``."""
+    return "fm/Å³" if radiation == "neutron" else "e/Å³"
 
 
 def splat_density(
@@ -104,14 +141,21 @@ def splat_density(
     cutoff: float = DEFAULT_CUTOFF,
     backend: str = "auto",
     out: torch.Tensor | None = None,
+    blur: float = 0.0,
+    radius_rule: str = "gemmi",
 ) -> torch.Tensor:
-    """Electron density of ``atoms`` on ``grid`` (periodic in the unit cell).
+    """Density of ``atoms`` on ``grid`` (periodic in the unit cell).
+
+    Electron density in e/Å³ for X-ray and electron coefficients (the electrostatic-potential
+    analogue for electrons, as gemmi's ``DensityCalculatorE``), scattering-length density in fm/Å³
+    for neutron lengths.
 
     Parameters
     ----------
     atoms : AtomSet
-        Positions (N, 3) Å, B (N,) Å², occupancies (N,), IT92 coefficients (N, 5).
-        The device of its tensors picks where the work runs.
+        Positions (N, 3) Å, B (N,) Å², occupancies (N,), form-factor coefficients (N, 5), and for
+        anisotropic sets U (N, 6) Å² with the ``aniso`` (N,) mask. The device of its tensors picks
+        where the work runs.
     grid : GridSpec
         Whole-cell grid (every backend) or box grid (``reference`` only).
     radius : float, optional
@@ -127,13 +171,22 @@ def splat_density(
         a reused map skips the page faults of a fresh one (~35 MB on a 0.667 Å grid of 3WIP). An
         in-place result is not differentiable: refused while gradients are recorded for ``atoms``
         (splat under ``torch.no_grad()``, or leave ``out`` out).
+    blur : float
+        Extra B in Å² added to every atom (gemmi's ``blur``): ``b_iso + blur`` for isotropic atoms,
+        ``U + blur/(8π²)·I`` for anisotropic ones; it widens the radii too. Negative values sharpen,
+        as long as every atom stays a Gaussian (B > 0, U positive definite).
+    radius_rule : {"gemmi", "eigen"}
+        The cutoff radius of anisotropic atoms when ``radius`` is None: ``gemmi`` (the isotropic
+        rule at 8π² × the largest diagonal element of U; gemmi's maps voxel for voxel) or ``eigen``
+        (the exact sphere of the largest eigenvalue). See :func:`kernels.density.atom_cutoff_radii`.
 
     Returns
     -------
     torch.Tensor, shape grid.shape
-        Density in e/Å³: float64 from ``reference``, float32 from ``cpu`` and
-        ``triton``. Differentiable with respect to ``atoms.xyz``, ``atoms.b_iso`` and
-        ``atoms.occ`` (``out`` itself when given, not differentiable).
+        Density (e/Å³, or fm/Å³ for neutrons): float64 from ``reference``, float32 from ``cpu``
+        and ``triton``. Differentiable with respect to ``atoms.xyz``, ``atoms.b_iso`` (isotropic
+        atoms), ``atoms.u_aniso`` (anisotropic atoms) and ``atoms.occ`` (``out`` itself when given,
+        not differentiable).
 
     Raises
     ------
@@ -143,8 +196,9 @@ def splat_density(
         The map would not fit in memory, a fast backend got a box grid, or ``radius`` makes each
         atom's box larger than ``MAX_BOX_VOXELS`` voxels.
     ValueError
-        ``radius``/``cutoff`` not a positive finite number, or (``cpu``, ``reference``) an atom
-        with a non-finite position, named. The ``triton`` backend does not read positions back
+        ``radius``/``cutoff`` not a positive finite number, ``blur`` not finite or leaving an atom
+        without a Gaussian (named), ``radius_rule`` unknown, or (``cpu``, ``reference``) an atom
+        with a non-finite position or a U that is not positive definite, named. The ``triton`` backend does not read positions back
         (no host synchronisation): there such an atom adds nothing and gets zero gradients, and
         :func:`check_finite` raises the same error where the caller synchronises anyway.
         ``out`` given to another backend than ``cpu``, or of the wrong shape, dtype, device or
@@ -156,10 +210,14 @@ def splat_density(
     ops (``kernels.density.ops``), so a loop of splats compiles with ``fullgraph=True``; eager
     calls go to the backends directly.
     """
+    if radius_rule not in RADIUS_RULES:
+        raise ValueError(f"radius_rule must be one of {RADIUS_RULES}, got {radius_rule!r}")
+    if blur != 0.0:
+        atoms = _blurred(atoms, blur)
     if torch.compiler.is_compiling():
         if out is not None:
             raise ValueError("out= is not supported under torch.compile; use the returned map")
-        return _splat_compiling(atoms, grid, radius, cutoff, backend)
+        return _splat_compiling(atoms, grid, radius, cutoff, backend, radius_rule)
     if radius is not None:
         radius = positive_number(radius, "radius", "Å")
         _check_radius_extent(radius, grid)
@@ -175,17 +233,45 @@ def splat_density(
     if key not in _memory_checked:  # once per grid: the query is a driver call, and not allowed in graph capture
         grid.require_memory(dtype, atoms.device, copies=2)
         _memory_checked.add(key)
+    extra = {} if atoms.u_aniso is None else {"radius_rule": radius_rule}
     if out is None:
-        return fn(atoms, grid, radius=radius, cutoff=cutoff)
+        return fn(atoms, grid, radius=radius, cutoff=cutoff, **extra)
     if name != "cpu":
         raise ValueError(f"out= is supported by the cpu density backend only, not {name}; leave out= out")
-    return fn(atoms, grid, radius=radius, cutoff=cutoff, out=out)
+    return fn(atoms, grid, radius=radius, cutoff=cutoff, out=out, **extra)
 
 
 _memory_checked: set[tuple] = set()
 
 
-def _splat_compiling(atoms: AtomSet, grid: GridSpec, radius, cutoff, backend: str) -> torch.Tensor:
+def _blurred(atoms: AtomSet, blur) -> AtomSet:
+    """``atoms`` with ``blur`` Å² added to every atom (:func:`kernels.density.adp.with_blur`), checked.
+
+    Host atoms are checked for a blur that leaves some B ≤ 0 or some U not positive definite
+    (a negative blur); on a GPU that check would read values back, and such an atom adds nothing there.
+    """
+    blur = float(blur)
+    if not math.isfinite(blur):
+        raise ValueError(f"blur must be a finite number of Å², got {blur!r}")
+    blurred = with_blur(atoms, blur)
+    if blur < 0 and atoms.device.type == "cpu" and len(atoms):
+        b = blurred.b_iso.detach()
+        iso = b <= 0 if blurred.aniso is None else (b <= 0) & ~blurred.aniso
+        if iso.any():
+            idx = int(iso.nonzero()[0, 0])
+            raise ValueError(
+                f"blur={blur:g} Å² leaves atom {atoms.labels[idx]} (index {idx}) with B = {float(b[idx]):.4g} Å² ≤ 0; "
+                "use a blur above minus the smallest B"
+            )
+        if blurred.u_aniso is not None:
+            bad = first_bad_adp(blurred.u_aniso, blurred.aniso)
+            if bad is not None:
+                idx, _count, what = bad
+                raise ValueError(f"blur={blur:g} Å² leaves atom {atoms.labels[idx]} (index {idx}) that {what[4:]}")
+    return blurred
+
+
+def _splat_compiling(atoms: AtomSet, grid: GridSpec, radius, cutoff, backend: str, radius_rule: str) -> torch.Tensor:
     """:func:`splat_density` inside ``torch.compile``: the backend's custom op (``kernels.density.ops``).
 
     Eager calls never come here: the ops' dispatch costs host time a direct call does not. What the eager
@@ -207,4 +293,5 @@ def _splat_compiling(atoms: AtomSet, grid: GridSpec, radius, cutoff, backend: st
         raise GridError(
             f"the {backend} density backend splats whole-cell grids only; use backend='reference' for a box"
         )
-    return splat_density_op(atoms, grid, backend, radius, cutoff)
+    extra = {} if atoms.u_aniso is None else {"radius_rule": radius_rule}
+    return splat_density_op(atoms, grid, backend, radius, cutoff, **extra)

@@ -19,6 +19,7 @@ the map gradient through unchanged, so each rank's input gradients hold its own 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,7 +27,8 @@ import torch
 
 from kernels._util import positive_number
 from kernels.crystal import AtomSet, GridError, GridSpec, _free_memory, _size
-from kernels.density.radius import DEFAULT_CUTOFF
+from kernels.density.adp import first_bad_adp, with_blur
+from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES
 from kernels.dispatch import get_backend
 
 __all__ = ["splat_ensemble", "sum_gradients_over_ranks", "frame_share"]
@@ -124,8 +126,16 @@ def _first_bad(bad: torch.Tensor, n: int) -> tuple[int, int, int]:
     return f, i, int(flat.sum())
 
 
-def _check_values(atoms: AtomSet, xyz, b_iso, occ, n: int) -> None:
+def _check_values(atoms: AtomSet, xyz, b_iso, occ, n: int, u_aniso=None) -> None:
     """Host checks of the frames' values (CPU tensors only: on a GPU they would stop the host)."""
+    if u_aniso is not None:
+        flags = atoms.aniso.repeat(u_aniso.shape[0])
+        bad = first_bad_adp(u_aniso.detach().reshape(-1, 6), flags)
+        if bad is not None:
+            idx, count, what = bad
+            f, i = divmod(idx, n)
+            more = f" ({count - 1} more atom-frames too)" if count > 1 else ""
+            raise ValueError(f"frame {f}: atom {atoms.labels[i]} (index {i}) {what}{more}")
     checks = [(xyz, ~torch.isfinite(xyz.detach()).all(dim=2), "has a non-finite position", "Å")]
     if b_iso is not None:
         b = b_iso.detach()
@@ -219,11 +229,14 @@ def splat_ensemble(
     weights=None,
     b_iso: torch.Tensor | None = None,
     occ: torch.Tensor | None = None,
+    u_aniso: torch.Tensor | None = None,
     reduce: str = "sum",
     radius: float | None = None,
     cutoff: float = DEFAULT_CUTOFF,
     backend: str = "auto",
     process_group=None,
+    blur: float = 0.0,
+    radius_rule: str = "gemmi",
 ) -> torch.Tensor:
     """Electron density of F frames of the same atoms: their weighted sum, or one map per frame.
 
@@ -247,6 +260,9 @@ def splat_ensemble(
         B in Å² of every atom in every frame (default: ``atoms.b_iso`` in every frame).
     occ : torch.Tensor, shape (F, N), optional
         Occupancy of every atom in every frame (default: ``atoms.occ`` in every frame).
+    u_aniso : torch.Tensor, shape (F, N, 6), optional
+        U in Å² of every atom in every frame, for the atoms ``atoms.aniso`` marks (default:
+        ``atoms.u_aniso`` in every frame). Needs an anisotropic ``atoms``.
     reduce : {"sum", "none"}
         ``"sum"``: Σ_f weights[f]·map_f, one map, from one backend call on all F·N atoms (no F
         maps are ever held). ``"none"``: the F maps, each times its weight, after a check that
@@ -258,6 +274,9 @@ def splat_ensemble(
         Density level in e/Å³ for the per-atom radius (default 1e-5).
     backend : {"auto", "reference", "cpu", "triton"}
         As for :func:`kernels.splat_density`.
+    blur, radius_rule
+        As for :func:`kernels.splat_density`: an extra B on every atom of every frame, and the
+        radius rule of anisotropic atoms.
     process_group : torch.distributed.ProcessGroup, optional
         Split the frames over the ranks of this group (only when given: an initialised
         ``torch.distributed`` alone changes nothing). Every rank passes the same full inputs and
@@ -275,7 +294,8 @@ def splat_ensemble(
         ``reduce="sum"``: shape ``grid.shape``; ``reduce="none"``: shape (F, *grid.shape), or
         (stop − start, *grid.shape) with a process group. float64 from ``reference``, float32
         from ``cpu`` and ``triton``; on the atoms' device. Differentiable with respect to
-        ``xyz``, ``b_iso``, ``occ``, ``weights`` and (where used) ``atoms.b_iso``/``atoms.occ``.
+        ``xyz``, ``b_iso``, ``occ``, ``u_aniso``, ``weights`` and (where used)
+        ``atoms.b_iso``/``atoms.occ``/``atoms.u_aniso``.
 
     Raises
     ------
@@ -314,6 +334,18 @@ def splat_ensemble(
         _check_tensor(b_iso, "b_iso", (n_frames, n), atoms, "B of every atom in every frame, Å²")
     if occ is not None:
         _check_tensor(occ, "occ", (n_frames, n), atoms, "occupancy of every atom in every frame")
+    if u_aniso is not None:
+        if atoms.u_aniso is None:
+            raise ValueError(
+                "u_aniso was given but the atoms are isotropic: build them with U (read_model(adp='auto') of a "
+                "file with ANISOU, or AtomSet(..., u_aniso=, aniso=)) so that atoms.aniso says which atoms use it"
+            )
+        _check_tensor(u_aniso, "u_aniso", (n_frames, n, 6), atoms, "U of every atom in every frame, Å²")
+    if radius_rule not in RADIUS_RULES:
+        raise ValueError(f"radius_rule must be one of {RADIUS_RULES}, got {radius_rule!r}")
+    blur = float(blur)
+    if not math.isfinite(blur):
+        raise ValueError(f"blur must be a finite number of Å², got {blur!r}")
     w = None if weights is None else _as_weights(weights, n_frames, atoms)
     if reduce not in ("sum", "none"):
         raise ValueError(f"reduce must be 'sum' (one weighted map) or 'none' (one map per frame), got {reduce!r}")
@@ -328,17 +360,18 @@ def splat_ensemble(
     start, stop = frame_share(n_frames, process_group)
     count = stop - start
     if count == 0:
-        return _no_frames(atoms, xyz, b_iso, occ, w, grid, dtype, reduce, process_group)
+        return _no_frames(atoms, xyz, b_iso, occ, w, grid, dtype, reduce, process_group, u_aniso)
     if reduce == "none":  # before anything of F·N atoms is built
-        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (xyz, b_iso, occ, w))
+        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (xyz, b_iso, occ, w, u_aniso))
         _require_frames_memory(grid, count, dtype, atoms.device, grad)
     if atoms.device.type == "cpu":
-        _check_values(atoms, xyz, b_iso, occ, n)
-    frames = _flatten(atoms, xyz, b_iso, occ, w, start, stop)
+        _check_values(atoms, xyz, b_iso, occ, n, u_aniso)
+    frames = with_blur(_flatten(atoms, xyz, b_iso, occ, w, start, stop, u_aniso), blur)
     if radius is None and atoms.device.type == "cpu":
         from kernels.density import _warn_atoms_below_cutoff
 
-        _warn_atoms_below_cutoff(_flatten(atoms, xyz, b_iso, occ, None, start, stop), cutoff)
+        _warn_atoms_below_cutoff(with_blur(_flatten(atoms, xyz, b_iso, occ, None, start, stop, u_aniso), blur), cutoff)
+    extra = {} if atoms.u_aniso is None else {"radius_rule": radius_rule}
     if reduce == "sum":
         from kernels.density import _memory_checked
 
@@ -346,17 +379,21 @@ def splat_ensemble(
         if key not in _memory_checked:  # as splat_density: once per grid
             grid.require_memory(dtype, atoms.device, copies=2)
             _memory_checked.add(key)
-        out = single(frames, grid, radius=radius, cutoff=cutoff)
+        out = single(frames, grid, radius=radius, cutoff=cutoff, **extra)
         if process_group is not None:
             out = _AllReduceSum.apply(out, process_group)
         return out
     _, per_frame = get_backend("density_frames", atoms.device, name)
-    return per_frame(frames, grid, n_frames=count, radius=radius, cutoff=cutoff)
+    return per_frame(frames, grid, n_frames=count, radius=radius, cutoff=cutoff, **extra)
 
 
-def _flatten(atoms: AtomSet, xyz, b_iso, occ, w, start: int, stop: int) -> AtomSet:
+def _flatten(atoms: AtomSet, xyz, b_iso, occ, w, start: int, stop: int, u_aniso=None) -> AtomSet:
     """Frames ``start..stop`` as one frame-major AtomSet of (stop − start)·N atoms (not validated again)."""
     count, n = stop - start, len(atoms)
+    u = flags = None
+    if atoms.u_aniso is not None:
+        u = (atoms.u_aniso.expand(count, n, 6) if u_aniso is None else u_aniso[start:stop]).reshape(count * n, 6)
+        flags = atoms.aniso.repeat(count)
     pos = xyz[start:stop].reshape(count * n, 3)  # a view when xyz is contiguous
     b = (atoms.b_iso.expand(count, n) if b_iso is None else b_iso[start:stop]).reshape(-1)
     o = atoms.occ.expand(count, n) if occ is None else occ[start:stop]
@@ -372,13 +409,17 @@ def _flatten(atoms: AtomSet, xyz, b_iso, occ, w, start: int, stop: int) -> AtomS
         bb,
         _Tiled(atoms.elements, count),
         _Tiled(atoms.labels, count),
+        u,
+        flags,
+        radiation=atoms.radiation,
         _validate=False,
     )
 
 
-def _no_frames(atoms, xyz, b_iso, occ, w, grid, dtype, reduce, process_group):
+def _no_frames(atoms, xyz, b_iso, occ, w, grid, dtype, reduce, process_group, u_aniso=None):
     """What a rank without frames returns: zeros joined to the graph (and reduced, for ``"sum"``)."""
-    inputs = [t for t in (xyz, b_iso, occ, w, atoms.b_iso, atoms.occ) if t is not None and t.requires_grad]
+    tensors = (xyz, b_iso, occ, w, atoms.b_iso, atoms.occ, u_aniso, atoms.u_aniso)
+    inputs = [t for t in tensors if t is not None and t.requires_grad]
     shape = tuple(grid.shape) if reduce == "sum" else (0, *grid.shape)
     if torch.is_grad_enabled() and inputs:
         out = _NoFrames.apply(shape, dtype, atoms.device, *inputs)
