@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["GEMMI_RATE", "gemmi_density", "gemmi_density_calculator"]
+__all__ = ["GEMMI_RATE", "gemmi_density", "gemmi_density_calculator", "synthetic_anisou"]
 
 #: gemmi's oversampling ``rate``; its grid spacing is ``d_min / (2·rate)``, so a spacing
 #: ``s`` is asked for as ``d_min = 2·rate·s``.
@@ -118,3 +118,43 @@ def gemmi_density(
     else:
         dc.add_model_density_to_grid(st[0])
     return np.array(dc.grid, copy=True)
+
+
+def synthetic_anisou(structure, max_ratio: float = 10.0, seed: int = 0):
+    """A copy of ``structure`` whose every atom has an ANISOU around its own B: a large anisotropic case.
+
+    Each atom gets U = R·diag(λ)·Rᵀ with a random rotation R and eigenvalues λ whose mean is
+    B/(8π²) (so 8π²·trace(U)/3 = B) and whose ratio largest/smallest is drawn up to ``max_ratio``;
+    written to mmCIF and read back, gemmi and :func:`kernels.read_model` see the same U (to the 4
+    decimals mmCIF keeps).
+
+    Parameters
+    ----------
+    structure : str, os.PathLike or gemmi.Structure
+        Not modified.
+    max_ratio : float
+        Largest eigenvalue ratio (≥ 1).
+    seed : int
+        Seeds the rotations and ratios (the same structure for the same seed).
+
+    Returns
+    -------
+    gemmi.Structure
+    """
+    import gemmi
+
+    st = gemmi.read_structure(os.fspath(structure)) if isinstance(structure, (str, Path)) else structure.clone()
+    rng = np.random.default_rng(seed)
+    for chain in st[0]:
+        for residue in chain:
+            for atom in residue:
+                ratio = rng.uniform(1.0, max_ratio)
+                lam = np.array([1.0, rng.uniform(1.0, ratio), ratio])
+                lam *= 3 * atom.b_iso / (8 * np.pi**2) / lam.sum()
+                q, r = np.linalg.qr(rng.normal(size=(3, 3)))
+                rot = q * np.sign(np.diag(r))
+                u = rot @ np.diag(lam) @ rot.T
+                # 4 decimals, as mmCIF keeps them; the rounding is far below the smallest eigenvalue
+                u = np.round(u, 4)
+                atom.aniso = gemmi.SMat33f(u[0, 0], u[1, 1], u[2, 2], u[0, 1], u[0, 2], u[1, 2])
+    return st

@@ -96,6 +96,8 @@ def _peak_density_host(atoms: AtomSet) -> np.ndarray:
         det = u11 * (u22 * u33 - u23 * u23) - u12 * (u12 * u33 - u23 * u13) + u13 * (u12 * u23 - u22 * u13)
         c = b[flag] / U_TO_B
         det_m = c**3 + tr[:, None] * c**2 + m2[:, None] * c + det[:, None]
+        # a U that is not positive definite has no peak; the kernel refuses it, not this warning
+        det_m = np.clip(det_m, 1e-300, None)
         peaks[flag] = (a[flag] * (2 * math.pi) ** -1.5 / np.sqrt(det_m)).sum(axis=1) * occ[flag]
     return peaks
 
