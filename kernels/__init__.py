@@ -20,9 +20,18 @@ from kernels.crystal import (
     Model,
     ModelError,
     example_structure,
+    form_factor_coefficients,
     read_model,
 )
-from kernels.density import DEFAULT_CUTOFF, check_finite, cutoff_radius, splat_density
+from kernels.density import (
+    DEFAULT_CUTOFF,
+    atom_cutoff_radii,
+    check_finite,
+    cutoff_radius,
+    density_unit,
+    peak_density,
+    splat_density,
+)
 from kernels.density.ensemble import frame_share, splat_ensemble, sum_gradients_over_ranks
 from kernels.dispatch import (
     BackendCapabilities,
@@ -51,13 +60,17 @@ __all__ = [
     "Model",
     "ModelError",
     "PlaneSet",
+    "atom_cutoff_radii",
     "available_backends",
     "check_backend",
     "check_finite",
     "cutoff_radius",
+    "density_unit",
     "example_structure",
     "find_planes",
+    "form_factor_coefficients",
     "frame_share",
+    "peak_density",
     "planarity_nll",
     "read_map",
     "read_model",

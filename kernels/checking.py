@@ -296,13 +296,22 @@ class _Case:
     path: Path | None
 
 
-def _load(structure, spacing: float) -> _Case:
+def _load(structure, spacing: float, anisotropic: bool) -> _Case:
+    """The structure as the backend will get it: isotropic when the backend does not declare anisotropic atoms.
+
+    A file is read keeping its ANISOU, with atoms whose U is not positive definite at their B
+    (``on_bad_adp="iso"``; gemmi is then set up the same way, :func:`kernels.testing.gemmi_density_of_model`).
+    """
     if isinstance(structure, Model):
         model, name = structure, structure.path.name if structure.path else "<memory>"
     else:
         key = str(structure)
         path = example_structure(key) if key.lower() in DEFAULT_STRUCTURES else Path(key)
-        model, name = read_model(path), key
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "(?s).*not positive definite", UserWarning)
+            model, name = read_model(path, on_bad_adp="iso"), key
+    if not anisotropic and model.atoms.u_aniso is not None:
+        model = dataclasses.replace(model, atoms=model.atoms.replace(u_aniso=None, aniso=None))
     grid = GridSpec.for_spacing(model.cell, spacing, model.spacegroup)
     return _Case(name.split("/")[-1], model, grid, model.path)
 
@@ -497,7 +506,11 @@ def _fresh_process(op, name, case, atoms32, device, radius, cutoff, timeout) -> 
 # ---------------------------------------------------------------------------- the checks
 
 
+_GRAD_FIELDS = ("xyz", "b_iso", "occ", "u_aniso")
+
+
 def _leaf(atoms: AtomSet) -> AtomSet:
+    u = None if atoms.u_aniso is None else atoms.u_aniso.detach().clone().requires_grad_(True)
     return AtomSet(
         atoms.xyz.detach().clone().requires_grad_(True),
         atoms.b_iso.detach().clone().requires_grad_(True),
@@ -506,13 +519,21 @@ def _leaf(atoms: AtomSet) -> AtomSet:
         atoms.b,
         atoms.elements,
         atoms.labels,
+        u,
+        atoms.aniso,
+        radiation=atoms.radiation,
         _validate=False,
     )
 
 
+def _grads(leaf: AtomSet) -> tuple:
+    """The gradients of the leaf's differentiable fields (``u_aniso`` only for an anisotropic set)."""
+    return tuple(getattr(leaf, f).grad for f in _GRAD_FIELDS if getattr(leaf, f) is not None)
+
+
 def _gradient_check(case, atoms, out_grads, ref_grads) -> Check:
     worst_val, worst, n_over, parts = -1.0, None, 0, []
-    for field, g, r in zip(("xyz", "b_iso", "occ"), out_grads, ref_grads):
+    for field, g, r in zip(_GRAD_FIELDS, out_grads, ref_grads):
         if g is None:
             return Check(
                 "gradients",
@@ -548,7 +569,8 @@ def _gradient_check(case, atoms, out_grads, ref_grads) -> Check:
         "gradients",
         case.name,
         "pass" if n_over == 0 else "fail",
-        f"{GRAD_RTOL:g}·max|ref| + {GRAD_RTOL:g}·|ref| per element of ∂(Σ w·ρ)/∂(xyz, B, occ)",
+        f"{GRAD_RTOL:g}·max|ref| + {GRAD_RTOL:g}·|ref| per element of ∂(Σ w·ρ)/∂(xyz, B, occ"
+        + (", U)" if len(ref_grads) == 4 else ")"),
         ", ".join(parts) + f"; {n_over} elements over",
         {"n_over": n_over, "max_rel": worst_val},
         worst,
@@ -649,7 +671,7 @@ def check_backend(
     device = torch.device(device)
     get_backend(op, device, name)  # raises with the reason when it cannot run here
     caps = backend_capabilities(op, name)
-    cases = [_load(s, spacing) for s in (DEFAULT_STRUCTURES if structures is None else structures)]
+    cases = [_load(s, spacing, caps.anisotropic) for s in (DEFAULT_STRUCTURES if structures is None else structures)]
     if not cases:
         raise ValueError("structures is empty; pass at least one structure or None for the bundled ones")
     checks: list[Check] = []
@@ -691,9 +713,9 @@ def check_backend(
         elif radius is not None:
             checks.append(Check("gemmi", case.name, "skipped", "", "gemmi ends atoms at a cutoff, not a fixed radius"))
         else:
-            from kernels.testing import gemmi_density
+            from kernels.testing import gemmi_density_of_model
 
-            g = torch.from_numpy(gemmi_density(case.path, spacing, cutoff))
+            g = torch.from_numpy(gemmi_density_of_model(case.model, spacing, cutoff))
             if tuple(g.shape) != tuple(case.grid.shape):
                 checks.append(
                     Check("gemmi", case.name, "skipped", "", f"gemmi's grid {tuple(g.shape)} ≠ {case.grid.shape}")
@@ -776,7 +798,7 @@ def _gradient_checks(case, atoms32, atoms64, call, ref_call) -> list[Check]:
     weights = torch.rand(case.grid.shape, generator=gen, dtype=torch.float64)
     ref_leaf = _leaf(atoms64)
     (ref_call(ref_leaf) * weights).sum().backward()
-    ref_grads = (ref_leaf.xyz.grad, ref_leaf.b_iso.grad, ref_leaf.occ.grad)
+    ref_grads = _grads(ref_leaf)
     leaf32 = _leaf(atoms32)
     try:
         with _poisoned():
@@ -799,7 +821,7 @@ def _gradient_checks(case, atoms32, atoms64, call, ref_call) -> list[Check]:
             Check("gradients", case.name, "fail", "no exception", f"backward raised {type(exc).__name__}: {exc}"),
             Check("finite differences", case.name, "skipped", "", "the backward raised"),
         ]
-    grads = (leaf32.xyz.grad, leaf32.b_iso.grad, leaf32.occ.grad)
+    grads = _grads(leaf32)
     out = [_gradient_check(case, atoms64, grads, ref_grads)]
     if grads[0] is None:
         out.append(Check("finite differences", case.name, "skipped", "", "no autograd gradient for xyz"))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["GEMMI_RATE", "gemmi_density", "gemmi_density_calculator", "synthetic_anisou"]
+__all__ = ["GEMMI_RATE", "gemmi_density", "gemmi_density_calculator", "gemmi_density_of_model", "synthetic_anisou"]
 
 #: gemmi's oversampling ``rate``; its grid spacing is ``d_min / (2·rate)``, so a spacing
 #: ``s`` is asked for as ``d_min = 2·rate·s``.
@@ -118,6 +118,43 @@ def gemmi_density(
     else:
         dc.add_model_density_to_grid(st[0])
     return np.array(dc.grid, copy=True)
+
+
+def gemmi_density_of_model(
+    model, spacing: float = 2.0 / 3.0, cutoff: float = 1e-5, *, symmetry: bool = False, blur: float = 0.0
+) -> np.ndarray:
+    """gemmi's map of exactly the atoms ``model.atoms`` splats: its radiation, and ANISOU only where it uses U.
+
+    The model's filtered gemmi structure (its atoms in the order of ``model.atoms``) is copied and
+    the ANISOU of every atom that ``model.atoms`` splats at B is zeroed — all of them for an
+    isotropic set (``adp="iso"``), those a ``on_bad_adp="iso"`` fallback turned isotropic.
+
+    Parameters
+    ----------
+    model : kernels.Model
+    spacing, cutoff, symmetry, blur
+        As for :func:`gemmi_density`.
+
+    Returns
+    -------
+    numpy.ndarray, shape (nx, ny, nz), float32
+    """
+    import gemmi
+
+    st = model.structure.clone()
+    flags = model.atoms.aniso
+    uses_u = [False] * len(model.atoms) if flags is None else flags.tolist()
+    zero = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
+    i = 0
+    for chain in st[0]:
+        for residue in chain:
+            for atom in residue:
+                if not uses_u[i]:
+                    atom.aniso = zero
+                i += 1
+    if i != len(model.atoms):
+        raise ValueError(f"the model's structure has {i} atoms but model.atoms has {len(model.atoms)}")
+    return gemmi_density(st, spacing, cutoff, symmetry=symmetry, radiation=model.atoms.radiation, blur=blur)
 
 
 def synthetic_anisou(structure, max_ratio: float = 10.0, seed: int = 0):

@@ -45,6 +45,9 @@ class Frames:
     spacegroup : str
     notes : tuple of str
         What reading assumed (e.g. the MD B, a changing box).
+    u_aniso : torch.Tensor or None, shape (F, N, 6), float64
+        U (Å²) of every atom in every frame, for the atoms ``atoms.aniso`` marks (those with ANISOU
+        in the first model); None for an isotropic ensemble.
     """
 
     atoms: object
@@ -54,10 +57,16 @@ class Frames:
     cell: object
     spacegroup: str
     notes: tuple[str, ...] = ()
+    u_aniso: object = None
 
 
 def read_frames(
-    path: str | os.PathLike, topology: str | os.PathLike | None = None, md_b: float = DEFAULT_MD_B
+    path: str | os.PathLike,
+    topology: str | os.PathLike | None = None,
+    md_b: float = DEFAULT_MD_B,
+    *,
+    adp: str = "auto",
+    radiation: str = "xray",
 ) -> Frames:
     """Read every frame of a multi-model PDB/mmCIF, or of an MD trajectory with its topology.
 
@@ -70,6 +79,12 @@ def read_frames(
         The trajectory's topology (PDB, PSF, GRO, PRMTOP, …); needs MDAnalysis.
     md_b : float
         B in Å² of every atom of a trajectory (default 20).
+    adp : {"auto", "iso"}
+        Multi-model files: ``auto`` keeps the ANISOU of every model (the atoms with ANISOU in the
+        first model are anisotropic in every frame; where a later model gives such an atom none, its
+        U is B/(8π²)·I), ``iso`` splats B only. As :func:`kernels.read_model`.
+    radiation : {"xray", "electron", "neutron"}
+        Form-factor table (:func:`kernels.form_factor_coefficients`).
 
     Returns
     -------
@@ -84,21 +99,22 @@ def read_frames(
         a box or elements, or MDAnalysis missing for a trajectory.
     """
     if topology is not None:
-        return _read_trajectory(Path(path), Path(topology), md_b)
-    return _read_models(Path(path))
+        return _read_trajectory(Path(path), Path(topology), md_b, radiation)
+    return _read_models(Path(path), adp, radiation)
 
 
-def _read_models(path: Path) -> Frames:
+def _read_models(path: Path, adp: str, radiation: str) -> Frames:
     import gemmi
     import torch
 
     import kernels
 
-    first = kernels.read_model(path)  # every check of a model file; model 1 of the file
+    first = kernels.read_model(path, adp=adp, radiation=radiation)  # every check of a model file; model 1
     st = gemmi.read_structure(str(path))
     st.merge_chain_parts()
     labels, n = first.atoms.labels, len(first.atoms)
-    xyz, b_iso, occ = [], [], []
+    xyz, b_iso, occ, u_aniso = [], [], [], []
+    uses_u = first.atoms.aniso
     for index, model in enumerate(st):
         rows = [(chain.name, res, atom) for chain in model for res in chain for atom in res]
         where = f"{path}: model {index + 1} of {len(st)} (MODEL {model.num})"
@@ -124,6 +140,15 @@ def _read_models(path: Path) -> Frames:
                 u = atom.aniso
                 b[i] = 8 * math.pi**2 * (u.u11 + u.u22 + u.u33) / 3
         b_iso.append(b)
+        if uses_u is not None:
+            rows_u = np.zeros((n, 6))
+            for i, (_, _, atom) in enumerate(rows):
+                u = atom.aniso
+                if u.nonzero():
+                    rows_u[i] = (u.u11, u.u22, u.u33, u.u12, u.u13, u.u23)
+                else:
+                    rows_u[i, :3] = b[i] / (8 * math.pi**2)
+            u_aniso.append(rows_u)
     f64 = torch.float64
     return Frames(
         first.atoms,
@@ -133,10 +158,11 @@ def _read_models(path: Path) -> Frames:
         first.cell,
         first.spacegroup,
         first.notes,
+        None if uses_u is None else torch.tensor(np.asarray(u_aniso), dtype=f64),
     )
 
 
-def _read_trajectory(path: Path, topology: Path, md_b: float) -> Frames:
+def _read_trajectory(path: Path, topology: Path, md_b: float, radiation: str) -> Frames:
     import torch
 
     import kernels
@@ -178,7 +204,7 @@ def _read_trajectory(path: Path, topology: Path, md_b: float) -> Frames:
     labels = tuple(kernels.AtomLabel(str(a.segid), str(a.resname), int(a.resid), "", str(a.name), "") for a in ag)
     xyz = torch.tensor(np.asarray(positions), dtype=torch.float64)
     try:
-        atoms = kernels.AtomSet.from_elements(elements, xyz[0], md_b, 1.0, labels=labels)
+        atoms = kernels.AtomSet.from_elements(elements, xyz[0], md_b, 1.0, labels=labels, radiation=radiation)
     except ValueError as exc:
         raise EnsembleError(f"{topology}: {exc}") from exc
     f, n = xyz.shape[:2]
@@ -228,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         start = time.perf_counter()
         try:
-            frames = read_frames(path, args.topology, args.md_b)
+            frames = read_frames(path, args.topology, args.md_b, adp=args.adp, radiation=args.radiation)
         except (kernels.ModelError, EnsembleError) as exc:
             return _error(f"{exc}", EXIT_FAILURE) if rank == 0 else EXIT_FAILURE
         f, n = frames.xyz.shape[:2]
@@ -238,6 +264,7 @@ def run(args: argparse.Namespace) -> int:
         dtype = torch.float64 if backend == "reference" else torch.float32
         atoms = frames.atoms.to(device, dtype)
         xyz, b_iso, occ = (t.to(device, dtype) for t in (frames.xyz, frames.b_iso, frames.occ))
+        u_aniso = None if frames.u_aniso is None else frames.u_aniso.to(device, dtype)
         weights = None if args.sum else torch.full((f,), 1.0 / f, dtype=dtype, device=device)
         grid = kernels.GridSpec.for_spacing(frames.cell, args.spacing, frames.spacegroup)
         lo, hi = kernels.frame_share(f, group)
@@ -248,8 +275,8 @@ def run(args: argparse.Namespace) -> int:
             )
         start = time.perf_counter()
         rho = kernels.splat_ensemble(
-            atoms, xyz, grid, weights=weights, b_iso=b_iso, occ=occ, radius=args.radius, cutoff=args.cutoff,
-            backend=backend, process_group=group,
+            atoms, xyz, grid, weights=weights, b_iso=b_iso, occ=occ, u_aniso=u_aniso, radius=args.radius,
+            cutoff=args.cutoff, backend=backend, process_group=group, blur=args.blur,
         )  # fmt: skip
         if rho.device.type == "cuda":
             torch.cuda.synchronize()
@@ -258,7 +285,9 @@ def run(args: argparse.Namespace) -> int:
         say(f"splat   {f} frames ({what}) on {world} rank(s): {elapsed * 1e3:.1f} ms, {f / elapsed:.1f} frames/s")
         if rank == 0:
             electrons = float(rho.sum()) * grid.voxel_volume
-            say(f"map     max {float(rho.max()):.3f} e/Å³, {electrons:.1f} electrons in the cell")
+            unit = kernels.density_unit(atoms.radiation)
+            total = "fm of scattering length" if atoms.radiation == "neutron" else "electrons"
+            say(f"map     max {float(rho.max()):.3f} {unit}, {electrons:.1f} {total} in the cell")
             try:
                 out = kernels.write_map(args.out, rho, grid, "P 1")
             except (OSError, ValueError) as exc:
@@ -298,6 +327,11 @@ def add_parser(sub, positive) -> None:
         "--cutoff", type=positive("--cutoff", " of e/Å³"), default=1e-5, help="per-atom radius from this density"
     )
     ep.add_argument("--sum", action="store_true", help="sum the frames' maps (default: their mean)")
+    ep.add_argument(
+        "--adp", default="auto", choices=["auto", "iso"], help="keep each model's ANISOU (auto) or splat B only (iso)"
+    )
+    ep.add_argument("--radiation", default="xray", choices=["xray", "electron", "neutron"], help="form-factor table")
+    ep.add_argument("--blur", type=float, default=0.0, help="extra B in Å² on every atom (gemmi's blur; default 0)")
     ep.add_argument("--backend", default="auto", choices=["auto", "reference", "cpu", "triton"])
     ep.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="under torchrun: one GPU per rank")
     ep.add_argument("--out", default="map.ccp4", help="output map, written by rank 0 (default map.ccp4)")

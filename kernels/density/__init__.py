@@ -24,6 +24,7 @@ __all__ = [
     "check_finite",
     "cutoff_radius",
     "atom_cutoff_radii",
+    "density_unit",
     "peak_density",
     "DEFAULT_CUTOFF",
     "RADIUS_RULES",

@@ -21,11 +21,15 @@ ATOMS = [
 ]
 
 
-def write_models(path: Path, n_models: int, seed: int = 0, rename: tuple[int, int, str] | None = None) -> Path:
+def write_models(
+    path: Path, n_models: int, seed: int = 0, rename: tuple[int, int, str] | None = None, anisou: bool = False
+) -> Path:
     """Write ``n_models`` models (positions jittered by 0.4 Å, B and occupancy per model) to ``path``.
 
     ``rename=(model, atom, name)`` gives one atom of one model (0-based) another name, for the
-    "frames do not share the same atoms" error.
+    "frames do not share the same atoms" error. ``anisou=True`` writes an ANISOU record, different
+    in every model, for every other atom (eigenvalue ratio up to 6, tilted), and none for atom 2 of
+    the last model.
     """
     rng = np.random.default_rng(seed)
     lines = ["CRYST1{:9.3f}{:9.3f}{:9.3f}{:7.2f}{:7.2f}{:7.2f} P 1           1".format(*CELL)]
@@ -41,6 +45,17 @@ def write_models(path: Path, n_models: int, seed: int = 0, rename: tuple[int, in
                 f"ATOM  {i + 1:5d}  {name:<3s} {res:3s} A{num:4d}    {x + dx:8.3f}{y + dy:8.3f}{z + dz:8.3f}"
                 f"{occ:6.2f}{b:6.2f}          {el:>2s}"
             )
+            if anisou and i % 2 == 0 and not (m == n_models - 1 and i == 2):
+                lam = np.array([1.0, rng.uniform(1, 3), rng.uniform(3, 6)])
+                lam *= 3 * b / (8 * np.pi**2) / lam.sum()
+                q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+                u = q @ np.diag(lam) @ q.T
+                ints = [round(1e4 * v) for v in (u[0, 0], u[1, 1], u[2, 2], u[0, 1], u[0, 2], u[1, 2])]
+                lines.append(
+                    f"ANISOU{i + 1:5d}  {name:<3s} {res:3s} A{num:4d}  "
+                    + "".join(f"{v:7d}" for v in ints)
+                    + f"      {el:>2s}"
+                )
         lines.append("ENDMDL")
     lines.append("END")
     path.write_text("\n".join(lines) + "\n")

@@ -68,3 +68,37 @@ def test_trajectory_errors_say_what_to_do(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "MDAnalysis cannot read" in err, err
     assert torch.is_tensor(read_frames(dcd, topology=top).xyz)
+
+
+def test_models_with_anisou_give_per_frame_u(tmp_path, capsys):
+    models = write_models(tmp_path / "aniso.pdb", 3, seed=5, anisou=True)
+    frames = read_frames(models)
+    atoms = frames.atoms
+    assert frames.u_aniso.shape == (3, len(atoms), 6)
+    assert atoms.aniso.tolist() == [i % 2 == 0 for i in range(len(atoms))]
+    assert not torch.equal(frames.u_aniso[0], frames.u_aniso[1])  # each model's own ANISOU
+    last = frames.u_aniso[2, 2]  # no ANISOU for this atom in the last model: its B, isotropically
+    torch.testing.assert_close(
+        last, torch.cat([frames.b_iso[2, 2].expand(3) / (8 * torch.pi**2), torch.zeros(3, dtype=last.dtype)])
+    )
+    grid = kernels.GridSpec.for_spacing(frames.cell, 0.8)
+    want = sum(
+        kernels.splat_density(
+            atoms.replace(xyz=frames.xyz[f], b_iso=frames.b_iso[f], occ=frames.occ[f], u_aniso=frames.u_aniso[f]),
+            grid,
+            backend="reference",
+        )
+        for f in range(3)
+    )
+    got = kernels.splat_ensemble(
+        atoms, frames.xyz, grid, b_iso=frames.b_iso, occ=frames.occ, u_aniso=frames.u_aniso, backend="reference"
+    )
+    assert_close(got, want, atol=1e-12 * float(want.abs().max()))
+    out = tmp_path / "mean.ccp4"
+    assert (
+        workbench_main(["ensemble", str(models), "--out", str(out), "--spacing", "0.8", "--backend", "reference"]) == 0
+    )
+    rho, _ = kernels.read_map(out)
+    assert_close(torch.as_tensor(rho, dtype=torch.float64), want / 3, atol=1e-5 * float(want.abs().max()))
+    iso = read_frames(models, adp="iso")
+    assert iso.u_aniso is None and iso.atoms.u_aniso is None

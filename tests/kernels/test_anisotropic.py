@@ -373,6 +373,6 @@ def test_ensemble_takes_per_frame_u():
 
 def test_peak_density_of_anisotropic_atoms_is_the_density_at_the_centre():
     atoms = _tilted_atoms(10.0)
-    peaks = kernels.density.peak_density(atoms)
+    peaks = kernels.peak_density(atoms)
     for i in range(len(atoms)):
         assert float(peaks[i]) == pytest.approx(_density_along_major_axis(atoms, i, 0.0), rel=1e-10)

@@ -78,14 +78,14 @@ def test_b_derived_from_anisou_when_the_file_has_none(tmp_path):
 
 def test_filters_altlocs_water_hydrogens():
     full = model("3o5r")
-    first = kernels.read_model(STRUCTURES["3o5r"], altlocs="first")
-    only_a = kernels.read_model(STRUCTURES["3o5r"], altlocs="A")
-    dry = kernels.read_model(STRUCTURES["3o5r"], water=False)
+    first = kernels.read_model(STRUCTURES["3o5r"], altlocs="first", adp="iso")
+    only_a = kernels.read_model(STRUCTURES["3o5r"], altlocs="A", adp="iso")
+    dry = kernels.read_model(STRUCTURES["3o5r"], water=False, adp="iso")
     assert len(first) < len(full) and len(only_a) < len(full)
     assert all(label.altloc in ("", "A") for label in only_a.atoms.labels)
     assert not any(label.res_name == "HOH" for label in dry.atoms.labels) and len(dry) < len(full)
     with pytest.raises(kernels.ModelError, match="altlocs"):
-        kernels.read_model(STRUCTURES["3o5r"], altlocs="AB")
+        kernels.read_model(STRUCTURES["3o5r"], altlocs="AB", adp="iso")
 
 
 def test_missing_and_unknown_format(tmp_path):
