@@ -50,11 +50,15 @@ struct Atoms {
     Array<const float, -1, kd::kGaussians> a, b;
     Array<const double, -1> radii;  // invalid (None): radii from cutoff
     double cutoff;
+    Array<const double, -1, kd::kGaussians> amp;        // invalid (None): isotropic atoms
+    Array<const double, -1, kd::kGaussians, 6> quad;    // with amp
 
     Atoms(Array<const double, -1, 3> frac_, Array<const float, -1> b_iso_, Array<const float, -1> occ_,
           Array<const float, -1, kd::kGaussians> a_, Array<const float, -1, kd::kGaussians> b_,
-          Array<const double, -1> radii_, double cutoff_)
-        : frac(frac_), b_iso(b_iso_), occ(occ_), a(a_), b(b_), radii(radii_), cutoff(cutoff_) {
+          Array<const double, -1> radii_, double cutoff_, Array<const double, -1, kd::kGaussians> amp_,
+          Array<const double, -1, kd::kGaussians, 6> quad_)
+        : frac(frac_), b_iso(b_iso_), occ(occ_), a(a_), b(b_), radii(radii_), cutoff(cutoff_), amp(amp_),
+          quad(quad_) {
         const size_t n = frac.shape(0);
         auto check = [n](size_t m, const char* what) {
             if (m != n)
@@ -68,7 +72,16 @@ struct Atoms {
         if (radii.is_valid()) check(radii.shape(0), "radii");
         else if (!(cutoff > 0))
             throw nb::value_error("without radii the density cutoff must be a positive number of e/Å³");
+        if (amp.is_valid() != quad.is_valid())
+            throw nb::value_error("anisotropic atoms need both amp (N, 5) and quad (N, 5, 6)");
+        if (amp.is_valid()) {
+            check(amp.shape(0), "amp");
+            check(quad.shape(0), "quad");
+            if (!radii.is_valid()) throw nb::value_error("anisotropic atoms need their radii");
+        }
     }
+
+    bool anisotropic() const { return amp.is_valid(); }
 
     int64_t size() const { return static_cast<int64_t>(frac.shape(0)); }
 
@@ -82,6 +95,10 @@ struct Atoms {
         v.occ = occ.data();
         v.a = a.data();
         v.b = b.data();
+        if (amp.is_valid()) {
+            v.amp = amp.data();
+            v.quad = quad.data();
+        }
         return v;
     }
 };
@@ -225,13 +242,18 @@ NB_MODULE(_scatter, m) {
 
     nb::class_<Atoms>(m, "Atoms",
                       "One atom set: frac (N, 3) float64, b_iso (N,), occ (N,), a (N, 5), b (N, 5) float32; radii "
-                      "(N,) float64 in Å, or None for each atom's radius from cutoff (e/Å³, gemmi's rule). Keeps "
-                      "its arrays alive.")
+                      "(N,) float64 in Å, or None for each atom's radius from cutoff (e/Å³, gemmi's rule). "
+                      "Anisotropic atoms: amp (N, 5) and quad (N, 5, 6) float64, term k of atom i "
+                      "occ·amp[i,k]·exp(Σ_m quad[i,k,m]·mono_m(d)), mono = (dx², dy², dz², dx·dy, dx·dz, dy·dz) of "
+                      "the fractional offset d; radii then required. Keeps its arrays alive.")
         .def(nb::init<Array<const double, -1, 3>, Array<const float, -1>, Array<const float, -1>,
                       Array<const float, -1, kd::kGaussians>, Array<const float, -1, kd::kGaussians>,
-                      Array<const double, -1>, double>(),
+                      Array<const double, -1>, double, Array<const double, -1, kd::kGaussians>,
+                      Array<const double, -1, kd::kGaussians, 6>>(),
              "frac"_a.noconvert(), "b_iso"_a.noconvert(), "occ"_a.noconvert(), "a"_a.noconvert(), "b"_a.noconvert(),
-             nb::kw_only(), "radii"_a.noconvert().none() = nb::none(), "cutoff"_a = 0.0)
+             nb::kw_only(), "radii"_a.noconvert().none() = nb::none(), "cutoff"_a = 0.0,
+             "amp"_a.noconvert().none() = nb::none(), "quad"_a.noconvert().none() = nb::none())
+        .def_prop_ro("anisotropic", &Atoms::anisotropic)
         .def("__len__", &Atoms::size);
 
     nb::class_<kd::RowIntervals>(m, "RowIntervals",
@@ -318,6 +340,36 @@ NB_MODULE(_scatter, m) {
         "Returns a dict of phase times as splat() does, with 'rows_reused': atoms whose rows came from rows.");
 
     m.def(
+        "gather_aniso",
+        [](Maps<const float> grad, const kd::CellGeometry& cell, const Atoms& atoms, Array<double, -1, 3> gfrac,
+           Array<double, -1> gocc, Array<double, -1, kd::kGaussians> gamp,
+           Array<double, -1, kd::kGaussians, 6> gquad, int n_threads, bool force_int64) {
+            int64_t shape[3];
+            const int64_t n_maps = map_shape(grad, "grad", shape);
+            check_frames(atoms, n_maps);
+            if (!atoms.anisotropic()) throw nb::value_error("gather_aniso takes anisotropic atoms (amp and quad)");
+            check_rows(atoms, gfrac.shape(0), "gfrac");
+            check_rows(atoms, gocc.shape(0), "gocc");
+            check_rows(atoms, gamp.shape(0), "gamp");
+            check_rows(atoms, gquad.shape(0), "gquad");
+            kd::Options opt;
+            opt.n_threads = n_threads;
+            opt.force_int64 = force_int64;
+            kd::Timings tm;
+            {
+                nb::gil_scoped_release release;
+                tm = kd::gather_aniso(cell, shape, atoms.view(), grad.data(), opt, gfrac.data(), gocc.data(),
+                                      gamp.data(), gquad.data(), n_maps);
+            }
+            return timings_dict(tm, false);
+        },
+        "grad"_a.noconvert(), "cell"_a, "atoms"_a, "gfrac"_a.noconvert(), "gocc"_a.noconvert(), "gamp"_a.noconvert(),
+        "gquad"_a.noconvert(), nb::kw_only(), "n_threads"_a = 1, "force_int64"_a = false,
+        "Gradient of sum(grad * splat(atoms)) for anisotropic atoms with respect to their fractional positions\n"
+        "gfrac (N, 3), occ gocc (N,), amp gamp (N, 5) and quad gquad (N, 5, 6), all float64 (sums in double).\n"
+        "grad (n, nx, ny, nz): n frames as in splat(). Returns a dict of phase times as splat() does.");
+
+    m.def(
         "empty_maps",
         [](std::vector<size_t> shape) {
             if (shape.size() != 3 && shape.size() != 4)
@@ -366,6 +418,23 @@ NB_MODULE(_scatter, m) {
         "n_threads"_a = 1,
         "Per-atom cutoff radius (Å) with gemmi's rule, written to out (N,) float64: b_iso (N,), a (N, 5),\n"
         "b (N, 5) float64.");
+
+    m.def(
+        "cutoff_radii_terms",
+        [](Array<double, -1> out, Array<const double, -1> start_b, Array<const double, -1, kd::kGaussians> amp,
+           Array<const double, -1, kd::kGaussians> expo, double cutoff, int n_threads) {
+            const size_t n = out.shape(0);
+            if (start_b.shape(0) != n || amp.shape(0) != n || expo.shape(0) != n)
+                throw nb::value_error("out, start_b, amp and expo need the same number of rows");
+            if (!(cutoff > 0)) throw nb::value_error("the density cutoff must be a positive number of e/Å³");
+            nb::gil_scoped_release release;
+            kd::cutoff_radii_terms(static_cast<int64_t>(n), start_b.data(), amp.data(), expo.data(), cutoff,
+                                   n_threads, out.data());
+        },
+        "out"_a.noconvert(), "start_b"_a.noconvert(), "amp"_a.noconvert(), "expo"_a.noconvert(), "cutoff"_a,
+        nb::kw_only(), "n_threads"_a = 1,
+        "Per-atom cutoff radius (Å) with gemmi's rule for rho(r) = sum_k amp_k exp(expo_k r^2), written to out\n"
+        "(N,) float64: amp, expo (N, 5) float64, the search started at gemmi's guess for B = start_b (N,).");
 
     m.def(
         "build_info",

@@ -187,6 +187,9 @@ KERNELS_INLINE int64_t floor_mod(int64_t a, int64_t n) {
 
 // Port of kernels/density/radius.py (gemmi's DensityCalculator::estimate_radius), one atom
 // at a time: the same steps in the same order, so the radii agree to rounding.
+// The search itself: ρ(r) = Σ_k amp_k·exp(expo_k·r²), started at gemmi's guess for B.
+double cutoff_radius_search(double B, const double* amp, const double* expo, double cutoff);
+
 double cutoff_radius_one(double B, const double* a, const double* b, double cutoff) {
     double amp[NG], expo[NG];
     for (int k = 0; k < NG; ++k) {
@@ -194,6 +197,10 @@ double cutoff_radius_one(double B, const double* a, const double* b, double cuto
         amp[k] = term_amplitude(a[k], w);
         expo[k] = -4.0 * PI * PI / w;
     }
+    return cutoff_radius_search(B, amp, expo, cutoff);
+}
+
+double cutoff_radius_search(double B, const double* amp, const double* expo, double cutoff) {
     auto value = [&](double x) {
         double s = 0;
         for (int k = 0; k < NG; ++k) s += amp[k] * std::exp(expo[k] * (x * x));
@@ -1418,7 +1425,187 @@ struct Inputs {
     const double* radii;  // (N,) cutoff radii in Å, or nullptr: from `cutoff` (gemmi's rule)
     double cutoff;        // e/Å³, when radii is nullptr
     const float *b_iso, *occ, *a, *b;  // (N,), (N,), (N, 5), (N, 5), float32
+    // anisotropic atoms (both set, or both nullptr: isotropic): per term amplitudes at unit occupancy
+    // (N, 5) and the six coefficients of the exponent in fractional offsets (N, 5, 6), float64
+    const double* amp = nullptr;
+    const double* quad = nullptr;
 };
+
+// ------------------------------------------------------------------ anisotropic atoms
+
+// An anisotropic atom's term k is amp_k·occ·exp(x_k(d)) with x_k = Σ_m c_km·mono_m(d) over the
+// fractional offset d = voxel − atom, mono = (dx², dy², dz², dx·dy, dx·dz, dy·dz) (in.quad: the
+// reference's six coefficients of −½ dᵀQ_k d). No factorisation into per-axis tables holds for a
+// general Q_k, so every voxel costs one exp per term. Along a row (dx, dy fixed) x_k is a
+// quadratic in the box-relative voxel t: x_k = A_k·(t − t*_k)² + E_k with A_k < 0 and E_k ≤ 0
+// (Q_k positive definite), both formed per row in double. The voxel term is evaluated in float
+// as A_k·u² + E_k with u = (t − T_k) − φ_k, T_k the integer nearest t*_k (t − T_k is exact):
+// both addends are ≤ 0, so the exponent carries a few float roundings relative to itself and
+// the value an error ≤ ~4u·|x|·e^x ≤ 1e-7 of the term's peak. One float exp per voxel and term
+// (exp_neg, vectorised over the row) was measured faster than the recurrence e(t+1) = e(t)·r(t),
+// r(t+1) = r(t)·exp(2A_k): rows are ~10-20 voxels, and the recurrence is serial along the row
+// (and must start at the vertex to stay clear of underflow).
+struct AnisoRowK {
+    float A[NG], base[NG], phi[NG], E[NG];
+};
+
+// Row constants of terms k for the row at (dx, dy): base_k = t_first − T_k for the row's first
+// voxel t_first (box-relative), phi_k, A_k, E_k as above. mz, dz0 = zlo/mz − fz.
+KERNELS_INLINE void aniso_row_consts(const double* cq, double dx, double dy, double mz, double dz0, int64_t t_first,
+                                     AnisoRowK& R) {
+    for (int k = 0; k < NG; ++k) {
+        const double* c = cq + 6 * k;
+        const double c2 = c[2];
+        const double Bz = c[4] * dx + c[5] * dy;
+        const double C = c[0] * dx * dx + c[1] * dy * dy + c[3] * dx * dy;
+        const double E = C - Bz * Bz / (4.0 * c2);
+        const double tstar = (-Bz / (2.0 * c2) - dz0) * mz;  // box-relative voxel of the row's maximum
+        const double T = std::nearbyint(tstar);
+        R.A[k] = static_cast<float>(c2 / (mz * mz));
+        R.E[k] = static_cast<float>(E < 0 ? E : 0.0);
+        R.phi[k] = static_cast<float>(tstar - T);
+        R.base[k] = static_cast<float>(static_cast<double>(t_first) - T);
+    }
+}
+
+// o[l] += Σ_k c_k·exp(A_k·u² + E_k), u = (l + base_k) − phi_k, for l in [0, n)
+KERNELS_INLINE void aniso_add_row(float* __restrict o, int64_t n, const AnisoRowK& R, const float* c) {
+    const float A0 = R.A[0], A1 = R.A[1], A2 = R.A[2], A3 = R.A[3], A4 = R.A[4];
+    const float b0 = R.base[0], b1 = R.base[1], b2 = R.base[2], b3 = R.base[3], b4 = R.base[4];
+    const float p0 = R.phi[0], p1 = R.phi[1], p2 = R.phi[2], p3 = R.phi[3], p4 = R.phi[4];
+    const float E0 = R.E[0], E1 = R.E[1], E2 = R.E[2], E3 = R.E[3], E4 = R.E[4];
+    const float c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3], c4 = c[4];
+    KERNELS_SIMD
+    for (int32_t l = 0; l < static_cast<int32_t>(n); ++l) {
+        const float t = static_cast<float>(l);
+        const float u0 = (t + b0) - p0, u1 = (t + b1) - p1, u2 = (t + b2) - p2, u3 = (t + b3) - p3,
+                    u4 = (t + b4) - p4;
+        float v = c0 * exp_neg(A0 * u0 * u0 + E0);
+        v += c1 * exp_neg(A1 * u1 * u1 + E1);
+        v += c2 * exp_neg(A2 * u2 * u2 + E2);
+        v += c3 * exp_neg(A3 * u3 * u3 + E3);
+        v += c4 * exp_neg(A4 * u4 * u4 + E4);
+        o[l] += v;
+    }
+}
+
+// Row sums for the backward: acc[3k] += Σ g·e_k, acc[3k+1] += Σ g·e_k·dz, acc[3k+2] += Σ g·e_k·dz²
+// over l in [0, n), e_k as in aniso_add_row, dz the fractional z offset of each voxel.
+KERNELS_INLINE void aniso_gather_row(const float* __restrict gr, const float* __restrict dz, int64_t n,
+                                     const AnisoRowK& R, float acc[3 * NG]) {
+    const float A0 = R.A[0], A1 = R.A[1], A2 = R.A[2], A3 = R.A[3], A4 = R.A[4];
+    const float b0 = R.base[0], b1 = R.base[1], b2 = R.base[2], b3 = R.base[3], b4 = R.base[4];
+    const float p0 = R.phi[0], p1 = R.phi[1], p2 = R.phi[2], p3 = R.phi[3], p4 = R.phi[4];
+    const float E0 = R.E[0], E1 = R.E[1], E2 = R.E[2], E3 = R.E[3], E4 = R.E[4];
+    float s00 = 0, s01 = 0, s02 = 0, s10 = 0, s11 = 0, s12 = 0, s20 = 0, s21 = 0, s22 = 0, s30 = 0, s31 = 0, s32 = 0,
+          s40 = 0, s41 = 0, s42 = 0;
+#if defined(_OPENMP)
+#pragma omp simd reduction(+ : s00, s01, s02, s10, s11, s12, s20, s21, s22, s30, s31, s32, s40, s41, s42)
+#endif
+    for (int32_t l = 0; l < static_cast<int32_t>(n); ++l) {
+        const float t = static_cast<float>(l);
+        const float g = gr[l], z = dz[l];
+        const float gz = g * z, gzz = gz * z;
+        const float u0 = (t + b0) - p0, u1 = (t + b1) - p1, u2 = (t + b2) - p2, u3 = (t + b3) - p3,
+                    u4 = (t + b4) - p4;
+        const float e0 = exp_neg(A0 * u0 * u0 + E0), e1 = exp_neg(A1 * u1 * u1 + E1),
+                    e2 = exp_neg(A2 * u2 * u2 + E2), e3 = exp_neg(A3 * u3 * u3 + E3),
+                    e4 = exp_neg(A4 * u4 * u4 + E4);
+        s00 += g * e0;
+        s01 += gz * e0;
+        s02 += gzz * e0;
+        s10 += g * e1;
+        s11 += gz * e1;
+        s12 += gzz * e1;
+        s20 += g * e2;
+        s21 += gz * e2;
+        s22 += gzz * e2;
+        s30 += g * e3;
+        s31 += gz * e3;
+        s32 += gzz * e3;
+        s40 += g * e4;
+        s41 += gz * e4;
+        s42 += gzz * e4;
+    }
+    acc[0] += s00, acc[1] += s01, acc[2] += s02, acc[3] += s10, acc[4] += s11, acc[5] += s12;
+    acc[6] += s20, acc[7] += s21, acc[8] += s22, acc[9] += s30, acc[10] += s31, acc[11] += s32;
+    acc[12] += s40, acc[13] += s41, acc[14] += s42;
+}
+
+// Per-atom moments of the backward, per term k: Σ g·e_k·{1, dx, dy, dz, dx², dy², dz², dx·dy, dx·dz, dy·dz}.
+struct AnisoSums {
+    double m[NG][10];
+};
+
+// Rows of anisotropic atom `atom` (prepared in A) over planes [ia, ib]: add its density to `out`
+// (Forward) or its moments against `grad` to `gs`. The voxel set is the sphere r² < R² of every
+// other path (plane_intervals), the row constants depend on the atom and the row only, so any
+// slab partition gives bitwise the same map.
+template <class Idx, bool Forward>
+KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, int64_t ia, int64_t ib, float* out,
+                               const float* grad, Scratch& S, AnisoSums* gs) {
+    const Geom& g = in.g;
+    const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
+    const int64_t ylo = A.lo[1], zlo = A.lo[2];
+    const int64_t nyb = A.hi[1] - ylo + 1, nzb = A.hi[2] - zlo + 1;
+    double* dyd = S.dyd.data();
+    int64_t* jw = S.jw.data();
+    int64_t* zw = S.zw.data();
+    float* dzf = S.dzf.data();
+    const double ylod = static_cast<double>(ylo);
+    for (int32_t s = 0; s < static_cast<int32_t>(nyb); ++s) dyd[s] = (ylod + static_cast<double>(s)) / g.m[1] - A.f[1];
+    for (int64_t s = 0, w = floor_mod(ylo, ny); s < nyb; ++s, w = w + 1 == ny ? 0 : w + 1) jw[s] = w;
+    for (int64_t t = 0, w = floor_mod(zlo, nz); t < nzb; ++t, w = w + 1 == nz ? 0 : w + 1) {
+        zw[t] = w;
+        if (!Forward) dzf[t] = static_cast<float>(static_cast<double>(zlo + t) / g.m[2] - A.f[2]);
+    }
+    const double* cq = in.quad + 6 * NG * atom;
+    const double* amp = in.amp + NG * atom;
+    float cf[NG];
+    for (int k = 0; k < NG; ++k) cf[k] = static_cast<float>(amp[k] * A.occ);
+    const double dz0 = static_cast<double>(zlo) / g.m[2] - A.f[2];
+    int32_t* lo = S.rlo32.data();
+    int32_t* hi = S.rhi32.data();
+    AnisoRowK R;
+    for (int64_t i = ia; i <= ib; ++i) {
+        const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
+        const Idx iw = static_cast<Idx>(floor_mod(i, nx));
+        plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
+        for (int64_t s = 0; s < nyb; ++s) {
+            if (lo[s] > hi[s]) continue;
+            const double dy = dyd[s];
+            const Idx base = (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
+            float acc[3 * NG] = {};
+            // pieces of the row split where it wraps around the cell along z
+            for (int64_t t = lo[s]; t <= hi[s];) {
+                const int64_t wz = zw[t];
+                const int64_t run = std::min<int64_t>(hi[s] - t + 1, nz - wz);
+                aniso_row_consts(cq, dx, dy, g.m[2], dz0, t, R);
+                if (Forward)
+                    aniso_add_row(out + base + static_cast<Idx>(wz), run, R, cf);
+                else
+                    aniso_gather_row(grad + base + static_cast<Idx>(wz), dzf + t, run, R, acc);
+                t += run;
+            }
+            if (!Forward) {
+                for (int k = 0; k < NG; ++k) {
+                    const double r0 = acc[3 * k], r1 = acc[3 * k + 1], r2 = acc[3 * k + 2];
+                    double* m = gs->m[k];
+                    m[0] += r0;
+                    m[1] += dx * r0;
+                    m[2] += dy * r0;
+                    m[3] += r1;
+                    m[4] += dx * dx * r0;
+                    m[5] += dy * dy * r0;
+                    m[6] += r2;
+                    m[7] += dx * dy * r0;
+                    m[8] += dx * r1;
+                    m[9] += dy * r1;
+                }
+            }
+        }
+    }
+}
 
 // One slab [x0, x1) of the map: the segments that reach it are found through the x-sorted
 // index (a contiguous range, since no segment is longer than lmax), then run in atom
@@ -1450,13 +1637,59 @@ void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vect
     }
 }
 
+// The anisotropic forward of one slab: run_slab's traversal (the same segments in the same atom
+// order), each atom through aniso_atom.
+KERNELS_HOT_V4
+void run_slab_aniso(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
+                    const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
+                    int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64) {
+    const int64_t nx = in.g.n[0];
+    const int64_t first = bucket[std::max<int64_t>(0, x0 - lmax + 1)];
+    const int64_t last = bucket[x1];
+    ids.clear();
+    for (int64_t p = first; p < last; ++p) {
+        const Segment& sg = segs[by_x[p]];
+        if (floor_mod(sg.u0, nx) + sg.len > x0) ids.push_back(by_x[p]);
+    }
+    std::sort(ids.begin(), ids.end());
+    for (const int64_t id : ids) {
+        const Segment& sg = segs[id];
+        const int64_t xs = floor_mod(sg.u0, nx);
+        const int64_t ia = sg.u0 + std::max<int64_t>(0, x0 - xs);
+        const int64_t ib = sg.u0 + std::min<int64_t>(sg.len, x1 - xs) - 1;
+        if (use64)
+            aniso_atom<int64_t, true>(in, atoms[sg.atom], sg.atom, ia, ib, out, nullptr, S, nullptr);
+        else
+            aniso_atom<int32_t, true>(in, atoms[sg.atom], sg.atom, ia, ib, out, nullptr, S, nullptr);
+    }
+}
+
+// Geometry of anisotropic atom i (position, radius from in.radii, box, occupancy): the box
+// spans R·|a*_d|·m_d voxels either side of the centre, as for isotropic atoms.
+void prepare_atom_aniso(const Inputs& in, int64_t i, AtomP& A) {
+    const Geom& g = in.g;
+    const double R = in.radii[i];
+    A.R2 = R * R;
+    for (int d = 0; d < 3; ++d) {
+        A.f[d] = in.frac[3 * i + d];
+        const double centre = A.f[d] * g.m[d];
+        const double reach = R * g.recip[d] * g.m[d];
+        A.lo[d] = static_cast<int64_t>(std::floor(centre - reach));
+        A.hi[d] = static_cast<int64_t>(std::ceil(centre + reach));
+    }
+    A.occ = in.occ[i];
+}
+
 void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int64_t box_max[3]) {
     atoms.resize(in.n_atoms);
     const int64_t per = 256;  // a few tasks per thread even for a small protein
     const int64_t n_tasks = (in.n_atoms + per - 1) / per;
     parallel_for(n_tasks, n_threads, [&](int64_t t, int) {
         for (int64_t i = t * per; i < std::min(in.n_atoms, (t + 1) * per); ++i)
-            prepare_atom(in.g, in.frac, in.radii, in.cutoff, in.b_iso, in.occ, in.a, in.b, i, atoms[i]);
+            if (in.amp)
+                prepare_atom_aniso(in, i, atoms[i]);
+            else
+                prepare_atom(in.g, in.frac, in.radii, in.cutoff, in.b_iso, in.occ, in.a, in.b, i, atoms[i]);
     });
     box_max[0] = box_max[1] = box_max[2] = 1;
     for (const AtomP& A : atoms)
@@ -1618,8 +1851,12 @@ void splat(const Inputs& in, float* out, int64_t n_maps, int n_threads, int slab
         // first touch, and the slab is warm in cache when the atoms are added
         std::memset(map + P.edge[s] * plane, 0, sizeof(float) * (P.edge[s + 1] - P.edge[s]) * plane);
         if (ts) ts->zeroed = seconds_since(t0);
-        run_slab(in, atoms, P.raw, P.by_x, P.bucket, P.lmax, P.edge[s], P.edge[s + 1], map, scratch[worker],
-                 ids[worker], use64, saved);
+        if (in.amp)
+            run_slab_aniso(in, atoms, P.raw, P.by_x, P.bucket, P.lmax, P.edge[s], P.edge[s + 1], map, scratch[worker],
+                           ids[worker], use64);
+        else
+            run_slab(in, atoms, P.raw, P.by_x, P.bucket, P.lmax, P.edge[s], P.edge[s + 1], map, scratch[worker],
+                     ids[worker], use64, saved);
         if (ts) ts->end = seconds_since(t0);
     });
     tm.compute = seconds_since(t0);
@@ -1708,6 +1945,68 @@ void gather(const Inputs& in, const float* grad, int64_t n_maps, int n_threads, 
     tm.compute = seconds_since(t0);
 }
 
+// Gradients of anisotropic atoms [first, last). With ρ = occ·Σ_k amp_k·exp(x_k(d)), d = voxel − atom
+// (fractional), x_k = Σ_m c_km·mono_m(d) and the moments M_k = Σ g·e_k·(…) of AnisoSums:
+//   ∂L/∂amp_k = occ·M_k[1];  ∂L/∂occ = Σ_k amp_k·M_k[1];  ∂L/∂c_km = occ·amp_k·M_k[mono_m];
+//   ∂L/∂f = −occ·Σ_k amp_k·Σ (∂x_k/∂d)·g·e_k  (∂x_k/∂d is linear in d: a combination of first moments).
+KERNELS_HOT_V4
+void gather_aniso_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last,
+                        const float* grad, Scratch& S, bool use64, double* gfrac, double* gocc, double* gamp,
+                        double* gquad) {
+    for (int64_t i = first; i < last; ++i) {
+        const AtomP& A = atoms[i];
+        AnisoSums gs;
+        std::memset(&gs, 0, sizeof gs);
+        if (A.R2 > 0) {
+            if (use64)
+                aniso_atom<int64_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
+            else
+                aniso_atom<int32_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
+        }
+        const double* cq = in.quad + 6 * NG * i;
+        const double* amp = in.amp + NG * i;
+        double go = 0, gf[3] = {0, 0, 0};
+        for (int k = 0; k < NG; ++k) {
+            const double* m = gs.m[k];
+            const double* c = cq + 6 * k;
+            go += amp[k] * m[0];
+            gamp[NG * i + k] = A.occ * m[0];
+            // monomials dx², dy², dz², dx·dy, dx·dz, dy·dz are moments 4..9
+            const double w = A.occ * amp[k];
+            for (int q = 0; q < 6; ++q) gquad[6 * NG * i + 6 * k + q] = w * m[4 + q];
+            gf[0] -= w * (2 * c[0] * m[1] + c[3] * m[2] + c[4] * m[3]);
+            gf[1] -= w * (2 * c[1] * m[2] + c[3] * m[1] + c[5] * m[3]);
+            gf[2] -= w * (2 * c[2] * m[3] + c[4] * m[1] + c[5] * m[2]);
+        }
+        gocc[i] = go;
+        for (int d = 0; d < 3; ++d) gfrac[3 * i + d] = gf[d];
+    }
+}
+
+void gather_aniso(const Inputs& in, const float* grad, int64_t n_maps, int n_threads, bool use64, double* gfrac,
+                  double* gocc, double* gamp, double* gquad, Timings& tm) {
+    auto t0 = Clock::now();
+    std::vector<AtomP> atoms;
+    int64_t box[3];
+    prepare_all(in, atoms, n_threads, box);
+    std::vector<Scratch> scratch(n_threads);
+    for (Scratch& S : scratch) size_scratch(S, box[0], box[1], box[2]);
+    tm.prepare = seconds_since(t0);
+    t0 = Clock::now();
+    const int64_t per = 16;
+    const int64_t per_map = in.n_atoms / n_maps;
+    const int64_t chunks = (per_map + per - 1) / per;  // tasks of one map (a task never spans two)
+    const int64_t voxels = in.g.n[0] * in.g.n[1] * in.g.n[2];
+    tm.tasks = chunks * n_maps;
+    parallel_for(tm.tasks, n_threads, [&](int64_t t, int worker) {
+        const int64_t m = t / chunks, c = t % chunks;
+        const int64_t first = m * per_map + c * per;
+        gather_aniso_atoms(in, atoms, first, std::min((m + 1) * per_map, first + per), grad + m * voxels,
+                           scratch[worker], use64, gfrac, gocc, gamp, gquad);
+    });
+    tm.compute = seconds_since(t0);
+}
+
 // ------------------------------------------------------------------ entry points (scatter.hpp)
 
 // The kernel's geometry from the cell and the grid shape: the metric's cross terms pre-doubled
@@ -1742,6 +2041,11 @@ Inputs make_inputs(const kernels::density::CellGeometry& cell, const int64_t sha
     in.occ = atoms.occ;
     in.a = atoms.a;
     in.b = atoms.b;
+    in.amp = atoms.amp;
+    in.quad = atoms.quad;
+    if ((atoms.amp == nullptr) != (atoms.quad == nullptr))
+        throw std::invalid_argument("anisotropic atoms need both the amplitudes and the quadratic forms");
+    if (atoms.amp && !atoms.radii) throw std::invalid_argument("anisotropic atoms need their cutoff radii");
     return in;
 }
 
@@ -1765,6 +2069,7 @@ Timings splat(const CellGeometry& cell, const int64_t shape[3], const AtomArrays
               const Options& opt, RowIntervals* rows, int64_t n_maps) {
     checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
+    if (rows && in.amp) throw std::invalid_argument("row intervals are kept for isotropic atoms only");
     Timings tm;
     tm.int64_index = use_int64(shape, opt.force_int64);
     if (rows) std::copy(shape, shape + 3, rows->shape);
@@ -1777,6 +2082,7 @@ Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArray
                const Options& opt, RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc, int64_t n_maps) {
     checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
+    if (in.amp) throw std::invalid_argument("anisotropic atoms: use gather_aniso");
     if (rows && rows->n_atoms != atoms.n)
         throw std::invalid_argument("the row intervals come from a splat of a different number of atoms");
     Timings tm;
@@ -1784,6 +2090,18 @@ Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArray
     if (atoms.n > 0)
         ::gather(in, grad, n_maps, std::max(1, opt.n_threads), tm.int64_index, opt.lanes != 8, rows, gxyz, gb_iso,
                  gocc, tm);
+    return tm;
+}
+
+Timings gather_aniso(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
+                     const Options& opt, double* gfrac, double* gocc, double* gamp, double* gquad, int64_t n_maps) {
+    checked_maps(atoms, n_maps);
+    const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
+    if (!in.amp) throw std::invalid_argument("gather_aniso takes anisotropic atoms (amp and quad)");
+    Timings tm;
+    tm.int64_index = use_int64(shape, opt.force_int64);
+    if (atoms.n > 0)
+        ::gather_aniso(in, grad, n_maps, std::max(1, opt.n_threads), tm.int64_index, gfrac, gocc, gamp, gquad, tm);
     return tm;
 }
 
@@ -1817,6 +2135,15 @@ void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double*
     parallel_for((n + per - 1) / per, std::max(1, n_threads), [&](int64_t t, int) {
         for (int64_t i = t * per; i < std::min<int64_t>(n, (t + 1) * per); ++i)
             out[i] = cutoff_radius_one(b_iso[i], a + NG * i, b + NG * i, cutoff);
+    });
+}
+
+void cutoff_radii_terms(int64_t n, const double* start_b, const double* amp, const double* expo, double cutoff,
+                        int n_threads, double* out) {
+    const int64_t per = 512;
+    parallel_for((n + per - 1) / per, std::max(1, n_threads), [&](int64_t t, int) {
+        for (int64_t i = t * per; i < std::min<int64_t>(n, (t + 1) * per); ++i)
+            out[i] = cutoff_radius_search(start_b[i], amp + NG * i, expo + NG * i, cutoff);
     });
 }
 

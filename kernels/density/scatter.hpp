@@ -33,6 +33,12 @@ struct AtomArrays {
     const float* occ = nullptr;    // (n,)
     const float* a = nullptr;      // (n, 5) amplitudes
     const float* b = nullptr;      // (n, 5) widths (Å²)
+    // Anisotropic atoms: both set (radii then required; b_iso, a, b unused), or both nullptr.
+    // Term k of atom i is occ·amp[5i+k]·exp(Σ_m quad[30i+6k+m]·mono_m(d)) for the fractional offset d
+    // from the atom, mono = (dx², dy², dz², dx·dy, dx·dz, dy·dz): the exponent −½ dᵀQ_k d with Q_k
+    // positive definite.
+    const double* amp = nullptr;   // (n, 5) amplitudes at unit occupancy
+    const double* quad = nullptr;  // (n, 5, 6)
 };
 
 // How a call runs. Every combination gives bitwise the same map and gradients; the fields past
@@ -96,6 +102,13 @@ Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArray
                const Options& opt, RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc,
                int64_t n_maps = 1);
 
+// Gradient of sum(grad · splat(atoms)) for anisotropic atoms (atoms.amp and atoms.quad set) with
+// respect to their fractional positions gfrac (n, 3), occ (n,), amp (n, 5) and quad (n, 5, 6), written
+// as float64 (sums in double). Frames as in gather().
+Timings gather_aniso(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
+                     const Options& opt, double* gfrac, double* gocc, double* gamp, double* gquad,
+                     int64_t n_maps = 1);
+
 // Fractional positions frac·xyz of n atoms (xyz (n, 3) float32 in Å, frac (3, 3) row-major):
 // out (n, 3) float64, each as ((x·F0 + y·F1) + z·F2) without fused multiply-adds (torch's float64
 // matmul of these shapes rounds the same way). Serial: a few µs per thousand atoms, cheaper than
@@ -106,6 +119,12 @@ bool fractional(int64_t n, const float* xyz, const double frac[9], double lo, do
 // steps of gemmi's DensityCalculator::estimate_radius: b_iso (n,), a and b (n, 5), all float64.
 void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double* b, double cutoff, int n_threads,
                   double* out);
+
+// The same rule for a density given as its terms, ρ(r) = Σ_k amp_k·exp(expo_k·r²) (amp, expo (n, 5)
+// float64), the search started at gemmi's guess for B = start_b (n,): the exact ("eigen") radius of an
+// anisotropic atom along its major axis (kernels/density/radius.py, atom_cutoff_radii).
+void cutoff_radii_terms(int64_t n, const double* start_b, const double* amp, const double* expo, double cutoff,
+                        int n_threads, double* out);
 
 // How this build runs on this CPU.
 struct BuildInfo {
