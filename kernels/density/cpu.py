@@ -16,13 +16,12 @@ its threads gets a core, so the work around the kernel stays on the calling thre
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
 from kernels._util import positive_number, to_float32
 from kernels.crystal import AtomSet, GridError, GridSpec
-from kernels.density.adp import U_TO_B, adp_eigenvalues, effective_u, first_bad_adp, term_gaussians
+from kernels.density.adp import first_bad_adp
 from kernels.density.positions import NEAR_CELL, positions_in_cell
 from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES, _closed_form, _precalculate
 from kernels.density.reference import atom_radii
@@ -233,37 +232,38 @@ class _SplatFunction(torch.autograd.Function):
         )
 
 
-def _radii_cpu(b_iso, a, b, u_eff, radiation: str, cutoff: float, radius_rule: str) -> torch.Tensor:
-    """Per-atom cutoff radii in Å, (N,) float64: :func:`kernels.density.radius.atom_cutoff_radii`'s rules.
-
-    ``u_eff``: (N, 6) float64 effective U (:func:`kernels.density.adp.effective_u`), or None for an
-    isotropic set. The same amplitudes and exponents as the torch rules; the step search runs in
-    C++ (the vectorised torch search walks every atom the longest way: seconds on 17k atoms).
-    """
+def _neutron_radii(b_iso, a, b, cutoff: float) -> torch.Tensor:
+    """Cutoff radii in Å, (N,) float64, of an isotropic neutron set: one Gaussian, in closed form
+    (:func:`kernels.density.radius.atom_cutoff_radii`'s rule; hydrogen's negative length by |a|)."""
     f64 = torch.float64
     with torch.no_grad():
-        a64, b64 = a.detach().to(f64), b.detach().to(f64)
-        if u_eff is None or radius_rule == "gemmi":
-            # isotropic atoms at their B; anisotropic ones (gemmi's rule) at B_max = 8π²·max diag(U)
-            bb = b_iso.detach().to(f64) if u_eff is None else U_TO_B * u_eff[:, :3].max(dim=1).values
-            if radiation != "neutron":
-                return cutoff_radius_cpu(bb, a64, b64, cutoff)
-            amp, expo = _precalculate(bb, a64, b64)
-        else:
-            lam = adp_eigenvalues(u_eff)  # (N, 3) ascending; every M_k shares U's eigenvectors
-            m_eig = lam[:, None, :] + (b64 / U_TO_B)[:, :, None]
-            amp = a64 * (2 * math.pi) ** -1.5 * m_eig.prod(-1).rsqrt()
-            expo = -0.5 / m_eig[:, :, 2]
-            if radiation != "neutron":
-                bb = U_TO_B * lam[:, 2]  # the search starts at gemmi's guess for the major axis' B
-                out = torch.empty(len(bb), dtype=f64)
-                if len(out):
-                    _scatter.cutoff_radii_terms(
-                        out, bb, amp.contiguous(), expo.contiguous(), float(cutoff), n_threads=torch.get_num_threads()
-                    )
-                return out
-        # a neutron length is one Gaussian: closed form, with |a| (hydrogen's length is negative)
+        amp, expo = _precalculate(b_iso.detach().to(f64), a.detach().to(f64), b.detach().to(f64))
         return _closed_form(amp.sum(-1), expo[:, 0], cutoff)
+
+
+def _aniso_radii(u_aniso, aniso_u8, b_iso, a, b, radiation: str, cutoff: float, radius_rule: str) -> torch.Tensor:
+    """Cutoff radii in Å, (N,) float64, of an anisotropic set, by
+    :func:`kernels.density.radius.atom_cutoff_radii`'s rules, in C++ (float32 CPU inputs, uint8 flags).
+
+    The vectorised torch search walks every atom the longest way (seconds on 17k atoms); this takes
+    about a millisecond. The eigenvalues of the "eigen" rule come from the closed-form cubic, within
+    ~1e-12 Å of the torch rule's radii.
+    """
+    out = torch.empty(len(b_iso), dtype=torch.float64)
+    if len(out):
+        _scatter.cutoff_radii_aniso(
+            out,
+            u_aniso,
+            aniso_u8,
+            b_iso,
+            a,
+            b,
+            float(cutoff),
+            radius_rule,
+            neutron=radiation == "neutron",
+            n_threads=torch.get_num_threads(),
+        )
+    return out
 
 
 def _check_adp(u_aniso: torch.Tensor, atoms: AtomSet) -> None:
@@ -285,39 +285,13 @@ def _check_adp(u_aniso: torch.Tensor, atoms: AtomSet) -> None:
         raise ValueError(f"atom {atoms.labels[idx]} (index {idx}) {what}")
 
 
-def _term_forms(u_aniso, aniso, b_iso, a, b, grid: GridSpec):
-    """Each atom's five Gaussians as the anisotropic kernel reads them, float64, differentiable.
-
-    Returns ``u_eff`` (N, 6), ``amp`` (N, 5) at unit occupancy and ``quad`` (N, 5, 6): the coefficients
-    of dx², dy², dz², dx·dy, dx·dz, dy·dz in the exponent −½ dᵀQ_k d of term k, d the fractional
-    offset from the atom (the reference's form). Every atom goes through its effective U (isotropic
-    ones as B/8π²·I), so gradients reach ``u_aniso`` of anisotropic atoms and ``b_iso`` of the others.
-    """
-    f64 = torch.float64
-    u_eff = effective_u(u_aniso.to(f64), aniso, b_iso.to(f64))
-    ones = torch.ones(u_eff.shape[0], dtype=f64)
-    amp, q = term_gaussians(u_eff, ones, a.to(f64), b.to(f64), grid.cell.orth)
-    quad = -0.5 * torch.stack(
-        (q[..., 0, 0], q[..., 1, 1], q[..., 2, 2], 2 * q[..., 0, 1], 2 * q[..., 0, 2], 2 * q[..., 1, 2]), -1
-    )
-    return u_eff, amp, quad
-
-
-def _run_forward_aniso(out, xyz, frac, occ, amp, quad, b_iso, a, b, grid, radii, options):
+def _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options):
     """The C++ anisotropic forward into ``out``; returns (cell, timing dict, the kernel's atom set)."""
     if frac is None:
         frac = _fractional(xyz, grid)
-    occ, b_iso, a, b = (t.detach().contiguous() for t in (occ, b_iso, a, b))
+    b_iso, occ, u_aniso, a, b = (t.detach().contiguous() for t in (b_iso, occ, u_aniso, a, b))
     katoms = _scatter.Atoms(
-        frac,
-        b_iso,
-        occ,
-        a,
-        b,
-        radii=radii.contiguous(),
-        cutoff=0.0,
-        amp=amp.detach().contiguous(),
-        quad=quad.detach().contiguous(),
+        frac, b_iso, occ, a, b, radii=radii.contiguous(), cutoff=0.0, u_aniso=u_aniso, aniso=aniso_u8
     )
     cell = _kernel_cell(grid)
     info, _ = _scatter.splat(
@@ -334,57 +308,59 @@ def _run_forward_aniso(out, xyz, frac, occ, amp, quad, b_iso, a, b, grid, radii,
 
 
 class _AnisoSplatFunction(torch.autograd.Function):
-    """float32 map(s) of anisotropic atoms; backward is the C++ gather of the moments of each term.
+    """float32 map(s) of an anisotropic set; backward is the C++ gather of each term's moments.
 
-    Inputs: ``xyz`` (N, 3) float32, ``occ`` (N,) float32, ``amp`` (N, 5) and ``quad`` (N, 5, 6) float64
-    (:func:`_term_forms`: autograd carries their gradients on to ``u_aniso`` and ``b_iso``);
-    ``b_iso``, ``a``, ``b`` float32 (read only for the kernel's atom set); ``frac``, ``radii``,
-    ``options``, ``timings``, ``n_frames`` as for :class:`_SplatFunction`.
+    Inputs: ``xyz`` (N, 3), ``b_iso`` (N,), ``occ`` (N,), ``u_aniso`` (N, 6), float32; ``aniso_u8``
+    (N,) uint8; ``a``, ``b`` (N, 5) float32; ``grid``, ``radii`` ((N,) float64 Å), ``options``,
+    ``timings``, ``frac``, ``n_frames`` as for :class:`_SplatFunction`. The kernel forms each atom's
+    effective U (B/8π²·I for isotropic atoms), so the gradients reach ``u_aniso`` of anisotropic atoms
+    and ``b_iso`` of the others (zero elsewhere).
     """
 
     @staticmethod
-    def forward(ctx, xyz, occ, amp, quad, b_iso, a, b, grid, radii, options, timings, frac=None, n_frames=0):
+    def forward(ctx, xyz, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options, timings, frac=None, n_frames=0):
         shape = grid.shape if n_frames == 0 else (n_frames, *grid.shape)
         out = _scatter.empty_maps(list(shape))  # the kernel writes every voxel
-        cell, info, katoms = _run_forward_aniso(out, xyz, frac, occ, amp, quad, b_iso, a, b, grid, radii, options)
+        cell, info, katoms = _run_forward_aniso(
+            out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options
+        )
         if timings is not None:
             timings.append(info)
         ctx.cell = cell
         ctx.katoms = katoms  # holds the arrays the kernel read, for the backward
-        ctx.frac_matrix = grid.cell.frac
+        ctx.frac_matrix = grid.cell.frac.contiguous()
         ctx.options = options
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        f64 = torch.float64
         n = len(ctx.katoms)
         g = grad_out.detach().to(torch.float32).contiguous()
-        gfrac = torch.empty((n, 3), dtype=f64)
-        gocc = torch.empty(n, dtype=f64)
-        gamp = torch.empty((n, 5), dtype=f64)
-        gquad = torch.empty((n, 5, 6), dtype=f64)
+        # the kernel writes every atom's entries: sums in float64, rounded once to float32
+        gxyz = torch.empty((n, 3), dtype=torch.float32)
+        gb = torch.empty(n, dtype=torch.float32)
+        gocc = torch.empty(n, dtype=torch.float32)
+        gu = torch.empty((n, 6), dtype=torch.float32)
         if n:
             ctx.backward_info = _scatter.gather_aniso(
                 g,
                 ctx.cell,
                 ctx.katoms,
-                gfrac,
+                ctx.frac_matrix,
+                gxyz,
                 gocc,
-                gamp,
-                gquad,
+                gu,
+                gb,
                 n_threads=torch.get_num_threads(),
                 force_int64=ctx.options.force_int64,
             )
         want = ctx.needs_input_grad
-        # f = frac·xyz: ∂L/∂xyz = fracᵀ·∂L/∂f (rows: gfrac @ frac)
-        gxyz = (gfrac @ ctx.frac_matrix).to(torch.float32) if want[0] else None
         return (
-            gxyz,
-            gocc.to(torch.float32) if want[1] else None,
-            gamp if want[2] else None,
-            gquad if want[3] else None,
+            gxyz if want[0] else None,
+            gb if want[1] else None,
+            gocc if want[2] else None,
+            gu if want[3] else None,
             *([None] * 9),
         )
 
@@ -594,25 +570,25 @@ def _splat_cpu(
     if atoms.u_aniso is not None:
         u_aniso = to_float32(atoms.u_aniso, _OP)
         _check_adp(u_aniso, atoms)
-        u_eff, amp, quad = _term_forms(u_aniso, atoms.aniso, b_iso, a, b, grid)
+        aniso_u8 = atoms.aniso.to(torch.uint8).contiguous()
         if radius is not None:
             radii = atom_radii(atoms, radius, cutoff)
         else:
-            radii = _radii_cpu(b_iso, a, b, u_eff.detach(), atoms.radiation, _check_cutoff(cutoff), radius_rule)
+            u, bi, aa, bb = (t.detach().contiguous() for t in (u_aniso, b_iso, a, b))
+            radii = _aniso_radii(u, aniso_u8, bi, aa, bb, atoms.radiation, _check_cutoff(cutoff), radius_rule)
         if out is not None:
-            with torch.no_grad():
-                _, info, _ = _run_forward_aniso(out, xyz, frac, occ, amp, quad, b_iso, a, b, grid, radii, options)
+            _, info, _ = _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options)
             if timings is not None:
                 timings.append(info)
             return out
         return _AnisoSplatFunction.apply(
-            xyz, occ, amp, quad, b_iso, a, b, grid, radii, options, timings, frac, n_frames
+            xyz, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options, timings, frac, n_frames
         )
     if radius is not None:
         radii, cutoff = atom_radii(atoms, radius, cutoff), 0.0  # the kernel reads the radii, not the cutoff
     elif atoms.radiation == "neutron":
         # closed-form radii (one Gaussian), not the five-term step search the kernel runs
-        radii = _radii_cpu(b_iso, a, b, None, "neutron", _check_cutoff(cutoff), radius_rule)
+        radii = _neutron_radii(b_iso, a, b, _check_cutoff(cutoff))
         cutoff = 0.0
     else:
         cutoff = _check_cutoff(cutoff)

@@ -1425,10 +1425,11 @@ struct Inputs {
     const double* radii;  // (N,) cutoff radii in Å, or nullptr: from `cutoff` (gemmi's rule)
     double cutoff;        // e/Å³, when radii is nullptr
     const float *b_iso, *occ, *a, *b;  // (N,), (N,), (N, 5), (N, 5), float32
-    // anisotropic atoms (both set, or both nullptr: isotropic): per term amplitudes at unit occupancy
-    // (N, 5) and the six coefficients of the exponent in fractional offsets (N, 5, 6), float64
-    const double* amp = nullptr;
-    const double* quad = nullptr;
+    // anisotropic atoms (nullptr: isotropic): U (N, 6) float32 and which atoms use it (N,); the
+    // others use b_iso/8π²·I. terms: per-atom Gaussians, filled by prepare_all.
+    const float* u = nullptr;
+    const uint8_t* aniso = nullptr;
+    struct AnisoTerms* terms = nullptr;
 };
 
 // ------------------------------------------------------------------ anisotropic atoms
@@ -1445,6 +1446,144 @@ struct Inputs {
 // (exp_neg, vectorised over the row) was measured faster than the recurrence e(t+1) = e(t)·r(t),
 // r(t+1) = r(t)·exp(2A_k): rows are ~10-20 voxels, and the recurrence is serial along the row
 // (and must start at the vertex to stay clear of underflow).
+constexpr double U_TO_B = 8.0 * PI * PI;
+
+// An anisotropic atom's five Gaussians at unit occupancy: term k is amp_k·exp(Σ_m q_km·mono_m(d)),
+// q_k the reference's six coefficients of −½ dᵀQ_k d, Q_k = orthᵀ·N_k·orth, N_k = M_k⁻¹,
+// M_k = U + b_k/(8π²)·I; N_k is kept (symmetric: 00, 11, 22, 01, 02, 12) for the backward.
+struct AnisoTerms {
+    double amp[NG];
+    double q[NG][6];
+    double n[NG][6];
+};
+
+// Atom i's effective U (kernels/density/adp.py effective_u): its row of u where aniso, else B/8π² on
+// the diagonal; as six doubles U11, U22, U33, U12, U13, U23.
+KERNELS_INLINE void effective_u(const Inputs& in, int64_t i, double U[6]) {
+    if (in.aniso[i]) {
+        for (int c = 0; c < 6; ++c) U[c] = in.u[6 * i + c];
+    } else {
+        const double ui = static_cast<double>(in.b_iso[i]) / U_TO_B;
+        U[0] = U[1] = U[2] = ui;
+        U[3] = U[4] = U[5] = 0.0;
+    }
+}
+
+// The Gaussians of atom i (kernels/density/adp.py term_gaussians at unit occupancy). A term whose
+// M_k is not positive definite gets amp 0 (it adds nothing): the Python side refuses such a U
+// before the kernel, naming the atom; this only keeps a map finite whatever arrives.
+void prepare_terms(const Inputs& in, int64_t i, AnisoTerms& T) {
+    double U[6];
+    effective_u(in, i, U);
+    const double* O = in.g.orth;  // row-major, fractional -> Cartesian
+    for (int k = 0; k < NG; ++k) {
+        const double beta = static_cast<double>(in.b[NG * i + k]) / U_TO_B;
+        const double m00 = U[0] + beta, m11 = U[1] + beta, m22 = U[2] + beta, m01 = U[3], m02 = U[4], m12 = U[5];
+        const double c00 = m11 * m22 - m12 * m12, c01 = m02 * m12 - m01 * m22, c02 = m01 * m12 - m02 * m11;
+        const double det = m00 * c00 + m01 * c01 + m02 * c02;
+        const bool pd = m00 > 0 && m00 * m11 - m01 * m01 > 0 && det > 0 && std::isfinite(det);
+        if (!pd) {
+            T.amp[k] = 0.0;
+            for (int c = 0; c < 6; ++c) T.q[k][c] = T.n[k][c] = 0.0;
+            T.q[k][0] = T.q[k][1] = T.q[k][2] = -1.0;  // a harmless shape for a term that adds 0
+            continue;
+        }
+        const double id = 1.0 / det;
+        // N = M⁻¹ (adjugate / det), symmetric
+        double N[3][3];
+        N[0][0] = c00 * id;
+        N[0][1] = N[1][0] = c01 * id;
+        N[0][2] = N[2][0] = c02 * id;
+        N[1][1] = (m00 * m22 - m02 * m02) * id;
+        N[1][2] = N[2][1] = (m01 * m02 - m00 * m12) * id;
+        N[2][2] = (m00 * m11 - m01 * m01) * id;
+        T.amp[k] = static_cast<double>(in.a[NG * i + k]) * std::pow(2.0 * PI, -1.5) / std::sqrt(det);
+        // Q = Oᵀ N O
+        double NO[3][3], Q[3][3];
+        for (int r = 0; r < 3; ++r)
+            for (int c = 0; c < 3; ++c) NO[r][c] = N[r][0] * O[c] + N[r][1] * O[3 + c] + N[r][2] * O[6 + c];
+        for (int r = 0; r < 3; ++r)
+            for (int c = 0; c < 3; ++c) Q[r][c] = O[r] * NO[0][c] + O[3 + r] * NO[1][c] + O[6 + r] * NO[2][c];
+        T.q[k][0] = -0.5 * Q[0][0];
+        T.q[k][1] = -0.5 * Q[1][1];
+        T.q[k][2] = -0.5 * Q[2][2];
+        T.q[k][3] = -0.5 * (2 * Q[0][1]);
+        T.q[k][4] = -0.5 * (2 * Q[0][2]);
+        T.q[k][5] = -0.5 * (2 * Q[1][2]);
+        T.n[k][0] = N[0][0];
+        T.n[k][1] = N[1][1];
+        T.n[k][2] = N[2][2];
+        T.n[k][3] = N[0][1];
+        T.n[k][4] = N[0][2];
+        T.n[k][5] = N[1][2];
+    }
+}
+
+// Eigenvalues of the symmetric U (U11, U22, U33, U12, U13, U23), ascending (closed form:
+// the trigonometric solution of the characteristic cubic).
+void sym_eigenvalues(const double U[6], double lam[3]) {
+    const double p1 = U[3] * U[3] + U[4] * U[4] + U[5] * U[5];
+    if (p1 == 0) {
+        lam[0] = U[0], lam[1] = U[1], lam[2] = U[2];
+        std::sort(lam, lam + 3);
+        return;
+    }
+    const double q = (U[0] + U[1] + U[2]) / 3.0;
+    const double d0 = U[0] - q, d1 = U[1] - q, d2 = U[2] - q;
+    const double p = std::sqrt((d0 * d0 + d1 * d1 + d2 * d2 + 2.0 * p1) / 6.0);
+    // det((U − qI)/p) / 2
+    const double b00 = d0 / p, b11 = d1 / p, b22 = d2 / p, b01 = U[3] / p, b02 = U[4] / p, b12 = U[5] / p;
+    const double r = 0.5 * (b00 * (b11 * b22 - b12 * b12) - b01 * (b01 * b22 - b12 * b02) + b02 * (b01 * b12 - b11 * b02));
+    const double phi = std::acos(std::min(1.0, std::max(-1.0, r))) / 3.0;
+    const double hi = q + 2.0 * p * std::cos(phi);
+    const double lo = q + 2.0 * p * std::cos(phi + 2.0 * PI / 3.0);
+    lam[0] = lo;
+    lam[2] = hi;
+    lam[1] = 3.0 * q - hi - lo;
+}
+
+// One Gaussian's radius where |amp|·exp(expo·r²) falls to cutoff (radius.py _closed_form: neutrons).
+double closed_form_radius(double amp, double expo, double cutoff) {
+    const double level = std::log(std::max(std::fabs(amp), 1e-300) / cutoff);
+    return level > 0 ? std::sqrt(level / -expo) : 0.0;
+}
+
+// Cutoff radius of atom i of an anisotropic set (radius.py atom_cutoff_radii): rule 0 ("gemmi"):
+// the isotropic rule at B_max = 8π²·max diag(U); rule 1 ("eigen"): the search along the major axis
+// of every M_k. Neutron tables (one Gaussian) in closed form.
+double aniso_radius(const Inputs& in, int64_t i, int rule, bool neutron, double cutoff) {
+    double U[6], ad[NG], bd[NG], amp[NG], expo[NG];
+    effective_u(in, i, U);
+    for (int k = 0; k < NG; ++k) {
+        ad[k] = in.a[NG * i + k];
+        bd[k] = in.b[NG * i + k];
+    }
+    double start;
+    if (rule == 0) {
+        start = U_TO_B * std::max(U[0], std::max(U[1], U[2]));
+        if (!neutron) return cutoff_radius_one(start, ad, bd, cutoff);
+        for (int k = 0; k < NG; ++k) {
+            const double w = bd[k] + start;
+            amp[k] = ad[k] * std::pow(4.0 * PI / w, 1.5);
+            expo[k] = -4.0 * PI * PI / w;
+        }
+    } else {
+        double lam[3];
+        sym_eigenvalues(U, lam);
+        for (int k = 0; k < NG; ++k) {
+            const double beta = bd[k] / U_TO_B;
+            const double m0 = lam[0] + beta, m1 = lam[1] + beta, m2 = lam[2] + beta;
+            amp[k] = ad[k] * std::pow(2.0 * PI, -1.5) / std::sqrt(m0 * m1 * m2);
+            expo[k] = -0.5 / m2;
+        }
+        start = U_TO_B * lam[2];
+        if (!neutron) return cutoff_radius_search(start, amp, expo, cutoff);
+    }
+    double sum = 0;
+    for (int k = 0; k < NG; ++k) sum += amp[k];
+    return closed_form_radius(sum, expo[0], cutoff);
+}
+
 struct AnisoRowK {
     float A[NG], base[NG], phi[NG], E[NG];
 };
@@ -1559,8 +1698,9 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
         zw[t] = w;
         if (!Forward) dzf[t] = static_cast<float>(static_cast<double>(zlo + t) / g.m[2] - A.f[2]);
     }
-    const double* cq = in.quad + 6 * NG * atom;
-    const double* amp = in.amp + NG * atom;
+    const AnisoTerms& T = in.terms[atom];
+    const double* cq = T.q[0];
+    const double* amp = T.amp;
     float cf[NG];
     for (int k = 0; k < NG; ++k) cf[k] = static_cast<float>(amp[k] * A.occ);
     const double dz0 = static_cast<double>(zlo) / g.m[2] - A.f[2];
@@ -1686,10 +1826,12 @@ void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int
     const int64_t n_tasks = (in.n_atoms + per - 1) / per;
     parallel_for(n_tasks, n_threads, [&](int64_t t, int) {
         for (int64_t i = t * per; i < std::min(in.n_atoms, (t + 1) * per); ++i)
-            if (in.amp)
+            if (in.u) {
                 prepare_atom_aniso(in, i, atoms[i]);
-            else
+                prepare_terms(in, i, in.terms[i]);
+            } else {
                 prepare_atom(in.g, in.frac, in.radii, in.cutoff, in.b_iso, in.occ, in.a, in.b, i, atoms[i]);
+            }
     });
     box_max[0] = box_max[1] = box_max[2] = 1;
     for (const AtomP& A : atoms)
@@ -1786,9 +1928,12 @@ void plan_map(const Inputs& in, const std::vector<AtomP>& atoms, const std::vect
 
 // n_maps maps of in.n_atoms / n_maps atoms each (map m: atoms [m·n, (m+1)·n), written to
 // out + m·voxels). Every (map, slab) pair is one task of one parallel loop.
-void splat(const Inputs& in, float* out, int64_t n_maps, int n_threads, int slabs_per_thread, bool use64,
+void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int slabs_per_thread, bool use64,
            bool record_slabs, Timings& tm, RowIntervals* saved) {
     auto t0 = Clock::now();
+    Inputs in = in_;
+    std::vector<AnisoTerms> terms(in.u ? in.n_atoms : 0);
+    in.terms = terms.data();
     std::vector<AtomP> atoms;
     int64_t box[3];
     prepare_all(in, atoms, n_threads, box);
@@ -1851,7 +1996,7 @@ void splat(const Inputs& in, float* out, int64_t n_maps, int n_threads, int slab
         // first touch, and the slab is warm in cache when the atoms are added
         std::memset(map + P.edge[s] * plane, 0, sizeof(float) * (P.edge[s + 1] - P.edge[s]) * plane);
         if (ts) ts->zeroed = seconds_since(t0);
-        if (in.amp)
+        if (in.u)
             run_slab_aniso(in, atoms, P.raw, P.by_x, P.bucket, P.lmax, P.edge[s], P.edge[s + 1], map, scratch[worker],
                            ids[worker], use64);
         else
@@ -1949,10 +2094,15 @@ void gather(const Inputs& in, const float* grad, int64_t n_maps, int n_threads, 
 // (fractional), x_k = Σ_m c_km·mono_m(d) and the moments M_k = Σ g·e_k·(…) of AnisoSums:
 //   ∂L/∂amp_k = occ·M_k[1];  ∂L/∂occ = Σ_k amp_k·M_k[1];  ∂L/∂c_km = occ·amp_k·M_k[mono_m];
 //   ∂L/∂f = −occ·Σ_k amp_k·Σ (∂x_k/∂d)·g·e_k  (∂x_k/∂d is linear in d: a combination of first moments).
+//   and on to U: with Ḡ_k = −½·P_k (P_k the symmetric matrix of ∂L/∂q_k: diagonal q0..q2, off-diagonal
+//   q3..q5), ∂L/∂N_k = O·Ḡ_k·Oᵀ, ∂L/∂M_k = −N_k·(∂L/∂N_k)·N_k − ½·amp_k·(∂L/∂amp_k)·N_k
+//   (amp ∝ det(M)^−½), ∂L/∂U = Σ_k ∂L/∂M_k; an off-diagonal U_ij appears twice in the symmetric U,
+//   so its gradient is 2·(∂L/∂U)_ij; an isotropic atom's B gets trace(∂L/∂U)/8π².
 KERNELS_HOT_V4
 void gather_aniso_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last,
-                        const float* grad, Scratch& S, bool use64, double* gfrac, double* gocc, double* gamp,
-                        double* gquad) {
+                        const float* grad, Scratch& S, bool use64, double* gfrac, double* gocc, double* gu,
+                        double* gb) {
+    const double* O = in.g.orth;
     for (int64_t i = first; i < last; ++i) {
         const AtomP& A = atoms[i];
         AnisoSums gs;
@@ -1963,29 +2113,57 @@ void gather_aniso_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64
             else
                 aniso_atom<int32_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
         }
-        const double* cq = in.quad + 6 * NG * i;
-        const double* amp = in.amp + NG * i;
-        double go = 0, gf[3] = {0, 0, 0};
+        const AnisoTerms& T = in.terms[i];
+        double go = 0, gf[3] = {0, 0, 0}, GU[3][3] = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
         for (int k = 0; k < NG; ++k) {
             const double* m = gs.m[k];
-            const double* c = cq + 6 * k;
-            go += amp[k] * m[0];
-            gamp[NG * i + k] = A.occ * m[0];
-            // monomials dx², dy², dz², dx·dy, dx·dz, dy·dz are moments 4..9
-            const double w = A.occ * amp[k];
-            for (int q = 0; q < 6; ++q) gquad[6 * NG * i + 6 * k + q] = w * m[4 + q];
+            const double* c = T.q[k];
+            go += T.amp[k] * m[0];
+            const double w = A.occ * T.amp[k];
+            if (w == 0) continue;
             gf[0] -= w * (2 * c[0] * m[1] + c[3] * m[2] + c[4] * m[3]);
             gf[1] -= w * (2 * c[1] * m[2] + c[3] * m[1] + c[5] * m[3]);
             gf[2] -= w * (2 * c[2] * m[3] + c[4] * m[1] + c[5] * m[2]);
+            // ∂L/∂q_k: w × moments 4..9 (dx², dy², dz², dx·dy, dx·dz, dy·dz); Ḡ = −½·P
+            const double P[3][3] = {{m[4], m[7], m[8]}, {m[7], m[5], m[9]}, {m[8], m[9], m[6]}};
+            double GQ[3][3], GN[3][3], T1[3][3];
+            for (int r = 0; r < 3; ++r)
+                for (int cc = 0; cc < 3; ++cc) GQ[r][cc] = -0.5 * w * P[r][cc];
+            // ∂L/∂N = O·GQ·Oᵀ
+            for (int r = 0; r < 3; ++r)
+                for (int cc = 0; cc < 3; ++cc) T1[r][cc] = O[3 * r] * GQ[0][cc] + O[3 * r + 1] * GQ[1][cc] + O[3 * r + 2] * GQ[2][cc];
+            for (int r = 0; r < 3; ++r)
+                for (int cc = 0; cc < 3; ++cc) GN[r][cc] = T1[r][0] * O[3 * cc] + T1[r][1] * O[3 * cc + 1] + T1[r][2] * O[3 * cc + 2];
+            const double* n6 = T.n[k];
+            const double N[3][3] = {{n6[0], n6[3], n6[4]}, {n6[3], n6[1], n6[5]}, {n6[4], n6[5], n6[2]}};
+            // −N·GN·N − ½·amp·∂L/∂amp·N, ∂L/∂amp_k = occ·M_k[1]
+            const double ga = -0.5 * T.amp[k] * A.occ * m[0];
+            for (int r = 0; r < 3; ++r)
+                for (int cc = 0; cc < 3; ++cc) T1[r][cc] = GN[r][0] * N[0][cc] + GN[r][1] * N[1][cc] + GN[r][2] * N[2][cc];
+            for (int r = 0; r < 3; ++r)
+                for (int cc = 0; cc < 3; ++cc)
+                    GU[r][cc] += -(N[r][0] * T1[0][cc] + N[r][1] * T1[1][cc] + N[r][2] * T1[2][cc]) + ga * N[r][cc];
         }
         gocc[i] = go;
         for (int d = 0; d < 3; ++d) gfrac[3 * i + d] = gf[d];
+        double* g6 = gu + 6 * i;
+        if (in.aniso[i]) {
+            g6[0] = GU[0][0], g6[1] = GU[1][1], g6[2] = GU[2][2];
+            g6[3] = GU[0][1] + GU[1][0], g6[4] = GU[0][2] + GU[2][0], g6[5] = GU[1][2] + GU[2][1];
+            gb[i] = 0.0;
+        } else {
+            for (int c = 0; c < 6; ++c) g6[c] = 0.0;
+            gb[i] = (GU[0][0] + GU[1][1] + GU[2][2]) / U_TO_B;
+        }
     }
 }
 
-void gather_aniso(const Inputs& in, const float* grad, int64_t n_maps, int n_threads, bool use64, double* gfrac,
-                  double* gocc, double* gamp, double* gquad, Timings& tm) {
+void gather_aniso(const Inputs& in_, const float* grad, int64_t n_maps, int n_threads, bool use64, double* gfrac,
+                  double* gocc, double* gu, double* gb, Timings& tm) {
     auto t0 = Clock::now();
+    Inputs in = in_;
+    std::vector<AnisoTerms> terms(in.n_atoms);
+    in.terms = terms.data();
     std::vector<AtomP> atoms;
     int64_t box[3];
     prepare_all(in, atoms, n_threads, box);
@@ -2002,7 +2180,7 @@ void gather_aniso(const Inputs& in, const float* grad, int64_t n_maps, int n_thr
         const int64_t m = t / chunks, c = t % chunks;
         const int64_t first = m * per_map + c * per;
         gather_aniso_atoms(in, atoms, first, std::min((m + 1) * per_map, first + per), grad + m * voxels,
-                           scratch[worker], use64, gfrac, gocc, gamp, gquad);
+                           scratch[worker], use64, gfrac, gocc, gu, gb);
     });
     tm.compute = seconds_since(t0);
 }
@@ -2041,11 +2219,11 @@ Inputs make_inputs(const kernels::density::CellGeometry& cell, const int64_t sha
     in.occ = atoms.occ;
     in.a = atoms.a;
     in.b = atoms.b;
-    in.amp = atoms.amp;
-    in.quad = atoms.quad;
-    if ((atoms.amp == nullptr) != (atoms.quad == nullptr))
-        throw std::invalid_argument("anisotropic atoms need both the amplitudes and the quadratic forms");
-    if (atoms.amp && !atoms.radii) throw std::invalid_argument("anisotropic atoms need their cutoff radii");
+    in.u = atoms.u_aniso;
+    in.aniso = atoms.aniso;
+    if ((atoms.u_aniso == nullptr) != (atoms.aniso == nullptr))
+        throw std::invalid_argument("anisotropic atoms need both u_aniso and the aniso flags");
+    if (atoms.u_aniso && !atoms.radii) throw std::invalid_argument("anisotropic atoms need their cutoff radii");
     return in;
 }
 
@@ -2069,7 +2247,7 @@ Timings splat(const CellGeometry& cell, const int64_t shape[3], const AtomArrays
               const Options& opt, RowIntervals* rows, int64_t n_maps) {
     checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
-    if (rows && in.amp) throw std::invalid_argument("row intervals are kept for isotropic atoms only");
+    if (rows && in.u) throw std::invalid_argument("row intervals are kept for isotropic atoms only");
     Timings tm;
     tm.int64_index = use_int64(shape, opt.force_int64);
     if (rows) std::copy(shape, shape + 3, rows->shape);
@@ -2082,7 +2260,7 @@ Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArray
                const Options& opt, RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc, int64_t n_maps) {
     checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
-    if (in.amp) throw std::invalid_argument("anisotropic atoms: use gather_aniso");
+    if (in.u) throw std::invalid_argument("anisotropic atoms: use gather_aniso");
     if (rows && rows->n_atoms != atoms.n)
         throw std::invalid_argument("the row intervals come from a splat of a different number of atoms");
     Timings tm;
@@ -2094,15 +2272,31 @@ Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArray
 }
 
 Timings gather_aniso(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
-                     const Options& opt, double* gfrac, double* gocc, double* gamp, double* gquad, int64_t n_maps) {
+                     const Options& opt, double* gfrac, double* gocc, double* gu, double* gb_iso, int64_t n_maps) {
     checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
-    if (!in.amp) throw std::invalid_argument("gather_aniso takes anisotropic atoms (amp and quad)");
+    if (!in.u) throw std::invalid_argument("gather_aniso takes anisotropic atoms (u_aniso and aniso)");
     Timings tm;
     tm.int64_index = use_int64(shape, opt.force_int64);
     if (atoms.n > 0)
-        ::gather_aniso(in, grad, n_maps, std::max(1, opt.n_threads), tm.int64_index, gfrac, gocc, gamp, gquad, tm);
+        ::gather_aniso(in, grad, n_maps, std::max(1, opt.n_threads), tm.int64_index, gfrac, gocc, gu, gb_iso, tm);
     return tm;
+}
+
+void cutoff_radii_aniso(int64_t n, const float* u_aniso, const uint8_t* aniso, const float* b_iso, const float* a,
+                        const float* b, double cutoff, int rule, bool neutron, int n_threads, double* out) {
+    Inputs in;
+    in.n_atoms = n;
+    in.u = u_aniso;
+    in.aniso = aniso;
+    in.b_iso = b_iso;
+    in.a = a;
+    in.b = b;
+    const int64_t per = 512;
+    parallel_for((n + per - 1) / per, std::max(1, n_threads), [&](int64_t t, int) {
+        for (int64_t i = t * per; i < std::min<int64_t>(n, (t + 1) * per); ++i)
+            out[i] = aniso_radius(in, i, rule, neutron, cutoff);
+    });
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -2135,15 +2329,6 @@ void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double*
     parallel_for((n + per - 1) / per, std::max(1, n_threads), [&](int64_t t, int) {
         for (int64_t i = t * per; i < std::min<int64_t>(n, (t + 1) * per); ++i)
             out[i] = cutoff_radius_one(b_iso[i], a + NG * i, b + NG * i, cutoff);
-    });
-}
-
-void cutoff_radii_terms(int64_t n, const double* start_b, const double* amp, const double* expo, double cutoff,
-                        int n_threads, double* out) {
-    const int64_t per = 512;
-    parallel_for((n + per - 1) / per, std::max(1, n_threads), [&](int64_t t, int) {
-        for (int64_t i = t * per; i < std::min<int64_t>(n, (t + 1) * per); ++i)
-            out[i] = cutoff_radius_search(start_b[i], amp + NG * i, expo + NG * i, cutoff);
     });
 }
 

@@ -33,12 +33,10 @@ struct AtomArrays {
     const float* occ = nullptr;    // (n,)
     const float* a = nullptr;      // (n, 5) amplitudes
     const float* b = nullptr;      // (n, 5) widths (Å²)
-    // Anisotropic atoms: both set (radii then required; b_iso, a, b unused), or both nullptr.
-    // Term k of atom i is occ·amp[5i+k]·exp(Σ_m quad[30i+6k+m]·mono_m(d)) for the fractional offset d
-    // from the atom, mono = (dx², dy², dz², dx·dy, dx·dz, dy·dz): the exponent −½ dᵀQ_k d with Q_k
-    // positive definite.
-    const double* amp = nullptr;   // (n, 5) amplitudes at unit occupancy
-    const double* quad = nullptr;  // (n, 5, 6)
+    // Anisotropic atoms: both set (radii then required), or both nullptr. Every atom then takes the
+    // anisotropic kernel with its effective U: its row of u_aniso where aniso[i], else b_iso/8π²·I.
+    const float* u_aniso = nullptr;    // (n, 6) U11, U22, U33, U12, U13, U23 (Å², Cartesian)
+    const uint8_t* aniso = nullptr;    // (n,) 1: the atom uses its row of u_aniso
 };
 
 // How a call runs. Every combination gives bitwise the same map and gradients; the fields past
@@ -102,12 +100,18 @@ Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArray
                const Options& opt, RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc,
                int64_t n_maps = 1);
 
-// Gradient of sum(grad · splat(atoms)) for anisotropic atoms (atoms.amp and atoms.quad set) with
-// respect to their fractional positions gfrac (n, 3), occ (n,), amp (n, 5) and quad (n, 5, 6), written
-// as float64 (sums in double). Frames as in gather().
+// Gradient of sum(grad · splat(atoms)) for an anisotropic set (atoms.u_aniso set) with respect to the
+// fractional positions gfrac (n, 3), occ (n,), u_aniso gu (n, 6; zero rows for isotropic atoms) and
+// b_iso gb_iso (n,; zero for anisotropic atoms), written as float64 (sums in double). Frames as in gather().
 Timings gather_aniso(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
-                     const Options& opt, double* gfrac, double* gocc, double* gamp, double* gquad,
+                     const Options& opt, double* gfrac, double* gocc, double* gu, double* gb_iso,
                      int64_t n_maps = 1);
+
+// Cutoff radius (Å) of every atom of an anisotropic set (kernels/density/radius.py atom_cutoff_radii):
+// rule 0 "gemmi" (the isotropic rule at B_max = 8π²·max diag U), 1 "eigen" (the search along the major
+// axis); neutron: one Gaussian, closed form. u_aniso (n, 6), aniso (n,), b_iso (n,), a and b (n, 5).
+void cutoff_radii_aniso(int64_t n, const float* u_aniso, const uint8_t* aniso, const float* b_iso, const float* a,
+                        const float* b, double cutoff, int rule, bool neutron, int n_threads, double* out);
 
 // Fractional positions frac·xyz of n atoms (xyz (n, 3) float32 in Å, frac (3, 3) row-major):
 // out (n, 3) float64, each as ((x·F0 + y·F1) + z·F2) without fused multiply-adds (torch's float64
@@ -119,12 +123,6 @@ bool fractional(int64_t n, const float* xyz, const double frac[9], double lo, do
 // steps of gemmi's DensityCalculator::estimate_radius: b_iso (n,), a and b (n, 5), all float64.
 void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double* b, double cutoff, int n_threads,
                   double* out);
-
-// The same rule for a density given as its terms, ρ(r) = Σ_k amp_k·exp(expo_k·r²) (amp, expo (n, 5)
-// float64), the search started at gemmi's guess for B = start_b (n,): the exact ("eigen") radius of an
-// anisotropic atom along its major axis (kernels/density/radius.py, atom_cutoff_radii).
-void cutoff_radii_terms(int64_t n, const double* start_b, const double* amp, const double* expo, double cutoff,
-                        int n_threads, double* out);
 
 // How this build runs on this CPU.
 struct BuildInfo {

@@ -20,7 +20,7 @@ import torch
 import kernels.testing
 from kernels.crystal import AtomSet, Cell, GridSpec, read_model
 from kernels.density import cpu as density_cpu
-from kernels.density.adp import U_TO_B, adp_eigenvalues, effective_u
+from kernels.density.adp import U_TO_B, adp_eigenvalues
 from kernels.density.radius import atom_cutoff_radii
 from kernels.density.reference import splat_frames_reference, splat_reference
 from tests.helpers import STRUCTURES, assert_kernel_close
@@ -190,16 +190,23 @@ def test_strongly_anisotropic_tilted_atoms(kind, rule):
     _check_against_reference(atoms, grid, radius_rule=rule)
 
 
-def test_eigen_rule_radii_cover_the_major_axis():
-    # the exact rule reaches at least as far as gemmi's diagonal rule on tilted atoms, and the
-    # kernel's radii are atom_cutoff_radii's
+def _kernel_radii(atoms: AtomSet, radiation: str, rule: str) -> torch.Tensor:
+    """The radii the cpu backend gives an anisotropic set (float32 atoms)."""
+    u8 = atoms.aniso.to(torch.uint8)
+    return density_cpu._aniso_radii(atoms.u_aniso, u8, atoms.b_iso, atoms.a, atoms.b, radiation, 1e-5, rule)
+
+
+@pytest.mark.parametrize("radiation", ["xray", "electron", "neutron"])
+def test_radii_are_atom_cutoff_radii(radiation):
+    # the C++ rules against kernels.density.radius.atom_cutoff_radii on a mixed set; the exact rule
+    # reaches at least as far as gemmi's diagonal rule on tilted atoms
     grid = _grid("orthogonal-odd")
-    atoms = _random_atoms(grid.cell, 30, seed=11, max_ratio=12.0, iso_every=5).to(dtype=F32)
-    u_eff = effective_u(atoms.u_aniso.double(), atoms.aniso, atoms.b_iso.double())
+    atoms = _random_atoms(grid.cell, 30, seed=11, max_ratio=12.0, iso_every=5, radiation=radiation).to(dtype=F32)
     for rule in ("gemmi", "eigen"):
-        got = density_cpu._radii_cpu(atoms.b_iso, atoms.a, atoms.b, u_eff, "xray", 1e-5, rule)
         want = atom_cutoff_radii(atoms, 1e-5, rule)
-        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+        # gemmi's rule: the same operations as the torch rule; eigen: closed-form eigenvalues
+        tol = 1e-12 if rule == "gemmi" else 1e-9
+        torch.testing.assert_close(_kernel_radii(atoms, radiation, rule), want, atol=tol, rtol=0)
     gemmi_r = atom_cutoff_radii(atoms, 1e-5, "gemmi")
     eigen_r = atom_cutoff_radii(atoms, 1e-5, "eigen")
     assert bool((eigen_r[atoms.aniso] > gemmi_r[atoms.aniso]).all())
@@ -213,15 +220,6 @@ def test_radiation_types_with_aniso(radiation):
     if radiation == "neutron":
         # hydrogen's scattering length is negative: its density is too
         assert "H" in atoms.elements and float(out.detach().min()) < 0
-
-
-@pytest.mark.parametrize("rule", ["gemmi", "eigen"])
-def test_neutron_radii_closed_form(rule):
-    grid = _grid("hexagonal")
-    atoms = _random_atoms(grid.cell, 16, seed=2, iso_every=2, radiation="neutron").to(dtype=F32)
-    u_eff = effective_u(atoms.u_aniso.double(), atoms.aniso, atoms.b_iso.double())
-    got = density_cpu._radii_cpu(atoms.b_iso, atoms.a, atoms.b, u_eff, "neutron", 1e-5, rule)
-    torch.testing.assert_close(got, atom_cutoff_radii(atoms, 1e-5, rule), atol=1e-12, rtol=0)
 
 
 def test_isotropic_neutron_set_takes_closed_form_radii():
