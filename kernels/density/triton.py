@@ -1109,7 +1109,7 @@ def _largest_eigenvalue(u11, u22, u33, u12, u13, u23):
 @triton.jit
 def _neutron_radius(amp, ex, cutoff):
     """Radius where |amp|·exp(ex·r²) falls to ``cutoff`` (one Gaussian: gemmi's closed form); 0 below it."""
-    level = tl.log(tl.abs(amp) / cutoff)
+    level = tl.log(tl.maximum(tl.abs(amp), 1e-30) / cutoff)  # no log(0): a zero amplitude is below any cutoff
     return tl.where(level > 0, tl.sqrt(tl.maximum(level, 0.0) / -ex), 0.0)
 
 
@@ -1195,25 +1195,35 @@ def _fold(s0, sx, sy, sz, sxx, syy, szz, sxy, sxz, syz, t, ty, tyy, dx, dz):
 
 @triton.jit
 def _term_grads(amp, n11, n22, n33, n12, n13, n23, s0, sx, sy, sz, sxx, syy, szz, sxy, sxz, syz, p_ptr):
-    """One term's ∂L/∂centre (voxel units, 3) and ∂L/∂M_k (symmetric, six entries 11, 22, 33, 12, 13, 23).
+    """One term's ∂L/∂centre (voxel units, 3) and ∂L/∂M_k (symmetric, six entries 11, 22, 33, 12, 13, 23), float64.
 
     ρ_k = amp·e, e = exp(−½ ΔvᵀQvΔv), Δv = voxel − centre, r = B·Δv in Å. From the sums s0 = Σ g·e,
     s = Σ g·e·Δv and S = Σ g·e·Δv·Δvᵀ over the atom's voxels:
-    ∂L/∂centre = amp·Qv·s and ∂L/∂M_k = ½·amp·(M⁻¹·(B·S·Bᵀ)·M⁻¹ − s0·M⁻¹).
+    ∂L/∂centre = amp·Qv·s and ∂L/∂M_k = ½·amp·(M⁻¹·(B·S·Bᵀ)·M⁻¹ − s0·M⁻¹). The two parts of ∂L/∂M_k
+    nearly cancel for a narrow term (voxels about one standard deviation out contribute to both), so
+    the sums and this combination are float64: in float32 the difference lost ~1e-5 of the gradient.
     """
-    q11, q22, q33, q12, q13, q23 = _voxel_form(n11, n22, n33, n12, n13, n23, p_ptr)
+    amp = amp.to(tl.float64)
+    n11 = n11.to(tl.float64)
+    n22 = n22.to(tl.float64)
+    n33 = n33.to(tl.float64)
+    n12 = n12.to(tl.float64)
+    n13 = n13.to(tl.float64)
+    n23 = n23.to(tl.float64)
+    b11 = tl.load(p_ptr + 32)
+    b12 = tl.load(p_ptr + 33)
+    b13 = tl.load(p_ptr + 34)
+    b21 = tl.load(p_ptr + 35)
+    b22 = tl.load(p_ptr + 36)
+    b23 = tl.load(p_ptr + 37)
+    b31 = tl.load(p_ptr + 38)
+    b32 = tl.load(p_ptr + 39)
+    b33 = tl.load(p_ptr + 40)
+    # Qv = Bᵀ·M⁻¹·B
+    q11, q22, q33, q12, q13, q23 = _sandwich(n11, n22, n33, n12, n13, n23, b11, b21, b31, b12, b22, b32, b13, b23, b33)
     gcx = amp * (q11 * sx + q12 * sy + q13 * sz)
     gcy = amp * (q12 * sx + q22 * sy + q23 * sz)
     gcz = amp * (q13 * sx + q23 * sy + q33 * sz)
-    b11 = tl.load(p_ptr + 32).to(tl.float32)
-    b12 = tl.load(p_ptr + 33).to(tl.float32)
-    b13 = tl.load(p_ptr + 34).to(tl.float32)
-    b21 = tl.load(p_ptr + 35).to(tl.float32)
-    b22 = tl.load(p_ptr + 36).to(tl.float32)
-    b23 = tl.load(p_ptr + 37).to(tl.float32)
-    b31 = tl.load(p_ptr + 38).to(tl.float32)
-    b32 = tl.load(p_ptr + 39).to(tl.float32)
-    b33 = tl.load(p_ptr + 40).to(tl.float32)
     r11, r22, r33, r12, r13, r23 = _sandwich(sxx, syy, szz, sxy, sxz, syz, b11, b12, b13, b21, b22, b23, b31, b32, b33)
     w11, w22, w33, w12, w13, w23 = _sandwich(r11, r22, r33, r12, r13, r23, n11, n12, n13, n12, n22, n23, n13, n23, n33)
     half = 0.5 * amp
@@ -1389,8 +1399,8 @@ def _aniso_fwd_kernel(
 
 @triton.jit
 def _row_moments(g, e, dy, t, ty, tyy):
-    """Row sums of one term: Σ g·e, Σ g·e·dy, Σ g·e·dy² += this row's."""
-    ge = g * e
+    """Row sums of one term, float64: Σ g·e, Σ g·e·dy, Σ g·e·dy² += this row's."""
+    ge = (g * e).to(tl.float64)
     gey = ge * dy
     return t + ge, ty + gey, tyy + gey * dy
 
@@ -1483,9 +1493,9 @@ def _aniso_bwd_kernel(
     pp = tl.arange(0, BP)[None, :, None]
     qq = tl.arange(0, BQ)[None, None, :]
     # Per-atom sums of each term k over its voxels, unit amplitude: Σ g·e_k (s0), Σ g·e_k·Δv (sx, sy, sz) and
-    # Σ g·e_k·Δv·Δvᵀ (sxx … syz), voxel units. Each tile's rows are summed in lane accumulators first and
-    # folded in after its row loop (dx, dz are constant along a row).
-    zero = tl.zeros((ATOMS,), dtype=tl.float32)
+    # Σ g·e_k·Δv·Δvᵀ (sxx … syz), voxel units, float64 (see _term_grads). Each tile's rows are summed in lane
+    # accumulators first and folded in after its row loop (dx, dz are constant along a row).
+    zero = tl.zeros((ATOMS,), dtype=tl.float64)
     s0_0, sx_0, sy_0, sz_0, sxx_0, syy_0, szz_0, sxy_0, sxz_0, syz_0 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero  # fmt: skip
     s0_1, sx_1, sy_1, sz_1, sxx_1, syy_1, szz_1, sxy_1, sxz_1, syz_1 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero  # fmt: skip
     s0_2, sx_2, sy_2, sz_2, sxx_2, syy_2, szz_2, sxy_2, sxz_2, syz_2 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero  # fmt: skip
@@ -1519,7 +1529,7 @@ def _aniso_bwd_kernel(
             ca2, cb2 = _column(cxx2, czz2, cxy2, cxz2, cyz2, dx, dz)
             ca3, cb3 = _column(cxx3, czz3, cxy3, cxz3, cyz3, dx, dz)
             ca4, cb4 = _column(cxx4, czz4, cxy4, cxz4, cyz4, dx, dz)
-            tile = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+            tile = tl.zeros((ATOMS, BP, BQ), dtype=tl.float64)
             t0, ty0, tyy0 = tile, tile, tile
             t1, ty1, tyy1 = tile, tile, tile
             t2, ty2, tyy2 = tile, tile, tile
@@ -1593,15 +1603,16 @@ def _aniso_bwd_kernel(
     gcx = gx0 + gx1 + gx2 + gx3 + gx4
     gcy = gy0 + gy1 + gy2 + gy3 + gy4
     gcz = gz0 + gz1 + gz2 + gz3 + gz4
-    m00 = tl.load(p_ptr + 23).to(tl.float32)
-    m01 = tl.load(p_ptr + 24).to(tl.float32)
-    m02 = tl.load(p_ptr + 25).to(tl.float32)
-    m10 = tl.load(p_ptr + 26).to(tl.float32)
-    m11 = tl.load(p_ptr + 27).to(tl.float32)
-    m12 = tl.load(p_ptr + 28).to(tl.float32)
-    m20 = tl.load(p_ptr + 29).to(tl.float32)
-    m21 = tl.load(p_ptr + 30).to(tl.float32)
-    m22 = tl.load(p_ptr + 31).to(tl.float32)
+    m00 = tl.load(p_ptr + 23)
+    m01 = tl.load(p_ptr + 24)
+    m02 = tl.load(p_ptr + 25)
+    m10 = tl.load(p_ptr + 26)
+    m11 = tl.load(p_ptr + 27)
+    m12 = tl.load(p_ptr + 28)
+    m20 = tl.load(p_ptr + 29)
+    m21 = tl.load(p_ptr + 30)
+    m22 = tl.load(p_ptr + 31)
+    # Stores cast to each gradient's dtype (xyz's for the positions, float32 for the rest).
     tl.store(gxyz_ptr + ia * 3 + 0, m00 * gcx + m10 * gcy + m20 * gcz, mask=valid)
     tl.store(gxyz_ptr + ia * 3 + 1, m01 * gcx + m11 * gcy + m21 * gcz, mask=valid)
     tl.store(gxyz_ptr + ia * 3 + 2, m02 * gcx + m12 * gcy + m22 * gcz, mask=valid)
