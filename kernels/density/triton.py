@@ -1175,21 +1175,22 @@ def _column(cxx, czz, cxy, cxz, cyz, dx, dz):
 
 
 @triton.jit
-def _fold(s0, sx, sy, sz, sxx, syy, szz, sxy, sxz, syz, t, ty, tyy, dx, dz):
-    """Per-atom sums of g·e·(1, Δv, Δv Δvᵀ) += one tile's, from its row sums t = Σ g·e, ty = Σ g·e·dy, tyy = Σ g·e·dy²."""
+def _tile_moments(t, ty, tyy, dx, dz):
+    """One tile's sums of g·e·(1, Δv, Δv Δvᵀ) per atom, (ATOMS,) each, from its row sums t = Σ g·e,
+    ty = Σ g·e·dy, tyy = Σ g·e·dy² (dx, dz are constant along a row)."""
     tdx = t * dx
     tdz = t * dz
     return (
-        s0 + tl.sum(tl.sum(t, axis=2), axis=1),
-        sx + tl.sum(tl.sum(tdx, axis=2), axis=1),
-        sy + tl.sum(tl.sum(ty, axis=2), axis=1),
-        sz + tl.sum(tl.sum(tdz, axis=2), axis=1),
-        sxx + tl.sum(tl.sum(tdx * dx, axis=2), axis=1),
-        syy + tl.sum(tl.sum(tyy, axis=2), axis=1),
-        szz + tl.sum(tl.sum(tdz * dz, axis=2), axis=1),
-        sxy + tl.sum(tl.sum(ty * dx, axis=2), axis=1),
-        sxz + tl.sum(tl.sum(tdx * dz, axis=2), axis=1),
-        syz + tl.sum(tl.sum(ty * dz, axis=2), axis=1),
+        tl.sum(tl.sum(t, axis=2), axis=1),
+        tl.sum(tl.sum(tdx, axis=2), axis=1),
+        tl.sum(tl.sum(ty, axis=2), axis=1),
+        tl.sum(tl.sum(tdz, axis=2), axis=1),
+        tl.sum(tl.sum(tdx * dx, axis=2), axis=1),
+        tl.sum(tl.sum(tyy, axis=2), axis=1),
+        tl.sum(tl.sum(tdz * dz, axis=2), axis=1),
+        tl.sum(tl.sum(ty * dx, axis=2), axis=1),
+        tl.sum(tl.sum(tdx * dz, axis=2), axis=1),
+        tl.sum(tl.sum(ty * dz, axis=2), axis=1),
     )
 
 
@@ -1238,6 +1239,27 @@ def _term_grads(amp, n11, n22, n33, n12, n13, n23, s0, sx, sy, sz, sxx, syy, szz
         half * (w13 - s0 * n13),
         half * (w23 - s0 * n23),
     )
+
+
+@triton.jit
+def _fold_grads(
+    gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
+    amp, au, n11, n22, n33, n12, n13, n23, t, ty, tyy, dx, dz, p_ptr,
+):  # fmt: skip
+    """The gradient sums (∂L/∂centre, ∂L/∂occ, ∂L/∂U) += one term's part from one tile, float64, (ATOMS,) each.
+
+    Every gradient is linear in the tile's moments, so each tile is folded in as soon as its rows are
+    summed: ten running sums per atom instead of ten per term. amp: the term's amplitude with the
+    occupancy, au: without it.
+    """
+    s0, sx, sy, sz, sxx, syy, szz, sxy, sxz, syz = _tile_moments(t, ty, tyy, dx, dz)
+    gx, gy, gz, e11, e22, e33, e12, e13, e23 = _term_grads(
+        amp, n11, n22, n33, n12, n13, n23, s0, sx, sy, sz, sxx, syy, szz, sxy, sxz, syz, p_ptr
+    )
+    return (
+        gcx + gx, gcy + gy, gcz + gz, go + au.to(tl.float64) * s0,
+        d11 + e11, d22 + e22, d33 + e33, d12 + e12, d13 + e13, d23 + e23,
+    )  # fmt: skip
 
 
 _ANISO_ARGS = ("xyz_ptr", "u_ptr", "flag_ptr", "b_iso_ptr", "occ_ptr", "a_ptr", "b_ptr", "radius_ptr", "p_ptr")
@@ -1492,15 +1514,16 @@ def _aniso_bwd_kernel(
     off_y3 = off_y[:, None, None]
     pp = tl.arange(0, BP)[None, :, None]
     qq = tl.arange(0, BQ)[None, None, :]
-    # Per-atom sums of each term k over its voxels, unit amplitude: Σ g·e_k (s0), Σ g·e_k·Δv (sx, sy, sz) and
-    # Σ g·e_k·Δv·Δvᵀ (sxx … syz), voxel units, float64 (see _term_grads). Each tile's rows are summed in lane
-    # accumulators first and folded in after its row loop (dx, dz are constant along a row).
+    # ∂L/∂centre (voxel units), ∂L/∂occ and ∂L/∂U per atom, float64 (see _term_grads): each tile's rows are
+    # summed in lane accumulators (unit amplitude: Σ g·e_k, Σ g·e_k·dy, Σ g·e_k·dy² per term) and folded in
+    # after its row loop.
     zero = tl.zeros((ATOMS,), dtype=tl.float64)
-    s0_0, sx_0, sy_0, sz_0, sxx_0, syy_0, szz_0, sxy_0, sxz_0, syz_0 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero  # fmt: skip
-    s0_1, sx_1, sy_1, sz_1, sxx_1, syy_1, szz_1, sxy_1, sxz_1, syz_1 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero  # fmt: skip
-    s0_2, sx_2, sy_2, sz_2, sxx_2, syy_2, szz_2, sxy_2, sxz_2, syz_2 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero  # fmt: skip
-    s0_3, sx_3, sy_3, sz_3, sxx_3, syy_3, szz_3, sxy_3, sxz_3, syz_3 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero  # fmt: skip
-    s0_4, sx_4, sy_4, sz_4, sxx_4, syy_4, szz_4, sxy_4, sxz_4, syz_4 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero  # fmt: skip
+    gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero  # fmt: skip
+    am0 = au0 * occ
+    am1 = au1 * occ
+    am2 = au2 * occ
+    am3 = au3 * occ
+    am4 = au4 * occ
     pc = 0
     while pc < n_pc:
         kx = pc * BP + pp
@@ -1562,47 +1585,29 @@ def _aniso_bwd_kernel(
                 iy += 1
                 iy = tl.where(iy == ny, 0, iy)
                 r += 1
-            s0_0, sx_0, sy_0, sz_0, sxx_0, syy_0, szz_0, sxy_0, sxz_0, syz_0 = _fold(
-                s0_0, sx_0, sy_0, sz_0, sxx_0, syy_0, szz_0, sxy_0, sxz_0, syz_0, t0, ty0, tyy0, dx, dz
-            )
-            s0_1, sx_1, sy_1, sz_1, sxx_1, syy_1, szz_1, sxy_1, sxz_1, syz_1 = _fold(
-                s0_1, sx_1, sy_1, sz_1, sxx_1, syy_1, szz_1, sxy_1, sxz_1, syz_1, t1, ty1, tyy1, dx, dz
-            )
-            s0_2, sx_2, sy_2, sz_2, sxx_2, syy_2, szz_2, sxy_2, sxz_2, syz_2 = _fold(
-                s0_2, sx_2, sy_2, sz_2, sxx_2, syy_2, szz_2, sxy_2, sxz_2, syz_2, t2, ty2, tyy2, dx, dz
-            )
-            s0_3, sx_3, sy_3, sz_3, sxx_3, syy_3, szz_3, sxy_3, sxz_3, syz_3 = _fold(
-                s0_3, sx_3, sy_3, sz_3, sxx_3, syy_3, szz_3, sxy_3, sxz_3, syz_3, t3, ty3, tyy3, dx, dz
-            )
-            s0_4, sx_4, sy_4, sz_4, sxx_4, syy_4, szz_4, sxy_4, sxz_4, syz_4 = _fold(
-                s0_4, sx_4, sy_4, sz_4, sxx_4, syy_4, szz_4, sxy_4, sxz_4, syz_4, t4, ty4, tyy4, dx, dz
-            )
+            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
+                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
+                am0, au0, n11_0, n22_0, n33_0, n12_0, n13_0, n23_0, t0, ty0, tyy0, dx, dz, p_ptr,
+            )  # fmt: skip
+            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
+                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
+                am1, au1, n11_1, n22_1, n33_1, n12_1, n13_1, n23_1, t1, ty1, tyy1, dx, dz, p_ptr,
+            )  # fmt: skip
+            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
+                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
+                am2, au2, n11_2, n22_2, n33_2, n12_2, n13_2, n23_2, t2, ty2, tyy2, dx, dz, p_ptr,
+            )  # fmt: skip
+            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
+                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
+                am3, au3, n11_3, n22_3, n33_3, n12_3, n13_3, n23_3, t3, ty3, tyy3, dx, dz, p_ptr,
+            )  # fmt: skip
+            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
+                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
+                am4, au4, n11_4, n22_4, n33_4, n12_4, n13_4, n23_4, t4, ty4, tyy4, dx, dz, p_ptr,
+            )  # fmt: skip
             qc += 1
         pc += 1
-    gx0, gy0, gz0, d11_0, d22_0, d33_0, d12_0, d13_0, d23_0 = _term_grads(
-        au0 * occ, n11_0, n22_0, n33_0, n12_0, n13_0, n23_0,
-        s0_0, sx_0, sy_0, sz_0, sxx_0, syy_0, szz_0, sxy_0, sxz_0, syz_0, p_ptr,
-    )  # fmt: skip
-    gx1, gy1, gz1, d11_1, d22_1, d33_1, d12_1, d13_1, d23_1 = _term_grads(
-        au1 * occ, n11_1, n22_1, n33_1, n12_1, n13_1, n23_1,
-        s0_1, sx_1, sy_1, sz_1, sxx_1, syy_1, szz_1, sxy_1, sxz_1, syz_1, p_ptr,
-    )  # fmt: skip
-    gx2, gy2, gz2, d11_2, d22_2, d33_2, d12_2, d13_2, d23_2 = _term_grads(
-        au2 * occ, n11_2, n22_2, n33_2, n12_2, n13_2, n23_2,
-        s0_2, sx_2, sy_2, sz_2, sxx_2, syy_2, szz_2, sxy_2, sxz_2, syz_2, p_ptr,
-    )  # fmt: skip
-    gx3, gy3, gz3, d11_3, d22_3, d33_3, d12_3, d13_3, d23_3 = _term_grads(
-        au3 * occ, n11_3, n22_3, n33_3, n12_3, n13_3, n23_3,
-        s0_3, sx_3, sy_3, sz_3, sxx_3, syy_3, szz_3, sxy_3, sxz_3, syz_3, p_ptr,
-    )  # fmt: skip
-    gx4, gy4, gz4, d11_4, d22_4, d33_4, d12_4, d13_4, d23_4 = _term_grads(
-        au4 * occ, n11_4, n22_4, n33_4, n12_4, n13_4, n23_4,
-        s0_4, sx_4, sy_4, sz_4, sxx_4, syy_4, szz_4, sxy_4, sxz_4, syz_4, p_ptr,
-    )  # fmt: skip
-    # ∂L/∂centre (voxel units), then centre = m·xyz (m = diag(n)·frac).
-    gcx = gx0 + gx1 + gx2 + gx3 + gx4
-    gcy = gy0 + gy1 + gy2 + gy3 + gy4
-    gcz = gz0 + gz1 + gz2 + gz3 + gz4
+    # centre = m·xyz (m = diag(n)·frac): ∂L/∂xyz = mᵀ·∂L/∂centre.
     m00 = tl.load(p_ptr + 23)
     m01 = tl.load(p_ptr + 24)
     m02 = tl.load(p_ptr + 25)
@@ -1616,14 +1621,8 @@ def _aniso_bwd_kernel(
     tl.store(gxyz_ptr + ia * 3 + 0, m00 * gcx + m10 * gcy + m20 * gcz, mask=valid)
     tl.store(gxyz_ptr + ia * 3 + 1, m01 * gcx + m11 * gcy + m21 * gcz, mask=valid)
     tl.store(gxyz_ptr + ia * 3 + 2, m02 * gcx + m12 * gcy + m22 * gcz, mask=valid)
-    tl.store(gocc_ptr + ia, au0 * s0_0 + au1 * s0_1 + au2 * s0_2 + au3 * s0_3 + au4 * s0_4, mask=valid)
+    tl.store(gocc_ptr + ia, go, mask=valid)
     # ∂L/∂U = Σ_k ∂L/∂M_k; U12 stands for both (1, 2) and (2, 1), so its gradient is twice the entry's.
-    d11 = d11_0 + d11_1 + d11_2 + d11_3 + d11_4
-    d22 = d22_0 + d22_1 + d22_2 + d22_3 + d22_4
-    d33 = d33_0 + d33_1 + d33_2 + d33_3 + d33_4
-    d12 = d12_0 + d12_1 + d12_2 + d12_3 + d12_4
-    d13 = d13_0 + d13_1 + d13_2 + d13_3 + d13_4
-    d23 = d23_0 + d23_1 + d23_2 + d23_3 + d23_4
     # Isotropic atoms: U = B/(8π²)·I, so ∂L/∂B = tr(∂L/∂U)/(8π²); anisotropic atoms' B is not used.
     tl.store(gb_ptr + ia, tl.where(flag, 0.0, (d11 + d22 + d33) * 0.012665147955292222), mask=valid)
     if ANISO:
