@@ -78,10 +78,11 @@ def test_mesh_vertices_lie_on_the_fifty_percent_surface_with_outward_normals(mix
     ell = compute.adp_ellipsoids(atoms)
     mesh = compute.ellipsoid_mesh(ell)
     nv, nf = mesh.per_ellipsoid
-    assert (nv, nf) == (42, 80) and mesh.vertices.shape == (4 * nv, 9) and mesh.faces.shape == (4 * nf, 3)
+    assert (nv, nf) == (42, 80) and mesh.vertices.shape == (4 * nv, 6) and mesh.faces.shape == (4 * nf, 3)
+    assert sorted(mesh.order.tolist()) == [0, 1, 2, 3]
     u = u_matrix(kernels.density.adp.effective_u(atoms.u_aniso, atoms.aniso, atoms.b_iso)).numpy()
-    for m in range(4):
-        block = mesh.vertices[m * nv : (m + 1) * nv].astype(np.float64)
+    for block_index, m in enumerate(mesh.order):
+        block = mesh.vertices[block_index * nv : (block_index + 1) * nv].astype(np.float64)
         d = block[:, :3] - ell.centres[m]
         u_inv = np.linalg.inv(u[m])
         # xᵀU⁻¹x = k² on every vertex (float32 positions)
@@ -91,36 +92,51 @@ def test_mesh_vertices_lie_on_the_fifty_percent_surface_with_outward_normals(mix
         grad /= np.linalg.norm(grad, axis=1, keepdims=True)
         np.testing.assert_allclose(block[:, 3:6], grad, atol=1e-5)
         assert (np.einsum("vi,vi->v", block[:, 3:6], d) > 0).all()
-        np.testing.assert_allclose(block[:, 6:9], np.broadcast_to(ell.colours[m], (nv, 3)), atol=1e-7)
         # the longest semi-axis is reached along its eigenvector and never exceeded
         proj = d @ ell.directions[m]
         assert (np.abs(proj) <= ell.radii[m] * (1 + 1e-5)).all()
         assert np.abs(proj[:, 2]).max() >= 0.85 * ell.radii[m, 2]
-    # triangles wind counter-clockwise seen from outside after the transform too
-    assert mesh.chunks == [(0, 4 * nv, 0, 4 * nf)]  # one chunk: its face indices are the mesh's
-    v, f = mesh.vertices[:, :3].astype(np.float64), mesh.faces.astype(np.int64)
-    owner = np.arange(len(f)) // nf
-    assert (f // nv == owner[:, None]).all()  # each triangle joins vertices of its own ellipsoid
-    a, b, c = v[f[:, 0]], v[f[:, 1]], v[f[:, 2]]
-    out = (a + b + c) / 3 - ell.centres[owner]
-    assert (np.einsum("ij,ij->i", np.cross(b - a, c - a), out) > 0).all()
+    # one chunk per colour (four elements, four colours), each with its ellipsoid's colour
+    assert len(mesh.chunks) == 4
+    for v0, v1, f0, f1, colour in mesh.chunks:
+        m = mesh.order[v0 // nv]
+        assert (v1 - v0, f1 - f0) == (nv, nf)
+        rgb = np.rint(ell.colours[m] * 255).astype(int)
+        assert colour == (rgb[0] << 16) | (rgb[1] << 8) | rgb[2]
+        # triangles wind counter-clockwise seen from outside after the transform too
+        v, f = mesh.vertices[v0:v1, :3].astype(np.float64), mesh.faces[f0:f1].astype(np.int64)
+        assert f.min() == 0 and f.max() == nv - 1
+        a, b, c = v[f[:, 0]], v[f[:, 1]], v[f[:, 2]]
+        out = (a + b + c) / 3 - ell.centres[m]
+        assert (np.einsum("ij,ij->i", np.cross(b - a, c - a), out) > 0).all()
 
 
-def test_mesh_chunks_stay_under_3dmol_16_bit_indices():
+def test_mesh_chunks_are_one_colour_and_stay_under_3dmol_16_bit_indices():
     n = 3000
     gen = np.random.default_rng(1)
-    atoms = kernels.AtomSet.from_elements(["C"] * n, gen.uniform(0, 50, (n, 3)), 20.0)
+    elements = ["C"] * 2000 + ["O", "N"] * 500
+    atoms = kernels.AtomSet.from_elements(elements, gen.uniform(0, 50, (n, 3)), 20.0)
     ell = compute.adp_ellipsoids(atoms, max_count=n)
     assert len(ell) == n and ell.n_dropped == 0 and not ell.anisotropic.any()
     mesh = compute.ellipsoid_mesh(ell)
     nv, nf = mesh.per_ellipsoid
-    assert len(mesh.chunks) == math.ceil(n * nv / compute.scene.MESH_CHUNK_VERTICES)
-    assert mesh.chunks[0][:3] == (0, mesh.chunks[0][1], 0) and mesh.chunks[-1][1] == n * nv
-    for (v0, v1, f0, f1), nxt in zip(mesh.chunks, [*mesh.chunks[1:], None]):
+    per_chunk = compute.scene.MESH_CHUNK_VERTICES // nv
+    counts = {"C": 2000, "O": 500, "N": 500}
+    assert len(mesh.chunks) == sum(math.ceil(c / per_chunk) for c in counts.values())
+    assert mesh.chunks[0][0] == 0 and mesh.chunks[0][2] == 0 and mesh.chunks[-1][1] == n * nv
+    drawn = {}
+    for (v0, v1, f0, f1, colour), nxt in zip(mesh.chunks, [*mesh.chunks[1:], None]):
         assert v1 - v0 < 2**16 and (v1 - v0) % nv == 0 and (f1 - f0) == (v1 - v0) // nv * nf
         assert int(mesh.faces[f0:f1].max()) == v1 - v0 - 1 and int(mesh.faces[f0:f1].min()) == 0
+        members = {elements[ell.index[m]] for m in mesh.order[v0 // nv : v1 // nv]}
+        assert len(members) == 1  # one element, one colour per chunk
+        (element,) = members
+        rgb = np.rint(np.array(compute.element_colour(element)) * 255).astype(int)
+        assert colour == (rgb[0] << 16) | (rgb[1] << 8) | rgb[2]
+        drawn[element] = drawn.get(element, 0) + (v1 - v0) // nv
         if nxt is not None:
             assert nxt[0] == v1 and nxt[2] == f1
+    assert drawn == counts
     v, f = compute.ellipsoid_arrays(mesh.vertex_bytes(), mesh.face_bytes())
     assert np.array_equal(v, mesh.vertices) and np.array_equal(f, mesh.faces)
     capped = compute.adp_ellipsoids(atoms)
@@ -150,7 +166,12 @@ def test_ellipsoid_checkbox_sends_the_region_mesh_to_the_3d_view(make_wb):
     n = len(wb.result.model)
     assert len(ell) == n and ell.anisotropic.all()  # the whole model is shown, all with ANISOU
     v, f = view.ellipsoid_arrays
-    assert v.shape == (42 * n, 9) and f.shape == (80 * n, 3) and view.ellipsoid_chunks == [[0, 42 * n, 0, 80 * n]]
+    assert v.shape == (42 * n, 6) and f.shape == (80 * n, 3)
+    chunks = view.ellipsoid_chunks
+    assert chunks[0][:4] == [0, chunks[0][1], 0, chunks[0][3]] and chunks[-1][1] == 42 * n and chunks[-1][3] == 80 * n
+    # one colour per element of 1PFE (C, N, O, P, Cl, S), every chunk under 16-bit indices
+    assert len({c[4] for c in chunks}) == len(set(wb.result.atoms.elements))
+    assert all(c[1] - c[0] < 2**16 for c in chunks)
     assert f"ADP ellipsoids at 50 % probability (semi-axes 1.5382·√λ of U): {n} anisotropic, 0 isotropic" in (
         wb.scene.caption.value
     )
@@ -159,7 +180,7 @@ def test_ellipsoid_checkbox_sends_the_region_mesh_to_the_3d_view(make_wb):
     wb.controls.region.value = key
     shown = compute.shown_atoms(wb.result.atoms.xyz, compute.region_atoms(wb.result.model, key), 5.0)
     assert wb.scene.ellipsoids.index.tolist() == shown.tolist() and len(shown) < n
-    assert view.ellipsoid_arrays[0].shape == (42 * len(shown), 9)
+    assert view.ellipsoid_arrays[0].shape == (42 * len(shown), 6)
     # the B offset widens them: U + ΔB/8π² on the diagonal
     before = wb.scene.ellipsoids.eigenvalues
     wb.controls.b_offset.value = 20.0
@@ -177,4 +198,6 @@ def test_to_py3dmol_carries_the_ellipsoids(make_wb):
     wb = make_wb("1pfe", backend="reference", ellipsoids=True)
     wb.controls.region.value = wb.controls.region.options[1][1]
     js = wb.to_py3dmol().startjs
-    assert js.count("addCustom") == len(wb.scene.view.ellipsoid_chunks) == 1 and "colorArr" in js
+    chunks = wb.scene.view.ellipsoid_chunks
+    assert js.count("addCustom") == len(chunks) >= 2
+    assert all(f"#{c[4]:06x}" in js for c in chunks)

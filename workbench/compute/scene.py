@@ -561,17 +561,23 @@ def adp_ellipsoids(
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class EllipsoidMesh:
-    """Ellipsoids as one triangle mesh, in chunks 3Dmol.js can index (``addCustom``).
+    """Ellipsoids as triangle meshes, in one-colour chunks 3Dmol.js can draw (``addCustom``).
+
+    3Dmol.js (2.5) colours a custom shape with one colour (its per-vertex ``colorArr`` is drawn
+    black), and indexes a shape's vertices with 16 bits: so the ellipsoids are grouped by
+    colour, and each group split into chunks of fewer than :data:`MESH_CHUNK_VERTICES` vertices.
 
     Attributes
     ----------
-    vertices : numpy.ndarray, shape (V, 9), float32
-        Per vertex: position xyz (Å), unit outward normal xyz, colour RGB in [0, 1].
+    vertices : numpy.ndarray, shape (V, 6), float32
+        Per vertex: position xyz (Å) and unit outward normal xyz; the ellipsoids in the
+        order ``order``, each a block of ``per_ellipsoid[0]`` rows.
     faces : numpy.ndarray, shape (F, 3), uint32
-        Vertex indices *within the vertex's chunk* (counter-clockwise seen from outside).
-    chunks : list of (v0, v1, f0, f1)
-        Vertex rows v0:v1 and face rows f0:f1 of each chunk; fewer than
-        :data:`MESH_CHUNK_VERTICES` vertices each.
+        Vertex indices *within the triangle's chunk* (counter-clockwise seen from outside).
+    chunks : list of (v0, v1, f0, f1, colour)
+        Vertex rows v0:v1 and face rows f0:f1 of each chunk, and its colour as 0xRRGGBB.
+    order : numpy.ndarray, shape (M,), int64
+        Position in the :class:`Ellipsoids` of each block of vertices.
     per_ellipsoid : tuple of (int, int)
         Vertices and faces of one ellipsoid.
     """
@@ -579,6 +585,7 @@ class EllipsoidMesh:
     vertices: np.ndarray
     faces: np.ndarray
     chunks: list
+    order: np.ndarray
     per_ellipsoid: tuple[int, int]
 
     def vertex_bytes(self) -> bytes:
@@ -592,8 +599,8 @@ class EllipsoidMesh:
 
 def ellipsoid_arrays(vertex_bytes: bytes, face_bytes: bytes) -> tuple[np.ndarray, np.ndarray]:
     """The inverse of :meth:`EllipsoidMesh.vertex_bytes` and :meth:`EllipsoidMesh.face_bytes`:
-    float32 vertices of shape (V, 9) and uint32 faces of shape (F, 3)."""
-    v = np.frombuffer(vertex_bytes, dtype=np.float32).reshape(-1, 9)
+    float32 vertices of shape (V, 6) and uint32 faces of shape (F, 3)."""
+    v = np.frombuffer(vertex_bytes, dtype=np.float32).reshape(-1, 6)
     f = np.frombuffer(face_bytes, dtype=np.uint32).reshape(-1, 3)
     return v, f
 
@@ -606,21 +613,26 @@ def ellipsoid_mesh(ellipsoids: Ellipsoids, subdivisions: int = 1) -> EllipsoidMe
     """
     sphere, tri = unit_sphere(subdivisions)
     nv, nf = len(sphere), len(tri)
-    m = len(ellipsoids)
-    axes = ellipsoids.axes  # (M, 3, 3)
-    pos = ellipsoids.centres[:, None, :] + np.einsum("mij,vj->mvi", axes, sphere)
-    # A⁻ᵀ = D·(1/r)·… : with A = V·diag(r), A⁻ᵀ = V·diag(1/r)
-    inv_t = ellipsoids.directions / ellipsoids.radii[:, None, :]
+    rgb = np.rint(np.asarray(ellipsoids.colours, np.float64).reshape(-1, 3) * 255).astype(np.int64)
+    key = (rgb[:, 0] << 16) | (rgb[:, 1] << 8) | rgb[:, 2]
+    order = np.argsort(key, kind="stable")
+    axes = ellipsoids.axes[order]  # (M, 3, 3)
+    pos = ellipsoids.centres[order][:, None, :] + np.einsum("mij,vj->mvi", axes, sphere)
+    # A = V·diag(r), so A⁻ᵀ = V·diag(1/r)
+    inv_t = ellipsoids.directions[order] / ellipsoids.radii[order][:, None, :]
     normal = np.einsum("mij,vj->mvi", inv_t, sphere)
     normal /= np.linalg.norm(normal, axis=-1, keepdims=True)
-    colour = np.broadcast_to(ellipsoids.colours[:, None, :], (m, nv, 3))
-    vertices = np.concatenate([pos, normal, colour], axis=-1).reshape(-1, 9).astype(np.float32)
+    vertices = np.concatenate([pos, normal], axis=-1).reshape(-1, 6).astype(np.float32)
     per_chunk = max(1, MESH_CHUNK_VERTICES // nv)
     faces, chunks = [], []
-    for start in range(0, m, per_chunk):
-        stop = min(m, start + per_chunk)
-        local = (np.arange(stop - start)[:, None, None] * nv + tri[None]).reshape(-1, 3)
-        chunks.append((start * nv, stop * nv, start * nf, stop * nf))
-        faces.append(local)
+    sorted_key = key[order]
+    start = 0
+    while start < len(order):
+        stop = start + 1
+        while stop < len(order) and stop - start < per_chunk and sorted_key[stop] == sorted_key[start]:
+            stop += 1
+        faces.append((np.arange(stop - start)[:, None, None] * nv + tri[None]).reshape(-1, 3))
+        chunks.append((start * nv, stop * nv, start * nf, stop * nf, int(sorted_key[start])))
+        start = stop
     face_array = np.concatenate(faces).astype(np.uint32) if faces else np.zeros((0, 3), np.uint32)
-    return EllipsoidMesh(vertices=vertices, faces=face_array, chunks=chunks, per_ellipsoid=(nv, nf))
+    return EllipsoidMesh(vertices=vertices, faces=face_array, chunks=chunks, order=order, per_ellipsoid=(nv, nf))

@@ -5,7 +5,7 @@
 // `lib_url` (the CDN). The map arrives as binary CCP4 bytes (`map_bytes`, a DataView
 // here), arrows as float32 bytes, 6 numbers (start xyz, end xyz) per arrow, ADP
 // ellipsoids as a triangle mesh built in Python (workbench.compute.ellipsoid_mesh):
-// float32 vertices (position, normal, colour: 9 numbers each), uint32 faces, and the
+// float32 vertices (position, normal: 6 numbers each), uint32 faces, and the one-colour
 // chunks that keep each custom shape under 3Dmol's 16-bit vertex indices.
 
 function loadLibrary(model) {
@@ -136,18 +136,17 @@ async function render({ model, el }) {
     const v = rawV ? new Float32Array(rawV.slice().buffer) : new Float32Array(0);
     const f = rawF ? new Uint32Array(rawF.slice().buffer) : new Uint32Array(0);
     let triangles = 0;
-    for (const [v0, v1, f0, f1] of model.get("ellipsoid_chunks") || []) {
+    // One shape per chunk, one colour each: 3Dmol draws a custom shape's per-vertex colours black.
+    for (const [v0, v1, f0, f1, colour] of model.get("ellipsoid_chunks") || []) {
       const vertexArr = [];
       const normalArr = [];
-      const colorArr = []; // a plain Array: 3Dmol takes per-vertex colours only from one
       for (let i = v0; i < v1; i++) {
-        const o = 9 * i;
+        const o = 6 * i;
         vertexArr.push({ x: v[o], y: v[o + 1], z: v[o + 2] });
         normalArr.push({ x: v[o + 3], y: v[o + 4], z: v[o + 5] });
-        colorArr.push({ r: v[o + 6], g: v[o + 7], b: v[o + 8] });
       }
       const faceArr = Array.from(f.subarray(3 * f0, 3 * f1));
-      ellipsoidShapes.push(viewer.addCustom({ vertexArr, normalArr, faceArr, colorArr }));
+      ellipsoidShapes.push(viewer.addCustom({ vertexArr, normalArr, faceArr, color: colour }));
       triangles += f1 - f0;
     }
     el.dataset.ellipsoidTriangles = String(triangles);

@@ -111,13 +111,13 @@ class View3D(anywidget.AnyWidget):
     arrows : bytes
         float32, shape (M, 6): start xyz, end xyz in Å.
     ellipsoid_vertices : bytes
-        float32, shape (V, 9): position (Å), unit normal, colour RGB in [0, 1] per vertex of
-        the ADP ellipsoids (:class:`workbench.compute.EllipsoidMesh`); empty for none.
+        float32, shape (V, 6): position (Å) and unit normal per vertex of the ADP
+        ellipsoids (:class:`workbench.compute.EllipsoidMesh`); empty for none.
     ellipsoid_faces : bytes
         uint32, shape (F, 3): triangle vertex indices within each chunk.
-    ellipsoid_chunks : list of [v0, v1, f0, f1]
-        Vertex and face rows of each chunk: one ``addCustom`` shape each (3Dmol.js indexes
-        a shape's vertices with 16 bits).
+    ellipsoid_chunks : list of [v0, v1, f0, f1, colour]
+        Vertex and face rows of each chunk and its colour (0xRRGGBB): one ``addCustom``
+        shape each.
     focus : dict
         3Dmol selection of the chosen residue (drawn with thicker sticks).
     view_sphere : list of 4 float
@@ -192,7 +192,7 @@ class View3D(anywidget.AnyWidget):
 
     @property
     def ellipsoid_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """``ellipsoid_vertices`` as float32 (V, 9) and ``ellipsoid_faces`` as uint32 (F, 3)."""
+        """``ellipsoid_vertices`` as float32 (V, 6) and ``ellipsoid_faces`` as uint32 (F, 3)."""
         return ellipsoid_arrays(self.ellipsoid_vertices, self.ellipsoid_faces)
 
 
@@ -292,14 +292,14 @@ class Scene3DView:
         if v.map_bytes:
             view.addVolumetricData(volume_base64(v.map_bytes), "ccp4", _iso_options(v))
         vertices, faces = v.ellipsoid_arrays
-        for v0, v1, f0, f1 in v.ellipsoid_chunks:
+        for v0, v1, f0, f1, colour in v.ellipsoid_chunks:
             chunk = vertices[v0:v1].astype(float)
             view.addCustom(
                 {
                     "vertexArr": [dict(zip("xyz", p)) for p in chunk[:, :3].tolist()],
                     "normalArr": [dict(zip("xyz", n)) for n in chunk[:, 3:6].tolist()],
                     "faceArr": faces[f0:f1].reshape(-1).tolist(),
-                    "colorArr": [dict(zip("rgb", c)) for c in chunk[:, 6:9].tolist()],
+                    "color": f"#{colour:06x}",
                 }
             )
         for a in v.arrow_array:
