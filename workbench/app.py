@@ -98,7 +98,7 @@ class Workbench(widgets.VBox):
     ``wb-diff-run``, ``wb-diff-slice``, ``wb-diff-stats``, ``wb-timing``,
     ``wb-compare-all``, ``wb-timing-all``; ``wb-stale`` marks a note that a tab's result
     is out of date. The controls sit in collapsible sections ``wb-section`` (also
-    ``wb-section-structure|density|section|3d|compute|profile|export``).
+    ``wb-section-structure|density|adps|section|3d|compute|profile|export``).
 
     Examples
     --------

@@ -52,16 +52,19 @@ def _open_structure(op, ui: WorkbenchUI, name: str) -> None:
 def test_adp_control_appears_only_for_a_model_with_anisou(app):
     op, ui = app
     assert "559 atoms" in ui.status()[0], ui.status()  # 1ORC: no ANISOU records
-    # the density section is open: radiation and blur are there, the ADP control is not
+    # the section folds away at first; opened, it offers radiation and blur but no ADP control
+    assert not op.page.locator(".wb-radiation").first.is_visible()
+    ui.reveal(".wb-radiation")
     for css in (".wb-radiation", ".wb-blur"):
         assert op.page.locator(css).first.is_visible(), css
     assert not op.page.locator(".wb-adp").first.is_visible()
+    assert ui.controls_overflow() == []
     _open_structure(op, ui, "1pfe")
     assert "342 atoms" in ui.status()[0], ui.status()
     adp = op.page.locator(".wb-adp").first
     assert adp.is_visible() and adp.locator("button").count() == 2
     assert "mod-active" in (_button(op, ".wb-adp", "anisotropic").get_attribute("class") or "")
-    screenshot(op.page.locator(".wb-section-density"), "adp_controls_1pfe")
+    screenshot(op.page.locator(".wb-section-adps"), "adp_controls_1pfe")
 
 
 def test_ellipsoids_are_drawn_in_the_3d_canvas(app):

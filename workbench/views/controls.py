@@ -516,12 +516,9 @@ class Controls:
                 "density",
                 True,
                 [
-                    self.adp,
-                    self.radiation,
                     self.b_mode,
                     self.b_global,
                     self.b_offset,
-                    self.blur,
                     self.radius_mode,
                     self.radius,
                     self.density_cutoff,
@@ -529,6 +526,9 @@ class Controls:
                     self.grid_shape,
                 ],
             ),
+            # folded: the first look (1ORC, X-rays) needs none of them, and the open sections
+            # must leave the section slider on a 1280×800 screen
+            ("ADPs and radiation", False, [self.adp, self.radiation, self.blur]),
             (
                 "section",
                 True,
