@@ -80,24 +80,25 @@ class Workbench(widgets.VBox):
     Stable CSS classes (for browser tests and styling): ``wb-app`` (the whole app),
     ``wb-status`` (status line; also ``wb-status-idle|busy|warning|error|cancelled``),
     ``wb-progress``, ``wb-cancel``; controls ``wb-structure`` (examples),
-    ``wb-structure-path`` (text, Enter loads), ``wb-structure-upload``, ``wb-bmode``,
-    ``wb-bfactor`` (global B slider; moving it selects global mode), ``wb-boffset``,
+    ``wb-structure-path`` (text, Enter loads), ``wb-structure-upload``, ``wb-adp`` (anisotropic /
+    isotropic; shown only for a model with ANISOU), ``wb-radiation``, ``wb-bmode``,
+    ``wb-bfactor`` (global B slider; moving it selects global mode), ``wb-boffset``, ``wb-blur``,
     ``wb-radius-mode``, ``wb-radius``, ``wb-cutoff``, ``wb-spacing``, ``wb-grid-shape``,
     ``wb-device``, ``wb-device-reason``, ``wb-backend``, ``wb-backend-reason`` (why the
     backends not offered cannot run here), ``wb-slice-axis``, ``wb-slice-index`` (one step
     is one section of the current grid; the position kept is a depth in Å),
     ``wb-slice-depth``, ``wb-slice-scale``, ``wb-contours`` (σ levels, "1, 2"), ``wb-iso``, ``wb-distort`` (distortion amplitude),
-    ``wb-distort-seed``, ``wb-gradient-kind``, ``wb-region``, ``wb-region-padding``,
+    ``wb-distort-seed``, ``wb-gradient-kind``, ``wb-region``, ``wb-region-padding``, ``wb-ellipsoids``,
     ``wb-profile-a``, ``wb-profile-b``, ``wb-target-map``, ``wb-table-sort``,
-    ``wb-table-asc``, ``wb-export-path`` (the downloaded file's name), ``wb-export-map``, ``wb-export-grad``
-    (download to the browser), ``wb-export-note``, ``wb-download`` (the download widget); views
+    ``wb-table-asc``, ``wb-export-path`` (the downloaded file's name), ``wb-export-map``, ``wb-export-grad``,
+    ``wb-export-model`` (download to the browser), ``wb-export-note``, ``wb-download`` (the download widget); views
     ``wb-slice`` (the section PNG), ``wb-slice-caption``, ``wb-view3d`` (the 3Dmol.js
     widget; its canvas sits in ``wb-view3d-canvas``), ``wb-view3d-caption`` (arrow
     scale), ``wb-profile``, ``wb-atom-table``, ``wb-diff-a``, ``wb-diff-b``,
     ``wb-diff-run``, ``wb-diff-slice``, ``wb-diff-stats``, ``wb-timing``,
     ``wb-compare-all``, ``wb-timing-all``; ``wb-stale`` marks a note that a tab's result
     is out of date. The controls sit in collapsible sections ``wb-section`` (also
-    ``wb-section-structure|density|section|3d|compute|profile|export``).
+    ``wb-section-structure|density|adps|section|3d|compute|profile|export``).
 
     Examples
     --------
@@ -176,6 +177,7 @@ class Workbench(widgets.VBox):
         self.timing.compare.on_click(lambda _: self.compare_all_backends())
         self.controls.export_map.on_click(lambda _: self._export("map"))
         self.controls.export_gradients.on_click(lambda _: self._export("gradients"))
+        self.controls.export_model.on_click(lambda _: self._export("model"))
         self.controls.upload.observe(self._uploaded, names="value")
         self.scene.view.on_pick(self.pick_atom)
         self.table.on_pick(self.pick_atom)
@@ -260,6 +262,14 @@ class Workbench(widgets.VBox):
         path.write_text(
             compute.gradients_csv(r.model, r.atoms.xyz.numpy(), r.gradient.grad, r.gradient.kind, r.gradient.units)
         )
+        return path
+
+    def export_model(self, path: str | os.PathLike) -> Path:
+        """Write the model as shown (the current, possibly distorted, positions) as PDB where this
+        Python runs (the server); ANISOU records are kept as read (:func:`workbench.compute.model_pdb`)."""
+        r = self._require_result()
+        path = Path(path)
+        path.write_text(compute.model_pdb(r.model, r.atoms.xyz))
         return path
 
     def pick_atom(self, index: int) -> None:
@@ -373,6 +383,7 @@ class Workbench(widgets.VBox):
             self.controls.set_regions([(label, key) for key, label in residues])
             with self.state.hold_trait_notifications():
                 self.state.n_atoms = n
+                self.state.has_anisou = r.model.atoms.u_aniso is not None
                 if self.state.region and not any(k == self.state.region for k, _ in residues):
                     # a region given before the model was read (constructor, script): checked now
                     self._region_note = (
@@ -404,7 +415,9 @@ class Workbench(widgets.VBox):
                 )
             except WorkbenchError:
                 pass
-            self.profile.update(dist, values, target, title=f"{names[i]} → {names[j]}, {dist[-1]:.2f} Å (tricubic)")
+            self.profile.update(
+                dist, values, target, title=f"{names[i]} → {names[j]}, {dist[-1]:.2f} Å (tricubic)", units=s.units
+            )
             self.controls.profile_names.value = f"<small>{names[i]} → {names[j]}</small>"
         else:
             self.profile.unavailable(r.unavailable.get("tricubic", "not computed"))
@@ -417,6 +430,7 @@ class Workbench(widgets.VBox):
                 ascending=s.table_ascending,
                 target_source=r.target_source,
                 picked=s.profile_atoms,
+                units=s.units,
             )
         else:
             self.table.unavailable(r.unavailable.get("tricubic", "not computed"))
@@ -440,6 +454,7 @@ class Workbench(widgets.VBox):
             sigma=sigma,
             contour_sigmas=settings.contour_sigmas,
             scale=settings.slice_scale,
+            units=settings.units,
         )
 
     def _drop_stale(self, r: Result) -> None:
@@ -483,7 +498,7 @@ class Workbench(widgets.VBox):
             middle = compute.central_depth(r.model.atoms.xyz, r.grid, sec.axis)
             parts.append(
                 f"note: the section ⊥ {r.settings.slice_axis} at depth {sec.depth:.1f} Å holds no density "
-                f"(ρ ≤ {float(sec.values.max()):.2g} e/Å³): the model's middle is at depth {middle:.1f} Å, "
+                f"(ρ ≤ {float(sec.values.max()):.2g} {r.settings.units}): the model's middle is at depth {middle:.1f} Å, "
                 "move the slice there"
             )
         self.status.set(level, " | ".join(parts))
@@ -512,7 +527,7 @@ class Workbench(widgets.VBox):
             verdict = "within" if diff.maps.ok else "OUTSIDE"
             self.status.set(
                 "idle" if diff.maps.ok else "warning",
-                f"difference {diff.a} vs {diff.b}: max |Δρ| {diff.maps.max_abs:.2e} e/Å³, relative L2 "
+                f"difference {diff.a} vs {diff.b}: max |Δρ| {diff.maps.max_abs:.2e} {r.settings.units}, relative L2 "
                 f"{diff.maps.rel_l2:.2e}, {verdict} the float32 tolerance",
             )
         except Cancelled:
@@ -553,6 +568,12 @@ class Workbench(widgets.VBox):
             r = self._require_result()
             if what == "map":
                 name, data, mime = map_name, compute.map_ccp4_bytes(r.rho, r.grid), "application/octet-stream"
+            elif what == "model":
+                name, data, mime = (
+                    self.controls.model_name(),
+                    compute.model_pdb(r.model, r.atoms.xyz).encode(),
+                    "chemical/x-pdb",
+                )
             else:
                 if r.gradient is None:
                     raise WorkbenchError(f"no gradient to export: {r.unavailable.get('gradient', 'none computed')}")

@@ -64,6 +64,22 @@ def _positive(what: str, unit: str):
     return parse
 
 
+def _non_negative(what: str, unit: str):
+    """An argparse type: one finite number ≥ 0 (``nan``, ``inf``, ``-2`` are usage errors)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number{unit}, got {text!r}") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0{unit}, got {text!r}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
 def _port(text: str) -> int:
     try:
         port = int(text)
@@ -91,7 +107,9 @@ def _splat(args: argparse.Namespace) -> int:
     import torch
 
     import kernels
+    from kernels.density.adp import with_blur
     from workbench.compute.text import count
+    from workbench.state import density_units
 
     # Every argument is checked before anything is read or computed (and before anything is printed).
     path = Path(args.model) if args.model else kernels.example_structure()
@@ -110,17 +128,25 @@ def _splat(args: argparse.Namespace) -> int:
         return _error(f"--backend {args.backend}: {exc}", EXIT_USAGE)
 
     try:
-        model = kernels.read_model(path, box_padding=args.box_padding)
+        model = kernels.read_model(
+            path, box_padding=args.box_padding, adp=args.adp, on_bad_adp=args.on_bad_adp, radiation=args.radiation
+        )
     except kernels.ModelError as exc:
-        return _error(f"{exc}", EXIT_FAILURE)
-    atoms = model.atoms.to(device, torch.float64 if backend == "reference" else torch.float32)
+        hint = " (on this command line: --on-bad-adp iso, or --adp iso)" if "on_bad_adp='iso'" in str(exc) else ""
+        return _error(f"{exc}{hint}", EXIT_FAILURE)
+    # the blur is gemmi's: B + blur, and U + blur/8π² on the diagonal of anisotropic atoms
+    atoms = with_blur(model.atoms, args.blur).to(device, torch.float64 if backend == "reference" else torch.float32)
+    units = density_units(args.radiation)
     try:
         grid = kernels.GridSpec.for_spacing(model.cell, args.spacing, model.spacegroup)
         print(f"model   {path} ({count(len(model), 'atom')}, cell {model.cell.parameters}, {model.spacegroup})")
+        n_aniso = 0 if atoms.aniso is None else int(atoms.aniso.sum())
+        blur = f", blur {args.blur:g} Å²" if args.blur else ""
+        print(f"atoms   {args.radiation} form factors, {count(n_aniso, 'atom')} with anisotropic U{blur}")
         for note in model.notes:
             print(f"note    {note}")
         radius = (
-            f"{args.radius:g} Å for every atom" if args.radius else f"per atom, density cutoff {args.cutoff:g} e/Å³"
+            f"{args.radius:g} Å for every atom" if args.radius else f"per atom, density cutoff {args.cutoff:g} {units}"
         )
         print(f"grid    {grid.shape[0]}×{grid.shape[1]}×{grid.shape[2]} at ≤ {args.spacing:g} Å; radius {radius}")
         start = time.perf_counter()
@@ -141,7 +167,10 @@ def _splat(args: argparse.Namespace) -> int:
         f"splat   backend {backend} on {atoms.device}: {elapsed * 1e3:.1f} ms "
         f"({'with' if args.symmetrize else 'without'} symmetry mates)"
     )
-    print(f"map     max {float(rho.max()):.3f} e/Å³, {electrons:.1f} electrons in the cell")
+    # The map's integral is Σ occ·f(0): electrons for X-rays, scattering length (fm) for neutrons,
+    # the electron form factors' f(0) (Å) for electrons.
+    total = {"xray": "electrons", "neutron": "fm of scattering length", "electron": "Å of Σf_e(0)"}[args.radiation]
+    print(f"map     max {float(rho.max()):.3f} {units}, {electrons:.1f} {total} in the cell")
     try:
         out = kernels.write_map(args.out, rho, grid, model.spacegroup if args.symmetrize else "P 1")
     except (OSError, ValueError) as exc:
@@ -175,6 +204,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--box-padding",
         type=_positive("--box-padding", " of Å"),
         help="for a model without a unit cell: build a P 1 box around the atoms with this margin in Å",
+    )
+    sp.add_argument(
+        "--adp",
+        default="auto",
+        choices=["auto", "iso"],
+        help="auto: atoms with ANISOU records splat their U (default); iso: every atom at its isotropic B",
+    )
+    sp.add_argument(
+        "--on-bad-adp",
+        default="raise",
+        choices=["raise", "iso"],
+        help="an ANISOU U that is not positive definite: refuse the file (default) or splat that atom at its B",
+    )
+    sp.add_argument(
+        "--radiation",
+        default="xray",
+        choices=["xray", "electron", "neutron"],
+        help="form factors: X-ray (IT92, default), electron (IT C 4.3.2.2) or neutron scattering lengths",
+    )
+    sp.add_argument(
+        "--blur",
+        type=_non_negative("--blur", " of Å²"),
+        default=0.0,
+        help="extra B in Å² on every atom, U + blur/8π² on anisotropic ones, as gemmi's blur (default 0)",
     )
     sp.add_argument("--backend", default="auto", choices=["auto", "reference", "cpu", "triton"])
     sp.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

@@ -15,12 +15,14 @@ import torch
 import traitlets
 
 __all__ = [
+    "ADP_MODES",
     "BACKENDS",
     "B_MODES",
     "EXAMPLES",
     "GRADIENT_KINDS",
     "INPUTS",
     "MAX_CONTOURS",
+    "RADIATIONS",
     "RANGES",
     "SLICE_AXES",
     "SLICE_SCALES",
@@ -30,6 +32,7 @@ __all__ = [
     "backend_choices",
     "compare_choices",
     "cuda_unavailable_reason",
+    "density_units",
     "device_choices",
     "op_backend",
     "registered_density_backends",
@@ -38,6 +41,10 @@ __all__ = [
 EXAMPLES = ("1orc", "1pfe", "1aki")
 MAX_CONTOURS = 6  # slice contour levels; more lines than that hide the density
 B_MODES = ("model", "global", "offset")
+# How anisotropic atoms are splatted: with their ANISOU U, or every atom at its isotropic B.
+ADP_MODES = ("anisotropic", "isotropic")
+# The scattering the form factors describe (kernels.crystal.RADIATIONS; a test holds them equal).
+RADIATIONS = ("xray", "electron", "neutron")
 BACKENDS = ("auto", "cpu", "triton", "reference")
 SLICE_AXES = ("a", "b", "c")
 SLICE_SCALES = ("section", "map")
@@ -55,7 +62,14 @@ RANGES: dict[str, tuple[float, float, float]] = {
     "distort_amplitude": (0.0, 1.0, 0.01),  # Å, RMS of the random displacement per coordinate
     "distort_seed": (0, 2**31 - 1, 1),
     "region_padding": (1.0, 12.0, 0.5),  # Å of map shown around the chosen residue
+    "blur": (0.0, 100.0, 0.5),  # Å², extra B on every atom (U + blur/8π² on anisotropic ones), as gemmi's blur
 }
+
+
+def density_units(radiation: str) -> str:
+    """The unit of a map splatted with ``radiation``'s coefficients: fm/Å³ for neutrons (a
+    scattering-length density), e/Å³ for X-rays and electrons (the kernels' convention)."""
+    return "fm/Å³" if radiation == "neutron" else "e/Å³"
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -153,9 +167,12 @@ class Settings:
     """
 
     structure: str
+    adp: str
+    radiation: str
     b_mode: str
     b_global: float
     b_offset: float
+    blur: float
     radius_mode: str
     radius: float
     density_cutoff: float
@@ -172,6 +189,7 @@ class Settings:
     gradient_kind: str
     region: str
     region_padding: float
+    ellipsoids: bool
     profile_atoms: tuple[int, int]
     target_map: str
     table_sort: str
@@ -181,6 +199,11 @@ class Settings:
     def radius_arg(self) -> float | None:
         """``radius=`` for :func:`kernels.splat_density` (None: per-atom from the cutoff)."""
         return self.radius if self.radius_mode == "radius" else None
+
+    @property
+    def units(self) -> str:
+        """Unit of the maps of these settings (:func:`density_units`)."""
+        return density_units(self.radiation)
 
     @property
     def axis(self) -> int:
@@ -209,12 +232,26 @@ class WorkbenchState(traitlets.HasTraits):
     """
 
     structure = traitlets.Unicode("1orc", help="bundled example name (1orc, 1pfe, 1aki) or a model file path")
+    adp = traitlets.Enum(
+        ADP_MODES,
+        default_value="anisotropic",
+        help="anisotropic: atoms with ANISOU splat their U; isotropic: every atom at its B (models without ANISOU: no effect)",
+    )
+    has_anisou = traitlets.Bool(False, help="the current model has ANISOU records (the ADP control is enabled)").tag(
+        set_by_app=True
+    )
+    radiation = traitlets.Enum(
+        RADIATIONS, default_value="xray", help="form factors: X-ray (IT92), electron (IT C 4.3.2.2) or neutron lengths"
+    )
     b_mode = traitlets.Enum(B_MODES, default_value="model", help="model's own B / one global B / model's B + offset")
     b_global = traitlets.Float(20.0, help="Å², the B of every atom in 'global' mode")
-    b_offset = traitlets.Float(0.0, help="Å², added to every atom's B in 'offset' mode")
+    b_offset = traitlets.Float(
+        0.0, help="Å², added to every atom's B in 'offset' mode (ΔB/8π² on the diagonal of an anisotropic U)"
+    )
+    blur = traitlets.Float(0.0, help="Å², extra B on every atom passed to the splat (gemmi's blur)")
     radius_mode = traitlets.Enum(("auto", "radius"), default_value="auto", help="per-atom radius from a cutoff, or one")
     radius = traitlets.Float(3.0, help="Å, one cutoff radius for every atom in 'radius' mode")
-    density_cutoff = traitlets.Float(1e-5, help="e/Å³, sets each atom's radius in 'auto' mode")
+    density_cutoff = traitlets.Float(1e-5, help="e/Å³ (fm/Å³ for neutrons), sets each atom's radius in 'auto' mode")
     spacing = traitlets.Float(0.667, help="Å, requested grid spacing (an upper bound)")
     grid_shape = traitlets.Tuple((0, 0, 0), help="grid shape for the current spacing").tag(set_by_app=True)
     device = traitlets.Enum(("cpu", "cuda"), default_value="cpu")
@@ -239,6 +276,7 @@ class WorkbenchState(traitlets.HasTraits):
     gradient_kind = traitlets.Enum(GRADIENT_KINDS, default_value="planarity")
     region = traitlets.Unicode("", help="residue 'chain/seq' for the isosurface, '' for the whole model")
     region_padding = traitlets.Float(5.0, help="Å of map shown around the region")
+    ellipsoids = traitlets.Bool(False, help="draw the shown atoms' 50 % probability ADP ellipsoids in the 3D view")
     profile_atoms = traitlets.Tuple((0, 1), help="indices of the two atoms of the line profile")
     n_atoms = traitlets.Int(0, help="atoms in the current model").tag(set_by_app=True)
     target_map = traitlets.Unicode("", help="CCP4/MRC path of ρ_target; '' = the map of the undistorted model")

@@ -50,11 +50,15 @@ struct Atoms {
     Array<const float, -1, kd::kGaussians> a, b;
     Array<const double, -1> radii;  // invalid (None): radii from cutoff
     double cutoff;
+    Array<const float, -1, 6> u_aniso;  // invalid (None): isotropic atoms
+    Array<const uint8_t, -1> aniso;     // with u_aniso
 
     Atoms(Array<const double, -1, 3> frac_, Array<const float, -1> b_iso_, Array<const float, -1> occ_,
           Array<const float, -1, kd::kGaussians> a_, Array<const float, -1, kd::kGaussians> b_,
-          Array<const double, -1> radii_, double cutoff_)
-        : frac(frac_), b_iso(b_iso_), occ(occ_), a(a_), b(b_), radii(radii_), cutoff(cutoff_) {
+          Array<const double, -1> radii_, double cutoff_, Array<const float, -1, 6> u_aniso_,
+          Array<const uint8_t, -1> aniso_)
+        : frac(frac_), b_iso(b_iso_), occ(occ_), a(a_), b(b_), radii(radii_), cutoff(cutoff_), u_aniso(u_aniso_),
+          aniso(aniso_) {
         const size_t n = frac.shape(0);
         auto check = [n](size_t m, const char* what) {
             if (m != n)
@@ -68,7 +72,16 @@ struct Atoms {
         if (radii.is_valid()) check(radii.shape(0), "radii");
         else if (!(cutoff > 0))
             throw nb::value_error("without radii the density cutoff must be a positive number of e/Å³");
+        if (u_aniso.is_valid() != aniso.is_valid())
+            throw nb::value_error("anisotropic atoms need both u_aniso (N, 6) and aniso (N,)");
+        if (u_aniso.is_valid()) {
+            check(u_aniso.shape(0), "u_aniso");
+            check(aniso.shape(0), "aniso");
+            if (!radii.is_valid()) throw nb::value_error("anisotropic atoms need their radii");
+        }
     }
+
+    bool anisotropic() const { return u_aniso.is_valid(); }
 
     int64_t size() const { return static_cast<int64_t>(frac.shape(0)); }
 
@@ -82,6 +95,10 @@ struct Atoms {
         v.occ = occ.data();
         v.a = a.data();
         v.b = b.data();
+        if (u_aniso.is_valid()) {
+            v.u_aniso = u_aniso.data();
+            v.aniso = aniso.data();
+        }
         return v;
     }
 };
@@ -225,13 +242,16 @@ NB_MODULE(_scatter, m) {
 
     nb::class_<Atoms>(m, "Atoms",
                       "One atom set: frac (N, 3) float64, b_iso (N,), occ (N,), a (N, 5), b (N, 5) float32; radii "
-                      "(N,) float64 in Å, or None for each atom's radius from cutoff (e/Å³, gemmi's rule). Keeps "
-                      "its arrays alive.")
+                      "(N,) float64 in Å, or None for each atom's radius from cutoff (e/Å³, gemmi's rule). "
+                      "Anisotropic set: u_aniso (N, 6) float32 (U11, U22, U33, U12, U13, U23, Å²) and aniso (N,) "
+                      "uint8 (1: the atom uses its U, 0: b_iso/8π²·I); radii then required. Keeps its arrays alive.")
         .def(nb::init<Array<const double, -1, 3>, Array<const float, -1>, Array<const float, -1>,
                       Array<const float, -1, kd::kGaussians>, Array<const float, -1, kd::kGaussians>,
-                      Array<const double, -1>, double>(),
+                      Array<const double, -1>, double, Array<const float, -1, 6>, Array<const uint8_t, -1>>(),
              "frac"_a.noconvert(), "b_iso"_a.noconvert(), "occ"_a.noconvert(), "a"_a.noconvert(), "b"_a.noconvert(),
-             nb::kw_only(), "radii"_a.noconvert().none() = nb::none(), "cutoff"_a = 0.0)
+             nb::kw_only(), "radii"_a.noconvert().none() = nb::none(), "cutoff"_a = 0.0,
+             "u_aniso"_a.noconvert().none() = nb::none(), "aniso"_a.noconvert().none() = nb::none())
+        .def_prop_ro("anisotropic", &Atoms::anisotropic)
         .def("__len__", &Atoms::size);
 
     nb::class_<kd::RowIntervals>(m, "RowIntervals",
@@ -316,6 +336,73 @@ NB_MODULE(_scatter, m) {
         "on the same atoms and grid (skips solving for the row intervals). lanes: 0 picks the lane blocks for\n"
         "this CPU (16 where it runs the x86-64-v4 clone), 8 keeps 8-lane blocks (bitwise the same gradients).\n"
         "Returns a dict of phase times as splat() does, with 'rows_reused': atoms whose rows came from rows.");
+
+    m.def(
+        "gather_aniso",
+        [](Maps<const float> grad, const kd::CellGeometry& cell, const Atoms& atoms, const Matrix3& frac,
+           Array<float, -1, 3> gxyz, Array<float, -1> gocc, Array<float, -1, 6> gu, Array<float, -1> gb_iso,
+           int n_threads, bool force_int64) {
+            int64_t shape[3];
+            const int64_t n_maps = map_shape(grad, "grad", shape);
+            check_frames(atoms, n_maps);
+            if (!atoms.anisotropic()) throw nb::value_error("gather_aniso takes an anisotropic set (u_aniso, aniso)");
+            check_rows(atoms, gxyz.shape(0), "gxyz");
+            check_rows(atoms, gocc.shape(0), "gocc");
+            check_rows(atoms, gu.shape(0), "gu");
+            check_rows(atoms, gb_iso.shape(0), "gb_iso");
+            kd::Options opt;
+            opt.n_threads = n_threads;
+            opt.force_int64 = force_int64;
+            kd::Timings tm;
+            {
+                nb::gil_scoped_release release;
+                // sums in double, rounded once to float32 here (on this thread, as gather does)
+                const size_t n = static_cast<size_t>(atoms.size());
+                std::vector<double> gf(3 * n), go(n), g6(6 * n), gb(n);
+                tm = kd::gather_aniso(cell, shape, atoms.view(), grad.data(), opt, gf.data(), go.data(), g6.data(),
+                                      gb.data(), n_maps);
+                // f = frac·xyz: ∂L/∂xyz_j = Σ_i ∂L/∂f_i · frac_ij
+                const double* F = frac.data();
+                for (size_t i = 0; i < n; ++i) {
+                    for (int j = 0; j < 3; ++j)
+                        gxyz.data()[3 * i + j] = static_cast<float>(gf[3 * i] * F[j] + gf[3 * i + 1] * F[3 + j] +
+                                                                    gf[3 * i + 2] * F[6 + j]);
+                    gocc.data()[i] = static_cast<float>(go[i]);
+                    gb_iso.data()[i] = static_cast<float>(gb[i]);
+                    for (int c = 0; c < 6; ++c) gu.data()[6 * i + c] = static_cast<float>(g6[6 * i + c]);
+                }
+            }
+            return timings_dict(tm, false);
+        },
+        "grad"_a.noconvert(), "cell"_a, "atoms"_a, "frac"_a.noconvert(), "gxyz"_a.noconvert(), "gocc"_a.noconvert(),
+        "gu"_a.noconvert(), "gb_iso"_a.noconvert(), nb::kw_only(), "n_threads"_a = 1, "force_int64"_a = false,
+        "Gradient of sum(grad * splat(atoms)) for an anisotropic set with respect to xyz (N, 3; frac: the cell's\n"
+        "(3, 3) float64 Cartesian -> fractional matrix), occ (N,), u_aniso (N, 6; zero rows for isotropic atoms)\n"
+        "and b_iso (N,; zero for anisotropic atoms), written to gxyz, gocc, gu, gb_iso (float32; summed in\n"
+        "float64, rounded once). grad (n, nx, ny, nz): n frames as in splat(). Returns a dict of phase times.");
+
+    m.def(
+        "cutoff_radii_aniso",
+        [](Array<double, -1> out, Array<const float, -1, 6> u_aniso, Array<const uint8_t, -1> aniso,
+           Array<const float, -1> b_iso, Array<const float, -1, kd::kGaussians> a,
+           Array<const float, -1, kd::kGaussians> b, double cutoff, const std::string& rule, bool neutron,
+           int n_threads) {
+            const size_t n = out.shape(0);
+            if (u_aniso.shape(0) != n || aniso.shape(0) != n || b_iso.shape(0) != n || a.shape(0) != n ||
+                b.shape(0) != n)
+                throw nb::value_error("out, u_aniso, aniso, b_iso, a and b need the same number of rows");
+            if (!(cutoff > 0)) throw nb::value_error("the density cutoff must be a positive number");
+            if (rule != "gemmi" && rule != "eigen") throw nb::value_error("rule must be 'gemmi' or 'eigen'");
+            const int r = rule == "gemmi" ? 0 : 1;
+            nb::gil_scoped_release release;
+            kd::cutoff_radii_aniso(static_cast<int64_t>(n), u_aniso.data(), aniso.data(), b_iso.data(), a.data(),
+                                   b.data(), cutoff, r, neutron, n_threads, out.data());
+        },
+        "out"_a.noconvert(), "u_aniso"_a.noconvert(), "aniso"_a.noconvert(), "b_iso"_a.noconvert(), "a"_a.noconvert(),
+        "b"_a.noconvert(), "cutoff"_a, "rule"_a, nb::kw_only(), "neutron"_a = false, "n_threads"_a = 1,
+        "Cutoff radius (Å) of every atom of an anisotropic set, written to out (N,) float64: rule 'gemmi'\n"
+        "(the isotropic rule at B_max = 8π²·max diag U) or 'eigen' (the search along the major axis);\n"
+        "neutron: one Gaussian, closed form. u_aniso (N, 6), b_iso (N,), a, b (N, 5) float32, aniso (N,) uint8.");
 
     m.def(
         "empty_maps",

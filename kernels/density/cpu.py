@@ -21,8 +21,9 @@ import torch
 
 from kernels._util import positive_number, to_float32
 from kernels.crystal import AtomSet, GridError, GridSpec
+from kernels.density.adp import first_bad_adp
 from kernels.density.positions import NEAR_CELL, positions_in_cell
-from kernels.density.radius import DEFAULT_CUTOFF
+from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES, _closed_form, _precalculate
 from kernels.density.reference import atom_radii
 
 try:
@@ -231,27 +232,170 @@ class _SplatFunction(torch.autograd.Function):
         )
 
 
+def _neutron_radii(b_iso, a, b, cutoff: float) -> torch.Tensor:
+    """Cutoff radii in Å, (N,) float64, of an isotropic neutron set: one Gaussian, in closed form
+    (:func:`kernels.density.radius.atom_cutoff_radii`'s rule; hydrogen's negative length by |a|)."""
+    f64 = torch.float64
+    with torch.no_grad():
+        amp, expo = _precalculate(b_iso.detach().to(f64), a.detach().to(f64), b.detach().to(f64))
+        return _closed_form(amp.sum(-1), expo[:, 0], cutoff)
+
+
+def _aniso_radii(u_aniso, aniso_u8, b_iso, a, b, radiation: str, cutoff: float, radius_rule: str) -> torch.Tensor:
+    """Cutoff radii in Å, (N,) float64, of an anisotropic set, by
+    :func:`kernels.density.radius.atom_cutoff_radii`'s rules, in C++ (float32 CPU inputs, uint8 flags).
+
+    The vectorised torch search walks every atom the longest way (seconds on 17k atoms); this takes
+    about a millisecond. The eigenvalues of the "eigen" rule come from the closed-form cubic, within
+    ~1e-12 Å of the torch rule's radii.
+    """
+    out = torch.empty(len(b_iso), dtype=torch.float64)
+    if len(out):
+        _scatter.cutoff_radii_aniso(
+            out,
+            u_aniso,
+            aniso_u8,
+            b_iso,
+            a,
+            b,
+            float(cutoff),
+            radius_rule,
+            neutron=radiation == "neutron",
+            n_threads=torch.get_num_threads(),
+        )
+    return out
+
+
+def _check_adp(u_aniso: torch.Tensor, atoms: AtomSet) -> None:
+    """``ValueError`` naming the first anisotropic atom whose U is not finite and positive definite.
+
+    Sylvester's test on every row first (elementwise, no eigensolver); only when it fails does
+    :func:`first_bad_adp` find the atom and its eigenvalues, for the reference's message.
+    """
+    u = u_aniso.detach().to(torch.float64)
+    u11, u22, u33, u12, u13, u23 = u.unbind(-1)
+    minor2 = u11 * u22 - u12 * u12
+    det = u11 * (u22 * u33 - u23 * u23) - u12 * (u12 * u33 - u23 * u13) + u13 * (u12 * u23 - u22 * u13)
+    ok = torch.isfinite(u).all(dim=1) & (u11 > 0) & (minor2 > 0) & (det > 0)
+    if bool((ok | ~atoms.aniso).all()):
+        return
+    bad = first_bad_adp(u_aniso, atoms.aniso)
+    if bad is not None:
+        idx, _count, what = bad
+        raise ValueError(f"atom {atoms.labels[idx]} (index {idx}) {what}")
+
+
+def _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options):
+    """The C++ anisotropic forward into ``out``; returns (cell, timing dict, the kernel's atom set)."""
+    if frac is None:
+        frac = _fractional(xyz, grid)
+    b_iso, occ, u_aniso, a, b = (t.detach().contiguous() for t in (b_iso, occ, u_aniso, a, b))
+    katoms = _scatter.Atoms(
+        frac, b_iso, occ, a, b, radii=radii.contiguous(), cutoff=0.0, u_aniso=u_aniso, aniso=aniso_u8
+    )
+    cell = _kernel_cell(grid)
+    info, _ = _scatter.splat(
+        out,
+        cell,
+        katoms,
+        n_threads=torch.get_num_threads(),
+        slabs_per_thread=options.slabs_per_thread,
+        force_int64=options.force_int64,
+        keep_rows=False,
+        slab_times=options.slab_times,
+    )
+    return cell, info, katoms
+
+
+class _AnisoSplatFunction(torch.autograd.Function):
+    """float32 map(s) of an anisotropic set; backward is the C++ gather of each term's moments.
+
+    Inputs: ``xyz`` (N, 3), ``b_iso`` (N,), ``occ`` (N,), ``u_aniso`` (N, 6), float32; ``aniso_u8``
+    (N,) uint8; ``a``, ``b`` (N, 5) float32; ``grid``, ``radii`` ((N,) float64 Å), ``options``,
+    ``timings``, ``frac``, ``n_frames`` as for :class:`_SplatFunction`. The kernel forms each atom's
+    effective U (B/8π²·I for isotropic atoms), so the gradients reach ``u_aniso`` of anisotropic atoms
+    and ``b_iso`` of the others (zero elsewhere).
+    """
+
+    @staticmethod
+    def forward(ctx, xyz, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options, timings, frac=None, n_frames=0):
+        shape = grid.shape if n_frames == 0 else (n_frames, *grid.shape)
+        out = _scatter.empty_maps(list(shape))  # the kernel writes every voxel
+        cell, info, katoms = _run_forward_aniso(
+            out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options
+        )
+        if timings is not None:
+            timings.append(info)
+        ctx.cell = cell
+        ctx.katoms = katoms  # holds the arrays the kernel read, for the backward
+        ctx.frac_matrix = grid.cell.frac.contiguous()
+        ctx.options = options
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        n = len(ctx.katoms)
+        g = grad_out.detach().to(torch.float32).contiguous()
+        # the kernel writes every atom's entries: sums in float64, rounded once to float32
+        gxyz = torch.empty((n, 3), dtype=torch.float32)
+        gb = torch.empty(n, dtype=torch.float32)
+        gocc = torch.empty(n, dtype=torch.float32)
+        gu = torch.empty((n, 6), dtype=torch.float32)
+        if n:
+            ctx.backward_info = _scatter.gather_aniso(
+                g,
+                ctx.cell,
+                ctx.katoms,
+                ctx.frac_matrix,
+                gxyz,
+                gocc,
+                gu,
+                gb,
+                n_threads=torch.get_num_threads(),
+                force_int64=ctx.options.force_int64,
+            )
+        want = ctx.needs_input_grad
+        return (
+            gxyz if want[0] else None,
+            gb if want[1] else None,
+            gocc if want[2] else None,
+            gu if want[3] else None,
+            *([None] * 9),
+        )
+
+
 def splat_cpu(
     atoms: AtomSet,
     grid: GridSpec,
     *,
     radius: float | None = None,
     cutoff: float = DEFAULT_CUTOFF,
+    radius_rule: str = "gemmi",
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Electron density of ``atoms`` on a whole-cell ``grid``, float32, on the CPU.
 
+    An isotropic set (``atoms.u_aniso`` None) takes the separable kernel. A set with ``u_aniso``
+    takes the anisotropic kernel for every atom, each through its effective U (isotropic atoms of a
+    mixed set as B/8π²·I, exactly their isotropic density): one exp per voxel and Gaussian term,
+    over the same sphere of voxels and the same deterministic partitioned scatter.
+
     Parameters
     ----------
     atoms : AtomSet
-        CPU tensors; float32 (float64 is cast, with one warning per dtype).
+        CPU tensors; float32 (float64 is cast, with one warning per dtype). Any radiation; neutron
+        lengths may be negative (hydrogen), and so may the map.
     grid : GridSpec
         Whole-cell grid (periodic). Any cell: orthogonal, monoclinic, hexagonal, triclinic.
     radius : float, optional
         One cutoff radius in Å for every atom; default: per atom from ``cutoff``
-        (gemmi's rule, see :func:`cutoff_radius_cpu`).
+        (:func:`kernels.density.radius.atom_cutoff_radii`: gemmi's rule, :func:`cutoff_radius_cpu`,
+        for isotropic X-ray and electron atoms; the closed form for neutrons).
     cutoff : float
-        Density level in e/Å³ that sets each atom's radius when ``radius`` is None.
+        Density level (e/Å³; fm/Å³ for neutrons) that sets each atom's radius when ``radius`` is None.
+    radius_rule : {"gemmi", "eigen"}
+        Cutoff radius of anisotropic atoms (:func:`kernels.density.radius.atom_cutoff_radii`).
     out : torch.Tensor, optional
         shape grid.shape, float32, CPU, C-contiguous: the map is written into it (every voxel
         overwritten) and it is returned. For loops that splat the same grid again and again: a
@@ -262,7 +406,8 @@ def splat_cpu(
     -------
     torch.Tensor, shape grid.shape, float32
         Density in e/Å³, differentiable with respect to ``atoms.xyz``, ``atoms.b_iso``
-        and ``atoms.occ`` (backward is a C++ gather over the same voxels); ``out`` when given.
+        and ``atoms.occ`` (backward is a C++ gather over the same voxels), and ``atoms.u_aniso``
+        (anisotropic rows; ``b_iso`` then of the isotropic atoms only); ``out`` when given.
         Without ``out`` the map's storage is the kernel's: when a map is freed its memory is
         kept for the next map of that size (at most two blocks, 256 MiB in all), which skips the page faults of
         fresh memory; such a tensor cannot be resized in place (``resize_``).
@@ -272,14 +417,22 @@ def splat_cpu(
     kernels.GridError
         ``grid`` is a box, not the whole cell.
     ValueError
-        Atoms not on the CPU, a radius or cutoff that is not a positive number, an atom
-        with a non-finite position (named), or an ``out`` that does not fit (see :func:`check_out`).
+        Atoms not on the CPU, a radius or cutoff that is not a positive number, an unknown
+        ``radius_rule``, an atom with a non-finite position or an anisotropic U that is not finite
+        and positive definite (named, as the reference names it), or an ``out`` that does not fit
+        (see :func:`check_out`).
     """
-    return _splat_cpu(atoms, grid, radius=radius, cutoff=cutoff, out=out)
+    return _splat_cpu(atoms, grid, radius=radius, cutoff=cutoff, radius_rule=radius_rule, out=out)
 
 
 def splat_frames_cpu(
-    atoms: AtomSet, grid: GridSpec, *, n_frames: int, radius: float | None = None, cutoff: float = DEFAULT_CUTOFF
+    atoms: AtomSet,
+    grid: GridSpec,
+    *,
+    n_frames: int,
+    radius: float | None = None,
+    cutoff: float = DEFAULT_CUTOFF,
+    radius_rule: str = "gemmi",
 ) -> torch.Tensor:
     """Density of each of ``n_frames`` frames of atoms, one map per frame, in one parallel loop.
 
@@ -287,12 +440,13 @@ def splat_frames_cpu(
     ----------
     atoms : AtomSet
         ``n_frames * N`` atoms, frame-major (atom i belongs to frame i // N), CPU tensors,
-        float32 (float64 is cast, with one warning per dtype).
+        float32 (float64 is cast, with one warning per dtype); with ``u_aniso``, one row per atom
+        of every frame.
     grid : GridSpec
         Whole-cell grid, the same for every frame.
     n_frames : int
         F ≥ 1; ``len(atoms)`` must be a multiple of it.
-    radius, cutoff
+    radius, cutoff, radius_rule
         As for :func:`splat_cpu`.
 
     Returns
@@ -300,7 +454,7 @@ def splat_frames_cpu(
     torch.Tensor, shape (n_frames, nx, ny, nz), float32
         Map f is bitwise :func:`splat_cpu` of frame f's atoms, for any thread count (every map's
         slabs are tasks of one parallel loop, each voxel summed in its frame's atom order).
-        Differentiable with respect to ``atoms.xyz``, ``atoms.b_iso`` and ``atoms.occ``: the
+        Differentiable with respect to ``atoms.xyz``, ``atoms.b_iso``, ``atoms.occ`` (and ``atoms.u_aniso``): the
         backward gives each frame's atoms the gradient of their own map's slice of the upstream
         (F, nx, ny, nz) gradient.
 
@@ -318,7 +472,7 @@ def splat_frames_cpu(
             f"{len(atoms)} atoms do not split into {n_frames} frames of equal size; "
             "pass the frames' atoms frame-major, N atoms per frame"
         )
-    return _splat_cpu(atoms, grid, radius=radius, cutoff=cutoff, n_frames=n_frames)
+    return _splat_cpu(atoms, grid, radius=radius, cutoff=cutoff, radius_rule=radius_rule, n_frames=n_frames)
 
 
 def check_out(out, atoms: AtomSet, shape: tuple[int, ...]) -> None:
@@ -346,7 +500,8 @@ def check_out(out, atoms: AtomSet, shape: tuple[int, ...]) -> None:
             + f"; make it with torch.empty({tuple(shape)}, dtype=torch.float32)"
         )
     if out.requires_grad or (
-        torch.is_grad_enabled() and any(t.requires_grad for t in (atoms.xyz, atoms.b_iso, atoms.occ))
+        torch.is_grad_enabled()
+        and any(t is not None and t.requires_grad for t in (atoms.xyz, atoms.b_iso, atoms.occ, atoms.u_aniso))
     ):
         raise ValueError(
             "out= is not differentiable: the atoms (or out) require grad while gradients are recorded; "
@@ -360,6 +515,7 @@ def _splat_cpu(
     *,
     radius: float | None = None,
     cutoff: float = DEFAULT_CUTOFF,
+    radius_rule: str = "gemmi",
     options: _KernelOptions = _DEFAULT_OPTIONS,
     timings: list | None = None,
     n_frames: int = 0,
@@ -369,7 +525,7 @@ def _splat_cpu(
 
     Parameters
     ----------
-    atoms, grid, radius, cutoff, out
+    atoms, grid, radius, cutoff, radius_rule, out
         As for :func:`splat_cpu`.
     options : _KernelOptions
         How the kernel runs the forward and its backward (bitwise the same results for any).
@@ -389,6 +545,8 @@ def _splat_cpu(
         raise GridError("the cpu density backend splats whole-cell grids only; use backend='reference' for a box")
     if atoms.device.type != "cpu":
         raise ValueError(f"splat_cpu needs CPU tensors, got {atoms.device}; use atoms.to('cpu') or backend='auto'")
+    if radius_rule not in RADIUS_RULES:
+        raise ValueError(f"radius_rule must be one of {RADIUS_RULES}, got {radius_rule!r}")
     if out is not None:
         check_out(out, atoms, grid.shape if n_frames == 0 else (n_frames, *grid.shape))
     frac = None
@@ -409,8 +567,29 @@ def _splat_cpu(
     occ = to_float32(atoms.occ, _OP)
     a = to_float32(atoms.a, _OP)
     b = to_float32(atoms.b, _OP)
+    if atoms.u_aniso is not None:
+        u_aniso = to_float32(atoms.u_aniso, _OP)
+        _check_adp(u_aniso, atoms)
+        aniso_u8 = atoms.aniso.to(torch.uint8).contiguous()
+        if radius is not None:
+            radii = atom_radii(atoms, radius, cutoff)
+        else:
+            u, bi, aa, bb = (t.detach().contiguous() for t in (u_aniso, b_iso, a, b))
+            radii = _aniso_radii(u, aniso_u8, bi, aa, bb, atoms.radiation, _check_cutoff(cutoff), radius_rule)
+        if out is not None:
+            _, info, _ = _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options)
+            if timings is not None:
+                timings.append(info)
+            return out
+        return _AnisoSplatFunction.apply(
+            xyz, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options, timings, frac, n_frames
+        )
     if radius is not None:
         radii, cutoff = atom_radii(atoms, radius, cutoff), 0.0  # the kernel reads the radii, not the cutoff
+    elif atoms.radiation == "neutron":
+        # closed-form radii (one Gaussian), not the five-term step search the kernel runs
+        radii = _neutron_radii(b_iso, a, b, _check_cutoff(cutoff))
+        cutoff = 0.0
     else:
         cutoff = _check_cutoff(cutoff)
         radii = None  # the kernel derives each atom's radius from the cutoff (one pass, no extra call)

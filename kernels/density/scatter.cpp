@@ -187,6 +187,9 @@ KERNELS_INLINE int64_t floor_mod(int64_t a, int64_t n) {
 
 // Port of kernels/density/radius.py (gemmi's DensityCalculator::estimate_radius), one atom
 // at a time: the same steps in the same order, so the radii agree to rounding.
+// The search itself: ρ(r) = Σ_k amp_k·exp(expo_k·r²), started at gemmi's guess for B.
+double cutoff_radius_search(double B, const double* amp, const double* expo, double cutoff);
+
 double cutoff_radius_one(double B, const double* a, const double* b, double cutoff) {
     double amp[NG], expo[NG];
     for (int k = 0; k < NG; ++k) {
@@ -194,6 +197,10 @@ double cutoff_radius_one(double B, const double* a, const double* b, double cuto
         amp[k] = term_amplitude(a[k], w);
         expo[k] = -4.0 * PI * PI / w;
     }
+    return cutoff_radius_search(B, amp, expo, cutoff);
+}
+
+double cutoff_radius_search(double B, const double* amp, const double* expo, double cutoff) {
     auto value = [&](double x) {
         double s = 0;
         for (int k = 0; k < NG; ++k) s += amp[k] * std::exp(expo[k] * (x * x));
@@ -1418,7 +1425,327 @@ struct Inputs {
     const double* radii;  // (N,) cutoff radii in Å, or nullptr: from `cutoff` (gemmi's rule)
     double cutoff;        // e/Å³, when radii is nullptr
     const float *b_iso, *occ, *a, *b;  // (N,), (N,), (N, 5), (N, 5), float32
+    // anisotropic atoms (nullptr: isotropic): U (N, 6) float32 and which atoms use it (N,); the
+    // others use b_iso/8π²·I. terms: per-atom Gaussians, filled by prepare_all.
+    const float* u = nullptr;
+    const uint8_t* aniso = nullptr;
+    struct AnisoTerms* terms = nullptr;
 };
+
+// ------------------------------------------------------------------ anisotropic atoms
+
+// An anisotropic atom's term k is amp_k·occ·exp(x_k(d)) with x_k = Σ_m c_km·mono_m(d) over the
+// fractional offset d = voxel − atom, mono = (dx², dy², dz², dx·dy, dx·dz, dy·dz) (in.quad: the
+// reference's six coefficients of −½ dᵀQ_k d). No factorisation into per-axis tables holds for a
+// general Q_k, so every voxel costs one exp per term. Along a row (dx, dy fixed) x_k is a
+// quadratic in the box-relative voxel t: x_k = A_k·(t − t*_k)² + E_k with A_k < 0 and E_k ≤ 0
+// (Q_k positive definite), both formed per row in double. The voxel term is evaluated in float
+// as A_k·u² + E_k with u = (t − T_k) − φ_k, T_k the integer nearest t*_k (t − T_k is exact):
+// both addends are ≤ 0, so the exponent carries a few float roundings relative to itself and
+// the value an error ≤ ~4u·|x|·e^x ≤ 1e-7 of the term's peak. One float exp per voxel and term
+// (exp_neg, vectorised over the row) was measured faster than the recurrence e(t+1) = e(t)·r(t),
+// r(t+1) = r(t)·exp(2A_k): rows are ~10-20 voxels, and the recurrence is serial along the row
+// (and must start at the vertex to stay clear of underflow).
+constexpr double U_TO_B = 8.0 * PI * PI;
+
+// An anisotropic atom's five Gaussians at unit occupancy: term k is amp_k·exp(Σ_m q_km·mono_m(d)),
+// q_k the reference's six coefficients of −½ dᵀQ_k d, Q_k = orthᵀ·N_k·orth, N_k = M_k⁻¹,
+// M_k = U + b_k/(8π²)·I; N_k is kept (symmetric: 00, 11, 22, 01, 02, 12) for the backward.
+struct AnisoTerms {
+    double amp[NG];
+    double q[NG][6];
+    double n[NG][6];
+};
+
+// Atom i's effective U (kernels/density/adp.py effective_u): its row of u where aniso, else B/8π² on
+// the diagonal; as six doubles U11, U22, U33, U12, U13, U23.
+KERNELS_INLINE void effective_u(const Inputs& in, int64_t i, double U[6]) {
+    if (in.aniso[i]) {
+        for (int c = 0; c < 6; ++c) U[c] = in.u[6 * i + c];
+    } else {
+        const double ui = static_cast<double>(in.b_iso[i]) / U_TO_B;
+        U[0] = U[1] = U[2] = ui;
+        U[3] = U[4] = U[5] = 0.0;
+    }
+}
+
+// The Gaussians of atom i (kernels/density/adp.py term_gaussians at unit occupancy). A term whose
+// M_k is not positive definite gets amp 0 (it adds nothing): the Python side refuses such a U
+// before the kernel, naming the atom; this only keeps a map finite whatever arrives.
+void prepare_terms(const Inputs& in, int64_t i, AnisoTerms& T) {
+    double U[6];
+    effective_u(in, i, U);
+    const double* O = in.g.orth;  // row-major, fractional -> Cartesian
+    for (int k = 0; k < NG; ++k) {
+        const double beta = static_cast<double>(in.b[NG * i + k]) / U_TO_B;
+        const double m00 = U[0] + beta, m11 = U[1] + beta, m22 = U[2] + beta, m01 = U[3], m02 = U[4], m12 = U[5];
+        const double c00 = m11 * m22 - m12 * m12, c01 = m02 * m12 - m01 * m22, c02 = m01 * m12 - m02 * m11;
+        const double det = m00 * c00 + m01 * c01 + m02 * c02;
+        const bool pd = m00 > 0 && m00 * m11 - m01 * m01 > 0 && det > 0 && std::isfinite(det);
+        if (!pd) {
+            T.amp[k] = 0.0;
+            for (int c = 0; c < 6; ++c) T.q[k][c] = T.n[k][c] = 0.0;
+            T.q[k][0] = T.q[k][1] = T.q[k][2] = -1.0;  // a harmless shape for a term that adds 0
+            continue;
+        }
+        const double id = 1.0 / det;
+        // N = M⁻¹ (adjugate / det), symmetric
+        double N[3][3];
+        N[0][0] = c00 * id;
+        N[0][1] = N[1][0] = c01 * id;
+        N[0][2] = N[2][0] = c02 * id;
+        N[1][1] = (m00 * m22 - m02 * m02) * id;
+        N[1][2] = N[2][1] = (m01 * m02 - m00 * m12) * id;
+        N[2][2] = (m00 * m11 - m01 * m01) * id;
+        T.amp[k] = static_cast<double>(in.a[NG * i + k]) * std::pow(2.0 * PI, -1.5) / std::sqrt(det);
+        // Q = Oᵀ N O
+        double NO[3][3], Q[3][3];
+        for (int r = 0; r < 3; ++r)
+            for (int c = 0; c < 3; ++c) NO[r][c] = N[r][0] * O[c] + N[r][1] * O[3 + c] + N[r][2] * O[6 + c];
+        for (int r = 0; r < 3; ++r)
+            for (int c = 0; c < 3; ++c) Q[r][c] = O[r] * NO[0][c] + O[3 + r] * NO[1][c] + O[6 + r] * NO[2][c];
+        T.q[k][0] = -0.5 * Q[0][0];
+        T.q[k][1] = -0.5 * Q[1][1];
+        T.q[k][2] = -0.5 * Q[2][2];
+        T.q[k][3] = -0.5 * (2 * Q[0][1]);
+        T.q[k][4] = -0.5 * (2 * Q[0][2]);
+        T.q[k][5] = -0.5 * (2 * Q[1][2]);
+        T.n[k][0] = N[0][0];
+        T.n[k][1] = N[1][1];
+        T.n[k][2] = N[2][2];
+        T.n[k][3] = N[0][1];
+        T.n[k][4] = N[0][2];
+        T.n[k][5] = N[1][2];
+    }
+}
+
+// Eigenvalues of the symmetric U (U11, U22, U33, U12, U13, U23), ascending (closed form:
+// the trigonometric solution of the characteristic cubic).
+void sym_eigenvalues(const double U[6], double lam[3]) {
+    const double p1 = U[3] * U[3] + U[4] * U[4] + U[5] * U[5];
+    if (p1 == 0) {
+        lam[0] = U[0], lam[1] = U[1], lam[2] = U[2];
+        std::sort(lam, lam + 3);
+        return;
+    }
+    const double q = (U[0] + U[1] + U[2]) / 3.0;
+    const double d0 = U[0] - q, d1 = U[1] - q, d2 = U[2] - q;
+    const double p = std::sqrt((d0 * d0 + d1 * d1 + d2 * d2 + 2.0 * p1) / 6.0);
+    // det((U − qI)/p) / 2
+    const double b00 = d0 / p, b11 = d1 / p, b22 = d2 / p, b01 = U[3] / p, b02 = U[4] / p, b12 = U[5] / p;
+    const double r = 0.5 * (b00 * (b11 * b22 - b12 * b12) - b01 * (b01 * b22 - b12 * b02) + b02 * (b01 * b12 - b11 * b02));
+    const double phi = std::acos(std::min(1.0, std::max(-1.0, r))) / 3.0;
+    const double hi = q + 2.0 * p * std::cos(phi);
+    const double lo = q + 2.0 * p * std::cos(phi + 2.0 * PI / 3.0);
+    lam[0] = lo;
+    lam[2] = hi;
+    lam[1] = 3.0 * q - hi - lo;
+}
+
+// One Gaussian's radius where |amp|·exp(expo·r²) falls to cutoff (radius.py _closed_form: neutrons).
+double closed_form_radius(double amp, double expo, double cutoff) {
+    const double level = std::log(std::max(std::fabs(amp), 1e-300) / cutoff);
+    return level > 0 ? std::sqrt(level / -expo) : 0.0;
+}
+
+// Cutoff radius of atom i of an anisotropic set (radius.py atom_cutoff_radii): rule 0 ("gemmi"):
+// the isotropic rule at B_max = 8π²·max diag(U); rule 1 ("eigen"): the search along the major axis
+// of every M_k. Neutron tables (one Gaussian) in closed form.
+double aniso_radius(const Inputs& in, int64_t i, int rule, bool neutron, double cutoff) {
+    double U[6], ad[NG], bd[NG], amp[NG], expo[NG];
+    effective_u(in, i, U);
+    for (int k = 0; k < NG; ++k) {
+        ad[k] = in.a[NG * i + k];
+        bd[k] = in.b[NG * i + k];
+    }
+    double start;
+    if (rule == 0) {
+        start = U_TO_B * std::max(U[0], std::max(U[1], U[2]));
+        if (!neutron) return cutoff_radius_one(start, ad, bd, cutoff);
+        for (int k = 0; k < NG; ++k) {
+            const double w = bd[k] + start;
+            amp[k] = ad[k] * std::pow(4.0 * PI / w, 1.5);
+            expo[k] = -4.0 * PI * PI / w;
+        }
+    } else {
+        double lam[3];
+        sym_eigenvalues(U, lam);
+        for (int k = 0; k < NG; ++k) {
+            const double beta = bd[k] / U_TO_B;
+            const double m0 = lam[0] + beta, m1 = lam[1] + beta, m2 = lam[2] + beta;
+            amp[k] = ad[k] * std::pow(2.0 * PI, -1.5) / std::sqrt(m0 * m1 * m2);
+            expo[k] = -0.5 / m2;
+        }
+        start = U_TO_B * lam[2];
+        if (!neutron) return cutoff_radius_search(start, amp, expo, cutoff);
+    }
+    double sum = 0;
+    for (int k = 0; k < NG; ++k) sum += amp[k];
+    return closed_form_radius(sum, expo[0], cutoff);
+}
+
+struct AnisoRowK {
+    float A[NG], base[NG], phi[NG], E[NG];
+};
+
+// Row constants of terms k for the row at (dx, dy): base_k = t_first − T_k for the row's first
+// voxel t_first (box-relative), phi_k, A_k, E_k as above. mz, dz0 = zlo/mz − fz.
+KERNELS_INLINE void aniso_row_consts(const double* cq, double dx, double dy, double mz, double dz0, int64_t t_first,
+                                     AnisoRowK& R) {
+    for (int k = 0; k < NG; ++k) {
+        const double* c = cq + 6 * k;
+        const double c2 = c[2];
+        const double Bz = c[4] * dx + c[5] * dy;
+        const double C = c[0] * dx * dx + c[1] * dy * dy + c[3] * dx * dy;
+        const double E = C - Bz * Bz / (4.0 * c2);
+        const double tstar = (-Bz / (2.0 * c2) - dz0) * mz;  // box-relative voxel of the row's maximum
+        const double T = std::nearbyint(tstar);
+        R.A[k] = static_cast<float>(c2 / (mz * mz));
+        R.E[k] = static_cast<float>(E < 0 ? E : 0.0);
+        R.phi[k] = static_cast<float>(tstar - T);
+        R.base[k] = static_cast<float>(static_cast<double>(t_first) - T);
+    }
+}
+
+// o[l] += Σ_k c_k·exp(A_k·u² + E_k), u = (l + base_k) − phi_k, for l in [0, n)
+KERNELS_INLINE void aniso_add_row(float* __restrict o, int64_t n, const AnisoRowK& R, const float* c) {
+    const float A0 = R.A[0], A1 = R.A[1], A2 = R.A[2], A3 = R.A[3], A4 = R.A[4];
+    const float b0 = R.base[0], b1 = R.base[1], b2 = R.base[2], b3 = R.base[3], b4 = R.base[4];
+    const float p0 = R.phi[0], p1 = R.phi[1], p2 = R.phi[2], p3 = R.phi[3], p4 = R.phi[4];
+    const float E0 = R.E[0], E1 = R.E[1], E2 = R.E[2], E3 = R.E[3], E4 = R.E[4];
+    const float c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3], c4 = c[4];
+    KERNELS_SIMD
+    for (int32_t l = 0; l < static_cast<int32_t>(n); ++l) {
+        const float t = static_cast<float>(l);
+        const float u0 = (t + b0) - p0, u1 = (t + b1) - p1, u2 = (t + b2) - p2, u3 = (t + b3) - p3,
+                    u4 = (t + b4) - p4;
+        float v = c0 * exp_neg(A0 * u0 * u0 + E0);
+        v += c1 * exp_neg(A1 * u1 * u1 + E1);
+        v += c2 * exp_neg(A2 * u2 * u2 + E2);
+        v += c3 * exp_neg(A3 * u3 * u3 + E3);
+        v += c4 * exp_neg(A4 * u4 * u4 + E4);
+        o[l] += v;
+    }
+}
+
+// Row sums for the backward: acc[3k] += Σ g·e_k, acc[3k+1] += Σ g·e_k·dz, acc[3k+2] += Σ g·e_k·dz²
+// over l in [0, n), e_k as in aniso_add_row, dz the fractional z offset of each voxel.
+KERNELS_INLINE void aniso_gather_row(const float* __restrict gr, const float* __restrict dz, int64_t n,
+                                     const AnisoRowK& R, float acc[3 * NG]) {
+    const float A0 = R.A[0], A1 = R.A[1], A2 = R.A[2], A3 = R.A[3], A4 = R.A[4];
+    const float b0 = R.base[0], b1 = R.base[1], b2 = R.base[2], b3 = R.base[3], b4 = R.base[4];
+    const float p0 = R.phi[0], p1 = R.phi[1], p2 = R.phi[2], p3 = R.phi[3], p4 = R.phi[4];
+    const float E0 = R.E[0], E1 = R.E[1], E2 = R.E[2], E3 = R.E[3], E4 = R.E[4];
+    float s00 = 0, s01 = 0, s02 = 0, s10 = 0, s11 = 0, s12 = 0, s20 = 0, s21 = 0, s22 = 0, s30 = 0, s31 = 0, s32 = 0,
+          s40 = 0, s41 = 0, s42 = 0;
+#if defined(_OPENMP)
+#pragma omp simd reduction(+ : s00, s01, s02, s10, s11, s12, s20, s21, s22, s30, s31, s32, s40, s41, s42)
+#endif
+    for (int32_t l = 0; l < static_cast<int32_t>(n); ++l) {
+        const float t = static_cast<float>(l);
+        const float g = gr[l], z = dz[l];
+        const float gz = g * z, gzz = gz * z;
+        const float u0 = (t + b0) - p0, u1 = (t + b1) - p1, u2 = (t + b2) - p2, u3 = (t + b3) - p3,
+                    u4 = (t + b4) - p4;
+        const float e0 = exp_neg(A0 * u0 * u0 + E0), e1 = exp_neg(A1 * u1 * u1 + E1),
+                    e2 = exp_neg(A2 * u2 * u2 + E2), e3 = exp_neg(A3 * u3 * u3 + E3),
+                    e4 = exp_neg(A4 * u4 * u4 + E4);
+        s00 += g * e0;
+        s01 += gz * e0;
+        s02 += gzz * e0;
+        s10 += g * e1;
+        s11 += gz * e1;
+        s12 += gzz * e1;
+        s20 += g * e2;
+        s21 += gz * e2;
+        s22 += gzz * e2;
+        s30 += g * e3;
+        s31 += gz * e3;
+        s32 += gzz * e3;
+        s40 += g * e4;
+        s41 += gz * e4;
+        s42 += gzz * e4;
+    }
+    acc[0] += s00, acc[1] += s01, acc[2] += s02, acc[3] += s10, acc[4] += s11, acc[5] += s12;
+    acc[6] += s20, acc[7] += s21, acc[8] += s22, acc[9] += s30, acc[10] += s31, acc[11] += s32;
+    acc[12] += s40, acc[13] += s41, acc[14] += s42;
+}
+
+// Per-atom moments of the backward, per term k: Σ g·e_k·{1, dx, dy, dz, dx², dy², dz², dx·dy, dx·dz, dy·dz}.
+struct AnisoSums {
+    double m[NG][10];
+};
+
+// Rows of anisotropic atom `atom` (prepared in A) over planes [ia, ib]: add its density to `out`
+// (Forward) or its moments against `grad` to `gs`. The voxel set is the sphere r² < R² of every
+// other path (plane_intervals), the row constants depend on the atom and the row only, so any
+// slab partition gives bitwise the same map.
+template <class Idx, bool Forward>
+KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, int64_t ia, int64_t ib, float* out,
+                               const float* grad, Scratch& S, AnisoSums* gs) {
+    const Geom& g = in.g;
+    const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
+    const int64_t ylo = A.lo[1], zlo = A.lo[2];
+    const int64_t nyb = A.hi[1] - ylo + 1, nzb = A.hi[2] - zlo + 1;
+    double* dyd = S.dyd.data();
+    int64_t* jw = S.jw.data();
+    int64_t* zw = S.zw.data();
+    float* dzf = S.dzf.data();
+    const double ylod = static_cast<double>(ylo);
+    for (int32_t s = 0; s < static_cast<int32_t>(nyb); ++s) dyd[s] = (ylod + static_cast<double>(s)) / g.m[1] - A.f[1];
+    for (int64_t s = 0, w = floor_mod(ylo, ny); s < nyb; ++s, w = w + 1 == ny ? 0 : w + 1) jw[s] = w;
+    for (int64_t t = 0, w = floor_mod(zlo, nz); t < nzb; ++t, w = w + 1 == nz ? 0 : w + 1) {
+        zw[t] = w;
+        if (!Forward) dzf[t] = static_cast<float>(static_cast<double>(zlo + t) / g.m[2] - A.f[2]);
+    }
+    const AnisoTerms& T = in.terms[atom];
+    const double* cq = T.q[0];
+    const double* amp = T.amp;
+    float cf[NG];
+    for (int k = 0; k < NG; ++k) cf[k] = static_cast<float>(amp[k] * A.occ);
+    const double dz0 = static_cast<double>(zlo) / g.m[2] - A.f[2];
+    int32_t* lo = S.rlo32.data();
+    int32_t* hi = S.rhi32.data();
+    AnisoRowK R;
+    for (int64_t i = ia; i <= ib; ++i) {
+        const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
+        const Idx iw = static_cast<Idx>(floor_mod(i, nx));
+        plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
+        for (int64_t s = 0; s < nyb; ++s) {
+            if (lo[s] > hi[s]) continue;
+            const double dy = dyd[s];
+            const Idx base = (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
+            float acc[3 * NG] = {};
+            // pieces of the row split where it wraps around the cell along z
+            for (int64_t t = lo[s]; t <= hi[s];) {
+                const int64_t wz = zw[t];
+                const int64_t run = std::min<int64_t>(hi[s] - t + 1, nz - wz);
+                aniso_row_consts(cq, dx, dy, g.m[2], dz0, t, R);
+                if (Forward)
+                    aniso_add_row(out + base + static_cast<Idx>(wz), run, R, cf);
+                else
+                    aniso_gather_row(grad + base + static_cast<Idx>(wz), dzf + t, run, R, acc);
+                t += run;
+            }
+            if (!Forward) {
+                for (int k = 0; k < NG; ++k) {
+                    const double r0 = acc[3 * k], r1 = acc[3 * k + 1], r2 = acc[3 * k + 2];
+                    double* m = gs->m[k];
+                    m[0] += r0;
+                    m[1] += dx * r0;
+                    m[2] += dy * r0;
+                    m[3] += r1;
+                    m[4] += dx * dx * r0;
+                    m[5] += dy * dy * r0;
+                    m[6] += r2;
+                    m[7] += dx * dy * r0;
+                    m[8] += dx * r1;
+                    m[9] += dy * r1;
+                }
+            }
+        }
+    }
+}
 
 // One slab [x0, x1) of the map: the segments that reach it are found through the x-sorted
 // index (a contiguous range, since no segment is longer than lmax), then run in atom
@@ -1450,13 +1777,61 @@ void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vect
     }
 }
 
+// The anisotropic forward of one slab: run_slab's traversal (the same segments in the same atom
+// order), each atom through aniso_atom.
+KERNELS_HOT_V4
+void run_slab_aniso(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
+                    const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
+                    int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64) {
+    const int64_t nx = in.g.n[0];
+    const int64_t first = bucket[std::max<int64_t>(0, x0 - lmax + 1)];
+    const int64_t last = bucket[x1];
+    ids.clear();
+    for (int64_t p = first; p < last; ++p) {
+        const Segment& sg = segs[by_x[p]];
+        if (floor_mod(sg.u0, nx) + sg.len > x0) ids.push_back(by_x[p]);
+    }
+    std::sort(ids.begin(), ids.end());
+    for (const int64_t id : ids) {
+        const Segment& sg = segs[id];
+        const int64_t xs = floor_mod(sg.u0, nx);
+        const int64_t ia = sg.u0 + std::max<int64_t>(0, x0 - xs);
+        const int64_t ib = sg.u0 + std::min<int64_t>(sg.len, x1 - xs) - 1;
+        if (use64)
+            aniso_atom<int64_t, true>(in, atoms[sg.atom], sg.atom, ia, ib, out, nullptr, S, nullptr);
+        else
+            aniso_atom<int32_t, true>(in, atoms[sg.atom], sg.atom, ia, ib, out, nullptr, S, nullptr);
+    }
+}
+
+// Geometry of anisotropic atom i (position, radius from in.radii, box, occupancy): the box
+// spans R·|a*_d|·m_d voxels either side of the centre, as for isotropic atoms.
+void prepare_atom_aniso(const Inputs& in, int64_t i, AtomP& A) {
+    const Geom& g = in.g;
+    const double R = in.radii[i];
+    A.R2 = R * R;
+    for (int d = 0; d < 3; ++d) {
+        A.f[d] = in.frac[3 * i + d];
+        const double centre = A.f[d] * g.m[d];
+        const double reach = R * g.recip[d] * g.m[d];
+        A.lo[d] = static_cast<int64_t>(std::floor(centre - reach));
+        A.hi[d] = static_cast<int64_t>(std::ceil(centre + reach));
+    }
+    A.occ = in.occ[i];
+}
+
 void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int64_t box_max[3]) {
     atoms.resize(in.n_atoms);
     const int64_t per = 256;  // a few tasks per thread even for a small protein
     const int64_t n_tasks = (in.n_atoms + per - 1) / per;
     parallel_for(n_tasks, n_threads, [&](int64_t t, int) {
         for (int64_t i = t * per; i < std::min(in.n_atoms, (t + 1) * per); ++i)
-            prepare_atom(in.g, in.frac, in.radii, in.cutoff, in.b_iso, in.occ, in.a, in.b, i, atoms[i]);
+            if (in.u) {
+                prepare_atom_aniso(in, i, atoms[i]);
+                prepare_terms(in, i, in.terms[i]);
+            } else {
+                prepare_atom(in.g, in.frac, in.radii, in.cutoff, in.b_iso, in.occ, in.a, in.b, i, atoms[i]);
+            }
     });
     box_max[0] = box_max[1] = box_max[2] = 1;
     for (const AtomP& A : atoms)
@@ -1553,9 +1928,12 @@ void plan_map(const Inputs& in, const std::vector<AtomP>& atoms, const std::vect
 
 // n_maps maps of in.n_atoms / n_maps atoms each (map m: atoms [m·n, (m+1)·n), written to
 // out + m·voxels). Every (map, slab) pair is one task of one parallel loop.
-void splat(const Inputs& in, float* out, int64_t n_maps, int n_threads, int slabs_per_thread, bool use64,
+void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int slabs_per_thread, bool use64,
            bool record_slabs, Timings& tm, RowIntervals* saved) {
     auto t0 = Clock::now();
+    Inputs in = in_;
+    std::vector<AnisoTerms> terms(in.u ? in.n_atoms : 0);
+    in.terms = terms.data();
     std::vector<AtomP> atoms;
     int64_t box[3];
     prepare_all(in, atoms, n_threads, box);
@@ -1618,8 +1996,12 @@ void splat(const Inputs& in, float* out, int64_t n_maps, int n_threads, int slab
         // first touch, and the slab is warm in cache when the atoms are added
         std::memset(map + P.edge[s] * plane, 0, sizeof(float) * (P.edge[s + 1] - P.edge[s]) * plane);
         if (ts) ts->zeroed = seconds_since(t0);
-        run_slab(in, atoms, P.raw, P.by_x, P.bucket, P.lmax, P.edge[s], P.edge[s + 1], map, scratch[worker],
-                 ids[worker], use64, saved);
+        if (in.u)
+            run_slab_aniso(in, atoms, P.raw, P.by_x, P.bucket, P.lmax, P.edge[s], P.edge[s + 1], map, scratch[worker],
+                           ids[worker], use64);
+        else
+            run_slab(in, atoms, P.raw, P.by_x, P.bucket, P.lmax, P.edge[s], P.edge[s + 1], map, scratch[worker],
+                     ids[worker], use64, saved);
         if (ts) ts->end = seconds_since(t0);
     });
     tm.compute = seconds_since(t0);
@@ -1708,6 +2090,101 @@ void gather(const Inputs& in, const float* grad, int64_t n_maps, int n_threads, 
     tm.compute = seconds_since(t0);
 }
 
+// Gradients of anisotropic atoms [first, last). With ρ = occ·Σ_k amp_k·exp(x_k(d)), d = voxel − atom
+// (fractional), x_k = Σ_m c_km·mono_m(d) and the moments M_k = Σ g·e_k·(…) of AnisoSums:
+//   ∂L/∂amp_k = occ·M_k[1];  ∂L/∂occ = Σ_k amp_k·M_k[1];  ∂L/∂c_km = occ·amp_k·M_k[mono_m];
+//   ∂L/∂f = −occ·Σ_k amp_k·Σ (∂x_k/∂d)·g·e_k  (∂x_k/∂d is linear in d: a combination of first moments).
+//   and on to U: with Ḡ_k = −½·P_k (P_k the symmetric matrix of ∂L/∂q_k: diagonal q0..q2, off-diagonal
+//   q3..q5), ∂L/∂N_k = O·Ḡ_k·Oᵀ, ∂L/∂M_k = −N_k·(∂L/∂N_k)·N_k − ½·amp_k·(∂L/∂amp_k)·N_k
+//   (amp ∝ det(M)^−½), ∂L/∂U = Σ_k ∂L/∂M_k; an off-diagonal U_ij appears twice in the symmetric U,
+//   so its gradient is 2·(∂L/∂U)_ij; an isotropic atom's B gets trace(∂L/∂U)/8π².
+KERNELS_HOT_V4
+void gather_aniso_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last,
+                        const float* grad, Scratch& S, bool use64, double* gfrac, double* gocc, double* gu,
+                        double* gb) {
+    const double* O = in.g.orth;
+    for (int64_t i = first; i < last; ++i) {
+        const AtomP& A = atoms[i];
+        AnisoSums gs;
+        std::memset(&gs, 0, sizeof gs);
+        if (A.R2 > 0) {
+            if (use64)
+                aniso_atom<int64_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
+            else
+                aniso_atom<int32_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
+        }
+        const AnisoTerms& T = in.terms[i];
+        double go = 0, gf[3] = {0, 0, 0}, GU[3][3] = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
+        for (int k = 0; k < NG; ++k) {
+            const double* m = gs.m[k];
+            const double* c = T.q[k];
+            go += T.amp[k] * m[0];
+            const double w = A.occ * T.amp[k];
+            if (w == 0) continue;
+            gf[0] -= w * (2 * c[0] * m[1] + c[3] * m[2] + c[4] * m[3]);
+            gf[1] -= w * (2 * c[1] * m[2] + c[3] * m[1] + c[5] * m[3]);
+            gf[2] -= w * (2 * c[2] * m[3] + c[4] * m[1] + c[5] * m[2]);
+            // ∂L/∂q_k: w × moments 4..9 (dx², dy², dz², dx·dy, dx·dz, dy·dz); Ḡ = −½·P
+            const double P[3][3] = {{m[4], m[7], m[8]}, {m[7], m[5], m[9]}, {m[8], m[9], m[6]}};
+            double GQ[3][3], GN[3][3], T1[3][3];
+            for (int r = 0; r < 3; ++r)
+                for (int cc = 0; cc < 3; ++cc) GQ[r][cc] = -0.5 * w * P[r][cc];
+            // ∂L/∂N = O·GQ·Oᵀ
+            for (int r = 0; r < 3; ++r)
+                for (int cc = 0; cc < 3; ++cc) T1[r][cc] = O[3 * r] * GQ[0][cc] + O[3 * r + 1] * GQ[1][cc] + O[3 * r + 2] * GQ[2][cc];
+            for (int r = 0; r < 3; ++r)
+                for (int cc = 0; cc < 3; ++cc) GN[r][cc] = T1[r][0] * O[3 * cc] + T1[r][1] * O[3 * cc + 1] + T1[r][2] * O[3 * cc + 2];
+            const double* n6 = T.n[k];
+            const double N[3][3] = {{n6[0], n6[3], n6[4]}, {n6[3], n6[1], n6[5]}, {n6[4], n6[5], n6[2]}};
+            // −N·GN·N − ½·amp·∂L/∂amp·N, ∂L/∂amp_k = occ·M_k[1]
+            const double ga = -0.5 * T.amp[k] * A.occ * m[0];
+            for (int r = 0; r < 3; ++r)
+                for (int cc = 0; cc < 3; ++cc) T1[r][cc] = GN[r][0] * N[0][cc] + GN[r][1] * N[1][cc] + GN[r][2] * N[2][cc];
+            for (int r = 0; r < 3; ++r)
+                for (int cc = 0; cc < 3; ++cc)
+                    GU[r][cc] += -(N[r][0] * T1[0][cc] + N[r][1] * T1[1][cc] + N[r][2] * T1[2][cc]) + ga * N[r][cc];
+        }
+        gocc[i] = go;
+        for (int d = 0; d < 3; ++d) gfrac[3 * i + d] = gf[d];
+        double* g6 = gu + 6 * i;
+        if (in.aniso[i]) {
+            g6[0] = GU[0][0], g6[1] = GU[1][1], g6[2] = GU[2][2];
+            g6[3] = GU[0][1] + GU[1][0], g6[4] = GU[0][2] + GU[2][0], g6[5] = GU[1][2] + GU[2][1];
+            gb[i] = 0.0;
+        } else {
+            for (int c = 0; c < 6; ++c) g6[c] = 0.0;
+            gb[i] = (GU[0][0] + GU[1][1] + GU[2][2]) / U_TO_B;
+        }
+    }
+}
+
+void gather_aniso(const Inputs& in_, const float* grad, int64_t n_maps, int n_threads, bool use64, double* gfrac,
+                  double* gocc, double* gu, double* gb, Timings& tm) {
+    auto t0 = Clock::now();
+    Inputs in = in_;
+    std::vector<AnisoTerms> terms(in.n_atoms);
+    in.terms = terms.data();
+    std::vector<AtomP> atoms;
+    int64_t box[3];
+    prepare_all(in, atoms, n_threads, box);
+    std::vector<Scratch> scratch(n_threads);
+    for (Scratch& S : scratch) size_scratch(S, box[0], box[1], box[2]);
+    tm.prepare = seconds_since(t0);
+    t0 = Clock::now();
+    const int64_t per = 16;
+    const int64_t per_map = in.n_atoms / n_maps;
+    const int64_t chunks = (per_map + per - 1) / per;  // tasks of one map (a task never spans two)
+    const int64_t voxels = in.g.n[0] * in.g.n[1] * in.g.n[2];
+    tm.tasks = chunks * n_maps;
+    parallel_for(tm.tasks, n_threads, [&](int64_t t, int worker) {
+        const int64_t m = t / chunks, c = t % chunks;
+        const int64_t first = m * per_map + c * per;
+        gather_aniso_atoms(in, atoms, first, std::min((m + 1) * per_map, first + per), grad + m * voxels,
+                           scratch[worker], use64, gfrac, gocc, gu, gb);
+    });
+    tm.compute = seconds_since(t0);
+}
+
 // ------------------------------------------------------------------ entry points (scatter.hpp)
 
 // The kernel's geometry from the cell and the grid shape: the metric's cross terms pre-doubled
@@ -1742,6 +2219,11 @@ Inputs make_inputs(const kernels::density::CellGeometry& cell, const int64_t sha
     in.occ = atoms.occ;
     in.a = atoms.a;
     in.b = atoms.b;
+    in.u = atoms.u_aniso;
+    in.aniso = atoms.aniso;
+    if ((atoms.u_aniso == nullptr) != (atoms.aniso == nullptr))
+        throw std::invalid_argument("anisotropic atoms need both u_aniso and the aniso flags");
+    if (atoms.u_aniso && !atoms.radii) throw std::invalid_argument("anisotropic atoms need their cutoff radii");
     return in;
 }
 
@@ -1765,6 +2247,7 @@ Timings splat(const CellGeometry& cell, const int64_t shape[3], const AtomArrays
               const Options& opt, RowIntervals* rows, int64_t n_maps) {
     checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
+    if (rows && in.u) throw std::invalid_argument("row intervals are kept for isotropic atoms only");
     Timings tm;
     tm.int64_index = use_int64(shape, opt.force_int64);
     if (rows) std::copy(shape, shape + 3, rows->shape);
@@ -1777,6 +2260,7 @@ Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArray
                const Options& opt, RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc, int64_t n_maps) {
     checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
+    if (in.u) throw std::invalid_argument("anisotropic atoms: use gather_aniso");
     if (rows && rows->n_atoms != atoms.n)
         throw std::invalid_argument("the row intervals come from a splat of a different number of atoms");
     Timings tm;
@@ -1785,6 +2269,34 @@ Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArray
         ::gather(in, grad, n_maps, std::max(1, opt.n_threads), tm.int64_index, opt.lanes != 8, rows, gxyz, gb_iso,
                  gocc, tm);
     return tm;
+}
+
+Timings gather_aniso(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
+                     const Options& opt, double* gfrac, double* gocc, double* gu, double* gb_iso, int64_t n_maps) {
+    checked_maps(atoms, n_maps);
+    const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
+    if (!in.u) throw std::invalid_argument("gather_aniso takes anisotropic atoms (u_aniso and aniso)");
+    Timings tm;
+    tm.int64_index = use_int64(shape, opt.force_int64);
+    if (atoms.n > 0)
+        ::gather_aniso(in, grad, n_maps, std::max(1, opt.n_threads), tm.int64_index, gfrac, gocc, gu, gb_iso, tm);
+    return tm;
+}
+
+void cutoff_radii_aniso(int64_t n, const float* u_aniso, const uint8_t* aniso, const float* b_iso, const float* a,
+                        const float* b, double cutoff, int rule, bool neutron, int n_threads, double* out) {
+    Inputs in;
+    in.n_atoms = n;
+    in.u = u_aniso;
+    in.aniso = aniso;
+    in.b_iso = b_iso;
+    in.a = a;
+    in.b = b;
+    const int64_t per = 512;
+    parallel_for((n + per - 1) / per, std::max(1, n_threads), [&](int64_t t, int) {
+        for (int64_t i = t * per; i < std::min<int64_t>(n, (t + 1) * per); ++i)
+            out[i] = aniso_radius(in, i, rule, neutron, cutoff);
+    });
 }
 
 #if defined(__GNUC__) && !defined(__clang__)

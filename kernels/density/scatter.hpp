@@ -33,6 +33,10 @@ struct AtomArrays {
     const float* occ = nullptr;    // (n,)
     const float* a = nullptr;      // (n, 5) amplitudes
     const float* b = nullptr;      // (n, 5) widths (Å²)
+    // Anisotropic atoms: both set (radii then required), or both nullptr. Every atom then takes the
+    // anisotropic kernel with its effective U: its row of u_aniso where aniso[i], else b_iso/8π²·I.
+    const float* u_aniso = nullptr;    // (n, 6) U11, U22, U33, U12, U13, U23 (Å², Cartesian)
+    const uint8_t* aniso = nullptr;    // (n,) 1: the atom uses its row of u_aniso
 };
 
 // How a call runs. Every combination gives bitwise the same map and gradients; the fields past
@@ -95,6 +99,19 @@ Timings splat(const CellGeometry& cell, const int64_t shape[3], const AtomArrays
 Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
                const Options& opt, RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc,
                int64_t n_maps = 1);
+
+// Gradient of sum(grad · splat(atoms)) for an anisotropic set (atoms.u_aniso set) with respect to the
+// fractional positions gfrac (n, 3), occ (n,), u_aniso gu (n, 6; zero rows for isotropic atoms) and
+// b_iso gb_iso (n,; zero for anisotropic atoms), written as float64 (sums in double). Frames as in gather().
+Timings gather_aniso(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
+                     const Options& opt, double* gfrac, double* gocc, double* gu, double* gb_iso,
+                     int64_t n_maps = 1);
+
+// Cutoff radius (Å) of every atom of an anisotropic set (kernels/density/radius.py atom_cutoff_radii):
+// rule 0 "gemmi" (the isotropic rule at B_max = 8π²·max diag U), 1 "eigen" (the search along the major
+// axis); neutron: one Gaussian, closed form. u_aniso (n, 6), aniso (n,), b_iso (n,), a and b (n, 5).
+void cutoff_radii_aniso(int64_t n, const float* u_aniso, const uint8_t* aniso, const float* b_iso, const float* a,
+                        const float* b, double cutoff, int rule, bool neutron, int n_threads, double* out);
 
 // Fractional positions frac·xyz of n atoms (xyz (n, 3) float32 in Å, frac (3, 3) row-major):
 // out (n, 3) float64, each as ((x·F0 + y·F1) + z·F2) without fused multiply-adds (torch's float64

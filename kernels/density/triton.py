@@ -61,7 +61,7 @@ import triton.language as tl
 
 from kernels._util import positive_number, to_float32
 from kernels.crystal import AtomSet, Cell, GridError, GridSpec
-from kernels.density.radius import DEFAULT_CUTOFF, cutoff_radius
+from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES, cutoff_radius
 from kernels.dispatch import BackendError, triton_interpreted
 
 __all__ = ["splat_triton", "splat_frames_triton"]
@@ -111,8 +111,16 @@ def _cutoff_radius(bb, a_ptr, b_ptr, ia, valid, cutoff, MAX_STEPS: tl.constexpr)
     amp2, al2, _b2 = _radial_coef(a_ptr, b_ptr, ia, valid, bb, 2)
     amp3, al3, _b3 = _radial_coef(a_ptr, b_ptr, ia, valid, bb, 3)
     amp4, al4, _b4 = _radial_coef(a_ptr, b_ptr, ia, valid, bb, 4)
-    ex0, ex1, ex2, ex3, ex4 = -al0, -al1, -al2, -al3, -al4
+    return _radius_search(bb, amp0, -al0, amp1, -al1, amp2, -al2, amp3, -al3, amp4, -al4, valid, cutoff, MAX_STEPS)
 
+
+@triton.jit
+def _radius_search(bb, amp0, ex0, amp1, ex1, amp2, ex2, amp3, ex3, amp4, ex4, valid, cutoff, MAX_STEPS: tl.constexpr):
+    """gemmi's step search for ρ(x) = Σ amp_k·exp(ex_k·x²) started at its guess for B = bb, float32, lane-wise.
+
+    The search of :func:`_cutoff_radius` for any five-term radial density (the anisotropic kernels pass the
+    terms along an atom's major axis for the exact-sphere rule).
+    """
     x1 = (8.5 + 0.075 * bb) / (2.4 + 0.0045 * bb)
     y1, dy = _density_slope(x1, amp0, ex0, amp1, ex1, amp2, ex2, amp3, ex3, amp4, ex4)
     # Move past a maximum (only reachable with addends; kept for fidelity).
@@ -484,7 +492,7 @@ def _splat_fwd_kernel(
     a_ptr,  # (N, 5) float32, IT92 amplitudes (c as the 5th)
     b_ptr,  # (N, 5) float32, IT92 widths in Å² (0 for c)
     radius_ptr,  # (N,) float32, Å: written with each atom's cutoff radius when PER_ATOM_RADIUS (the backward's)
-    p_ptr,  # (32,) float64, the plan's constants (layout: _Plan.build)
+    p_ptr,  # (41,) float64, the plan's constants (layout: _Plan.build)
     out_ptr,  # (nx·ny·nz,) float32 (FRAMES: (F·nx·ny·nz,)), zero-filled; accumulated with atomics
     n_atoms,
     atoms_per_frame,  # atoms of one frame (read when FRAMES)
@@ -650,7 +658,7 @@ def _splat_bwd_kernel(
     a_ptr,  # (N, 5) float32
     b_ptr,  # (N, 5) float32, Å²
     radius_ptr,  # (N,) float32, Å, the forward's radii (read when PER_ATOM_RADIUS)
-    p_ptr,  # (32,) float64, the plan's constants (layout: _Plan.build)
+    p_ptr,  # (41,) float64, the plan's constants (layout: _Plan.build)
     gxyz_ptr,  # (N, 3) the dtype of xyz, written: ∂L/∂xyz
     gb_ptr,  # (N,) float32, written: ∂L/∂b_iso
     gocc_ptr,  # (N,) float32, written: ∂L/∂occ
@@ -919,6 +927,713 @@ def _splat_bwd_kernel(
     tl.store(gocc_ptr + ia, s_o, mask=valid)
 
 
+# --------------------------------------------------------------------------- anisotropic kernels
+#
+# Every atom as a general Gaussian per form-factor term: ρ_k(Δv) = amp_k·exp2(q_k(Δv)) for the offset Δv of a
+# voxel from the atom in voxel units, q_k = −½·log2(e)·Δvᵀ·Qv_k·Δv, Qv_k = Bᵀ·M_k⁻¹·B with B = orth·diag(1/n)
+# (voxel steps → Å) and M_k = U + b_k/(8π²)·I (see kernels.density.adp). The per-atom work (U from
+# u_aniso/aniso/b_iso as kernels.density.adp.effective_u forms it, M_k⁻¹ and det M_k in closed form, the
+# six coefficients of each q_k, the cutoff radius) is done by each program for its own atoms, so a call is
+# one memset and one launch each way, as for isotropic atoms: the same work as ~50 small torch ops, whose
+# launches alone would cost several times the splat of a small model.
+
+_U_PER_B = 0.012665147955292222  # 1/(8π²): U = B/(8π²)
+_B_PER_U = 78.95683520871486  # 8π²
+_GAUSS_NORM = 0.06349363593424097  # (2π)^{-3/2}
+
+
+@triton.jit
+def _effective_u(u_ptr, flag_ptr, b_iso_ptr, ia, valid, ANISO: tl.constexpr):
+    """Each atom's U (Å², six components U11, U22, U33, U12, U13, U23), whether it is anisotropic, and its B.
+
+    As :func:`kernels.density.adp.effective_u`: the atom's ``u_aniso`` row where ``aniso`` is set, else
+    B/(8π²) on the diagonal. Without ANISO (an isotropic set) every atom takes its B; u_ptr and flag_ptr are
+    not read.
+    """
+    b_iso = tl.load(b_iso_ptr + ia, mask=valid, other=1.0)
+    ui = b_iso * 0.012665147955292222
+    zero = tl.zeros_like(ui)
+    if ANISO:
+        flag = tl.load(flag_ptr + ia, mask=valid, other=0) != 0
+        u11 = tl.where(flag, tl.load(u_ptr + ia * 6 + 0, mask=valid, other=1.0), ui)
+        u22 = tl.where(flag, tl.load(u_ptr + ia * 6 + 1, mask=valid, other=1.0), ui)
+        u33 = tl.where(flag, tl.load(u_ptr + ia * 6 + 2, mask=valid, other=1.0), ui)
+        u12 = tl.where(flag, tl.load(u_ptr + ia * 6 + 3, mask=valid, other=0.0), zero)
+        u13 = tl.where(flag, tl.load(u_ptr + ia * 6 + 4, mask=valid, other=0.0), zero)
+        u23 = tl.where(flag, tl.load(u_ptr + ia * 6 + 5, mask=valid, other=0.0), zero)
+    else:
+        flag = ia < 0  # every atom isotropic
+        u11 = ui
+        u22 = ui
+        u33 = ui
+        u12 = zero
+        u13 = zero
+        u23 = zero
+    return u11, u22, u33, u12, u13, u23, flag, b_iso
+
+
+@triton.jit
+def _positive_definite(u11, u22, u33, u12, u13, u23):
+    """U finite and positive definite: every leading principal minor > 0 (False for NaN)."""
+    finite = (u11 - u11 == 0) & (u22 - u22 == 0) & (u33 - u33 == 0)
+    finite = finite & (u12 - u12 == 0) & (u13 - u13 == 0) & (u23 - u23 == 0)
+    minor2 = u11 * u22 - u12 * u12
+    det = u11 * (u22 * u33 - u23 * u23) - u12 * (u12 * u33 - u23 * u13) + u13 * (u12 * u23 - u22 * u13)
+    return finite & (u11 > 0) & (minor2 > 0) & (det > 0)
+
+
+@triton.jit
+def _aniso_atom_inputs(xyz_ptr, u_ptr, flag_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz, ANISO: tl.constexpr):
+    """Per-atom centre (as :func:`_atom_inputs`), occupancy, U, anisotropy flag, B and ok, each (ATOMS,).
+
+    ``ok``: in range, a finite position (also after frac·xyz) and occupancy, and a finite positive-definite
+    U. An atom that is not ok gets U = I, occupancy 0 and zero extent: it adds nothing and every gradient
+    of it is an exact 0 (nothing non-finite enters the arithmetic).
+    """
+    x = tl.load(xyz_ptr + ia * 3 + 0, mask=valid, other=0.0).to(tl.float64)
+    y = tl.load(xyz_ptr + ia * 3 + 1, mask=valid, other=0.0).to(tl.float64)
+    z = tl.load(xyz_ptr + ia * 3 + 2, mask=valid, other=0.0).to(tl.float64)
+    fx = tl.load(p_ptr + 0) * x + tl.load(p_ptr + 1) * y + tl.load(p_ptr + 2) * z
+    fy = tl.load(p_ptr + 3) * x + tl.load(p_ptr + 4) * y + tl.load(p_ptr + 5) * z
+    fz = tl.load(p_ptr + 6) * x + tl.load(p_ptr + 7) * y + tl.load(p_ptr + 8) * z
+    occ = tl.load(occ_ptr + ia, mask=valid, other=0.0)
+    u11, u22, u33, u12, u13, u23, flag, b_iso = _effective_u(u_ptr, flag_ptr, b_iso_ptr, ia, valid, ANISO)
+    ok = valid & (fx - fx == 0) & (fy - fy == 0) & (fz - fz == 0) & (occ - occ == 0)
+    ok = ok & _positive_definite(u11, u22, u33, u12, u13, u23)
+    tx, bx = _cell_coordinate(tl.where(ok, fx, 0.0), nx, tl.load(p_ptr + 9))
+    ty, by = _cell_coordinate(tl.where(ok, fy, 0.0), ny, tl.load(p_ptr + 10))
+    tz, bz = _cell_coordinate(tl.where(ok, fz, 0.0), nz, tl.load(p_ptr + 11))
+    u11 = tl.where(ok, u11, 1.0)
+    u22 = tl.where(ok, u22, 1.0)
+    u33 = tl.where(ok, u33, 1.0)
+    u12 = tl.where(ok, u12, 0.0)
+    u13 = tl.where(ok, u13, 0.0)
+    u23 = tl.where(ok, u23, 0.0)
+    occ = tl.where(ok, occ, 0.0)
+    b_iso = tl.where(ok, b_iso, 1.0)
+    return tx, ty, tz, bx, by, bz, occ, u11, u22, u33, u12, u13, u23, flag, b_iso, ok
+
+
+@triton.jit
+def _aniso_term(u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, valid, k: tl.constexpr):
+    """Term k of each atom: unit-occupancy amplitude a_k·(2π)^{-3/2}·det(M_k)^{-1/2}, det M_k, b_k/(8π²) and M_k⁻¹.
+
+    M_k = U + b_k/(8π²)·I, inverted by its adjugate. M_k⁻¹ as six components (11, 22, 33, 12, 13, 23). A term
+    whose det M_k is not positive (widths b_k < 0 only; U itself is positive definite here) gets amplitude 0
+    and M⁻¹ = I.
+    """
+    ak = tl.load(a_ptr + ia * 5 + k, mask=valid, other=0.0)
+    beta = tl.load(b_ptr + ia * 5 + k, mask=valid, other=0.0) * 0.012665147955292222
+    m11 = u11 + beta
+    m22 = u22 + beta
+    m33 = u33 + beta
+    c11 = m22 * m33 - u23 * u23
+    c22 = m11 * m33 - u13 * u13
+    c33 = m11 * m22 - u12 * u12
+    c12 = u13 * u23 - u12 * m33
+    c13 = u12 * u23 - u13 * m22
+    c23 = u12 * u13 - m11 * u23
+    det = m11 * c11 + u12 * c12 + u13 * c13
+    good = det > 0
+    inv = 1.0 / tl.where(good, det, 1.0)
+    amp = tl.where(good, ak * 0.06349363593424097 * tl.sqrt(inv), 0.0)
+    n11 = tl.where(good, c11 * inv, 1.0)
+    n22 = tl.where(good, c22 * inv, 1.0)
+    n33 = tl.where(good, c33 * inv, 1.0)
+    n12 = tl.where(good, c12 * inv, 0.0)
+    n13 = tl.where(good, c13 * inv, 0.0)
+    n23 = tl.where(good, c23 * inv, 0.0)
+    return amp, tl.where(good, det, 1.0), beta, n11, n22, n33, n12, n13, n23
+
+
+@triton.jit
+def _sandwich(x11, x22, x33, x12, x13, x23, p11, p12, p13, p21, p22, p23, p31, p32, p33):
+    """P·X·Pᵀ for a symmetric X given as six components (11, 22, 33, 12, 13, 23); the same six of the result."""
+    t11 = p11 * x11 + p12 * x12 + p13 * x13
+    t12 = p11 * x12 + p12 * x22 + p13 * x23
+    t13 = p11 * x13 + p12 * x23 + p13 * x33
+    t21 = p21 * x11 + p22 * x12 + p23 * x13
+    t22 = p21 * x12 + p22 * x22 + p23 * x23
+    t23 = p21 * x13 + p22 * x23 + p23 * x33
+    t31 = p31 * x11 + p32 * x12 + p33 * x13
+    t32 = p31 * x12 + p32 * x22 + p33 * x23
+    t33 = p31 * x13 + p32 * x23 + p33 * x33
+    y11 = t11 * p11 + t12 * p12 + t13 * p13
+    y22 = t21 * p21 + t22 * p22 + t23 * p23
+    y33 = t31 * p31 + t32 * p32 + t33 * p33
+    y12 = t11 * p21 + t12 * p22 + t13 * p23
+    y13 = t11 * p31 + t12 * p32 + t13 * p33
+    y23 = t21 * p31 + t22 * p32 + t23 * p33
+    return y11, y22, y33, y12, y13, y23
+
+
+@triton.jit
+def _voxel_form(n11, n22, n33, n12, n13, n23, p_ptr):
+    """Qv = Bᵀ·M⁻¹·B (B = orth·diag(1/n), params [32:41]): M⁻¹'s quadratic form in voxel steps, six components."""
+    b11 = tl.load(p_ptr + 32).to(tl.float32)
+    b12 = tl.load(p_ptr + 33).to(tl.float32)
+    b13 = tl.load(p_ptr + 34).to(tl.float32)
+    b21 = tl.load(p_ptr + 35).to(tl.float32)
+    b22 = tl.load(p_ptr + 36).to(tl.float32)
+    b23 = tl.load(p_ptr + 37).to(tl.float32)
+    b31 = tl.load(p_ptr + 38).to(tl.float32)
+    b32 = tl.load(p_ptr + 39).to(tl.float32)
+    b33 = tl.load(p_ptr + 40).to(tl.float32)
+    return _sandwich(n11, n22, n33, n12, n13, n23, b11, b21, b31, b12, b22, b32, b13, b23, b33)
+
+
+@triton.jit
+def _largest_eigenvalue(u11, u22, u33, u12, u13, u23):
+    """Largest eigenvalue of each symmetric U (float32).
+
+    U = mean·I + D with D traceless; D's eigenvalues are the roots of μ³ − p·μ − q (p = ½·tr D², q = det D),
+    all real, the largest in [√(p/3), 2√(p/3)]. Newton from 2√(p/3) descends monotonically onto it (the
+    cubic is convex and increasing beyond it), quadratically for a simple root and halving the error per
+    step for a double one (an axially symmetric U), so 40 steps reach float32 rounding either way.
+    """
+    mean = (u11 + u22 + u33) * (1.0 / 3.0)
+    d11 = u11 - mean
+    d22 = u22 - mean
+    d33 = u33 - mean
+    p = 0.5 * (d11 * d11 + d22 * d22 + d33 * d33) + u12 * u12 + u13 * u13 + u23 * u23
+    q = d11 * (d22 * d33 - u23 * u23) - u12 * (u12 * d33 - u23 * u13) + u13 * (u12 * u23 - d22 * u13)
+    mu = 2.0 * tl.sqrt(p * (1.0 / 3.0))
+    for _ in range(40):
+        f = (mu * mu - p) * mu - q
+        fp = 3.0 * mu * mu - p
+        step = tl.where(fp > 0, f / tl.where(fp > 0, fp, 1.0), 0.0)
+        mu = mu - tl.maximum(step, 0.0)
+    return mean + mu
+
+
+@triton.jit
+def _neutron_radius(amp, ex, cutoff):
+    """Radius where |amp|·exp(ex·r²) falls to ``cutoff`` (one Gaussian: gemmi's closed form); 0 below it."""
+    level = tl.log(tl.maximum(tl.abs(amp), 1e-30) / cutoff)  # no log(0): a zero amplitude is below any cutoff
+    return tl.where(level > 0, tl.sqrt(tl.maximum(level, 0.0) / -ex), 0.0)
+
+
+@triton.jit
+def _aniso_radius(
+    u11, u22, u33, u12, u13, u23, flag, b_iso, a_ptr, b_ptr, ia, ok, cutoff,
+    am0, de0, be0, am1, de1, be1, am2, de2, be2, am3, de3, be3, am4, de4, be4,
+    ANISO: tl.constexpr, RULE: tl.constexpr, NEUTRON: tl.constexpr,
+):  # fmt: skip
+    """Cutoff radius of each atom (Å, float32), as kernels.density.radius.atom_cutoff_radii computes it.
+
+    RULE 1 (gemmi): the isotropic rule at B_max = 8π²·max diag U (B itself for isotropic atoms of an
+    isotropic set). RULE 2 (eigen): the same search along the major axis of U, where every term's density
+    falls slowest: amplitudes a_k(2π)^{-3/2}det(M_k)^{-1/2} (am_k), exponents −1/(2(λ_max + b_k/8π²)).
+    NEUTRON: one Gaussian, solved in closed form with the summed amplitude (hydrogen's is negative).
+    """
+    if RULE == 1:
+        if ANISO:
+            bb = tl.where(flag, 78.95683520871486 * tl.maximum(tl.maximum(u11, u22), u33), b_iso)
+        else:
+            bb = b_iso
+        r0, al0, _w0 = _radial_coef(a_ptr, b_ptr, ia, ok, bb, 0)
+        r1, al1, _w1 = _radial_coef(a_ptr, b_ptr, ia, ok, bb, 1)
+        r2, al2, _w2 = _radial_coef(a_ptr, b_ptr, ia, ok, bb, 2)
+        r3, al3, _w3 = _radial_coef(a_ptr, b_ptr, ia, ok, bb, 3)
+        r4, al4, _w4 = _radial_coef(a_ptr, b_ptr, ia, ok, bb, 4)
+        ex0, ex1, ex2, ex3, ex4 = -al0, -al1, -al2, -al3, -al4
+    else:
+        lam = _largest_eigenvalue(u11, u22, u33, u12, u13, u23)
+        bb = 78.95683520871486 * lam
+        r0, r1, r2, r3, r4 = am0, am1, am2, am3, am4
+        ex0 = -0.5 / (lam + be0)
+        ex1 = -0.5 / (lam + be1)
+        ex2 = -0.5 / (lam + be2)
+        ex3 = -0.5 / (lam + be3)
+        ex4 = -0.5 / (lam + be4)
+    if NEUTRON:
+        rad = _neutron_radius(r0 + r1 + r2 + r3 + r4, ex0, cutoff)
+    else:
+        rad = _radius_search(bb, r0, ex0, r1, ex1, r2, ex2, r3, ex3, r4, ex4, ok, cutoff, 80)
+    return rad
+
+
+@triton.jit
+def _log2_form(n11, n22, n33, n12, n13, n23, p_ptr):
+    """Coefficients of q = −½·log2(e)·Δvᵀ·Qv·Δv on dx², dy², dz², dx·dy, dx·dz, dy·dz, each (ATOMS, 1, 1)."""
+    q11, q22, q33, q12, q13, q23 = _voxel_form(n11, n22, n33, n12, n13, n23, p_ptr)
+    h = -0.7213475204444817  # −½·log2(e)
+    return (
+        (h * q11)[:, None, None],
+        (h * q22)[:, None, None],
+        (h * q33)[:, None, None],
+        (2.0 * h * q12)[:, None, None],
+        (2.0 * h * q13)[:, None, None],
+        (2.0 * h * q23)[:, None, None],
+    )
+
+
+@triton.jit
+def _column(cxx, czz, cxy, cxz, cyz, dx, dz):
+    """A tile's part of q that is constant along y (A) and the coefficient of dy (B): q = A + dy·(B + cyy·dy)."""
+    return dx * (cxx * dx + cxz * dz) + czz * dz * dz, cxy * dx + cyz * dz
+
+
+@triton.jit
+def _tile_moments(t, ty, tyy, dx, dz):
+    """One tile's sums of g·e·(1, Δv, Δv Δvᵀ) per atom, (ATOMS,) each, from its row sums t = Σ g·e,
+    ty = Σ g·e·dy, tyy = Σ g·e·dy² (dx, dz are constant along a row)."""
+    tdx = t * dx
+    tdz = t * dz
+    return (
+        tl.sum(tl.sum(t, axis=2), axis=1),
+        tl.sum(tl.sum(tdx, axis=2), axis=1),
+        tl.sum(tl.sum(ty, axis=2), axis=1),
+        tl.sum(tl.sum(tdz, axis=2), axis=1),
+        tl.sum(tl.sum(tdx * dx, axis=2), axis=1),
+        tl.sum(tl.sum(tyy, axis=2), axis=1),
+        tl.sum(tl.sum(tdz * dz, axis=2), axis=1),
+        tl.sum(tl.sum(ty * dx, axis=2), axis=1),
+        tl.sum(tl.sum(tdx * dz, axis=2), axis=1),
+        tl.sum(tl.sum(ty * dz, axis=2), axis=1),
+    )
+
+
+@triton.jit
+def _term_grads(amp, n11, n22, n33, n12, n13, n23, s0, sx, sy, sz, sxx, syy, szz, sxy, sxz, syz, p_ptr):
+    """One term's ∂L/∂centre (voxel units, 3) and ∂L/∂M_k (symmetric, six entries 11, 22, 33, 12, 13, 23), float64.
+
+    ρ_k = amp·e, e = exp(−½ ΔvᵀQvΔv), Δv = voxel − centre, r = B·Δv in Å. From the sums s0 = Σ g·e,
+    s = Σ g·e·Δv and S = Σ g·e·Δv·Δvᵀ over the atom's voxels:
+    ∂L/∂centre = amp·Qv·s and ∂L/∂M_k = ½·amp·(M⁻¹·(B·S·Bᵀ)·M⁻¹ − s0·M⁻¹). The two parts of ∂L/∂M_k
+    nearly cancel for a narrow term (voxels about one standard deviation out contribute to both), so
+    the sums and this combination are float64: in float32 the difference lost ~1e-5 of the gradient.
+    """
+    amp = amp.to(tl.float64)
+    n11 = n11.to(tl.float64)
+    n22 = n22.to(tl.float64)
+    n33 = n33.to(tl.float64)
+    n12 = n12.to(tl.float64)
+    n13 = n13.to(tl.float64)
+    n23 = n23.to(tl.float64)
+    b11 = tl.load(p_ptr + 32)
+    b12 = tl.load(p_ptr + 33)
+    b13 = tl.load(p_ptr + 34)
+    b21 = tl.load(p_ptr + 35)
+    b22 = tl.load(p_ptr + 36)
+    b23 = tl.load(p_ptr + 37)
+    b31 = tl.load(p_ptr + 38)
+    b32 = tl.load(p_ptr + 39)
+    b33 = tl.load(p_ptr + 40)
+    # Qv = Bᵀ·M⁻¹·B
+    q11, q22, q33, q12, q13, q23 = _sandwich(n11, n22, n33, n12, n13, n23, b11, b21, b31, b12, b22, b32, b13, b23, b33)
+    gcx = amp * (q11 * sx + q12 * sy + q13 * sz)
+    gcy = amp * (q12 * sx + q22 * sy + q23 * sz)
+    gcz = amp * (q13 * sx + q23 * sy + q33 * sz)
+    r11, r22, r33, r12, r13, r23 = _sandwich(sxx, syy, szz, sxy, sxz, syz, b11, b12, b13, b21, b22, b23, b31, b32, b33)
+    w11, w22, w33, w12, w13, w23 = _sandwich(r11, r22, r33, r12, r13, r23, n11, n12, n13, n12, n22, n23, n13, n23, n33)
+    half = 0.5 * amp
+    return (
+        gcx,
+        gcy,
+        gcz,
+        half * (w11 - s0 * n11),
+        half * (w22 - s0 * n22),
+        half * (w33 - s0 * n33),
+        half * (w12 - s0 * n12),
+        half * (w13 - s0 * n13),
+        half * (w23 - s0 * n23),
+    )
+
+
+@triton.jit
+def _fold_grads(
+    gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
+    amp, au, n11, n22, n33, n12, n13, n23, t, ty, tyy, dx, dz, p_ptr,
+):  # fmt: skip
+    """The gradient sums (∂L/∂centre, ∂L/∂occ, ∂L/∂U) += one term's part from one tile, float64, (ATOMS,) each.
+
+    Every gradient is linear in the tile's moments, so each tile is folded in as soon as its rows are
+    summed: ten running sums per atom instead of ten per term. amp: the term's amplitude with the
+    occupancy, au: without it.
+    """
+    s0, sx, sy, sz, sxx, syy, szz, sxy, sxz, syz = _tile_moments(t, ty, tyy, dx, dz)
+    gx, gy, gz, e11, e22, e33, e12, e13, e23 = _term_grads(
+        amp, n11, n22, n33, n12, n13, n23, s0, sx, sy, sz, sxx, syy, szz, sxy, sxz, syz, p_ptr
+    )
+    return (
+        gcx + gx, gcy + gy, gcz + gz, go + au.to(tl.float64) * s0,
+        d11 + e11, d22 + e22, d33 + e33, d12 + e12, d13 + e13, d23 + e23,
+    )  # fmt: skip
+
+
+_ANISO_ARGS = ("xyz_ptr", "u_ptr", "flag_ptr", "b_iso_ptr", "occ_ptr", "a_ptr", "b_ptr", "radius_ptr", "p_ptr")
+
+
+@triton.jit(do_not_specialize=(*_ANISO_ARGS, "n_atoms", "atoms_per_frame"), do_not_specialize_on_alignment=_ANISO_ARGS)
+def _aniso_fwd_kernel(
+    xyz_ptr,  # (N, 3) float32 or float64, Å
+    u_ptr,  # (N, 6) float32, Å², U11, U22, U33, U12, U13, U23 (read when ANISO)
+    flag_ptr,  # (N,) uint8, 1 where the atom uses its u_aniso row (read when ANISO)
+    b_iso_ptr,  # (N,) float32, Å² (U = B/8π²·I of the isotropic atoms)
+    occ_ptr,  # (N,) float32
+    a_ptr,  # (N, 5) float32, form-factor amplitudes
+    b_ptr,  # (N, 5) float32, widths in Å²
+    radius_ptr,  # (N,) float32, Å: written with each atom's cutoff radius when RULE > 0 (the backward's)
+    p_ptr,  # (41,) float64, the plan's constants (layout: _Plan.build)
+    out_ptr,  # (nx·ny·nz,) float32 (FRAMES: (F·nx·ny·nz,)), zero-filled; accumulated with atomics
+    n_atoms,
+    atoms_per_frame,  # atoms of one frame (read when FRAMES)
+    ATOMS: tl.constexpr,
+    BP: tl.constexpr,
+    BQ: tl.constexpr,
+    ANISO: tl.constexpr,  # the set carries u_aniso/aniso (else every atom is U = B/8π²·I)
+    RULE: tl.constexpr,  # 0: the plan's fixed radius; 1: gemmi's rule at B_max; 2: the exact (eigenvalue) sphere
+    NEUTRON: tl.constexpr,  # one-Gaussian lengths: closed-form radius
+    INDEX64: tl.constexpr,
+    VEC: tl.constexpr,
+    FRAMES: tl.constexpr,
+):
+    ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
+    valid = ia < n_atoms
+    nx, ny, nz, h00, h11, h22, h01, h02, h12, rx, ry, rz, radius_all, cutoff = _plan_scalars(p_ptr)
+    tx, ty, tz, bx, by, bz, occ, u11, u22, u33, u12, u13, u23, flag, b_iso, ok = _aniso_atom_inputs(
+        xyz_ptr, u_ptr, flag_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz, ANISO
+    )
+    am0, de0, be0, n11_0, n22_0, n33_0, n12_0, n13_0, n23_0 = _aniso_term(
+        u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 0
+    )
+    am1, de1, be1, n11_1, n22_1, n33_1, n12_1, n13_1, n23_1 = _aniso_term(
+        u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 1
+    )
+    am2, de2, be2, n11_2, n22_2, n33_2, n12_2, n13_2, n23_2 = _aniso_term(
+        u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 2
+    )
+    am3, de3, be3, n11_3, n22_3, n33_3, n12_3, n13_3, n23_3 = _aniso_term(
+        u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 3
+    )
+    am4, de4, be4, n11_4, n22_4, n33_4, n12_4, n13_4, n23_4 = _aniso_term(
+        u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 4
+    )
+    if RULE == 0:
+        rad = tl.zeros_like(tx) + radius_all
+    else:
+        # Computed here (no launch of its own) and kept for the backward, which reads the same radii.
+        rad = _aniso_radius(
+            u11, u22, u33, u12, u13, u23, flag, b_iso, a_ptr, b_ptr, ia, ok, cutoff,
+            am0, de0, be0, am1, de1, be1, am2, de2, be2, am3, de3, be3, am4, de4, be4,
+            ANISO, RULE, NEUTRON,
+        )  # fmt: skip
+        tl.store(radius_ptr + ia, rad, mask=valid)
+    lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
+    # (ATOMS, 1, 1): per-atom amplitudes (occupancy folded in) and log2-unit coefficients of each term.
+    am0 = (am0 * occ)[:, None, None]
+    am1 = (am1 * occ)[:, None, None]
+    am2 = (am2 * occ)[:, None, None]
+    am3 = (am3 * occ)[:, None, None]
+    am4 = (am4 * occ)[:, None, None]
+    cxx0, cyy0, czz0, cxy0, cxz0, cyz0 = _log2_form(n11_0, n22_0, n33_0, n12_0, n13_0, n23_0, p_ptr)
+    cxx1, cyy1, czz1, cxy1, cxz1, cyz1 = _log2_form(n11_1, n22_1, n33_1, n12_1, n13_1, n23_1, p_ptr)
+    cxx2, cyy2, czz2, cxy2, cxz2, cyz2 = _log2_form(n11_2, n22_2, n33_2, n12_2, n13_2, n23_2, p_ptr)
+    cxx3, cyy3, czz3, cxy3, cxz3, cyz3 = _log2_form(n11_3, n22_3, n33_3, n12_3, n13_3, n23_3, p_ptr)
+    cxx4, cyy4, czz4, cxy4, cxz4, cyz4 = _log2_form(n11_4, n22_4, n33_4, n12_4, n13_4, n23_4, p_ptr)
+    # Group masks and row spans test lower bounds of r² against R² widened by 0.1 %, far above float32
+    # rounding (~1e-6 relative), so a group or row holding a voxel with r² < R² is never masked off.
+    r2lim_a = r2max * 1.001
+    r2lim = r2lim_a[:, None, None]
+    r2max = r2max[:, None, None]
+    if VEC:
+        nz = nz // 4 * 4  # the host sends nz % 4 == 0: lets the axis analysis see nz and row strides divide by 4
+        loz, cntz = _vec_z_box(bz, loz, cntz)
+        inv_h22 = 1.0 / h22
+    if FRAMES:
+        fo = _frame_offset(ia, atoms_per_frame, nx, ny, nz, INDEX64)
+    n_pc = tl.cdiv(tl.max(cntx, axis=0), BP)
+    n_qc = tl.cdiv(tl.max(cntz, axis=0), BQ)
+    n_rows = tl.max(cnty, axis=0)
+    x_lo = lox.to(tl.float32) - tx
+    z_lo = loz.to(tl.float32) - tz
+    off_y = ty - loy.to(tl.float32)
+    top_y = cnty.to(tl.float32)
+    tx = tx[:, None, None]
+    tz = tz[:, None, None]
+    iy0 = _wrap(by + loy, ny)
+    off_y3 = off_y[:, None, None]
+    pp = tl.arange(0, BP)[None, :, None]
+    qq = tl.arange(0, BQ)[None, None, :]
+    pc = 0
+    while pc < n_pc:
+        kx = pc * BP + pp
+        ox = lox[:, None, None] + kx
+        dx = ox.to(tl.float32) - tx
+        ix = _wrap(bx[:, None, None] + ox, nx)
+        if INDEX64:
+            ix = ix.to(tl.int64)
+        in_x = kx < cntx[:, None, None]
+        if VEC:
+            lz = h02 * dx
+            q0x = h00 * dx * dx
+        qc = 0
+        while qc < n_qc:
+            ozg, dz, iz, in_z = _z_lanes(
+                qc, qq, loz[:, None, None], cntz[:, None, None], bz[:, None, None], tz, nz, BQ, VEC
+            )
+            in_xz = in_x & in_z
+            qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # metric part of r², (ATOMS, BP, BQ)
+            lin = 2.0 * (h01 * dx + h12 * dz)
+            base_xz = ix * (ny * nz) + iz
+            if FRAMES:
+                base_xz += fo
+            ca0, cb0 = _column(cxx0, czz0, cxy0, cxz0, cyz0, dx, dz)
+            ca1, cb1 = _column(cxx1, czz1, cxy1, cxz1, cyz1, dx, dz)
+            ca2, cb2 = _column(cxx2, czz2, cxy2, cxz2, cyz2, dx, dz)
+            ca3, cb3 = _column(cxx3, czz3, cxy3, cxz3, cyz3, dx, dz)
+            ca4, cb4 = _column(cxx4, czz4, cxy4, cxz4, cyz4, dx, dz)
+            r, r_end, iy, r_lo, r_hi = _tile_row_walk(
+                pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
+                iy0, ny, n_rows, BP, BQ, False,
+            )  # fmt: skip
+            while r < r_end:
+                dy = r.to(tl.float32) - off_y3
+                qy = h11 * dy * dy
+                r2 = qxz + dy * lin + qy
+                # Each q_k ≤ 0 (a positive-definite form), so no term overflows.
+                val = (
+                    am0 * tl.exp2(ca0 + dy * (cb0 + cyy0 * dy))
+                    + am1 * tl.exp2(ca1 + dy * (cb1 + cyy1 * dy))
+                    + am2 * tl.exp2(ca2 + dy * (cb2 + cyy2 * dy))
+                    + am3 * tl.exp2(ca3 + dy * (cb3 + cyy3 * dy))
+                    + am4 * tl.exp2(ca4 + dy * (cb4 + cyy4 * dy))
+                )
+                if VEC:
+                    gmin = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22)
+                    # Constant over each group of 4 z lanes (one v4 atomic per group on sm_90); lanes outside
+                    # the sphere add an exact 0, so the voxel set stays r² < R².
+                    hit = tl.max_constancy(gmin < r2lim, [1, 1, 4])
+                    inside = in_xz & hit
+                    val = tl.where(r2 < r2max, val, 0.0)
+                else:
+                    inside = in_xz & (r2 < r2max)
+                if ATOMS > 1:  # one atom: the loop runs exactly its rows
+                    inside = inside & (r >= r_lo) & (r < r_hi)
+                tl.atomic_add(out_ptr + (base_xz + iy * nz), val, mask=inside, sem="relaxed")
+                iy += 1
+                iy = tl.where(iy == ny, 0, iy)
+                r += 1
+            qc += 1
+        pc += 1
+
+
+@triton.jit
+def _row_moments(g, e, dy, t, ty, tyy):
+    """Row sums of one term, float64: Σ g·e, Σ g·e·dy, Σ g·e·dy² += this row's."""
+    ge = (g * e).to(tl.float64)
+    gey = ge * dy
+    return t + ge, ty + gey, tyy + gey * dy
+
+
+_ANISO_GRAD_ARGS = ("gxyz_ptr", "gu_ptr", "gb_ptr", "gocc_ptr")
+
+
+@triton.jit(
+    do_not_specialize=(*_ANISO_ARGS, *_ANISO_GRAD_ARGS, "n_atoms", "atoms_per_frame"),
+    do_not_specialize_on_alignment=(*_ANISO_ARGS, *_ANISO_GRAD_ARGS),
+)
+def _aniso_bwd_kernel(
+    grad_ptr,  # (nx·ny·nz,) float32 (FRAMES: (F·nx·ny·nz,)), upstream gradient of the map
+    xyz_ptr,  # (N, 3) float32 or float64, Å
+    u_ptr,  # (N, 6) float32, Å² (read when ANISO)
+    flag_ptr,  # (N,) uint8 (read when ANISO)
+    b_iso_ptr,  # (N,) float32, Å²
+    occ_ptr,  # (N,) float32
+    a_ptr,  # (N, 5) float32
+    b_ptr,  # (N, 5) float32, Å²
+    radius_ptr,  # (N,) float32, Å, the forward's radii (read when RULE > 0)
+    p_ptr,  # (41,) float64, the plan's constants (layout: _Plan.build)
+    gxyz_ptr,  # (N, 3) the dtype of xyz, written: ∂L/∂xyz
+    gu_ptr,  # (N, 6) float32, written when ANISO: ∂L/∂u_aniso (0 for isotropic atoms)
+    gb_ptr,  # (N,) float32, written: ∂L/∂b_iso (0 for anisotropic atoms)
+    gocc_ptr,  # (N,) float32, written: ∂L/∂occ
+    n_atoms,
+    atoms_per_frame,  # atoms of one frame (read when FRAMES)
+    ATOMS: tl.constexpr,
+    BP: tl.constexpr,
+    BQ: tl.constexpr,
+    ANISO: tl.constexpr,
+    RULE: tl.constexpr,
+    NEUTRON: tl.constexpr,  # not read: the radii come from the forward
+    INDEX64: tl.constexpr,
+    VEC: tl.constexpr,
+    FRAMES: tl.constexpr,
+):
+    ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
+    valid = ia < n_atoms
+    nx, ny, nz, h00, h11, h22, h01, h02, h12, rx, ry, rz, radius_all, cutoff = _plan_scalars(p_ptr)
+    tx, ty, tz, bx, by, bz, occ, u11, u22, u33, u12, u13, u23, flag, b_iso, ok = _aniso_atom_inputs(
+        xyz_ptr, u_ptr, flag_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz, ANISO
+    )
+    au0, _d0, _e0, n11_0, n22_0, n33_0, n12_0, n13_0, n23_0 = _aniso_term(
+        u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 0
+    )
+    au1, _d1, _e1, n11_1, n22_1, n33_1, n12_1, n13_1, n23_1 = _aniso_term(
+        u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 1
+    )
+    au2, _d2, _e2, n11_2, n22_2, n33_2, n12_2, n13_2, n23_2 = _aniso_term(
+        u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 2
+    )
+    au3, _d3, _e3, n11_3, n22_3, n33_3, n12_3, n13_3, n23_3 = _aniso_term(
+        u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 3
+    )
+    au4, _d4, _e4, n11_4, n22_4, n33_4, n12_4, n13_4, n23_4 = _aniso_term(
+        u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 4
+    )
+    if RULE == 0:
+        rad = tl.zeros_like(tx) + radius_all
+    else:
+        rad = tl.load(radius_ptr + ia, mask=valid, other=0.0)
+    lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
+    cxx0, cyy0, czz0, cxy0, cxz0, cyz0 = _log2_form(n11_0, n22_0, n33_0, n12_0, n13_0, n23_0, p_ptr)
+    cxx1, cyy1, czz1, cxy1, cxz1, cyz1 = _log2_form(n11_1, n22_1, n33_1, n12_1, n13_1, n23_1, p_ptr)
+    cxx2, cyy2, czz2, cxy2, cxz2, cyz2 = _log2_form(n11_2, n22_2, n33_2, n12_2, n13_2, n23_2, p_ptr)
+    cxx3, cyy3, czz3, cxy3, cxz3, cyz3 = _log2_form(n11_3, n22_3, n33_3, n12_3, n13_3, n23_3, p_ptr)
+    cxx4, cyy4, czz4, cxy4, cxz4, cyz4 = _log2_form(n11_4, n22_4, n33_4, n12_4, n13_4, n23_4, p_ptr)
+    r2lim_a = r2max * 1.001
+    r2lim = r2lim_a[:, None, None]
+    r2max = r2max[:, None, None]
+    if VEC:
+        nz = nz // 4 * 4
+        loz, cntz = _vec_z_box(bz, loz, cntz)
+        inv_h22 = 1.0 / h22
+    if FRAMES:
+        fo = _frame_offset(ia, atoms_per_frame, nx, ny, nz, INDEX64)
+    n_pc = tl.cdiv(tl.max(cntx, axis=0), BP)
+    n_qc = tl.cdiv(tl.max(cntz, axis=0), BQ)
+    n_rows = tl.max(cnty, axis=0)
+    x_lo = lox.to(tl.float32) - tx
+    z_lo = loz.to(tl.float32) - tz
+    off_y = ty - loy.to(tl.float32)
+    top_y = cnty.to(tl.float32)
+    tx = tx[:, None, None]
+    tz = tz[:, None, None]
+    iy0 = _wrap(by + loy, ny)
+    off_y3 = off_y[:, None, None]
+    pp = tl.arange(0, BP)[None, :, None]
+    qq = tl.arange(0, BQ)[None, None, :]
+    # ∂L/∂centre (voxel units), ∂L/∂occ and ∂L/∂U per atom, float64 (see _term_grads): each tile's rows are
+    # summed in lane accumulators (unit amplitude: Σ g·e_k, Σ g·e_k·dy, Σ g·e_k·dy² per term) and folded in
+    # after its row loop.
+    zero = tl.zeros((ATOMS,), dtype=tl.float64)
+    gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero  # fmt: skip
+    am0 = au0 * occ
+    am1 = au1 * occ
+    am2 = au2 * occ
+    am3 = au3 * occ
+    am4 = au4 * occ
+    pc = 0
+    while pc < n_pc:
+        kx = pc * BP + pp
+        ox = lox[:, None, None] + kx
+        dx = ox.to(tl.float32) - tx
+        ix = _wrap(bx[:, None, None] + ox, nx)
+        if INDEX64:
+            ix = ix.to(tl.int64)
+        in_x = kx < cntx[:, None, None]
+        if VEC:
+            lz = h02 * dx
+            q0x = h00 * dx * dx
+        qc = 0
+        while qc < n_qc:
+            ozg, dz, iz, in_z = _z_lanes(
+                qc, qq, loz[:, None, None], cntz[:, None, None], bz[:, None, None], tz, nz, BQ, VEC
+            )
+            in_xz = in_x & in_z
+            qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz
+            lin = 2.0 * (h01 * dx + h12 * dz)
+            base_xz = ix * (ny * nz) + iz
+            if FRAMES:
+                base_xz += fo
+            ca0, cb0 = _column(cxx0, czz0, cxy0, cxz0, cyz0, dx, dz)
+            ca1, cb1 = _column(cxx1, czz1, cxy1, cxz1, cyz1, dx, dz)
+            ca2, cb2 = _column(cxx2, czz2, cxy2, cxz2, cyz2, dx, dz)
+            ca3, cb3 = _column(cxx3, czz3, cxy3, cxz3, cyz3, dx, dz)
+            ca4, cb4 = _column(cxx4, czz4, cxy4, cxz4, cyz4, dx, dz)
+            tile = tl.zeros((ATOMS, BP, BQ), dtype=tl.float64)
+            t0, ty0, tyy0 = tile, tile, tile
+            t1, ty1, tyy1 = tile, tile, tile
+            t2, ty2, tyy2 = tile, tile, tile
+            t3, ty3, tyy3 = tile, tile, tile
+            t4, ty4, tyy4 = tile, tile, tile
+            r, r_end, iy, r_lo, r_hi = _tile_row_walk(
+                pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
+                iy0, ny, n_rows, BP, BQ, False,
+            )  # fmt: skip
+            while r < r_end:
+                dy = r.to(tl.float32) - off_y3
+                qy = h11 * dy * dy
+                r2 = qxz + dy * lin + qy
+                if VEC:
+                    gmin = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22)
+                    hit = tl.max_constancy(gmin < r2lim, [1, 1, 4])
+                    inside = in_xz & hit
+                else:
+                    inside = in_xz & (r2 < r2max)
+                if ATOMS > 1:  # one atom: the loop runs exactly its rows
+                    inside = inside & (r >= r_lo) & (r < r_hi)
+                g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
+                if VEC:
+                    g = tl.where(r2 < r2max, g, 0.0)
+                t0, ty0, tyy0 = _row_moments(g, tl.exp2(ca0 + dy * (cb0 + cyy0 * dy)), dy, t0, ty0, tyy0)
+                t1, ty1, tyy1 = _row_moments(g, tl.exp2(ca1 + dy * (cb1 + cyy1 * dy)), dy, t1, ty1, tyy1)
+                t2, ty2, tyy2 = _row_moments(g, tl.exp2(ca2 + dy * (cb2 + cyy2 * dy)), dy, t2, ty2, tyy2)
+                t3, ty3, tyy3 = _row_moments(g, tl.exp2(ca3 + dy * (cb3 + cyy3 * dy)), dy, t3, ty3, tyy3)
+                t4, ty4, tyy4 = _row_moments(g, tl.exp2(ca4 + dy * (cb4 + cyy4 * dy)), dy, t4, ty4, tyy4)
+                iy += 1
+                iy = tl.where(iy == ny, 0, iy)
+                r += 1
+            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
+                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
+                am0, au0, n11_0, n22_0, n33_0, n12_0, n13_0, n23_0, t0, ty0, tyy0, dx, dz, p_ptr,
+            )  # fmt: skip
+            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
+                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
+                am1, au1, n11_1, n22_1, n33_1, n12_1, n13_1, n23_1, t1, ty1, tyy1, dx, dz, p_ptr,
+            )  # fmt: skip
+            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
+                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
+                am2, au2, n11_2, n22_2, n33_2, n12_2, n13_2, n23_2, t2, ty2, tyy2, dx, dz, p_ptr,
+            )  # fmt: skip
+            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
+                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
+                am3, au3, n11_3, n22_3, n33_3, n12_3, n13_3, n23_3, t3, ty3, tyy3, dx, dz, p_ptr,
+            )  # fmt: skip
+            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
+                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
+                am4, au4, n11_4, n22_4, n33_4, n12_4, n13_4, n23_4, t4, ty4, tyy4, dx, dz, p_ptr,
+            )  # fmt: skip
+            qc += 1
+        pc += 1
+    # centre = m·xyz (m = diag(n)·frac): ∂L/∂xyz = mᵀ·∂L/∂centre.
+    m00 = tl.load(p_ptr + 23)
+    m01 = tl.load(p_ptr + 24)
+    m02 = tl.load(p_ptr + 25)
+    m10 = tl.load(p_ptr + 26)
+    m11 = tl.load(p_ptr + 27)
+    m12 = tl.load(p_ptr + 28)
+    m20 = tl.load(p_ptr + 29)
+    m21 = tl.load(p_ptr + 30)
+    m22 = tl.load(p_ptr + 31)
+    # Stores cast to each gradient's dtype (xyz's for the positions, float32 for the rest).
+    tl.store(gxyz_ptr + ia * 3 + 0, m00 * gcx + m10 * gcy + m20 * gcz, mask=valid)
+    tl.store(gxyz_ptr + ia * 3 + 1, m01 * gcx + m11 * gcy + m21 * gcz, mask=valid)
+    tl.store(gxyz_ptr + ia * 3 + 2, m02 * gcx + m12 * gcy + m22 * gcz, mask=valid)
+    tl.store(gocc_ptr + ia, go, mask=valid)
+    # ∂L/∂U = Σ_k ∂L/∂M_k; U12 stands for both (1, 2) and (2, 1), so its gradient is twice the entry's.
+    # Isotropic atoms: U = B/(8π²)·I, so ∂L/∂B = tr(∂L/∂U)/(8π²); anisotropic atoms' B is not used.
+    tl.store(gb_ptr + ia, tl.where(flag, 0.0, (d11 + d22 + d33) * 0.012665147955292222), mask=valid)
+    if ANISO:
+        tl.store(gu_ptr + ia * 6 + 0, tl.where(flag, d11, 0.0), mask=valid)
+        tl.store(gu_ptr + ia * 6 + 1, tl.where(flag, d22, 0.0), mask=valid)
+        tl.store(gu_ptr + ia * 6 + 2, tl.where(flag, d33, 0.0), mask=valid)
+        tl.store(gu_ptr + ia * 6 + 3, tl.where(flag, 2.0 * d12, 0.0), mask=valid)
+        tl.store(gu_ptr + ia * 6 + 4, tl.where(flag, 2.0 * d13, 0.0), mask=valid)
+        tl.store(gu_ptr + ia * 6 + 5, tl.where(flag, 2.0 * d23, 0.0), mask=valid)
+
+
 # --------------------------------------------------------------------------- host launchers
 
 
@@ -934,10 +1649,11 @@ class _Plan:
     shape: tuple[int, int, int]
     cell: Cell
     n_voxels: int
-    # (32,) float64 on the device, every constant the kernels read (one pointer instead of ~20 scalar
+    # (41,) float64 on the device, every constant the kernels read (one pointer instead of ~20 scalar
     # arguments, each of which costs host time per launch): [0:9] frac row-major, [9:12] the grid shape,
     # [12:18] the voxel-unit metric h00, h11, h22, h01, h02, h12, [18:21] the reach |a*_i|·n_i,
-    # [21] the fixed radius (Å, 0 when per_atom), [22] the cutoff, [23:32] m = diag(n)·frac row-major.
+    # [21] the fixed radius (Å, 0 when per_atom), [22] the cutoff, [23:32] m = diag(n)·frac row-major,
+    # [32:41] m⁻¹ = orth·diag(1/n) row-major (voxel steps → Å; the anisotropic kernels' quadratic forms).
     params: torch.Tensor
     separable: bool  # exp(−α r²) = E(x, z)·e(y): orthogonal and monoclinic cells only
     per_atom: bool  # per-atom radii from the cutoff (else ``radius`` for every atom)
@@ -952,6 +1668,13 @@ class _Plan:
     atoms_per_program: int
     num_warps: int
     num_warps_bwd: int
+    # Anisotropic kernels' tiles: the forward holds two per-term arrays per lane (10 in all), the backward
+    # fifteen row accumulators per lane, so both take at most 128 lanes, the backward one lane per thread.
+    bp_aniso: int
+    bq_aniso: int
+    bp_aniso_bwd: int
+    bq_aniso_bwd: int
+    num_warps_aniso_bwd: int
     # Compiled kernels of this plan for the direct launch (``_launch``), per (kernel, xyz dtype, frames,
     # device index). Not copied by ``dataclasses.replace``: a derived plan compiles its own.
     compiled: dict = dataclasses.field(init=False, default_factory=dict, repr=False)
@@ -989,6 +1712,7 @@ class _Plan:
                 torch.stack(hv),
                 torch.tensor([*reach, radius_all, float(cutoff)], dtype=torch.float64),
                 m.reshape(-1),
+                torch.linalg.inv(m).reshape(-1),
             ]
         ).to(torch.float64)
         return cls(
@@ -1015,6 +1739,11 @@ class _Plan:
             atoms_per_program=_INTERPRET_ATOMS if interpret else 1,
             num_warps=1,
             num_warps_bwd=1,
+            bp_aniso=bp if interpret else max(1, min(bp, 128 // bq)),
+            bq_aniso=bq,
+            bp_aniso_bwd=bp_bwd if interpret else max(1, min(bp_bwd, 128 // bq_bwd)),
+            bq_aniso_bwd=bq_bwd,
+            num_warps_aniso_bwd=1 if interpret else 4,
         )
 
     def constexprs(self, frames: bool, index64: bool) -> tuple:
@@ -1034,8 +1763,14 @@ class _Plan:
             frames,
         )
 
+    def constexprs_aniso(self, backward: bool, aniso: bool, rule: int, neutron: bool, frames: bool, index64: bool):
+        """The anisotropic kernels' constexprs in signature order (``_ANISO_CONSTEXPR_NAMES``)."""
+        bp, bq = (self.bp_aniso_bwd, self.bq_aniso_bwd) if backward else (self.bp_aniso, self.bq_aniso)
+        return (self.atoms_per_program, bp, bq, aniso, rule, neutron, index64, self.vec, frames)
+
 
 _CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "SEPARABLE", "PER_ATOM_RADIUS", "INDEX64", "VEC", "FRAMES")
+_ANISO_CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "ANISO", "RULE", "NEUTRON", "INDEX64", "VEC", "FRAMES")
 
 
 @functools.lru_cache(maxsize=8)
@@ -1077,7 +1812,10 @@ def _radii_device(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cutoff:
     return out
 
 
-def _launch(fn, plan: _Plan, key: tuple, n_programs: int, args: tuple, constexprs: tuple, num_warps: int) -> None:
+def _launch(
+    fn, plan: _Plan, key: tuple, n_programs: int, args: tuple, constexprs: tuple, num_warps: int,
+    names: tuple = _CONSTEXPR_NAMES,
+) -> None:  # fmt: skip
     """Launch ``fn`` on ``n_programs`` programs, directly through its compiled kernel once there is one.
 
     ``fn[grid](...)`` binds and specialises every argument and looks the kernel up on each call (~13 µs of
@@ -1103,7 +1841,7 @@ def _launch(fn, plan: _Plan, key: tuple, n_programs: int, args: tuple, constexpr
                 return
             except TypeError:  # a Triton whose launcher takes other arguments: the normal launch from now on
                 _direct_launch = False
-    kernel = fn[(n_programs,)](*args, **dict(zip(_CONSTEXPR_NAMES, constexprs)), num_warps=num_warps)
+    kernel = fn[(n_programs,)](*args, **dict(zip(names, constexprs)), num_warps=num_warps)
     if _direct_launch and isinstance(kernel, _CompiledKernel) and key[-1] is not None:
         plan.compiled[key] = kernel
 
@@ -1198,11 +1936,99 @@ class _SplatTriton(torch.autograd.Function):
         return g_xyz if need[0] else None, g_b if need[1] else None, g_occ if need[2] else None, None
 
 
+def _aniso_rule(plan: _Plan, anisotropic: bool, radius_rule: str) -> int:
+    """The anisotropic kernels' RULE: 0 a fixed radius, 1 gemmi's rule, 2 the exact sphere (anisotropic sets)."""
+    if not plan.per_atom:
+        return 0
+    return 2 if radius_rule == "eigen" and anisotropic else 1
+
+
+def _forward_aniso(plan: _Plan, xyz, u, flag, b_iso, occ, a, b, n_frames: int, rule: int, neutron: bool):
+    """Zero-filled map and one anisotropic forward launch; returns the flat map and the radii written.
+
+    ``u`` (N, 6) float32 and ``flag`` (N,) uint8, or both None for an isotropic set (neutrons).
+    """
+    n = xyz.shape[0]
+    size = n_frames * plan.n_voxels
+    out = torch.zeros(size, dtype=torch.float32, device=xyz.device)
+    radii = torch.empty(n, dtype=torch.float32, device=xyz.device) if rule else b_iso
+    aniso = u is not None
+    frames = n_frames > 1
+    index64 = plan.index64 or size >= 2**31 - 1
+    _launch(
+        _aniso_fwd_kernel, plan, ("afwd", xyz.dtype, frames, index64, aniso, rule, neutron, _device_key(xyz)),
+        triton.cdiv(n, plan.atoms_per_program),
+        (xyz, u if aniso else b_iso, flag if aniso else b_iso, b_iso, occ, a, b, radii, plan.params, out, n,
+         n // n_frames),
+        plan.constexprs_aniso(False, aniso, rule, neutron, frames, index64), plan.num_warps,
+        _ANISO_CONSTEXPR_NAMES,
+    )  # fmt: skip
+    return out, radii
+
+
+def _backward_aniso(plan: _Plan, grad, xyz, u, flag, b_iso, occ, a, b, radii, n_frames: int, rule: int, neutron: bool):
+    """∂L/∂xyz (xyz's dtype), ∂L/∂u (float32, None without ``u``), ∂L/∂b_iso, ∂L/∂occ: one launch."""
+    n = xyz.shape[0]
+    aniso = u is not None
+    g_xyz = torch.empty_like(xyz)
+    g_u = torch.empty_like(u) if aniso else None
+    g_b = torch.empty_like(b_iso)
+    g_occ = torch.empty_like(occ)
+    frames = n_frames > 1
+    index64 = plan.index64 or n_frames * plan.n_voxels >= 2**31 - 1
+    device = _device_key(xyz) if grad.data_ptr() % 16 == 0 else None
+    _launch(
+        _aniso_bwd_kernel, plan, ("abwd", xyz.dtype, frames, index64, aniso, rule, neutron, device),
+        triton.cdiv(n, plan.atoms_per_program),
+        (grad, xyz, u if aniso else b_iso, flag if aniso else b_iso, b_iso, occ, a, b, radii, plan.params, g_xyz,
+         g_u if aniso else g_b, g_b, g_occ, n, n // n_frames),
+        plan.constexprs_aniso(True, aniso, rule, neutron, frames, index64), plan.num_warps_aniso_bwd,
+        _ANISO_CONSTEXPR_NAMES,
+    )  # fmt: skip
+    return g_xyz, g_u, g_b, g_occ
+
+
+class _SplatAnisoTriton(torch.autograd.Function):
+    """Anisotropic forward and backward launches; ``rest`` = (flag, a, b, plan, n_frames, rule, neutron)."""
+
+    @staticmethod
+    def forward(ctx, xyz, u, b_iso, occ, rest):
+        flag, a, b, plan, n_frames, rule, neutron = rest
+        out, radii = _forward_aniso(plan, xyz, u, flag, b_iso, occ, a, b, n_frames, rule, neutron)
+        ctx.save_for_backward(xyz, u, b_iso, occ)
+        ctx.rest = (flag, a, b, radii, plan, n_frames, rule, neutron)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        need = ctx.needs_input_grad
+        if not any(need[:4]):
+            return None, None, None, None, None
+        xyz, u, b_iso, occ = ctx.saved_tensors
+        flag, a, b, radii, plan, n_frames, rule, neutron = ctx.rest
+        if grad.dtype != torch.float32:
+            grad = grad.to(torch.float32)
+        if not grad.is_contiguous():
+            grad = grad.contiguous()
+        g_xyz, g_u, g_b, g_occ = _backward_aniso(
+            plan, grad, xyz, u, flag, b_iso, occ, a, b, radii, n_frames, rule, neutron
+        )
+        return (
+            g_xyz if need[0] else None,
+            g_u if need[1] else None,
+            g_b if need[2] else None,
+            g_occ if need[3] else None,
+            None,
+        )
+
+
 # --------------------------------------------------------------------------- public
 
 
-def _check_call(atoms: AtomSet, grid: GridSpec, radius, cutoff, op: str):
+def _check_call(atoms: AtomSet, grid: GridSpec, radius, cutoff, op: str, radius_rule: str = "gemmi"):
     """The device, radius (None or Å) and cutoff of a call, checked."""
+    if radius_rule != "gemmi" and radius_rule not in RADIUS_RULES:
+        raise ValueError(f"radius_rule must be one of {RADIUS_RULES}, got {radius_rule!r}")
     device = atoms.device
     if device.type != "cuda" and not triton_interpreted():
         raise BackendError(
@@ -1224,7 +2050,12 @@ def _positive(value, name: str, unit: str) -> float:
 
 
 def splat_triton(
-    atoms: AtomSet, grid: GridSpec, *, radius: float | None = None, cutoff: float = DEFAULT_CUTOFF
+    atoms: AtomSet,
+    grid: GridSpec,
+    *,
+    radius: float | None = None,
+    cutoff: float = DEFAULT_CUTOFF,
+    radius_rule: str = "gemmi",
 ) -> torch.Tensor:
     """Electron density of ``atoms`` on a whole-cell ``grid``, by Triton kernels.
 
@@ -1233,23 +2064,34 @@ def splat_triton(
     atoms : AtomSet
         CUDA tensors (CPU tensors only under ``TRITON_INTERPRET=1``); float32 or float64.
         float64 positions are wrapped into the cell in float64 inside the kernels (their
-        gradient is float64); float64 B, occupancies and coefficients are cast to float32 with
+        gradient is float64); float64 B, occupancies, U and coefficients are cast to float32 with
         one warning per dtype. An atom with a non-finite position, B or occupancy adds nothing
         and gets zero gradients (no host check; see :func:`kernels.check_finite`).
+        Isotropic X-ray and electron sets take the isotropic kernels. Anisotropic sets
+        (``atoms.u_aniso`` not None) take the anisotropic kernels for every atom, with U as
+        :func:`kernels.density.adp.effective_u` forms it (B/(8π²)·I for the isotropic atoms), so a
+        mixed set is exact; so do neutron sets, isotropic or not (their radii are the closed form of
+        :func:`kernels.density.radius.atom_cutoff_radii`). An atom whose U is not finite and positive
+        definite (unvalidated input: the kernels do not read values back to raise) adds nothing and
+        gets zero gradients, as a non-finite position does.
     grid : GridSpec
         Whole-cell grid (periodic); any cell, orthogonal or not.
     radius : float, optional
         One cutoff radius in Å for every atom. Default: per atom, where its density falls
         to ``cutoff`` (gemmi's rule), computed on the device.
     cutoff : float
-        Density level in e/Å³ for the per-atom radius (default 1e-5).
+        Density level in e/Å³ (fm/Å³ for neutrons) for the per-atom radius (default 1e-5).
+    radius_rule : {"gemmi", "eigen"}
+        Per-atom radius of anisotropic atoms (:func:`kernels.density.radius.atom_cutoff_radii`):
+        gemmi's rule at B_max = 8π²·max diag U, or the exact sphere along U's major axis.
 
     Returns
     -------
     torch.Tensor, shape grid.shape, float32
         Density in e/Å³ on the atoms' device; differentiable with respect to
-        ``atoms.xyz``, ``atoms.b_iso`` and ``atoms.occ``. No host synchronisation, so
-        forward and backward can be captured in a CUDA graph.
+        ``atoms.xyz``, ``atoms.b_iso``, ``atoms.occ`` and ``atoms.u_aniso`` (the rows of the
+        anisotropic atoms; ``b_iso`` carries the gradient of the isotropic ones). No host
+        synchronisation, so forward and backward can be captured in a CUDA graph.
 
     Raises
     ------
@@ -1258,10 +2100,11 @@ def splat_triton(
     kernels.GridError
         A box grid (not the whole cell).
     ValueError
-        ``radius`` or ``cutoff`` not a positive finite number.
+        ``radius`` or ``cutoff`` not a positive finite number, ``radius_rule`` not one of
+        ``"gemmi"``, ``"eigen"``.
     """
-    device, radius, cutoff = _check_call(atoms, grid, radius, cutoff, "splat_triton")
-    return _splat(atoms, _plan(grid, radius, cutoff, device))
+    device, radius, cutoff = _check_call(atoms, grid, radius, cutoff, "splat_triton", radius_rule)
+    return _splat(atoms, _plan(grid, radius, cutoff, device), radius_rule=radius_rule)
 
 
 def _as_kernel_input(t: torch.Tensor, op: str) -> torch.Tensor:
@@ -1273,13 +2116,15 @@ def _as_kernel_input(t: torch.Tensor, op: str) -> torch.Tensor:
     return t
 
 
-def _splat(atoms: AtomSet, plan: _Plan, n_frames: int | None = None) -> torch.Tensor:
+def _splat(atoms: AtomSet, plan: _Plan, n_frames: int | None = None, radius_rule: str = "gemmi") -> torch.Tensor:
     """The splat of :func:`splat_triton` (inputs already validated) with an explicit ``plan``.
 
     ``splat_triton`` passes the cached production plan; tests and benchmarks pass one derived from it
     with ``dataclasses.replace`` to run another tile, launch shape or z layout of the same kernels.
     With ``n_frames``, ``atoms`` are that many frames, frame-major, and the result is (n_frames, *grid shape).
     """
+    if atoms.u_aniso is not None or atoms.radiation == "neutron":
+        return _splat_aniso(atoms, plan, n_frames, radius_rule)
     op = "splat_triton"
     # Positions go to the kernel in their own dtype when float64: the kernel wraps them into the cell
     # in float64 before rounding to float32 (and masks non-finite atoms) at no extra launch.
@@ -1303,8 +2148,50 @@ def _splat(atoms: AtomSet, plan: _Plan, n_frames: int | None = None) -> torch.Te
     return out.view(shape)
 
 
+def _kernel_inputs_aniso(atoms: AtomSet):
+    """(xyz, u, flag, b_iso, occ, a, b) as the anisotropic kernels read them; u and flag None for an isotropic set.
+
+    xyz keeps float64 (wrapped in the kernels), the rest float32 contiguous; flag is ``aniso`` viewed as uint8.
+    """
+    op = "splat_triton"
+    xyz = atoms.xyz
+    if xyz.dtype != torch.float64:
+        xyz = _as_kernel_input(xyz, op)
+    elif not xyz.is_contiguous():
+        xyz = xyz.contiguous()
+    u = flag = None
+    if atoms.u_aniso is not None:
+        u = _as_kernel_input(atoms.u_aniso, op)
+        flag = atoms.aniso.contiguous().view(torch.uint8)
+    rest = (_as_kernel_input(t, op) for t in (atoms.b_iso, atoms.occ, atoms.a, atoms.b))
+    return (xyz, u, flag, *rest)
+
+
+def _splat_aniso(atoms: AtomSet, plan: _Plan, n_frames: int | None, radius_rule: str) -> torch.Tensor:
+    """:func:`_splat` for anisotropic and neutron sets: the anisotropic kernels, one launch each way."""
+    xyz, u, flag, b_iso, occ, a, b = _kernel_inputs_aniso(atoms)
+    shape = plan.shape if n_frames is None else (n_frames, *plan.shape)
+    n_frames = n_frames or 1
+    if xyz.shape[0] == 0:
+        return torch.zeros(shape, dtype=torch.float32, device=xyz.device)
+    rule = _aniso_rule(plan, u is not None, radius_rule)
+    neutron = atoms.radiation == "neutron"
+    wants = xyz.requires_grad or b_iso.requires_grad or occ.requires_grad or (u is not None and u.requires_grad)
+    if torch.is_grad_enabled() and wants:
+        out = _SplatAnisoTriton.apply(xyz, u, b_iso, occ, (flag, a, b, plan, n_frames, rule, neutron))
+    else:
+        out = _forward_aniso(plan, xyz, u, flag, b_iso, occ, a, b, n_frames, rule, neutron)[0]
+    return out.view(shape)
+
+
 def splat_frames_triton(
-    atoms: AtomSet, grid: GridSpec, *, n_frames: int, radius: float | None = None, cutoff: float = DEFAULT_CUTOFF
+    atoms: AtomSet,
+    grid: GridSpec,
+    *,
+    n_frames: int,
+    radius: float | None = None,
+    cutoff: float = DEFAULT_CUTOFF,
+    radius_rule: str = "gemmi",
 ) -> torch.Tensor:
     """Density maps of ``n_frames`` frames of the same atoms, one forward and one backward launch.
 
@@ -1317,15 +2204,15 @@ def splat_frames_triton(
         Whole-cell grid.
     n_frames : int
         Number of frames F (≥ 1, dividing ``len(atoms)``).
-    radius, cutoff
+    radius, cutoff, radius_rule
         As for :func:`splat_triton`.
 
     Returns
     -------
     torch.Tensor, shape (n_frames, *grid.shape), float32
         Map f is what :func:`splat_triton` gives for frame f's atoms; differentiable with respect to
-        ``atoms.xyz``, ``atoms.b_iso`` and ``atoms.occ`` (the backward reads frame f's slice of the
-        incoming gradient for frame f's atoms).
+        ``atoms.xyz``, ``atoms.b_iso``, ``atoms.occ`` and ``atoms.u_aniso`` (the backward reads frame f's
+        slice of the incoming gradient for frame f's atoms).
 
     Raises
     ------
@@ -1337,5 +2224,5 @@ def splat_frames_triton(
         raise ValueError(
             f"n_frames must be a positive integer dividing the {len(atoms)} atoms (frame-major), got {n_frames!r}"
         )
-    device, radius, cutoff = _check_call(atoms, grid, radius, cutoff, "splat_frames_triton")
-    return _splat(atoms, _plan(grid, radius, cutoff, device), n_frames=n_frames)
+    device, radius, cutoff = _check_call(atoms, grid, radius, cutoff, "splat_frames_triton", radius_rule)
+    return _splat(atoms, _plan(grid, radius, cutoff, device), n_frames=n_frames, radius_rule=radius_rule)

@@ -710,12 +710,15 @@ def test_controls_sit_in_collapsible_sections_and_the_section_never_shrinks(make
     wb = make_wb()
     sections = wb.controls.sections
     assert list(sections) == [
-        "structure", "density", "section", "3D view and gradients", "compute", "profile and atom table", "export",
+        "structure", "density", "ADPs and radiation", "section", "3D view and gradients", "compute",
+        "profile and atom table", "export",
     ]  # fmt: skip
     opened = [t for t, acc in sections.items() if acc.selected_index == 0]
     assert opened == ["structure", "density", "section"]
     held = [w for acc in sections.values() for w in acc.children[0].children]
-    for name in [*wb.controls.bound, "profile_a", "profile_b", "path", "upload", "slice_index", "backend_reason"]:
+    for name in [
+        *wb.controls.bound, "profile_a", "profile_b", "path", "upload", "slice_index", "backend_reason", "export_model",
+    ]:  # fmt: skip
         assert getattr(wb.controls, name) in held, f"{name} is in no control section"
     # an image with max-width 100 % in a shrinking flex item was drawn at 20×17 px (issue 19)
     assert wb.slice.widget.layout.flex == "0 0 auto" and wb.difference.slice.widget.layout.flex == "0 0 auto"

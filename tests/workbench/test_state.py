@@ -84,7 +84,7 @@ def test_inputs_are_the_snapshot_fields_and_every_other_trait_is_set_by_the_app(
     missing = set(fields) - set(traits)
     assert not missing, f"Settings fields without a trait: {missing}"
     by_app = {name for name, t in traits.items() if t.metadata.get("set_by_app")}
-    assert by_app == {"grid_shape", "slice_index", "slice_index_max", "slice_plane", "n_atoms"}
+    assert by_app == {"grid_shape", "slice_index", "slice_index_max", "slice_plane", "n_atoms", "has_anisou"}
     assert not by_app & set(INPUTS)
     # a trait that is neither a setting nor tagged set_by_app would be a control the
     # computation never sees (or one whose change recomputes nothing): add it to Settings

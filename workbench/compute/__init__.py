@@ -9,14 +9,14 @@ changing a B-factor re-splats without re-reading the file.
 One module per stage, each importing only the stages before it:
 
 - :mod:`~workbench.compute.errors` — :class:`WorkbenchError`, :class:`Cancelled`
-- :mod:`~workbench.compute.atoms` — structure → atoms (B mode, distortion, residues)
+- :mod:`~workbench.compute.atoms` — structure → atoms (ADPs, radiation, B mode, distortion, residues)
 - :mod:`~workbench.compute.maps` — atoms → maps, gradients, tricubic samples, timings
 - :mod:`~workbench.compute.sections` — map → a section in Å, the atoms near it
 - :mod:`~workbench.compute.render` — a section → a smooth raster in Å, σ contours, atom marks
 - :mod:`~workbench.compute.pipeline` — :class:`Pipeline` and its :class:`Result`
 - :mod:`~workbench.compute.comparison` — one backend against another
 - :mod:`~workbench.compute.export` — CCP4 bytes, PDB text, gradient CSV
-- :mod:`~workbench.compute.scene` — the 3D view's map box, volume, arrows and focus
+- :mod:`~workbench.compute.scene` — the 3D view's map box, volume, arrows, ADP ellipsoids and focus
 - :mod:`~workbench.compute.text` — counts and ordinals in the words of user-visible text
 
 Every public name of these modules is importable from ``workbench.compute``.
@@ -28,6 +28,7 @@ from workbench.compute.atoms import (
     BOX_PADDING,
     distortion,
     load_model,
+    model_atoms,
     prepare_atoms,
     region_atoms,
     residue_keys,
@@ -79,15 +80,23 @@ from workbench.compute.scene import (
     ARROW_MIN_LENGTH,
     ARROW_SCALE,
     CLIPPED,
+    ELLIPSOID_SCALE,
     MAX_ARROWS,
+    MAX_ELLIPSOIDS,
     MAX_VIEW_VOXELS,
     VIEW_MARGIN,
     VIEW_VOXELS,
     Arrows,
+    EllipsoidMesh,
+    Ellipsoids,
     RegionVolume,
+    adp_ellipsoids,
     arrow_bytes,
     arrow_segments,
     atoms_within,
+    element_colour,
+    ellipsoid_arrays,
+    ellipsoid_mesh,
     focus_selection,
     focus_sphere,
     gradient_arrows,
@@ -97,6 +106,7 @@ from workbench.compute.scene import (
     region_volume,
     residue_of_atom,
     shown_atoms,
+    unit_sphere,
     volume_base64,
 )
 from workbench.compute.sections import (
@@ -121,6 +131,8 @@ __all__ = [
     "BOX_PADDING",
     "EMPTY_SECTION_FRACTION",
     "CLIPPED",
+    "ELLIPSOID_SCALE",
+    "MAX_ELLIPSOIDS",
     "ELEMENT_COLOURS",
     "MAX_ARROWS",
     "MAX_VIEW_VOXELS",
@@ -128,6 +140,8 @@ __all__ = [
     "VIEW_MARGIN",
     "VIEW_VOXELS",
     "Arrows",
+    "EllipsoidMesh",
+    "Ellipsoids",
     "AtomMarks",
     "Cancelled",
     "Comparison",
@@ -140,6 +154,7 @@ __all__ = [
     "Section",
     "SectionImage",
     "WorkbenchError",
+    "adp_ellipsoids",
     "arrow_bytes",
     "arrow_segments",
     "atom_marks",
@@ -160,6 +175,9 @@ __all__ = [
     "density_map",
     "difference_section",
     "distortion",
+    "element_colour",
+    "ellipsoid_arrays",
+    "ellipsoid_mesh",
     "find_planes",
     "focus_selection",
     "focus_sphere",
@@ -170,6 +188,7 @@ __all__ = [
     "load_model",
     "map_ccp4_bytes",
     "map_statistics",
+    "model_atoms",
     "model_pdb",
     "near_atoms_mask",
     "planarity_gradient",
@@ -192,5 +211,6 @@ __all__ = [
     "shown_atoms",
     "time_backends",
     "tricubic_sampler",
+    "unit_sphere",
     "volume_base64",
 ]

@@ -1,10 +1,13 @@
-"""Structure → atoms: reading a model, the B-factor mode, the distortion, residue selections."""
+"""Structure → atoms: reading a model, the ADP and radiation settings, the B-factor mode, the
+distortion, residue selections."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +15,7 @@ import torch
 
 import kernels
 from kernels import AtomSet, Model
+from kernels.density.adp import U_TO_B, adp_eigenvalues
 from workbench.compute.errors import WorkbenchError, sentence
 from workbench.state import EXAMPLES, Settings
 
@@ -19,6 +23,7 @@ __all__ = [
     "BOX_PADDING",
     "distortion",
     "load_model",
+    "model_atoms",
     "prepare_atoms",
     "region_atoms",
     "residue_keys",
@@ -35,7 +40,10 @@ def load_model(source: str | os.PathLike | Model) -> Model:
     """Read a structure: a :class:`kernels.Model`, a bundled example name or a file path.
 
     A file without a unit cell is read into a P 1 box with :data:`BOX_PADDING` Å of
-    margin (the model's ``notes`` say so) rather than refused.
+    margin (the model's ``notes`` say so) rather than refused. ANISOU records are kept
+    (``atoms.u_aniso``); an atom whose U is not positive definite is splatted at its
+    isotropic B instead, and a note names it (a viewer shows such a file rather than
+    refusing it; :func:`kernels.read_model` refuses by default).
 
     Raises
     ------
@@ -52,7 +60,10 @@ def load_model(source: str | os.PathLike | Model) -> Model:
         raise WorkbenchError(f"no structure given: choose a bundled example ({', '.join(EXAMPLES)}) or type a path")
     path = kernels.example_structure(text) if text.lower() in EXAMPLES else Path(text).expanduser()
     try:
-        return kernels.read_model(path, box_padding=BOX_PADDING)
+        with warnings.catch_warnings():
+            # every warning is also one of the model's notes, which the status line shows
+            warnings.simplefilter("ignore", UserWarning)
+            return kernels.read_model(path, box_padding=BOX_PADDING, on_bad_adp="iso")
     except kernels.ModelError as exc:
         raise WorkbenchError(f"model file problem: {sentence(exc)} Choose another file or a bundled example.") from exc
     except Exception as exc:  # noqa: BLE001 - a reader failure is still about this file, not a backend
@@ -81,8 +92,64 @@ def distortion(n_atoms: int, amplitude: float, seed: int) -> torch.Tensor:
     return torch.randn((n_atoms, 3), generator=gen, dtype=torch.float64) * float(amplitude)
 
 
-def prepare_atoms(model: Model, settings: Settings, *, distorted: bool = True) -> AtomSet:
-    """The model's atoms with the B-factor mode applied and (optionally) the distortion.
+def model_atoms(model: Model, adp: str = "anisotropic", radiation: str = "xray") -> AtomSet:
+    """The model's atoms as the ADP and radiation settings read them.
+
+    Parameters
+    ----------
+    model : kernels.Model
+    adp : {"anisotropic", "isotropic"}
+        ``isotropic`` drops the ANISOU tensors (every atom at its ``b_iso``); a model
+        without ANISOU is the same either way.
+    radiation : {"xray", "electron", "neutron"}
+        Form factors from :func:`kernels.crystal.form_factor_coefficients`.
+
+    Returns
+    -------
+    AtomSet
+        float64 on the CPU, ``radiation`` set.
+
+    Raises
+    ------
+    WorkbenchError
+        An element the radiation's table does not cover (the atom is named).
+    """
+    from kernels.crystal import form_factor_coefficients
+
+    atoms = model.atoms
+    u, flag = atoms.u_aniso, atoms.aniso
+    if adp == "isotropic":
+        u = flag = None
+    a, b = atoms.a, atoms.b
+    if radiation != atoms.radiation:
+        try:
+            a, b = form_factor_coefficients(atoms.elements, radiation, atoms.labels)
+        except ValueError as exc:
+            raise WorkbenchError(f"radiation {radiation}: {sentence(exc)} Choose another radiation.") from exc
+        a, b = a.to(atoms.dtype), b.to(atoms.dtype)
+    return AtomSet(
+        atoms.xyz, atoms.b_iso, atoms.occ, a, b, atoms.elements, atoms.labels, u, flag,
+        radiation=radiation, _validate=False,
+    )  # fmt: skip
+
+
+def prepare_atoms(model: Model, settings: Settings, *, distorted: bool = True, base: AtomSet | None = None) -> AtomSet:
+    """The model's atoms with the ADP, radiation and B-factor settings applied, and (optionally) the distortion.
+
+    B modes: ``model`` keeps every atom's B (and U); ``global`` gives every atom the one
+    isotropic B ``b_global`` (anisotropic tensors dropped: one B means one isotropic
+    width); ``offset`` adds ΔB = ``b_offset`` to every ``b_iso`` and ΔB/(8π²) to the
+    diagonal of every anisotropic U, as gemmi's blur widens an anisotropic atom. The
+    splat's own ``blur`` is not applied here: :func:`workbench.compute.density_map` passes it.
+
+    Parameters
+    ----------
+    model : kernels.Model
+    settings : Settings
+    distorted : bool
+        Add the settings' random displacement to the positions.
+    base : AtomSet, optional
+        :func:`model_atoms` of the settings' ``adp`` and ``radiation``, when the caller has it already.
 
     Returns
     -------
@@ -92,24 +159,52 @@ def prepare_atoms(model: Model, settings: Settings, *, distorted: bool = True) -
     Raises
     ------
     WorkbenchError
-        The B settings give some atom B ≤ 0.
+        The B settings give some atom B ≤ 0, or some anisotropic U that is not positive
+        definite (the message gives the lowest offset allowed).
     """
-    atoms = model.atoms
-    b = atoms.b_iso
+    atoms = base if base is not None else model_atoms(model, settings.adp, settings.radiation)
+    b, u, flag = atoms.b_iso, atoms.u_aniso, atoms.aniso
     if settings.b_mode == "global":
         b = torch.full_like(b, settings.b_global)
+        u = flag = None
     elif settings.b_mode == "offset":
-        b = b + settings.b_offset
-        if not bool((b > 0).all()):
-            low = float(atoms.b_iso.min())
-            raise WorkbenchError(
-                f"B offset {settings.b_offset:g} Å² makes B ≤ 0 for {int((b <= 0).sum())} atoms (lowest model B is "
-                f"{low:.2f} Å²): set the offset above {-low:.2f} Å²"
-            )
+        delta = settings.b_offset
+        b = b + delta
+        if u is not None:
+            u = u + (delta / U_TO_B) * torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], dtype=u.dtype)
+        _check_offset(atoms, delta, b)
     xyz = atoms.xyz
     if distorted and settings.distort_amplitude > 0:
         xyz = xyz + distortion(len(atoms), settings.distort_amplitude, settings.distort_seed)
-    return AtomSet(xyz, b, atoms.occ, atoms.a, atoms.b, atoms.elements, atoms.labels, _validate=False)
+    return AtomSet(
+        xyz, b, atoms.occ, atoms.a, atoms.b, atoms.elements, atoms.labels, u, flag,
+        radiation=atoms.radiation, _validate=False,
+    )  # fmt: skip
+
+
+def _check_offset(atoms: AtomSet, delta: float, b: torch.Tensor) -> None:
+    """Refuse a B offset that leaves some atom without a Gaussian: B ≤ 0 (every atom keeps an AtomSet's
+    B > 0, an anisotropic one's B being informational), or a U that is not positive definite for an
+    anisotropic atom (U + ΔB/8π²·I has eigenvalues λ + ΔB/8π²)."""
+    if atoms.aniso is not None and bool(atoms.aniso.any()):
+        lam = adp_eigenvalues(atoms.u_aniso)[:, 0].cpu()
+        lam = torch.where(atoms.aniso.cpu(), lam, torch.full_like(lam, math.inf))
+        bad_u = lam + delta / U_TO_B <= 0
+        if bool(bad_u.any()):
+            i = int(torch.argmin(lam))
+            limit = -float(lam[i]) * U_TO_B
+            raise WorkbenchError(
+                f"B offset {delta:g} Å² makes the U of {int(bad_u.sum())} anisotropic atoms not positive definite "
+                f"(the narrowest, {atoms.labels[i]}, has smallest U eigenvalue {float(lam[i]):.4f} Å², "
+                f"8π²·λ = {-limit:.2f} Å²): set the offset above {limit:.2f} Å², or ADP 'isotropic'"
+            )
+    bad_b = ~(b > 0)
+    if bool(bad_b.any()):
+        low = float(atoms.b_iso.min())
+        raise WorkbenchError(
+            f"B offset {delta:g} Å² makes B ≤ 0 for {int(bad_b.sum())} atoms (lowest model B is "
+            f"{low:.2f} Å²): set the offset above {-low:.2f} Å²"
+        )
 
 
 def _residue_key(label) -> str:

@@ -151,13 +151,16 @@ class DifferenceResult:
 def comparison_inputs(settings: Settings) -> tuple:
     """The settings a comparison depends on, as a key: equal keys, equal maps and gradients.
 
-    Only what reaches the two runs' inputs counts (structure, B, radius, grid, distortion,
+    Only what reaches the two runs' inputs counts (structure, ADPs, radiation, blur, B, radius, grid, distortion,
     gradient and its target); the main view's own device/backend, the slice, the 3D view
     and the table do not.
     """
     s = settings
     return (
         s.structure,
+        s.adp,
+        s.radiation,
+        s.blur,
         s.b_mode,
         s.b_global if s.b_mode == "global" else None,
         s.b_offset if s.b_mode == "offset" else None,
@@ -177,10 +180,16 @@ def inputs_label(settings: Settings) -> str:
     if name.startswith("<memory:"):
         name = name[len("<memory:") : -1]
     parts = [f"{name} at {s.spacing:g} Å"]
+    if s.radiation != "xray":
+        parts.append(s.radiation)
+    if s.adp == "isotropic":
+        parts.append("isotropic ADPs")
     if s.b_mode == "global":
         parts.append(f"B {s.b_global:g} Å²")
     elif s.b_mode == "offset":
         parts.append(f"B + {s.b_offset:g} Å²")
+    if s.blur:
+        parts.append(f"blur {s.blur:g} Å²")
     if s.radius_mode == "radius":
         parts.append(f"radius {s.radius:g} Å")
     if s.distort_amplitude > 0:

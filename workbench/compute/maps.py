@@ -16,8 +16,9 @@ import torch
 
 import kernels
 from kernels import AtomSet, GridSpec, Model
+from kernels.density.adp import with_blur
 from workbench.compute.errors import WorkbenchError, sentence
-from workbench.state import Settings, op_backend
+from workbench.state import Settings, density_units, op_backend
 
 __all__ = [
     "GradientResult",
@@ -57,11 +58,26 @@ def _compute_atoms(atoms: AtomSet, device: str, backend: str, op: str) -> tuple[
 
 
 def _with_xyz(atoms: AtomSet, xyz: torch.Tensor) -> AtomSet:
-    return AtomSet(xyz, atoms.b_iso, atoms.occ, atoms.a, atoms.b, atoms.elements, atoms.labels, _validate=False)
+    return AtomSet(
+        xyz, atoms.b_iso, atoms.occ, atoms.a, atoms.b, atoms.elements, atoms.labels, atoms.u_aniso, atoms.aniso,
+        radiation=atoms.radiation, _validate=False,
+    )  # fmt: skip
+
+
+def _splat(atoms: AtomSet, grid: GridSpec, settings: Settings, backend: str) -> torch.Tensor:
+    # The settings' blur widens every atom as gemmi's blur does (B + blur; U + blur/8π²·I on
+    # anisotropic atoms): with_blur is that rule, applied here until splat_density takes blur=.
+    blurred = with_blur(atoms, settings.blur)
+    return kernels.splat_density(
+        blurred, grid, radius=settings.radius_arg, cutoff=settings.density_cutoff, backend=backend
+    )
 
 
 def density_map(atoms: AtomSet, grid: GridSpec, settings: Settings, *, backend: str | None = None, device=None):
-    """Splat ``atoms`` with the settings' radius rule on ``device`` with ``backend``.
+    """Splat ``atoms`` with the settings' radius rule and blur on ``device`` with ``backend``.
+
+    Anisotropic atoms (``atoms.u_aniso``) are splatted with their U; the map is in
+    :func:`~workbench.state.density_units` of ``atoms.radiation`` (fm/Å³ for neutrons).
 
     Returns
     -------
@@ -75,12 +91,7 @@ def density_map(atoms: AtomSet, grid: GridSpec, settings: Settings, *, backend: 
     device = torch.device(device or settings.device)
     name, catoms = _compute_atoms(atoms, device, backend or settings.backend, "density")
     try:
-        rho, seconds = _timed(
-            lambda: kernels.splat_density(
-                catoms, grid, radius=settings.radius_arg, cutoff=settings.density_cutoff, backend=name
-            ),
-            device,
-        )
+        rho, seconds = _timed(lambda: _splat(catoms, grid, settings, name), device)
     except kernels.GridError as exc:
         raise WorkbenchError(f"{exc}") from exc
     return rho, name, seconds
@@ -123,12 +134,7 @@ def density_fit_gradient(
     xyz = catoms.xyz.detach().clone().requires_grad_(True)
     leaf = _with_xyz(catoms, xyz)
     tgt = target.to(device=device, dtype=catoms.dtype)
-    rho, fwd = _timed(
-        lambda: kernels.splat_density(
-            leaf, grid, radius=settings.radius_arg, cutoff=settings.density_cutoff, backend=name
-        ),
-        device,
-    )
+    rho, fwd = _timed(lambda: _splat(leaf, grid, settings, name), device)
 
     def backward():
         loss = 0.5 * ((rho - tgt) ** 2).sum()
@@ -141,7 +147,7 @@ def density_fit_gradient(
         kind="density",
         loss=float(loss.detach()),
         grad=grad,
-        units="(e/Å³)²/Å",
+        units=f"({density_units(atoms.radiation)})²/Å",
         backend=name,
         forward_s=fwd,
         backward_s=bwd,

@@ -13,7 +13,7 @@ import torch
 
 import kernels
 from kernels import AtomSet, GridSpec, Model
-from workbench.compute.atoms import load_model, prepare_atoms
+from workbench.compute.atoms import load_model, model_atoms, prepare_atoms
 from workbench.compute.errors import WorkbenchError, sentence
 from workbench.compute.maps import (
     GradientResult,
@@ -44,9 +44,10 @@ class Result:
     Attributes
     ----------
     rho, target : torch.Tensor, shape grid.shape
-        The model map and ρ_target, e/Å³.
+        The model map and ρ_target, in ``settings.units`` (e/Å³; fm/Å³ for neutrons).
     atoms : kernels.AtomSet
-        N atoms as splatted (B mode and distortion applied), float64.
+        N atoms as splatted (ADP mode, radiation, B mode and distortion applied; the blur is the
+        splat's), float64.
     mean, sigma : float
         Mean and standard deviation of ``rho``, e/Å³.
     section : Section
@@ -61,7 +62,8 @@ class Result:
     timings : dict of str to float
         Seconds per kernel stage.
     atoms_key, map_key : tuple
-        Cache keys: equal keys mean equal atoms / an equal map.
+        Cache keys: equal keys mean equal atoms / an equal map. ``atoms_key`` is
+        ``(model version, B key, distortion key, ADP/radiation key)``.
     """
 
     settings: Settings
@@ -178,10 +180,15 @@ class Pipeline:
             settings.b_offset if settings.b_mode == "offset" else None,
         )
         d_key = (settings.distort_amplitude, settings.distort_seed) if settings.distort_amplitude > 0 else None
-        atoms = self._stage("atoms", (mv, b_key, d_key), lambda: prepare_atoms(model, settings))
-        undistorted = self._stage("atoms0", (mv, b_key), lambda: prepare_atoms(model, settings, distorted=False))
+        # ADP mode and radiation: which tensors and coefficients every later stage starts from
+        a_key = (settings.adp if model.atoms.u_aniso is not None else "isotropic", settings.radiation)
+        read = self._stage("model_atoms", (mv, a_key), lambda: model_atoms(model, settings.adp, settings.radiation))
+        atoms = self._stage("atoms", (mv, a_key, b_key, d_key), lambda: prepare_atoms(model, settings, base=read))
+        undistorted = self._stage(
+            "atoms0", (mv, a_key, b_key), lambda: prepare_atoms(model, settings, distorted=False, base=read)
+        )
         r_key = (settings.radius_arg, settings.density_cutoff if settings.radius_mode == "auto" else None)
-        base = (mv, grid.shape, r_key, settings.device, settings.backend, b_key)
+        base = (mv, grid.shape, r_key, settings.device, settings.backend, a_key, b_key, settings.blur)
 
         progress(1, total, "splatting the model map")
         want_fit = settings.gradient_kind == "density"
@@ -283,7 +290,7 @@ class Pipeline:
             notes=notes,
             unavailable=unavailable,
             planes=planes,
-            atoms_key=(mv, b_key, d_key),
+            atoms_key=(mv, b_key, d_key, a_key),
             map_key=rho_key,
         )
 

@@ -1,4 +1,4 @@
-"""Results → the 3D scene: the region's map box, its 3Dmol volume, gradient arrows, the focus.
+"""Results → the 3D scene: the region's map box, its 3Dmol volume, gradient arrows, ADP ellipsoids, the focus.
 
 The 3D view (:mod:`workbench.views.view3d`) only sets traits from what these return:
 cropping the periodic map to a region, serialising it for 3Dmol.js, choosing and
@@ -22,7 +22,8 @@ import dataclasses
 import numpy as np
 import torch
 
-from kernels import GridSpec, Model
+from kernels import AtomSet, GridSpec, Model
+from kernels.density.adp import U_TO_B, u_matrix
 from workbench.compute.atoms import region_atoms
 from workbench.compute.errors import WorkbenchError
 from workbench.compute.export import map_ccp4_bytes
@@ -34,15 +35,23 @@ __all__ = [
     "ARROW_MIN_LENGTH",
     "ARROW_SCALE",
     "CLIPPED",
+    "ELLIPSOID_SCALE",
+    "MAX_ELLIPSOIDS",
     "MAX_ARROWS",
     "MAX_VIEW_VOXELS",
     "VIEW_MARGIN",
     "VIEW_VOXELS",
     "Arrows",
+    "Ellipsoids",
+    "EllipsoidMesh",
     "RegionVolume",
+    "adp_ellipsoids",
     "arrow_bytes",
     "arrow_segments",
     "atoms_within",
+    "ellipsoid_arrays",
+    "ellipsoid_mesh",
+    "element_colour",
     "focus_selection",
     "focus_sphere",
     "near_atoms_mask",
@@ -52,6 +61,7 @@ __all__ = [
     "region_box",
     "region_volume",
     "shown_atoms",
+    "unit_sphere",
     "volume_base64",
 ]
 
@@ -395,3 +405,234 @@ def region_arrows(
     points = xyz.detach().to("cpu", torch.float64).numpy()[sel]
     segments, caption = gradient_arrows(points, gradient.grad[sel], gradient.kind, gradient.units)
     return Arrows(segments=segments, scale=ARROW_SCALE[gradient.kind], caption=caption)
+
+
+# --------------------------------------------------------------------------- ADP ellipsoids
+
+# The 50 % probability surface of a 3-D normal distribution of covariance U is
+# xᵀU⁻¹x = k² with P(χ²₃ ≤ k²) = ½: k² = 2.3660, k = 1.5382 (ORTEP's 50 % ellipsoids).
+# Each semi-axis is k·√λ along U's eigenvector of eigenvalue λ.
+ELLIPSOID_SCALE = 1.5382
+# Each ellipsoid is 42 vertices and 80 triangles in 3Dmol.js: ~2.5 kB to send, and a
+# software-WebGL page draws a thousand of them without stalling.
+MAX_ELLIPSOIDS = 1000
+# 3Dmol.js indexes a custom shape's triangles with 16 bits: each chunk stays below this many vertices.
+MESH_CHUNK_VERTICES = 60_000
+# Jmol's element colours (what 3Dmol.js gives the sticks); other elements pink.
+_ELEMENT_COLOURS = {
+    "H": "#ffffff", "C": "#909090", "N": "#3050f8", "O": "#ff0d0d", "S": "#ffff30", "P": "#ff8000",
+    "Cl": "#1ff01f", "F": "#90e050", "Br": "#a62929", "I": "#940094", "Fe": "#e06633", "Zn": "#7d80b0",
+    "Mg": "#8aff00", "Ca": "#3dff00", "Na": "#ab5cf2", "K": "#8f40d4", "Se": "#ffa100",
+}  # fmt: skip
+_OTHER_COLOUR = "#ff1493"
+
+
+def element_colour(element: str) -> tuple[float, float, float]:
+    """RGB in [0, 1] of an element symbol (Jmol's colours; pink for one not in the table)."""
+    hexa = _ELEMENT_COLOURS.get(element.capitalize(), _OTHER_COLOUR)
+    return tuple(int(hexa[i : i + 2], 16) / 255.0 for i in (1, 3, 5))
+
+
+def unit_sphere(subdivisions: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """A triangulated unit sphere: an icosahedron with each triangle split in four ``subdivisions`` times.
+
+    Returns
+    -------
+    vertices : numpy.ndarray, shape (V, 3), float64
+        On the unit sphere; V = 10·4ⁿ + 2 (42 for one subdivision).
+    faces : numpy.ndarray, shape (F, 3), int64
+        Vertex indices, counter-clockwise seen from outside; F = 20·4ⁿ.
+    """
+    t = (1 + 5**0.5) / 2
+    verts = [(-1, t, 0), (1, t, 0), (-1, -t, 0), (1, -t, 0), (0, -1, t), (0, 1, t),
+             (0, -1, -t), (0, 1, -t), (t, 0, -1), (t, 0, 1), (-t, 0, -1), (-t, 0, 1)]  # fmt: skip
+    faces = [(0, 11, 5), (0, 5, 1), (0, 1, 7), (0, 7, 10), (0, 10, 11), (1, 5, 9), (5, 11, 4), (11, 10, 2),
+             (10, 7, 6), (7, 1, 8), (3, 9, 4), (3, 4, 2), (3, 2, 6), (3, 6, 8), (3, 8, 9), (4, 9, 5),
+             (2, 4, 11), (6, 2, 10), (8, 6, 7), (9, 8, 1)]  # fmt: skip
+    points = [np.asarray(v, np.float64) / np.linalg.norm(v) for v in verts]
+    for _ in range(subdivisions):
+        middle: dict[tuple[int, int], int] = {}  # edge -> its new midpoint vertex, shared by both faces
+        split = []
+        for a, b, c in faces:
+            mids = []
+            for i, j in ((a, b), (b, c), (c, a)):
+                key = (min(i, j), max(i, j))
+                if key not in middle:
+                    p = points[i] + points[j]
+                    points.append(p / np.linalg.norm(p))
+                    middle[key] = len(points) - 1
+                mids.append(middle[key])
+            ab, bc, ca = mids
+            split += [(a, ab, ca), (b, bc, ab), (c, ca, bc), (ab, bc, ca)]
+        faces = split
+    return np.array(points), np.array(faces, dtype=np.int64)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Ellipsoids:
+    """ADP ellipsoids of some atoms: where they are and their principal axes.
+
+    Attributes
+    ----------
+    index : numpy.ndarray, shape (M,), int64
+        The atoms (indices into the AtomSet).
+    centres : numpy.ndarray, shape (M, 3), float64, Å
+    eigenvalues : numpy.ndarray, shape (M, 3), float64, Å²
+        Of each atom's U, ascending (B/8π² three times for an isotropic atom).
+    directions : numpy.ndarray, shape (M, 3, 3), float64
+        Column k is the unit eigenvector of eigenvalue k (a right-handed frame).
+    radii : numpy.ndarray, shape (M, 3), float64, Å
+        Semi-axis lengths: ``scale``·√eigenvalue.
+    anisotropic : numpy.ndarray, shape (M,), bool
+        The atom has its own U (an ellipsoid); otherwise a sphere from its B.
+    colours : numpy.ndarray, shape (M, 3), float64
+        RGB in [0, 1] by element (:func:`element_colour`).
+    scale : float
+        k of the surface xᵀU⁻¹x = k² (:data:`ELLIPSOID_SCALE` for 50 % probability).
+    n_dropped : int
+        Atoms asked for but left out: beyond :data:`MAX_ELLIPSOIDS`.
+    """
+
+    index: np.ndarray
+    centres: np.ndarray
+    eigenvalues: np.ndarray
+    directions: np.ndarray
+    radii: np.ndarray
+    anisotropic: np.ndarray
+    colours: np.ndarray
+    scale: float
+    n_dropped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def axes(self) -> np.ndarray:
+        """Principal semi-axes, shape (M, 3, 3), Å: column k is ``radii[:, k]`` × ``directions[..., k]``,
+        so ``axes @ axesᵀ = scale²·U``."""
+        return self.directions * self.radii[:, None, :]
+
+
+def adp_ellipsoids(
+    atoms: AtomSet, index=None, *, scale: float = ELLIPSOID_SCALE, max_count: int = MAX_ELLIPSOIDS
+) -> Ellipsoids:
+    """The 50 % probability ellipsoids of ``atoms[index]`` (all atoms by default).
+
+    Anisotropic atoms (``atoms.aniso``) use their U; the others the sphere of U = B/(8π²)·I
+    (:func:`kernels.density.adp.effective_u`'s rule), so a mixed model shows both. At most
+    ``max_count`` atoms, the first ones of ``index``; ``n_dropped`` counts the rest.
+
+    Raises
+    ------
+    WorkbenchError
+        An atom's U is not positive definite (no ellipsoid has that shape), named.
+    """
+    from kernels.density.adp import effective_u
+
+    idx = np.arange(len(atoms)) if index is None else np.asarray(index, np.int64).reshape(-1)
+    dropped = max(0, len(idx) - max_count)
+    idx = idx[:max_count]
+    t = torch.as_tensor(idx, dtype=torch.long)
+    b = atoms.b_iso.detach().to("cpu", torch.float64)[t]
+    if atoms.u_aniso is not None:
+        flag = atoms.aniso.detach().cpu()[t]
+        u6 = effective_u(atoms.u_aniso.detach().to("cpu", torch.float64)[t], flag, b)
+    else:
+        flag = torch.zeros(len(idx), dtype=torch.bool)
+        u6 = (b[:, None] / U_TO_B) * torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    lam, vec = torch.linalg.eigh(u_matrix(u6))
+    lam, vec = lam.numpy(), vec.numpy()
+    bad = ~(np.isfinite(lam).all(axis=1) & (lam[:, 0] > 0))
+    if bad.any():
+        i = int(np.nonzero(bad)[0][0])
+        raise WorkbenchError(
+            f"atom {atoms.labels[idx[i]]} has a U that is not positive definite (eigenvalues "
+            f"{', '.join(f'{v:.4g}' for v in lam[i])} Å²): no ellipsoid has that shape; choose ADP 'isotropic'"
+        )
+    # a right-handed frame, so the triangles keep their outward winding after the transform
+    vec[:, :, 2] *= np.sign(np.linalg.det(vec))[:, None]
+    centres = atoms.xyz.detach().to("cpu", torch.float64).numpy()[idx]
+    colours = np.array([element_colour(atoms.elements[i]) for i in idx]).reshape(-1, 3)
+    return Ellipsoids(
+        index=idx, centres=centres, eigenvalues=lam, directions=vec, radii=scale * np.sqrt(lam),
+        anisotropic=flag.numpy(), colours=colours, scale=float(scale), n_dropped=dropped,
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class EllipsoidMesh:
+    """Ellipsoids as triangle meshes, in one-colour chunks 3Dmol.js can draw (``addCustom``).
+
+    3Dmol.js (2.5) colours a custom shape with one colour (its per-vertex ``colorArr`` is drawn
+    black), and indexes a shape's vertices with 16 bits: so the ellipsoids are grouped by
+    colour, and each group split into chunks of fewer than :data:`MESH_CHUNK_VERTICES` vertices.
+
+    Attributes
+    ----------
+    vertices : numpy.ndarray, shape (V, 6), float32
+        Per vertex: position xyz (Å) and unit outward normal xyz; the ellipsoids in the
+        order ``order``, each a block of ``per_ellipsoid[0]`` rows.
+    faces : numpy.ndarray, shape (F, 3), uint32
+        Vertex indices *within the triangle's chunk* (counter-clockwise seen from outside).
+    chunks : list of (v0, v1, f0, f1, colour)
+        Vertex rows v0:v1 and face rows f0:f1 of each chunk, and its colour as 0xRRGGBB.
+    order : numpy.ndarray, shape (M,), int64
+        Position in the :class:`Ellipsoids` of each block of vertices.
+    per_ellipsoid : tuple of (int, int)
+        Vertices and faces of one ellipsoid.
+    """
+
+    vertices: np.ndarray
+    faces: np.ndarray
+    chunks: list
+    order: np.ndarray
+    per_ellipsoid: tuple[int, int]
+
+    def vertex_bytes(self) -> bytes:
+        """``vertices`` as the float32 bytes the 3D view's ``ellipsoid_vertices`` trait carries."""
+        return np.ascontiguousarray(self.vertices, dtype=np.float32).tobytes()
+
+    def face_bytes(self) -> bytes:
+        """``faces`` as the uint32 bytes the 3D view's ``ellipsoid_faces`` trait carries."""
+        return np.ascontiguousarray(self.faces, dtype=np.uint32).tobytes()
+
+
+def ellipsoid_arrays(vertex_bytes: bytes, face_bytes: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of :meth:`EllipsoidMesh.vertex_bytes` and :meth:`EllipsoidMesh.face_bytes`:
+    float32 vertices of shape (V, 6) and uint32 faces of shape (F, 3)."""
+    v = np.frombuffer(vertex_bytes, dtype=np.float32).reshape(-1, 6)
+    f = np.frombuffer(face_bytes, dtype=np.uint32).reshape(-1, 3)
+    return v, f
+
+
+def ellipsoid_mesh(ellipsoids: Ellipsoids, subdivisions: int = 1) -> EllipsoidMesh:
+    """Each ellipsoid as the unit sphere (:func:`unit_sphere`) mapped by its axes: x = c + A·s.
+
+    The normal at x is A⁻ᵀ·s (the gradient of sᵀs = (x − c)ᵀA⁻ᵀA⁻¹(x − c)), normalised, so the
+    shading follows the ellipsoid's own curvature, not the sphere's.
+    """
+    sphere, tri = unit_sphere(subdivisions)
+    nv, nf = len(sphere), len(tri)
+    rgb = np.rint(np.asarray(ellipsoids.colours, np.float64).reshape(-1, 3) * 255).astype(np.int64)
+    key = (rgb[:, 0] << 16) | (rgb[:, 1] << 8) | rgb[:, 2]
+    order = np.argsort(key, kind="stable")
+    axes = ellipsoids.axes[order]  # (M, 3, 3)
+    pos = ellipsoids.centres[order][:, None, :] + np.einsum("mij,vj->mvi", axes, sphere)
+    # A = V·diag(r), so A⁻ᵀ = V·diag(1/r)
+    inv_t = ellipsoids.directions[order] / ellipsoids.radii[order][:, None, :]
+    normal = np.einsum("mij,vj->mvi", inv_t, sphere)
+    normal /= np.linalg.norm(normal, axis=-1, keepdims=True)
+    vertices = np.concatenate([pos, normal], axis=-1).reshape(-1, 6).astype(np.float32)
+    per_chunk = max(1, MESH_CHUNK_VERTICES // nv)
+    faces, chunks = [], []
+    sorted_key = key[order]
+    start = 0
+    while start < len(order):
+        stop = start + 1
+        while stop < len(order) and stop - start < per_chunk and sorted_key[stop] == sorted_key[start]:
+            stop += 1
+        faces.append((np.arange(stop - start)[:, None, None] * nv + tri[None]).reshape(-1, 3))
+        chunks.append((start * nv, stop * nv, start * nf, stop * nf, int(sorted_key[start])))
+        start = stop
+    face_array = np.concatenate(faces).astype(np.uint32) if faces else np.zeros((0, 3), np.uint32)
+    return EllipsoidMesh(vertices=vertices, faces=face_array, chunks=chunks, order=order, per_ellipsoid=(nv, nf))

@@ -3,7 +3,10 @@
 // The library comes from `lib_source` (the text of a local 3Dmol-min.js, sent once by
 // Python when WORKBENCH_3DMOL_JS names a file: offline use and CI) or else from
 // `lib_url` (the CDN). The map arrives as binary CCP4 bytes (`map_bytes`, a DataView
-// here), arrows as float32 bytes, 6 numbers (start xyz, end xyz) per arrow.
+// here), arrows as float32 bytes, 6 numbers (start xyz, end xyz) per arrow, ADP
+// ellipsoids as a triangle mesh built in Python (workbench.compute.ellipsoid_mesh):
+// float32 vertices (position, normal: 6 numbers each), uint32 faces, and the one-colour
+// chunks that keep each custom shape under 3Dmol's 16-bit vertex indices.
 
 function loadLibrary(model) {
   if (window.$3Dmol) return Promise.resolve(window.$3Dmol);
@@ -91,6 +94,7 @@ async function render({ model, el }) {
   // rebuilding hundreds of arrow meshes per update held a software-WebGL page for seconds.
   let isoShapes = [];
   let arrowShapes = [];
+  let ellipsoidShapes = [];
 
   function drawIsosurface() {
     for (const shape of isoShapes) viewer.removeShape(shape);
@@ -122,6 +126,31 @@ async function render({ model, el }) {
     }
     el.dataset.arrows = String(arrowShapes.length);
     model.set("n_arrows_drawn", arrowShapes.length);
+  }
+
+  function drawEllipsoids() {
+    for (const shape of ellipsoidShapes) viewer.removeShape(shape);
+    ellipsoidShapes = [];
+    const rawV = bytesOf(model.get("ellipsoid_vertices"));
+    const rawF = bytesOf(model.get("ellipsoid_faces"));
+    const v = rawV ? new Float32Array(rawV.slice().buffer) : new Float32Array(0);
+    const f = rawF ? new Uint32Array(rawF.slice().buffer) : new Uint32Array(0);
+    let triangles = 0;
+    // One shape per chunk, one colour each: 3Dmol draws a custom shape's per-vertex colours black.
+    for (const [v0, v1, f0, f1, colour] of model.get("ellipsoid_chunks") || []) {
+      const vertexArr = [];
+      const normalArr = [];
+      for (let i = v0; i < v1; i++) {
+        const o = 6 * i;
+        vertexArr.push({ x: v[o], y: v[o + 1], z: v[o + 2] });
+        normalArr.push({ x: v[o + 3], y: v[o + 4], z: v[o + 5] });
+      }
+      const faceArr = Array.from(f.subarray(3 * f0, 3 * f1));
+      ellipsoidShapes.push(viewer.addCustom({ vertexArr, normalArr, faceArr, color: colour }));
+      triangles += f1 - f0;
+    }
+    el.dataset.ellipsoidTriangles = String(triangles);
+    model.set("n_ellipsoid_triangles", triangles);
   }
 
   function styleModel() {
@@ -205,11 +234,13 @@ async function render({ model, el }) {
         drawModel();
         what.add("iso");
         what.add("arrows");
+        what.add("ellipsoids");
       } else if (what.has("zoom")) {
         styleModel();
       }
       if (what.has("iso")) drawIsosurface();
       if (what.has("arrows")) drawArrows();
+      if (what.has("ellipsoids")) drawEllipsoids();
       finish();
     } catch (err) {
       report(`3D view: ${err.message || err}`);
@@ -243,6 +274,8 @@ async function render({ model, el }) {
     ["change:iso_level", mark("iso", ISO_QUIET)],
     ["change:iso_style", mark("iso")],
     ["change:arrows", mark("arrows")],
+    ["change:ellipsoid_vertices", mark("ellipsoids")],
+    ["change:ellipsoid_chunks", mark("ellipsoids")],
     ["change:zoom_key", mark("zoom")],
   ];
   for (const [event, fn] of handlers) model.on(event, fn);

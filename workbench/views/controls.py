@@ -16,15 +16,18 @@ import ipywidgets as widgets
 import traitlets
 
 from workbench.state import (
+    ADP_MODES,
     B_MODES,
     EXAMPLES,
     GRADIENT_KINDS,
     MAX_CONTOURS,
+    RADIATIONS,
     RANGES,
     SLICE_AXES,
     SLICE_SCALES,
     WorkbenchState,
     backend_choices,
+    density_units,
     device_choices,
 )
 
@@ -38,6 +41,7 @@ _SELECTS_MODE = {
     "density_cutoff": ("radius_mode", "auto"),
 }
 _STYLE = {"description_width": "110px"}
+_RADIATION_LABELS = {"xray": "X-ray", "electron": "electron", "neutron": "neutron"}
 # Narrower than the panel less a section's padding (2 × 15 px) and border: a control as
 # wide as its box (its readout at the very edge) makes the panel scroll sideways when a
 # person types into the readout.
@@ -111,9 +115,28 @@ class Controls:
             continuous_update=False,
         )
         self.upload = w.FileUpload(accept=".pdb,.ent,.cif,.mmcif,.gz", multiple=False, description="upload model")
+        # Shown (and enabled) only for a model with ANISOU records: elsewhere both choices are one map.
+        self.adp = w.ToggleButtons(
+            options=ADP_MODES,
+            description="ADP",
+            tooltips=("atoms with ANISOU splat their U tensor", "every atom at its isotropic B"),
+            style={"button_width": "95px", **_STYLE},
+        )
+        self.radiation = w.ToggleButtons(
+            options=[(_RADIATION_LABELS[r], r) for r in RADIATIONS],
+            description="radiation",
+            tooltips=(
+                "IT92 X-ray form factors: electron density (e/Å³)",
+                "electron form factors (International Tables C 4.3.2.2)",
+                "neutron scattering lengths: a scattering-length density (fm/Å³; hydrogen is negative)",
+            ),
+            style={"button_width": "63px", **_STYLE},
+        )
         self.b_mode = w.ToggleButtons(options=B_MODES, description="B-factor", style={"button_width": "70px", **_STYLE})
         self.b_global = _slider(w.FloatSlider, "b_global", "global B (Å²)")
         self.b_offset = _slider(w.FloatSlider, "b_offset", "B offset (Å²)")
+        self.blur = _slider(w.FloatSlider, "blur", "blur (Å²)")
+        self.blur.tooltip = "extra B on every atom in the splat (U + blur/8π² on anisotropic atoms), as gemmi's blur"
         self.radius_mode = w.ToggleButtons(
             options=("auto", "radius"), description="cutoff", style={"button_width": "70px", **_STYLE}
         )
@@ -124,7 +147,7 @@ class Controls:
             max=-2,
             step=0.25,
             base=10,
-            description="ρ cutoff (e/Å³)",
+            description=f"ρ cutoff ({density_units(state.radiation)})",
             style=_STYLE,
             layout=_LAYOUT,
             readout_format=".0e",
@@ -172,6 +195,8 @@ class Controls:
         )
         self.region = w.Dropdown(options=[("whole model", "")], description="3D region", style=_STYLE, layout=_LAYOUT)
         self.region_padding = _slider(w.FloatSlider, "region_padding", "region pad (Å)")
+        self.ellipsoids = w.Checkbox(description="ADP ellipsoids (50 %)", indent=False)
+        self.ellipsoids.tooltip = "the shown atoms' 50 % probability ellipsoids (spheres for isotropic atoms)"
         a, b = state.profile_atoms
         top = max(state.n_atoms - 1, a, b)
         self.profile_a = w.BoundedIntText(
@@ -211,6 +236,11 @@ class Controls:
         self.export_gradients = w.Button(
             description="gradients (CSV)", icon="download", tooltip="download the gradients to your browser"
         )
+        self.export_model = w.Button(
+            description="model (PDB)",
+            icon="download",
+            tooltip="download the model as shown (distorted positions, ANISOU records kept) to your browser",
+        )
         self.export_note = w.HTML()
         self.export_path.observe(lambda _: self._export_note(), names="value")
         self._export_note()
@@ -219,9 +249,12 @@ class Controls:
             "structure": "wb-structure",
             "path": "wb-structure-path",
             "upload": "wb-structure-upload",
+            "adp": "wb-adp",
+            "radiation": "wb-radiation",
             "b_mode": "wb-bmode",
             "b_global": "wb-bfactor",
             "b_offset": "wb-boffset",
+            "blur": "wb-blur",
             "radius_mode": "wb-radius-mode",
             "radius": "wb-radius",
             "density_cutoff": "wb-cutoff",
@@ -242,6 +275,7 @@ class Controls:
             "gradient_kind": "wb-gradient-kind",
             "region": "wb-region",
             "region_padding": "wb-region-padding",
+            "ellipsoids": "wb-ellipsoids",
             "profile_a": "wb-profile-a",
             "profile_b": "wb-profile-b",
             "target_map": "wb-target-map",
@@ -250,6 +284,7 @@ class Controls:
             "export_path": "wb-export-path",
             "export_map": "wb-export-map",
             "export_gradients": "wb-export-grad",
+            "export_model": "wb-export-model",
             "export_note": "wb-export-note",
         }
         for attr, cls in css.items():
@@ -257,9 +292,12 @@ class Controls:
 
         # widget attribute -> state trait, bound both ways
         self.bound = [
+            "adp",
+            "radiation",
             "b_mode",
             "b_global",
             "b_offset",
+            "blur",
             "radius_mode",
             "radius",
             "density_cutoff",
@@ -274,6 +312,7 @@ class Controls:
             "gradient_kind",
             "region",
             "region_padding",
+            "ellipsoids",
             "target_map",
             "table_sort",
             "table_ascending",
@@ -290,6 +329,9 @@ class Controls:
             lambda ch: self._set_widget(self.contour_sigmas, format_sigmas(ch["new"])), names="contour_sigmas"
         )
         state.observe(lambda ch: self._backends_for_device(ch["new"]), names="device")
+        state.observe(lambda _: self._adp_shown(), names="has_anisou")
+        self._adp_shown()
+        state.observe(self._units_from_state, names="radiation")
         self.structure.observe(self._structure_changed, names="value")
         self.path.observe(self._path_changed, names="value")
         state.observe(self._structure_from_state, names="structure")
@@ -387,17 +429,30 @@ class Controls:
         # the state sorts and drops repeats: show what is drawn
         self._set_widget(self.contour_sigmas, format_sigmas(self.state.contour_sigmas))
 
+    def _adp_shown(self) -> None:
+        # Only a model with ANISOU has two ADP maps to choose between.
+        has = self.state.has_anisou
+        self.adp.disabled = not has
+        self.adp.layout.display = None if has else "none"
+
+    def _units_from_state(self, change) -> None:
+        self.density_cutoff.description = f"ρ cutoff ({density_units(change['new'])})"
+
     def export_names(self) -> tuple[str, str]:
         """File names of the map and gradient downloads (the name box's, a folder part dropped)."""
         name = self.export_path.value.strip().replace("\\", "/").rsplit("/", 1)[-1] or "workbench_map.ccp4"
         stem = name.rsplit(".", 1)[0] if "." in name else name
         return name, f"{stem}.csv"
 
+    def model_name(self) -> str:
+        """File name of the model download: the name box's stem with ``.pdb``."""
+        return f"{self.export_names()[1].rsplit('.', 1)[0]}.pdb"
+
     def _export_note(self) -> None:
         map_name, csv_name = self.export_names()
         self.export_note.value = (
-            f"<small>downloads {html.escape(map_name)} / {html.escape(csv_name)} to your browser; "
-            "<code>wb.export_map(path)</code> in Python writes on the server</small>"
+            f"<small>downloads {html.escape(map_name)} / {html.escape(csv_name)} to your browser (the model: "
+            f"{html.escape(self.model_name())}); <code>wb.export_map(path)</code> in Python writes on the server</small>"
         )
 
     def refresh_backends(self) -> None:
@@ -471,6 +526,9 @@ class Controls:
                     self.grid_shape,
                 ],
             ),
+            # folded: the first look (1ORC, X-rays) needs none of them, and the open sections
+            # must leave the section slider on a 1280×800 screen
+            ("ADPs and radiation", False, [self.adp, self.radiation, self.blur]),
             (
                 "section",
                 True,
@@ -483,6 +541,7 @@ class Controls:
                     self.iso_sigma,
                     self.region,
                     self.region_padding,
+                    self.ellipsoids,
                     self.gradient_kind,
                     self.distort_amplitude,
                     self.distort_seed,
@@ -495,7 +554,16 @@ class Controls:
                 False,
                 [self.profile_a, self.profile_b, self.profile_names, self.table_sort, self.table_ascending],
             ),
-            ("export", False, [self.export_path, w.HBox([self.export_map, self.export_gradients]), self.export_note]),
+            (
+                "export",
+                False,
+                [
+                    self.export_path,
+                    w.HBox([self.export_map, self.export_gradients]),
+                    self.export_model,
+                    self.export_note,
+                ],
+            ),
         ]
         self.sections: dict[str, widgets.Accordion] = {}
         boxes = []

@@ -30,7 +30,8 @@ class ProfileView:
         (self.line,) = self.ax.plot([], [], color="C0", label="ρ model")
         (self.target,) = self.ax.plot([], [], color="C1", ls="--", label="ρ target")
         self.ax.set_xlabel("Å from the first atom")
-        self.ax.set_ylabel("e/Å³")
+        self.units = "e/Å³"
+        self.ax.set_ylabel(self.units)
         self.ax.legend(loc="upper right", fontsize=8)
         self.fig.tight_layout()
         self.image = widgets.Image(format="png", layout=widgets.Layout(width="420px"))
@@ -40,8 +41,13 @@ class ProfileView:
         self._layout_key = None
         self._background = None
 
-    def update(self, distance, values, target=None, *, title: str = "") -> bytes:
-        """Draw the profile ``values`` (n,) e/Å³ at ``distance`` (n,) Å, and ``target`` if given."""
+    def update(self, distance, values, target=None, *, title: str = "", units: str = "e/Å³") -> bytes:
+        """Draw the profile ``values`` (n,) in ``units`` (fm/Å³ for neutrons) at ``distance`` (n,) Å,
+        and ``target`` if given."""
+        if units != self.units:
+            self.units = units
+            self.ax.set_ylabel(units)
+            self._background = None  # the kept axes carry the old label
         self.line.set_data(distance, values)
         if target is None:
             self.target.set_data([], [])

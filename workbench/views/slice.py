@@ -97,7 +97,9 @@ class SliceView:
         self._bar_source = matplotlib.cm.ScalarMappable(cmap=colours)
         self._bar_source.set_clim(0.0, 1.0)
         self.cbar = self.fig.colorbar(self._bar_source, ax=self.ax, shrink=0.85)
-        self.cbar.set_label(f"{title} (e/Å³)")
+        self.title = title
+        self.units = "e/Å³"
+        self.cbar.set_label(f"{title} ({self.units})")
         self._level_ticks = self.cbar.ax.plot([], [], color="k", lw=1.2)[0]
         self.contours = LineCollection([], linewidths=0.8)
         self.ax.add_collection(self.contours)
@@ -134,6 +136,7 @@ class SliceView:
         contour_sigmas=(),
         note: str = "",
         scale: str = "section",
+        units: str = "e/Å³",
     ) -> bytes:
         """Redraw for section ``sec``.
 
@@ -145,13 +148,20 @@ class SliceView:
         near_uv : numpy.ndarray, shape (M, 2), Å, optional
             Plain white marks instead, when no ``marks`` are given.
         mean, sigma : float, optional
-            The whole map's mean and σ, e/Å³; needed for ``contour_sigmas``.
+            The whole map's mean and σ, in ``units``; needed for ``contour_sigmas``.
         contour_sigmas : sequence of float
             Contour levels in σ above the mean (empty: none).
         scale : {"section", "map"}
             Colours span this section, or the whole map's range ``sec.map_range`` (one
             scale for every section).
+        units : str
+            The map's unit, in the colour bar's label and the caption ("fm/Å³" for a
+            neutron map, :func:`workbench.state.density_units`).
         """
+        if units != self.units:
+            self.units = units
+            self.cbar.set_label(f"{self.title} ({units})")
+            self._bars.clear()  # the kept bars carry the old label
         geometry = self._geometry(sec)
         pixel, anchor = self._pixel
         img = render_section(sec, mean=mean, sigma=sigma, contour_sigmas=contour_sigmas, pixel=pixel, anchor=anchor)
@@ -205,7 +215,7 @@ class SliceView:
             span = f"the whole map's ρ {mmin:.3g} … {mmax:.3g}, fixed across sections"
         if img.contours:
             levels = ", ".join(f"{c.sigma:g} σ = {c.level:.3g}" for c in img.contours)
-            contour_text = f"; contours at {levels} e/Å³"
+            contour_text = f"; contours at {levels} {units}"
         else:
             contour_text = ""
         ny, nx = img.values.shape
@@ -215,8 +225,8 @@ class SliceView:
             self.caption.value = (
                 f"<small>section ⊥ {AXIS_NAMES[sec.axis]} at index {sec.index} (depth {sec.depth:.2f} Å), "
                 f"{n_u}×{n_v} voxels shown tricubic-interpolated on {nx}×{ny} pixels of {img.pixel:.3f} Å{angle}; "
-                f"ρ here {vmin:.3g} … {vmax:.3g} e/Å³, map {mmin:.3g} … {mmax:.3g}; "
-                f"colour bar {lo:.3g} … {hi:.3g} e/Å³ (rounded out from {span}){contour_text}; "
+                f"ρ here {vmin:.3g} … {vmax:.3g} {units}, map {mmin:.3g} … {mmax:.3g}; "
+                f"colour bar {lo:.3g} … {hi:.3g} {units} (rounded out from {span}){contour_text}; "
                 f"+ {n_text} within 1 Å of the plane{note}</small>"
             )
         self.n_updates += 1

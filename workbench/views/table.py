@@ -14,7 +14,7 @@ from workbench.compute.text import count
 
 __all__ = ["AtomTable", "AtomTableView"]
 
-COLUMNS = {"index": "#", "rho": "ρ model (e/Å³)", "target": "ρ target (e/Å³)", "ratio": "target / model"}
+COLUMNS = {"index": "#", "rho": "ρ model", "target": "ρ target", "ratio": "target / model"}
 
 
 # Rows are buttons: the pointer says so, the picked endpoints stand out.
@@ -76,17 +76,21 @@ class AtomTableView:
         """Call ``callback(index)`` with the atom index when a row is clicked."""
         self.html.on_pick(callback)
 
-    def update(self, labels, rho, target, *, sort: str, ascending: bool, target_source: str, picked=()) -> np.ndarray:
+    def update(
+        self, labels, rho, target, *, sort: str, ascending: bool, target_source: str, picked=(), units: str = "e/Å³"
+    ) -> np.ndarray:
         """Sort and draw; returns the atom indices in table order (all atoms, not only shown rows).
 
-        ``picked`` atoms (the profile's endpoints) are highlighted.
+        ``picked`` atoms (the profile's endpoints) are highlighted; the ρ columns are headed
+        with ``units`` (fm/Å³ for a neutron map).
         """
         rho = np.asarray(rho, float)
         target = np.asarray(target, float)
         ratio, order = atom_table_order(rho, target, sort=sort, ascending=ascending)
         self.order = order
+        names = {c: f"{name} ({units})" if c in ("rho", "target") else name for c, name in COLUMNS.items()}
         head = "".join(
-            f"<th>{COLUMNS[c]}{' ▲' if c == sort and ascending else ' ▼' if c == sort else ''}</th>" for c in COLUMNS
+            f"<th>{names[c]}{' ▲' if c == sort and ascending else ' ▼' if c == sort else ''}</th>" for c in COLUMNS
         )
         picked = {int(i) for i in picked}
         body = []
@@ -102,7 +106,7 @@ class AtomTableView:
         self.html.value = (
             f"{_STYLE}<small>density at {count(len(rho), 'atom')} (tricubic, Catmull-Rom); target: "
             f"{html.escape(target_source)}; first {count(min(self.rows, len(rho)), 'row')} sorted by "
-            f"{COLUMNS[sort]}; click a row: its residue becomes the 3D region, and the line profile "
+            f"{names[sort]}; click a row: its residue becomes the 3D region, and the line profile "
             "runs to it from the last atom picked</small>"
             f"<table class='wb-atom-table-body'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
         )

@@ -1,8 +1,8 @@
-"""The 3D view: model sticks, a density isosurface and per-atom gradient arrows.
+"""The 3D view: model sticks, a density isosurface, per-atom gradient arrows and ADP ellipsoids.
 
 :class:`View3D` is an anywidget over 3Dmol.js (the engine py3Dmol drives): its scene is
 traits, synced to the browser; the map goes over as the binary bytes of a CCP4 file
-(``map_bytes``) and the arrows as float32 bytes, never as base64 text in HTML.
+(``map_bytes``), the arrows and the ellipsoid mesh as float32 bytes, never as base64 text in HTML.
 :class:`Scene3DView` sets those traits from a :class:`workbench.compute.Result` and what
 :mod:`workbench.compute.scene` makes of it (the map box and its CCP4 bytes, the arrows,
 the focus): the view chooses only when to ask again and how to draw.
@@ -29,7 +29,10 @@ from workbench.compute import (
     RegionVolume,
     Result,
     WorkbenchError,
+    adp_ellipsoids,
     arrow_segments,
+    ellipsoid_arrays,
+    ellipsoid_mesh,
     focus_selection,
     focus_sphere,
     gradient_arrows,
@@ -107,6 +110,14 @@ class View3D(anywidget.AnyWidget):
         transparent skin, for a whole model: a mesh over hundreds of atoms hides them).
     arrows : bytes
         float32, shape (M, 6): start xyz, end xyz in Å.
+    ellipsoid_vertices : bytes
+        float32, shape (V, 6): position (Å) and unit normal per vertex of the ADP
+        ellipsoids (:class:`workbench.compute.EllipsoidMesh`); empty for none.
+    ellipsoid_faces : bytes
+        uint32, shape (F, 3): triangle vertex indices within each chunk.
+    ellipsoid_chunks : list of [v0, v1, f0, f1, colour]
+        Vertex and face rows of each chunk and its colour (0xRRGGBB): one ``addCustom``
+        shape each.
     focus : dict
         3Dmol selection of the chosen residue (drawn with thicker sticks).
     view_sphere : list of 4 float
@@ -117,6 +128,8 @@ class View3D(anywidget.AnyWidget):
     n_arrows_drawn : int
         Set by the browser: arrow shapes in the scene after its last update (also the
         canvas element's ``data-arrows`` attribute, for browser tests).
+    n_ellipsoid_triangles : int
+        Set by the browser: triangles of the ellipsoid shapes drawn (also ``data-ellipsoid-triangles``).
     n_rendered : int
         Incremented by the browser after each render.
 
@@ -141,6 +154,9 @@ class View3D(anywidget.AnyWidget):
     iso_style = traitlets.Enum(("mesh", "surface"), default_value="mesh").tag(sync=True)
     arrows = traitlets.Bytes(b"").tag(sync=True)
     arrow_color = traitlets.Unicode(ARROW_COLOR).tag(sync=True)
+    ellipsoid_vertices = traitlets.Bytes(b"").tag(sync=True)
+    ellipsoid_faces = traitlets.Bytes(b"").tag(sync=True)
+    ellipsoid_chunks = traitlets.List(traitlets.List(traitlets.Int()), default_value=[]).tag(sync=True)
     focus = traitlets.Dict({}).tag(sync=True)
     view_sphere = traitlets.List(traitlets.Float(), default_value=[]).tag(sync=True)
     zoom_key = traitlets.Int(0).tag(sync=True)
@@ -148,6 +164,7 @@ class View3D(anywidget.AnyWidget):
     js_error = traitlets.Unicode("").tag(sync=True)
     n_rendered = traitlets.Int(0).tag(sync=True)
     n_arrows_drawn = traitlets.Int(0).tag(sync=True)
+    n_ellipsoid_triangles = traitlets.Int(0).tag(sync=True)
 
     def __init__(self, *, lib_path: str | os.PathLike | None = None, **kwargs):
         super().__init__(lib_source=_local_library(lib_path), **kwargs)
@@ -173,6 +190,11 @@ class View3D(anywidget.AnyWidget):
         """``arrows`` as a float32 array of shape (M, 6)."""
         return arrow_segments(self.arrows)
 
+    @property
+    def ellipsoid_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``ellipsoid_vertices`` as float32 (V, 6) and ``ellipsoid_faces`` as uint32 (F, 3)."""
+        return ellipsoid_arrays(self.ellipsoid_vertices, self.ellipsoid_faces)
+
 
 class Scene3DView:
     """Draws a Result in a :class:`View3D`: model, the region's map box, arrows, caption.
@@ -184,6 +206,8 @@ class Scene3DView:
         Region, isosurface level (σ and e/Å³) and the arrow length scale (CSS ``wb-view3d-caption``).
     arrow_scale : float
         Å of arrow per unit of gradient (0 when no arrows).
+    ellipsoids : workbench.compute.Ellipsoids or None
+        The ADP ellipsoids drawn (None when the ``ellipsoids`` setting is off).
     """
 
     def __init__(self, *, lib_path=None):
@@ -192,6 +216,7 @@ class Scene3DView:
         self.caption.add_class("wb-view3d-caption")
         self.widget = widgets.VBox([self.view, self.caption])
         self.arrow_scale = 0.0
+        self.ellipsoids = None
         self._keys: dict[str, object] = {}
         self._volume: RegionVolume | None = None
 
@@ -225,6 +250,14 @@ class Scene3DView:
         )
         updates["arrows"] = arrows.to_bytes()
         self.arrow_scale = arrows.scale
+        ell_key = (result.atoms_key, s.region, s.region_padding, s.ellipsoids)
+        if self._keys.get("ellipsoids") != ell_key:
+            self.ellipsoids = adp_ellipsoids(result.atoms, shown) if s.ellipsoids else None
+            mesh = ellipsoid_mesh(self.ellipsoids) if self.ellipsoids is not None and len(self.ellipsoids) else None
+            updates["ellipsoid_vertices"] = mesh.vertex_bytes() if mesh else b""
+            updates["ellipsoid_faces"] = mesh.face_bytes() if mesh else b""
+            updates["ellipsoid_chunks"] = [list(c) for c in mesh.chunks] if mesh else []
+            self._keys["ellipsoids"] = ell_key
         if self._keys.get("focus") != (s.structure, s.region, s.region_padding):
             updates["focus"] = focus_selection(result.model, s.region)
             updates["view_sphere"] = focus_sphere(xyz, shown, centre_on=sel if s.region else None)
@@ -243,12 +276,12 @@ class Scene3DView:
         sub += f", map drawn within {s.region_padding:g} Å of the {'residue' if s.region else 'atoms'}"
         self.caption.value = (
             f"<small>{region}, map box ± {s.region_padding:g} Å{sub}; isosurface {s.iso_sigma:g} σ = "
-            f"{result.iso_level:.3f} e/Å³; click an atom: region = its residue, profile to it from the last one "
-            f"picked; {arrows.caption}</small>"
+            f"{result.iso_level:.3f} {s.units}; click an atom: region = its residue, profile to it from the last one "
+            f"picked; {arrows.caption}{_ellipsoid_caption(self.ellipsoids)}</small>"
         )
 
     def to_py3dmol(self, width: int = 640, height: int = 480):
-        """A py3Dmol view of the current scene (for static use and export)."""
+        """A py3Dmol view of the current scene (model, isosurface, ellipsoids, arrows; for static use and export)."""
         import py3Dmol
 
         v = self.view
@@ -258,6 +291,17 @@ class Scene3DView:
             view.setStyle({}, {"stick": {"radius": 0.12}})
         if v.map_bytes:
             view.addVolumetricData(volume_base64(v.map_bytes), "ccp4", _iso_options(v))
+        vertices, faces = v.ellipsoid_arrays
+        for v0, v1, f0, f1, colour in v.ellipsoid_chunks:
+            chunk = vertices[v0:v1].astype(float)
+            view.addCustom(
+                {
+                    "vertexArr": [dict(zip("xyz", p)) for p in chunk[:, :3].tolist()],
+                    "normalArr": [dict(zip("xyz", n)) for n in chunk[:, 3:6].tolist()],
+                    "faceArr": faces[f0:f1].reshape(-1).tolist(),
+                    "color": f"#{colour:06x}",
+                }
+            )
         for a in v.arrow_array:
             view.addArrow(
                 {
@@ -269,3 +313,16 @@ class Scene3DView:
             )
         view.zoomTo(v.focus or {"model": 0})  # the atoms; {} would fit the map box too
         return view
+
+
+def _ellipsoid_caption(ell) -> str:
+    if ell is None:
+        return ""
+    n_aniso = int(ell.anisotropic.sum())
+    text = (
+        f"; ADP ellipsoids at 50 % probability (semi-axes {ell.scale:g}·√λ of U): {n_aniso} anisotropic, "
+        f"{len(ell) - n_aniso} isotropic (spheres)"
+    )
+    if ell.n_dropped:
+        text += f", {ell.n_dropped} more atoms not drawn (choose a residue as region)"
+    return text

@@ -1,0 +1,420 @@
+"""The CPU density splat of anisotropic atoms (and neutron/electron tables) against the float64 reference.
+
+Every atom of a set with ``u_aniso`` goes through the anisotropic kernel with its effective U, so
+mixed models are exact and gradients reach ``u_aniso`` of anisotropic atoms and ``b_iso`` of the
+others. Tolerances: the float32 contract of docs/kernels.md (``assert_kernel_close``:
+1e-5·max|ref| + 1e-5·|ref|) for maps and gradients; the kernel evaluates each term's exponent in
+float from row constants formed in double (error ≤ ~1e-7 of the term's peak) and exp with a
+polynomial (relative error < 3e-7), so it lands well inside that bound. Against gemmi's
+anisotropic calculator: relative L2 ≤ 1e-5 (gemmi sums in float with its own fast exp).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import kernels.testing
+from kernels.crystal import AtomSet, Cell, GridSpec, read_model
+from kernels.density import cpu as density_cpu
+from kernels.density.adp import U_TO_B, adp_eigenvalues
+from kernels.density.radius import atom_cutoff_radii
+from kernels.density.reference import splat_frames_reference, splat_reference
+from tests.helpers import STRUCTURES, assert_kernel_close
+
+F32, F64 = torch.float32, torch.float64
+
+
+def _leaf(atoms: AtomSet, dtype: torch.dtype) -> AtomSet:
+    """Copy of ``atoms`` in ``dtype`` whose xyz, b_iso, occ and u_aniso require grad."""
+    return AtomSet(
+        atoms.xyz.detach().to(dtype).clone().requires_grad_(),
+        atoms.b_iso.detach().to(dtype).clone().requires_grad_(),
+        atoms.occ.detach().to(dtype).clone().requires_grad_(),
+        atoms.a.to(dtype),
+        atoms.b.to(dtype),
+        atoms.elements,
+        atoms.labels,
+        None if atoms.u_aniso is None else atoms.u_aniso.detach().to(dtype).clone().requires_grad_(),
+        atoms.aniso,
+        radiation=atoms.radiation,
+        _validate=False,
+    )
+
+
+_GRAD_FIELDS = ("xyz", "b_iso", "occ", "u_aniso")
+
+
+def _check_against_reference(atoms: AtomSet, grid: GridSpec, seed: int = 0, **kw) -> torch.Tensor:
+    """Forward and every gradient of splat_cpu against autograd through the float64 reference.
+
+    The reference gets the very same float32-representable values in float64; ``kw`` (radius,
+    cutoff, radius_rule) goes to both.
+    """
+    a32 = _leaf(atoms.to(dtype=F32), F32)
+    a64 = _leaf(a32, F64)
+    out = density_cpu.splat_cpu(a32, grid, **kw)
+    ref = splat_reference(a64, grid, **kw)
+    assert out.dtype == F32 and out.shape == grid.shape
+    assert_kernel_close(out, ref)
+    # the same sphere (r² < R² decided as the reference decides it): nothing outside it, and every
+    # voxel inside it that the float32 exp does not flush (terms below 2^-43 of their peak are 0)
+    assert not out[ref == 0].any(), "density outside the reference's voxel set"
+    assert bool((out != 0)[ref.abs() > 1e-9 * ref.abs().max()].all()), "a voxel of the reference's set is missing"
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    out.backward(upstream.to(F32))
+    ref.backward(upstream)
+    for name in _GRAD_FIELDS:
+        want = getattr(a64, name)
+        if want is None:
+            continue
+        got = getattr(a32, name).grad
+        assert got is not None and got.dtype == F32, name
+        assert_kernel_close(got, want.grad)
+    return out
+
+
+def _random_u(n: int, rng: np.random.Generator, b_range=(8.0, 50.0), max_ratio: float = 10.0) -> np.ndarray:
+    """(n, 6) U = R·diag(λ)·Rᵀ with random rotations R, eigenvalue ratios up to ``max_ratio`` and
+    mean eigenvalue B/8π² for B uniform in ``b_range``: tilted off the cell axes."""
+    out = np.empty((n, 6))
+    for i in range(n):
+        q, r = np.linalg.qr(rng.standard_normal((3, 3)))
+        rot = q * np.sign(np.diag(r))
+        lam = np.array([1.0, rng.uniform(1.0, max_ratio), max_ratio])
+        lam *= rng.uniform(*b_range) / U_TO_B / lam.mean()
+        u = rot @ np.diag(lam) @ rot.T
+        out[i] = (u[0, 0], u[1, 1], u[2, 2], u[0, 1], u[0, 2], u[1, 2])
+    return out
+
+
+_ELEMENTS = ["C", "N", "O", "S", "Fe", "P", "H", "Cl"]
+
+
+def _random_atoms(
+    cell: Cell, n: int, seed: int, *, iso_every: int = 0, radiation: str = "xray", max_ratio: float = 10.0
+) -> AtomSet:
+    """``n`` random atoms in (and a little around) ``cell``; every ``iso_every``-th one isotropic (NaN row)."""
+    rng = np.random.default_rng(seed)
+    frac = rng.random((n, 3)) * 1.2 - 0.1  # some outside the cell: wrapping
+    xyz = frac @ cell.orth.numpy().T
+    els = [_ELEMENTS[i % len(_ELEMENTS)] for i in range(n)]
+    u = _random_u(n, rng, max_ratio=max_ratio)
+    if iso_every:
+        u[::iso_every] = np.nan
+    return AtomSet.from_elements(
+        els, xyz, rng.uniform(5.0, 40.0, n), rng.uniform(0.3, 1.0, n), radiation=radiation, u_aniso=u
+    )
+
+
+CELLS = {
+    "orthogonal-odd": ((11.0, 12.5, 13.3, 90, 90, 90), (17, 19, 23)),
+    "monoclinic": ((12.0, 9.0, 14.0, 90, 104.5, 90), (20, 15, 24)),
+    "hexagonal": ((10.0, 10.0, 13.0, 90, 90, 120), (18, 18, 21)),
+    "triclinic": ((9.0, 10.0, 11.0, 75, 101.5, 112), (16, 17, 19)),
+}
+
+
+def _grid(kind: str) -> GridSpec:
+    params, shape = CELLS[kind]
+    cell = Cell.from_parameters(*params)
+    assert cell.kind == kind.split("-")[0]
+    return GridSpec(cell, shape)
+
+
+# --------------------------------------------------------------------------- real structures
+
+
+def test_1pfe_hexagonal_every_atom_anisotropic():
+    m = read_model(STRUCTURES["1pfe"])
+    assert m.cell.kind == "hexagonal" and bool(m.atoms.aniso.all())
+    _check_against_reference(m.atoms, GridSpec.for_spacing(m.cell, 0.8, m.spacegroup))
+
+
+def test_3o5r_mixed_with_the_bad_atom_isotropic():
+    with pytest.warns(UserWarning, match="not positive definite"):
+        m = read_model(STRUCTURES["3o5r"], on_bad_adp="iso")
+    iso = ~m.atoms.aniso
+    assert int(iso.sum()) >= 1  # A/MET 48/CB altloc A splats at its B_iso
+    a32 = _leaf(m.atoms.to(dtype=F32), F32)
+    grid = GridSpec.for_spacing(m.cell, 1.0, m.spacegroup)
+    a64 = _leaf(a32, F64)
+    out = density_cpu.splat_cpu(a32, grid)
+    ref = splat_reference(a64, grid)
+    assert_kernel_close(out, ref)
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    out.backward(upstream.to(F32))
+    ref.backward(upstream)
+    for name in _GRAD_FIELDS:
+        assert_kernel_close(getattr(a32, name).grad, getattr(a64, name).grad)
+    # b_iso reaches the map only through the isotropic atoms, u_aniso only through the others
+    assert bool((a32.b_iso.grad[iso] != 0).all()) and not a32.b_iso.grad[~iso].any()
+    assert not a32.u_aniso.grad[iso].any() and bool((a32.u_aniso.grad[~iso] != 0).any(dim=1).all())
+
+
+def test_1pfe_matches_gemmi_anisotropic():
+    path = STRUCTURES["1pfe"]
+    m = read_model(path)
+    spacing = 2.0 / 3.0
+    grid = GridSpec.for_spacing(m.cell, spacing, m.spacegroup)
+    out = density_cpu.splat_cpu(m.atoms.to(dtype=F32), grid).double()
+    ref = torch.from_numpy(kernels.testing.gemmi_density(path, spacing, 1e-5, adp="auto")).double()
+    assert ref.shape == out.shape
+    rel_l2 = float(torch.linalg.norm(out - ref) / torch.linalg.norm(ref))
+    assert rel_l2 <= 1e-5, f"relative L2 against gemmi {rel_l2:.3e}"
+
+
+# --------------------------------------------------------------------------- synthetic cells and atoms
+
+
+@pytest.mark.parametrize("kind", sorted(CELLS))
+def test_synthetic_cells_mixed_iso_and_aniso(kind):
+    # every cell kind (the anisotropic kernel has one path for all of them); a third isotropic
+    atoms = _random_atoms(_grid(kind).cell, 18, seed=len(kind), iso_every=3)
+    assert 0 < int(atoms.aniso.sum()) < len(atoms)
+    _check_against_reference(atoms, _grid(kind))
+
+
+@pytest.mark.parametrize("rule", ["gemmi", "eigen"])
+@pytest.mark.parametrize("kind", ["orthogonal-odd", "triclinic"])
+def test_strongly_anisotropic_tilted_atoms(kind, rule):
+    grid = _grid(kind)
+    atoms = _random_atoms(grid.cell, 10, seed=7, max_ratio=12.0)
+    lam = adp_eigenvalues(atoms.u_aniso)
+    assert bool((lam[:, 2] / lam[:, 0] >= 10).all())
+    u = atoms.u_aniso
+    assert bool((u[:, 3:].abs() > 0.05 * u[:, :3].max(dim=1).values[:, None]).any(dim=1).all())  # off the axes
+    _check_against_reference(atoms, grid, radius_rule=rule)
+
+
+def _kernel_radii(atoms: AtomSet, radiation: str, rule: str) -> torch.Tensor:
+    """The radii the cpu backend gives an anisotropic set (float32 atoms)."""
+    u8 = atoms.aniso.to(torch.uint8)
+    return density_cpu._aniso_radii(atoms.u_aniso, u8, atoms.b_iso, atoms.a, atoms.b, radiation, 1e-5, rule)
+
+
+@pytest.mark.parametrize("radiation", ["xray", "electron", "neutron"])
+def test_radii_are_atom_cutoff_radii(radiation):
+    # the C++ rules against kernels.density.radius.atom_cutoff_radii on a mixed set; the exact rule
+    # reaches at least as far as gemmi's diagonal rule on tilted atoms
+    grid = _grid("orthogonal-odd")
+    atoms = _random_atoms(grid.cell, 30, seed=11, max_ratio=12.0, iso_every=5, radiation=radiation).to(dtype=F32)
+    for rule in ("gemmi", "eigen"):
+        want = atom_cutoff_radii(atoms, 1e-5, rule)
+        # gemmi's rule: the same operations as the torch rule; eigen: closed-form eigenvalues
+        tol = 1e-12 if rule == "gemmi" else 1e-9
+        torch.testing.assert_close(_kernel_radii(atoms, radiation, rule), want, atol=tol, rtol=0)
+    gemmi_r = atom_cutoff_radii(atoms, 1e-5, "gemmi")
+    eigen_r = atom_cutoff_radii(atoms, 1e-5, "eigen")
+    assert bool((eigen_r[atoms.aniso] > gemmi_r[atoms.aniso]).all())
+
+
+@pytest.mark.parametrize("radiation", ["electron", "neutron"])
+def test_radiation_types_with_aniso(radiation):
+    grid = _grid("monoclinic")
+    atoms = _random_atoms(grid.cell, 16, seed=5, iso_every=4, radiation=radiation)
+    out = _check_against_reference(atoms, grid)
+    if radiation == "neutron":
+        # hydrogen's scattering length is negative: its density is too
+        assert "H" in atoms.elements and float(out.detach().min()) < 0
+
+
+def test_isotropic_neutron_set_takes_closed_form_radii():
+    # an isotropic neutron set keeps the separable kernel, with the closed-form radii
+    grid = _grid("triclinic")
+    atoms = _random_atoms(grid.cell, 16, seed=4, radiation="neutron").replace(u_aniso=None, aniso=None)
+    out = _check_against_reference(atoms, grid)
+    assert float(out.detach().min()) < 0
+    iso_default = density_cpu.splat_cpu(atoms.to(dtype=F32), grid)
+    assert torch.equal(iso_default, out.detach())
+
+
+def test_fixed_radius():
+    grid = _grid("monoclinic")
+    atoms = _random_atoms(grid.cell, 12, seed=9, iso_every=3)
+    _check_against_reference(atoms, grid, radius=2.5)
+
+
+def test_isotropic_u_gives_the_isotropic_map():
+    # U = B/8π²·I on every atom: the anisotropic kernel's map is the isotropic kernel's
+    grid = _grid("hexagonal")
+    iso = _random_atoms(grid.cell, 12, seed=1).replace(u_aniso=None, aniso=None).to(dtype=F32)
+    u = torch.zeros((len(iso), 6), dtype=F32)
+    u[:, :3] = (iso.b_iso / U_TO_B)[:, None]
+    aniso = iso.replace(u_aniso=u, aniso=torch.ones(len(iso), dtype=torch.bool))
+    assert_kernel_close(density_cpu.splat_cpu(aniso, grid), density_cpu.splat_cpu(iso, grid).double())
+
+
+def test_gradients_against_finite_differences_of_the_reference():
+    # The reference's autograd is the truth above; here its central differences on a few U
+    # components, and ours against them.
+    grid = _grid("triclinic")
+    atoms = _random_atoms(grid.cell, 4, seed=21).to(dtype=F32).to(dtype=F64)  # float32-representable
+    w = torch.randn(grid.shape, generator=torch.Generator().manual_seed(0), dtype=F64)
+    radius = 4.0  # a fixed sphere: the differences move no voxel in or out
+
+    def loss(u):
+        return float((splat_reference(atoms.replace(u_aniso=u), grid, radius=radius) * w).sum())
+
+    fixed = _leaf(atoms.to(dtype=F32), F32)
+    (density_cpu.splat_cpu(fixed, grid, radius=radius).double() * w).sum().backward()
+    h = 1e-5
+    for i, j in ((0, 0), (1, 3), (2, 5), (3, 4)):
+        u_p, u_m = atoms.u_aniso.clone(), atoms.u_aniso.clone()
+        u_p[i, j] += h
+        u_m[i, j] -= h
+        fd = (loss(u_p) - loss(u_m)) / (2 * h)
+        got = float(fixed.u_aniso.grad[i, j])
+        assert abs(got - fd) <= 1e-3 * abs(fd) + 1e-4 * float(fixed.u_aniso.grad.abs().max()), (i, j, got, fd)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_non_positive_definite_u_names_the_atom():
+    grid = _grid("orthogonal-odd")
+    atoms = _random_atoms(grid.cell, 6, seed=3).to(dtype=F32)
+    u = atoms.u_aniso.clone()
+    u[4] = torch.tensor([0.1, 0.1, 0.1, 0.2, 0.0, 0.0])  # eigenvalues −0.1, 0.1, 0.3
+    # unvalidated, as a user's own tensor can reach a backend
+    bad = AtomSet(
+        atoms.xyz,
+        atoms.b_iso,
+        atoms.occ,
+        atoms.a,
+        atoms.b,
+        atoms.elements,
+        atoms.labels,
+        u,
+        atoms.aniso,
+        _validate=False,
+    )
+    with pytest.raises(ValueError) as ref_err:
+        splat_reference(bad, grid)
+    with pytest.raises(ValueError) as cpu_err:
+        density_cpu.splat_cpu(bad, grid)
+    assert str(cpu_err.value) == str(ref_err.value)
+    assert str(atoms.labels[4]) in str(cpu_err.value) and "(index 4)" in str(cpu_err.value)
+    assert "not positive definite" in str(cpu_err.value)
+    u[4] = torch.tensor([0.1, float("nan"), 0.1, 0.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match=r"index 4\) has a non-finite anisotropic U"):
+        density_cpu.splat_cpu(bad, grid)
+    # an isotropic atom's row is never read: a bad row there is fine
+    flags = atoms.aniso.clone()
+    flags[4] = False
+    ok = AtomSet(
+        atoms.xyz, atoms.b_iso, atoms.occ, atoms.a, atoms.b, atoms.elements, atoms.labels, u, flags, _validate=False
+    )
+    assert torch.isfinite(density_cpu.splat_cpu(ok, grid)).all()
+
+
+def test_unknown_radius_rule_is_refused():
+    grid = _grid("orthogonal-odd")
+    with pytest.raises(ValueError, match="radius_rule must be one of"):
+        density_cpu.splat_cpu(_random_atoms(grid.cell, 2, seed=0).to(dtype=F32), grid, radius_rule="exact")
+
+
+# --------------------------------------------------------------------------- determinism, first call, out=, frames
+
+
+def test_first_call_equals_later_calls_and_any_thread_count():
+    before = torch.get_num_threads()
+    try:
+        for kind, seed in (("hexagonal", 1), ("monoclinic", 2), ("triclinic", 3)):
+            grid = _grid(kind)
+            atoms = _random_atoms(grid.cell, 20, seed=seed, iso_every=4).to(dtype=F32)
+            maps, grads = [], []
+            for threads in (2, 2, 1):
+                torch.set_num_threads(threads)
+                leaf = _leaf(atoms, F32)
+                out = density_cpu.splat_cpu(leaf, grid)
+                out.backward(torch.ones_like(out))
+                maps.append(out.detach())
+                grads.append([getattr(leaf, n).grad for n in _GRAD_FIELDS])
+            ref = splat_reference(atoms, grid)
+            assert_kernel_close(maps[0], ref)
+            for m, g in zip(maps[1:], grads[1:]):
+                assert torch.equal(m, maps[0]), kind
+                for a, b in zip(g, grads[0]):
+                    assert torch.equal(a, b), kind
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_out_is_filled_in_place():
+    grid = _grid("monoclinic")
+    atoms = _random_atoms(grid.cell, 10, seed=6, iso_every=2).to(dtype=F32)
+    want = density_cpu.splat_cpu(atoms, grid)
+    out = torch.full(grid.shape, float("nan"))
+    assert density_cpu.splat_cpu(atoms, grid, out=out) is out and torch.equal(out, want)
+    leaf = _leaf(atoms, F32)
+    with pytest.raises(ValueError, match="out= is not differentiable"):
+        density_cpu.splat_cpu(
+            leaf.replace(xyz=leaf.xyz.detach(), b_iso=leaf.b_iso.detach(), occ=leaf.occ.detach()), grid, out=out
+        )
+    with torch.no_grad():
+        assert torch.equal(density_cpu.splat_cpu(leaf, grid, out=out), want)
+
+
+def _frames(cell: Cell, n: int, n_frames: int, seed: int) -> AtomSet:
+    frames = [_random_atoms(cell, n, seed=seed + f, iso_every=3) for f in range(n_frames)]
+    return AtomSet(
+        torch.cat([f.xyz for f in frames]),
+        torch.cat([f.b_iso for f in frames]),
+        torch.cat([f.occ for f in frames]),
+        torch.cat([f.a for f in frames]),
+        torch.cat([f.b for f in frames]),
+        sum((f.elements for f in frames), ()),
+        sum((f.labels for f in frames), ()),
+        torch.cat([f.u_aniso for f in frames]),
+        torch.cat([f.aniso for f in frames]),
+    ).to(dtype=F32)
+
+
+@pytest.mark.parametrize("kind", ["hexagonal", "triclinic"])
+def test_frames_are_the_single_splats_and_the_reference(kind):
+    grid = _grid(kind)
+    n, n_frames = 8, 3
+    atoms = _frames(grid.cell, n, n_frames, seed=30)
+    leaf = _leaf(atoms, F32)
+    maps = density_cpu.splat_frames_cpu(leaf, grid, n_frames=n_frames)
+    upstream = torch.randn((n_frames, *grid.shape), generator=torch.Generator().manual_seed(1), dtype=F64)
+    maps.backward(upstream.to(F32))
+    ref_atoms = _leaf(atoms, F64)
+    ref = splat_frames_reference(ref_atoms, grid, n_frames=n_frames)
+    ref.backward(upstream)
+    assert_kernel_close(maps.detach(), ref.detach())
+    for name in _GRAD_FIELDS:
+        assert_kernel_close(getattr(leaf, name).grad, getattr(ref_atoms, name).grad)
+    for f in range(n_frames):
+        single = _leaf(atoms.select(list(range(f * n, (f + 1) * n))), F32)
+        one = density_cpu.splat_cpu(single, grid)
+        one.backward(upstream[f].to(F32))
+        assert torch.equal(maps[f].detach(), one.detach()), f
+        rows = slice(f * n, (f + 1) * n)
+        for name in _GRAD_FIELDS:
+            assert torch.equal(getattr(leaf, name).grad[rows], getattr(single, name).grad), (f, name)
+
+
+def test_empty_anisotropic_set():
+    grid = _grid("orthogonal-odd")
+    atoms = _random_atoms(grid.cell, 3, seed=0).to(dtype=F32).select([])
+    leaf = _leaf(atoms, F32)
+    out = density_cpu.splat_cpu(leaf, grid)
+    assert out.shape == grid.shape and not out.any()
+    out.sum().backward()
+    assert leaf.u_aniso.grad.shape == (0, 6)
+
+
+def test_large_u_sphere_bigger_than_the_cell():
+    # B ~ 150 Å² spheres reach past a 9–11 Å cell: several images of one atom add to one voxel
+    grid = _grid("triclinic")
+    rng = np.random.default_rng(8)
+    atoms = AtomSet.from_elements(
+        ["S", "O"], rng.random((2, 3)) @ grid.cell.orth.numpy().T, [150.0, 150.0], u_aniso=_random_u(2, rng, (120, 180))
+    )
+    _check_against_reference(atoms, grid)
+    assert math.isfinite(float(density_cpu.splat_cpu(atoms.to(dtype=F32), grid).sum()))
