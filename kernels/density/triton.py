@@ -44,6 +44,17 @@ Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was
   ~2e-5 Å in a 240 Å cell, which at B = 2 Å² moves the density of N by more than the 1e-5
   contract. An atom with a non-finite position, B or occupancy gets an empty box and zero
   gradients, without a host check.
+- Anisotropic sets (``u_aniso``) and neutron sets take their own pair of kernels (``_aniso_fwd_kernel``,
+  ``_aniso_bwd_kernel``) with the same launch shape, tiles, row spans, z groups and float64 wrap; the
+  isotropic kernels above are untouched by them. Each program forms its atoms' U as
+  ``kernels.density.adp.effective_u`` does (so a mixed set is exact), and per form-factor term
+  M_k = U + b_k/8π²·I, det M_k and M_k⁻¹ (adjugate), the quadratic form in voxel steps and the cutoff
+  radius (gemmi's rule at B_max, the exact sphere along U's major axis, or the neutron closed form).
+  Per (x, z) tile each term's exponent is A_k + dy·(B_k + c_k·dy) in log2 units, so a voxel costs five
+  exp2 and ten FMAs. The backward sums g·e_k·(1, dy, dy²) per lane over a tile's rows in float64 and
+  folds each tile into ∂L/∂centre, ∂L/∂occ and ∂L/∂U of its atom (linear in the tile's moments), then
+  ∂L/∂u_aniso for anisotropic atoms and ∂L/∂b_iso = tr(∂L/∂U)/8π² for isotropic ones: no atomics.
+  An atom whose U is not finite and positive definite is treated like one with a non-finite position.
 - Host side (an eager call is host time, not GPU time): every plan constant is in one float64
   device tensor, the forward is one memset and one launch, the backward one launch, and after a
   plan's first call its compiled kernels are launched directly (``_launch``).
