@@ -1679,8 +1679,10 @@ class _Plan:
     atoms_per_program: int
     num_warps: int
     num_warps_bwd: int
-    # Anisotropic kernels' tiles: the forward holds two per-term arrays per lane (10 in all), the backward
-    # fifteen row accumulators per lane, so both take at most 128 lanes, the backward one lane per thread.
+    # Anisotropic kernels' tiles, sized by registers (not yet timed against other shapes): the forward holds
+    # two per-term arrays per lane (10 in all), 128 lanes on one warp; the backward fifteen float64 row
+    # accumulators per lane besides ~110 per-atom values, so one lane per thread (32 lanes, one warp: the
+    # tile reductions stay within the warp).
     bp_aniso: int
     bq_aniso: int
     bp_aniso_bwd: int
@@ -1752,9 +1754,9 @@ class _Plan:
             num_warps_bwd=1,
             bp_aniso=bp if interpret else max(1, min(bp, 128 // bq)),
             bq_aniso=bq,
-            bp_aniso_bwd=bp_bwd if interpret else max(1, min(bp_bwd, 128 // bq_bwd)),
-            bq_aniso_bwd=bq_bwd,
-            num_warps_aniso_bwd=1 if interpret else 4,
+            bp_aniso_bwd=bp_bwd if interpret else max(1, min(bp_bwd, 32 // min(bq_bwd, 32))),
+            bq_aniso_bwd=bq_bwd if interpret else min(bq_bwd, 32),
+            num_warps_aniso_bwd=1,
         )
 
     def constexprs(self, frames: bool, index64: bool) -> tuple:
@@ -1954,22 +1956,25 @@ def _aniso_rule(plan: _Plan, anisotropic: bool, radius_rule: str) -> int:
     return 2 if radius_rule == "eigen" and anisotropic else 1
 
 
-def _forward_aniso(plan: _Plan, xyz, u, flag, b_iso, occ, a, b, n_frames: int, rule: int, neutron: bool):
+def _forward_aniso(plan: _Plan, xyz, u, aniso, b_iso, occ, a, b, n_frames: int, rule: int, neutron: bool):
     """Zero-filled map and one anisotropic forward launch; returns the flat map and the radii written.
 
-    ``u`` (N, 6) float32 and ``flag`` (N,) uint8, or both None for an isotropic set (neutrons).
+    ``u`` (N, 6) float32 and ``aniso`` (N,) bool, contiguous, or both None for an isotropic set (neutrons).
     """
     n = xyz.shape[0]
     size = n_frames * plan.n_voxels
     out = torch.zeros(size, dtype=torch.float32, device=xyz.device)
     radii = torch.empty(n, dtype=torch.float32, device=xyz.device) if rule else b_iso
+    # The kernels read the flags as bytes (a bool pointer is not the same type in every Triton); the
+    # placeholders of an isotropic set are never read.
+    flag = aniso.view(torch.uint8) if u is not None else b_iso
     aniso = u is not None
     frames = n_frames > 1
     index64 = plan.index64 or size >= 2**31 - 1
     _launch(
         _aniso_fwd_kernel, plan, ("afwd", xyz.dtype, frames, index64, aniso, rule, neutron, _device_key(xyz)),
         triton.cdiv(n, plan.atoms_per_program),
-        (xyz, u if aniso else b_iso, flag if aniso else b_iso, b_iso, occ, a, b, radii, plan.params, out, n,
+        (xyz, u if aniso else b_iso, flag, b_iso, occ, a, b, radii, plan.params, out, n,
          n // n_frames),
         plan.constexprs_aniso(False, aniso, rule, neutron, frames, index64), plan.num_warps,
         _ANISO_CONSTEXPR_NAMES,
@@ -1977,9 +1982,10 @@ def _forward_aniso(plan: _Plan, xyz, u, flag, b_iso, occ, a, b, n_frames: int, r
     return out, radii
 
 
-def _backward_aniso(plan: _Plan, grad, xyz, u, flag, b_iso, occ, a, b, radii, n_frames: int, rule: int, neutron: bool):
+def _backward_aniso(plan: _Plan, grad, xyz, u, aniso, b_iso, occ, a, b, radii, n_frames: int, rule: int, neutron: bool):
     """∂L/∂xyz (xyz's dtype), ∂L/∂u (float32, None without ``u``), ∂L/∂b_iso, ∂L/∂occ: one launch."""
     n = xyz.shape[0]
+    flag = aniso.view(torch.uint8) if u is not None else b_iso
     aniso = u is not None
     g_xyz = torch.empty_like(xyz)
     g_u = torch.empty_like(u) if aniso else None
@@ -1991,7 +1997,7 @@ def _backward_aniso(plan: _Plan, grad, xyz, u, flag, b_iso, occ, a, b, radii, n_
     _launch(
         _aniso_bwd_kernel, plan, ("abwd", xyz.dtype, frames, index64, aniso, rule, neutron, device),
         triton.cdiv(n, plan.atoms_per_program),
-        (grad, xyz, u if aniso else b_iso, flag if aniso else b_iso, b_iso, occ, a, b, radii, plan.params, g_xyz,
+        (grad, xyz, u if aniso else b_iso, flag, b_iso, occ, a, b, radii, plan.params, g_xyz,
          g_u if aniso else g_b, g_b, g_occ, n, n // n_frames),
         plan.constexprs_aniso(True, aniso, rule, neutron, frames, index64), plan.num_warps_aniso_bwd,
         _ANISO_CONSTEXPR_NAMES,
@@ -2000,14 +2006,14 @@ def _backward_aniso(plan: _Plan, grad, xyz, u, flag, b_iso, occ, a, b, radii, n_
 
 
 class _SplatAnisoTriton(torch.autograd.Function):
-    """Anisotropic forward and backward launches; ``rest`` = (flag, a, b, plan, n_frames, rule, neutron)."""
+    """Anisotropic forward and backward launches; ``rest`` = (aniso, a, b, plan, n_frames, rule, neutron)."""
 
     @staticmethod
     def forward(ctx, xyz, u, b_iso, occ, rest):
-        flag, a, b, plan, n_frames, rule, neutron = rest
-        out, radii = _forward_aniso(plan, xyz, u, flag, b_iso, occ, a, b, n_frames, rule, neutron)
+        aniso, a, b, plan, n_frames, rule, neutron = rest
+        out, radii = _forward_aniso(plan, xyz, u, aniso, b_iso, occ, a, b, n_frames, rule, neutron)
         ctx.save_for_backward(xyz, u, b_iso, occ)
-        ctx.rest = (flag, a, b, radii, plan, n_frames, rule, neutron)
+        ctx.rest = (aniso, a, b, radii, plan, n_frames, rule, neutron)
         return out
 
     @staticmethod
@@ -2016,13 +2022,13 @@ class _SplatAnisoTriton(torch.autograd.Function):
         if not any(need[:4]):
             return None, None, None, None, None
         xyz, u, b_iso, occ = ctx.saved_tensors
-        flag, a, b, radii, plan, n_frames, rule, neutron = ctx.rest
+        aniso, a, b, radii, plan, n_frames, rule, neutron = ctx.rest
         if grad.dtype != torch.float32:
             grad = grad.to(torch.float32)
         if not grad.is_contiguous():
             grad = grad.contiguous()
         g_xyz, g_u, g_b, g_occ = _backward_aniso(
-            plan, grad, xyz, u, flag, b_iso, occ, a, b, radii, n_frames, rule, neutron
+            plan, grad, xyz, u, aniso, b_iso, occ, a, b, radii, n_frames, rule, neutron
         )
         return (
             g_xyz if need[0] else None,
@@ -2160,9 +2166,9 @@ def _splat(atoms: AtomSet, plan: _Plan, n_frames: int | None = None, radius_rule
 
 
 def _kernel_inputs_aniso(atoms: AtomSet):
-    """(xyz, u, flag, b_iso, occ, a, b) as the anisotropic kernels read them; u and flag None for an isotropic set.
+    """(xyz, u, aniso, b_iso, occ, a, b) as the anisotropic kernels read them; u and aniso None for an isotropic set.
 
-    xyz keeps float64 (wrapped in the kernels), the rest float32 contiguous; flag is ``aniso`` viewed as uint8.
+    xyz keeps float64 (wrapped in the kernels), aniso stays bool, the rest float32; all contiguous.
     """
     op = "splat_triton"
     xyz = atoms.xyz
@@ -2170,17 +2176,17 @@ def _kernel_inputs_aniso(atoms: AtomSet):
         xyz = _as_kernel_input(xyz, op)
     elif not xyz.is_contiguous():
         xyz = xyz.contiguous()
-    u = flag = None
+    u = aniso = None
     if atoms.u_aniso is not None:
         u = _as_kernel_input(atoms.u_aniso, op)
-        flag = atoms.aniso.contiguous().view(torch.uint8)
+        aniso = atoms.aniso if atoms.aniso.is_contiguous() else atoms.aniso.contiguous()
     rest = (_as_kernel_input(t, op) for t in (atoms.b_iso, atoms.occ, atoms.a, atoms.b))
-    return (xyz, u, flag, *rest)
+    return (xyz, u, aniso, *rest)
 
 
 def _splat_aniso(atoms: AtomSet, plan: _Plan, n_frames: int | None, radius_rule: str) -> torch.Tensor:
     """:func:`_splat` for anisotropic and neutron sets: the anisotropic kernels, one launch each way."""
-    xyz, u, flag, b_iso, occ, a, b = _kernel_inputs_aniso(atoms)
+    xyz, u, aniso, b_iso, occ, a, b = _kernel_inputs_aniso(atoms)
     shape = plan.shape if n_frames is None else (n_frames, *plan.shape)
     n_frames = n_frames or 1
     if xyz.shape[0] == 0:
@@ -2189,9 +2195,9 @@ def _splat_aniso(atoms: AtomSet, plan: _Plan, n_frames: int | None, radius_rule:
     neutron = atoms.radiation == "neutron"
     wants = xyz.requires_grad or b_iso.requires_grad or occ.requires_grad or (u is not None and u.requires_grad)
     if torch.is_grad_enabled() and wants:
-        out = _SplatAnisoTriton.apply(xyz, u, b_iso, occ, (flag, a, b, plan, n_frames, rule, neutron))
+        out = _SplatAnisoTriton.apply(xyz, u, b_iso, occ, (aniso, a, b, plan, n_frames, rule, neutron))
     else:
-        out = _forward_aniso(plan, xyz, u, flag, b_iso, occ, a, b, n_frames, rule, neutron)[0]
+        out = _forward_aniso(plan, xyz, u, aniso, b_iso, occ, a, b, n_frames, rule, neutron)[0]
     return out.view(shape)
 
 
