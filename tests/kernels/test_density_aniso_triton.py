@@ -259,6 +259,20 @@ def test_vec_scalar_and_one_atom_per_program(shape, fields):
     check_against_reference(atoms, grid, **fields)
 
 
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        {"bp_aniso": 8, "bq_aniso": 16, "bp_aniso_bwd": 2, "bq_aniso_bwd": 16},  # the GPU's shapes
+        {"bp_aniso": 1, "bq_aniso": 4, "bp_aniso_bwd": 8, "bq_aniso_bwd": 4},  # many chunks per box
+    ],
+)
+def test_gpu_tiles_one_atom_per_program(tiles):
+    # Tiles smaller than the boxes (each box walked in several chunks), one atom per program, as on a GPU.
+    cell = Cell.from_parameters(*CELLS["hexagonal"])
+    atoms = synthetic(cell, ELEMENTS[:4], seed=15, ratio=(5.0, 15.0))
+    check_against_reference(atoms, GridSpec.for_spacing(cell, 0.9), atoms_per_program=1, **tiles)
+
+
 def test_frames_match_per_frame_reference():
     cell = Cell.from_parameters(*CELLS["hexagonal"])
     base = synthetic(cell, ELEMENTS[:5], seed=10)
