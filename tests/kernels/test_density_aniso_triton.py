@@ -492,6 +492,46 @@ def test_matches_gemmi_anisotropic(name):
     assert rel <= 1e-5, f"{name}: relative L2 distance from gemmi {rel:.3e}"  # 2.9e-6 and 3.5e-6 measured
 
 
+_SM90_SCRIPT = textwrap.dedent(
+    """
+    import json, triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from kernels.density import triton as T
+
+    pointers = {"xyz_ptr": "*fp32", "u_ptr": "*fp32", "flag_ptr": "*u8", "b_iso_ptr": "*fp32", "occ_ptr": "*fp32",
+                "a_ptr": "*fp32", "b_ptr": "*fp32", "radius_ptr": "*fp32", "p_ptr": "*fp64", "n_atoms": "i32",
+                "atoms_per_frame": "i32", "out_ptr": "*fp32", "grad_ptr": "*fp32", "gxyz_ptr": "*fp32",
+                "gu_ptr": "*fp32", "gb_ptr": "*fp32", "gocc_ptr": "*fp32"}
+    done = []
+    for fn, bp in ((T._aniso_fwd_kernel, 4), (T._aniso_bwd_kernel, 2)):
+        for aniso, rule, neutron, vec in ((True, 1, False, True), (True, 2, False, False), (False, 1, True, True)):
+            const = dict(ATOMS=1, BP=bp, BQ=16, ANISO=aniso, RULE=rule, NEUTRON=neutron, INDEX64=False, VEC=vec,
+                         FRAMES=not vec)
+            sig = {n: "constexpr" if n in const else pointers[n] for n in fn.arg_names}
+            src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+            assert kernel.asm["cubin"], fn.__name__
+            done.append(fn.__name__)
+    print(json.dumps(done))
+    """
+)
+
+
+def test_kernels_compile_for_sm90_without_a_gpu():
+    # The interpreter does not lower to PTX: compile the anisotropic kernels for an H100 (sm_90) with
+    # Triton's own ptxas, in a process without TRITON_INTERPRET, so a construct only the GPU compiler
+    # rejects fails here too.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path)
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SM90_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(json.loads(proc.stdout.strip().splitlines()[-1])) == 6
+
+
 _FIRST_CALL_SCRIPT = textwrap.dedent(
     """
     import json, warnings, torch, kernels
