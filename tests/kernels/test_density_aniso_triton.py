@@ -247,6 +247,7 @@ def test_sphere_larger_than_the_cell():
         ((23, 26, 30), {}),  # nz % 4 != 0: lane by lane
         ((24, 26, 32), {"atoms_per_program": 1}),  # the GPU's launch shape: no per-atom row mask
         ((23, 26, 30), {"atoms_per_program": 1}),
+        ((24, 26, 32), {"index64": True}),  # 64-bit voxel indices (grids of 2³¹ voxels and more)
     ],
 )
 def test_vec_scalar_and_one_atom_per_program(shape, fields):
@@ -506,8 +507,8 @@ _SM90_SCRIPT = textwrap.dedent(
     done = []
     for fn, bp in ((T._aniso_fwd_kernel, 4), (T._aniso_bwd_kernel, 2)):
         for aniso, rule, neutron, vec in ((True, 1, False, True), (True, 2, False, False), (False, 1, True, True)):
-            const = dict(ATOMS=1, BP=bp, BQ=16, ANISO=aniso, RULE=rule, NEUTRON=neutron, INDEX64=False, VEC=vec,
-                         FRAMES=not vec)
+            const = dict(ATOMS=1, BP=bp, BQ=16, ANISO=aniso, RULE=rule, NEUTRON=neutron, INDEX64=rule == 2,
+                         VEC=vec, FRAMES=not vec)
             sig = {n: "constexpr" if n in const else pointers[n] for n in fn.arg_names}
             src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
             kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
