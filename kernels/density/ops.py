@@ -158,8 +158,8 @@ def density_triton_aniso(
     if xyz.shape[0] == 0:
         return torch.zeros(out_shape, dtype=torch.float32, device=xyz.device), _no_radii(xyz, radius)
     rule = tri._aniso_rule(plan, u_aniso is not None, radius_rule)
-    flag = None if aniso is None else aniso.contiguous().view(torch.uint8)
-    out, radii = tri._forward_aniso(plan, xyz, u_aniso, flag, b_iso, occ, a, b, n_frames, rule, neutron)
+    aniso = None if aniso is None else aniso.contiguous()
+    out, radii = tri._forward_aniso(plan, xyz, u_aniso, aniso, b_iso, occ, a, b, n_frames, rule, neutron)
     # A fixed radius writes no radii (the kernel got b_iso as a placeholder): an op's outputs may not alias.
     return out.view(out_shape), radii if radius is None else _no_radii(xyz, radius)
 
@@ -196,10 +196,10 @@ def density_triton_aniso_backward(
         return torch.zeros_like(xyz), _no_u_grad(u_aniso, b_iso), torch.zeros_like(b_iso), torch.zeros_like(occ)
     plan = tri._plan(_grid(tuple(cell), tuple(shape)), radius, cutoff, xyz.device)
     rule = tri._aniso_rule(plan, u_aniso is not None, radius_rule)
-    flag = None if aniso is None else aniso.contiguous().view(torch.uint8)
+    aniso = None if aniso is None else aniso.contiguous()
     grad = grad.to(torch.float32).contiguous()
     g_xyz, g_u, g_b, g_occ = tri._backward_aniso(
-        plan, grad, xyz, u_aniso, flag, b_iso, occ, a, b, radii if rule else b_iso, n_frames, rule, neutron
+        plan, grad, xyz, u_aniso, aniso, b_iso, occ, a, b, radii if rule else b_iso, n_frames, rule, neutron
     )
     return g_xyz, g_u if g_u is not None else _no_u_grad(None, b_iso), g_b, g_occ
 
@@ -450,8 +450,7 @@ def _splat_aniso_op(atoms: AtomSet, backend: str, cell, shape, radius, cutoff, r
     if backend == "triton":
         from kernels.density.triton import _kernel_inputs_aniso
 
-        xyz, u, flag, b_iso, occ, a, b = _kernel_inputs_aniso(atoms)
-        aniso = None if u is None else atoms.aniso
+        xyz, u, aniso, b_iso, occ, a, b = _kernel_inputs_aniso(atoms)
         neutron = atoms.radiation == "neutron"
         args = (cell, shape, radius, cutoff, 1, radius_rule, neutron)
         return torch.ops.kernels.density_triton_aniso(xyz, u, aniso, b_iso, occ, a, b, *args)[0]

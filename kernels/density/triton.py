@@ -44,6 +44,17 @@ Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was
   ~2e-5 Å in a 240 Å cell, which at B = 2 Å² moves the density of N by more than the 1e-5
   contract. An atom with a non-finite position, B or occupancy gets an empty box and zero
   gradients, without a host check.
+- Anisotropic sets (``u_aniso``) and neutron sets take their own pair of kernels (``_aniso_fwd_kernel``,
+  ``_aniso_bwd_kernel``) with the same launch shape, tiles, row spans, z groups and float64 wrap; the
+  isotropic kernels above are untouched by them. Each program forms its atoms' U as
+  ``kernels.density.adp.effective_u`` does (so a mixed set is exact), and per form-factor term
+  M_k = U + b_k/8π²·I, det M_k and M_k⁻¹ (adjugate), the quadratic form in voxel steps and the cutoff
+  radius (gemmi's rule at B_max, the exact sphere along U's major axis, or the neutron closed form).
+  Per (x, z) tile each term's exponent is A_k + dy·(B_k + c_k·dy) in log2 units, so a voxel costs five
+  exp2 and ten FMAs. The backward sums g·e_k·(1, dy, dy²) per lane over a tile's rows in float64 and
+  folds each tile into ∂L/∂centre, ∂L/∂occ and ∂L/∂U of its atom (linear in the tile's moments), then
+  ∂L/∂u_aniso for anisotropic atoms and ∂L/∂b_iso = tr(∂L/∂U)/8π² for isotropic ones: no atomics.
+  An atom whose U is not finite and positive definite is treated like one with a non-finite position.
 - Host side (an eager call is host time, not GPU time): every plan constant is in one float64
   device tensor, the forward is one memset and one launch, the backward one launch, and after a
   plan's first call its compiled kernels are launched directly (``_launch``).
@@ -1195,71 +1206,55 @@ def _tile_moments(t, ty, tyy, dx, dz):
 
 
 @triton.jit
-def _term_grads(amp, n11, n22, n33, n12, n13, n23, s0, sx, sy, sz, sxx, syy, szz, sxy, sxz, syz, p_ptr):
-    """One term's ∂L/∂centre (voxel units, 3) and ∂L/∂M_k (symmetric, six entries 11, 22, 33, 12, 13, 23), float64.
-
-    ρ_k = amp·e, e = exp(−½ ΔvᵀQvΔv), Δv = voxel − centre, r = B·Δv in Å. From the sums s0 = Σ g·e,
-    s = Σ g·e·Δv and S = Σ g·e·Δv·Δvᵀ over the atom's voxels:
-    ∂L/∂centre = amp·Qv·s and ∂L/∂M_k = ½·amp·(M⁻¹·(B·S·Bᵀ)·M⁻¹ − s0·M⁻¹). The two parts of ∂L/∂M_k
-    nearly cancel for a narrow term (voxels about one standard deviation out contribute to both), so
-    the sums and this combination are float64: in float32 the difference lost ~1e-5 of the gradient.
-    """
-    amp = amp.to(tl.float64)
-    n11 = n11.to(tl.float64)
-    n22 = n22.to(tl.float64)
-    n33 = n33.to(tl.float64)
-    n12 = n12.to(tl.float64)
-    n13 = n13.to(tl.float64)
-    n23 = n23.to(tl.float64)
-    b11 = tl.load(p_ptr + 32)
-    b12 = tl.load(p_ptr + 33)
-    b13 = tl.load(p_ptr + 34)
-    b21 = tl.load(p_ptr + 35)
-    b22 = tl.load(p_ptr + 36)
-    b23 = tl.load(p_ptr + 37)
-    b31 = tl.load(p_ptr + 38)
-    b32 = tl.load(p_ptr + 39)
-    b33 = tl.load(p_ptr + 40)
-    # Qv = Bᵀ·M⁻¹·B
-    q11, q22, q33, q12, q13, q23 = _sandwich(n11, n22, n33, n12, n13, n23, b11, b21, b31, b12, b22, b32, b13, b23, b33)
-    gcx = amp * (q11 * sx + q12 * sy + q13 * sz)
-    gcy = amp * (q12 * sx + q22 * sy + q23 * sz)
-    gcz = amp * (q13 * sx + q23 * sy + q33 * sz)
-    r11, r22, r33, r12, r13, r23 = _sandwich(sxx, syy, szz, sxy, sxz, syz, b11, b12, b13, b21, b22, b23, b31, b32, b33)
-    w11, w22, w33, w12, w13, w23 = _sandwich(r11, r22, r33, r12, r13, r23, n11, n12, n13, n12, n22, n23, n13, n23, n33)
-    half = 0.5 * amp
-    return (
-        gcx,
-        gcy,
-        gcz,
-        half * (w11 - s0 * n11),
-        half * (w22 - s0 * n22),
-        half * (w33 - s0 * n33),
-        half * (w12 - s0 * n12),
-        half * (w13 - s0 * n13),
-        half * (w23 - s0 * n23),
-    )
+def _flat(x):
+    """(ATOMS, 1, 1) → (ATOMS,)."""
+    return tl.sum(tl.sum(x, axis=2), axis=1)
 
 
 @triton.jit
 def _fold_grads(
-    gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
-    amp, au, n11, n22, n33, n12, n13, n23, t, ty, tyy, dx, dz, p_ptr,
+    gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23,
+    amp, au, cxx, cyy, czz, cxy, cxz, cyz, t, ty, tyy, dx, dz,
 ):  # fmt: skip
-    """The gradient sums (∂L/∂centre, ∂L/∂occ, ∂L/∂U) += one term's part from one tile, float64, (ATOMS,) each.
+    """The gradient sums of one atom += one term's part from one tile, float64, (ATOMS,) each.
 
-    Every gradient is linear in the tile's moments, so each tile is folded in as soon as its rows are
-    summed: ten running sums per atom instead of ten per term. amp: the term's amplitude with the
-    occupancy, au: without it.
+    ρ_k = amp·exp(−½ ΔvᵀQvΔv) with Δv = voxel − centre in voxel steps; Qv is read back from the term's
+    log2-unit coefficients (cxx … cyz, (ATOMS, 1, 1)), so the gradient is that of the exponent the
+    forward evaluated. From the tile's s0 = Σ g·e, s = Σ g·e·Δv and S = Σ g·e·Δv·Δvᵀ (unit amplitude):
+
+    - ∂L/∂centre += amp·Qv·s (gcx, gcy, gcz, voxel units);
+    - ∂L/∂occ += au·s0 (au: the amplitude without the occupancy);
+    - X += ½·amp·(Qv·S·Qv − s0·Qv), where ∂L/∂U = mᵀ·X·m (m = diag(n)·frac; M_k⁻¹ = mᵀ·Qv·m, and
+      ∂ρ_k/∂M_k = ½ρ_k(M⁻¹rrᵀM⁻¹ − M⁻¹) with r = m⁻¹·Δv), applied once per atom by the caller.
+
+    Every gradient is linear in the tile's sums, so each tile is folded in as soon as its rows are summed:
+    ten running sums per atom. The two parts of X nearly cancel for a narrow term (voxels about one
+    standard deviation out contribute to both), so the sums and X are float64: in float32 the difference
+    lost ~1e-5 of the gradient.
     """
     s0, sx, sy, sz, sxx, syy, szz, sxy, sxz, syz = _tile_moments(t, ty, tyy, dx, dz)
-    gx, gy, gz, e11, e22, e33, e12, e13, e23 = _term_grads(
-        amp, n11, n22, n33, n12, n13, n23, s0, sx, sy, sz, sxx, syy, szz, sxy, sxz, syz, p_ptr
-    )
+    inv = -1.3862943611198906  # 1/(−½·log2 e): Qv from the coefficients of q = −½·log2(e)·ΔvᵀQvΔv
+    q11 = _flat(cxx).to(tl.float64) * inv
+    q22 = _flat(cyy).to(tl.float64) * inv
+    q33 = _flat(czz).to(tl.float64) * inv
+    q12 = _flat(cxy).to(tl.float64) * (0.5 * inv)
+    q13 = _flat(cxz).to(tl.float64) * (0.5 * inv)
+    q23 = _flat(cyz).to(tl.float64) * (0.5 * inv)
+    amp = amp.to(tl.float64)
+    w11, w22, w33, w12, w13, w23 = _sandwich(sxx, syy, szz, sxy, sxz, syz, q11, q12, q13, q12, q22, q23, q13, q23, q33)
+    half = 0.5 * amp
     return (
-        gcx + gx, gcy + gy, gcz + gz, go + au.to(tl.float64) * s0,
-        d11 + e11, d22 + e22, d33 + e33, d12 + e12, d13 + e13, d23 + e23,
-    )  # fmt: skip
+        gcx + amp * (q11 * sx + q12 * sy + q13 * sz),
+        gcy + amp * (q12 * sx + q22 * sy + q23 * sz),
+        gcz + amp * (q13 * sx + q23 * sy + q33 * sz),
+        go + au.to(tl.float64) * s0,
+        x11 + half * (w11 - s0 * q11),
+        x22 + half * (w22 - s0 * q22),
+        x33 + half * (w33 - s0 * q33),
+        x12 + half * (w12 - s0 * q12),
+        x13 + half * (w13 - s0 * q13),
+        x23 + half * (w23 - s0 * q23),
+    )
 
 
 _ANISO_ARGS = ("xyz_ptr", "u_ptr", "flag_ptr", "b_iso_ptr", "occ_ptr", "a_ptr", "b_ptr", "radius_ptr", "p_ptr")
@@ -1514,11 +1509,11 @@ def _aniso_bwd_kernel(
     off_y3 = off_y[:, None, None]
     pp = tl.arange(0, BP)[None, :, None]
     qq = tl.arange(0, BQ)[None, None, :]
-    # ∂L/∂centre (voxel units), ∂L/∂occ and ∂L/∂U per atom, float64 (see _term_grads): each tile's rows are
-    # summed in lane accumulators (unit amplitude: Σ g·e_k, Σ g·e_k·dy, Σ g·e_k·dy² per term) and folded in
-    # after its row loop.
+    # ∂L/∂centre (voxel units), ∂L/∂occ and the voxel-space X of ∂L/∂U per atom, float64 (see _fold_grads):
+    # each tile's rows are summed in lane accumulators (unit amplitude: Σ g·e_k, Σ g·e_k·dy, Σ g·e_k·dy² per
+    # term) and folded in after its row loop.
     zero = tl.zeros((ATOMS,), dtype=tl.float64)
-    gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero  # fmt: skip
+    gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero  # fmt: skip
     am0 = au0 * occ
     am1 = au1 * occ
     am2 = au2 * occ
@@ -1585,25 +1580,25 @@ def _aniso_bwd_kernel(
                 iy += 1
                 iy = tl.where(iy == ny, 0, iy)
                 r += 1
-            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
-                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
-                am0, au0, n11_0, n22_0, n33_0, n12_0, n13_0, n23_0, t0, ty0, tyy0, dx, dz, p_ptr,
+            gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23 = _fold_grads(
+                gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23,
+                am0, au0, cxx0, cyy0, czz0, cxy0, cxz0, cyz0, t0, ty0, tyy0, dx, dz,
             )  # fmt: skip
-            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
-                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
-                am1, au1, n11_1, n22_1, n33_1, n12_1, n13_1, n23_1, t1, ty1, tyy1, dx, dz, p_ptr,
+            gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23 = _fold_grads(
+                gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23,
+                am1, au1, cxx1, cyy1, czz1, cxy1, cxz1, cyz1, t1, ty1, tyy1, dx, dz,
             )  # fmt: skip
-            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
-                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
-                am2, au2, n11_2, n22_2, n33_2, n12_2, n13_2, n23_2, t2, ty2, tyy2, dx, dz, p_ptr,
+            gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23 = _fold_grads(
+                gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23,
+                am2, au2, cxx2, cyy2, czz2, cxy2, cxz2, cyz2, t2, ty2, tyy2, dx, dz,
             )  # fmt: skip
-            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
-                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
-                am3, au3, n11_3, n22_3, n33_3, n12_3, n13_3, n23_3, t3, ty3, tyy3, dx, dz, p_ptr,
+            gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23 = _fold_grads(
+                gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23,
+                am3, au3, cxx3, cyy3, czz3, cxy3, cxz3, cyz3, t3, ty3, tyy3, dx, dz,
             )  # fmt: skip
-            gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23 = _fold_grads(
-                gcx, gcy, gcz, go, d11, d22, d33, d12, d13, d23,
-                am4, au4, n11_4, n22_4, n33_4, n12_4, n13_4, n23_4, t4, ty4, tyy4, dx, dz, p_ptr,
+            gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23 = _fold_grads(
+                gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23,
+                am4, au4, cxx4, cyy4, czz4, cxy4, cxz4, cyz4, t4, ty4, tyy4, dx, dz,
             )  # fmt: skip
             qc += 1
         pc += 1
@@ -1622,7 +1617,8 @@ def _aniso_bwd_kernel(
     tl.store(gxyz_ptr + ia * 3 + 1, m01 * gcx + m11 * gcy + m21 * gcz, mask=valid)
     tl.store(gxyz_ptr + ia * 3 + 2, m02 * gcx + m12 * gcy + m22 * gcz, mask=valid)
     tl.store(gocc_ptr + ia, go, mask=valid)
-    # ∂L/∂U = Σ_k ∂L/∂M_k; U12 stands for both (1, 2) and (2, 1), so its gradient is twice the entry's.
+    # ∂L/∂U = Σ_k ∂L/∂M_k = mᵀ·X·m; U12 stands for both (1, 2) and (2, 1), so its gradient is twice the entry's.
+    d11, d22, d33, d12, d13, d23 = _sandwich(x11, x22, x33, x12, x13, x23, m00, m10, m20, m01, m11, m21, m02, m12, m22)
     # Isotropic atoms: U = B/(8π²)·I, so ∂L/∂B = tr(∂L/∂U)/(8π²); anisotropic atoms' B is not used.
     tl.store(gb_ptr + ia, tl.where(flag, 0.0, (d11 + d22 + d33) * 0.012665147955292222), mask=valid)
     if ANISO:
@@ -1668,8 +1664,11 @@ class _Plan:
     atoms_per_program: int
     num_warps: int
     num_warps_bwd: int
-    # Anisotropic kernels' tiles: the forward holds two per-term arrays per lane (10 in all), the backward
-    # fifteen row accumulators per lane, so both take at most 128 lanes, the backward one lane per thread.
+    # Anisotropic kernels' tiles, sized by registers (not yet timed against other shapes; counts from
+    # ptxas for sm_90 with 16-wide z): the forward holds two per-term arrays per lane (10 in all), so 64
+    # lanes on one warp (161 registers; 237 at 128 lanes, the isotropic forward's 124); the backward
+    # fifteen float64 row accumulators per lane besides the per-atom values, so one lane per thread
+    # (32 lanes, one warp, ~255 registers like the isotropic backward; the tile reductions stay in the warp).
     bp_aniso: int
     bq_aniso: int
     bp_aniso_bwd: int
@@ -1739,11 +1738,11 @@ class _Plan:
             atoms_per_program=_INTERPRET_ATOMS if interpret else 1,
             num_warps=1,
             num_warps_bwd=1,
-            bp_aniso=bp if interpret else max(1, min(bp, 128 // bq)),
+            bp_aniso=bp if interpret else max(1, min(bp, 64 // bq)),
             bq_aniso=bq,
-            bp_aniso_bwd=bp_bwd if interpret else max(1, min(bp_bwd, 128 // bq_bwd)),
-            bq_aniso_bwd=bq_bwd,
-            num_warps_aniso_bwd=1 if interpret else 4,
+            bp_aniso_bwd=bp_bwd if interpret else max(1, min(bp_bwd, 32 // min(bq_bwd, 32))),
+            bq_aniso_bwd=bq_bwd if interpret else min(bq_bwd, 32),
+            num_warps_aniso_bwd=1,
         )
 
     def constexprs(self, frames: bool, index64: bool) -> tuple:
@@ -1943,22 +1942,25 @@ def _aniso_rule(plan: _Plan, anisotropic: bool, radius_rule: str) -> int:
     return 2 if radius_rule == "eigen" and anisotropic else 1
 
 
-def _forward_aniso(plan: _Plan, xyz, u, flag, b_iso, occ, a, b, n_frames: int, rule: int, neutron: bool):
+def _forward_aniso(plan: _Plan, xyz, u, aniso, b_iso, occ, a, b, n_frames: int, rule: int, neutron: bool):
     """Zero-filled map and one anisotropic forward launch; returns the flat map and the radii written.
 
-    ``u`` (N, 6) float32 and ``flag`` (N,) uint8, or both None for an isotropic set (neutrons).
+    ``u`` (N, 6) float32 and ``aniso`` (N,) bool, contiguous, or both None for an isotropic set (neutrons).
     """
     n = xyz.shape[0]
     size = n_frames * plan.n_voxels
     out = torch.zeros(size, dtype=torch.float32, device=xyz.device)
     radii = torch.empty(n, dtype=torch.float32, device=xyz.device) if rule else b_iso
+    # The kernels read the flags as bytes (a bool pointer is not the same type in every Triton); the
+    # placeholders of an isotropic set are never read.
+    flag = aniso.view(torch.uint8) if u is not None else b_iso
     aniso = u is not None
     frames = n_frames > 1
     index64 = plan.index64 or size >= 2**31 - 1
     _launch(
         _aniso_fwd_kernel, plan, ("afwd", xyz.dtype, frames, index64, aniso, rule, neutron, _device_key(xyz)),
         triton.cdiv(n, plan.atoms_per_program),
-        (xyz, u if aniso else b_iso, flag if aniso else b_iso, b_iso, occ, a, b, radii, plan.params, out, n,
+        (xyz, u if aniso else b_iso, flag, b_iso, occ, a, b, radii, plan.params, out, n,
          n // n_frames),
         plan.constexprs_aniso(False, aniso, rule, neutron, frames, index64), plan.num_warps,
         _ANISO_CONSTEXPR_NAMES,
@@ -1966,9 +1968,10 @@ def _forward_aniso(plan: _Plan, xyz, u, flag, b_iso, occ, a, b, n_frames: int, r
     return out, radii
 
 
-def _backward_aniso(plan: _Plan, grad, xyz, u, flag, b_iso, occ, a, b, radii, n_frames: int, rule: int, neutron: bool):
+def _backward_aniso(plan: _Plan, grad, xyz, u, aniso, b_iso, occ, a, b, radii, n_frames: int, rule: int, neutron: bool):
     """∂L/∂xyz (xyz's dtype), ∂L/∂u (float32, None without ``u``), ∂L/∂b_iso, ∂L/∂occ: one launch."""
     n = xyz.shape[0]
+    flag = aniso.view(torch.uint8) if u is not None else b_iso
     aniso = u is not None
     g_xyz = torch.empty_like(xyz)
     g_u = torch.empty_like(u) if aniso else None
@@ -1980,7 +1983,7 @@ def _backward_aniso(plan: _Plan, grad, xyz, u, flag, b_iso, occ, a, b, radii, n_
     _launch(
         _aniso_bwd_kernel, plan, ("abwd", xyz.dtype, frames, index64, aniso, rule, neutron, device),
         triton.cdiv(n, plan.atoms_per_program),
-        (grad, xyz, u if aniso else b_iso, flag if aniso else b_iso, b_iso, occ, a, b, radii, plan.params, g_xyz,
+        (grad, xyz, u if aniso else b_iso, flag, b_iso, occ, a, b, radii, plan.params, g_xyz,
          g_u if aniso else g_b, g_b, g_occ, n, n // n_frames),
         plan.constexprs_aniso(True, aniso, rule, neutron, frames, index64), plan.num_warps_aniso_bwd,
         _ANISO_CONSTEXPR_NAMES,
@@ -1989,14 +1992,14 @@ def _backward_aniso(plan: _Plan, grad, xyz, u, flag, b_iso, occ, a, b, radii, n_
 
 
 class _SplatAnisoTriton(torch.autograd.Function):
-    """Anisotropic forward and backward launches; ``rest`` = (flag, a, b, plan, n_frames, rule, neutron)."""
+    """Anisotropic forward and backward launches; ``rest`` = (aniso, a, b, plan, n_frames, rule, neutron)."""
 
     @staticmethod
     def forward(ctx, xyz, u, b_iso, occ, rest):
-        flag, a, b, plan, n_frames, rule, neutron = rest
-        out, radii = _forward_aniso(plan, xyz, u, flag, b_iso, occ, a, b, n_frames, rule, neutron)
+        aniso, a, b, plan, n_frames, rule, neutron = rest
+        out, radii = _forward_aniso(plan, xyz, u, aniso, b_iso, occ, a, b, n_frames, rule, neutron)
         ctx.save_for_backward(xyz, u, b_iso, occ)
-        ctx.rest = (flag, a, b, radii, plan, n_frames, rule, neutron)
+        ctx.rest = (aniso, a, b, radii, plan, n_frames, rule, neutron)
         return out
 
     @staticmethod
@@ -2005,13 +2008,13 @@ class _SplatAnisoTriton(torch.autograd.Function):
         if not any(need[:4]):
             return None, None, None, None, None
         xyz, u, b_iso, occ = ctx.saved_tensors
-        flag, a, b, radii, plan, n_frames, rule, neutron = ctx.rest
+        aniso, a, b, radii, plan, n_frames, rule, neutron = ctx.rest
         if grad.dtype != torch.float32:
             grad = grad.to(torch.float32)
         if not grad.is_contiguous():
             grad = grad.contiguous()
         g_xyz, g_u, g_b, g_occ = _backward_aniso(
-            plan, grad, xyz, u, flag, b_iso, occ, a, b, radii, n_frames, rule, neutron
+            plan, grad, xyz, u, aniso, b_iso, occ, a, b, radii, n_frames, rule, neutron
         )
         return (
             g_xyz if need[0] else None,
@@ -2149,9 +2152,9 @@ def _splat(atoms: AtomSet, plan: _Plan, n_frames: int | None = None, radius_rule
 
 
 def _kernel_inputs_aniso(atoms: AtomSet):
-    """(xyz, u, flag, b_iso, occ, a, b) as the anisotropic kernels read them; u and flag None for an isotropic set.
+    """(xyz, u, aniso, b_iso, occ, a, b) as the anisotropic kernels read them; u and aniso None for an isotropic set.
 
-    xyz keeps float64 (wrapped in the kernels), the rest float32 contiguous; flag is ``aniso`` viewed as uint8.
+    xyz keeps float64 (wrapped in the kernels), aniso stays bool, the rest float32; all contiguous.
     """
     op = "splat_triton"
     xyz = atoms.xyz
@@ -2159,17 +2162,17 @@ def _kernel_inputs_aniso(atoms: AtomSet):
         xyz = _as_kernel_input(xyz, op)
     elif not xyz.is_contiguous():
         xyz = xyz.contiguous()
-    u = flag = None
+    u = aniso = None
     if atoms.u_aniso is not None:
         u = _as_kernel_input(atoms.u_aniso, op)
-        flag = atoms.aniso.contiguous().view(torch.uint8)
+        aniso = atoms.aniso if atoms.aniso.is_contiguous() else atoms.aniso.contiguous()
     rest = (_as_kernel_input(t, op) for t in (atoms.b_iso, atoms.occ, atoms.a, atoms.b))
-    return (xyz, u, flag, *rest)
+    return (xyz, u, aniso, *rest)
 
 
 def _splat_aniso(atoms: AtomSet, plan: _Plan, n_frames: int | None, radius_rule: str) -> torch.Tensor:
     """:func:`_splat` for anisotropic and neutron sets: the anisotropic kernels, one launch each way."""
-    xyz, u, flag, b_iso, occ, a, b = _kernel_inputs_aniso(atoms)
+    xyz, u, aniso, b_iso, occ, a, b = _kernel_inputs_aniso(atoms)
     shape = plan.shape if n_frames is None else (n_frames, *plan.shape)
     n_frames = n_frames or 1
     if xyz.shape[0] == 0:
@@ -2178,9 +2181,9 @@ def _splat_aniso(atoms: AtomSet, plan: _Plan, n_frames: int | None, radius_rule:
     neutron = atoms.radiation == "neutron"
     wants = xyz.requires_grad or b_iso.requires_grad or occ.requires_grad or (u is not None and u.requires_grad)
     if torch.is_grad_enabled() and wants:
-        out = _SplatAnisoTriton.apply(xyz, u, b_iso, occ, (flag, a, b, plan, n_frames, rule, neutron))
+        out = _SplatAnisoTriton.apply(xyz, u, b_iso, occ, (aniso, a, b, plan, n_frames, rule, neutron))
     else:
-        out = _forward_aniso(plan, xyz, u, flag, b_iso, occ, a, b, n_frames, rule, neutron)[0]
+        out = _forward_aniso(plan, xyz, u, aniso, b_iso, occ, a, b, n_frames, rule, neutron)[0]
     return out.view(shape)
 
 

@@ -220,9 +220,9 @@ def test_device_radii_match_atom_cutoff_radii(radiation, radius_rule):
     atoms = atoms.replace(u_aniso=u)
     grid = GridSpec.for_spacing(cell, 1.0)
     plan = triton_splat._plan(grid, None, 1e-5, DEVICE)
-    xyz, u32, flag, b_iso, occ, a, b = triton_splat._kernel_inputs_aniso(atoms)
+    xyz, u32, aniso, b_iso, occ, a, b = triton_splat._kernel_inputs_aniso(atoms)
     rule = triton_splat._aniso_rule(plan, True, radius_rule)
-    _, radii = triton_splat._forward_aniso(plan, xyz, u32, flag, b_iso, occ, a, b, 1, rule, radiation == "neutron")
+    _, radii = triton_splat._forward_aniso(plan, xyz, u32, aniso, b_iso, occ, a, b, 1, rule, radiation == "neutron")
     want = atom_cutoff_radii(atoms.to(dtype=torch.float64), 1e-5, radius_rule)
     assert_close(radii, want, atol=2e-4, rtol=0.0)  # float32 search: the isotropic kernel's 1e-4 Å, doubled
 
@@ -247,6 +247,7 @@ def test_sphere_larger_than_the_cell():
         ((23, 26, 30), {}),  # nz % 4 != 0: lane by lane
         ((24, 26, 32), {"atoms_per_program": 1}),  # the GPU's launch shape: no per-atom row mask
         ((23, 26, 30), {"atoms_per_program": 1}),
+        ((24, 26, 32), {"index64": True}),  # 64-bit voxel indices (grids of 2³¹ voxels and more)
     ],
 )
 def test_vec_scalar_and_one_atom_per_program(shape, fields):
@@ -257,6 +258,20 @@ def test_vec_scalar_and_one_atom_per_program(shape, fields):
     grid = GridSpec(cell, shape)
     assert triton_splat._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE).vec == (shape[2] % 4 == 0)
     check_against_reference(atoms, grid, **fields)
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        {"bp_aniso": 8, "bq_aniso": 16, "bp_aniso_bwd": 2, "bq_aniso_bwd": 16},  # the GPU's shapes
+        {"bp_aniso": 1, "bq_aniso": 4, "bp_aniso_bwd": 8, "bq_aniso_bwd": 4},  # many chunks per box
+    ],
+)
+def test_gpu_tiles_one_atom_per_program(tiles):
+    # Tiles smaller than the boxes (each box walked in several chunks), one atom per program, as on a GPU.
+    cell = Cell.from_parameters(*CELLS["hexagonal"])
+    atoms = synthetic(cell, ELEMENTS[:4], seed=15, ratio=(5.0, 15.0))
+    check_against_reference(atoms, GridSpec.for_spacing(cell, 0.9), atoms_per_program=1, **tiles)
 
 
 def test_frames_match_per_frame_reference():
@@ -476,6 +491,46 @@ def test_matches_gemmi_anisotropic(name):
     out = kernels.splat_density(m.atoms.to(DEVICE, torch.float32), grid, backend="triton").double().cpu()
     rel = float((out - want).norm() / want.norm())
     assert rel <= 1e-5, f"{name}: relative L2 distance from gemmi {rel:.3e}"  # 2.9e-6 and 3.5e-6 measured
+
+
+_SM90_SCRIPT = textwrap.dedent(
+    """
+    import json, triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from kernels.density import triton as T
+
+    pointers = {"xyz_ptr": "*fp32", "u_ptr": "*fp32", "flag_ptr": "*u8", "b_iso_ptr": "*fp32", "occ_ptr": "*fp32",
+                "a_ptr": "*fp32", "b_ptr": "*fp32", "radius_ptr": "*fp32", "p_ptr": "*fp64", "n_atoms": "i32",
+                "atoms_per_frame": "i32", "out_ptr": "*fp32", "grad_ptr": "*fp32", "gxyz_ptr": "*fp32",
+                "gu_ptr": "*fp32", "gb_ptr": "*fp32", "gocc_ptr": "*fp32"}
+    done = []
+    for fn, bp in ((T._aniso_fwd_kernel, 4), (T._aniso_bwd_kernel, 2)):
+        for aniso, rule, neutron, vec in ((True, 1, False, True), (True, 2, False, False), (False, 1, True, True)):
+            const = dict(ATOMS=1, BP=bp, BQ=16, ANISO=aniso, RULE=rule, NEUTRON=neutron, INDEX64=rule == 2,
+                         VEC=vec, FRAMES=not vec)
+            sig = {n: "constexpr" if n in const else pointers[n] for n in fn.arg_names}
+            src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+            assert kernel.asm["cubin"], fn.__name__
+            done.append(fn.__name__)
+    print(json.dumps(done))
+    """
+)
+
+
+def test_kernels_compile_for_sm90_without_a_gpu():
+    # The interpreter does not lower to PTX: compile the anisotropic kernels for an H100 (sm_90) with
+    # Triton's own ptxas, in a process without TRITON_INTERPRET, so a construct only the GPU compiler
+    # rejects fails here too.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path)
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SM90_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(json.loads(proc.stdout.strip().splitlines()[-1])) == 6
 
 
 _FIRST_CALL_SCRIPT = textwrap.dedent(
