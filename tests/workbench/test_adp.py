@@ -192,6 +192,10 @@ def test_radiation_switch_rereads_the_coefficients_and_the_units(make_wb, radiat
     assert f"ρ model ({units})" in wb.table.html.value
     assert f"{units}; click an atom" in wb.scene.caption.value
     assert torch.isfinite(r.rho).all()
+    wb.compare("cpu:cpu", "cpu:reference")  # the difference tab labels its maps in the same unit
+    assert wb.difference_result.units == units and f"map ρ ({units})" in wb.difference.stats.value
+    assert f"({units})" in wb.difference.slice.cbar.ax.get_ylabel() and units in wb.difference.slice.caption.value
+    assert radiation in wb.difference_result.label
     wb.controls.radiation.value = "xray"
     torch.testing.assert_close(wb.result.rho, xray, rtol=0, atol=0)
     assert "(e/Å³)" in wb.controls.density_cutoff.description and "fm/Å³" not in wb.slice.caption.value
