@@ -244,9 +244,7 @@ class WorkbenchState(traitlets.HasTraits):
         RADIATIONS, default_value="xray", help="form factors: X-ray (IT92), electron (IT C 4.3.2.2) or neutron lengths"
     )
     b_mode = traitlets.Enum(B_MODES, default_value="model", help="model's own B / one global B / model's B + offset")
-    b_global = traitlets.Float(
-        20.0, help="Å², the B of every atom in 'global' mode (an anisotropic U moves by its own ΔB/8π² on the diagonal)"
-    )
+    b_global = traitlets.Float(20.0, help="Å², the B of every atom in 'global' mode")
     b_offset = traitlets.Float(
         0.0, help="Å², added to every atom's B in 'offset' mode (ΔB/8π² on the diagonal of an anisotropic U)"
     )

@@ -131,12 +131,9 @@ def test_b_offset_adds_delta_b_over_8pi2_to_the_diagonal_of_anisotropic_u(delta)
     before = effective_u(atoms.u_aniso, atoms.aniso, atoms.b_iso)
     after = effective_u(out.u_aniso, out.aniso, out.b_iso)
     torch.testing.assert_close(after, before + delta / U_TO_B * DIAG)
-    # global B: every atom at B = 40 Å², each anisotropic U moved by its own ΔB = 40 − B (shape kept)
+    # global B: one isotropic B for every atom, anisotropic tensors dropped
     glob = compute.prepare_atoms(m, WorkbenchState(b_mode="global", b_global=40.0).snapshot())
-    assert bool((glob.b_iso == 40.0).all()) and torch.equal(glob.aniso, atoms.aniso)
-    torch.testing.assert_close(glob.u_aniso, atoms.u_aniso + ((40.0 - atoms.b_iso) / U_TO_B)[:, None] * DIAG)
-    after = effective_u(glob.u_aniso, glob.aniso, glob.b_iso)
-    torch.testing.assert_close(after, before + ((40.0 - atoms.b_iso) / U_TO_B)[:, None] * DIAG)
+    assert glob.u_aniso is None and bool((glob.b_iso == 40.0).all())
 
 
 def test_b_offset_and_blur_widen_anisotropic_atoms_as_gemmi_blur_does(make_wb):
@@ -167,29 +164,6 @@ def test_a_negative_offset_that_breaks_a_u_is_refused_with_the_limit(make_wb):
     wb.controls.b_offset.value = math.ceil(limit) + 1.0
     assert wb.status.level != "error", wb.status.message
     assert float(adp_eigenvalues(wb.result.atoms.u_aniso)[:, 0].min()) > 0
-
-
-def test_global_b_keeps_each_anisotropic_shape_at_the_one_equivalent_b(make_wb):
-    m = model("1pfe")
-    lam = adp_eigenvalues(m.atoms.u_aniso)
-    # 1PFE's B is B_eq = 8π²·tr(U)/3 (to the file's precision): after global B every atom's B_eq is that B
-    torch.testing.assert_close(m.atoms.b_iso, U_TO_B * lam.sum(dim=1) / 3, rtol=0, atol=0.01)
-    lowest = float((m.atoms.b_iso - U_TO_B * lam[:, 0]).max())  # below it some U has λ ≤ 0
-    wb = make_wb("1pfe", backend="reference")
-    wb.controls.b_global.value = math.ceil(lowest) + 1.0
-    assert wb.state.b_mode == "global" and wb.status.level != "error", wb.status.message
-    r = wb.result
-    assert bool((r.atoms.b_iso == math.ceil(lowest) + 1.0).all())
-    b_eq = U_TO_B * adp_eigenvalues(r.atoms.u_aniso).sum(dim=1) / 3
-    torch.testing.assert_close(b_eq, r.atoms.b_iso, rtol=0, atol=0.01)
-    # the eigenvectors stay, the eigenvalues all move by the same ΔB/8π²
-    shift = adp_eigenvalues(r.atoms.u_aniso) - lam
-    torch.testing.assert_close(shift, shift[:, :1].expand(-1, 3), rtol=0, atol=1e-9)
-    torch.testing.assert_close(r.rho, _reference(r.atoms, r.grid), rtol=0, atol=0)
-    wb.controls.b_global.value = math.floor(lowest) - 1.0
-    assert wb.status.level == "error" and f"global B above {lowest:.2f} Å²" in wb.status.message, wb.status.message
-    wb.controls.adp.value = "isotropic"  # the way out the message names
-    assert wb.status.level != "error" and wb.result.atoms.u_aniso is None
 
 
 @pytest.mark.parametrize("radiation", ["electron", "neutron"])

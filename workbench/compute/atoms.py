@@ -136,13 +136,11 @@ def model_atoms(model: Model, adp: str = "anisotropic", radiation: str = "xray")
 def prepare_atoms(model: Model, settings: Settings, *, distorted: bool = True, base: AtomSet | None = None) -> AtomSet:
     """The model's atoms with the ADP, radiation and B-factor settings applied, and (optionally) the distortion.
 
-    B modes: ``model`` keeps every atom's B (and U). ``offset`` adds ΔB = ``b_offset`` to
-    every ``b_iso`` and ΔB/(8π²) to the diagonal of every anisotropic U, as gemmi's blur
-    widens an anisotropic atom. ``global`` sets every ``b_iso`` to ``b_global``, and moves
-    each anisotropic U by its own ΔB = ``b_global`` − ``b_iso`` the same way, so every atom's
-    equivalent B is ``b_global`` and an anisotropic atom keeps its shape (for a model whose
-    ``b_iso`` is B_eq = 8π²·tr(U)/3, as refinement programs write it). The splat's own
-    ``blur`` is not applied here: :func:`workbench.compute.density_map` passes it.
+    B modes: ``model`` keeps every atom's B (and U); ``global`` gives every atom the one
+    isotropic B ``b_global`` (anisotropic tensors dropped: one B means one isotropic
+    width); ``offset`` adds ΔB = ``b_offset`` to every ``b_iso`` and ΔB/(8π²) to the
+    diagonal of every anisotropic U, as gemmi's blur widens an anisotropic atom. The
+    splat's own ``blur`` is not applied here: :func:`workbench.compute.density_map` passes it.
 
     Parameters
     ----------
@@ -162,19 +160,19 @@ def prepare_atoms(model: Model, settings: Settings, *, distorted: bool = True, b
     ------
     WorkbenchError
         The B settings give some atom B ≤ 0, or some anisotropic U that is not positive
-        definite (the message gives the lowest offset or global B allowed).
+        definite (the message gives the lowest offset allowed).
     """
     atoms = base if base is not None else model_atoms(model, settings.adp, settings.radiation)
     b, u, flag = atoms.b_iso, atoms.u_aniso, atoms.aniso
-    if settings.b_mode in ("global", "offset"):
-        if settings.b_mode == "global":
-            delta = settings.b_global - b  # per atom: each moves to the one global B
-        else:
-            delta = torch.full_like(b, settings.b_offset)
-        _check_b_shift(atoms, delta, settings)
+    if settings.b_mode == "global":
+        b = torch.full_like(b, settings.b_global)
+        u = flag = None
+    elif settings.b_mode == "offset":
+        delta = settings.b_offset
         b = b + delta
         if u is not None:
-            u = u + (delta / U_TO_B)[:, None] * torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], dtype=u.dtype)
+            u = u + (delta / U_TO_B) * torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], dtype=u.dtype)
+        _check_offset(atoms, delta, b)
     xyz = atoms.xyz
     if distorted and settings.distort_amplitude > 0:
         xyz = xyz + distortion(len(atoms), settings.distort_amplitude, settings.distort_seed)
@@ -184,33 +182,28 @@ def prepare_atoms(model: Model, settings: Settings, *, distorted: bool = True, b
     )  # fmt: skip
 
 
-def _check_b_shift(atoms: AtomSet, delta: torch.Tensor, settings: Settings) -> None:
-    """Refuse a B setting that leaves some atom without a Gaussian: B ≤ 0 (every atom keeps an
-    AtomSet's B > 0, an anisotropic one's B being informational), or a U that is not positive
-    definite for an anisotropic atom (U + ΔB/8π²·I has eigenvalues λ + ΔB/8π²). The message
-    gives the setting's lowest value that every atom allows."""
-    glob = settings.b_mode == "global"
-    what = f"global B {settings.b_global:g} Å²" if glob else f"B offset {settings.b_offset:g} Å²"
+def _check_offset(atoms: AtomSet, delta: float, b: torch.Tensor) -> None:
+    """Refuse a B offset that leaves some atom without a Gaussian: B ≤ 0 (every atom keeps an AtomSet's
+    B > 0, an anisotropic one's B being informational), or a U that is not positive definite for an
+    anisotropic atom (U + ΔB/8π²·I has eigenvalues λ + ΔB/8π²)."""
     if atoms.aniso is not None and bool(atoms.aniso.any()):
         lam = adp_eigenvalues(atoms.u_aniso)[:, 0].cpu()
         lam = torch.where(atoms.aniso.cpu(), lam, torch.full_like(lam, math.inf))
         bad_u = lam + delta / U_TO_B <= 0
         if bool(bad_u.any()):
-            # the setting where each atom's smallest eigenvalue reaches 0: ΔB = −8π²λ
-            need = -lam * U_TO_B + (atoms.b_iso if glob else 0.0)
-            i = int(torch.argmax(torch.where(atoms.aniso.cpu(), need, torch.full_like(need, -math.inf))))
+            i = int(torch.argmin(lam))
+            limit = -float(lam[i]) * U_TO_B
             raise WorkbenchError(
-                f"{what} makes the U of {int(bad_u.sum())} anisotropic atoms not positive definite (the "
-                f"first to break, {atoms.labels[i]}, has B {float(atoms.b_iso[i]):.2f} Å² and smallest U "
-                f"eigenvalue {float(lam[i]):.4f} Å²): set the {'global B' if glob else 'offset'} above "
-                f"{float(need[i]):.2f} Å², or ADP 'isotropic'"
+                f"B offset {delta:g} Å² makes the U of {int(bad_u.sum())} anisotropic atoms not positive definite "
+                f"(the narrowest, {atoms.labels[i]}, has smallest U eigenvalue {float(lam[i]):.4f} Å², "
+                f"8π²·λ = {-limit:.2f} Å²): set the offset above {limit:.2f} Å², or ADP 'isotropic'"
             )
-    bad_b = ~(atoms.b_iso + delta > 0)
+    bad_b = ~(b > 0)
     if bool(bad_b.any()):
         low = float(atoms.b_iso.min())
         raise WorkbenchError(
-            f"{what} makes B ≤ 0 for {int(bad_b.sum())} atoms (lowest model B is {low:.2f} Å²): set the offset "
-            f"above {-low:.2f} Å²"
+            f"B offset {delta:g} Å² makes B ≤ 0 for {int(bad_b.sum())} atoms (lowest model B is "
+            f"{low:.2f} Å²): set the offset above {-low:.2f} Å²"
         )
 
 
