@@ -175,7 +175,9 @@ def test_global_b_makes_every_atom_isotropic_at_that_b(make_wb):
     assert wb.state.b_mode == "global" and wb.status.level != "error", wb.status.message
     r = wb.result
     assert r.atoms.u_aniso is None and bool((r.atoms.b_iso == 25.0).all())
-    iso25 = model("1pfe").atoms.replace(u_aniso=None, aniso=None, b_iso=torch.full((len(r.atoms),), 25.0))
+    iso25 = model("1pfe").atoms.replace(
+        u_aniso=None, aniso=None, b_iso=torch.full((len(r.atoms),), 25.0, dtype=torch.float64)
+    )
     torch.testing.assert_close(r.rho, _reference(iso25, r.grid), rtol=0, atol=0)
 
 
