@@ -166,6 +166,21 @@ def test_a_negative_offset_that_breaks_a_u_is_refused_with_the_limit(make_wb):
     assert float(adp_eigenvalues(wb.result.atoms.u_aniso)[:, 0].min()) > 0
 
 
+def test_global_b_makes_every_atom_isotropic_at_that_b(make_wb):
+    # global mode carried over from a model without ANISOU, at a B below what shifting 1PFE's U
+    # would allow (40.7 Å²): a map, not an error
+    wb = make_wb("1orc", backend="reference")
+    wb.controls.b_global.value = 25.0  # moving the slider selects global mode
+    wb.set(structure="1pfe")
+    assert wb.state.b_mode == "global" and wb.status.level != "error", wb.status.message
+    r = wb.result
+    assert r.atoms.u_aniso is None and bool((r.atoms.b_iso == 25.0).all())
+    iso25 = model("1pfe").atoms.replace(
+        u_aniso=None, aniso=None, b_iso=torch.full((len(r.atoms),), 25.0, dtype=torch.float64)
+    )
+    torch.testing.assert_close(r.rho, _reference(iso25, r.grid), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("radiation", ["electron", "neutron"])
 def test_radiation_switch_rereads_the_coefficients_and_the_units(make_wb, radiation):
     wb = make_wb("1orc")
@@ -192,6 +207,10 @@ def test_radiation_switch_rereads_the_coefficients_and_the_units(make_wb, radiat
     assert f"ρ model ({units})" in wb.table.html.value
     assert f"{units}; click an atom" in wb.scene.caption.value
     assert torch.isfinite(r.rho).all()
+    wb.compare("cpu:cpu", "cpu:reference")  # the difference tab labels its maps in the same unit
+    assert wb.difference_result.units == units and f"map ρ ({units})" in wb.difference.stats.value
+    assert f"({units})" in wb.difference.slice.cbar.ax.get_ylabel() and units in wb.difference.slice.caption.value
+    assert radiation in wb.difference_result.label
     wb.controls.radiation.value = "xray"
     torch.testing.assert_close(wb.result.rho, xray, rtol=0, atol=0)
     assert "(e/Å³)" in wb.controls.density_cutoff.description and "fm/Å³" not in wb.slice.caption.value

@@ -130,6 +130,8 @@ class DifferenceResult:
     label : str
         :func:`inputs_label` of those settings ("1ORC at 0.667 Å").
     grid : kernels.GridSpec
+    units : str
+        The maps' unit (e/Å³; fm/Å³ for neutrons).
     """
 
     inputs: tuple
@@ -146,6 +148,7 @@ class DifferenceResult:
     section: Section
     over: torch.Tensor
     xyz: torch.Tensor
+    units: str = "e/Å³"
 
 
 def comparison_inputs(settings: Settings) -> tuple:
@@ -275,4 +278,5 @@ def compare_backends(
         section=sec,
         over=over_tolerance(ra, rb),
         xyz=atoms.xyz.detach().to("cpu", torch.float64),
+        units=settings.units,
     )

@@ -49,7 +49,7 @@ class Result:
         N atoms as splatted (ADP mode, radiation, B mode and distortion applied; the blur is the
         splat's), float64.
     mean, sigma : float
-        Mean and standard deviation of ``rho``, e/Å³.
+        Mean and standard deviation of ``rho``, in ``settings.units``.
     section : Section
         The section of ``rho`` at the settings' slice.
     near : tuple of (index (M,), uv (M, 2), distance (M,))

@@ -72,7 +72,7 @@ class DifferenceView:
         self.last = diff
         self.show_section(diff)
         self._show_3d(diff, model)
-        rows = _row("map ρ", diff.maps)
+        rows = _row(f"map ρ ({diff.units})", diff.maps)
         if diff.gradients is not None:
             rows += _row(f"{diff.gradient_kind} gradient", diff.gradients)
         note = f"<br><small>{html.escape(diff.gradient_note)}</small>" if diff.gradient_note else ""
@@ -88,7 +88,9 @@ class DifferenceView:
         marks = over_marks(diff, colour=_OVER_COLOUR)
         self.n_marked = len(marks.uv)
         over = f"; black dots: {self.n_marked} voxels over tolerance here ({diff.maps.n_over} in the map)"
-        self.slice.update(diff.section, marks=marks, note=f"; A = {diff.a}, B = {diff.b}, for {diff.label}{over}")
+        self.slice.update(
+            diff.section, marks=marks, note=f"; A = {diff.a}, B = {diff.b}, for {diff.label}{over}", units=diff.units
+        )
 
     def _show_3d(self, diff: DifferenceResult, model) -> None:
         n_over = diff.maps.n_over
