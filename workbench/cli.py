@@ -107,7 +107,6 @@ def _splat(args: argparse.Namespace) -> int:
     import torch
 
     import kernels
-    from kernels.density.adp import with_blur
     from workbench.compute.text import count
     from workbench.state import density_units
 
@@ -134,8 +133,7 @@ def _splat(args: argparse.Namespace) -> int:
     except kernels.ModelError as exc:
         hint = " (on this command line: --on-bad-adp iso, or --adp iso)" if "on_bad_adp='iso'" in str(exc) else ""
         return _error(f"{exc}{hint}", EXIT_FAILURE)
-    # the blur is gemmi's: B + blur, and U + blur/8π² on the diagonal of anisotropic atoms
-    atoms = with_blur(model.atoms, args.blur).to(device, torch.float64 if backend == "reference" else torch.float32)
+    atoms = model.atoms.to(device, torch.float64 if backend == "reference" else torch.float32)
     units = density_units(args.radiation)
     try:
         grid = kernels.GridSpec.for_spacing(model.cell, args.spacing, model.spacegroup)
@@ -150,7 +148,9 @@ def _splat(args: argparse.Namespace) -> int:
         )
         print(f"grid    {grid.shape[0]}×{grid.shape[1]}×{grid.shape[2]} at ≤ {args.spacing:g} Å; radius {radius}")
         start = time.perf_counter()
-        rho = kernels.splat_density(atoms, grid, radius=args.radius, cutoff=args.cutoff, backend=backend)
+        rho = kernels.splat_density(
+            atoms, grid, radius=args.radius, cutoff=args.cutoff, backend=backend, blur=args.blur
+        )
         if args.symmetrize:
             rho = kernels.symmetrize(rho, grid, model.spacegroup)
         if atoms.device.type == "cuda":

@@ -14,6 +14,8 @@ import math
 import torch
 import traitlets
 
+import kernels
+
 __all__ = [
     "ADP_MODES",
     "BACKENDS",
@@ -68,8 +70,8 @@ RANGES: dict[str, tuple[float, float, float]] = {
 
 def density_units(radiation: str) -> str:
     """The unit of a map splatted with ``radiation``'s coefficients: fm/Å³ for neutrons (a
-    scattering-length density), e/Å³ for X-rays and electrons (the kernels' convention)."""
-    return "fm/Å³" if radiation == "neutron" else "e/Å³"
+    scattering-length density), e/Å³ for X-rays and electrons (:func:`kernels.density_unit`)."""
+    return kernels.density_unit(radiation)
 
 
 def cuda_unavailable_reason() -> str | None:

@@ -16,7 +16,6 @@ import torch
 
 import kernels
 from kernels import AtomSet, GridSpec, Model
-from kernels.density.adp import with_blur
 from workbench.compute.errors import WorkbenchError, sentence
 from workbench.state import Settings, density_units, op_backend
 
@@ -65,11 +64,8 @@ def _with_xyz(atoms: AtomSet, xyz: torch.Tensor) -> AtomSet:
 
 
 def _splat(atoms: AtomSet, grid: GridSpec, settings: Settings, backend: str) -> torch.Tensor:
-    # The settings' blur widens every atom as gemmi's blur does (B + blur; U + blur/8π²·I on
-    # anisotropic atoms): with_blur is that rule, applied here until splat_density takes blur=.
-    blurred = with_blur(atoms, settings.blur)
     return kernels.splat_density(
-        blurred, grid, radius=settings.radius_arg, cutoff=settings.density_cutoff, backend=backend
+        atoms, grid, radius=settings.radius_arg, cutoff=settings.density_cutoff, backend=backend, blur=settings.blur
     )
 
 
