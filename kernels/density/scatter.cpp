@@ -1435,17 +1435,17 @@ struct Inputs {
 // ------------------------------------------------------------------ anisotropic atoms
 
 // An anisotropic atom's term k is amp_k·occ·exp(x_k(d)) with x_k = Σ_m c_km·mono_m(d) over the
-// fractional offset d = voxel − atom, mono = (dx², dy², dz², dx·dy, dx·dz, dy·dz) (in.quad: the
-// reference's six coefficients of −½ dᵀQ_k d). No factorisation into per-axis tables holds for a
-// general Q_k, so every voxel costs one exp per term. Along a row (dx, dy fixed) x_k is a
-// quadratic in the box-relative voxel t: x_k = A_k·(t − t*_k)² + E_k with A_k < 0 and E_k ≤ 0
-// (Q_k positive definite), both formed per row in double. The voxel term is evaluated in float
-// as A_k·u² + E_k with u = (t − T_k) − φ_k, T_k the integer nearest t*_k (t − T_k is exact):
-// both addends are ≤ 0, so the exponent carries a few float roundings relative to itself and
-// the value an error ≤ ~4u·|x|·e^x ≤ 1e-7 of the term's peak. One float exp per voxel and term
-// (exp_neg, vectorised over the row) was measured faster than the recurrence e(t+1) = e(t)·r(t),
-// r(t+1) = r(t)·exp(2A_k): rows are ~10-20 voxels, and the recurrence is serial along the row
-// (and must start at the vertex to stay clear of underflow).
+// fractional offset d = voxel − atom, mono = (dx², dy², dz², dx·dy, dx·dz, dy·dz) (the reference's
+// six coefficients of −½ dᵀQ_k d). No factorisation into per-axis tables holds for a general Q_k,
+// so every voxel costs one exp per term. Along a row (dx, dy fixed) x_k is a quadratic in the
+// box-relative voxel t: x_k = A_k·(t − t*_k)² + E_k with A_k < 0 and E_k ≤ 0 (Q_k positive
+// definite), t*_k and E_k formed per row in double. The voxel term is evaluated in float (in base 2,
+// exp2_neg) as A_k·u² + E_k with u = (t − T_k) − φ_k, T_k the integer nearest t*_k (t − T_k is
+// exact): both addends are ≤ 0, so the exponent carries a few roundings relative to itself and the
+// value an error ≤ ~4u·|x|·e^x ≤ 1e-7 of the term's peak. One exp per voxel and term, vectorised over
+// blocks of 8 voxels of a row, is the faster form: the recurrence e(t+1) = e(t)·r(t),
+// r(t+1) = r(t)·exp(2A_k) in double (two multiplies a voxel and term, three exps a row and term to
+// start it) took 2.1× as long on 3O5R, being serial along rows of ~8 voxels.
 constexpr double U_TO_B = 8.0 * PI * PI;
 
 // An anisotropic atom's five Gaussians at unit occupancy: term k is amp_k·exp(Σ_m q_km·mono_m(d)),
@@ -1584,26 +1584,105 @@ double aniso_radius(const Inputs& in, int64_t i, int rule, bool neutron, double 
     return closed_form_radius(sum, expo[0], cutoff);
 }
 
+constexpr double kLog2e = 1.4426950408889634;  // the rows' exponents are kept in base 2 (exp2_neg)
+
 struct AnisoRowK {
     float A[NG], base[NG], phi[NG], E[NG];
 };
 
-// Row constants of terms k for the row at (dx, dy): base_k = t_first − T_k for the row's first
-// voxel t_first (box-relative), phi_k, A_k, E_k as above. mz, dz0 = zlo/mz − fz.
-KERNELS_INLINE void aniso_row_consts(const double* cq, double dx, double dy, double mz, double dz0, int64_t t_first,
-                                     AnisoRowK& R) {
+// Per-atom, per-plane constants of the row constants, term k in lane k of 8 (lanes 5..7 padding):
+// for the row at dy, term k's exponent along the row is A_k·(t − t*)² + E_k with
+// Bz = bz0 + c5·dy, h = Bz/(2·q_k2), E = cx + c1·dy² + c3x·dy − ½·Bz·h, t* = (−h − dz0)·mz.
+struct AnisoPlaneK {
+    alignas(64) double bz0[8], c5[8], cx[8], c1[8], c3x[8], ik[8];
+};
+
+KERNELS_INLINE void aniso_plane_consts(const double* cq, const double* inv2c2, double dx, AnisoPlaneK& P) {
+    for (int k = 0; k < 8; ++k) {
+        const double* c = cq + 6 * (k < NG ? k : 0);
+        P.bz0[k] = c[4] * dx;
+        P.c5[k] = c[5];
+        P.cx[k] = c[0] * dx * dx;
+        P.c1[k] = c[1];
+        P.c3x[k] = c[3] * dx;
+        P.ik[k] = inv2c2[k < NG ? k : 0];
+    }
+}
+
+// Row constants of the row at dy whose first voxel is t_first (box-relative): base_k = t_first − T_k,
+// phi_k = t*_k − T_k with T_k the integer nearest t*_k; the five terms side by side in one vector.
+KERNELS_INLINE void aniso_row_consts(const AnisoPlaneK& P, const float* Af, double dy, double mz, double dz0,
+                                     int64_t t_first, AnisoRowK& R) {
+    double E[8], phi[8], base[8];
+    const double tf = static_cast<double>(t_first);
+    KERNELS_SIMD
+    for (int k = 0; k < 8; ++k) {
+        const double Bz = P.bz0[k] + P.c5[k] * dy;
+        const double h = Bz * P.ik[k];  // −(the row's vertex in dz)
+        const double e = (P.cx[k] + P.c1[k] * dy * dy + P.c3x[k] * dy) - 0.5 * Bz * h;  // C − Bz²/(4·q_k2) ≤ 0
+        const double tstar = (-h - dz0) * mz;  // box-relative voxel of the row's maximum
+        const double T = std::floor(tstar + 0.5);
+        E[k] = (e < 0 ? e : 0.0) * kLog2e;
+        phi[k] = tstar - T;
+        base[k] = tf - T;
+    }
     for (int k = 0; k < NG; ++k) {
-        const double* c = cq + 6 * k;
-        const double c2 = c[2];
-        const double Bz = c[4] * dx + c[5] * dy;
-        const double C = c[0] * dx * dx + c[1] * dy * dy + c[3] * dx * dy;
-        const double E = C - Bz * Bz / (4.0 * c2);
-        const double tstar = (-Bz / (2.0 * c2) - dz0) * mz;  // box-relative voxel of the row's maximum
-        const double T = std::nearbyint(tstar);
-        R.A[k] = static_cast<float>(c2 / (mz * mz));
-        R.E[k] = static_cast<float>(E < 0 ? E : 0.0);
-        R.phi[k] = static_cast<float>(tstar - T);
-        R.base[k] = static_cast<float>(static_cast<double>(t_first) - T);
+        R.A[k] = Af[k];
+        R.E[k] = static_cast<float>(E[k]);
+        R.phi[k] = static_cast<float>(phi[k]);
+        R.base[k] = static_cast<float>(base[k]);
+    }
+}
+
+// 2^y for y ≤ 0 (the anisotropic rows carry their exponents in base 2): y = n + r with n the
+// nearest integer (r = y − n is exact, |r| ≤ ½), 2^r = e^{r·ln 2} by its Taylor polynomial of degree 6
+// (truncation < 2e-7 relative, rounding a few float ulps: within exp_neg's bound), n clamped as
+// exp_neg does (results below 2^-43 are +0). The base-2 form saves exp_neg's multiply by log2(e) and
+// its two-step reduction: three of the ~20 operations a voxel and term costs.
+KERNELS_INLINE float exp2_neg(float y) {
+    const float shifter = 12582912.0f;  // 1.5·2^23: round to nearest
+    const float n = (y + shifter) - shifter;
+    const float r = y - n;
+    float p = 1.5403530393381609e-4f;
+    p = p * r + 1.3333558146428443e-3f;
+    p = p * r + 9.6181291076284772e-3f;
+    p = p * r + 5.5504108664821580e-2f;
+    p = p * r + 2.4022650695910071e-1f;
+    p = p * r + 6.9314718055994531e-1f;
+    p = p * r + 1.0f;
+    int32_t ni = static_cast<int32_t>(n);
+    ni = ni < -43 ? -127 : ni;  // biased exponent 0: scale = +0
+    const int32_t bits = (ni + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+// One voxel of a row: Σ_k c_k·exp(A_k·u² + E_k), u = (t + base_k) − phi_k.
+KERNELS_INLINE float aniso_voxel(float t, const AnisoRowK& R, const float* c) {
+    float v = 0.0f;
+    for (int k = 0; k < NG; ++k) {
+        const float u = (t + R.base[k]) - R.phi[k];
+        v += c[k] * exp2_neg(R.A[k] * u * u + R.E[k]);
+    }
+    return v;
+}
+
+// aniso_add_row in whole blocks of kW lanes, the lanes past the row's end adding +0.0f (their
+// voxels belong to the same map row; callers check that the last block stays inside it): a row
+// of ~15 voxels is one vector pass instead of a vector pass plus a scalar epilogue of 5 exps a voxel.
+constexpr int64_t kAW = 8;  // lanes per block of the anisotropic rows (see aniso_add_row_w)
+
+KERNELS_INLINE void aniso_add_row_w(float* __restrict o, int64_t n, const AnisoRowK& R, const float* c) {
+    for (int64_t b = 0; b < n; b += kAW) {
+        float* __restrict ob = o + b;
+        const int32_t m = static_cast<int32_t>(n - b);
+        const float tb = static_cast<float>(b);
+        KERNELS_SIMD
+        for (int32_t l = 0; l < static_cast<int32_t>(kAW); ++l) {
+            const float v = aniso_voxel(tb + static_cast<float>(l), R, c);
+            ob[l] += l < m ? v : 0.0f;
+        }
     }
 }
 
@@ -1619,11 +1698,11 @@ KERNELS_INLINE void aniso_add_row(float* __restrict o, int64_t n, const AnisoRow
         const float t = static_cast<float>(l);
         const float u0 = (t + b0) - p0, u1 = (t + b1) - p1, u2 = (t + b2) - p2, u3 = (t + b3) - p3,
                     u4 = (t + b4) - p4;
-        float v = c0 * exp_neg(A0 * u0 * u0 + E0);
-        v += c1 * exp_neg(A1 * u1 * u1 + E1);
-        v += c2 * exp_neg(A2 * u2 * u2 + E2);
-        v += c3 * exp_neg(A3 * u3 * u3 + E3);
-        v += c4 * exp_neg(A4 * u4 * u4 + E4);
+        float v = c0 * exp2_neg(A0 * u0 * u0 + E0);
+        v += c1 * exp2_neg(A1 * u1 * u1 + E1);
+        v += c2 * exp2_neg(A2 * u2 * u2 + E2);
+        v += c3 * exp2_neg(A3 * u3 * u3 + E3);
+        v += c4 * exp2_neg(A4 * u4 * u4 + E4);
         o[l] += v;
     }
 }
@@ -1647,9 +1726,9 @@ KERNELS_INLINE void aniso_gather_row(const float* __restrict gr, const float* __
         const float gz = g * z, gzz = gz * z;
         const float u0 = (t + b0) - p0, u1 = (t + b1) - p1, u2 = (t + b2) - p2, u3 = (t + b3) - p3,
                     u4 = (t + b4) - p4;
-        const float e0 = exp_neg(A0 * u0 * u0 + E0), e1 = exp_neg(A1 * u1 * u1 + E1),
-                    e2 = exp_neg(A2 * u2 * u2 + E2), e3 = exp_neg(A3 * u3 * u3 + E3),
-                    e4 = exp_neg(A4 * u4 * u4 + E4);
+        const float e0 = exp2_neg(A0 * u0 * u0 + E0), e1 = exp2_neg(A1 * u1 * u1 + E1),
+                    e2 = exp2_neg(A2 * u2 * u2 + E2), e3 = exp2_neg(A3 * u3 * u3 + E3),
+                    e4 = exp2_neg(A4 * u4 * u4 + E4);
         s00 += g * e0;
         s01 += gz * e0;
         s02 += gzz * e0;
@@ -1704,13 +1783,34 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
     float cf[NG];
     for (int k = 0; k < NG; ++k) cf[k] = static_cast<float>(amp[k] * A.occ);
     const double dz0 = static_cast<double>(zlo) / g.m[2] - A.f[2];
+    double inv2c2[NG];
+    float Af[NG];
+    for (int k = 0; k < NG; ++k) {
+        inv2c2[k] = 1.0 / (2.0 * cq[6 * k + 2]);
+        Af[k] = static_cast<float>(cq[6 * k + 2] / (g.m[2] * g.m[2]) * kLog2e);
+    }
     int32_t* lo = S.rlo32.data();
     int32_t* hi = S.rhi32.data();
     AnisoRowK R;
+    AnisoPlaneK P;
+    // the float interval pass (rows it cannot trust settled in double): the same voxel set as the
+    // double pass and the reference (see plane_intervals_f)
+    RowConstF rcf{};
+    float* dyf = S.dyf.data();
+    if (g.float_rows) {
+        rcf = row_const_f(g, A);
+        const int64_t nyp = (nyb + 7) / 8 * 8;
+        for (int64_t s = 0; s < nyb; ++s) dyf[s] = static_cast<float>(dyd[s]);
+        for (int64_t s = nyb; s < nyp; ++s) dyf[s] = dyf[nyb - 1];
+    }
     for (int64_t i = ia; i <= ib; ++i) {
         const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
         const Idx iw = static_cast<Idx>(floor_mod(i, nx));
-        plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
+        if (g.float_rows)
+            plane_intervals_f(g, A, rcf, dx, nyb, dyf, dyd, S, lo, hi);
+        else
+            plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
+        aniso_plane_consts(cq, inv2c2, dx, P);
         for (int64_t s = 0; s < nyb; ++s) {
             if (lo[s] > hi[s]) continue;
             const double dy = dyd[s];
@@ -1720,10 +1820,13 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
             for (int64_t t = lo[s]; t <= hi[s];) {
                 const int64_t wz = zw[t];
                 const int64_t run = std::min<int64_t>(hi[s] - t + 1, nz - wz);
-                aniso_row_consts(cq, dx, dy, g.m[2], dz0, t, R);
-                if (Forward)
-                    aniso_add_row(out + base + static_cast<Idx>(wz), run, R, cf);
-                else
+                aniso_row_consts(P, Af, dy, g.m[2], dz0, t, R);
+                if (Forward) {
+                    if (wz + (run + kAW - 1) / kAW * kAW <= nz)
+                        aniso_add_row_w(out + base + static_cast<Idx>(wz), run, R, cf);
+                    else
+                        aniso_add_row(out + base + static_cast<Idx>(wz), run, R, cf);
+                } else
                     aniso_gather_row(grad + base + static_cast<Idx>(wz), dzf + t, run, R, acc);
                 t += run;
             }
