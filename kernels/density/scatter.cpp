@@ -1707,52 +1707,72 @@ KERNELS_INLINE void aniso_add_row(float* __restrict o, int64_t n, const AnisoRow
     }
 }
 
-// Row sums for the backward: acc[3k] += Σ g·e_k, acc[3k+1] += Σ g·e_k·dz, acc[3k+2] += Σ g·e_k·dz²
-// over l in [0, n), e_k as in aniso_add_row, dz the fractional z offset of each voxel.
+// Row sums for the backward: acc[k] += Σ g·e_k, acc[8 + k] += Σ g·e_k·dz, acc[16 + k] += Σ g·e_k·dz²
+// over l in [0, n), e_k as in aniso_add_row, dz the fractional z offset of each voxel. Masked: whole
+// blocks of kAW lanes with the upstream gradient of the lanes past the row's end taken as 0 (they
+// read the same map row and the dz table's padding; callers check that the last block stays inside
+// the row), so a row is one vector pass with no scalar epilogue of 5 exps and 15 sums a voxel.
+template <bool Masked>
 KERNELS_INLINE void aniso_gather_row(const float* __restrict gr, const float* __restrict dz, int64_t n,
-                                     const AnisoRowK& R, float acc[3 * NG]) {
+                                     const AnisoRowK& R, float acc[24]) {
     const float A0 = R.A[0], A1 = R.A[1], A2 = R.A[2], A3 = R.A[3], A4 = R.A[4];
     const float b0 = R.base[0], b1 = R.base[1], b2 = R.base[2], b3 = R.base[3], b4 = R.base[4];
     const float p0 = R.phi[0], p1 = R.phi[1], p2 = R.phi[2], p3 = R.phi[3], p4 = R.phi[4];
     const float E0 = R.E[0], E1 = R.E[1], E2 = R.E[2], E3 = R.E[3], E4 = R.E[4];
     float s00 = 0, s01 = 0, s02 = 0, s10 = 0, s11 = 0, s12 = 0, s20 = 0, s21 = 0, s22 = 0, s30 = 0, s31 = 0, s32 = 0,
           s40 = 0, s41 = 0, s42 = 0;
+    const int32_t nn = static_cast<int32_t>(n);
+    // a constant trip count in the masked case: the vectoriser then picks 8-lane vectors, where a
+    // trip count it cannot see may get 16-lane ones and leave a row of 8 to the scalar epilogue
+    const int32_t step = Masked ? static_cast<int32_t>(kAW) : nn;
+    for (int32_t bb = 0; bb < nn; bb += step) {
+        const int32_t m = nn - bb;
+        const float* __restrict gp = gr + bb;
+        const float* __restrict zp = dz + bb;
 #if defined(_OPENMP)
 #pragma omp simd reduction(+ : s00, s01, s02, s10, s11, s12, s20, s21, s22, s30, s31, s32, s40, s41, s42)
 #endif
-    for (int32_t l = 0; l < static_cast<int32_t>(n); ++l) {
-        const float t = static_cast<float>(l);
-        const float g = gr[l], z = dz[l];
-        const float gz = g * z, gzz = gz * z;
-        const float u0 = (t + b0) - p0, u1 = (t + b1) - p1, u2 = (t + b2) - p2, u3 = (t + b3) - p3,
-                    u4 = (t + b4) - p4;
-        const float e0 = exp2_neg(A0 * u0 * u0 + E0), e1 = exp2_neg(A1 * u1 * u1 + E1),
-                    e2 = exp2_neg(A2 * u2 * u2 + E2), e3 = exp2_neg(A3 * u3 * u3 + E3),
-                    e4 = exp2_neg(A4 * u4 * u4 + E4);
-        s00 += g * e0;
-        s01 += gz * e0;
-        s02 += gzz * e0;
-        s10 += g * e1;
-        s11 += gz * e1;
-        s12 += gzz * e1;
-        s20 += g * e2;
-        s21 += gz * e2;
-        s22 += gzz * e2;
-        s30 += g * e3;
-        s31 += gz * e3;
-        s32 += gzz * e3;
-        s40 += g * e4;
-        s41 += gz * e4;
-        s42 += gzz * e4;
+        for (int32_t l = 0; l < (Masked ? static_cast<int32_t>(kAW) : nn); ++l) {
+            const float t = static_cast<float>(bb + l);
+            const float g = Masked ? (l < m ? gp[l] : 0.0f) : gp[l], z = zp[l];
+            const float gz = g * z, gzz = gz * z;
+            const float u0 = (t + b0) - p0, u1 = (t + b1) - p1, u2 = (t + b2) - p2, u3 = (t + b3) - p3,
+                        u4 = (t + b4) - p4;
+            const float e0 = exp2_neg(A0 * u0 * u0 + E0), e1 = exp2_neg(A1 * u1 * u1 + E1),
+                        e2 = exp2_neg(A2 * u2 * u2 + E2), e3 = exp2_neg(A3 * u3 * u3 + E3),
+                        e4 = exp2_neg(A4 * u4 * u4 + E4);
+            s00 += g * e0;
+            s01 += gz * e0;
+            s02 += gzz * e0;
+            s10 += g * e1;
+            s11 += gz * e1;
+            s12 += gzz * e1;
+            s20 += g * e2;
+            s21 += gz * e2;
+            s22 += gzz * e2;
+            s30 += g * e3;
+            s31 += gz * e3;
+            s32 += gzz * e3;
+            s40 += g * e4;
+            s41 += gz * e4;
+            s42 += gzz * e4;
+        }
     }
-    acc[0] += s00, acc[1] += s01, acc[2] += s02, acc[3] += s10, acc[4] += s11, acc[5] += s12;
-    acc[6] += s20, acc[7] += s21, acc[8] += s22, acc[9] += s30, acc[10] += s31, acc[11] += s32;
-    acc[12] += s40, acc[13] += s41, acc[14] += s42;
+    acc[0] += s00, acc[1] += s10, acc[2] += s20, acc[3] += s30, acc[4] += s40;
+    acc[8] += s01, acc[9] += s11, acc[10] += s21, acc[11] += s31, acc[12] += s41;
+    acc[16] += s02, acc[17] += s12, acc[18] += s22, acc[19] += s32, acc[20] += s42;
 }
 
 // Per-atom moments of the backward, per term k: Σ g·e_k·{1, dx, dy, dz, dx², dy², dz², dx·dy, dx·dz, dy·dz}.
 struct AnisoSums {
     double m[NG][10];
+};
+
+// Sums over the rows of one plane, per term k in lane k of 8 (lanes 5..7 stay 0): Σ r0, Σ dy·r0,
+// Σ dy²·r0, Σ r1, Σ dy·r1, Σ r2 of the row sums r0 = Σ g·e_k, r1 = Σ g·e_k·dz, r2 = Σ g·e_k·dz²,
+// folded with the plane's dx into AnisoSums once per plane.
+struct AnisoPlaneSums {
+    alignas(64) double p[6][8];
 };
 
 // Rows of anisotropic atom `atom` (prepared in A) over planes [ia, ib]: add its density to `out`
@@ -1811,11 +1831,13 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
         else
             plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
         aniso_plane_consts(cq, inv2c2, dx, P);
+        AnisoPlaneSums ps;
+        if (!Forward) std::memset(&ps, 0, sizeof ps);
         for (int64_t s = 0; s < nyb; ++s) {
             if (lo[s] > hi[s]) continue;
             const double dy = dyd[s];
             const Idx base = (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
-            float acc[3 * NG] = {};
+            float acc[24] = {};
             // pieces of the row split where it wraps around the cell along z
             for (int64_t t = lo[s]; t <= hi[s];) {
                 const int64_t wz = zw[t];
@@ -1826,25 +1848,42 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
                         aniso_add_row_w(out + base + static_cast<Idx>(wz), run, R, cf);
                     else
                         aniso_add_row(out + base + static_cast<Idx>(wz), run, R, cf);
-                } else
-                    aniso_gather_row(grad + base + static_cast<Idx>(wz), dzf + t, run, R, acc);
+                } else if (wz + (run + kAW - 1) / kAW * kAW <= nz) {
+                    aniso_gather_row<true>(grad + base + static_cast<Idx>(wz), dzf + t, run, R, acc);
+                } else {
+                    aniso_gather_row<false>(grad + base + static_cast<Idx>(wz), dzf + t, run, R, acc);
+                }
                 t += run;
             }
             if (!Forward) {
-                for (int k = 0; k < NG; ++k) {
-                    const double r0 = acc[3 * k], r1 = acc[3 * k + 1], r2 = acc[3 * k + 2];
-                    double* m = gs->m[k];
-                    m[0] += r0;
-                    m[1] += dx * r0;
-                    m[2] += dy * r0;
-                    m[3] += r1;
-                    m[4] += dx * dx * r0;
-                    m[5] += dy * dy * r0;
-                    m[6] += r2;
-                    m[7] += dx * dy * r0;
-                    m[8] += dx * r1;
-                    m[9] += dy * r1;
+                const double dyy = dy * dy;
+                KERNELS_SIMD
+                for (int k = 0; k < 8; ++k) {
+                    const double r0 = acc[k], r1 = acc[8 + k], r2 = acc[16 + k];
+                    ps.p[0][k] += r0;
+                    ps.p[1][k] += dy * r0;
+                    ps.p[2][k] += dyy * r0;
+                    ps.p[3][k] += r1;
+                    ps.p[4][k] += dy * r1;
+                    ps.p[5][k] += r2;
                 }
+            }
+        }
+        if (!Forward) {
+            for (int k = 0; k < NG; ++k) {
+                double* m = gs->m[k];
+                const double p0 = ps.p[0][k], py = ps.p[1][k], pyy = ps.p[2][k], p1 = ps.p[3][k], py1 = ps.p[4][k],
+                             p2 = ps.p[5][k];
+                m[0] += p0;
+                m[1] += dx * p0;
+                m[2] += py;
+                m[3] += p1;
+                m[4] += dx * dx * p0;
+                m[5] += pyy;
+                m[6] += p2;
+                m[7] += dx * py;
+                m[8] += dx * p1;
+                m[9] += py1;
             }
         }
     }
