@@ -20,6 +20,10 @@
 // it, in that one global order. Each voxel therefore receives its contributions in the
 // same order whatever the number of threads or slabs: results are bitwise reproducible.
 //
+// Anisotropic atoms (a set with U): no per-axis tables factor a general Gaussian, so each voxel
+// costs one exp per term of the quadratic exponent along its row (see "anisotropic atoms" below);
+// the sphere, the slabs, the atom order and so the determinism are the separable path's.
+//
 // Backward (gather): for each atom, Σ over its voxels of upstream-gradient × ∂ρ/∂parameter,
 // with the same tables and the same voxel set. Atoms are independent tasks; each atom's
 // sums are formed by one thread in a fixed order (deterministic for any thread count).
