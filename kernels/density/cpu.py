@@ -1,5 +1,10 @@
 """CPU production splat: separable per-atom tables + C++ partitioned scatter-add, with gradients.
 
+Anisotropic sets (``atoms.u_aniso`` not None) take the C++ anisotropic path for every atom: each
+atom's effective U, Gaussians and cutoff radius are formed in C++, every voxel costs one exp per
+Gaussian term, and the backward gathers per-term moments and carries them to xyz, occ, u_aniso
+(anisotropic atoms) and b_iso (isotropic atoms) in C++, with no torch op around the kernel.
+
 The work happens in the C++ extension ``kernels.density._scatter`` (built at install
 time; the algorithm is ``scatter.cpp``, its nanobind bindings ``_scatter.cpp``). This
 module checks the inputs, casts them to float32 (warning once per dtype), derives the

@@ -20,6 +20,10 @@
 // it, in that one global order. Each voxel therefore receives its contributions in the
 // same order whatever the number of threads or slabs: results are bitwise reproducible.
 //
+// Anisotropic atoms (a set with U): no per-axis tables factor a general Gaussian, so each voxel
+// costs one exp per term of the quadratic exponent along its row (see "anisotropic atoms" below);
+// the sphere, the slabs, the atom order and so the determinism are the separable path's.
+//
 // Backward (gather): for each atom, Σ over its voxels of upstream-gradient × ∂ρ/∂parameter,
 // with the same tables and the same voxel set. Atoms are independent tasks; each atom's
 // sums are formed by one thread in a fixed order (deterministic for any thread count).
@@ -1435,17 +1439,17 @@ struct Inputs {
 // ------------------------------------------------------------------ anisotropic atoms
 
 // An anisotropic atom's term k is amp_k·occ·exp(x_k(d)) with x_k = Σ_m c_km·mono_m(d) over the
-// fractional offset d = voxel − atom, mono = (dx², dy², dz², dx·dy, dx·dz, dy·dz) (in.quad: the
-// reference's six coefficients of −½ dᵀQ_k d). No factorisation into per-axis tables holds for a
-// general Q_k, so every voxel costs one exp per term. Along a row (dx, dy fixed) x_k is a
-// quadratic in the box-relative voxel t: x_k = A_k·(t − t*_k)² + E_k with A_k < 0 and E_k ≤ 0
-// (Q_k positive definite), both formed per row in double. The voxel term is evaluated in float
-// as A_k·u² + E_k with u = (t − T_k) − φ_k, T_k the integer nearest t*_k (t − T_k is exact):
-// both addends are ≤ 0, so the exponent carries a few float roundings relative to itself and
-// the value an error ≤ ~4u·|x|·e^x ≤ 1e-7 of the term's peak. One float exp per voxel and term
-// (exp_neg, vectorised over the row) was measured faster than the recurrence e(t+1) = e(t)·r(t),
-// r(t+1) = r(t)·exp(2A_k): rows are ~10-20 voxels, and the recurrence is serial along the row
-// (and must start at the vertex to stay clear of underflow).
+// fractional offset d = voxel − atom, mono = (dx², dy², dz², dx·dy, dx·dz, dy·dz) (the reference's
+// six coefficients of −½ dᵀQ_k d). No factorisation into per-axis tables holds for a general Q_k,
+// so every voxel costs one exp per term. Along a row (dx, dy fixed) x_k is a quadratic in the
+// box-relative voxel t: x_k = A_k·(t − t*_k)² + E_k with A_k < 0 and E_k ≤ 0 (Q_k positive
+// definite), t*_k and E_k formed per row in double. The voxel term is evaluated in float (in base 2,
+// exp2_neg) as A_k·u² + E_k with u = (t − T_k) − φ_k, T_k the integer nearest t*_k (t − T_k is
+// exact): both addends are ≤ 0, so the exponent carries a few roundings relative to itself and the
+// value an error ≤ ~4u·|x|·e^x ≤ 1e-7 of the term's peak. One exp per voxel and term, vectorised over
+// blocks of 8 voxels of a row, is the faster form: the recurrence e(t+1) = e(t)·r(t),
+// r(t+1) = r(t)·exp(2A_k) in double (two multiplies a voxel and term, three exps a row and term to
+// start it) took 2.1× as long on 3O5R, being serial along rows of ~8 voxels.
 constexpr double U_TO_B = 8.0 * PI * PI;
 
 // An anisotropic atom's five Gaussians at unit occupancy: term k is amp_k·exp(Σ_m q_km·mono_m(d)),
@@ -1584,26 +1588,105 @@ double aniso_radius(const Inputs& in, int64_t i, int rule, bool neutron, double 
     return closed_form_radius(sum, expo[0], cutoff);
 }
 
+constexpr double kLog2e = 1.4426950408889634;  // the rows' exponents are kept in base 2 (exp2_neg)
+
 struct AnisoRowK {
     float A[NG], base[NG], phi[NG], E[NG];
 };
 
-// Row constants of terms k for the row at (dx, dy): base_k = t_first − T_k for the row's first
-// voxel t_first (box-relative), phi_k, A_k, E_k as above. mz, dz0 = zlo/mz − fz.
-KERNELS_INLINE void aniso_row_consts(const double* cq, double dx, double dy, double mz, double dz0, int64_t t_first,
-                                     AnisoRowK& R) {
+// Per-atom, per-plane constants of the row constants, term k in lane k of 8 (lanes 5..7 padding):
+// for the row at dy, term k's exponent along the row is A_k·(t − t*)² + E_k with
+// Bz = bz0 + c5·dy, h = Bz/(2·q_k2), E = cx + c1·dy² + c3x·dy − ½·Bz·h, t* = (−h − dz0)·mz.
+struct AnisoPlaneK {
+    alignas(64) double bz0[8], c5[8], cx[8], c1[8], c3x[8], ik[8];
+};
+
+KERNELS_INLINE void aniso_plane_consts(const double* cq, const double* inv2c2, double dx, AnisoPlaneK& P) {
+    for (int k = 0; k < 8; ++k) {
+        const double* c = cq + 6 * (k < NG ? k : 0);
+        P.bz0[k] = c[4] * dx;
+        P.c5[k] = c[5];
+        P.cx[k] = c[0] * dx * dx;
+        P.c1[k] = c[1];
+        P.c3x[k] = c[3] * dx;
+        P.ik[k] = inv2c2[k < NG ? k : 0];
+    }
+}
+
+// Row constants of the row at dy whose first voxel is t_first (box-relative): base_k = t_first − T_k,
+// phi_k = t*_k − T_k with T_k the integer nearest t*_k; the five terms side by side in one vector.
+KERNELS_INLINE void aniso_row_consts(const AnisoPlaneK& P, const float* Af, double dy, double mz, double dz0,
+                                     int64_t t_first, AnisoRowK& R) {
+    double E[8], phi[8], base[8];
+    const double tf = static_cast<double>(t_first);
+    KERNELS_SIMD
+    for (int k = 0; k < 8; ++k) {
+        const double Bz = P.bz0[k] + P.c5[k] * dy;
+        const double h = Bz * P.ik[k];  // −(the row's vertex in dz)
+        const double e = (P.cx[k] + P.c1[k] * dy * dy + P.c3x[k] * dy) - 0.5 * Bz * h;  // C − Bz²/(4·q_k2) ≤ 0
+        const double tstar = (-h - dz0) * mz;  // box-relative voxel of the row's maximum
+        const double T = std::floor(tstar + 0.5);
+        E[k] = (e < 0 ? e : 0.0) * kLog2e;
+        phi[k] = tstar - T;
+        base[k] = tf - T;
+    }
     for (int k = 0; k < NG; ++k) {
-        const double* c = cq + 6 * k;
-        const double c2 = c[2];
-        const double Bz = c[4] * dx + c[5] * dy;
-        const double C = c[0] * dx * dx + c[1] * dy * dy + c[3] * dx * dy;
-        const double E = C - Bz * Bz / (4.0 * c2);
-        const double tstar = (-Bz / (2.0 * c2) - dz0) * mz;  // box-relative voxel of the row's maximum
-        const double T = std::nearbyint(tstar);
-        R.A[k] = static_cast<float>(c2 / (mz * mz));
-        R.E[k] = static_cast<float>(E < 0 ? E : 0.0);
-        R.phi[k] = static_cast<float>(tstar - T);
-        R.base[k] = static_cast<float>(static_cast<double>(t_first) - T);
+        R.A[k] = Af[k];
+        R.E[k] = static_cast<float>(E[k]);
+        R.phi[k] = static_cast<float>(phi[k]);
+        R.base[k] = static_cast<float>(base[k]);
+    }
+}
+
+// 2^y for y ≤ 0 (the anisotropic rows carry their exponents in base 2): y = n + r with n the
+// nearest integer (r = y − n is exact, |r| ≤ ½), 2^r = e^{r·ln 2} by its Taylor polynomial of degree 6
+// (truncation < 2e-7 relative, rounding a few float ulps: within exp_neg's bound), n clamped as
+// exp_neg does (results below 2^-43 are +0). The base-2 form saves exp_neg's multiply by log2(e) and
+// its two-step reduction: three of the ~20 operations a voxel and term costs.
+KERNELS_INLINE float exp2_neg(float y) {
+    const float shifter = 12582912.0f;  // 1.5·2^23: round to nearest
+    const float n = (y + shifter) - shifter;
+    const float r = y - n;
+    float p = 1.5403530393381609e-4f;
+    p = p * r + 1.3333558146428443e-3f;
+    p = p * r + 9.6181291076284772e-3f;
+    p = p * r + 5.5504108664821580e-2f;
+    p = p * r + 2.4022650695910071e-1f;
+    p = p * r + 6.9314718055994531e-1f;
+    p = p * r + 1.0f;
+    int32_t ni = static_cast<int32_t>(n);
+    ni = ni < -43 ? -127 : ni;  // biased exponent 0: scale = +0
+    const int32_t bits = (ni + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+// One voxel of a row: Σ_k c_k·exp(A_k·u² + E_k), u = (t + base_k) − phi_k.
+KERNELS_INLINE float aniso_voxel(float t, const AnisoRowK& R, const float* c) {
+    float v = 0.0f;
+    for (int k = 0; k < NG; ++k) {
+        const float u = (t + R.base[k]) - R.phi[k];
+        v += c[k] * exp2_neg(R.A[k] * u * u + R.E[k]);
+    }
+    return v;
+}
+
+// aniso_add_row in whole blocks of kW lanes, the lanes past the row's end adding +0.0f (their
+// voxels belong to the same map row; callers check that the last block stays inside it): a row
+// of ~15 voxels is one vector pass instead of a vector pass plus a scalar epilogue of 5 exps a voxel.
+constexpr int64_t kAW = 8;  // lanes per block of the anisotropic rows (see aniso_add_row_w)
+
+KERNELS_INLINE void aniso_add_row_w(float* __restrict o, int64_t n, const AnisoRowK& R, const float* c) {
+    for (int64_t b = 0; b < n; b += kAW) {
+        float* __restrict ob = o + b;
+        const int32_t m = static_cast<int32_t>(n - b);
+        const float tb = static_cast<float>(b);
+        KERNELS_SIMD
+        for (int32_t l = 0; l < static_cast<int32_t>(kAW); ++l) {
+            const float v = aniso_voxel(tb + static_cast<float>(l), R, c);
+            ob[l] += l < m ? v : 0.0f;
+        }
     }
 }
 
@@ -1619,61 +1702,81 @@ KERNELS_INLINE void aniso_add_row(float* __restrict o, int64_t n, const AnisoRow
         const float t = static_cast<float>(l);
         const float u0 = (t + b0) - p0, u1 = (t + b1) - p1, u2 = (t + b2) - p2, u3 = (t + b3) - p3,
                     u4 = (t + b4) - p4;
-        float v = c0 * exp_neg(A0 * u0 * u0 + E0);
-        v += c1 * exp_neg(A1 * u1 * u1 + E1);
-        v += c2 * exp_neg(A2 * u2 * u2 + E2);
-        v += c3 * exp_neg(A3 * u3 * u3 + E3);
-        v += c4 * exp_neg(A4 * u4 * u4 + E4);
+        float v = c0 * exp2_neg(A0 * u0 * u0 + E0);
+        v += c1 * exp2_neg(A1 * u1 * u1 + E1);
+        v += c2 * exp2_neg(A2 * u2 * u2 + E2);
+        v += c3 * exp2_neg(A3 * u3 * u3 + E3);
+        v += c4 * exp2_neg(A4 * u4 * u4 + E4);
         o[l] += v;
     }
 }
 
-// Row sums for the backward: acc[3k] += Σ g·e_k, acc[3k+1] += Σ g·e_k·dz, acc[3k+2] += Σ g·e_k·dz²
-// over l in [0, n), e_k as in aniso_add_row, dz the fractional z offset of each voxel.
+// Row sums for the backward: acc[k] += Σ g·e_k, acc[8 + k] += Σ g·e_k·dz, acc[16 + k] += Σ g·e_k·dz²
+// over l in [0, n), e_k as in aniso_add_row, dz the fractional z offset of each voxel. Masked: whole
+// blocks of kAW lanes with the upstream gradient of the lanes past the row's end taken as 0 (they
+// read the same map row and the dz table's padding; callers check that the last block stays inside
+// the row), so a row is one vector pass with no scalar epilogue of 5 exps and 15 sums a voxel.
+template <bool Masked>
 KERNELS_INLINE void aniso_gather_row(const float* __restrict gr, const float* __restrict dz, int64_t n,
-                                     const AnisoRowK& R, float acc[3 * NG]) {
+                                     const AnisoRowK& R, float acc[24]) {
     const float A0 = R.A[0], A1 = R.A[1], A2 = R.A[2], A3 = R.A[3], A4 = R.A[4];
     const float b0 = R.base[0], b1 = R.base[1], b2 = R.base[2], b3 = R.base[3], b4 = R.base[4];
     const float p0 = R.phi[0], p1 = R.phi[1], p2 = R.phi[2], p3 = R.phi[3], p4 = R.phi[4];
     const float E0 = R.E[0], E1 = R.E[1], E2 = R.E[2], E3 = R.E[3], E4 = R.E[4];
     float s00 = 0, s01 = 0, s02 = 0, s10 = 0, s11 = 0, s12 = 0, s20 = 0, s21 = 0, s22 = 0, s30 = 0, s31 = 0, s32 = 0,
           s40 = 0, s41 = 0, s42 = 0;
+    const int32_t nn = static_cast<int32_t>(n);
+    // a constant trip count in the masked case: the vectoriser then picks 8-lane vectors, where a
+    // trip count it cannot see may get 16-lane ones and leave a row of 8 to the scalar epilogue
+    const int32_t step = Masked ? static_cast<int32_t>(kAW) : nn;
+    for (int32_t bb = 0; bb < nn; bb += step) {
+        const int32_t m = nn - bb;
+        const float* __restrict gp = gr + bb;
+        const float* __restrict zp = dz + bb;
 #if defined(_OPENMP)
 #pragma omp simd reduction(+ : s00, s01, s02, s10, s11, s12, s20, s21, s22, s30, s31, s32, s40, s41, s42)
 #endif
-    for (int32_t l = 0; l < static_cast<int32_t>(n); ++l) {
-        const float t = static_cast<float>(l);
-        const float g = gr[l], z = dz[l];
-        const float gz = g * z, gzz = gz * z;
-        const float u0 = (t + b0) - p0, u1 = (t + b1) - p1, u2 = (t + b2) - p2, u3 = (t + b3) - p3,
-                    u4 = (t + b4) - p4;
-        const float e0 = exp_neg(A0 * u0 * u0 + E0), e1 = exp_neg(A1 * u1 * u1 + E1),
-                    e2 = exp_neg(A2 * u2 * u2 + E2), e3 = exp_neg(A3 * u3 * u3 + E3),
-                    e4 = exp_neg(A4 * u4 * u4 + E4);
-        s00 += g * e0;
-        s01 += gz * e0;
-        s02 += gzz * e0;
-        s10 += g * e1;
-        s11 += gz * e1;
-        s12 += gzz * e1;
-        s20 += g * e2;
-        s21 += gz * e2;
-        s22 += gzz * e2;
-        s30 += g * e3;
-        s31 += gz * e3;
-        s32 += gzz * e3;
-        s40 += g * e4;
-        s41 += gz * e4;
-        s42 += gzz * e4;
+        for (int32_t l = 0; l < (Masked ? static_cast<int32_t>(kAW) : nn); ++l) {
+            const float t = static_cast<float>(bb + l);
+            const float g = Masked ? (l < m ? gp[l] : 0.0f) : gp[l], z = zp[l];
+            const float gz = g * z, gzz = gz * z;
+            const float u0 = (t + b0) - p0, u1 = (t + b1) - p1, u2 = (t + b2) - p2, u3 = (t + b3) - p3,
+                        u4 = (t + b4) - p4;
+            const float e0 = exp2_neg(A0 * u0 * u0 + E0), e1 = exp2_neg(A1 * u1 * u1 + E1),
+                        e2 = exp2_neg(A2 * u2 * u2 + E2), e3 = exp2_neg(A3 * u3 * u3 + E3),
+                        e4 = exp2_neg(A4 * u4 * u4 + E4);
+            s00 += g * e0;
+            s01 += gz * e0;
+            s02 += gzz * e0;
+            s10 += g * e1;
+            s11 += gz * e1;
+            s12 += gzz * e1;
+            s20 += g * e2;
+            s21 += gz * e2;
+            s22 += gzz * e2;
+            s30 += g * e3;
+            s31 += gz * e3;
+            s32 += gzz * e3;
+            s40 += g * e4;
+            s41 += gz * e4;
+            s42 += gzz * e4;
+        }
     }
-    acc[0] += s00, acc[1] += s01, acc[2] += s02, acc[3] += s10, acc[4] += s11, acc[5] += s12;
-    acc[6] += s20, acc[7] += s21, acc[8] += s22, acc[9] += s30, acc[10] += s31, acc[11] += s32;
-    acc[12] += s40, acc[13] += s41, acc[14] += s42;
+    acc[0] += s00, acc[1] += s10, acc[2] += s20, acc[3] += s30, acc[4] += s40;
+    acc[8] += s01, acc[9] += s11, acc[10] += s21, acc[11] += s31, acc[12] += s41;
+    acc[16] += s02, acc[17] += s12, acc[18] += s22, acc[19] += s32, acc[20] += s42;
 }
 
 // Per-atom moments of the backward, per term k: Σ g·e_k·{1, dx, dy, dz, dx², dy², dz², dx·dy, dx·dz, dy·dz}.
 struct AnisoSums {
     double m[NG][10];
+};
+
+// Sums over the rows of one plane, per term k in lane k of 8 (lanes 5..7 stay 0): Σ r0, Σ dy·r0,
+// Σ dy²·r0, Σ r1, Σ dy·r1, Σ r2 of the row sums r0 = Σ g·e_k, r1 = Σ g·e_k·dz, r2 = Σ g·e_k·dz²,
+// folded with the plane's dx into AnisoSums once per plane.
+struct AnisoPlaneSums {
+    alignas(64) double p[6][8];
 };
 
 // Rows of anisotropic atom `atom` (prepared in A) over planes [ia, ib]: add its density to `out`
@@ -1704,44 +1807,87 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
     float cf[NG];
     for (int k = 0; k < NG; ++k) cf[k] = static_cast<float>(amp[k] * A.occ);
     const double dz0 = static_cast<double>(zlo) / g.m[2] - A.f[2];
+    double inv2c2[NG];
+    float Af[NG];
+    for (int k = 0; k < NG; ++k) {
+        inv2c2[k] = 1.0 / (2.0 * cq[6 * k + 2]);
+        Af[k] = static_cast<float>(cq[6 * k + 2] / (g.m[2] * g.m[2]) * kLog2e);
+    }
     int32_t* lo = S.rlo32.data();
     int32_t* hi = S.rhi32.data();
     AnisoRowK R;
+    AnisoPlaneK P;
+    // the float interval pass (rows it cannot trust settled in double): the same voxel set as the
+    // double pass and the reference (see plane_intervals_f)
+    RowConstF rcf{};
+    float* dyf = S.dyf.data();
+    if (g.float_rows) {
+        rcf = row_const_f(g, A);
+        const int64_t nyp = (nyb + 7) / 8 * 8;
+        for (int64_t s = 0; s < nyb; ++s) dyf[s] = static_cast<float>(dyd[s]);
+        for (int64_t s = nyb; s < nyp; ++s) dyf[s] = dyf[nyb - 1];
+    }
     for (int64_t i = ia; i <= ib; ++i) {
         const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
         const Idx iw = static_cast<Idx>(floor_mod(i, nx));
-        plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
+        if (g.float_rows)
+            plane_intervals_f(g, A, rcf, dx, nyb, dyf, dyd, S, lo, hi);
+        else
+            plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
+        aniso_plane_consts(cq, inv2c2, dx, P);
+        AnisoPlaneSums ps;
+        if (!Forward) std::memset(&ps, 0, sizeof ps);
         for (int64_t s = 0; s < nyb; ++s) {
             if (lo[s] > hi[s]) continue;
             const double dy = dyd[s];
             const Idx base = (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
-            float acc[3 * NG] = {};
+            float acc[24] = {};
             // pieces of the row split where it wraps around the cell along z
             for (int64_t t = lo[s]; t <= hi[s];) {
                 const int64_t wz = zw[t];
                 const int64_t run = std::min<int64_t>(hi[s] - t + 1, nz - wz);
-                aniso_row_consts(cq, dx, dy, g.m[2], dz0, t, R);
-                if (Forward)
-                    aniso_add_row(out + base + static_cast<Idx>(wz), run, R, cf);
-                else
-                    aniso_gather_row(grad + base + static_cast<Idx>(wz), dzf + t, run, R, acc);
+                aniso_row_consts(P, Af, dy, g.m[2], dz0, t, R);
+                if (Forward) {
+                    if (wz + (run + kAW - 1) / kAW * kAW <= nz)
+                        aniso_add_row_w(out + base + static_cast<Idx>(wz), run, R, cf);
+                    else
+                        aniso_add_row(out + base + static_cast<Idx>(wz), run, R, cf);
+                } else if (wz + (run + kAW - 1) / kAW * kAW <= nz) {
+                    aniso_gather_row<true>(grad + base + static_cast<Idx>(wz), dzf + t, run, R, acc);
+                } else {
+                    aniso_gather_row<false>(grad + base + static_cast<Idx>(wz), dzf + t, run, R, acc);
+                }
                 t += run;
             }
             if (!Forward) {
-                for (int k = 0; k < NG; ++k) {
-                    const double r0 = acc[3 * k], r1 = acc[3 * k + 1], r2 = acc[3 * k + 2];
-                    double* m = gs->m[k];
-                    m[0] += r0;
-                    m[1] += dx * r0;
-                    m[2] += dy * r0;
-                    m[3] += r1;
-                    m[4] += dx * dx * r0;
-                    m[5] += dy * dy * r0;
-                    m[6] += r2;
-                    m[7] += dx * dy * r0;
-                    m[8] += dx * r1;
-                    m[9] += dy * r1;
+                const double dyy = dy * dy;
+                KERNELS_SIMD
+                for (int k = 0; k < 8; ++k) {
+                    const double r0 = acc[k], r1 = acc[8 + k], r2 = acc[16 + k];
+                    ps.p[0][k] += r0;
+                    ps.p[1][k] += dy * r0;
+                    ps.p[2][k] += dyy * r0;
+                    ps.p[3][k] += r1;
+                    ps.p[4][k] += dy * r1;
+                    ps.p[5][k] += r2;
                 }
+            }
+        }
+        if (!Forward) {
+            for (int k = 0; k < NG; ++k) {
+                double* m = gs->m[k];
+                const double p0 = ps.p[0][k], py = ps.p[1][k], pyy = ps.p[2][k], p1 = ps.p[3][k], py1 = ps.p[4][k],
+                             p2 = ps.p[5][k];
+                m[0] += p0;
+                m[1] += dx * p0;
+                m[2] += py;
+                m[3] += p1;
+                m[4] += dx * dx * p0;
+                m[5] += pyy;
+                m[6] += p2;
+                m[7] += dx * py;
+                m[8] += dx * p1;
+                m[9] += py1;
             }
         }
     }

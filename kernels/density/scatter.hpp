@@ -1,5 +1,5 @@
-// Separable Gaussian density splat on a periodic whole-cell grid, its gradient, and gemmi's
-// per-atom cutoff radius (CPU, C++17, a std::thread pool; OpenMP simd pragmas where built with it). Free of Python: the bindings
+// Separable Gaussian density splat on a periodic whole-cell grid (and the anisotropic one, an exp per
+// voxel and term), its gradient, and gemmi's per-atom cutoff radius (CPU, C++17, a std::thread pool; OpenMP simd pragmas where built with it). Free of Python: the bindings
 // live in _scatter.cpp, the algorithm in scatter.cpp (its header comment says how it works).
 //
 // Arrays are C-contiguous and owned by the caller; every function writes only its outputs.
@@ -82,8 +82,12 @@ struct RowIntervals {
 // any previous content overwritten). n_maps > 1: the atoms are n_maps frames of atoms.n / n_maps
 // atoms each (frame-major), and out holds n_maps maps, map m the density of frame m alone,
 // bitwise what a splat of that frame gives; all maps' slabs are tasks of one parallel loop.
-// rows: nullptr, or filled with the row intervals for gather(). Throws std::invalid_argument on
-// a bad shape, kind or frame count, std::bad_alloc when out of memory.
+// rows: nullptr, or filled with the row intervals for gather() (isotropic atoms only). Throws
+// std::invalid_argument on a bad shape, kind or frame count, std::bad_alloc when out of memory.
+//
+// An anisotropic set (atoms.u_aniso set) takes every atom through its effective U: per voxel and
+// Gaussian term one exp of the term's quadratic exponent along the row (scatter.cpp says why), over
+// the same sphere of voxels, slabs and atom order, so it is as deterministic as the separable path.
 //
 // Slabs (x planes of one map, one task each, taken by whichever thread is free): at one
 // thread one slab; otherwise, with opt.slabs_per_thread = 0, slabs of decreasing work (1/(2T) of

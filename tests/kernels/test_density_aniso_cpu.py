@@ -418,3 +418,33 @@ def test_large_u_sphere_bigger_than_the_cell():
     )
     _check_against_reference(atoms, grid)
     assert math.isfinite(float(density_cpu.splat_cpu(atoms.to(dtype=F32), grid).sum()))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        density_cpu._KernelOptions(force_int64=True),
+        density_cpu._KernelOptions(slabs_per_thread=3),
+        density_cpu._KernelOptions(float_rows=False),
+    ],
+    ids=["int64-index", "3-slabs-per-thread", "double-row-intervals"],
+)
+def test_kernel_options_give_bitwise_the_same_results(options):
+    # 64-bit voxel indices, another slab partition and the double-only row-interval pass: the same
+    # voxels summed in the same order, so the same bits (maps and every gradient)
+    grid = _grid("monoclinic")
+    atoms = _random_atoms(grid.cell, 14, seed=12, iso_every=3).to(dtype=F32)
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(4))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        results = []
+        for opt in (density_cpu._DEFAULT_OPTIONS, options):
+            leaf = _leaf(atoms, F32)
+            out = density_cpu._splat_cpu(leaf, grid, options=opt)
+            out.backward(upstream)
+            results.append([out.detach()] + [getattr(leaf, n).grad for n in _GRAD_FIELDS])
+    finally:
+        torch.set_num_threads(before)
+    for got, want in zip(results[1], results[0]):
+        assert torch.equal(got, want)

@@ -1,0 +1,233 @@
+"""Anisotropic density splat on the CPU: our kernel against our isotropic one and gemmi's.
+
+For each structure, in interleaved rounds (one call of each per round, ``--repeats`` rounds, so
+background load slows all alike), at ``--threads`` threads, time
+
+- ``aniso fwd``       :func:`kernels.density.cpu.splat_cpu` of the anisotropic model (U of every
+                      atom that has one; radii, map allocation and Python included)
+- ``aniso fwd+bwd``   the same plus ``backward`` of a random upstream gradient (xyz, occ, b_iso, u_aniso)
+- ``iso fwd``, ``iso fwd+bwd``  the same model with ``u_aniso`` dropped (every atom at its B_iso)
+- ``gemmi aniso``     gemmi ``DensityCalculatorX.add_model_density_to_grid`` with the same ANISOU
+                      (only that call, on a zeroed grid; the zeroing is not timed)
+- ``gemmi iso``       the same with every ANISOU zeroed
+
+and report medians, ratios (aniso/iso, gemmi/ours) and each map's relative L2 against gemmi's map of
+the same model (cutoff 1e-5). Structures: 1pfe (hexagonal, ANISOU for every atom), 3o5r (orthogonal,
+ANISOU, read with ``on_bad_adp="iso"``) and 3wip (monoclinic, no ANISOU in the file: synthetic U
+from :func:`synthetic_anisou`, given to gemmi as well). The process pins itself to the idlest logical
+CPU of each physical core, as ``bench_density.py`` does.
+
+Usage::
+
+    python benchmarks/bench_aniso_cpu.py --threads 2 --repeats 11 \\
+        --out benchmarks/results/aniso_cpu_devvm_2026-11-25.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import kernels  # noqa: E402
+from benchmarks._structures import STRUCTURES  # noqa: E402
+from benchmarks.bench_density import _cpu_name, pin_to_idle_cores  # noqa: E402
+from kernels.crystal import AtomSet, GridSpec  # noqa: E402
+from kernels.density.adp import U_TO_B  # noqa: E402
+from kernels.density.cpu import splat_cpu  # noqa: E402
+from kernels.testing import gemmi_density_calculator  # noqa: E402
+
+
+def synthetic_anisou(atoms: AtomSet, max_ratio: float = 10.0, seed: int = 0) -> torch.Tensor:
+    """Random anisotropic U for every atom, (N, 6) float64 (U11, U22, U33, U12, U13, U23, Å²).
+
+    U = R·diag(λ)·Rᵀ with R a random rotation (seeded) and eigenvalues λ = (1, s, max_ratio)·c,
+    s uniform in [1, max_ratio], scaled so that their mean is the atom's B/8π²: the same mean
+    displacement as the atom's B_iso, eigenvalue ratios up to ``max_ratio``, tilted off the axes.
+    """
+    rng = np.random.default_rng(seed)
+    n = len(atoms)
+    q, r = np.linalg.qr(rng.standard_normal((n, 3, 3)))
+    rot = q * np.sign(np.diagonal(r, axis1=1, axis2=2))[:, None, :]
+    lam = np.stack([np.ones(n), rng.uniform(1.0, max_ratio, n), np.full(n, max_ratio)], axis=1)
+    lam *= (atoms.b_iso.detach().double().numpy() / U_TO_B / lam.mean(axis=1))[:, None]
+    u = np.einsum("nij,nj,nkj->nik", rot, lam, rot)
+    return torch.from_numpy(np.stack([u[:, 0, 0], u[:, 1, 1], u[:, 2, 2], u[:, 0, 1], u[:, 0, 2], u[:, 1, 2]], 1))
+
+
+def _set_gemmi_anisou(structure, u: torch.Tensor) -> None:
+    """Write ``u`` (N, 6) into the ANISOU of the structure's first model, atom by atom in file order."""
+    import gemmi
+
+    atoms = [a for ch in structure[0] for res in ch for a in res]
+    if len(atoms) != len(u):
+        raise ValueError(f"the structure has {len(atoms)} atoms, U has {len(u)} rows")
+    for atom, row in zip(atoms, u.tolist()):
+        atom.aniso = gemmi.SMat33f(*row)
+
+
+def _model(name: str):
+    """(model, anisotropic float32 atoms, note): 3wip with synthetic U, the others as read."""
+    path = STRUCTURES[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 3o5r: one non-positive-definite U falls back to B_iso
+        model = kernels.read_model(path, on_bad_adp="iso")
+    atoms = model.atoms
+    note = "ANISOU from the file"
+    if atoms.u_aniso is None:
+        u = synthetic_anisou(atoms, max_ratio=10.0, seed=0)
+        atoms = atoms.replace(u_aniso=u, aniso=torch.ones(len(atoms), dtype=torch.bool))
+        _set_gemmi_anisou(model.structure, u)
+        note = "synthetic U (synthetic_anisou, max_ratio 10, seed 0)"
+    elif not bool(atoms.aniso.all()):
+        # gemmi must see the same model: the atoms splatted at B_iso get their ANISOU zeroed
+        import gemmi
+
+        flat = [a for ch in model.structure[0] for res in ch for a in res]
+        for atom, keep in zip(flat, atoms.aniso.tolist()):
+            if not keep:
+                atom.aniso = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
+    return model, atoms.to(dtype=torch.float32), note
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b.astype(np.float64)))
+
+
+def _bench_structure(name: str, args) -> dict:
+    model, aniso, note = _model(name)
+    iso = aniso.replace(u_aniso=None, aniso=None)
+    grid = GridSpec.for_spacing(model.cell, args.spacing, model.spacegroup)
+    st_a, dc_a = gemmi_density_calculator(model.structure.clone(), args.spacing, 1e-5, adp="auto")
+    st_i, dc_i = gemmi_density_calculator(model.structure.clone(), args.spacing, 1e-5, adp="iso")
+    assert tuple(dc_a.grid.shape) == grid.shape, (dc_a.grid.shape, grid.shape)
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(0))
+
+    def leaf(atoms: AtomSet) -> tuple[AtomSet, list[torch.Tensor]]:
+        names = ("xyz", "b_iso", "occ") + (("u_aniso",) if atoms.u_aniso is not None else ())
+        tensors = {n: getattr(atoms, n).clone().requires_grad_() for n in names}
+        fields = {n: getattr(atoms, n) for n in ("a", "b", "elements", "labels", "aniso")}
+        return AtomSet(**tensors, **fields, radiation=atoms.radiation, _validate=False), list(tensors.values())
+
+    leaf_a, params_a = leaf(aniso)
+    leaf_i, params_i = leaf(iso)
+
+    def fwd_bwd(atoms, params):
+        for p in params:
+            p.grad = None
+        splat_cpu(atoms, grid).backward(upstream)
+
+    def gemmi_time(st, dc):
+        dc.initialize_grid()  # allocate and zero, not timed
+        t0 = time.perf_counter()
+        dc.add_model_density_to_grid(st[0])
+        return time.perf_counter() - t0
+
+    def timed(fn):
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    runs = {
+        "aniso_fwd": lambda: timed(lambda: splat_cpu(aniso, grid)),
+        "iso_fwd": lambda: timed(lambda: splat_cpu(iso, grid)),
+        "aniso_fwd_bwd": lambda: timed(lambda: fwd_bwd(leaf_a, params_a)),
+        "iso_fwd_bwd": lambda: timed(lambda: fwd_bwd(leaf_i, params_i)),
+        "gemmi_aniso": lambda: gemmi_time(st_a, dc_a),
+        "gemmi_iso": lambda: gemmi_time(st_i, dc_i),
+    }
+    torch.set_num_threads(args.threads)
+    for run in runs.values():  # warm-up round, not recorded
+        run()
+    timings = {k: [] for k in runs}
+    for _ in range(args.repeats):
+        for k, run in runs.items():
+            timings[k].append(run())
+    med = {k: statistics.median(v) for k, v in timings.items()}
+    ours_a = splat_cpu(aniso, grid).numpy()
+    ours_i = splat_cpu(iso, grid).numpy()
+    gemmi_time(st_a, dc_a)
+    gemmi_a = np.array(dc_a.grid)
+    gemmi_time(st_i, dc_i)
+    gemmi_i = np.array(dc_i.grid)
+    row = {
+        "structure": name,
+        "atoms": len(aniso),
+        "anisotropic_atoms": int(aniso.aniso.sum()),
+        "u": note,
+        "cell_kind": model.cell.kind,
+        "grid": list(grid.shape),
+        "threads": args.threads,
+        "median_s": med,
+        "all_s": timings,
+        "ratios": {
+            "aniso_fwd / iso_fwd": med["aniso_fwd"] / med["iso_fwd"],
+            "aniso_fwd_bwd / iso_fwd_bwd": med["aniso_fwd_bwd"] / med["iso_fwd_bwd"],
+            "gemmi_aniso / aniso_fwd": med["gemmi_aniso"] / med["aniso_fwd"],
+            "gemmi_iso / iso_fwd": med["gemmi_iso"] / med["iso_fwd"],
+            "gemmi_aniso / gemmi_iso": med["gemmi_aniso"] / med["gemmi_iso"],
+        },
+        "rel_l2_vs_gemmi": {"aniso": rel_l2(ours_a, gemmi_a), "iso": rel_l2(ours_i, gemmi_i)},
+    }
+    ms = {k: round(v * 1e3, 2) for k, v in med.items()}
+    print(f"{name}: {len(aniso)} atoms, grid {grid.shape}, {args.threads} threads, medians ms {ms}", flush=True)
+    print(f"  ratios { ({k: round(v, 2) for k, v in row['ratios'].items()}) }", flush=True)
+    print(f"  rel L2 vs gemmi {row['rel_l2_vs_gemmi']}", flush=True)
+    return row
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--structures", nargs="+", default=["1pfe", "3o5r", "3wip"], choices=sorted(STRUCTURES))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--spacing", type=float, default=2.0 / 3.0)
+    parser.add_argument("--no-pin", dest="pin", action="store_false", help="leave thread placement to the OS")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    placement = pin_to_idle_cores(args.threads) if args.pin else {"pinned": False}
+    print(f"cpu placement: {placement}", flush=True)
+    results = [_bench_structure(name, args) for name in args.structures]
+    import gemmi
+
+    from kernels.density import _scatter
+
+    record = {
+        "device": "cpu",
+        "date": datetime.date.today().isoformat(),
+        "machine": {
+            "cpu": _cpu_name(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "gemmi": gemmi.__version__,
+            "build": _scatter.build_info(),
+            "placement": placement,
+        },
+        "spacing": args.spacing,
+        "repeats": args.repeats,
+        "note": "medians of interleaved repeats; ours: kernels.density.cpu.splat_cpu (radii, effective U and "
+        "Gaussian terms, map allocation and Python included); gemmi: add_model_density_to_grid only, on a "
+        "zeroed grid, cutoff 1e-5",
+        "results": results,
+    }
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
