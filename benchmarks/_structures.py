@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -31,3 +32,24 @@ def model(name: str) -> kernels.Model:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "(?s).*not positive definite", UserWarning)
         return kernels.read_model(STRUCTURES[name], on_bad_adp="iso")
+
+
+@functools.cache
+def anisotropic_model(name: str) -> kernels.Model:
+    """``name`` with anisotropic atoms: the entry's own ANISOU, or synthetic U where it has none.
+
+    Entries with ANISOU (1PFE, 3O5R) are :func:`model`. For the others every atom gets
+    :func:`kernels.testing.synthetic_anisou` (eigenvalue ratios up to 10, seed 0), written to an mmCIF
+    and read back, so the atoms and ``model.structure`` (what gemmi splats) hold the same U.
+    Cached: do not modify.
+    """
+    from kernels.testing import synthetic_anisou
+
+    m = model(name)
+    if m.atoms.u_aniso is not None:
+        return m
+    st = synthetic_anisou(STRUCTURES[name], max_ratio=10.0, seed=0)
+    st.setup_entities()
+    path = Path(tempfile.mkdtemp(prefix="density-workbench-")) / f"{name}-synthetic-anisou.cif"
+    st.make_mmcif_document().write_file(str(path))
+    return kernels.read_model(path)

@@ -14,7 +14,7 @@ background load slows all alike), at ``--threads`` threads, time
 and report medians, ratios (aniso/iso, gemmi/ours) and each map's relative L2 against gemmi's map of
 the same model (cutoff 1e-5). Structures: 1pfe (hexagonal, ANISOU for every atom), 3o5r (orthogonal,
 ANISOU, read with ``on_bad_adp="iso"``) and 3wip (monoclinic, no ANISOU in the file: synthetic U
-from :func:`synthetic_anisou`, given to gemmi as well). The process pins itself to the idlest logical
+from :func:`kernels.testing.synthetic_anisou`, given to gemmi as well). The process pins itself to the idlest logical
 CPU of each physical core, as ``bench_density.py`` does.
 
 Usage::
@@ -32,7 +32,6 @@ import platform
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -42,64 +41,31 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import kernels  # noqa: E402
-from benchmarks._structures import STRUCTURES  # noqa: E402
+from benchmarks._structures import STRUCTURES, anisotropic_model  # noqa: E402
 from benchmarks.bench_density import _cpu_name, pin_to_idle_cores  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
-from kernels.density.adp import U_TO_B  # noqa: E402
 from kernels.density.cpu import splat_cpu  # noqa: E402
 from kernels.testing import gemmi_density_calculator  # noqa: E402
 
 
-def synthetic_anisou(atoms: AtomSet, max_ratio: float = 10.0, seed: int = 0) -> torch.Tensor:
-    """Random anisotropic U for every atom, (N, 6) float64 (U11, U22, U33, U12, U13, U23, Å²).
+def _model(name: str):
+    """(model, anisotropic float32 atoms, note): :func:`benchmarks._structures.anisotropic_model`.
 
-    U = R·diag(λ)·Rᵀ with R a random rotation (seeded) and eigenvalues λ = (1, s, max_ratio)·c,
-    s uniform in [1, max_ratio], scaled so that their mean is the atom's B/8π²: the same mean
-    displacement as the atom's B_iso, eigenvalue ratios up to ``max_ratio``, tilted off the axes.
+    gemmi splats ``model.structure`` with the ANISOU of exactly the atoms that use U (3O5R's atom whose
+    U is not positive definite is at its B on both sides).
     """
-    rng = np.random.default_rng(seed)
-    n = len(atoms)
-    q, r = np.linalg.qr(rng.standard_normal((n, 3, 3)))
-    rot = q * np.sign(np.diagonal(r, axis1=1, axis2=2))[:, None, :]
-    lam = np.stack([np.ones(n), rng.uniform(1.0, max_ratio, n), np.full(n, max_ratio)], axis=1)
-    lam *= (atoms.b_iso.detach().double().numpy() / U_TO_B / lam.mean(axis=1))[:, None]
-    u = np.einsum("nij,nj,nkj->nik", rot, lam, rot)
-    return torch.from_numpy(np.stack([u[:, 0, 0], u[:, 1, 1], u[:, 2, 2], u[:, 0, 1], u[:, 0, 2], u[:, 1, 2]], 1))
-
-
-def _set_gemmi_anisou(structure, u: torch.Tensor) -> None:
-    """Write ``u`` (N, 6) into the ANISOU of the structure's first model, atom by atom in file order."""
     import gemmi
 
-    atoms = [a for ch in structure[0] for res in ch for a in res]
-    if len(atoms) != len(u):
-        raise ValueError(f"the structure has {len(atoms)} atoms, U has {len(u)} rows")
-    for atom, row in zip(atoms, u.tolist()):
-        atom.aniso = gemmi.SMat33f(*row)
-
-
-def _model(name: str):
-    """(model, anisotropic float32 atoms, note): 3wip with synthetic U, the others as read."""
-    path = STRUCTURES[name]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # 3o5r: one non-positive-definite U falls back to B_iso
-        model = kernels.read_model(path, on_bad_adp="iso")
+    model = anisotropic_model(name)
     atoms = model.atoms
-    note = "ANISOU from the file"
-    if atoms.u_aniso is None:
-        u = synthetic_anisou(atoms, max_ratio=10.0, seed=0)
-        atoms = atoms.replace(u_aniso=u, aniso=torch.ones(len(atoms), dtype=torch.bool))
-        _set_gemmi_anisou(model.structure, u)
-        note = "synthetic U (synthetic_anisou, max_ratio 10, seed 0)"
-    elif not bool(atoms.aniso.all()):
-        # gemmi must see the same model: the atoms splatted at B_iso get their ANISOU zeroed
-        import gemmi
-
-        flat = [a for ch in model.structure[0] for res in ch for a in res]
-        for atom, keep in zip(flat, atoms.aniso.tolist()):
-            if not keep:
-                atom.aniso = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
+    synthetic = model.path is not None and "synthetic-anisou" in model.path.name
+    note = (
+        "synthetic U (kernels.testing.synthetic_anisou, max_ratio 10, seed 0)" if synthetic else "ANISOU from the file"
+    )
+    flat = [a for ch in model.structure[0] for res in ch for a in res]
+    for atom, keep in zip(flat, atoms.aniso.tolist()):
+        if not keep:
+            atom.aniso = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
     return model, atoms.to(dtype=torch.float32), note
 
 

@@ -7,7 +7,7 @@ H100. Each case is one structure at ``--spacing`` Å (2/3 by default):
 - ``3o5r``: orthogonal, ANISOU on every atom but one, read with ``on_bad_adp="iso"`` (its
   A/MET 48/CB altloc A has a U that is not positive definite and falls back to B_iso);
 - ``3wip``: monoclinic, 17,146 atoms deposited without ANISOU, given synthetic ones by
-  :func:`synthetic_anisou` (U = R·diag(λ)·Rᵀ, mean eigenvalue B/8π², largest/smallest up to 10,
+  :func:`kernels.testing.synthetic_anisou` (U = R·diag(λ)·Rᵀ, mean eigenvalue B/8π², largest/smallest up to 10,
   seeded random rotations).
 
 The isotropic run splats the same atoms with their B (``atoms.replace(u_aniso=None, aniso=None)``).
@@ -34,12 +34,9 @@ import argparse
 import datetime
 import json
 import math
-import os
 import sys
-import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +45,8 @@ if str(ROOT) not in sys.path:
 
 import kernels  # noqa: E402
 from benchmarks import _eager as E  # noqa: E402
-from benchmarks._structures import STRUCTURES  # noqa: E402
+from benchmarks._structures import anisotropic_model  # noqa: E402
+from benchmarks._structures import model as plain_model  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
 from kernels.density.adp import adp_eigenvalues  # noqa: E402
 
@@ -58,56 +56,15 @@ TARGET_FWD_RATIO = 2.0
 U_TO_B = 8 * math.pi**2
 
 
-def synthetic_anisou(atoms: AtomSet, max_ratio: float = 10.0, seed: int = 0) -> AtomSet:
-    """``atoms`` with an anisotropic U on every atom, built from its B.
-
-    Parameters
-    ----------
-    atoms : AtomSet
-        Any set; its ``b_iso`` sets each U's mean eigenvalue B/(8π²).
-    max_ratio : float
-        Largest ratio of an atom's largest to smallest eigenvalue (≥ 1); each atom draws its ratio
-        uniformly from [1, max_ratio], the middle eigenvalue at the geometric mean.
-    seed : int
-        Seeds the ratios and the rotations (numpy's default generator).
-
-    Returns
-    -------
-    AtomSet
-        The same atoms (dtype, device, radiation) with ``u_aniso`` (N, 6) = R·diag(λ)·Rᵀ for a random
-        proper rotation R per atom (U11, U22, U33, U12, U13, U23, Å²) and ``aniso`` all True; validated.
-    """
-    if not max_ratio >= 1.0:
-        raise ValueError(f"max_ratio must be ≥ 1, got {max_ratio!r}")
-    gen = np.random.default_rng(seed)
-    n = len(atoms)
-    ratio = gen.uniform(1.0, max_ratio, size=n)
-    lam = np.stack([np.ones(n), np.sqrt(ratio), ratio], axis=1)
-    b = atoms.b_iso.detach().to("cpu", torch.float64).numpy()
-    lam *= (3.0 * b / U_TO_B / lam.sum(axis=1))[:, None]  # mean eigenvalue B/8π²
-    q, r = np.linalg.qr(gen.normal(size=(n, 3, 3)))
-    q = q * np.sign(np.diagonal(r, axis1=1, axis2=2))[:, None, :]
-    q[np.linalg.det(q) < 0] *= -1.0  # proper rotations
-    u = np.einsum("nij,nj,nkj->nik", q, lam, q)
-    u6 = np.stack([u[:, 0, 0], u[:, 1, 1], u[:, 2, 2], u[:, 0, 1], u[:, 0, 2], u[:, 1, 2]], axis=1)
-    u6 = torch.as_tensor(u6, dtype=atoms.dtype, device=atoms.device)
-    return atoms.replace(u_aniso=u6, aniso=torch.ones(n, dtype=torch.bool, device=atoms.device))
-
-
 def _case_atoms(name: str, n_atoms: int | None):
     """(model, anisotropic atoms as float64 CPU, what) for a case."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # 3o5r's fallback atom is reported by a warning; the JSON says it
-        if name == "3o5r":
-            model = kernels.read_model(STRUCTURES[name], on_bad_adp="iso")
-        else:
-            model = kernels.read_model(STRUCTURES[name])
+    synthetic = plain_model(name).atoms.u_aniso is None
+    model = anisotropic_model(name)
     atoms = model.atoms
     if n_atoms is not None:
         atoms = atoms.select(list(range(min(n_atoms, len(atoms)))))
-    if atoms.u_aniso is None:
-        atoms = synthetic_anisou(atoms, max_ratio=10.0, seed=0)
-        what = f"{name}: {len(atoms)} atoms, synthetic ANISOU (eigenvalue ratio ≤ 10, seeded rotations)"
+    if synthetic:
+        what = f"{name}: {len(atoms)} atoms, synthetic ANISOU (kernels.testing.synthetic_anisou: ratio ≤ 10, seed 0)"
     else:
         n_iso = int((~atoms.aniso).sum())
         what = f"{name}: {len(atoms)} atoms, ANISOU as deposited ({n_iso} isotropic)"
@@ -149,32 +106,27 @@ def _rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x - ref).norm() / ref.norm())
 
 
-def _accuracy(name: str, atoms: AtomSet, grid: GridSpec, spacing: float) -> dict:
-    """Relative L2 of the anisotropic map from the float64 reference and from gemmi (real ANISOU only)."""
+def _accuracy(model, atoms: AtomSet, grid: GridSpec, spacing: float) -> dict:
+    """Relative L2 of the anisotropic map from the float64 reference and from gemmi's map of the same model.
+
+    gemmi splats ``model.structure`` with ANISOU exactly where ``model.atoms`` uses U
+    (:func:`kernels.testing.gemmi_density_of_model`); with ``--n-atoms`` (a part of the model) only the
+    reference is compared.
+    """
     from kernels.density.reference import splat_reference
-    from kernels.testing import gemmi_density
+    from kernels.testing import gemmi_density_of_model
 
     out = {}
     with torch.no_grad():
         ours = kernels.splat_density(atoms, grid)
         ref = splat_reference(atoms.to(dtype=torch.float64), grid)
     out["rel_l2_vs_float64_reference"] = _rel_l2(ours, ref)
-    import gemmi
-
-    st = gemmi.read_structure(os.fspath(STRUCTURES[name]))
-    zeroed = 0
-    for chain in st[0]:
-        for residue in chain:
-            for atom in residue:
-                if atom.aniso.nonzero() and min(atom.aniso.calculate_eigenvalues()) <= 0:
-                    atom.aniso = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
-                    zeroed += 1
-    want = torch.from_numpy(gemmi_density(st, spacing, 1e-5, adp="auto"))
-    if tuple(want.shape) == grid.shape:
-        out["rel_l2_vs_gemmi"] = _rel_l2(ours, want)
-    else:
-        out["rel_l2_vs_gemmi"] = {"error": f"gemmi's grid {tuple(want.shape)} is not ours {grid.shape}"}
-    out["gemmi_anisou_zeroed"] = zeroed
+    if len(atoms) == len(model.atoms):
+        want = torch.from_numpy(gemmi_density_of_model(model, spacing, 1e-5))
+        if tuple(want.shape) == grid.shape:
+            out["rel_l2_vs_gemmi"] = _rel_l2(ours, want)
+        else:
+            out["rel_l2_vs_gemmi"] = {"error": f"gemmi's grid {tuple(want.shape)} is not ours {grid.shape}"}
     return out
 
 
@@ -208,9 +160,9 @@ def run_case(name: str, args, device: torch.device) -> dict:
     eager_ratio = rec["fwd_aniso_over_iso"].get("eager")
     met = eager_ratio is not None and eager_ratio <= TARGET_FWD_RATIO
     rec["fwd_target"] = {"aniso_over_iso_eager": f"<= {TARGET_FWD_RATIO}", "met": met}
-    if name in ("1pfe", "3o5r") and args.n_atoms is None:
+    if args.n_atoms is None:
         try:
-            rec["accuracy"] = _accuracy(name, aniso, grid, args.spacing)
+            rec["accuracy"] = _accuracy(model, aniso, grid, args.spacing)
         except Exception as exc:  # an accuracy failure is a result beside the timings, not a crash
             rec["accuracy"] = E.error_record(exc)
     return rec
