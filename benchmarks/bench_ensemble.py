@@ -28,11 +28,12 @@ same 1,024 frames of 3wip (CPU: 1aki, 11 frames, so the split is uneven), and
 - all ranks time the call with ``process_group=torch.distributed.group.WORLD``: per call, a
   barrier, then wall clock to the end of the call synchronised on each rank, the slowest rank's
   time counting; target 2 ranks ≥ 1.8× one for forward and forward+backward;
-- the distributed map equals the single-device map within the float32 contract
-  (|d − r| ≤ 1e-5·max|r| + 1e-5·|r| per voxel: a sum of 1,024 frames by float32 atomics changes
-  in its last bits from one call to the next, so the relative L2 against one device is reported
-  beside the single device's own call-to-call relative L2), and the ranks' position gradients
-  summed over the ranks equal the single-device gradient (relative L2 ≤ 1e-6).
+- the distributed map is the same float32 sum in another order: the ranks' halves added by the
+  all-reduce instead of one pass over all frames. Its relative L2 against the single-device map
+  must stay within ORDER_SLACK × that of the single device summing the frames in reverse order
+  (the spread of float32 sums of F frames over their order; the single device's call-to-call
+  relative L2 and the per-voxel float32 contract ratio are reported beside it); and the ranks'
+  position gradients summed over the ranks equal the single-device gradient (relative L2 ≤ 1e-6).
 
 Writes JSON (rank 0) and prints a table. ``--smoke``: one rep of everything on tiny inputs, then
 a check of the JSON's layout (nonzero exit on a problem).
@@ -70,6 +71,9 @@ SPACING = 2.0 / 3.0
 TARGET_VS_ONE_FRAME = 10.0
 TARGET_SCALING = 1.8
 TOLERANCE = 1e-6
+# The distributed map may differ from one device's by at most this multiple of the difference one device
+# shows between two orders of the same frames (forward and reversed).
+ORDER_SLACK = 2.0
 _OUT_OF_MEMORY = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), MemoryError)
 TIME_LIMITS = {"ratio": 120.0, "throughput": 180.0, "distributed": 300.0}
 
@@ -320,6 +324,10 @@ def distributed_case(args) -> dict:
         # correctness first (before any timing): map and summed gradients against one device
         ref_map = one_fwd()
         res["map_rel_l2_one_device_call_to_call"] = _rel(one_fwd(), ref_map)
+        with torch.no_grad():
+            reversed_map = _ensemble(atoms, frames.flip(0).contiguous(), grid)
+        res["map_rel_l2_one_device_frames_reversed"] = _rel(reversed_map, ref_map)
+        del reversed_map
         one_fwd_bwd()
         ref_grad = x1.grad.clone()
         d_map = d_fwd()
@@ -347,8 +355,10 @@ def distributed_case(args) -> dict:
                                                             "pass": None if s is None else s >= TARGET_SCALING}  # fmt: skip
                 res[f"{what}_frames_per_s_one_device"] = n_frames / (one[what]["median_ms"] / 1e3)
                 res[f"{what}_frames_per_s_{world}_ranks"] = n_frames / (many[what]["median_ms"] / 1e3)
-            key = "map_vs_one_device_contract"
-            targets[key] = {"value": res[key], "target": "<= 1", "pass": res[key] <= 1.0}
+            floor = res["map_rel_l2_one_device_frames_reversed"]
+            key = "map_rel_l2_vs_one_device"
+            targets[key] = {"value": res[key], "target": f"<= {ORDER_SLACK:g} × {floor:.3g} (one device, frames reversed)",
+                            "pass": res[key] <= ORDER_SLACK * max(floor, 1e-12)}  # fmt: skip
             key = "grad_sum_over_ranks_rel_l2_vs_one_device"
             targets[key] = {"value": res[key], "target": f"<= {TOLERANCE}", "pass": res[key] <= TOLERANCE}
             res["targets"] = targets

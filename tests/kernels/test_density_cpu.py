@@ -541,7 +541,11 @@ def test_no_openmp_build_gives_identical_maps(tmp_path):
         for n in (1, 2):
             torch.set_num_threads(n)
             xyz = atoms.xyz.clone().requires_grad_()
-            leaf = kernels.AtomSet(xyz, atoms.b_iso, atoms.occ, atoms.a, atoms.b, _validate=False)
+            leaf = kernels.AtomSet(
+                xyz, atoms.b_iso, atoms.occ, atoms.a, atoms.b, u_aniso=atoms.u_aniso, aniso=atoms.aniso,
+                _validate=False,
+            )
+            assert leaf.u_aniso is not None  # 1PFE: the anisotropic path of the std::thread build
             out = cpu.splat_cpu(leaf, grid)
             out.backward(torch.ones_like(out))
             maps.append((out.detach(), xyz.grad))
