@@ -15,10 +15,11 @@ Ops (namespace ``kernels``):
 ``density_triton_backward(grad, xyz, b_iso, occ, a, b, radii, ...) -> (g_xyz, g_b_iso, g_occ)``
     The Triton backward, one launch.
 ``density_triton_aniso(xyz, u_aniso, aniso, b_iso, occ, a, b, cell, shape, radius, cutoff, n_frames, radius_rule, neutron) -> (map, radii)``
-    The Triton anisotropic forward (anisotropic sets, and neutron sets with ``u_aniso``/``aniso``
-    None); radii as for ``density_triton``.
+    The Triton anisotropic forward (anisotropic sets, and isotropic neutron sets with a zero ``u_aniso``
+    and no atom flagged in ``aniso``, as ``triton._kernel_inputs_aniso`` gives them); radii as for
+    ``density_triton``.
 ``density_triton_aniso_backward(grad, xyz, u_aniso, aniso, b_iso, occ, a, b, radii, ...) -> (g_xyz, g_u_aniso, g_b_iso, g_occ)``
-    Its backward, one launch; ``g_u_aniso`` is (0,) for an isotropic set.
+    Its backward, one launch.
 ``density_cpu(xyz, b_iso, occ, a, b, cell, shape, radius, cutoff) -> map``
     :func:`kernels.density.cpu.splat_cpu`, wrapped.
 ``density_cpu_backward(grad, xyz, b_iso, occ, a, b, cell, shape, radius, cutoff) -> (g_xyz, g_b_iso, g_occ)``
@@ -137,8 +138,8 @@ density_triton.register_autograd(_triton_backward, setup_context=_triton_setup)
 @torch.library.custom_op("kernels::density_triton_aniso", mutates_args=())
 def density_triton_aniso(
     xyz: torch.Tensor,
-    u_aniso: torch.Tensor | None,
-    aniso: torch.Tensor | None,
+    u_aniso: torch.Tensor,
+    aniso: torch.Tensor,
     b_iso: torch.Tensor,
     occ: torch.Tensor,
     a: torch.Tensor,
@@ -157,8 +158,7 @@ def density_triton_aniso(
     out_shape = tuple(shape) if n_frames == 1 else (n_frames, *shape)
     if xyz.shape[0] == 0:
         return torch.zeros(out_shape, dtype=torch.float32, device=xyz.device), _no_radii(xyz, radius)
-    rule = tri._aniso_rule(plan, u_aniso is not None, radius_rule)
-    aniso = None if aniso is None else aniso.contiguous()
+    rule = tri._aniso_rule(plan, radius_rule)
     out, radii = tri._forward_aniso(plan, xyz, u_aniso, aniso, b_iso, occ, a, b, n_frames, rule, neutron)
     # A fixed radius writes no radii (the kernel got b_iso as a placeholder): an op's outputs may not alias.
     return out.view(out_shape), radii if radius is None else _no_radii(xyz, radius)
@@ -175,8 +175,8 @@ def _(xyz, u_aniso, aniso, b_iso, occ, a, b, cell, shape, radius, cutoff, n_fram
 def density_triton_aniso_backward(
     grad: torch.Tensor,
     xyz: torch.Tensor,
-    u_aniso: torch.Tensor | None,
-    aniso: torch.Tensor | None,
+    u_aniso: torch.Tensor,
+    aniso: torch.Tensor,
     b_iso: torch.Tensor,
     occ: torch.Tensor,
     a: torch.Tensor,
@@ -193,15 +193,14 @@ def density_triton_aniso_backward(
     from kernels.density import triton as tri
 
     if xyz.shape[0] == 0:
-        return torch.zeros_like(xyz), _no_u_grad(u_aniso, b_iso), torch.zeros_like(b_iso), torch.zeros_like(occ)
+        return torch.zeros_like(xyz), torch.zeros_like(u_aniso), torch.zeros_like(b_iso), torch.zeros_like(occ)
     plan = tri._plan(_grid(tuple(cell), tuple(shape)), radius, cutoff, xyz.device)
-    rule = tri._aniso_rule(plan, u_aniso is not None, radius_rule)
-    aniso = None if aniso is None else aniso.contiguous()
+    rule = tri._aniso_rule(plan, radius_rule)
     grad = grad.to(torch.float32).contiguous()
     g_xyz, g_u, g_b, g_occ = tri._backward_aniso(
         plan, grad, xyz, u_aniso, aniso, b_iso, occ, a, b, radii if rule else b_iso, n_frames, rule, neutron
     )
-    return g_xyz, g_u if g_u is not None else _no_u_grad(None, b_iso), g_b, g_occ
+    return g_xyz, g_u, g_b, g_occ
 
 
 def _no_u_grad(u_aniso, b_iso) -> torch.Tensor:
@@ -211,8 +210,7 @@ def _no_u_grad(u_aniso, b_iso) -> torch.Tensor:
 
 @density_triton_aniso_backward.register_fake
 def _(grad, xyz, u_aniso, aniso, b_iso, occ, a, b, radii, cell, shape, radius, cutoff, n_frames, radius_rule, neutron):
-    g_u = torch.empty_like(u_aniso) if u_aniso is not None else b_iso.new_empty((0,))
-    return torch.empty_like(xyz), g_u, torch.empty_like(b_iso), torch.empty_like(occ)
+    return torch.empty_like(xyz), torch.empty_like(u_aniso), torch.empty_like(b_iso), torch.empty_like(occ)
 
 
 def _triton_aniso_setup(ctx, inputs, output):
@@ -226,7 +224,7 @@ def _triton_aniso_backward(ctx, grad, _grad_radii):
     g_xyz, g_u, g_b, g_occ = torch.ops.kernels.density_triton_aniso_backward(
         grad, xyz, u_aniso, aniso, b_iso, occ, a, b, radii, *ctx.args
     )
-    return (g_xyz, g_u if u_aniso is not None else None, None, g_b, g_occ) + (None,) * 9
+    return (g_xyz, g_u, None, g_b, g_occ) + (None,) * 9
 
 
 density_triton_aniso.register_autograd(_triton_aniso_backward, setup_context=_triton_aniso_setup)

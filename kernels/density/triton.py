@@ -954,32 +954,23 @@ _GAUSS_NORM = 0.06349363593424097  # (2π)^{-3/2}
 
 
 @triton.jit
-def _effective_u(u_ptr, flag_ptr, b_iso_ptr, ia, valid, ANISO: tl.constexpr):
+def _effective_u(u_ptr, flag_ptr, b_iso_ptr, ia, valid):
     """Each atom's U (Å², six components U11, U22, U33, U12, U13, U23), whether it is anisotropic, and its B.
 
     As :func:`kernels.density.adp.effective_u`: the atom's ``u_aniso`` row where ``aniso`` is set, else
-    B/(8π²) on the diagonal. Without ANISO (an isotropic set) every atom takes its B; u_ptr and flag_ptr are
-    not read.
+    B/(8π²) on the diagonal. An isotropic neutron set comes with a zero U and no flag set
+    (:func:`_kernel_inputs_aniso`), so these kernels have one variant.
     """
     b_iso = tl.load(b_iso_ptr + ia, mask=valid, other=1.0)
     ui = b_iso * 0.012665147955292222
     zero = tl.zeros_like(ui)
-    if ANISO:
-        flag = tl.load(flag_ptr + ia, mask=valid, other=0) != 0
-        u11 = tl.where(flag, tl.load(u_ptr + ia * 6 + 0, mask=valid, other=1.0), ui)
-        u22 = tl.where(flag, tl.load(u_ptr + ia * 6 + 1, mask=valid, other=1.0), ui)
-        u33 = tl.where(flag, tl.load(u_ptr + ia * 6 + 2, mask=valid, other=1.0), ui)
-        u12 = tl.where(flag, tl.load(u_ptr + ia * 6 + 3, mask=valid, other=0.0), zero)
-        u13 = tl.where(flag, tl.load(u_ptr + ia * 6 + 4, mask=valid, other=0.0), zero)
-        u23 = tl.where(flag, tl.load(u_ptr + ia * 6 + 5, mask=valid, other=0.0), zero)
-    else:
-        flag = ia < 0  # every atom isotropic
-        u11 = ui
-        u22 = ui
-        u33 = ui
-        u12 = zero
-        u13 = zero
-        u23 = zero
+    flag = tl.load(flag_ptr + ia, mask=valid, other=0) != 0
+    u11 = tl.where(flag, tl.load(u_ptr + ia * 6 + 0, mask=valid, other=1.0), ui)
+    u22 = tl.where(flag, tl.load(u_ptr + ia * 6 + 1, mask=valid, other=1.0), ui)
+    u33 = tl.where(flag, tl.load(u_ptr + ia * 6 + 2, mask=valid, other=1.0), ui)
+    u12 = tl.where(flag, tl.load(u_ptr + ia * 6 + 3, mask=valid, other=0.0), zero)
+    u13 = tl.where(flag, tl.load(u_ptr + ia * 6 + 4, mask=valid, other=0.0), zero)
+    u23 = tl.where(flag, tl.load(u_ptr + ia * 6 + 5, mask=valid, other=0.0), zero)
     return u11, u22, u33, u12, u13, u23, flag, b_iso
 
 
@@ -994,7 +985,7 @@ def _positive_definite(u11, u22, u33, u12, u13, u23):
 
 
 @triton.jit
-def _aniso_atom_inputs(xyz_ptr, u_ptr, flag_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz, ANISO: tl.constexpr):
+def _aniso_atom_inputs(xyz_ptr, u_ptr, flag_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz):
     """Per-atom centre (as :func:`_atom_inputs`), occupancy, U, anisotropy flag, B and ok, each (ATOMS,).
 
     ``ok``: in range, a finite position (also after frac·xyz) and occupancy, and a finite positive-definite
@@ -1008,7 +999,7 @@ def _aniso_atom_inputs(xyz_ptr, u_ptr, flag_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, 
     fy = tl.load(p_ptr + 3) * x + tl.load(p_ptr + 4) * y + tl.load(p_ptr + 5) * z
     fz = tl.load(p_ptr + 6) * x + tl.load(p_ptr + 7) * y + tl.load(p_ptr + 8) * z
     occ = tl.load(occ_ptr + ia, mask=valid, other=0.0)
-    u11, u22, u33, u12, u13, u23, flag, b_iso = _effective_u(u_ptr, flag_ptr, b_iso_ptr, ia, valid, ANISO)
+    u11, u22, u33, u12, u13, u23, flag, b_iso = _effective_u(u_ptr, flag_ptr, b_iso_ptr, ia, valid)
     ok = valid & (fx - fx == 0) & (fy - fy == 0) & (fz - fz == 0) & (occ - occ == 0)
     ok = ok & _positive_definite(u11, u22, u33, u12, u13, u23)
     tx, bx = _cell_coordinate(tl.where(ok, fx, 0.0), nx, tl.load(p_ptr + 9))
@@ -1128,7 +1119,7 @@ def _neutron_radius(amp, ex, cutoff):
 def _aniso_radius(
     u11, u22, u33, u12, u13, u23, flag, b_iso, a_ptr, b_ptr, ia, ok, cutoff,
     am0, de0, be0, am1, de1, be1, am2, de2, be2, am3, de3, be3, am4, de4, be4,
-    ANISO: tl.constexpr, RULE: tl.constexpr, NEUTRON: tl.constexpr,
+    RULE: tl.constexpr, NEUTRON: tl.constexpr,
 ):  # fmt: skip
     """Cutoff radius of each atom (Å, float32), as kernels.density.radius.atom_cutoff_radii computes it.
 
@@ -1138,10 +1129,7 @@ def _aniso_radius(
     NEUTRON: one Gaussian, solved in closed form with the summed amplitude (hydrogen's is negative).
     """
     if RULE == 1:
-        if ANISO:
-            bb = tl.where(flag, 78.95683520871486 * tl.maximum(tl.maximum(u11, u22), u33), b_iso)
-        else:
-            bb = b_iso
+        bb = tl.where(flag, 78.95683520871486 * tl.maximum(tl.maximum(u11, u22), u33), b_iso)
         r0, al0, _w0 = _radial_coef(a_ptr, b_ptr, ia, ok, bb, 0)
         r1, al1, _w1 = _radial_coef(a_ptr, b_ptr, ia, ok, bb, 1)
         r2, al2, _w2 = _radial_coef(a_ptr, b_ptr, ia, ok, bb, 2)
@@ -1263,8 +1251,8 @@ _ANISO_ARGS = ("xyz_ptr", "u_ptr", "flag_ptr", "b_iso_ptr", "occ_ptr", "a_ptr", 
 @triton.jit(do_not_specialize=(*_ANISO_ARGS, "n_atoms", "atoms_per_frame"), do_not_specialize_on_alignment=_ANISO_ARGS)
 def _aniso_fwd_kernel(
     xyz_ptr,  # (N, 3) float32 or float64, Å
-    u_ptr,  # (N, 6) float32, Å², U11, U22, U33, U12, U13, U23 (read when ANISO)
-    flag_ptr,  # (N,) uint8, 1 where the atom uses its u_aniso row (read when ANISO)
+    u_ptr,  # (N, 6) float32, Å², U11, U22, U33, U12, U13, U23
+    flag_ptr,  # (N,) uint8, 1 where the atom uses its u_aniso row
     b_iso_ptr,  # (N,) float32, Å² (U = B/8π²·I of the isotropic atoms)
     occ_ptr,  # (N,) float32
     a_ptr,  # (N, 5) float32, form-factor amplitudes
@@ -1277,7 +1265,6 @@ def _aniso_fwd_kernel(
     ATOMS: tl.constexpr,
     BP: tl.constexpr,
     BQ: tl.constexpr,
-    ANISO: tl.constexpr,  # the set carries u_aniso/aniso (else every atom is U = B/8π²·I)
     RULE: tl.constexpr,  # 0: the plan's fixed radius; 1: gemmi's rule at B_max; 2: the exact (eigenvalue) sphere
     NEUTRON: tl.constexpr,  # one-Gaussian lengths: closed-form radius
     INDEX64: tl.constexpr,
@@ -1288,7 +1275,7 @@ def _aniso_fwd_kernel(
     valid = ia < n_atoms
     nx, ny, nz, h00, h11, h22, h01, h02, h12, rx, ry, rz, radius_all, cutoff = _plan_scalars(p_ptr)
     tx, ty, tz, bx, by, bz, occ, u11, u22, u33, u12, u13, u23, flag, b_iso, ok = _aniso_atom_inputs(
-        xyz_ptr, u_ptr, flag_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz, ANISO
+        xyz_ptr, u_ptr, flag_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz
     )
     am0, de0, be0, n11_0, n22_0, n33_0, n12_0, n13_0, n23_0 = _aniso_term(
         u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 0
@@ -1312,7 +1299,7 @@ def _aniso_fwd_kernel(
         rad = _aniso_radius(
             u11, u22, u33, u12, u13, u23, flag, b_iso, a_ptr, b_ptr, ia, ok, cutoff,
             am0, de0, be0, am1, de1, be1, am2, de2, be2, am3, de3, be3, am4, de4, be4,
-            ANISO, RULE, NEUTRON,
+            RULE, NEUTRON,
         )  # fmt: skip
         tl.store(radius_ptr + ia, rad, mask=valid)
     lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
@@ -1432,8 +1419,8 @@ _ANISO_GRAD_ARGS = ("gxyz_ptr", "gu_ptr", "gb_ptr", "gocc_ptr")
 def _aniso_bwd_kernel(
     grad_ptr,  # (nx·ny·nz,) float32 (FRAMES: (F·nx·ny·nz,)), upstream gradient of the map
     xyz_ptr,  # (N, 3) float32 or float64, Å
-    u_ptr,  # (N, 6) float32, Å² (read when ANISO)
-    flag_ptr,  # (N,) uint8 (read when ANISO)
+    u_ptr,  # (N, 6) float32, Å²
+    flag_ptr,  # (N,) uint8
     b_iso_ptr,  # (N,) float32, Å²
     occ_ptr,  # (N,) float32
     a_ptr,  # (N, 5) float32
@@ -1441,7 +1428,7 @@ def _aniso_bwd_kernel(
     radius_ptr,  # (N,) float32, Å, the forward's radii (read when RULE > 0)
     p_ptr,  # (41,) float64, the plan's constants (layout: _Plan.build)
     gxyz_ptr,  # (N, 3) the dtype of xyz, written: ∂L/∂xyz
-    gu_ptr,  # (N, 6) float32, written when ANISO: ∂L/∂u_aniso (0 for isotropic atoms)
+    gu_ptr,  # (N, 6) float32, written: ∂L/∂u_aniso (0 for isotropic atoms)
     gb_ptr,  # (N,) float32, written: ∂L/∂b_iso (0 for anisotropic atoms)
     gocc_ptr,  # (N,) float32, written: ∂L/∂occ
     n_atoms,
@@ -1449,7 +1436,6 @@ def _aniso_bwd_kernel(
     ATOMS: tl.constexpr,
     BP: tl.constexpr,
     BQ: tl.constexpr,
-    ANISO: tl.constexpr,
     RULE: tl.constexpr,
     NEUTRON: tl.constexpr,  # not read: the radii come from the forward
     INDEX64: tl.constexpr,
@@ -1460,7 +1446,7 @@ def _aniso_bwd_kernel(
     valid = ia < n_atoms
     nx, ny, nz, h00, h11, h22, h01, h02, h12, rx, ry, rz, radius_all, cutoff = _plan_scalars(p_ptr)
     tx, ty, tz, bx, by, bz, occ, u11, u22, u33, u12, u13, u23, flag, b_iso, ok = _aniso_atom_inputs(
-        xyz_ptr, u_ptr, flag_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz, ANISO
+        xyz_ptr, u_ptr, flag_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz
     )
     au0, _d0, _e0, n11_0, n22_0, n33_0, n12_0, n13_0, n23_0 = _aniso_term(
         u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 0
@@ -1621,13 +1607,12 @@ def _aniso_bwd_kernel(
     d11, d22, d33, d12, d13, d23 = _sandwich(x11, x22, x33, x12, x13, x23, m00, m10, m20, m01, m11, m21, m02, m12, m22)
     # Isotropic atoms: U = B/(8π²)·I, so ∂L/∂B = tr(∂L/∂U)/(8π²); anisotropic atoms' B is not used.
     tl.store(gb_ptr + ia, tl.where(flag, 0.0, (d11 + d22 + d33) * 0.012665147955292222), mask=valid)
-    if ANISO:
-        tl.store(gu_ptr + ia * 6 + 0, tl.where(flag, d11, 0.0), mask=valid)
-        tl.store(gu_ptr + ia * 6 + 1, tl.where(flag, d22, 0.0), mask=valid)
-        tl.store(gu_ptr + ia * 6 + 2, tl.where(flag, d33, 0.0), mask=valid)
-        tl.store(gu_ptr + ia * 6 + 3, tl.where(flag, 2.0 * d12, 0.0), mask=valid)
-        tl.store(gu_ptr + ia * 6 + 4, tl.where(flag, 2.0 * d13, 0.0), mask=valid)
-        tl.store(gu_ptr + ia * 6 + 5, tl.where(flag, 2.0 * d23, 0.0), mask=valid)
+    tl.store(gu_ptr + ia * 6 + 0, tl.where(flag, d11, 0.0), mask=valid)
+    tl.store(gu_ptr + ia * 6 + 1, tl.where(flag, d22, 0.0), mask=valid)
+    tl.store(gu_ptr + ia * 6 + 2, tl.where(flag, d33, 0.0), mask=valid)
+    tl.store(gu_ptr + ia * 6 + 3, tl.where(flag, 2.0 * d12, 0.0), mask=valid)
+    tl.store(gu_ptr + ia * 6 + 4, tl.where(flag, 2.0 * d13, 0.0), mask=valid)
+    tl.store(gu_ptr + ia * 6 + 5, tl.where(flag, 2.0 * d23, 0.0), mask=valid)
 
 
 # --------------------------------------------------------------------------- host launchers
@@ -1762,14 +1747,14 @@ class _Plan:
             frames,
         )
 
-    def constexprs_aniso(self, backward: bool, aniso: bool, rule: int, neutron: bool, frames: bool, index64: bool):
+    def constexprs_aniso(self, backward: bool, rule: int, neutron: bool, frames: bool, index64: bool):
         """The anisotropic kernels' constexprs in signature order (``_ANISO_CONSTEXPR_NAMES``)."""
         bp, bq = (self.bp_aniso_bwd, self.bq_aniso_bwd) if backward else (self.bp_aniso, self.bq_aniso)
-        return (self.atoms_per_program, bp, bq, aniso, rule, neutron, index64, self.vec, frames)
+        return (self.atoms_per_program, bp, bq, rule, neutron, index64, self.vec, frames)
 
 
 _CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "SEPARABLE", "PER_ATOM_RADIUS", "INDEX64", "VEC", "FRAMES")
-_ANISO_CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "ANISO", "RULE", "NEUTRON", "INDEX64", "VEC", "FRAMES")
+_ANISO_CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "RULE", "NEUTRON", "INDEX64", "VEC", "FRAMES")
 
 
 @functools.lru_cache(maxsize=8)
@@ -1935,57 +1920,55 @@ class _SplatTriton(torch.autograd.Function):
         return g_xyz if need[0] else None, g_b if need[1] else None, g_occ if need[2] else None, None
 
 
-def _aniso_rule(plan: _Plan, anisotropic: bool, radius_rule: str) -> int:
-    """The anisotropic kernels' RULE: 0 a fixed radius, 1 gemmi's rule, 2 the exact sphere (anisotropic sets)."""
+def _aniso_rule(plan: _Plan, radius_rule: str) -> int:
+    """The anisotropic kernels' RULE: 0 a fixed radius, 1 gemmi's rule, 2 the exact (eigenvalue) sphere.
+
+    On an isotropic atom (U = B/8π²·I) both rules give the same sphere: its major axis is any axis.
+    """
     if not plan.per_atom:
         return 0
-    return 2 if radius_rule == "eigen" and anisotropic else 1
+    return 2 if radius_rule == "eigen" else 1
 
 
 def _forward_aniso(plan: _Plan, xyz, u, aniso, b_iso, occ, a, b, n_frames: int, rule: int, neutron: bool):
     """Zero-filled map and one anisotropic forward launch; returns the flat map and the radii written.
 
-    ``u`` (N, 6) float32 and ``aniso`` (N,) bool, contiguous, or both None for an isotropic set (neutrons).
+    ``u`` (N, 6) float32 and ``aniso`` (N,) bool, contiguous (:func:`_kernel_inputs_aniso`).
     """
     n = xyz.shape[0]
     size = n_frames * plan.n_voxels
     out = torch.zeros(size, dtype=torch.float32, device=xyz.device)
     radii = torch.empty(n, dtype=torch.float32, device=xyz.device) if rule else b_iso
-    # The kernels read the flags as bytes (a bool pointer is not the same type in every Triton); the
-    # placeholders of an isotropic set are never read.
-    flag = aniso.view(torch.uint8) if u is not None else b_iso
-    aniso = u is not None
+    # The kernels read the flags as bytes (a bool pointer is not the same type in every Triton).
+    flag = aniso.view(torch.uint8)
     frames = n_frames > 1
     index64 = plan.index64 or size >= 2**31 - 1
     _launch(
-        _aniso_fwd_kernel, plan, ("afwd", xyz.dtype, frames, index64, aniso, rule, neutron, _device_key(xyz)),
+        _aniso_fwd_kernel, plan, ("afwd", xyz.dtype, frames, index64, rule, neutron, _device_key(xyz)),
         triton.cdiv(n, plan.atoms_per_program),
-        (xyz, u if aniso else b_iso, flag, b_iso, occ, a, b, radii, plan.params, out, n,
-         n // n_frames),
-        plan.constexprs_aniso(False, aniso, rule, neutron, frames, index64), plan.num_warps,
+        (xyz, u, flag, b_iso, occ, a, b, radii, plan.params, out, n, n // n_frames),
+        plan.constexprs_aniso(False, rule, neutron, frames, index64), plan.num_warps,
         _ANISO_CONSTEXPR_NAMES,
     )  # fmt: skip
     return out, radii
 
 
 def _backward_aniso(plan: _Plan, grad, xyz, u, aniso, b_iso, occ, a, b, radii, n_frames: int, rule: int, neutron: bool):
-    """∂L/∂xyz (xyz's dtype), ∂L/∂u (float32, None without ``u``), ∂L/∂b_iso, ∂L/∂occ: one launch."""
+    """∂L/∂xyz (xyz's dtype), ∂L/∂u (float32), ∂L/∂b_iso, ∂L/∂occ: one launch."""
     n = xyz.shape[0]
-    flag = aniso.view(torch.uint8) if u is not None else b_iso
-    aniso = u is not None
+    flag = aniso.view(torch.uint8)
     g_xyz = torch.empty_like(xyz)
-    g_u = torch.empty_like(u) if aniso else None
+    g_u = torch.empty_like(u)
     g_b = torch.empty_like(b_iso)
     g_occ = torch.empty_like(occ)
     frames = n_frames > 1
     index64 = plan.index64 or n_frames * plan.n_voxels >= 2**31 - 1
     device = _device_key(xyz) if grad.data_ptr() % 16 == 0 else None
     _launch(
-        _aniso_bwd_kernel, plan, ("abwd", xyz.dtype, frames, index64, aniso, rule, neutron, device),
+        _aniso_bwd_kernel, plan, ("abwd", xyz.dtype, frames, index64, rule, neutron, device),
         triton.cdiv(n, plan.atoms_per_program),
-        (grad, xyz, u if aniso else b_iso, flag, b_iso, occ, a, b, radii, plan.params, g_xyz,
-         g_u if aniso else g_b, g_b, g_occ, n, n // n_frames),
-        plan.constexprs_aniso(True, aniso, rule, neutron, frames, index64), plan.num_warps_aniso_bwd,
+        (grad, xyz, u, flag, b_iso, occ, a, b, radii, plan.params, g_xyz, g_u, g_b, g_occ, n, n // n_frames),
+        plan.constexprs_aniso(True, rule, neutron, frames, index64), plan.num_warps_aniso_bwd,
         _ANISO_CONSTEXPR_NAMES,
     )  # fmt: skip
     return g_xyz, g_u, g_b, g_occ
@@ -2152,9 +2135,11 @@ def _splat(atoms: AtomSet, plan: _Plan, n_frames: int | None = None, radius_rule
 
 
 def _kernel_inputs_aniso(atoms: AtomSet):
-    """(xyz, u, aniso, b_iso, occ, a, b) as the anisotropic kernels read them; u and aniso None for an isotropic set.
+    """(xyz, u, aniso, b_iso, occ, a, b) as the anisotropic kernels read them.
 
-    xyz keeps float64 (wrapped in the kernels), aniso stays bool, the rest float32; all contiguous.
+    xyz keeps float64 (wrapped in the kernels), aniso stays bool, the rest float32; all contiguous. An
+    isotropic set (neutrons) gets a zero U with no atom flagged: every atom then takes U = B/(8π²)·I in
+    the kernel and its gradient goes to b_iso, as for the isotropic atoms of a mixed set.
     """
     op = "splat_triton"
     xyz = atoms.xyz
@@ -2162,10 +2147,12 @@ def _kernel_inputs_aniso(atoms: AtomSet):
         xyz = _as_kernel_input(xyz, op)
     elif not xyz.is_contiguous():
         xyz = xyz.contiguous()
-    u = aniso = None
     if atoms.u_aniso is not None:
         u = _as_kernel_input(atoms.u_aniso, op)
         aniso = atoms.aniso if atoms.aniso.is_contiguous() else atoms.aniso.contiguous()
+    else:
+        u = torch.zeros((len(atoms), 6), dtype=torch.float32, device=xyz.device)
+        aniso = torch.zeros(len(atoms), dtype=torch.bool, device=xyz.device)
     rest = (_as_kernel_input(t, op) for t in (atoms.b_iso, atoms.occ, atoms.a, atoms.b))
     return (xyz, u, aniso, *rest)
 
@@ -2177,9 +2164,9 @@ def _splat_aniso(atoms: AtomSet, plan: _Plan, n_frames: int | None, radius_rule:
     n_frames = n_frames or 1
     if xyz.shape[0] == 0:
         return torch.zeros(shape, dtype=torch.float32, device=xyz.device)
-    rule = _aniso_rule(plan, u is not None, radius_rule)
+    rule = _aniso_rule(plan, radius_rule)
     neutron = atoms.radiation == "neutron"
-    wants = xyz.requires_grad or b_iso.requires_grad or occ.requires_grad or (u is not None and u.requires_grad)
+    wants = xyz.requires_grad or b_iso.requires_grad or occ.requires_grad or u.requires_grad
     if torch.is_grad_enabled() and wants:
         out = _SplatAnisoTriton.apply(xyz, u, b_iso, occ, (aniso, a, b, plan, n_frames, rule, neutron))
     else:

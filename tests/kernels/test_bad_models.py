@@ -257,7 +257,9 @@ def test_exact_cell_of_its_group_reads_silently(tmp_path):
 def test_box_padding_must_be_a_positive_number(tmp_path, value):
     path = tmp_path / "nocell.pdb"
     path.write_text(atom() + "END\n")
-    with pytest.raises(kernels.ModelError, match=r"nocell.pdb: box_padding must be a positive finite number of Å .*, got"):
+    with pytest.raises(
+        kernels.ModelError, match=r"nocell.pdb: box_padding must be a positive finite number of Å .*, got"
+    ):
         kernels.read_model(path, box_padding=value)
 
 

@@ -221,7 +221,7 @@ def test_device_radii_match_atom_cutoff_radii(radiation, radius_rule):
     grid = GridSpec.for_spacing(cell, 1.0)
     plan = triton_splat._plan(grid, None, 1e-5, DEVICE)
     xyz, u32, aniso, b_iso, occ, a, b = triton_splat._kernel_inputs_aniso(atoms)
-    rule = triton_splat._aniso_rule(plan, True, radius_rule)
+    rule = triton_splat._aniso_rule(plan, radius_rule)
     _, radii = triton_splat._forward_aniso(plan, xyz, u32, aniso, b_iso, occ, a, b, 1, rule, radiation == "neutron")
     want = atom_cutoff_radii(atoms.to(dtype=torch.float64), 1e-5, radius_rule)
     assert_close(radii, want, atol=2e-4, rtol=0.0)  # float32 search: the isotropic kernel's 1e-4 Å, doubled
@@ -424,8 +424,9 @@ def test_aniso_custom_ops_pass_opcheck(iso_neutron):
     cell, shape = list(grid.cell.parameters), list(grid.shape)
     tests = ("test_schema", "test_autograd_registration", "test_faketensor")
     xyz, b, occ = (t.detach().clone().requires_grad_(True) for t in (base.xyz, base.b_iso, base.occ))
-    u = None if iso_neutron else base.u_aniso.detach().clone().requires_grad_(True)
-    flag = None if iso_neutron else base.aniso
+    # An isotropic neutron set reaches the op with a zero U and no atom flagged (triton._kernel_inputs_aniso).
+    u = torch.zeros_like(base.u_aniso) if iso_neutron else base.u_aniso.detach().clone().requires_grad_(True)
+    flag = torch.zeros_like(base.aniso) if iso_neutron else base.aniso
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for radius in (None, 2.5):
@@ -506,8 +507,8 @@ _SM90_SCRIPT = textwrap.dedent(
                 "gu_ptr": "*fp32", "gb_ptr": "*fp32", "gocc_ptr": "*fp32"}
     done = []
     for fn, bp in ((T._aniso_fwd_kernel, 4), (T._aniso_bwd_kernel, 2)):
-        for aniso, rule, neutron, vec in ((True, 1, False, True), (True, 2, False, False), (False, 1, True, True)):
-            const = dict(ATOMS=1, BP=bp, BQ=16, ANISO=aniso, RULE=rule, NEUTRON=neutron, INDEX64=rule == 2,
+        for rule, neutron, vec in ((1, False, True), (2, False, False), (1, True, True)):
+            const = dict(ATOMS=1, BP=bp, BQ=16, RULE=rule, NEUTRON=neutron, INDEX64=rule == 2,
                          VEC=vec, FRAMES=not vec)
             sig = {n: "constexpr" if n in const else pointers[n] for n in fn.arg_names}
             src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})

@@ -71,7 +71,9 @@ def test_wheel_metadata_version_and_licence(wheel):
     names = wheel.namelist()
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
     text = wheel.read(metadata).decode()
-    assert re.search(rf"^Version: {re.escape(kernels.__version__)}$", text, re.M), "wheel version != kernels.__version__"
+    assert re.search(rf"^Version: {re.escape(kernels.__version__)}$", text, re.M), (
+        "wheel version != kernels.__version__"
+    )
     assert re.search(r"^License-Expression: BSD-3-Clause$", text, re.M)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "LICENSE not in the wheel"
     # Triton is torch's to choose (its Linux GPU builds pin the one they were built with).
