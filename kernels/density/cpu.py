@@ -383,8 +383,10 @@ def splat_cpu(
 
     An isotropic set (``atoms.u_aniso`` None) takes the separable kernel. A set with ``u_aniso``
     takes the anisotropic kernel for every atom, each through its effective U (isotropic atoms of a
-    mixed set as B/8π²·I, exactly their isotropic density): one exp per voxel and Gaussian term,
-    over the same sphere of voxels and the same deterministic partitioned scatter.
+    mixed set as B/8π²·I, exactly their isotropic density): per voxel and Gaussian term two
+    multiplies of per-atom factor tables in float64 (an atom whose factors could leave float64's
+    range, a very narrow term in a wide box, takes one exp per voxel and term instead), over the
+    same sphere of voxels and the same deterministic partitioned scatter.
 
     Parameters
     ----------
@@ -536,8 +538,10 @@ def _splat_cpu(
         How the kernel runs the forward and its backward (bitwise the same results for any).
     timings : list, optional
         Receives the forward's timing dict: phase times in s (``"prepare"``, ``"partition"``,
-        ``"compute"``), ``"tasks"``, ``"index"`` (``"int32"``/``"int64"``) and, with
-        ``options.slab_times``, ``"slabs"``: (worker, start, zeroed, end) per map slab.
+        ``"compute"``), ``"tasks"``, ``"index"`` (``"int32"``/``"int64"``), ``"exp_visits"``
+        (anisotropic sets: (atom, slab) visits that took the exp per voxel instead of the factor
+        tables, see :func:`splat_cpu`) and, with ``options.slab_times``, ``"slabs"``: (worker,
+        start, zeroed, end) per map slab.
     n_frames : int
         0: one map of all atoms. F ≥ 1: F maps of F equal frames (:func:`splat_frames_cpu`).
 

@@ -385,6 +385,7 @@ struct Scratch {
     std::vector<int32_t> fix32;   // float interval pass: per row, settle in double
     // anisotropic factor tables (see aniso_atom_tables), double
     std::vector<double> at_l, at_w, at_y, at_r, at_d;  // see aniso_atom_tables
+    int64_t exp_visits = 0;  // anisotropic forward: (atom, slab) visits past aniso_tables_fit
 };
 
 // exp tables: out[k*len + t] = exp(−alpha_k · q[t]) (vectorised over t), times amp[k] when
@@ -2293,10 +2294,12 @@ void run_slab_aniso(const Inputs& in, const std::vector<AtomP>& atoms, const std
                 aniso_atom_tables<int64_t>(in, A, sg.atom, ia, ib, out, S);
             else
                 aniso_atom_tables<int32_t>(in, A, sg.atom, ia, ib, out, S);
-        } else if (use64) {
-            aniso_atom<int64_t, true>(in, A, sg.atom, ia, ib, out, nullptr, S, nullptr);
         } else {
-            aniso_atom<int32_t, true>(in, A, sg.atom, ia, ib, out, nullptr, S, nullptr);
+            ++S.exp_visits;
+            if (use64)
+                aniso_atom<int64_t, true>(in, A, sg.atom, ia, ib, out, nullptr, S, nullptr);
+            else
+                aniso_atom<int32_t, true>(in, A, sg.atom, ia, ib, out, nullptr, S, nullptr);
         }
     }
 }
@@ -2501,6 +2504,7 @@ void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int sla
                      ids[worker], use64, saved);
         if (ts) ts->end = seconds_since(t0);
     });
+    for (const Scratch& S : scratch) tm.exp_visits += S.exp_visits;
     tm.compute = seconds_since(t0);
 }
 
