@@ -68,9 +68,10 @@ class _KernelOptions:
         clone, 8 elsewhere), 8 forces 8-lane blocks.
     slabs_per_thread : int
         x slabs of the map in the forward (one slab at one thread). 0: slabs of decreasing
-        work (each 1/(2T) of what is left, down to 1/(16T) for T threads; about 11 slabs at two
-        threads), taken by whichever thread is free, so a thread slowed by another process on its
-        core holds the others up by at most a small slab. k > 0: k slabs of equal work per thread.
+        work (each 1/(2T) of what is left, down to 1/(16T) for T threads, 1/(2T) for an anisotropic
+        set; about 11 slabs at two threads, 4 anisotropic), taken by whichever thread is free, so a
+        thread slowed by another process on its core holds the others up by at most a small slab.
+        k > 0: k slabs of equal work per thread.
         Each slab edge splits the atoms that cross it.
     slab_times : bool
         Record each forward slab's worker and start, zeroed and end times (``"slabs"`` in the

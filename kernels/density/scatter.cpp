@@ -2344,7 +2344,10 @@ void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int
 // 1/(16·threads). Taken in order by whichever thread is free, the first big slabs keep the
 // number of slab edges small (each edge splits the atoms that cross it), and the last small ones
 // bound how long a thread slowed by another process on its core can keep the others waiting.
-std::vector<double> slab_fractions(int n_threads, int slabs_per_thread) {
+// smallest_per_thread: the smallest slab is 1/(that·threads) of the work (16; 2 for anisotropic
+// sets, whose atoms rebuild their factor tables at every slab that cuts them: at two threads four
+// slabs of a quarter each, where sixteen small ones cost more in tables than they save in waiting).
+std::vector<double> slab_fractions(int n_threads, int slabs_per_thread, double smallest_per_thread = 16.0) {
     std::vector<double> ends;
     if (n_threads <= 1) return {1.0};
     if (slabs_per_thread > 0) {
@@ -2352,7 +2355,7 @@ std::vector<double> slab_fractions(int n_threads, int slabs_per_thread) {
         for (int s = 1; s <= n; ++s) ends.push_back(static_cast<double>(s) / n);
         return ends;
     }
-    const double smallest = 1.0 / (16.0 * n_threads);
+    const double smallest = 1.0 / (smallest_per_thread * n_threads);
     double done = 0;
     while (1.0 - done > 1e-9) {
         const double left = 1.0 - done;
@@ -2446,7 +2449,7 @@ void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int sla
     // there are about 16 tasks per thread in all (a whole map is already a task).
     std::vector<double> ends;
     if (n_maps <= 1 || n_threads <= 1 || slabs_per_thread > 0) {
-        ends = slab_fractions(n_threads, slabs_per_thread);
+        ends = slab_fractions(n_threads, slabs_per_thread, in.u ? 2.0 : 16.0);
     } else {
         const int64_t k = std::max<int64_t>(1, (16 * n_threads + n_maps - 1) / n_maps);
         for (int64_t s = 1; s <= k; ++s) ends.push_back(static_cast<double>(s) / k);
