@@ -20,9 +20,11 @@
 // it, in that one global order. Each voxel therefore receives its contributions in the
 // same order whatever the number of threads or slabs: results are bitwise reproducible.
 //
-// Anisotropic atoms (a set with U): no per-axis tables factor a general Gaussian, so each voxel
-// costs one exp per term of the quadratic exponent along its row (see "anisotropic atoms" below);
-// the sphere, the slabs, the atom order and so the determinism are the separable path's.
+// Anisotropic atoms (a set with U): no per-axis tables factor a general Gaussian into factors ≤ 1;
+// the forward multiplies per-atom factor tables in double (see "anisotropic atoms: factor tables"
+// below), atoms whose factors could leave double's range and the backward take one exp per voxel
+// and term of the quadratic exponent along the row (see "anisotropic atoms"); the sphere, the
+// slabs, the atom order and so the determinism are the separable path's.
 //
 // Backward (gather): for each atom, Σ over its voxels of upstream-gradient × ∂ρ/∂parameter,
 // with the same tables and the same voxel set. Atoms are independent tasks; each atom's
