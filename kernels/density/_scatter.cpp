@@ -111,6 +111,7 @@ nb::dict timings_dict(const kd::Timings& tm, bool with_slabs) {
     d["tasks"] = tm.tasks;
     d["index"] = tm.int64_index ? "int64" : "int32";
     d["rows_reused"] = tm.rows_reused;
+    d["exp_visits"] = tm.exp_visits;
     if (with_slabs) {
         nb::list slabs;
         for (const kd::Timings::Slab& s : tm.slabs) slabs.append(nb::make_tuple(s.worker, s.start, s.zeroed, s.end));

@@ -68,9 +68,10 @@ class _KernelOptions:
         clone, 8 elsewhere), 8 forces 8-lane blocks.
     slabs_per_thread : int
         x slabs of the map in the forward (one slab at one thread). 0: slabs of decreasing
-        work (each 1/(2T) of what is left, down to 1/(16T) for T threads; about 11 slabs at two
-        threads), taken by whichever thread is free, so a thread slowed by another process on its
-        core holds the others up by at most a small slab. k > 0: k slabs of equal work per thread.
+        work (each 1/(2T) of what is left, down to 1/(16T) for T threads, 1/(2T) for an anisotropic
+        set; about 11 slabs at two threads, 4 anisotropic), taken by whichever thread is free, so a
+        thread slowed by another process on its core holds the others up by at most a small slab.
+        k > 0: k slabs of equal work per thread.
         Each slab edge splits the atoms that cross it.
     slab_times : bool
         Record each forward slab's worker and start, zeroed and end times (``"slabs"`` in the
@@ -383,8 +384,10 @@ def splat_cpu(
 
     An isotropic set (``atoms.u_aniso`` None) takes the separable kernel. A set with ``u_aniso``
     takes the anisotropic kernel for every atom, each through its effective U (isotropic atoms of a
-    mixed set as B/8π²·I, exactly their isotropic density): one exp per voxel and Gaussian term,
-    over the same sphere of voxels and the same deterministic partitioned scatter.
+    mixed set as B/8π²·I, exactly their isotropic density): per voxel and Gaussian term two
+    multiplies of per-atom factor tables in float64 (an atom whose factors could leave float64's
+    range, a very narrow term in a wide box, takes one exp per voxel and term instead), over the
+    same sphere of voxels and the same deterministic partitioned scatter.
 
     Parameters
     ----------
@@ -536,8 +539,10 @@ def _splat_cpu(
         How the kernel runs the forward and its backward (bitwise the same results for any).
     timings : list, optional
         Receives the forward's timing dict: phase times in s (``"prepare"``, ``"partition"``,
-        ``"compute"``), ``"tasks"``, ``"index"`` (``"int32"``/``"int64"``) and, with
-        ``options.slab_times``, ``"slabs"``: (worker, start, zeroed, end) per map slab.
+        ``"compute"``), ``"tasks"``, ``"index"`` (``"int32"``/``"int64"``), ``"exp_visits"``
+        (anisotropic sets: (atom, slab) visits that took the exp per voxel instead of the factor
+        tables, see :func:`splat_cpu`) and, with ``options.slab_times``, ``"slabs"``: (worker,
+        start, zeroed, end) per map slab.
     n_frames : int
         0: one map of all atoms. F ≥ 1: F maps of F equal frames (:func:`splat_frames_cpu`).
 

@@ -20,9 +20,11 @@
 // it, in that one global order. Each voxel therefore receives its contributions in the
 // same order whatever the number of threads or slabs: results are bitwise reproducible.
 //
-// Anisotropic atoms (a set with U): no per-axis tables factor a general Gaussian, so each voxel
-// costs one exp per term of the quadratic exponent along its row (see "anisotropic atoms" below);
-// the sphere, the slabs, the atom order and so the determinism are the separable path's.
+// Anisotropic atoms (a set with U): no per-axis tables factor a general Gaussian into factors ≤ 1;
+// the forward multiplies per-atom factor tables in double (see "anisotropic atoms: factor tables"
+// below), atoms whose factors could leave double's range and the backward take one exp per voxel
+// and term of the quadratic exponent along the row (see "anisotropic atoms"); the sphere, the
+// slabs, the atom order and so the determinism are the separable path's.
 //
 // Backward (gather): for each atom, Σ over its voxels of upstream-gradient × ∂ρ/∂parameter,
 // with the same tables and the same voxel set. Atoms are independent tasks; each atom's
@@ -383,6 +385,9 @@ struct Scratch {
     std::vector<int32_t> rlo32, rhi32, rows;  // per row of a plane: first/last lane, non-empty rows
     std::vector<float> dyf;       // float interval pass: dy per row (padded to whole blocks of 8)
     std::vector<int32_t> fix32;   // float interval pass: per row, settle in double
+    // anisotropic factor tables (see aniso_atom_tables), double
+    std::vector<double> at_l, at_w, at_y, at_r, at_d;  // see aniso_atom_tables
+    int64_t exp_visits = 0;  // anisotropic forward: (atom, slab) visits past aniso_tables_fit
 };
 
 // exp tables: out[k*len + t] = exp(−alpha_k · q[t]) (vectorised over t), times amp[k] when
@@ -519,6 +524,7 @@ typedef float vf8 __attribute__((vector_size(32)));
 typedef int32_t vi8 __attribute__((vector_size(32)));
 typedef float vf16 __attribute__((vector_size(64)));
 typedef int32_t vi16 __attribute__((vector_size(64)));
+typedef double vd8 __attribute__((vector_size(64)));
 constexpr int64_t kL = 8;  // lanes per block (and the lane tables' granularity)
 // Vectors of W lanes: the backward's blocks are W = 16 lanes wide on CPUs that run the
 // x86-64-v4 (AVX-512) clone, 8 (one AVX2 vector) elsewhere.
@@ -1297,6 +1303,12 @@ void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
     S.dyf.resize(nyp);
     S.fix32.resize(nyp);
     S.rows.resize(nyb);
+    const int64_t nzl = nzb + 8;  // kTabPad
+    S.at_l.resize(NG * nzl);
+    S.at_w.resize(NG * nzl);
+    S.at_y.resize(NG * std::max<int64_t>(nyb, 2) * nzl);  // Y, or row 0 and the current row
+    S.at_r.resize(3 * NG * nyb);  // GV, Vs, CR
+    S.at_d.resize(NG * nzl);
 }
 
 // ------------------------------------------------------------------ threads
@@ -1893,6 +1905,341 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
     }
 }
 
+// ------------------------------------------------------------------ anisotropic atoms: factor tables
+
+// The forward without an exp per voxel. Term k's exponent x_k(d) = Σ_m q_km·mono_m(d) splits over the
+// voxel (plane i, row s, lane t) of the box as
+//   x_k = [q0·dx² + q1·dy² + q3·dx·dy] + [q2·dz² + q4·dx·dz] + [q5·dy·dz],
+// so ρ_k = C_k(i, s) · L_k(i)[t] · Y_k[s][t] with the row scalar C_k (amplitude × occupancy × the
+// first bracket's exp), the plane's lane table L_k(i) and the atom's (row, lane) table Y_k: a voxel
+// costs two multiplies per term (8 lanes of double). Each 1-D sequence exp(a(j)) of a linear or
+// quadratic a over the box's lattice steps comes from two or three exps (exp_d, all seeds of an atom
+// in one vector pass) and a multiplication or two per entry (exp(a(j+1)) = exp(a(j))·exp(a(j+1) −
+// a(j)), the difference itself stepped likewise for a quadratic), L_k(i) from L_k(i−1) by one
+// multiply per lane, Y_k[s] from Y_k[s−1] likewise; every sequence starts at the box's first plane,
+// row and lane, so a voxel's value does not depend on the slab that computes it (determinism).
+//
+// Unlike the separable isotropic factors, these are not all ≤ 1: exp(q4·dx·dz) > 1 where dx·dz has
+// the sign of q4, and only the product is a Gaussian. Everything is therefore in double (the five
+// terms summed in double, one float rounding per voxel), and an atom takes this path only when every
+// factor and every partial product that is multiplied further has |exponent| ≤ kTabBound for every
+// term (aniso_tables_fit bounds them over the box): e^±680 is far from double overflow (e^709) and
+// from the denormals (below e^−708), so no inf·0 and no lost digits; a voxel value that underflows is
+// below any float map's resolution. Relative error of a voxel value: a few ulps of double per
+// multiplication along chains of at most ~2·box-width steps (< 1e-13), then one float rounding.
+// Atoms past the bound (very narrow or very anisotropic terms in a wide box) take aniso_atom's exp
+// per voxel.
+constexpr double kTabBound = 680.0;
+constexpr int64_t kYTabPlanes = 2;  // visits of more planes tabulate Y (see aniso_atom_tables)
+
+// e^x in double for |x| ≤ 708, vectorisable (no libm call): x = n·ln2 + r with n the nearest integer
+// (Cody–Waite with fdlibm's two-part ln2, r exact to ~1e-19), |r| ≤ ln2/2, e^r by its Taylor
+// polynomial of degree 12 (truncation < 2e-16 relative), 2^n from the exponent bits. The tables need
+// far less (a seed's relative error grows by at most the ~box-width steps of its progression).
+KERNELS_INLINE double exp_d(double x) {
+    const double shifter = 6755399441055744.0;  // 1.5·2^52: round to nearest
+    const double n = (x * 1.4426950408889634 + shifter) - shifter;
+    const double r = (x - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
+    double p = 2.08767569878680989792e-09;  // 1/12!
+    p = p * r + 2.50521083854417187751e-08;
+    p = p * r + 2.75573192239858906526e-07;
+    p = p * r + 2.75573192239858906526e-06;
+    p = p * r + 2.48015873015873015873e-05;
+    p = p * r + 1.98412698412698412698e-04;
+    p = p * r + 1.38888888888888888889e-03;
+    p = p * r + 8.33333333333333333333e-03;
+    p = p * r + 4.16666666666666666667e-02;
+    p = p * r + 1.66666666666666666667e-01;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    const int64_t bits = (static_cast<int64_t>(n) + 1023) << 52;
+    double scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+// Whether every term of atom `atom` (box A) keeps its factors and the partial products that are
+// multiplied further within kTabBound (see above). Each |d| is widened by one voxel step, which covers
+// the recurrences' step factors and the entry one past the box they compute (to within a step).
+// Bounds on |exponent|, with m_a = max |d_a| (widened):
+//   single factors exp(q_m·mono_m): |q_m|·max|mono_m| (a bilinear or square term peaks at a corner);
+//   GV = exp(q1·dy² + q3·dx·dy): |q1|·m_y² + |q3|·m_x·m_y;
+//   the row scalar cf·exp(P1), P1 = q0·dx² + q1·dy² + q3·dx·dy ≤ 0 (a negative-definite form):
+//   |ln cf| − P1min, P1min the form's minimum over the rectangle's corners (a concave function takes
+//   its minimum at a vertex);
+//   the row scalar × L: that + |q2|·m_z² + |q4|·m_x·m_z.
+// The voxel value itself, the last product, is ≤ the term's peak (x ≤ 0) and needs no bound: where
+// it falls below the smallest double it is negligible, and no later product reads it.
+// max and min that keep a NaN (a NaN bound fails the test)
+KERNELS_INLINE double fmax_inl(double a, double b) { return (a > b || a != a) ? a : b; }
+KERNELS_INLINE double fmin_inl(double a, double b) { return (a < b || a != a) ? a : b; }
+// An upper bound on |ln |x|| from x's binary exponent (0 for x = 0 or a denormal, where every product
+// with x is 0 or negligible; a non-finite x gives a bound past any limit)
+KERNELS_INLINE double abs_log_bound(double x) {
+    uint64_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    const int64_t e = static_cast<int64_t>((bits >> 52) & 0x7ff);
+    if (e == 0) return 0.0;
+    if (e == 0x7ff) return std::numeric_limits<double>::infinity();
+    return static_cast<double>(std::abs(e - 1023) + 1) * 0.6931471805599453;
+}
+KERNELS_INLINE bool aniso_tables_fit(const Inputs& in, const AtomP& A, int64_t atom) {
+    const Geom& g = in.g;
+    double dlo[3], dhi[3], mx[3];
+    for (int d = 0; d < 3; ++d) {
+        const double h = 1.0 / g.m[d];
+        dlo[d] = static_cast<double>(A.lo[d]) * h - A.f[d] - h;
+        dhi[d] = static_cast<double>(A.hi[d]) * h - A.f[d] + h;
+        mx[d] = fmax_inl(std::fabs(dlo[d]), std::fabs(dhi[d]));
+    }
+    const double mono[6] = {mx[0] * mx[0], mx[1] * mx[1], mx[2] * mx[2], mx[0] * mx[1], mx[0] * mx[2], mx[1] * mx[2]};
+    const AnisoTerms& T = in.terms[atom];
+    for (int k = 0; k < NG; ++k) {
+        const double* q = T.q[k];
+        double worst = 0;
+        for (int m = 0; m < 6; ++m) worst = fmax_inl(worst, std::fabs(q[m]) * mono[m]);
+        worst = fmax_inl(worst, std::fabs(q[1]) * mono[1] + std::fabs(q[3]) * mono[3]);
+        double p1min = 0;
+        for (int c = 0; c < 4; ++c) {
+            const double dx = c & 1 ? dhi[0] : dlo[0], dy = c & 2 ? dhi[1] : dlo[1];
+            p1min = fmin_inl(p1min, q[0] * dx * dx + q[1] * dy * dy + q[3] * dx * dy);
+        }
+        const double cf = T.amp[k] * A.occ;
+        const double lcf = abs_log_bound(cf);
+        worst = fmax_inl(worst, lcf - p1min + std::fabs(q[2]) * mono[2] + std::fabs(q[4]) * mono[4]);
+        if (!(worst <= kTabBound)) return false;
+    }
+    return true;
+}
+
+// Lanes a factor-table row is padded with past the box's last lane: a block of kAW lanes that starts
+// at a row's first voxel reads up to kAW − 1 entries past the row's last one (zeros: masked lanes).
+constexpr int64_t kTabPad = kAW;
+
+// The forward of anisotropic atom `atom` over planes [ia, ib] through the factor tables (callers check
+// aniso_tables_fit). The voxel set is aniso_atom's (plane_intervals / plane_intervals_f), each voxel
+// receives one float add of its five terms summed in double, in the same atom order as every path.
+template <class Idx>
+KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t atom, int64_t ia, int64_t ib,
+                                      float* out, Scratch& S) {
+    const Geom& g = in.g;
+    const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
+    const int64_t xlo = A.lo[0], ylo = A.lo[1], zlo = A.lo[2];
+    const int64_t nyb = A.hi[1] - ylo + 1, nzb = A.hi[2] - zlo + 1;
+    const int64_t nzl = nzb + kTabPad;  // lanes per table row
+    const double hx = 1.0 / g.m[0], hy = 1.0 / g.m[1], hz = 1.0 / g.m[2];
+    const double dx0 = static_cast<double>(xlo) * hx - A.f[0];
+    const double dy0 = static_cast<double>(ylo) * hy - A.f[1];
+    const double dz0 = static_cast<double>(zlo) * hz - A.f[2];
+    double* dyd = S.dyd.data();
+    int64_t* jw = S.jw.data();
+    int64_t* zw = S.zw.data();
+    const double ylod = static_cast<double>(ylo);
+    for (int32_t s = 0; s < static_cast<int32_t>(nyb); ++s) dyd[s] = (ylod + static_cast<double>(s)) / g.m[1] - A.f[1];
+    for (int64_t s = 0, w = floor_mod(ylo, ny); s < nyb; ++s, w = w + 1 == ny ? 0 : w + 1) jw[s] = w;
+    for (int64_t t = 0, w = floor_mod(zlo, nz); t < nzb; ++t, w = w + 1 == nz ? 0 : w + 1) zw[t] = w;
+
+    const AnisoTerms& T = in.terms[atom];
+    // the exponents whose exps seed the progressions, kSeeds per term, exponentiated in one vector pass
+    constexpr int kSeeds = 17;
+    alignas(64) double seed[NG * kSeeds + 3];
+    for (int k = 0; k < NG; ++k) {
+        const double* q = T.q[k];
+        double* x = seed + k * kSeeds;
+        // L(xlo)[t] = exp(q2·dz² + q4·dx0·dz): value, first and second difference of the exponent
+        x[0] = q[2] * dz0 * dz0 + q[4] * dx0 * dz0;
+        x[1] = q[2] * hz * (2.0 * dz0 + hz) + q[4] * dx0 * hz;
+        x[2] = 2.0 * q[2] * hz * hz;
+        // W[t] = exp(q4·hx·dz): L's step from one plane to the next
+        x[3] = q[4] * hx * dz0;
+        x[4] = q[4] * hx * hz;
+        // Y[0][t] = exp(q5·dy0·dz), and its step from one row to the next, exp(q5·hy·dz)
+        x[5] = q[5] * dy0 * dz0;
+        x[6] = q[5] * dy0 * hz;
+        x[7] = q[5] * hy * dz0;
+        x[8] = q[5] * hy * hz;
+        // GV(xlo)[s] = exp(q1·dy² + q3·dx0·dy), and its step from one plane to the next, exp(q3·hx·dy)
+        x[9] = q[1] * dy0 * dy0 + q[3] * dx0 * dy0;
+        x[10] = q[1] * hy * (2.0 * dy0 + hy) + q[3] * dx0 * hy;
+        x[11] = 2.0 * q[1] * hy * hy;
+        x[12] = q[3] * hx * dy0;
+        x[13] = q[3] * hx * hy;
+        // exp(q0·dx²) along the planes
+        x[14] = q[0] * dx0 * dx0;
+        x[15] = q[0] * hx * (2.0 * dx0 + hx);
+        x[16] = 2.0 * q[0] * hx * hx;
+    }
+    for (int j = NG * kSeeds; j < NG * kSeeds + 3; ++j) seed[j] = 0.0;
+    KERNELS_SIMD
+    for (int j = 0; j < NG * kSeeds + 3; ++j) seed[j] = exp_d(seed[j]);
+    // tables, term k at k·(its length): L (NG × nzl), W: L's step per plane (NG × nzl), Y (NG × nyb × nzl),
+    // per row: GV of the current plane and its step per plane Vs; CR: the current plane's row scalars
+    double* L = S.at_l.data();
+    double* W = S.at_w.data();
+    double* Y = S.at_y.data();
+    double* GV = S.at_r.data();
+    double* Vs = GV + NG * nyb;
+    double* CR = Vs + NG * nyb;
+    double* D = S.at_d.data();  // Y's step per row, exp(q5·hy·dz) (NG × nzl)
+    // A visit of a few planes (a thin slab, or a slab edge) steps Y's rows along with the rows of each
+    // plane instead of tabulating them (the same multiplications in the same order: the same values),
+    // so an atom cut by many slab edges does not pay for the whole table at each.
+    const bool ytab = ib - ia + 1 > kYTabPlanes;
+    const int64_t ystride = ytab ? nyb * nzl : nzl;  // Y: term k's rows at k·ystride
+    double* Yr = Y + NG * nzl;                       // !ytab: the current row of every term (NG × nzl)
+    double gx[NG], gr[NG], grr[NG], cf[NG];
+    // The 1-D progressions, j outer and the terms inner: 4·NG independent multiply chains along z and
+    // 2·NG along y run side by side instead of one after another.
+    {
+        double eL[NG], rL[NG], rrL[NG], eW[NG], rW[NG], eY[NG], rY[NG], eD[NG], rD[NG];
+        for (int k = 0; k < NG; ++k) {
+            const double* e = seed + k * kSeeds;
+            eL[k] = e[0], rL[k] = e[1], rrL[k] = e[2], eW[k] = e[3], rW[k] = e[4];
+            eY[k] = e[5], rY[k] = e[6], eD[k] = e[7], rD[k] = e[8];
+        }
+        for (int64_t t = 0; t < nzb; ++t) {
+            for (int k = 0; k < NG; ++k) {
+                L[k * nzl + t] = eL[k];
+                W[k * nzl + t] = eW[k];
+                Y[k * ystride + t] = eY[k];
+                D[k * nzl + t] = eD[k];
+                eL[k] *= rL[k];
+                rL[k] *= rrL[k];
+                eW[k] *= rW[k];
+                eY[k] *= rY[k];
+                eD[k] *= rD[k];
+            }
+        }
+    }
+    {
+        double eG[NG], rG[NG], rrG[NG], eV[NG], rV[NG];
+        for (int k = 0; k < NG; ++k) {
+            const double* e = seed + k * kSeeds;
+            eG[k] = e[9], rG[k] = e[10], rrG[k] = e[11], eV[k] = e[12], rV[k] = e[13];
+        }
+        for (int64_t s = 0; s < nyb; ++s) {
+            for (int k = 0; k < NG; ++k) {
+                GV[k * nyb + s] = eG[k];
+                Vs[k * nyb + s] = eV[k];
+                eG[k] *= rG[k];
+                rG[k] *= rrG[k];
+                eV[k] *= rV[k];
+            }
+        }
+    }
+    for (int k = 0; k < NG; ++k) {
+        const double* e = seed + k * kSeeds;
+        cf[k] = T.amp[k] * A.occ;
+        double* Lk = L + k * nzl;
+        double* Wk = W + k * nzl;
+        for (int64_t t = nzb; t < nzl; ++t) Lk[t] = 0.0, Wk[t] = 0.0;
+        // Y[s][t] = Y[s−1][t]·exp(q5·hy·dz_t)
+        double* Yk = Y + k * ystride;
+        const double* Dk = D + k * nzl;
+        for (int64_t t = nzb; t < nzl; ++t) Yk[t] = 0.0;
+        for (int64_t s = 1; s < (ytab ? nyb : 0); ++s) {
+            const double* prev = Yk + (s - 1) * nzl;
+            double* row = Yk + s * nzl;
+            KERNELS_SIMD
+            for (int64_t t = 0; t < nzb; ++t) row[t] = prev[t] * Dk[t];
+            for (int64_t t = nzb; t < nzl; ++t) row[t] = 0.0;
+        }
+        gx[k] = e[14];
+        gr[k] = e[15];
+        grr[k] = e[16];
+    }
+
+    int32_t* lo = S.rlo32.data();
+    int32_t* hi = S.rhi32.data();
+    RowConstF rcf{};
+    float* dyf = S.dyf.data();
+    if (g.float_rows) {
+        rcf = row_const_f(g, A);
+        const int64_t nyp = (nyb + 7) / 8 * 8;
+        for (int64_t s = 0; s < nyb; ++s) dyf[s] = static_cast<float>(dyd[s]);
+        for (int64_t s = nyb; s < nyp; ++s) dyf[s] = dyf[nyb - 1];
+    }
+    for (int64_t i = xlo; i <= ib; ++i) {
+        if (i > xlo) {  // step the plane's factors from plane i − 1
+            for (int k = 0; k < NG; ++k) {
+                double* Lk = L + k * nzl;
+                const double* Wk = W + k * nzl;
+                KERNELS_SIMD
+                for (int64_t t = 0; t < nzb; ++t) Lk[t] *= Wk[t];
+                double* GVk = GV + k * nyb;
+                const double* Vsk = Vs + k * nyb;
+                KERNELS_SIMD
+                for (int64_t s = 0; s < nyb; ++s) GVk[s] *= Vsk[s];
+                gx[k] *= gr[k];
+                gr[k] *= grr[k];
+            }
+        }
+        if (i < ia) continue;
+        const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
+        const Idx iw = static_cast<Idx>(floor_mod(i, nx));
+        if (g.float_rows)
+            plane_intervals_f(g, A, rcf, dx, nyb, dyf, dyd, S, lo, hi);
+        else
+            plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
+        for (int k = 0; k < NG; ++k) {
+            const double ck = cf[k], gk = gx[k];
+            const double* GVk = GV + k * nyb;
+            double* CRk = CR + k * nyb;
+            KERNELS_SIMD
+            for (int64_t s = 0; s < nyb; ++s) CRk[s] = ck * (gk * GVk[s]);
+        }
+        const vi8 iota = Lanes<8>::iota();
+        for (int64_t s = 0; s < nyb; ++s) {
+            const double* Ys;
+            if (ytab) {
+                Ys = Y + s * nzl;
+            } else {
+                if (s == 0) {
+                    std::memcpy(Yr, Y, sizeof(double) * NG * nzl);
+                } else {
+                    for (int k = 0; k < NG; ++k) {
+                        double* row = Yr + k * nzl;
+                        const double* Dk = D + k * nzl;
+                        KERNELS_SIMD
+                        for (int64_t t = 0; t < nzb; ++t) row[t] = row[t] * Dk[t];
+                    }
+                }
+                Ys = Yr;
+            }
+            if (lo[s] > hi[s]) continue;
+            const Idx base = (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
+            const vd8 c0 = vd8{} + CR[s], c1 = vd8{} + CR[nyb + s], c2 = vd8{} + CR[2 * nyb + s],
+                      c3 = vd8{} + CR[3 * nyb + s], c4 = vd8{} + CR[4 * nyb + s];
+            const int64_t ys = ystride;
+            const int64_t t0 = lo[s], n = hi[s] - lo[s] + 1;
+            const int64_t wz = zw[t0];
+            // one piece inside the map row (no wrap along z, whole blocks in the row): add in place
+            const bool direct = wz + (n + kAW - 1) / kAW * kAW <= nz;
+            float* o = out + base + static_cast<Idx>(wz);
+            for (int64_t b = 0; b < n; b += kAW) {
+                const int64_t tb = t0 + b;
+                const int32_t m = static_cast<int32_t>(n - b);
+                const vd8 v = ((c0 * vload<vd8>(L + tb)) * vload<vd8>(Ys + tb) +
+                               (c1 * vload<vd8>(L + nzl + tb)) * vload<vd8>(Ys + ys + tb)) +
+                              ((c2 * vload<vd8>(L + 2 * nzl + tb)) * vload<vd8>(Ys + 2 * ys + tb) +
+                               (c3 * vload<vd8>(L + 3 * nzl + tb)) * vload<vd8>(Ys + 3 * ys + tb)) +
+                              (c4 * vload<vd8>(L + 4 * nzl + tb)) * vload<vd8>(Ys + 4 * ys + tb);
+                const vi8 keep = iota < (vi8{} + m);
+                const vf8 f = reinterpret_cast<vf8>(reinterpret_cast<vi8>(__builtin_convertvector(v, vf8)) & keep);
+                if (direct) {
+                    vstore(o + b, vload(o + b) + f);
+                } else {
+                    alignas(32) float f8[kAW];
+                    vstore(f8, f);
+                    for (int32_t l = 0; l < std::min<int32_t>(m, static_cast<int32_t>(kAW)); ++l)
+                        out[base + static_cast<Idx>(zw[tb + l])] += f8[l];
+                }
+            }
+        }
+    }
+}
+
 // One slab [x0, x1) of the map: the segments that reach it are found through the x-sorted
 // index (a contiguous range, since no segment is longer than lmax), then run in atom
 // order — the one global order every slab uses, and the file's spatial coherence, so
@@ -1943,10 +2290,19 @@ void run_slab_aniso(const Inputs& in, const std::vector<AtomP>& atoms, const std
         const int64_t xs = floor_mod(sg.u0, nx);
         const int64_t ia = sg.u0 + std::max<int64_t>(0, x0 - xs);
         const int64_t ib = sg.u0 + std::min<int64_t>(sg.len, x1 - xs) - 1;
-        if (use64)
-            aniso_atom<int64_t, true>(in, atoms[sg.atom], sg.atom, ia, ib, out, nullptr, S, nullptr);
-        else
-            aniso_atom<int32_t, true>(in, atoms[sg.atom], sg.atom, ia, ib, out, nullptr, S, nullptr);
+        const AtomP& A = atoms[sg.atom];
+        if (aniso_tables_fit(in, A, sg.atom)) {
+            if (use64)
+                aniso_atom_tables<int64_t>(in, A, sg.atom, ia, ib, out, S);
+            else
+                aniso_atom_tables<int32_t>(in, A, sg.atom, ia, ib, out, S);
+        } else {
+            ++S.exp_visits;
+            if (use64)
+                aniso_atom<int64_t, true>(in, A, sg.atom, ia, ib, out, nullptr, S, nullptr);
+            else
+                aniso_atom<int32_t, true>(in, A, sg.atom, ia, ib, out, nullptr, S, nullptr);
+        }
     }
 }
 
@@ -1990,7 +2346,10 @@ void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int
 // 1/(16·threads). Taken in order by whichever thread is free, the first big slabs keep the
 // number of slab edges small (each edge splits the atoms that cross it), and the last small ones
 // bound how long a thread slowed by another process on its core can keep the others waiting.
-std::vector<double> slab_fractions(int n_threads, int slabs_per_thread) {
+// smallest_per_thread: the smallest slab is 1/(that·threads) of the work (16; 2 for anisotropic
+// sets, whose atoms rebuild their factor tables at every slab that cuts them: at two threads four
+// slabs of a quarter each, where sixteen small ones cost more in tables than they save in waiting).
+std::vector<double> slab_fractions(int n_threads, int slabs_per_thread, double smallest_per_thread = 16.0) {
     std::vector<double> ends;
     if (n_threads <= 1) return {1.0};
     if (slabs_per_thread > 0) {
@@ -1998,7 +2357,7 @@ std::vector<double> slab_fractions(int n_threads, int slabs_per_thread) {
         for (int s = 1; s <= n; ++s) ends.push_back(static_cast<double>(s) / n);
         return ends;
     }
-    const double smallest = 1.0 / (16.0 * n_threads);
+    const double smallest = 1.0 / (smallest_per_thread * n_threads);
     double done = 0;
     while (1.0 - done > 1e-9) {
         const double left = 1.0 - done;
@@ -2092,7 +2451,7 @@ void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int sla
     // there are about 16 tasks per thread in all (a whole map is already a task).
     std::vector<double> ends;
     if (n_maps <= 1 || n_threads <= 1 || slabs_per_thread > 0) {
-        ends = slab_fractions(n_threads, slabs_per_thread);
+        ends = slab_fractions(n_threads, slabs_per_thread, in.u ? 2.0 : 16.0);
     } else {
         const int64_t k = std::max<int64_t>(1, (16 * n_threads + n_maps - 1) / n_maps);
         for (int64_t s = 1; s <= k; ++s) ends.push_back(static_cast<double>(s) / k);
@@ -2150,6 +2509,7 @@ void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int sla
                      ids[worker], use64, saved);
         if (ts) ts->end = seconds_since(t0);
     });
+    for (const Scratch& S : scratch) tm.exp_visits += S.exp_visits;
     tm.compute = seconds_since(t0);
 }
 

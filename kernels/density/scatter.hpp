@@ -1,5 +1,5 @@
-// Separable Gaussian density splat on a periodic whole-cell grid (and the anisotropic one, an exp per
-// voxel and term), its gradient, and gemmi's per-atom cutoff radius (CPU, C++17, a std::thread pool; OpenMP simd pragmas where built with it). Free of Python: the bindings
+// Separable Gaussian density splat on a periodic whole-cell grid (and the anisotropic one, from
+// per-atom factor tables), its gradient, and gemmi's per-atom cutoff radius (CPU, C++17, a std::thread pool; OpenMP simd pragmas where built with it). Free of Python: the bindings
 // live in _scatter.cpp, the algorithm in scatter.cpp (its header comment says how it works).
 //
 // Arrays are C-contiguous and owned by the caller; every function writes only its outputs.
@@ -57,6 +57,7 @@ struct Timings {
     double prepare = 0, partition = 0, compute = 0;
     int64_t tasks = 0;
     int64_t rows_reused = 0;  // backward: atoms whose row intervals came from the forward
+    int64_t exp_visits = 0;   // anisotropic forward: (atom, slab) visits that took the exp per voxel
     bool int64_index = false;
     struct Slab {
         int worker;
@@ -86,8 +87,9 @@ struct RowIntervals {
 // std::invalid_argument on a bad shape, kind or frame count, std::bad_alloc when out of memory.
 //
 // An anisotropic set (atoms.u_aniso set) takes every atom through its effective U: per voxel and
-// Gaussian term one exp of the term's quadratic exponent along the row (scatter.cpp says why), over
-// the same sphere of voxels, slabs and atom order, so it is as deterministic as the separable path.
+// Gaussian term two multiplies of double factor tables (an exp per voxel and term for atoms whose
+// factors could leave double's range; scatter.cpp says why), over the same sphere of voxels, slabs
+// and atom order, so it is as deterministic as the separable path.
 //
 // Slabs (x planes of one map, one task each, taken by whichever thread is free): at one
 // thread one slab; otherwise, with opt.slabs_per_thread = 0, slabs of decreasing work (1/(2T) of

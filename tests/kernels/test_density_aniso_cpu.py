@@ -3,9 +3,10 @@
 Every atom of a set with ``u_aniso`` goes through the anisotropic kernel with its effective U, so
 mixed models are exact and gradients reach ``u_aniso`` of anisotropic atoms and ``b_iso`` of the
 others. Tolerances: the float32 contract of docs/kernels.md (``assert_kernel_close``:
-1e-5·max|ref| + 1e-5·|ref|) for maps and gradients; the kernel evaluates each term's exponent in
-float from row constants formed in double (error ≤ ~1e-7 of the term's peak) and exp with a
-polynomial (relative error < 3e-7), so it lands well inside that bound. Against gemmi's
+1e-5·max|ref| + 1e-5·|ref|) for maps and gradients; the forward multiplies per-atom factor tables in
+float64 (relative error < 1e-13 before the one float rounding), and atoms past the tables' range, like
+the backward, evaluate each term's exponent in float from row constants formed in double (error
+≤ ~1e-7 of the term's peak) and exp with a polynomial (relative error < 3e-7): both well inside that bound. Against gemmi's
 anisotropic calculator: relative L2 ≤ 1e-5 (gemmi sums in float with its own fast exp).
 """
 
@@ -448,3 +449,82 @@ def test_kernel_options_give_bitwise_the_same_results(options):
         torch.set_num_threads(before)
     for got, want in zip(results[1], results[0]):
         assert torch.equal(got, want)
+
+
+# --------------------------------------------------------------------------- factor tables and the exp fallback
+
+
+def _sharp_and_broad(grid: GridSpec, seed: int) -> tuple[AtomSet, AtomSet, AtomSet]:
+    """Four sharp atoms (B 1–3 Å², eigenvalue ratio 100), four broad ones (B 20–60 Å², ratio 10) and the
+    eight together, every U tilted off the cell axes."""
+    rng = np.random.default_rng(seed)
+    u = np.concatenate(
+        [_random_u(4, rng, (1.0, 3.0), max_ratio=100.0), _random_u(4, rng, (20.0, 60.0), max_ratio=10.0)]
+    )
+    xyz = rng.random((8, 3)) @ grid.cell.orth.numpy().T
+    occ = rng.uniform(0.5, 1.0, 8)
+    els = ["C", "O", "N", "S"] * 2
+
+    def atoms(sel):
+        return AtomSet.from_elements([els[i] for i in sel], xyz[sel], [10.0] * len(sel), occ[sel], u_aniso=u[sel])
+
+    return atoms(list(range(4))), atoms(list(range(4, 8))), atoms(list(range(8)))
+
+
+def _exp_visits(atoms: AtomSet, grid: GridSpec, **kw) -> int:
+    """(atom, slab) visits of the forward that took the exp per voxel instead of the factor tables."""
+    timings = []
+    density_cpu._splat_cpu(atoms.to(dtype=F32), grid, timings=timings, **kw)
+    return timings[0]["exp_visits"]
+
+
+@pytest.mark.parametrize("kind", ["hexagonal", "monoclinic", "triclinic"])
+def test_factor_tables_and_the_exp_fallback_against_the_reference(kind):
+    # A 4 Å sphere around sharp, 100:1 tilted atoms: their narrow terms' table factors would pass
+    # e^±680 in the box's corners, so they take the exp per voxel; the broad ones the tables, with
+    # factors up to e^hundreds whose products are the Gaussian (never inf·0). One set with both.
+    grid = _grid(kind)
+    sharp, broad, both = _sharp_and_broad(grid, seed=31)
+    assert _exp_visits(broad, grid, radius=4.0) == 0
+    assert _exp_visits(sharp, grid, radius=4.0) > 0
+    _check_against_reference(both, grid, radius=4.0)
+    _check_against_reference(broad, grid, radius_rule="eigen")
+
+
+def test_extreme_anisotropy_in_a_large_sphere():
+    # ratio 100, tilted, B 20–60 Å² in an 8 Å sphere (past a 10 Å cell): whichever way each atom runs,
+    # the map and gradients are the reference's, finite everywhere
+    grid = _grid("hexagonal")
+    rng = np.random.default_rng(33)
+    atoms = AtomSet.from_elements(
+        ["C", "Fe", "O"],
+        rng.random((3, 3)) @ grid.cell.orth.numpy().T,
+        [10.0] * 3,
+        u_aniso=_random_u(3, rng, (20.0, 60.0), 100.0),
+    )
+    assert bool((adp_eigenvalues(atoms.u_aniso)[:, 2] / adp_eigenvalues(atoms.u_aniso)[:, 0] > 99).all())
+    _check_against_reference(atoms, grid, radius=8.0)
+
+
+def test_factor_tables_are_bitwise_the_same_for_any_slab_partition():
+    # One slab at one thread tabulates every atom's rows once; thin slabs (a visit of ≤ 2 planes) step
+    # them with each plane instead: the same multiplications, so the same bits, fallback atoms included.
+    grid = _grid("monoclinic")
+    sharp, broad, both = _sharp_and_broad(grid, seed=32)
+    maps = []
+    before = torch.get_num_threads()
+    try:
+        for threads, options in (
+            (1, density_cpu._DEFAULT_OPTIONS),
+            (2, density_cpu._KernelOptions(slabs_per_thread=9)),
+            (2, density_cpu._DEFAULT_OPTIONS),
+        ):
+            torch.set_num_threads(threads)
+            maps.append(
+                [density_cpu._splat_cpu(a.to(dtype=F32), grid, radius=4.0, options=options) for a in (both, broad)]
+            )
+    finally:
+        torch.set_num_threads(before)
+    for other in maps[1:]:
+        for got, want in zip(other, maps[0]):
+            assert torch.equal(got, want)
