@@ -20,7 +20,7 @@ CPU of each physical core, as ``bench_density.py`` does.
 Usage::
 
     python benchmarks/bench_aniso_cpu.py --threads 2 --repeats 11 \\
-        --out benchmarks/results/aniso_cpu_devvm_2026-11-25.json
+        --out benchmarks/results/aniso_cpu_<machine>_<date>.json
 """
 
 from __future__ import annotations
