@@ -105,7 +105,7 @@ class FastLauncher:
                 run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *args)
                 return
             try:
-                # The launcher parses every argument before it launches: a refusal launches nothing.
+                # The launcher checks every argument ahead of the launch: a refusal has launched nothing.
                 run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *args)
             except (TypeError, AttributeError, SystemError):
                 self.broken = True

@@ -300,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
         if group is not None:
             import torch.distributed as dist
 
-            dist.barrier()  # every rank waits for rank 0's map (or its failure) before it exits
+            dist.barrier()  # no rank exits while rank 0 still writes its map (or reports its failure)
             dist.destroy_process_group()
 
 

@@ -571,7 +571,7 @@ def _splat_cpu(
         if not near:
             frac = None
     if frac is None:
-        xyz = positions_in_cell(atoms, grid.cell)  # far atoms moved in float64, before the cast
+        xyz = positions_in_cell(atoms, grid.cell)  # float64 wrap: the float32 cast then keeps offsets exact
         xyz = to_float32(xyz.to(atoms.xyz.dtype), _OP)
     b_iso = to_float32(atoms.b_iso, _OP)
     occ = to_float32(atoms.occ, _OP)

@@ -361,7 +361,7 @@ def splat_ensemble(
     count = stop - start
     if count == 0:
         return _no_frames(atoms, xyz, b_iso, occ, w, grid, dtype, reduce, process_group, u_aniso)
-    if reduce == "none":  # before anything of F·N atoms is built
+    if reduce == "none":  # checked while no F·N-atom tensor exists yet, so a refusal allocates nothing
         grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (xyz, b_iso, occ, w, u_aniso))
         _require_frames_memory(grid, count, dtype, atoms.device, grad)
     if atoms.device.type == "cpu":

@@ -2112,8 +2112,8 @@ def _splat(atoms: AtomSet, plan: _Plan, n_frames: int | None = None, radius_rule
     if atoms.u_aniso is not None or atoms.radiation == "neutron":
         return _splat_aniso(atoms, plan, n_frames, radius_rule)
     op = "splat_triton"
-    # Positions go to the kernel in their own dtype when float64: the kernel wraps them into the cell
-    # in float64 before rounding to float32 (and masks non-finite atoms) at no extra launch.
+    # float64 positions go to the kernel as they are: it wraps them into the cell in float64, so the
+    # float32 offsets it works with are exact, and masks non-finite atoms, within the splat launch.
     xyz = atoms.xyz
     if xyz.dtype != torch.float64:
         xyz = _as_kernel_input(xyz, op)
