@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -53,7 +52,6 @@ from kernels.density.adp import adp_eigenvalues  # noqa: E402
 SPACING = 2.0 / 3.0
 #: Anisotropic forward over isotropic forward, eager median on the H100 (issue 21).
 TARGET_FWD_RATIO = 2.0
-U_TO_B = 8 * math.pi**2
 
 
 def _case_atoms(name: str, n_atoms: int | None):

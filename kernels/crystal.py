@@ -1115,14 +1115,13 @@ def read_model(
 
 def _check_adp(u_aniso: np.ndarray, flags: np.ndarray, labels, where: str, on_bad_adp: str, notes: list[str]) -> None:
     """Refuse, or (``on_bad_adp="iso"``) turn isotropic in place, the atoms whose U is not positive definite."""
-    from kernels.density.adp import u_matrix
+    from kernels.density.adp import bad_adp
 
-    u = torch.from_numpy(u_aniso)
-    lam = torch.linalg.eigvalsh(u_matrix(u)).numpy()
-    bad = flags & ~(np.isfinite(u_aniso).all(axis=1) & (lam[:, 0] > 0))
+    bad, _finite, lam = bad_adp(torch.from_numpy(u_aniso), torch.from_numpy(flags))
     if not bad.any():
         return
-    idx = np.flatnonzero(bad)
+    idx = bad.nonzero().flatten().tolist()
+    lam = lam.numpy()
     described = [f"{labels[i]} (eigenvalues {', '.join(f'{v:.4g}' for v in lam[i])} Å²)" for i in idx[:5]]
     more = f" and {len(idx) - 5} more" if len(idx) > 5 else ""
     what = f"{len(idx)} atom(s) have an ANISOU U that is not positive definite: {'; '.join(described)}{more}"

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-__all__ = ["U_TO_B", "effective_u", "first_bad_adp", "u_matrix", "with_blur", "adp_eigenvalues"]
+__all__ = ["U_TO_B", "effective_u", "first_bad_adp", "bad_adp", "u_matrix", "with_blur", "adp_eigenvalues"]
 
 #: B = 8π² U: a displacement of U Å² spreads density as an isotropic B of 8π²U Å².
 U_TO_B = 8 * math.pi**2
@@ -64,13 +64,10 @@ def first_bad_adp(u_aniso: torch.Tensor, aniso: torch.Tensor) -> tuple[int, int,
     ``(index, count, what)``: the first bad atom, how many are bad, and a phrase naming the problem
     with the atom's eigenvalues.
     """
-    u = u_aniso.detach().to("cpu", torch.float64)
-    flag = aniso.detach().cpu()
-    finite = torch.isfinite(u).all(dim=1)
-    lam = torch.linalg.eigvalsh(u_matrix(torch.where(finite[:, None], u, torch.zeros_like(u))))
-    bad = flag & (~finite | (lam[:, 0] <= 0))
+    bad, finite, lam = bad_adp(u_aniso, aniso)
     if not bad.any():
         return None
+    u = u_aniso.detach().to("cpu", torch.float64)
     idx = int(bad.nonzero()[0, 0])
     if not bool(finite[idx]):
         what = f"has a non-finite anisotropic U: {u[idx].tolist()}"
@@ -78,6 +75,28 @@ def first_bad_adp(u_aniso: torch.Tensor, aniso: torch.Tensor) -> tuple[int, int,
         eig = ", ".join(f"{v:.4g}" for v in lam[idx].tolist())
         what = f"has an anisotropic U that is not positive definite (eigenvalues {eig} Å²)"
     return idx, int(bad.sum()), what
+
+
+def bad_adp(u_aniso: torch.Tensor, aniso: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which anisotropic atoms have a U that is not finite or not positive definite, on the host.
+
+    Parameters
+    ----------
+    u_aniso : torch.Tensor, shape (N, 6)
+    aniso : torch.Tensor, shape (N,), bool
+
+    Returns
+    -------
+    bad : torch.Tensor, shape (N,), bool, CPU
+        ``aniso`` and (a non-finite U or smallest eigenvalue ≤ 0).
+    finite : torch.Tensor, shape (N,), bool, CPU
+    eigenvalues : torch.Tensor, shape (N, 3), float64, CPU, ascending (of 0 where U is not finite)
+    """
+    u = u_aniso.detach().to("cpu", torch.float64)
+    finite = torch.isfinite(u).all(dim=1)
+    lam = torch.linalg.eigvalsh(u_matrix(torch.where(finite[:, None], u, torch.zeros_like(u))))
+    bad = aniso.detach().cpu() & (~finite | (lam[:, 0] <= 0))
+    return bad, finite, lam
 
 
 def effective_u(u_aniso: torch.Tensor, aniso: torch.Tensor, b_iso: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 
 import kernels
 from kernels import AtomSet, Model
-from kernels.density.adp import U_TO_B, adp_eigenvalues
+from kernels.density.adp import U_TO_B, adp_eigenvalues, with_blur
 from workbench.compute.errors import WorkbenchError, sentence
 from workbench.state import EXAMPLES, Settings
 
@@ -169,9 +169,8 @@ def prepare_atoms(model: Model, settings: Settings, *, distorted: bool = True, b
         u = flag = None
     elif settings.b_mode == "offset":
         delta = settings.b_offset
-        b = b + delta
-        if u is not None:
-            u = u + (delta / U_TO_B) * torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], dtype=u.dtype)
+        offset = with_blur(atoms, delta)  # gemmi's blur rule: B + ΔB, U + ΔB/8π²·I
+        b, u = offset.b_iso, offset.u_aniso
         _check_offset(atoms, delta, b)
     xyz = atoms.xyz
     if distorted and settings.distort_amplitude > 0:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from kernels import AtomSet, GridSpec, Model
-from kernels.density.adp import U_TO_B, u_matrix
+from kernels.density.adp import u_matrix
 from workbench.compute.atoms import region_atoms
 from workbench.compute.errors import WorkbenchError
 from workbench.compute.export import map_ccp4_bytes
@@ -536,10 +536,11 @@ def adp_ellipsoids(
     b = atoms.b_iso.detach().to("cpu", torch.float64)[t]
     if atoms.u_aniso is not None:
         flag = atoms.aniso.detach().cpu()[t]
-        u6 = effective_u(atoms.u_aniso.detach().to("cpu", torch.float64)[t], flag, b)
+        u = atoms.u_aniso.detach().to("cpu", torch.float64)[t]
     else:
         flag = torch.zeros(len(idx), dtype=torch.bool)
-        u6 = (b[:, None] / U_TO_B) * torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+        u = torch.zeros((len(idx), 6), dtype=torch.float64)
+    u6 = effective_u(u, flag, b)
     lam, vec = torch.linalg.eigh(u_matrix(u6))
     lam, vec = lam.numpy(), vec.numpy()
     bad = ~(np.isfinite(lam).all(axis=1) & (lam[:, 0] > 0))
