@@ -45,27 +45,21 @@ from benchmarks._structures import STRUCTURES, anisotropic_model  # noqa: E402
 from benchmarks.bench_density import _cpu_name, pin_to_idle_cores  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
 from kernels.density.cpu import splat_cpu  # noqa: E402
-from kernels.testing import gemmi_density_calculator  # noqa: E402
+from kernels.testing import gemmi_density_calculator, gemmi_structure_of_model  # noqa: E402
 
 
 def _model(name: str):
     """(model, anisotropic float32 atoms, note): :func:`benchmarks._structures.anisotropic_model`.
 
-    gemmi splats ``model.structure`` with the ANISOU of exactly the atoms that use U (3O5R's atom whose
-    U is not positive definite is at its B on both sides).
+    gemmi splats :func:`kernels.testing.gemmi_structure_of_model`: ANISOU exactly where the atoms use U
+    (3O5R's atom whose U is not positive definite is at its B on both sides).
     """
-    import gemmi
-
     model = anisotropic_model(name)
     atoms = model.atoms
     synthetic = model.path is not None and "synthetic-anisou" in model.path.name
     note = (
         "synthetic U (kernels.testing.synthetic_anisou, max_ratio 10, seed 0)" if synthetic else "ANISOU from the file"
     )
-    flat = [a for ch in model.structure[0] for res in ch for a in res]
-    for atom, keep in zip(flat, atoms.aniso.tolist()):
-        if not keep:
-            atom.aniso = gemmi.SMat33f(0, 0, 0, 0, 0, 0)
     return model, atoms.to(dtype=torch.float32), note
 
 
@@ -77,8 +71,8 @@ def _bench_structure(name: str, args) -> dict:
     model, aniso, note = _model(name)
     iso = aniso.replace(u_aniso=None, aniso=None)
     grid = GridSpec.for_spacing(model.cell, args.spacing, model.spacegroup)
-    st_a, dc_a = gemmi_density_calculator(model.structure.clone(), args.spacing, 1e-5, adp="auto")
-    st_i, dc_i = gemmi_density_calculator(model.structure.clone(), args.spacing, 1e-5, adp="iso")
+    st_a, dc_a = gemmi_density_calculator(gemmi_structure_of_model(model), args.spacing, 1e-5, adp="auto")
+    st_i, dc_i = gemmi_density_calculator(gemmi_structure_of_model(model), args.spacing, 1e-5, adp="iso")
     assert tuple(dc_a.grid.shape) == grid.shape, (dc_a.grid.shape, grid.shape)
     upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(0))
 

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["GEMMI_RATE", "gemmi_density", "gemmi_density_calculator", "gemmi_density_of_model", "synthetic_anisou"]
+__all__ = [
+    "GEMMI_RATE",
+    "gemmi_density",
+    "gemmi_density_calculator",
+    "gemmi_density_of_model",
+    "gemmi_structure_of_model",
+    "synthetic_anisou",
+]
 
 #: gemmi's oversampling ``rate``; its grid spacing is ``d_min / (2·rate)``, so a spacing
 #: ``s`` is asked for as ``d_min = 2·rate·s``.
@@ -120,10 +127,8 @@ def gemmi_density(
     return np.array(dc.grid, copy=True)
 
 
-def gemmi_density_of_model(
-    model, spacing: float = 2.0 / 3.0, cutoff: float = 1e-5, *, symmetry: bool = False, blur: float = 0.0
-) -> np.ndarray:
-    """gemmi's map of exactly the atoms ``model.atoms`` splats: its radiation, and ANISOU only where it uses U.
+def gemmi_structure_of_model(model):
+    """A copy of ``model.structure`` with ANISOU exactly where ``model.atoms`` uses U.
 
     The model's filtered gemmi structure (its atoms in the order of ``model.atoms``) is copied and
     the ANISOU of every atom that ``model.atoms`` splats at B is zeroed — all of them for an
@@ -132,12 +137,10 @@ def gemmi_density_of_model(
     Parameters
     ----------
     model : kernels.Model
-    spacing, cutoff, symmetry, blur
-        As for :func:`gemmi_density`.
 
     Returns
     -------
-    numpy.ndarray, shape (nx, ny, nz), float32
+    gemmi.Structure
     """
     import gemmi
 
@@ -154,6 +157,26 @@ def gemmi_density_of_model(
                 i += 1
     if i != len(model.atoms):
         raise ValueError(f"the model's structure has {i} atoms but model.atoms has {len(model.atoms)}")
+    return st
+
+
+def gemmi_density_of_model(
+    model, spacing: float = 2.0 / 3.0, cutoff: float = 1e-5, *, symmetry: bool = False, blur: float = 0.0
+) -> np.ndarray:
+    """gemmi's map of exactly the atoms ``model.atoms`` splats: its radiation, and ANISOU only where it uses U
+    (:func:`gemmi_structure_of_model`).
+
+    Parameters
+    ----------
+    model : kernels.Model
+    spacing, cutoff, symmetry, blur
+        As for :func:`gemmi_density`.
+
+    Returns
+    -------
+    numpy.ndarray, shape (nx, ny, nz), float32
+    """
+    st = gemmi_structure_of_model(model)
     return gemmi_density(st, spacing, cutoff, symmetry=symmetry, radiation=model.atoms.radiation, blur=blur)
 
 
