@@ -1270,6 +1270,7 @@ def _aniso_fwd_kernel(
     INDEX64: tl.constexpr,
     VEC: tl.constexpr,
     FRAMES: tl.constexpr,
+    SEPARABLE: tl.constexpr,  # h01 = h12 = 0: the sphere's r² = qxz + h11·dy² (the Gaussians stay general)
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
@@ -1357,7 +1358,12 @@ def _aniso_fwd_kernel(
             )
             in_xz = in_x & in_z
             qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # metric part of r², (ATOMS, BP, BQ)
-            lin = 2.0 * (h01 * dx + h12 * dz)
+            if SEPARABLE:
+                lin = qxz  # not read
+                if VEC:
+                    gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)  # x–z part of the group's r² bound
+            else:
+                lin = 2.0 * (h01 * dx + h12 * dz)
             base_xz = ix * (ny * nz) + iz
             if FRAMES:
                 base_xz += fo
@@ -1368,12 +1374,15 @@ def _aniso_fwd_kernel(
             ca4, cb4 = _column(cxx4, czz4, cxy4, cxz4, cyz4, dx, dz)
             r, r_end, iy, r_lo, r_hi = _tile_row_walk(
                 pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
-                iy0, ny, n_rows, BP, BQ, False,
+                iy0, ny, n_rows, BP, BQ, SEPARABLE,
             )  # fmt: skip
             while r < r_end:
                 dy = r.to(tl.float32) - off_y3
                 qy = h11 * dy * dy
-                r2 = qxz + dy * lin + qy
+                if SEPARABLE:
+                    r2 = qxz + qy
+                else:
+                    r2 = qxz + dy * lin + qy
                 # Each q_k ≤ 0 (a positive-definite form), so no term overflows.
                 val = (
                     am0 * tl.exp2(ca0 + dy * (cb0 + cyy0 * dy))
@@ -1383,10 +1392,14 @@ def _aniso_fwd_kernel(
                     + am4 * tl.exp2(ca4 + dy * (cb4 + cyy4 * dy))
                 )
                 if VEC:
-                    gmin = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22)
+                    if SEPARABLE:
+                        hit = gmin + qy < r2lim
+                    else:
+                        gmin = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22)
+                        hit = gmin < r2lim
                     # Constant over each group of 4 z lanes (one v4 atomic per group on sm_90); lanes outside
                     # the sphere add an exact 0, so the voxel set stays r² < R².
-                    hit = tl.max_constancy(gmin < r2lim, [1, 1, 4])
+                    hit = tl.max_constancy(hit, [1, 1, 4])
                     inside = in_xz & hit
                     val = tl.where(r2 < r2max, val, 0.0)
                 else:
@@ -1441,6 +1454,7 @@ def _aniso_bwd_kernel(
     INDEX64: tl.constexpr,
     VEC: tl.constexpr,
     FRAMES: tl.constexpr,
+    SEPARABLE: tl.constexpr,  # as in the forward
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
@@ -1524,7 +1538,12 @@ def _aniso_bwd_kernel(
             )
             in_xz = in_x & in_z
             qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz
-            lin = 2.0 * (h01 * dx + h12 * dz)
+            if SEPARABLE:
+                lin = qxz  # not read
+                if VEC:
+                    gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)
+            else:
+                lin = 2.0 * (h01 * dx + h12 * dz)
             base_xz = ix * (ny * nz) + iz
             if FRAMES:
                 base_xz += fo
@@ -1541,15 +1560,22 @@ def _aniso_bwd_kernel(
             t4, ty4, tyy4 = tile, tile, tile
             r, r_end, iy, r_lo, r_hi = _tile_row_walk(
                 pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
-                iy0, ny, n_rows, BP, BQ, False,
+                iy0, ny, n_rows, BP, BQ, SEPARABLE,
             )  # fmt: skip
             while r < r_end:
                 dy = r.to(tl.float32) - off_y3
                 qy = h11 * dy * dy
-                r2 = qxz + dy * lin + qy
+                if SEPARABLE:
+                    r2 = qxz + qy
+                else:
+                    r2 = qxz + dy * lin + qy
                 if VEC:
-                    gmin = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22)
-                    hit = tl.max_constancy(gmin < r2lim, [1, 1, 4])
+                    if SEPARABLE:
+                        hit = gmin + qy < r2lim
+                    else:
+                        gmin = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22)
+                        hit = gmin < r2lim
+                    hit = tl.max_constancy(hit, [1, 1, 4])
                     inside = in_xz & hit
                 else:
                     inside = in_xz & (r2 < r2max)
@@ -1649,13 +1675,12 @@ class _Plan:
     atoms_per_program: int
     num_warps: int
     num_warps_bwd: int
-    # Anisotropic kernels' tiles, sized by registers (not yet timed against other shapes; counts from
-    # ptxas for sm_90 with 16-wide z): the forward holds two per-term arrays per lane (10 in all), so 64
-    # lanes on one warp (161 registers; 237 at 128 lanes, the isotropic forward's 124); the backward
-    # fifteen float64 row accumulators per lane besides the per-atom values, so one lane per thread
-    # (32 lanes, one warp, ~255 registers like the isotropic backward; the tile reductions stay in the warp).
+    # Anisotropic kernels' tiles: 8 × 8 lanes on one warp each way, the fastest of the shapes timed on an
+    # H200 (docs/performance.md, "Anisotropic atoms"). The forward holds two per-term arrays per lane
+    # (10 in all: ~150 registers at 64 lanes, ~205 at 128); the backward fifteen float64 row accumulators.
     bp_aniso: int
     bq_aniso: int
+    num_warps_aniso: int
     bp_aniso_bwd: int
     bq_aniso_bwd: int
     num_warps_aniso_bwd: int
@@ -1677,12 +1702,13 @@ class _Plan:
         nominal = radius_all if radius is not None else _nominal_radius(float(cutoff))
         ext_x = 2 * math.ceil(nominal * reach[0]) + 1
         ext_z = 2 * math.ceil(nominal * reach[2]) + 1
-        # Forward: 128 lanes per tile up to 16-wide z, 256 beyond; the backward: 256 lanes, the forward's z
-        # width (the fastest shapes measured on an H100: docs/performance.md).
+        # Forward: 128 lanes on one warp up to 16-wide z; wider z (fine grids) 512 lanes on two warps, as
+        # 256 lanes on one warp need ~220 registers a thread (3WIP at 0.33 Å on an H200: 0.46 ms against
+        # 0.74 ms). The backward: 256 lanes, the forward's z width (docs/performance.md).
         bq = max(min(triton.next_power_of_2(ext_z), 64), 4)
         interpret = triton_interpreted() and device.type != "cuda"
         # The interpreter pays per loop trip, not per element: wide tiles there.
-        lanes = 128 if bq <= 16 else 256
+        lanes, num_warps = (128, 1) if bq <= 16 else (512, 2)
         cap = 16 if interpret else max(1, lanes // bq)
         bp = max(1, min(triton.next_power_of_2(ext_x), cap))
         bq_bwd = bq
@@ -1721,12 +1747,13 @@ class _Plan:
             # program and one warp each: the scatter is bound by the atomics' issue rate, and more,
             # smaller programs keep more atoms' rows in flight.
             atoms_per_program=_INTERPRET_ATOMS if interpret else 1,
-            num_warps=1,
+            num_warps=num_warps,
             num_warps_bwd=1,
-            bp_aniso=bp if interpret else max(1, min(bp, 64 // bq)),
-            bq_aniso=bq,
-            bp_aniso_bwd=bp_bwd if interpret else max(1, min(bp_bwd, 32 // min(bq_bwd, 32))),
-            bq_aniso_bwd=bq_bwd if interpret else min(bq_bwd, 32),
+            bp_aniso=bp if interpret else min(triton.next_power_of_2(ext_x), 64 // min(bq, 8)),
+            bq_aniso=bq if interpret else min(bq, 8),
+            num_warps_aniso=1,
+            bp_aniso_bwd=bp_bwd if interpret else min(triton.next_power_of_2(ext_x), 64 // min(bq_bwd, 8)),
+            bq_aniso_bwd=bq_bwd if interpret else min(bq_bwd, 8),
             num_warps_aniso_bwd=1,
         )
 
@@ -1750,11 +1777,11 @@ class _Plan:
     def constexprs_aniso(self, backward: bool, rule: int, neutron: bool, frames: bool, index64: bool):
         """The anisotropic kernels' constexprs in signature order (``_ANISO_CONSTEXPR_NAMES``)."""
         bp, bq = (self.bp_aniso_bwd, self.bq_aniso_bwd) if backward else (self.bp_aniso, self.bq_aniso)
-        return (self.atoms_per_program, bp, bq, rule, neutron, index64, self.vec, frames)
+        return (self.atoms_per_program, bp, bq, rule, neutron, index64, self.vec, frames, self.separable)
 
 
 _CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "SEPARABLE", "PER_ATOM_RADIUS", "INDEX64", "VEC", "FRAMES")
-_ANISO_CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "RULE", "NEUTRON", "INDEX64", "VEC", "FRAMES")
+_ANISO_CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "RULE", "NEUTRON", "INDEX64", "VEC", "FRAMES", "SEPARABLE")
 
 
 @functools.lru_cache(maxsize=8)
@@ -1947,7 +1974,7 @@ def _forward_aniso(plan: _Plan, xyz, u, aniso, b_iso, occ, a, b, n_frames: int, 
         _aniso_fwd_kernel, plan, ("afwd", xyz.dtype, frames, index64, rule, neutron, _device_key(xyz)),
         triton.cdiv(n, plan.atoms_per_program),
         (xyz, u, flag, b_iso, occ, a, b, radii, plan.params, out, n, n // n_frames),
-        plan.constexprs_aniso(False, rule, neutron, frames, index64), plan.num_warps,
+        plan.constexprs_aniso(False, rule, neutron, frames, index64), plan.num_warps_aniso,
         _ANISO_CONSTEXPR_NAMES,
     )  # fmt: skip
     return out, radii

@@ -260,16 +260,17 @@ def test_vec_scalar_and_one_atom_per_program(shape, fields):
     check_against_reference(atoms, grid, **fields)
 
 
+@pytest.mark.parametrize("kind", ["hexagonal", "monoclinic"])  # general row spans; separable ones
 @pytest.mark.parametrize(
     "tiles",
     [
-        {"bp_aniso": 8, "bq_aniso": 16, "bp_aniso_bwd": 2, "bq_aniso_bwd": 16},  # the GPU's shapes
+        {"bp_aniso": 8, "bq_aniso": 8, "bp_aniso_bwd": 8, "bq_aniso_bwd": 8},  # the GPU's shapes
         {"bp_aniso": 1, "bq_aniso": 4, "bp_aniso_bwd": 8, "bq_aniso_bwd": 4},  # many chunks per box
     ],
 )
-def test_gpu_tiles_one_atom_per_program(tiles):
+def test_gpu_tiles_one_atom_per_program(tiles, kind):
     # Tiles smaller than the boxes (each box walked in several chunks), one atom per program, as on a GPU.
-    cell = Cell.from_parameters(*CELLS["hexagonal"])
+    cell = Cell.from_parameters(*CELLS[kind])
     atoms = synthetic(cell, ELEMENTS[:4], seed=15, ratio=(5.0, 15.0))
     check_against_reference(atoms, GridSpec.for_spacing(cell, 0.9), atoms_per_program=1, **tiles)
 
@@ -506,10 +507,10 @@ _SM90_SCRIPT = textwrap.dedent(
                 "atoms_per_frame": "i32", "out_ptr": "*fp32", "grad_ptr": "*fp32", "gxyz_ptr": "*fp32",
                 "gu_ptr": "*fp32", "gb_ptr": "*fp32", "gocc_ptr": "*fp32"}
     done = []
-    for fn, bp in ((T._aniso_fwd_kernel, 4), (T._aniso_bwd_kernel, 2)):
-        for rule, neutron, vec in ((1, False, True), (2, False, False), (1, True, True)):
-            const = dict(ATOMS=1, BP=bp, BQ=16, RULE=rule, NEUTRON=neutron, INDEX64=rule == 2,
-                         VEC=vec, FRAMES=not vec)
+    for fn in (T._aniso_fwd_kernel, T._aniso_bwd_kernel):
+        for rule, neutron, vec, separable in ((1, False, True, True), (2, False, False, False), (1, True, True, False)):
+            const = dict(ATOMS=1, BP=8, BQ=8, RULE=rule, NEUTRON=neutron, INDEX64=rule == 2,
+                         VEC=vec, FRAMES=not vec, SEPARABLE=separable)
             sig = {n: "constexpr" if n in const else pointers[n] for n in fn.arg_names}
             src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
             kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
