@@ -38,7 +38,8 @@ WARMUP_CALLS = 5
 WARMUP_S = 0.2
 
 
-def _summary(times_ms: list[float]) -> dict:
+def summary(times_ms: list[float]) -> dict:
+    """``median_ms``, ``p10_ms``, ``p90_ms`` and ``reps`` of per-call times in ms."""
     t = sorted(times_ms)
     n = len(t)
     return {
@@ -67,7 +68,9 @@ def warm_up(fn: Callable[[], object], device: torch.device, calls: int | None = 
     _sync(device)
 
 
-def eager_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS, warmup: bool = True) -> dict:
+def eager_stats(
+    fn: Callable[[], object], device: torch.device, reps: int = REPS, warmup: bool = True, raw: bool = False
+) -> dict:
     """Per-call time of ``fn`` called eagerly, synchronised after each call.
 
     Parameters
@@ -81,11 +84,13 @@ def eager_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS
         Timed calls after warm-up.
     warmup : bool
         Run :func:`warm_up` first.
+    raw : bool
+        Also return every call's time (``times_ms``, in call order).
 
     Returns
     -------
     dict
-        ``median_ms``, ``p10_ms``, ``p90_ms``, ``reps``, ``method``.
+        ``median_ms``, ``p10_ms``, ``p90_ms``, ``reps``, ``method`` (and ``times_ms``).
     """
     if warmup:
         warm_up(fn, device)
@@ -105,7 +110,10 @@ def eager_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
         method = "wall clock per call (CPU)"
-    return {**_summary(times), "method": method}
+    out = {**summary(times), "method": method}
+    if raw:
+        out["times_ms"] = times
+    return out
 
 
 _CYCLES_PER_MS: float | None = None
@@ -155,7 +163,7 @@ def host_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS,
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
         method = "wall clock per call (CPU: the work included)"
-    return {**_summary(times), "method": method}
+    return {**summary(times), "method": method}
 
 
 def graph_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS) -> dict:
@@ -198,7 +206,7 @@ def graph_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS
         graph.replay()
     b.record()
     b.synchronize()
-    out = {**_summary(times), "back_to_back_mean_ms": a.elapsed_time(b) / reps}
+    out = {**summary(times), "back_to_back_mean_ms": a.elapsed_time(b) / reps}
     out["method"] = "CUDA graph replay, CUDA events around each replay"
     del graph
     return out
