@@ -5,7 +5,7 @@
 #
 # Run from the repository root. Assumes the Python dependencies (torch, triton, gemmi, the
 # workbench's widget stack, pytest, pytest-xdist) are installed; builds the C++ extensions in
-# place. Parts (default: all but probe, eager and ensemble):
+# place. Parts (default: all but probe, eager, ensemble and aniso):
 #   tests      the CUDA suite: tests/kernels and tests/workbench (the notebook and browser tests
 #              need Jupyter and Chromium and are left out)
 #   density    benchmarks/_density_cuda.py with the 3WIP variants
@@ -18,6 +18,7 @@
 #              `pip install --no-deps --target DIR` of its wheel; a peer left unset is reported as
 #              not run), planarity and tricubic, eager vs graph vs the floor
 #   ensemble   bench_ensemble.py on one GPU; with 2 or more GPUs also the torchrun (NCCL) run on 2
+#   aniso      bench_aniso_gpu.py: anisotropic against isotropic atoms (1PFE, 3O5R, 3WIP synthetic U)
 # Files are named <op>_<gpu>_<date> (GPU parts) and <op>_<gpu>host_<date> (CPU parts), <gpu> from
 # nvidia-smi (h100, h200, a100, ... or "gpu"). device.txt records the GPU, CPU and versions.
 set -o pipefail
@@ -86,6 +87,11 @@ if has ensemble; then
             --out "$DIR/ensemble_cuda_${gpu}x2_$day.json" > "$DIR/ensemble_cuda_${gpu}x2_$day.log" 2>&1
         summary+=("ensemble 2 GPUs rc=$?")
     fi
+fi
+if has aniso; then
+    timeout 300 python3 benchmarks/bench_aniso_gpu.py --out "$DIR/aniso_cuda_${gpu}_$day.json" \
+        > "$DIR/aniso_cuda_${gpu}_$day.log" 2>&1
+    summary+=("aniso rc=$?")
 fi
 if has probe; then
     OMP_NUM_THREADS=2 python3 benchmarks/cpu_phase_probe.py --structures 5h73 3wip --threads 1 2 --rounds 12 \
