@@ -57,7 +57,7 @@ Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was
   An atom whose U is not finite and positive definite is treated like one with a non-finite position.
 - Host side (an eager call is host time, not GPU time): every plan constant is in one float64
   device tensor, the forward is one memset and one launch, the backward one launch, and after a
-  plan's first call its compiled kernels are launched directly (``_launch``).
+  plan's first call its compiled kernels are launched directly (:class:`kernels._launch.FastLauncher`).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._launch import FastLauncher
 from kernels._util import positive_number, to_float32
 from kernels.crystal import AtomSet, Cell, GridError, GridSpec
 from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES, cutoff_radius
@@ -1684,9 +1685,6 @@ class _Plan:
     bp_aniso_bwd: int
     bq_aniso_bwd: int
     num_warps_aniso_bwd: int
-    # Compiled kernels of this plan for the direct launch (``_launch``), per (kernel, xyz dtype, frames,
-    # device index). Not copied by ``dataclasses.replace``: a derived plan compiles its own.
-    compiled: dict = dataclasses.field(init=False, default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, grid: GridSpec, radius: float | None, cutoff: float, device: torch.device) -> _Plan:
@@ -1823,65 +1821,18 @@ def _radii_device(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cutoff:
     return out
 
 
-def _launch(
-    fn, plan: _Plan, key: tuple, n_programs: int, args: tuple, constexprs: tuple, num_warps: int,
-    names: tuple = _CONSTEXPR_NAMES,
-) -> None:  # fmt: skip
-    """Launch ``fn`` on ``n_programs`` programs, directly through its compiled kernel once there is one.
-
-    ``fn[grid](...)`` binds and specialises every argument and looks the kernel up on each call (~13 µs of
-    host time on the H100 host, more with more arguments). The first launch of each ``key`` goes that way,
-    compiling if needed; its compiled kernel is kept on the plan and later launches call its launcher with
-    the same arguments in signature order (what ``JITFunction.run`` does once it has found the kernel).
-    That is equivalent only while Triton would pick the same compiled kernel: the per-atom pointers and
-    integers are compiled without specialisation (``do_not_specialize``), the plan fixes the constexprs and
-    ``key`` holds the rest (xyz dtype, frames, 64-bit indices, device); the map and gradient pointers
-    keep their 16-byte alignment specialisation (vector atomics and loads), so a caller with a misaligned
-    one takes the normal launch. Launch hooks (profilers) also take the normal launch.
-    """
-    global _direct_launch
-    kernel = plan.compiled.get(key) if _direct_launch else None
-    if kernel is not None and _no_hook(_knobs.runtime.launch_enter_hook) and _no_hook(_knobs.runtime.launch_exit_hook):
-        device = key[-1]
-        if torch.cuda.current_device() == device:
-            try:
-                kernel.run(
-                    n_programs, 1, 1, _stream(device), kernel.function, kernel.packed_metadata, None, None, None,
-                    *args, *constexprs,
-                )  # fmt: skip
-                return
-            except TypeError:  # a Triton whose launcher takes other arguments: the normal launch from now on
-                _direct_launch = False
-    kernel = fn[(n_programs,)](*args, **dict(zip(names, constexprs)), num_warps=num_warps)
-    if _direct_launch and isinstance(kernel, _CompiledKernel) and key[-1] is not None:
-        plan.compiled[key] = kernel
-
-
-def _no_hook(hook) -> bool:
-    """No launch hook set: None (Triton 3.6) or an empty ``HookChain`` (3.7); the launcher then gets None."""
-    return hook is None or (type(hook).__name__ == "HookChain" and not hook.calls)
-
-
-def _direct_launch_available() -> bool:
-    return _knobs is not None and _CompiledKernel is not None and not triton_interpreted()
-
-
-try:
-    from triton import knobs as _knobs
-    from triton.compiler import CompiledKernel as _CompiledKernel
-    from triton.runtime import driver as _driver
-except ImportError:  # a Triton without knobs: every launch through fn[grid]
-    _knobs = _CompiledKernel = _driver = None
-
-_direct_launch = _direct_launch_available()
-
-
-def _stream(device: int):
-    return _driver.active.get_current_stream(device)
-
-
-def _device_key(t: torch.Tensor):
-    return t.device.index if t.device.type == "cuda" else None
+# One launcher per kernel (kernels._launch): after the first call of a specialisation its compiled kernel
+# is launched directly. The key of every launch below is (constexprs, num_warps, xyz dtype, device index
+# [, 16-byte alignment of the upstream gradient]): the constexprs hold the plan's tile and layout, frames,
+# 64-bit indices and the anisotropic rule and radiation; the per-atom pointers and counts are compiled
+# without specialisation (``do_not_specialize``, ``do_not_specialize_on_alignment``) and the map is
+# allocated here (aligned), so the user's gradient is the one pointer whose alignment Triton specialises on
+# that the key must add. Triton's pointer specialisation is that one bit (data_ptr % 16 == 0), so a
+# misaligned gradient gets, under its own key, the kernel Triton itself compiles for it.
+_fwd_launch = FastLauncher(_splat_fwd_kernel)
+_bwd_launch = FastLauncher(_splat_bwd_kernel)
+_aniso_fwd_launch = FastLauncher(_aniso_fwd_kernel)
+_aniso_bwd_launch = FastLauncher(_aniso_bwd_kernel)
 
 
 def _forward(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int):
@@ -1894,11 +1845,13 @@ def _forward(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int):
     radii = torch.empty(n, dtype=torch.float32, device=xyz.device) if plan.per_atom else b_iso
     frames = n_frames > 1
     index64 = plan.index64 or size >= 2**31 - 1
-    _launch(
-        _splat_fwd_kernel, plan, ("fwd", xyz.dtype, frames, index64, _device_key(xyz)),
-        triton.cdiv(n, plan.atoms_per_program),
-        (xyz, b_iso, occ, a, b, radii, plan.params, out, n, n // n_frames),
-        plan.constexprs(frames, index64), plan.num_warps,
+    device = xyz.device
+    c = plan.constexprs(frames, index64)
+    _fwd_launch(
+        (triton.cdiv(n, plan.atoms_per_program), 1, 1),
+        (c, plan.num_warps, xyz.dtype, device.index),
+        (xyz, b_iso, occ, a, b, radii, plan.params, out, n, n // n_frames, *c),
+        device, plan.num_warps,
     )  # fmt: skip
     return out, radii
 
@@ -1911,12 +1864,13 @@ def _backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii, n_frames: int):
     g_occ = torch.empty_like(occ)
     frames = n_frames > 1
     index64 = plan.index64 or n_frames * plan.n_voxels >= 2**31 - 1
-    device = _device_key(xyz) if grad.data_ptr() % 16 == 0 else None
-    _launch(
-        _splat_bwd_kernel, plan, ("bwd", xyz.dtype, frames, index64, device),
-        triton.cdiv(n, plan.atoms_per_program),
-        (grad, xyz, b_iso, occ, a, b, radii, plan.params, g_xyz, g_b, g_occ, n, n // n_frames),
-        plan.constexprs_bwd(frames, index64), plan.num_warps_bwd,
+    device = xyz.device
+    c = plan.constexprs_bwd(frames, index64)
+    _bwd_launch(
+        (triton.cdiv(n, plan.atoms_per_program), 1, 1),
+        (c, plan.num_warps_bwd, xyz.dtype, device.index, grad.data_ptr() % 16 == 0),
+        (grad, xyz, b_iso, occ, a, b, radii, plan.params, g_xyz, g_b, g_occ, n, n // n_frames, *c),
+        device, plan.num_warps_bwd,
     )  # fmt: skip
     return g_xyz, g_b, g_occ
 
@@ -1970,12 +1924,13 @@ def _forward_aniso(plan: _Plan, xyz, u, aniso, b_iso, occ, a, b, n_frames: int, 
     flag = aniso.view(torch.uint8)
     frames = n_frames > 1
     index64 = plan.index64 or size >= 2**31 - 1
-    _launch(
-        _aniso_fwd_kernel, plan, ("afwd", xyz.dtype, frames, index64, rule, neutron, _device_key(xyz)),
-        triton.cdiv(n, plan.atoms_per_program),
-        (xyz, u, flag, b_iso, occ, a, b, radii, plan.params, out, n, n // n_frames),
-        plan.constexprs_aniso(False, rule, neutron, frames, index64), plan.num_warps_aniso,
-        _ANISO_CONSTEXPR_NAMES,
+    device = xyz.device
+    c = plan.constexprs_aniso(False, rule, neutron, frames, index64)
+    _aniso_fwd_launch(
+        (triton.cdiv(n, plan.atoms_per_program), 1, 1),
+        (c, plan.num_warps_aniso, xyz.dtype, device.index),
+        (xyz, u, flag, b_iso, occ, a, b, radii, plan.params, out, n, n // n_frames, *c),
+        device, plan.num_warps_aniso,
     )  # fmt: skip
     return out, radii
 
@@ -1990,13 +1945,13 @@ def _backward_aniso(plan: _Plan, grad, xyz, u, aniso, b_iso, occ, a, b, radii, n
     g_occ = torch.empty_like(occ)
     frames = n_frames > 1
     index64 = plan.index64 or n_frames * plan.n_voxels >= 2**31 - 1
-    device = _device_key(xyz) if grad.data_ptr() % 16 == 0 else None
-    _launch(
-        _aniso_bwd_kernel, plan, ("abwd", xyz.dtype, frames, index64, rule, neutron, device),
-        triton.cdiv(n, plan.atoms_per_program),
-        (grad, xyz, u, flag, b_iso, occ, a, b, radii, plan.params, g_xyz, g_u, g_b, g_occ, n, n // n_frames),
-        plan.constexprs_aniso(True, rule, neutron, frames, index64), plan.num_warps_aniso_bwd,
-        _ANISO_CONSTEXPR_NAMES,
+    device = xyz.device
+    c = plan.constexprs_aniso(True, rule, neutron, frames, index64)
+    _aniso_bwd_launch(
+        (triton.cdiv(n, plan.atoms_per_program), 1, 1),
+        (c, plan.num_warps_aniso_bwd, xyz.dtype, device.index, grad.data_ptr() % 16 == 0),
+        (grad, xyz, u, flag, b_iso, occ, a, b, radii, plan.params, g_xyz, g_u, g_b, g_occ, n, n // n_frames, *c),
+        device, plan.num_warps_aniso_bwd,
     )  # fmt: skip
     return g_xyz, g_u, g_b, g_occ
 

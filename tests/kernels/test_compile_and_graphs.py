@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 from torch._dynamo.backends.registry import lookup_backend
 
 import kernels
+from kernels import _launch
 from kernels.crystal import AtomSet, Cell, GridSpec
 from kernels.density import triton as triton_splat
 from tests.helpers import assert_kernel_close, model, requires_cuda
@@ -157,39 +159,230 @@ def test_cuda_graph_capture_and_replay_of_the_public_call():
         assert_kernel_close(got, want)
 
 
-@requires_cuda
-def test_direct_launch_matches_the_normal_launch(monkeypatch):
-    """After the first call a plan launches its compiled kernels directly; the normal launch gives the same."""
-    m = model("1aki")
-    grid = GridSpec.for_spacing(m.cell, 2.0 / 3.0)
-    base = m.atoms.to("cuda", torch.float32)
-    plan = triton_splat._plan(grid, None, kernels.DEFAULT_CUTOFF, base.device)
-    plan.compiled.clear()
-    w = torch.randn(grid.shape, device="cuda")
+class _CountingKernel:
+    """A kernel's stand-in for its launcher that counts normal launches (``kernel[grid]``) and makes them."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.launches = 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+_LAUNCHERS = (
+    triton_splat._fwd_launch,
+    triton_splat._bwd_launch,
+    triton_splat._aniso_fwd_launch,
+    triton_splat._aniso_bwd_launch,
+)
+
+
+def misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` whose data pointer is 4 bytes past a 16-byte boundary (same shape, contiguous)."""
+    storage = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    out = storage[1:].view(t.shape)
+    out.copy_(t)
+    assert out.data_ptr() % 16 != 0
+    return out
+
+
+def _splat_case(atoms: AtomSet, grid: GridSpec, grad_out: torch.Tensor, *, n_frames=None, radius=None):
+    """A call returning the map and the gradients of Σ grad_out·ρ for fresh leaves of ``atoms``."""
+    names = ("xyz", "b_iso", "occ") + (("u_aniso",) if atoms.u_aniso is not None else ())
 
     def run():
-        leaves = [t.clone().requires_grad_(True) for t in (base.xyz, base.b_iso, base.occ)]
-        out = triton_splat.splat_triton(AtomSet(*leaves, base.a, base.b, _validate=False), grid)
-        return (out,) + torch.autograd.grad(out, leaves, grad_outputs=w)
+        leaves = [getattr(atoms, name).detach().clone().requires_grad_(True) for name in names]
+        fields = dict(zip(names, leaves))
+        at = AtomSet(
+            fields["xyz"], fields["b_iso"], fields["occ"], atoms.a, atoms.b,
+            u_aniso=fields.get("u_aniso"), aniso=atoms.aniso, _validate=False,
+        )  # fmt: skip
+        if n_frames is None:
+            out = triton_splat.splat_triton(at, grid, radius=radius)
+        else:
+            out = triton_splat.splat_frames_triton(at, grid, n_frames=n_frames, radius=radius)
+        return (out.detach(), *torch.autograd.grad(out, leaves, grad_outputs=grad_out))
 
-    run()
-    assert {key[0] for key in plan.compiled} == {"fwd", "bwd"}, "no compiled kernel was kept for the direct launch"
-    direct = run()
-    assert triton_splat._direct_launch, "the direct launch failed on this Triton and was switched off"
-    monkeypatch.setattr(triton_splat, "_direct_launch", False)
-    normal = run()
-    for got, want in zip(direct, normal):
-        assert_kernel_close(got, want)
-    # A gradient that is not 16-byte aligned takes the normal launch (the compiled kernel assumes alignment).
-    monkeypatch.setattr(triton_splat, "_direct_launch", True)
-    leaves = [t.clone().requires_grad_(True) for t in (base.xyz, base.b_iso, base.occ)]
-    out = triton_splat.splat_triton(AtomSet(*leaves, base.a, base.b, _validate=False), grid)
-    storage = torch.empty(w.numel() + 1, device="cuda")
-    shifted = storage[1:].view(w.shape)
-    shifted.copy_(w)
-    g = torch.autograd.grad(out, leaves, grad_outputs=shifted)
-    for got, want in zip(g, normal[1:]):
-        assert_kernel_close(got, want)
+    return run
+
+
+def check_direct_launches(monkeypatch, launchers, cases: dict, compare) -> None:
+    """Run every case with normal launches, then twice more, directly: ``compare(name, got, normal)`` each.
+
+    ``cases`` maps a name to a call that returns its outputs. The launchers start empty; the normal pass keeps
+    each specialisation's kernel, and the direct passes must launch none normally (a counting stand-in of each
+    kernel says so) and none may be refused.
+    """
+    for launcher in launchers:
+        monkeypatch.setattr(launcher, "compiled", {})
+        monkeypatch.setattr(launcher, "verified", False)
+    assert _launch.fast_launch_enabled()
+    try:
+        _launch.fast_launch_enabled(False)
+        normal = {name: run() for name, run in cases.items()}  # normal launches; each keeps its kernel
+    finally:
+        _launch.fast_launch_enabled(True)
+    assert all(launcher.compiled for launcher in launchers), "a launcher kept no compiled kernel"
+    for launcher in launchers:
+        monkeypatch.setattr(launcher, "kernel", _CountingKernel(launcher.kernel))
+    for _ in range(2):  # the first direct call of each launcher is checked by it, the second is not
+        for name, run in cases.items():
+            compare(name, run(), normal[name])
+    for launcher in launchers:
+        assert launcher.verified and not launcher.broken, "the direct launch was refused by this Triton"
+        assert launcher.kernel.launches == 0, f"{launcher.kernel.kernel.__name__} took the normal launch"
+
+
+@requires_cuda
+def test_direct_launch_matches_the_normal_launch(monkeypatch):
+    """Each specialisation's kept kernel is launched directly afterwards and gives what the normal launch gives.
+
+    The specialisations run one after another with the same launchers: float32 and float64 positions, one
+    map and two frames, per-atom and fixed radii, isotropic and anisotropic kernels, an aligned and a
+    misaligned upstream gradient. A key that missed any of them would hand a later call another call's
+    kernel (float64 positions read as float32, one map's indexing for frames, aligned vector loads of a
+    misaligned gradient), and its maps or gradients would differ from the normal launch's.
+    """
+    iso = model("1aki")
+    grid = GridSpec.for_spacing(iso.cell, 2.0 / 3.0)
+    base = iso.atoms.to("cuda", torch.float32)
+    base = AtomSet(base.xyz, base.b_iso, base.occ, base.a, base.b, _validate=False)
+    w = torch.randn(grid.shape, device="cuda")
+    pair = AtomSet(
+        torch.cat([base.xyz, base.xyz + 0.4]), base.b_iso.repeat(2), base.occ.repeat(2), base.a.repeat(2, 1),
+        base.b.repeat(2, 1), _validate=False,
+    )  # fmt: skip
+    w2 = torch.randn((2, *grid.shape), device="cuda")
+    xyz64 = AtomSet(base.xyz.double(), base.b_iso, base.occ, base.a, base.b, _validate=False)
+    aniso_model = model("3o5r")
+    agrid = GridSpec.for_spacing(aniso_model.cell, 2.0 / 3.0)
+    aniso = aniso_model.atoms.to("cuda", torch.float32)
+    assert aniso.u_aniso is not None and bool(aniso.aniso.any())
+    wa = torch.randn(agrid.shape, device="cuda")
+    cases = {
+        "float32": _splat_case(base, grid, w),
+        "misaligned gradient": _splat_case(base, grid, misaligned(w)),
+        "float64 positions": _splat_case(xyz64, grid, w),
+        "frames": _splat_case(pair, grid, w2, n_frames=2),
+        "fixed radius": _splat_case(base, grid, w, radius=2.5),
+        "anisotropic": _splat_case(aniso, agrid, wa),
+        "anisotropic, misaligned gradient": _splat_case(aniso, agrid, misaligned(wa)),
+    }
+
+    def compare(name, got, want):
+        for g, ref in zip(got, want):
+            assert_kernel_close(g, ref)
+
+    check_direct_launches(monkeypatch, _LAUNCHERS, cases, compare)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (a call on the non-current one)")
+def test_call_on_another_device_launches_there_on_its_current_stream(monkeypatch):
+    """Atoms on cuda:1 while cuda:0 is current: the kernels run on cuda:1, on cuda:1's current stream.
+
+    The map is checked against one made with cuda:1 current. The stream check: cuda:1's current stream is a
+    side stream that first sleeps, then moves the atoms; a launch on any other stream runs before the move
+    and splats the old positions.
+    """
+    iso = model("1aki")
+    grid = GridSpec.for_spacing(iso.cell, 2.0 / 3.0)
+    at = iso.atoms.to("cuda:1", torch.float32)
+    at = AtomSet(at.xyz.clone(), at.b_iso, at.occ, at.a, at.b, _validate=False)
+    moved = at.xyz + 0.5
+    w = torch.randn(grid.shape, device="cuda:1")
+    previous = torch.cuda.current_device()
+    side = torch.cuda.Stream(device=1)
+    try:
+        torch.cuda.set_device(1)
+        want = _splat_case(at, grid, w)()
+        want_moved = triton_splat.splat_triton(AtomSet(moved, at.b_iso, at.occ, at.a, at.b, _validate=False), grid)
+        assert float((want_moved - want[0]).abs().max()) > 1e-3 * float(want[0].abs().max())
+        torch.cuda.set_device(0)
+        for launcher in _LAUNCHERS[:2]:
+            monkeypatch.setattr(launcher, "compiled", {})
+            monkeypatch.setattr(launcher, "kernel", _CountingKernel(launcher.kernel))
+        for _ in range(2):  # the first keeps the kernels (compiled for cuda:1), the second launches them directly
+            for got, ref in zip(_splat_case(at, grid, w)(), want):
+                assert_kernel_close(got, ref)
+            assert torch.cuda.current_device() == 0
+        for launcher in _LAUNCHERS[:2]:
+            assert [key[3] for key in launcher.compiled] == [1]
+            assert launcher.kernel.launches == 1, "the second call on cuda:1 took the normal launch"
+        torch.cuda.set_stream(side)  # cuda:1's current stream (this makes cuda:1 current)
+        torch.cuda.set_device(0)
+        assert torch.cuda.current_stream(1) == side
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)
+            at.xyz.copy_(moved)
+        with torch.no_grad():
+            out = triton_splat.splat_triton(at, grid)
+        torch.cuda.synchronize(1)
+        assert_kernel_close(out, want_moved)
+    finally:
+        torch.cuda.set_stream(torch.cuda.default_stream(1))
+        torch.cuda.set_device(previous)
+
+
+def test_a_launch_hook_takes_the_normal_launch(monkeypatch):
+    """A profiler's launch hook gets every launch: with one installed the direct launch (which passes no hooks)
+    is not taken. On CUDA the hook is seen called by kernels kept for direct launches; everywhere the check
+    itself is exercised with each kind of hook (a HookChain entry, Triton 3.6's plain callable)."""
+    from triton import knobs
+
+    assert _launch._hooks_idle()
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata)
+
+    chain = knobs.runtime.launch_enter_hook
+    chain.add(hook)
+    try:
+        assert not _launch._hooks_idle()
+        if torch.cuda.is_available():
+            run = _splat_case(_atoms("cuda"), GRID, torch.randn(GRID.shape, device="cuda"))
+            chain.remove(hook)
+            run()  # keeps both kernels
+            assert all(launcher.compiled for launcher in _LAUNCHERS[:2])
+            chain.add(hook)
+            run()
+            assert len(seen) == 2, "a launch with a hook installed went directly"
+    finally:
+        chain.remove(hook)
+    assert _launch._hooks_idle()
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", hook)
+    assert not _launch._hooks_idle()
+
+
+def test_launches_keep_a_compiled_kernel_only_on_a_gpu():
+    """On CUDA a call keeps its compiled kernels for direct launches; the interpreter keeps none (it launches
+    normally, and returns no compiled kernel) and does not mark the launchers refused."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    base = _atoms(device)
+    for launcher in _LAUNCHERS[:2]:
+        launcher.compiled.clear()
+    _splat_case(base, GRID, torch.randn(GRID.shape, device=device))()
+    for launcher in _LAUNCHERS[:2]:
+        assert not launcher.broken
+        assert bool(launcher.compiled) == (device == "cuda"), (device, list(launcher.compiled))
+
+
+def test_constexprs_are_passed_in_signature_order():
+    """The launches pass every argument positionally: the plan's constexpr tuples must follow the kernels'
+    signatures (the names end each kernel's argument list, in this order)."""
+    plan = triton_splat._plan(GRID, None, kernels.DEFAULT_CUTOFF, torch.device("cpu"))
+    iso = triton_splat._CONSTEXPR_NAMES
+    aniso = triton_splat._ANISO_CONSTEXPR_NAMES
+    for kernel, names, values in (
+        (triton_splat._splat_fwd_kernel, iso, plan.constexprs(False, False)),
+        (triton_splat._splat_bwd_kernel, iso, plan.constexprs_bwd(False, False)),
+        (triton_splat._aniso_fwd_kernel, aniso, plan.constexprs_aniso(False, 1, False, False, False)),
+        (triton_splat._aniso_bwd_kernel, aniso, plan.constexprs_aniso(True, 1, False, False, False)),
+    ):
+        assert len(values) == len(names)
+        assert tuple(kernel.arg_names[-len(names) :]) == names, (kernel.arg_names, names)
 
 
 @requires_cuda

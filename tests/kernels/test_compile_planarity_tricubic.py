@@ -7,15 +7,18 @@ on CUDA where there is a GPU; the CUDA graph, launcher and allocation tests need
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import kernels
-from kernels import _launch
 from kernels.planarity import triton as planarity_triton
+from kernels.tricubic import OutsideMapWarning
 from kernels.tricubic import triton as tricubic_triton
 from tests.helpers import assert_close, assert_kernel_close, model, requires_cuda
+from tests.kernels.test_compile_and_graphs import check_direct_launches, misaligned
 
 TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (backend, dtype, device); the cpu backend in float64 is checked to 1e-12 against its eager self.
@@ -228,7 +231,15 @@ def test_periodic_tricubic_makes_no_host_sync():
 
 
 @requires_cuda
-def test_direct_launch_is_taken_and_equals_the_normal_launch():
+def test_direct_launch_is_taken_and_equals_the_normal_launch(monkeypatch):
+    """Each specialisation's kept kernel is launched directly afterwards and gives what the normal launch gives,
+    bit for bit (the same kernels on the same data, deterministic but for the map gradient's atomics).
+
+    The specialisations run one after another with the same launchers: the planarity forward with and
+    without its backward table, tricubic Catmull-Rom and Lagrange, periodic and bounded, with a misaligned
+    point array. A key that missed any of them would hand a later call another call's kernel, whose values
+    differ.
+    """
     m = model("1aki")
     planes = kernels.find_planes(m)
     cell = m.cell
@@ -236,31 +247,45 @@ def test_direct_launch_is_taken_and_equals_the_normal_launch():
     g = torch.Generator(device="cuda").manual_seed(8)
     rho = torch.randn(grid.shape, generator=g, device="cuda")
     pts = (torch.rand(5000, 3, generator=g, device="cuda") * 1.4 - 0.2) @ cell.orth.T.float().cuda()
+    shifted = misaligned(pts)
 
-    def run():
-        x = m.atoms.xyz.float().cuda().requires_grad_(True)
-        loss = kernels.planarity_nll(x, planes)
+    def planarity(with_grad: bool):
+        x = m.atoms.xyz.float().cuda().requires_grad_(with_grad)
+        with torch.set_grad_enabled(with_grad):
+            loss = kernels.planarity_nll(x, planes)
+        if not with_grad:
+            return (loss,)
         loss.backward()
-        p = pts.clone().requires_grad_(True)
-        values = kernels.tricubic_sample(rho, grid, p)
-        values.sum().backward()
-        torch.cuda.synchronize()
-        return loss.detach(), x.grad, values.detach(), p.grad
+        return loss.detach(), x.grad
 
-    assert _launch.fast_launch_enabled()
-    try:
-        _launch.fast_launch_enabled(False)
-        normal = run()
-        _launch.fast_launch_enabled(True)
-        run()  # compiles through the normal path and keeps the compiled kernels
-        direct = run()
-    finally:
-        _launch.fast_launch_enabled(True)
-    for launcher in (planarity_triton._fwd_launch, planarity_triton._bwd_launch, tricubic_triton._fwd_launch,
-                     tricubic_triton._bwd_launch):  # fmt: skip
-        assert launcher.verified and not launcher.broken and launcher.compiled
-    for a, b in zip(normal, direct):
-        assert torch.equal(a, b)
+    def tricubic(points: torch.Tensor, method: str, mode: str):
+        r = rho.clone().requires_grad_(True)
+        p = points.detach().requires_grad_(True)  # a new leaf on the same memory (alignment kept)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OutsideMapWarning)
+            values = kernels.tricubic_sample(r, grid, p, method=method, mode=mode)
+        values.sum().backward()
+        return values.detach(), p.grad, r.grad
+
+    cases = {
+        "planarity": lambda: planarity(True),
+        "planarity, no grad": lambda: planarity(False),
+        "catmull-rom": lambda: tricubic(pts, "catmull-rom", "periodic"),
+        "lagrange": lambda: tricubic(pts, "lagrange", "periodic"),
+        "lagrange, bounded": lambda: tricubic(pts, "lagrange", "bounded"),
+        "catmull-rom, misaligned points": lambda: tricubic(shifted, "catmull-rom", "periodic"),
+    }
+
+    def compare(name, got, want):
+        torch.cuda.synchronize()
+        for a, b in zip(got[:2], want[:2]):
+            assert torch.equal(a, b), name
+        for a, b in zip(got[2:], want[2:]):
+            assert_kernel_close(a, b)  # the map gradient: float32 atomics, order varies
+
+    launchers = (planarity_triton._fwd_launch, planarity_triton._bwd_launch, tricubic_triton._fwd_launch,
+                 tricubic_triton._bwd_launch)  # fmt: skip
+    check_direct_launches(monkeypatch, launchers, cases, compare)
 
 
 def _allocations(fn, warm: bool = True) -> tuple[int, object]:
