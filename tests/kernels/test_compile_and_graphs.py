@@ -255,7 +255,9 @@ def test_direct_launch_matches_the_normal_launch(monkeypatch):
         base.b.repeat(2, 1), _validate=False,
     )  # fmt: skip
     w2 = torch.randn((2, *grid.shape), device="cuda")
-    xyz64 = AtomSet(base.xyz.double(), base.b_iso, base.occ, base.a, base.b, _validate=False)
+    # An AtomSet holds one dtype: the float64 set's positions reach the kernels as float64 (wrapped there),
+    # its other fields as float32 copies.
+    xyz64 = base.to(dtype=torch.float64)
     aniso_model = model("3o5r")
     agrid = GridSpec.for_spacing(aniso_model.cell, 2.0 / 3.0)
     aniso = aniso_model.atoms.to("cuda", torch.float32)
