@@ -1306,8 +1306,8 @@ void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
     const int64_t nzl = nzb + 8;  // kTabPad
     S.at_l.resize(NG * nzl);
     S.at_w.resize(NG * nzl);
-    S.at_y.resize(NG * std::max<int64_t>(nyb, 2) * nzl);  // Y, or row 0 and the current row
-    S.at_r.resize(3 * NG * nyb);  // GV, Vs, CR
+    S.at_y.resize(NG * nzl);  // Y's first row
+    S.at_r.resize(3 * NG * ((nyb + 7) / 8 * 8));  // GV, Vs, CR (rows padded to whole blocks of 8)
     S.at_d.resize(NG * nzl);
 }
 
@@ -1911,13 +1911,15 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
 // voxel (plane i, row s, lane t) of the box as
 //   x_k = [q0·dx² + q1·dy² + q3·dx·dy] + [q2·dz² + q4·dx·dz] + [q5·dy·dz],
 // so ρ_k = C_k(i, s) · L_k(i)[t] · Y_k[s][t] with the row scalar C_k (amplitude × occupancy × the
-// first bracket's exp), the plane's lane table L_k(i) and the atom's (row, lane) table Y_k: a voxel
-// costs two multiplies per term (8 lanes of double). Each 1-D sequence exp(a(j)) of a linear or
-// quadratic a over the box's lattice steps comes from two or three exps (exp_d, all seeds of an atom
-// in one vector pass) and a multiplication or two per entry (exp(a(j+1)) = exp(a(j))·exp(a(j+1) −
-// a(j)), the difference itself stepped likewise for a quadratic), L_k(i) from L_k(i−1) by one
-// multiply per lane, Y_k[s] from Y_k[s−1] likewise; every sequence starts at the box's first plane,
-// row and lane, so a voxel's value does not depend on the slab that computes it (determinism).
+// first bracket's exp), the plane's lane factor L_k(i) and the (row, lane) factor Y_k[s] =
+// Y_k[0]·D_k^s, D_k = exp(q5·hy·dz). Each 1-D sequence exp(a(j)) of a linear or quadratic a over the
+// box's lattice steps comes from two or three exps (exp_d, all seeds of an atom in one vector pass)
+// and a multiplication or two per entry (exp(a(j+1)) = exp(a(j))·exp(a(j+1) − a(j)), the difference
+// itself stepped likewise for a quadratic), L_k(i) from L_k(i−1) by one multiply per lane. The plane
+// is walked block by block down its rows with the partial product P_k = L_k(i)·Y_k[s] in registers
+// (see aniso_atom_tables): a voxel costs one multiply-add per term (8 lanes of double). Every sequence
+// starts at the box's first plane, row and lane, so a voxel's value does not depend on the slab that
+// computes it (determinism).
 //
 // Unlike the separable isotropic factors, these are not all ≤ 1: exp(q4·dx·dz) > 1 where dx·dz has
 // the sign of q4, and only the product is a Gaussian. Everything is therefore in double (the five
@@ -1930,7 +1932,6 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
 // Atoms past the bound (very narrow or very anisotropic terms in a wide box) take aniso_atom's exp
 // per voxel.
 constexpr double kTabBound = 680.0;
-constexpr int64_t kYTabPlanes = 2;  // visits of more planes tabulate Y (see aniso_atom_tables)
 
 // e^x in double for |x| ≤ 708, vectorisable (no libm call): x = n·ln2 + r with n the nearest integer
 // (Cody–Waite with fdlibm's two-part ln2, r exact to ~1e-19), |r| ≤ ln2/2, e^r by its Taylor
@@ -1968,7 +1969,10 @@ KERNELS_INLINE double exp_d(double x) {
 //   the row scalar cf·exp(P1), P1 = q0·dx² + q1·dy² + q3·dx·dy ≤ 0 (a negative-definite form):
 //   |ln cf| − P1min, P1min the form's minimum over the rectangle's corners (a concave function takes
 //   its minimum at a vertex);
-//   the row scalar × L: that + |q2|·m_z² + |q4|·m_x·m_z.
+//   the walk's partial product P = L·Y = exp(q2·dz² + q4·dx·dz + q5·dy·dz): |q2|·m_z² + |q4|·m_x·m_z +
+//   |q5|·m_y·m_z.
+// A voxel's term is then C·P with both factors within e^±kTabBound: neither underflows while the
+// other is large.
 // The voxel value itself, the last product, is ≤ the term's peak (x ≤ 0) and needs no bound: where
 // it falls below the smallest double it is negligible, and no later product reads it.
 // max and min that keep a NaN (a NaN bound fails the test)
@@ -2000,6 +2004,7 @@ KERNELS_INLINE bool aniso_tables_fit(const Inputs& in, const AtomP& A, int64_t a
         double worst = 0;
         for (int m = 0; m < 6; ++m) worst = fmax_inl(worst, std::fabs(q[m]) * mono[m]);
         worst = fmax_inl(worst, std::fabs(q[1]) * mono[1] + std::fabs(q[3]) * mono[3]);
+        worst = fmax_inl(worst, std::fabs(q[2]) * mono[2] + std::fabs(q[4]) * mono[4] + std::fabs(q[5]) * mono[5]);
         double p1min = 0;
         for (int c = 0; c < 4; ++c) {
             const double dx = c & 1 ? dhi[0] : dlo[0], dy = c & 2 ? dhi[1] : dlo[1];
@@ -2007,19 +2012,25 @@ KERNELS_INLINE bool aniso_tables_fit(const Inputs& in, const AtomP& A, int64_t a
         }
         const double cf = T.amp[k] * A.occ;
         const double lcf = abs_log_bound(cf);
-        worst = fmax_inl(worst, lcf - p1min + std::fabs(q[2]) * mono[2] + std::fabs(q[4]) * mono[4]);
+        worst = fmax_inl(worst, lcf - p1min);
         if (!(worst <= kTabBound)) return false;
     }
     return true;
 }
 
-// Lanes a factor-table row is padded with past the box's last lane: a block of kAW lanes that starts
-// at a row's first voxel reads up to kAW − 1 entries past the row's last one (zeros: masked lanes).
+// Lanes a factor-table row is padded with past the box's last lane: the walk's last block of kAW box
+// lanes reads up to kAW − 1 entries past the box's last z (zeros: masked lanes).
 constexpr int64_t kTabPad = kAW;
 
 // The forward of anisotropic atom `atom` over planes [ia, ib] through the factor tables (callers check
-// aniso_tables_fit). The voxel set is aniso_atom's (plane_intervals / plane_intervals_f), each voxel
+// aniso_tables_fit). The voxel set is aniso_atom's (plane_intervals / plane_intervals_f); each voxel
 // receives one float add of its five terms summed in double, in the same atom order as every path.
+// Each plane is walked block by block: for a block of kAW box lanes (8·j .. 8·j + 7 from the box's
+// first z), P_k(i, 0) = L_k(i)·Y_k[0] and P_k(i, s + 1) = P_k(i, s)·D_k stay in registers while the
+// walk goes down the plane's rows, and row s adds Σ_k C_k(i, s)·P_k(i, s), masked to its interval: a
+// voxel costs one multiply-add per term, a (row, block) one multiply per term to step P, and nothing
+// is loaded per voxel but the map (the row scalars are broadcast loads): reading L_k and a tabulated
+// Y_k per voxel instead (ten table loads a block of 8) takes ~1.3× as long.
 template <class Idx>
 KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t atom, int64_t ia, int64_t ib,
                                       float* out, Scratch& S) {
@@ -2028,6 +2039,9 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
     const int64_t xlo = A.lo[0], ylo = A.lo[1], zlo = A.lo[2];
     const int64_t nyb = A.hi[1] - ylo + 1, nzb = A.hi[2] - zlo + 1;
     const int64_t nzl = nzb + kTabPad;  // lanes per table row
+    // the table loops run over whole blocks of 8 (no scalar remainder): lanes [nzb, nzr) and rows
+    // [nyb, nyr) are zeros (their steps are zeros), inside the rows' padding
+    const int64_t nzr = (nzb + 7) / 8 * 8, nyr = (nyb + 7) / 8 * 8;
     const double hx = 1.0 / g.m[0], hy = 1.0 / g.m[1], hz = 1.0 / g.m[2];
     const double dx0 = static_cast<double>(xlo) * hx - A.f[0];
     const double dy0 = static_cast<double>(ylo) * hy - A.f[1];
@@ -2054,7 +2068,7 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
         // W[t] = exp(q4·hx·dz): L's step from one plane to the next
         x[3] = q[4] * hx * dz0;
         x[4] = q[4] * hx * hz;
-        // Y[0][t] = exp(q5·dy0·dz), and its step from one row to the next, exp(q5·hy·dz)
+        // Y[0][t] = exp(q5·dy0·dz), and its step from one row to the next, D[t] = exp(q5·hy·dz)
         x[5] = q[5] * dy0 * dz0;
         x[6] = q[5] * dy0 * hz;
         x[7] = q[5] * hy * dz0;
@@ -2073,23 +2087,18 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
     for (int j = NG * kSeeds; j < NG * kSeeds + 3; ++j) seed[j] = 0.0;
     KERNELS_SIMD
     for (int j = 0; j < NG * kSeeds + 3; ++j) seed[j] = exp_d(seed[j]);
-    // tables, term k at k·(its length): L (NG × nzl), W: L's step per plane (NG × nzl), Y (NG × nyb × nzl),
-    // per row: GV of the current plane and its step per plane Vs; CR: the current plane's row scalars
+    // tables, term k at k·(its length): L of the current plane, W: L's step per plane, Y0: Y's first row,
+    // D: Y's step per row (NG × nzl each); per row: GV of the current plane and its step per plane Vs,
+    // CR: the current plane's row scalars (NG × nyr each)
     double* L = S.at_l.data();
     double* W = S.at_w.data();
-    double* Y = S.at_y.data();
+    double* Y0 = S.at_y.data();
+    double* D = S.at_d.data();
     double* GV = S.at_r.data();
-    double* Vs = GV + NG * nyb;
-    double* CR = Vs + NG * nyb;
-    double* D = S.at_d.data();  // Y's step per row, exp(q5·hy·dz) (NG × nzl)
-    // A visit of a few planes (a thin slab, or a slab edge) steps Y's rows along with the rows of each
-    // plane instead of tabulating them (the same multiplications in the same order: the same values),
-    // so an atom cut by many slab edges does not pay for the whole table at each.
-    const bool ytab = ib - ia + 1 > kYTabPlanes;
-    const int64_t ystride = ytab ? nyb * nzl : nzl;  // Y: term k's rows at k·ystride
-    double* Yr = Y + NG * nzl;                       // !ytab: the current row of every term (NG × nzl)
+    double* Vs = GV + NG * nyr;
+    double* CR = Vs + NG * nyr;
     double gx[NG], gr[NG], grr[NG], cf[NG];
-    // The 1-D progressions, j outer and the terms inner: 4·NG independent multiply chains along z and
+    // The 1-D progressions, t outer and the terms inner: 4·NG independent multiply chains along z and
     // 2·NG along y run side by side instead of one after another.
     {
         double eL[NG], rL[NG], rrL[NG], eW[NG], rW[NG], eY[NG], rY[NG], eD[NG], rD[NG];
@@ -2102,7 +2111,7 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
             for (int k = 0; k < NG; ++k) {
                 L[k * nzl + t] = eL[k];
                 W[k * nzl + t] = eW[k];
-                Y[k * ystride + t] = eY[k];
+                Y0[k * nzl + t] = eY[k];
                 D[k * nzl + t] = eD[k];
                 eL[k] *= rL[k];
                 rL[k] *= rrL[k];
@@ -2120,8 +2129,8 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
         }
         for (int64_t s = 0; s < nyb; ++s) {
             for (int k = 0; k < NG; ++k) {
-                GV[k * nyb + s] = eG[k];
-                Vs[k * nyb + s] = eV[k];
+                GV[k * nyr + s] = eG[k];
+                Vs[k * nyr + s] = eV[k];
                 eG[k] *= rG[k];
                 rG[k] *= rrG[k];
                 eV[k] *= rV[k];
@@ -2131,20 +2140,8 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
     for (int k = 0; k < NG; ++k) {
         const double* e = seed + k * kSeeds;
         cf[k] = T.amp[k] * A.occ;
-        double* Lk = L + k * nzl;
-        double* Wk = W + k * nzl;
-        for (int64_t t = nzb; t < nzl; ++t) Lk[t] = 0.0, Wk[t] = 0.0;
-        // Y[s][t] = Y[s−1][t]·exp(q5·hy·dz_t)
-        double* Yk = Y + k * ystride;
-        const double* Dk = D + k * nzl;
-        for (int64_t t = nzb; t < nzl; ++t) Yk[t] = 0.0;
-        for (int64_t s = 1; s < (ytab ? nyb : 0); ++s) {
-            const double* prev = Yk + (s - 1) * nzl;
-            double* row = Yk + s * nzl;
-            KERNELS_SIMD
-            for (int64_t t = 0; t < nzb; ++t) row[t] = prev[t] * Dk[t];
-            for (int64_t t = nzb; t < nzl; ++t) row[t] = 0.0;
-        }
+        for (int64_t t = nzb; t < nzl; ++t) L[k * nzl + t] = W[k * nzl + t] = Y0[k * nzl + t] = D[k * nzl + t] = 0.0;
+        for (int64_t s = nyb; s < nyr; ++s) GV[k * nyr + s] = Vs[k * nyr + s] = 0.0;
         gx[k] = e[14];
         gr[k] = e[15];
         grr[k] = e[16];
@@ -2160,17 +2157,18 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
         for (int64_t s = 0; s < nyb; ++s) dyf[s] = static_cast<float>(dyd[s]);
         for (int64_t s = nyb; s < nyp; ++s) dyf[s] = dyf[nyb - 1];
     }
+    const vi8 iota = Lanes<8>::iota();
     for (int64_t i = xlo; i <= ib; ++i) {
         if (i > xlo) {  // step the plane's factors from plane i − 1
             for (int k = 0; k < NG; ++k) {
                 double* Lk = L + k * nzl;
                 const double* Wk = W + k * nzl;
                 KERNELS_SIMD
-                for (int64_t t = 0; t < nzb; ++t) Lk[t] *= Wk[t];
-                double* GVk = GV + k * nyb;
-                const double* Vsk = Vs + k * nyb;
+                for (int64_t t = 0; t < nzr; ++t) Lk[t] *= Wk[t];
+                double* GVk = GV + k * nyr;
+                const double* Vsk = Vs + k * nyr;
                 KERNELS_SIMD
-                for (int64_t s = 0; s < nyb; ++s) GVk[s] *= Vsk[s];
+                for (int64_t s = 0; s < nyr; ++s) GVk[s] *= Vsk[s];
                 gx[k] *= gr[k];
                 gr[k] *= grr[k];
             }
@@ -2182,59 +2180,61 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
             plane_intervals_f(g, A, rcf, dx, nyb, dyf, dyd, S, lo, hi);
         else
             plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
+        // the plane's non-empty rows [sf, sl] and the lanes [tlo, thi] they cover
+        int64_t sf = -1, sl = -1;
+        int32_t tlo = std::numeric_limits<int32_t>::max(), thi = -1;
+        for (int64_t s = 0; s < nyb; ++s) {
+            if (lo[s] > hi[s]) continue;
+            if (sf < 0) sf = s;
+            sl = s;
+            tlo = std::min(tlo, lo[s]);
+            thi = std::max(thi, hi[s]);
+        }
+        if (sf < 0) continue;
         for (int k = 0; k < NG; ++k) {
             const double ck = cf[k], gk = gx[k];
-            const double* GVk = GV + k * nyb;
-            double* CRk = CR + k * nyb;
+            const double* GVk = GV + k * nyr;
+            double* CRk = CR + k * nyr;
             KERNELS_SIMD
-            for (int64_t s = 0; s < nyb; ++s) CRk[s] = ck * (gk * GVk[s]);
+            for (int64_t s = 0; s < nyr; ++s) CRk[s] = ck * (gk * GVk[s]);
         }
-        const vi8 iota = Lanes<8>::iota();
-        for (int64_t s = 0; s < nyb; ++s) {
-            const double* Ys;
-            if (ytab) {
-                Ys = Y + s * nzl;
-            } else {
-                if (s == 0) {
-                    std::memcpy(Yr, Y, sizeof(double) * NG * nzl);
-                } else {
-                    for (int k = 0; k < NG; ++k) {
-                        double* row = Yr + k * nzl;
-                        const double* Dk = D + k * nzl;
-                        KERNELS_SIMD
-                        for (int64_t t = 0; t < nzb; ++t) row[t] = row[t] * Dk[t];
+        const Idx plane_base = iw * static_cast<Idx>(ny);
+        for (int64_t tb = tlo / kAW * kAW; tb <= thi; tb += kAW) {
+            vd8 P0 = vload<vd8>(L + tb) * vload<vd8>(Y0 + tb);
+            vd8 P1 = vload<vd8>(L + nzl + tb) * vload<vd8>(Y0 + nzl + tb);
+            vd8 P2 = vload<vd8>(L + 2 * nzl + tb) * vload<vd8>(Y0 + 2 * nzl + tb);
+            vd8 P3 = vload<vd8>(L + 3 * nzl + tb) * vload<vd8>(Y0 + 3 * nzl + tb);
+            vd8 P4 = vload<vd8>(L + 4 * nzl + tb) * vload<vd8>(Y0 + 4 * nzl + tb);
+            const vd8 D0 = vload<vd8>(D + tb), D1 = vload<vd8>(D + nzl + tb), D2 = vload<vd8>(D + 2 * nzl + tb),
+                      D3 = vload<vd8>(D + 3 * nzl + tb), D4 = vload<vd8>(D + 4 * nzl + tb);
+            for (int64_t s = 0; s < sf; ++s) {
+                P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
+            }
+            const int64_t wz = zw[tb];
+            // the block's lanes inside the map row (lanes past the box's last z are masked in every row)
+            const bool direct = wz + kAW <= nz;
+            const int32_t tb32 = static_cast<int32_t>(tb);
+            for (int64_t s = sf; s <= sl; ++s) {
+                if (lo[s] <= tb32 + static_cast<int32_t>(kAW) - 1 && hi[s] >= tb32) {
+                    const double* c = CR + s;
+                    const vd8 v = ((vsplat_at<vd8>(c) * P0 + vsplat_at<vd8>(c + nyr) * P1) +
+                                   (vsplat_at<vd8>(c + 2 * nyr) * P2 + vsplat_at<vd8>(c + 3 * nyr) * P3)) +
+                                  vsplat_at<vd8>(c + 4 * nyr) * P4;
+                    const vi8 keep = (iota >= (vi8{} + (lo[s] - tb32))) & (iota <= (vi8{} + (hi[s] - tb32)));
+                    const vf8 f = reinterpret_cast<vf8>(reinterpret_cast<vi8>(__builtin_convertvector(v, vf8)) & keep);
+                    const Idx base = (plane_base + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
+                    if (direct) {
+                        float* o = out + base + static_cast<Idx>(wz);
+                        vstore(o, vload(o) + f);
+                    } else {
+                        alignas(32) float f8[kAW];
+                        vstore(f8, f);
+                        const int64_t te = std::min<int64_t>(hi[s], tb + kAW - 1);
+                        for (int64_t t = std::max<int64_t>(lo[s], tb); t <= te; ++t)
+                            out[base + static_cast<Idx>(zw[t])] += f8[t - tb];
                     }
                 }
-                Ys = Yr;
-            }
-            if (lo[s] > hi[s]) continue;
-            const Idx base = (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
-            const vd8 c0 = vd8{} + CR[s], c1 = vd8{} + CR[nyb + s], c2 = vd8{} + CR[2 * nyb + s],
-                      c3 = vd8{} + CR[3 * nyb + s], c4 = vd8{} + CR[4 * nyb + s];
-            const int64_t ys = ystride;
-            const int64_t t0 = lo[s], n = hi[s] - lo[s] + 1;
-            const int64_t wz = zw[t0];
-            // one piece inside the map row (no wrap along z, whole blocks in the row): add in place
-            const bool direct = wz + (n + kAW - 1) / kAW * kAW <= nz;
-            float* o = out + base + static_cast<Idx>(wz);
-            for (int64_t b = 0; b < n; b += kAW) {
-                const int64_t tb = t0 + b;
-                const int32_t m = static_cast<int32_t>(n - b);
-                const vd8 v = ((c0 * vload<vd8>(L + tb)) * vload<vd8>(Ys + tb) +
-                               (c1 * vload<vd8>(L + nzl + tb)) * vload<vd8>(Ys + ys + tb)) +
-                              ((c2 * vload<vd8>(L + 2 * nzl + tb)) * vload<vd8>(Ys + 2 * ys + tb) +
-                               (c3 * vload<vd8>(L + 3 * nzl + tb)) * vload<vd8>(Ys + 3 * ys + tb)) +
-                              (c4 * vload<vd8>(L + 4 * nzl + tb)) * vload<vd8>(Ys + 4 * ys + tb);
-                const vi8 keep = iota < (vi8{} + m);
-                const vf8 f = reinterpret_cast<vf8>(reinterpret_cast<vi8>(__builtin_convertvector(v, vf8)) & keep);
-                if (direct) {
-                    vstore(o + b, vload(o + b) + f);
-                } else {
-                    alignas(32) float f8[kAW];
-                    vstore(f8, f);
-                    for (int32_t l = 0; l < std::min<int32_t>(m, static_cast<int32_t>(kAW)); ++l)
-                        out[base + static_cast<Idx>(zw[tb + l])] += f8[l];
-                }
+                P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
             }
         }
     }
