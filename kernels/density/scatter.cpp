@@ -2018,16 +2018,17 @@ KERNELS_INLINE bool aniso_tables_fit(const Inputs& in, const AtomP& A, int64_t a
     return true;
 }
 
-// Lanes a factor-table row is padded with past the box's last lane: the walk's last block of kAW box
-// lanes reads up to kAW − 1 entries past the box's last z (zeros: masked lanes).
+// Lanes a factor-table row is padded with past the box's last lane: the walk's last block of a plane
+// reads up to kAW − 1 entries past the box's last z (zeros: masked lanes).
 constexpr int64_t kTabPad = kAW;
 
 // The forward of anisotropic atom `atom` over planes [ia, ib] through the factor tables (callers check
 // aniso_tables_fit). The voxel set is aniso_atom's (plane_intervals / plane_intervals_f); each voxel
 // receives one float add of its five terms summed in double, in the same atom order as every path.
-// Each plane is walked block by block: for a block of kAW box lanes (8·j .. 8·j + 7 from the box's
-// first z), P_k(i, 0) = L_k(i)·Y_k[0] and P_k(i, s + 1) = P_k(i, s)·D_k stay in registers while the
-// walk goes down the plane's rows, and row s adds Σ_k C_k(i, s)·P_k(i, s), masked to its interval: a
+// Each plane is walked block by block, blocks of kAW box lanes from the first lane a row of the plane
+// reaches (a lane's arithmetic does not depend on the block it falls in): P_k(i, 0) = L_k(i)·Y_k[0]
+// and P_k(i, s + 1) = P_k(i, s)·D_k stay in registers while the walk goes down the plane's rows, and
+// row s adds Σ_k C_k(i, s)·P_k(i, s), masked to its interval: a
 // voxel costs one multiply-add per term, a (row, block) one multiply per term to step P, and nothing
 // is loaded per voxel but the map (the row scalars are broadcast loads): reading L_k and a tabulated
 // Y_k per voxel instead (ten table loads a block of 8) takes ~1.3× as long.
@@ -2199,7 +2200,7 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
             for (int64_t s = 0; s < nyr; ++s) CRk[s] = ck * (gk * GVk[s]);
         }
         const Idx plane_base = iw * static_cast<Idx>(ny);
-        for (int64_t tb = tlo / kAW * kAW; tb <= thi; tb += kAW) {
+        for (int64_t tb = tlo; tb <= thi; tb += kAW) {
             vd8 P0 = vload<vd8>(L + tb) * vload<vd8>(Y0 + tb);
             vd8 P1 = vload<vd8>(L + nzl + tb) * vload<vd8>(Y0 + nzl + tb);
             vd8 P2 = vload<vd8>(L + 2 * nzl + tb) * vload<vd8>(Y0 + 2 * nzl + tb);
