@@ -1303,7 +1303,7 @@ void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
     S.dyf.resize(nyp);
     S.fix32.resize(nyp);
     S.rows.resize(nyb);
-    const int64_t nzl = nzb + 8;  // kTabPad
+    const int64_t nzl = nzb + 16;  // kTabPad
     S.at_l.resize(NG * nzl);
     S.at_w.resize(NG * nzl);
     S.at_y.resize(NG * nzl);  // Y's first row
@@ -2018,9 +2018,9 @@ KERNELS_INLINE bool aniso_tables_fit(const Inputs& in, const AtomP& A, int64_t a
     return true;
 }
 
-// Lanes a factor-table row is padded with past the box's last lane: the walk's last block of a plane
-// reads up to kAW − 1 entries past the box's last z (zeros: masked lanes).
-constexpr int64_t kTabPad = kAW;
+// Lanes a factor-table row is padded with past the box's last lane: the walk's blocks of a plane read
+// up to 2·kAW − 1 entries past the plane's last lane (zeros: masked lanes).
+constexpr int64_t kTabPad = 2 * kAW;
 
 // The forward of anisotropic atom `atom` over planes [ia, ib] through the factor tables (callers check
 // aniso_tables_fit). The voxel set is aniso_atom's (plane_intervals / plane_intervals_f); each voxel
@@ -2200,6 +2200,51 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
             for (int64_t s = 0; s < nyr; ++s) CRk[s] = ck * (gk * GVk[s]);
         }
         const Idx plane_base = iw * static_cast<Idx>(ny);
+        if (thi - tlo >= kAW && thi - tlo < 2 * kAW && zw[tlo] + 2 * kAW <= nz) {
+            // the plane's rows span two blocks that lie inside the map row: walk both at once, rows outer
+            // (10 partial products and their steps in registers, each row's scalars loaded once)
+            const int64_t tb = tlo, tc = tlo + kAW;
+            vd8 P0 = vload<vd8>(L + tb) * vload<vd8>(Y0 + tb);
+            vd8 P1 = vload<vd8>(L + nzl + tb) * vload<vd8>(Y0 + nzl + tb);
+            vd8 P2 = vload<vd8>(L + 2 * nzl + tb) * vload<vd8>(Y0 + 2 * nzl + tb);
+            vd8 P3 = vload<vd8>(L + 3 * nzl + tb) * vload<vd8>(Y0 + 3 * nzl + tb);
+            vd8 P4 = vload<vd8>(L + 4 * nzl + tb) * vload<vd8>(Y0 + 4 * nzl + tb);
+            vd8 Q0 = vload<vd8>(L + tc) * vload<vd8>(Y0 + tc);
+            vd8 Q1 = vload<vd8>(L + nzl + tc) * vload<vd8>(Y0 + nzl + tc);
+            vd8 Q2 = vload<vd8>(L + 2 * nzl + tc) * vload<vd8>(Y0 + 2 * nzl + tc);
+            vd8 Q3 = vload<vd8>(L + 3 * nzl + tc) * vload<vd8>(Y0 + 3 * nzl + tc);
+            vd8 Q4 = vload<vd8>(L + 4 * nzl + tc) * vload<vd8>(Y0 + 4 * nzl + tc);
+            const vd8 D0 = vload<vd8>(D + tb), D1 = vload<vd8>(D + nzl + tb), D2 = vload<vd8>(D + 2 * nzl + tb),
+                      D3 = vload<vd8>(D + 3 * nzl + tb), D4 = vload<vd8>(D + 4 * nzl + tb);
+            const vd8 E0 = vload<vd8>(D + tc), E1 = vload<vd8>(D + nzl + tc), E2 = vload<vd8>(D + 2 * nzl + tc),
+                      E3 = vload<vd8>(D + 3 * nzl + tc), E4 = vload<vd8>(D + 4 * nzl + tc);
+            for (int64_t s = 0; s < sf; ++s) {
+                P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
+                Q0 *= E0, Q1 *= E1, Q2 *= E2, Q3 *= E3, Q4 *= E4;
+            }
+            const int64_t wz = zw[tb];
+            const int32_t tb32 = static_cast<int32_t>(tb);
+            for (int64_t s = sf; s <= sl; ++s) {
+                if (lo[s] <= hi[s]) {
+                    const double* c = CR + s;
+                    const vd8 c0 = vsplat_at<vd8>(c), c1 = vsplat_at<vd8>(c + nyr), c2 = vsplat_at<vd8>(c + 2 * nyr),
+                              c3 = vsplat_at<vd8>(c + 3 * nyr), c4 = vsplat_at<vd8>(c + 4 * nyr);
+                    const vd8 va = ((c0 * P0 + c1 * P1) + (c2 * P2 + c3 * P3)) + c4 * P4;
+                    const vd8 vb = ((c0 * Q0 + c1 * Q1) + (c2 * Q2 + c3 * Q3)) + c4 * Q4;
+                    const vi8 la = vi8{} + (lo[s] - tb32), ha = vi8{} + (hi[s] - tb32);
+                    const vi8 ka = (iota >= la) & (iota <= ha);
+                    const vi8 kb = (iota + static_cast<int32_t>(kAW) >= la) & (iota + static_cast<int32_t>(kAW) <= ha);
+                    const vf8 fa = reinterpret_cast<vf8>(reinterpret_cast<vi8>(__builtin_convertvector(va, vf8)) & ka);
+                    const vf8 fb = reinterpret_cast<vf8>(reinterpret_cast<vi8>(__builtin_convertvector(vb, vf8)) & kb);
+                    float* o = out + (plane_base + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz) + static_cast<Idx>(wz);
+                    vstore(o, vload(o) + fa);
+                    vstore(o + kAW, vload(o + kAW) + fb);
+                }
+                P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
+                Q0 *= E0, Q1 *= E1, Q2 *= E2, Q3 *= E3, Q4 *= E4;
+            }
+            continue;
+        }
         for (int64_t tb = tlo; tb <= thi; tb += kAW) {
             vd8 P0 = vload<vd8>(L + tb) * vload<vd8>(Y0 + tb);
             vd8 P1 = vload<vd8>(L + nzl + tb) * vload<vd8>(Y0 + nzl + tb);
