@@ -2835,6 +2835,26 @@ Timings gather_aniso(const CellGeometry& cell, const int64_t shape[3], const Ato
     return tm;
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+int64_t first_non_positive_definite(int64_t n, const float* u_aniso, const uint8_t* aniso) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    for (int64_t i = 0; i < n; ++i) {
+        if (!aniso[i]) continue;
+        const float* r = u_aniso + 6 * i;
+        bool finite = true;
+        for (int c = 0; c < 6; ++c) finite = finite && std::isfinite(r[c]);
+        const double u11 = r[0], u22 = r[1], u33 = r[2], u12 = r[3], u13 = r[4], u23 = r[5];
+        const double minor2 = u11 * u22 - u12 * u12;
+        const double det = u11 * (u22 * u33 - u23 * u23) - u12 * (u12 * u33 - u23 * u13) + u13 * (u12 * u23 - u22 * u13);
+        if (!(finite && u11 > 0 && minor2 > 0 && det > 0)) return i;
+    }
+    return -1;
+}
+
 void cutoff_radii_aniso(int64_t n, const float* u_aniso, const uint8_t* aniso, const float* b_iso, const float* a,
                         const float* b, double cutoff, int rule, bool neutron, int n_threads, double* out) {
     Inputs in;

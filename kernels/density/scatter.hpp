@@ -119,6 +119,12 @@ Timings gather_aniso(const CellGeometry& cell, const int64_t shape[3], const Ato
 void cutoff_radii_aniso(int64_t n, const float* u_aniso, const uint8_t* aniso, const float* b_iso, const float* a,
                         const float* b, double cutoff, int rule, bool neutron, int n_threads, double* out);
 
+// Index of the first atom i with aniso[i] whose U (u_aniso row i, float32, as float64) fails Sylvester's
+// test — every component finite, U11 > 0, U11·U22 − U12² > 0, det U > 0, each product and difference
+// rounded as torch's elementwise ops round them (no fused multiply-add) — or −1 when none does. Serial
+// (a few µs per thousand atoms): the per-call check of the CPU backend runs no multi-threaded torch op.
+int64_t first_non_positive_definite(int64_t n, const float* u_aniso, const uint8_t* aniso);
+
 // Fractional positions frac·xyz of n atoms (xyz (n, 3) float32 in Å, frac (3, 3) row-major):
 // out (n, 3) float64, each as ((x·F0 + y·F1) + z·F2) without fused multiply-adds (torch's float64
 // matmul of these shapes rounds the same way). Serial: a few µs per thousand atoms, cheaper than
