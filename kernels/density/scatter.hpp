@@ -87,9 +87,10 @@ struct RowIntervals {
 // std::invalid_argument on a bad shape, kind or frame count, std::bad_alloc when out of memory.
 //
 // An anisotropic set (atoms.u_aniso set) takes every atom through its effective U: per voxel and
-// Gaussian term two multiplies of double factor tables (an exp per voxel and term for atoms whose
-// factors could leave double's range; scatter.cpp says why), over the same sphere of voxels, slabs
-// and atom order, so it is as deterministic as the separable path.
+// Gaussian term one multiply-add of double factors, walked down each plane's rows from per-atom
+// tables (an exp per voxel and term for atoms whose factors could leave double's range; scatter.cpp
+// says why), over the same sphere of voxels, slabs and atom order, so it is as deterministic as the
+// separable path.
 //
 // Slabs (x planes of one map, one task each, taken by whichever thread is free): at one
 // thread one slab; otherwise, with opt.slabs_per_thread = 0, slabs of decreasing work (1/(2T) of
