@@ -21,10 +21,10 @@
 // same order whatever the number of threads or slabs: results are bitwise reproducible.
 //
 // Anisotropic atoms (a set with U): no per-axis tables factor a general Gaussian into factors ≤ 1;
-// the forward multiplies per-atom factor tables in double (see "anisotropic atoms: factor tables"
-// below), atoms whose factors could leave double's range and the backward take one exp per voxel
-// and term of the quadratic exponent along the row (see "anisotropic atoms"); the sphere, the
-// slabs, the atom order and so the determinism are the separable path's.
+// the forward and the backward multiply per-atom factor tables in double (see "anisotropic atoms:
+// factor tables" below), atoms whose factors could leave double's range take one exp per voxel and
+// term of the quadratic exponent along the row (see "anisotropic atoms"); the sphere, the slabs, the
+// atom order and so the determinism are the separable path's.
 //
 // Backward (gather): for each atom, Σ over its voxels of upstream-gradient × ∂ρ/∂parameter,
 // with the same tables and the same voxel set. Atoms are independent tasks; each atom's
@@ -2032,9 +2032,15 @@ constexpr int64_t kTabPad = 2 * kAW;
 // voxel costs one multiply-add per term, a (row, block) one multiply per term to step P, and nothing
 // is loaded per voxel but the map (the row scalars are broadcast loads): reading L_k and a tabulated
 // Y_k per voxel instead (ten table loads a block of 8) takes ~1.3× as long.
-template <class Idx>
+//
+// Backward (Forward false, ia and ib the whole box): the same walk with unit amplitudes, each row's
+// e_k = C_k·P_k against the upstream gradient: per block, lane sums Σ_s u, Σ_s dy·u, Σ_s dy²·u of
+// u = C_k(s)·g·P_k (15 vectors of double), folded with the block's dz at its end into the plane's
+// sums of aniso_atom's AnisoPlaneSums, and those with dx into `gs` (the moments of AnisoSums, in
+// double throughout). The lanes outside a row's interval take g = 0 (P is finite over the box).
+template <class Idx, bool Forward = true>
 KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t atom, int64_t ia, int64_t ib,
-                                      float* out, Scratch& S) {
+                                      float* out, Scratch& S, const float* grad = nullptr, AnisoSums* gs = nullptr) {
     const Geom& g = in.g;
     const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
     const int64_t xlo = A.lo[0], ylo = A.lo[1], zlo = A.lo[2];
@@ -2140,7 +2146,7 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
     }
     for (int k = 0; k < NG; ++k) {
         const double* e = seed + k * kSeeds;
-        cf[k] = T.amp[k] * A.occ;
+        cf[k] = Forward ? T.amp[k] * A.occ : 1.0;
         for (int64_t t = nzb; t < nzl; ++t) L[k * nzl + t] = W[k * nzl + t] = Y0[k * nzl + t] = D[k * nzl + t] = 0.0;
         for (int64_t s = nyb; s < nyr; ++s) GV[k * nyr + s] = Vs[k * nyr + s] = 0.0;
         gx[k] = e[14];
@@ -2200,6 +2206,91 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
             for (int64_t s = 0; s < nyr; ++s) CRk[s] = ck * (gk * GVk[s]);
         }
         const Idx plane_base = iw * static_cast<Idx>(ny);
+        if constexpr (!Forward) {
+            AnisoPlaneSums ps;
+            std::memset(&ps, 0, sizeof ps);
+            for (int64_t tb = tlo; tb <= thi; tb += kAW) {
+                vd8 P0 = vload<vd8>(L + tb) * vload<vd8>(Y0 + tb);
+                vd8 P1 = vload<vd8>(L + nzl + tb) * vload<vd8>(Y0 + nzl + tb);
+                vd8 P2 = vload<vd8>(L + 2 * nzl + tb) * vload<vd8>(Y0 + 2 * nzl + tb);
+                vd8 P3 = vload<vd8>(L + 3 * nzl + tb) * vload<vd8>(Y0 + 3 * nzl + tb);
+                vd8 P4 = vload<vd8>(L + 4 * nzl + tb) * vload<vd8>(Y0 + 4 * nzl + tb);
+                const vd8 D0 = vload<vd8>(D + tb), D1 = vload<vd8>(D + nzl + tb), D2 = vload<vd8>(D + 2 * nzl + tb),
+                          D3 = vload<vd8>(D + 3 * nzl + tb), D4 = vload<vd8>(D + 4 * nzl + tb);
+                for (int64_t s = 0; s < sf; ++s) {
+                    P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
+                }
+                const int64_t wz = zw[tb];
+                const bool direct = wz + kAW <= nz;
+                const int32_t tb32 = static_cast<int32_t>(tb);
+                vd8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, a4 = {};  // Σ_s u_k
+                vd8 b0 = {}, b1 = {}, b2 = {}, b3 = {}, b4 = {};  // Σ_s dy·u_k
+                vd8 e0 = {}, e1 = {}, e2 = {}, e3 = {}, e4 = {};  // Σ_s dy²·u_k
+                for (int64_t s = sf; s <= sl; ++s) {
+                    if (lo[s] <= tb32 + static_cast<int32_t>(kAW) - 1 && hi[s] >= tb32) {
+                        const vi8 keep = (iota >= (vi8{} + (lo[s] - tb32))) & (iota <= (vi8{} + (hi[s] - tb32)));
+                        const Idx base = (plane_base + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
+                        vf8 gf;
+                        if (direct) {
+                            gf = vload(grad + base + static_cast<Idx>(wz));
+                        } else {
+                            alignas(32) float g8[kAW] = {};
+                            const int64_t te = std::min<int64_t>(hi[s], tb + kAW - 1);
+                            for (int64_t t = std::max<int64_t>(lo[s], tb); t <= te; ++t)
+                                g8[t - tb] = grad[base + static_cast<Idx>(zw[t])];
+                            gf = vload(g8);
+                        }
+                        const vd8 gd = __builtin_convertvector(
+                            reinterpret_cast<vf8>(reinterpret_cast<vi8>(gf) & keep), vd8);
+                        const double* c = CR + s;
+                        const vd8 dy = vsplat_at<vd8>(dyd + s);
+                        const vd8 u0 = vsplat_at<vd8>(c) * (gd * P0), u1 = vsplat_at<vd8>(c + nyr) * (gd * P1),
+                                  u2 = vsplat_at<vd8>(c + 2 * nyr) * (gd * P2),
+                                  u3 = vsplat_at<vd8>(c + 3 * nyr) * (gd * P3),
+                                  u4 = vsplat_at<vd8>(c + 4 * nyr) * (gd * P4);
+                        a0 += u0, a1 += u1, a2 += u2, a3 += u3, a4 += u4;
+                        const vd8 y0 = dy * u0, y1 = dy * u1, y2 = dy * u2, y3 = dy * u3, y4 = dy * u4;
+                        b0 += y0, b1 += y1, b2 += y2, b3 += y3, b4 += y4;
+                        e0 += dy * y0, e1 += dy * y1, e2 += dy * y2, e3 += dy * y3, e4 += dy * y4;
+                    }
+                    P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
+                }
+                // the block's dz per lane (lanes past the box's last z hold zero sums)
+                alignas(64) double dzl[kAW];
+                for (int l = 0; l < static_cast<int>(kAW); ++l)
+                    dzl[l] = static_cast<double>(zlo + tb + l) / g.m[2] - A.f[2];
+                const vd8 dz = vload<vd8>(dzl);
+                const vd8* av[NG] = {&a0, &a1, &a2, &a3, &a4};
+                const vd8* bv[NG] = {&b0, &b1, &b2, &b3, &b4};
+                const vd8* ev[NG] = {&e0, &e1, &e2, &e3, &e4};
+                for (int k = 0; k < NG; ++k) {
+                    const vd8 az = *av[k] * dz, bz = *bv[k] * dz, azz = az * dz;
+                    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0;
+                    for (int l = 0; l < static_cast<int>(kAW); ++l) {
+                        s0 += (*av[k])[l], s1 += (*bv[k])[l], s2 += (*ev[k])[l];
+                        s3 += az[l], s4 += bz[l], s5 += azz[l];
+                    }
+                    ps.p[0][k] += s0, ps.p[1][k] += s1, ps.p[2][k] += s2;
+                    ps.p[3][k] += s3, ps.p[4][k] += s4, ps.p[5][k] += s5;
+                }
+            }
+            for (int k = 0; k < NG; ++k) {
+                double* m = gs->m[k];
+                const double p0 = ps.p[0][k], py = ps.p[1][k], pyy = ps.p[2][k], p1 = ps.p[3][k], py1 = ps.p[4][k],
+                             p2 = ps.p[5][k];
+                m[0] += p0;
+                m[1] += dx * p0;
+                m[2] += py;
+                m[3] += p1;
+                m[4] += dx * dx * p0;
+                m[5] += pyy;
+                m[6] += p2;
+                m[7] += dx * py;
+                m[8] += dx * p1;
+                m[9] += py1;
+            }
+            continue;
+        }
         if (thi - tlo >= kAW && thi - tlo < 2 * kAW && zw[tlo] + 2 * kAW <= nz) {
             // the plane's rows span two blocks that lie inside the map row: walk both at once, rows outer
             // (10 partial products and their steps in registers, each row's scalars loaded once)
@@ -2655,15 +2746,23 @@ void gather_aniso_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64
                         const float* grad, Scratch& S, bool use64, double* gfrac, double* gocc, double* gu,
                         double* gb) {
     const double* O = in.g.orth;
+    // each atom's moments through the factor tables where they fit (aniso_tables_fit, as the forward
+    // decides), else with an exp per voxel and term
     for (int64_t i = first; i < last; ++i) {
         const AtomP& A = atoms[i];
         AnisoSums gs;
         std::memset(&gs, 0, sizeof gs);
         if (A.R2 > 0) {
-            if (use64)
+            if (aniso_tables_fit(in, A, i)) {
+                if (use64)
+                    aniso_atom_tables<int64_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, S, grad, &gs);
+                else
+                    aniso_atom_tables<int32_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, S, grad, &gs);
+            } else if (use64) {
                 aniso_atom<int64_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
-            else
+            } else {
                 aniso_atom<int32_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
+            }
         }
         const AnisoTerms& T = in.terms[i];
         double go = 0, gf[3] = {0, 0, 0}, GU[3][3] = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};

@@ -3,11 +3,11 @@
 Every atom of a set with ``u_aniso`` goes through the anisotropic kernel with its effective U, so
 mixed models are exact and gradients reach ``u_aniso`` of anisotropic atoms and ``b_iso`` of the
 others. Tolerances: the float32 contract of docs/kernels.md (``assert_kernel_close``:
-1e-5·max|ref| + 1e-5·|ref|) for maps and gradients; the forward multiplies per-atom factor tables in
-float64, walking each plane down its rows (relative error < 1e-13 before the one float rounding), and
-atoms past the tables' range, like
-the backward, evaluate each term's exponent in float from row constants formed in double (error
-≤ ~1e-7 of the term's peak) and exp with a polynomial (relative error < 3e-7): both well inside that bound. Against gemmi's
+1e-5·max|ref| + 1e-5·|ref|) for maps and gradients; the forward and the backward multiply per-atom
+factor tables in float64, walking each plane down its rows (relative error < 1e-13 before the map's
+one float rounding; the backward's sums in float64), and atoms past the tables' range evaluate each
+term's exponent in float from row constants formed in double (error ≤ ~1e-7 of the term's peak) and
+exp with a polynomial (relative error < 3e-7): both well inside that bound. Against gemmi's
 anisotropic calculator: relative L2 ≤ 1e-5 (gemmi sums in float with its own fast exp).
 """
 
