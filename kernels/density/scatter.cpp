@@ -2036,8 +2036,9 @@ constexpr int64_t kTabPad = 2 * kAW;
 // Backward (Forward false, ia and ib the whole box): the same walk with unit amplitudes, each row's
 // e_k = C_k·P_k against the upstream gradient: per block, lane sums Σ_s u, Σ_s dy·u, Σ_s dy²·u of
 // u = C_k(s)·g·P_k (15 vectors of double), folded with the block's dz at its end into the plane's
-// sums of aniso_atom's AnisoPlaneSums, and those with dx into `gs` (the moments of AnisoSums, in
-// double throughout). The lanes outside a row's interval take g = 0 (P is finite over the box).
+// six sums per term (aniso_atom's AnisoPlaneSums, kept as lane vectors), those with dx into the ten
+// moments as lane vectors, summed across lanes into `gs` once per atom (double throughout). The
+// lanes outside a row's interval take g = 0 (P is finite over the box).
 template <class Idx, bool Forward = true>
 KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t atom, int64_t ia, int64_t ib,
                                       float* out, Scratch& S, const float* grad = nullptr, AnisoSums* gs = nullptr) {
@@ -2165,6 +2166,9 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
         for (int64_t s = nyb; s < nyp; ++s) dyf[s] = dyf[nyb - 1];
     }
     const vi8 iota = Lanes<8>::iota();
+    // backward: the ten moments of each term as lane vectors, summed across lanes once per atom
+    vd8 mv[NG][10];
+    if constexpr (!Forward) std::memset(mv, 0, sizeof mv);
     for (int64_t i = xlo; i <= ib; ++i) {
         if (i > xlo) {  // step the plane's factors from plane i − 1
             for (int k = 0; k < NG; ++k) {
@@ -2207,8 +2211,8 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
         }
         const Idx plane_base = iw * static_cast<Idx>(ny);
         if constexpr (!Forward) {
-            AnisoPlaneSums ps;
-            std::memset(&ps, 0, sizeof ps);
+            vd8 pv[NG][6];  // the plane's six sums per term as lane vectors (see aniso_atom's AnisoPlaneSums)
+            std::memset(pv, 0, sizeof pv);
             for (int64_t tb = tlo; tb <= thi; tb += kAW) {
                 vd8 P0 = vload<vd8>(L + tb) * vload<vd8>(Y0 + tb);
                 vd8 P1 = vload<vd8>(L + nzl + tb) * vload<vd8>(Y0 + nzl + tb);
@@ -2264,30 +2268,28 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
                 const vd8* bv[NG] = {&b0, &b1, &b2, &b3, &b4};
                 const vd8* ev[NG] = {&e0, &e1, &e2, &e3, &e4};
                 for (int k = 0; k < NG; ++k) {
-                    const vd8 az = *av[k] * dz, bz = *bv[k] * dz, azz = az * dz;
-                    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0;
-                    for (int l = 0; l < static_cast<int>(kAW); ++l) {
-                        s0 += (*av[k])[l], s1 += (*bv[k])[l], s2 += (*ev[k])[l];
-                        s3 += az[l], s4 += bz[l], s5 += azz[l];
-                    }
-                    ps.p[0][k] += s0, ps.p[1][k] += s1, ps.p[2][k] += s2;
-                    ps.p[3][k] += s3, ps.p[4][k] += s4, ps.p[5][k] += s5;
+                    const vd8 az = *av[k] * dz;
+                    pv[k][0] += *av[k];
+                    pv[k][1] += *bv[k];
+                    pv[k][2] += *ev[k];
+                    pv[k][3] += az;
+                    pv[k][4] += *bv[k] * dz;
+                    pv[k][5] += az * dz;
                 }
             }
+            const vd8 dxv = vd8{} + dx, dxx = dxv * dxv;
             for (int k = 0; k < NG; ++k) {
-                double* m = gs->m[k];
-                const double p0 = ps.p[0][k], py = ps.p[1][k], pyy = ps.p[2][k], p1 = ps.p[3][k], py1 = ps.p[4][k],
-                             p2 = ps.p[5][k];
-                m[0] += p0;
-                m[1] += dx * p0;
-                m[2] += py;
-                m[3] += p1;
-                m[4] += dx * dx * p0;
-                m[5] += pyy;
-                m[6] += p2;
-                m[7] += dx * py;
-                m[8] += dx * p1;
-                m[9] += py1;
+                vd8* m = mv[k];
+                m[0] += pv[k][0];
+                m[1] += dxv * pv[k][0];
+                m[2] += pv[k][1];
+                m[3] += pv[k][3];
+                m[4] += dxx * pv[k][0];
+                m[5] += pv[k][2];
+                m[6] += pv[k][5];
+                m[7] += dxv * pv[k][1];
+                m[8] += dxv * pv[k][3];
+                m[9] += pv[k][4];
             }
             continue;
         }
@@ -2374,6 +2376,14 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
                 P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
             }
         }
+    }
+    if constexpr (!Forward) {
+        for (int k = 0; k < NG; ++k)
+            for (int j = 0; j < 10; ++j) {
+                double sum = 0;
+                for (int l = 0; l < static_cast<int>(kAW); ++l) sum += mv[k][j][l];
+                gs->m[k][j] += sum;
+            }
     }
 }
 
