@@ -12,14 +12,17 @@ background load slows all alike), at ``--threads`` threads, time
 - ``gemmi iso``       the same with every ANISOU zeroed
 
 and report medians, ratios (aniso/iso, gemmi/ours) and each map's relative L2 against gemmi's map of
-the same model (cutoff 1e-5). Structures: 1pfe (hexagonal, ANISOU for every atom), 3o5r (orthogonal,
+the same model (cutoff 1e-5). With ``--loaded`` the same rounds run twice, quiet and then with one of
+the process's two CPUs kept busy by a spinning subprocess pinned to it
+(:class:`benchmarks.bench_cpu_loaded.BusyCore`), and the two conditions' medians are printed and
+recorded side by side. Structures: 1pfe (hexagonal, ANISOU for every atom), 3o5r (orthogonal,
 ANISOU, read with ``on_bad_adp="iso"``) and 3wip (monoclinic, no ANISOU in the file: synthetic U
 from :func:`kernels.testing.synthetic_anisou`, given to gemmi as well). The process pins itself to the idlest logical
 CPU of each physical core, as ``bench_density.py`` does.
 
 Usage::
 
-    python benchmarks/bench_aniso_cpu.py --threads 2 --repeats 11 \\
+    python benchmarks/bench_aniso_cpu.py --threads 2 --repeats 11 [--loaded] \\
         --out benchmarks/results/aniso_cpu_<machine>_<date>.json
 """
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import statistics
 import sys
@@ -42,6 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._structures import STRUCTURES, anisotropic_model  # noqa: E402
+from benchmarks.bench_cpu_loaded import BusyCore  # noqa: E402
 from benchmarks.bench_density import _cpu_name, pin_to_idle_cores  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
 from kernels.density.cpu import splat_cpu  # noqa: E402
@@ -67,7 +72,8 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b.astype(np.float64)))
 
 
-def _bench_structure(name: str, args) -> dict:
+def _prepare_structure(name: str, args) -> dict:
+    """The inputs, the timed calls and the finished maps' accuracy of one structure (nothing timed yet)."""
     model, aniso, note = _model(name)
     iso = aniso.replace(u_aniso=None, aniso=None)
     grid = GridSpec.for_spacing(model.cell, args.spacing, model.spacegroup)
@@ -109,6 +115,30 @@ def _bench_structure(name: str, args) -> dict:
         "gemmi_aniso": lambda: gemmi_time(st_a, dc_a),
         "gemmi_iso": lambda: gemmi_time(st_i, dc_i),
     }
+    ours_a = splat_cpu(aniso, grid).numpy()
+    ours_i = splat_cpu(iso, grid).numpy()
+    gemmi_time(st_a, dc_a)
+    gemmi_a = np.array(dc_a.grid)
+    gemmi_time(st_i, dc_i)
+    gemmi_i = np.array(dc_i.grid)
+    return {
+        "runs": runs,
+        "row": {
+            "structure": name,
+            "atoms": len(aniso),
+            "anisotropic_atoms": int(aniso.aniso.sum()),
+            "u": note,
+            "cell_kind": model.cell.kind,
+            "grid": list(grid.shape),
+            "threads": args.threads,
+            "rel_l2_vs_gemmi": {"aniso": rel_l2(ours_a, gemmi_a), "iso": rel_l2(ours_i, gemmi_i)},
+        },
+    }
+
+
+def _time_structure(prepared: dict, args, condition: str) -> dict:
+    """Interleaved rounds of every call (one warm-up round first): medians, all times and the ratios."""
+    runs = prepared["runs"]
     torch.set_num_threads(args.threads)
     for run in runs.values():  # warm-up round, not recorded
         run()
@@ -117,36 +147,47 @@ def _bench_structure(name: str, args) -> dict:
         for k, run in runs.items():
             timings[k].append(run())
     med = {k: statistics.median(v) for k, v in timings.items()}
-    ours_a = splat_cpu(aniso, grid).numpy()
-    ours_i = splat_cpu(iso, grid).numpy()
-    gemmi_time(st_a, dc_a)
-    gemmi_a = np.array(dc_a.grid)
-    gemmi_time(st_i, dc_i)
-    gemmi_i = np.array(dc_i.grid)
-    row = {
-        "structure": name,
-        "atoms": len(aniso),
-        "anisotropic_atoms": int(aniso.aniso.sum()),
-        "u": note,
-        "cell_kind": model.cell.kind,
-        "grid": list(grid.shape),
-        "threads": args.threads,
-        "median_s": med,
-        "all_s": timings,
-        "ratios": {
+    row = dict(prepared["row"])
+    row.update(
+        condition=condition,
+        median_s=med,
+        all_s=timings,
+        ratios={
             "aniso_fwd / iso_fwd": med["aniso_fwd"] / med["iso_fwd"],
             "aniso_fwd_bwd / iso_fwd_bwd": med["aniso_fwd_bwd"] / med["iso_fwd_bwd"],
             "gemmi_aniso / aniso_fwd": med["gemmi_aniso"] / med["aniso_fwd"],
             "gemmi_iso / iso_fwd": med["gemmi_iso"] / med["iso_fwd"],
             "gemmi_aniso / gemmi_iso": med["gemmi_aniso"] / med["gemmi_iso"],
         },
-        "rel_l2_vs_gemmi": {"aniso": rel_l2(ours_a, gemmi_a), "iso": rel_l2(ours_i, gemmi_i)},
-    }
+    )
     ms = {k: round(v * 1e3, 2) for k, v in med.items()}
-    print(f"{name}: {len(aniso)} atoms, grid {grid.shape}, {args.threads} threads, medians ms {ms}", flush=True)
+    print(
+        f"{row['structure']} ({condition}): {row['atoms']} atoms, grid {tuple(row['grid'])}, {args.threads} threads, "
+        f"medians ms {ms}",
+        flush=True,
+    )
     print(f"  ratios { ({k: round(v, 2) for k, v in row['ratios'].items()}) }", flush=True)
     print(f"  rel L2 vs gemmi {row['rel_l2_vs_gemmi']}", flush=True)
     return row
+
+
+def _side_by_side(quiet: list[dict], loaded: list[dict]) -> list[dict]:
+    """Per structure and call: the quiet and the loaded median (ms) and loaded/quiet; the ratios of both."""
+    table = []
+    for q, lo in zip(quiet, loaded):
+        entry = {"structure": q["structure"], "median_ms": {}, "ratios": {}}
+        for k in q["median_s"]:
+            a, b = q["median_s"][k] * 1e3, lo["median_s"][k] * 1e3
+            entry["median_ms"][k] = {"quiet": a, "loaded": b, "loaded / quiet": b / a}
+        for k in q["ratios"]:
+            entry["ratios"][k] = {"quiet": q["ratios"][k], "loaded": lo["ratios"][k]}
+        table.append(entry)
+        print(f"{q['structure']}: median ms quiet | loaded (loaded/quiet)")
+        for k, v in entry["median_ms"].items():
+            print(f"  {k:14s} {v['quiet']:9.2f} | {v['loaded']:9.2f}  ({v['loaded / quiet']:.2f})")
+        for k, v in entry["ratios"].items():
+            print(f"  {k:28s} {v['quiet']:6.2f} | {v['loaded']:6.2f}")
+    return table
 
 
 def main(argv=None) -> None:
@@ -156,11 +197,27 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--spacing", type=float, default=2.0 / 3.0)
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="leave thread placement to the OS")
+    parser.add_argument(
+        "--loaded",
+        action="store_true",
+        help="run the rounds quiet, then with the second of this process's two CPUs kept busy, side by side",
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     placement = pin_to_idle_cores(args.threads) if args.pin else {"pinned": False}
     print(f"cpu placement: {placement}", flush=True)
-    results = [_bench_structure(name, args) for name in args.structures]
+    busy_cpu = None
+    if args.loaded:
+        cpus = placement["cpus"] if placement.get("pinned") else sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            parser.error("--loaded needs two CPUs to run on (one of them is kept busy)")
+        busy_cpu = cpus[1]
+    prepared = [_prepare_structure(name, args) for name in args.structures]
+    results = [_time_structure(p, args, "quiet") for p in prepared]
+    loaded = []
+    if args.loaded:
+        with BusyCore(busy_cpu):
+            loaded = [_time_structure(p, args, f"loaded (CPU {busy_cpu} busy)") for p in prepared]
     import gemmi
 
     from kernels.density import _scatter
@@ -183,6 +240,13 @@ def main(argv=None) -> None:
         "zeroed grid, cutoff 1e-5",
         "results": results,
     }
+    if args.loaded:
+        record["loaded"] = {
+            "busy_cpu": busy_cpu,
+            "note": "the same rounds with a subprocess spinning on busy_cpu (benchmarks.bench_cpu_loaded.BusyCore)",
+            "results": loaded,
+            "side_by_side": _side_by_side(results, loaded),
+        }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=1) + "\n")

@@ -406,6 +406,17 @@ NB_MODULE(_scatter, m) {
         "neutron: one Gaussian, closed form. u_aniso (N, 6), b_iso (N,), a, b (N, 5) float32, aniso (N,) uint8.");
 
     m.def(
+        "first_non_positive_definite",
+        [](Array<const float, -1, 6> u_aniso, Array<const uint8_t, -1> aniso) {
+            if (u_aniso.shape(0) != aniso.shape(0))
+                throw nb::value_error("u_aniso and aniso need the same number of rows");
+            return kd::first_non_positive_definite(static_cast<int64_t>(aniso.shape(0)), u_aniso.data(), aniso.data());
+        },
+        "u_aniso"_a.noconvert(), "aniso"_a.noconvert(),
+        "Index of the first atom with aniso set whose U (N, 6) float32 fails Sylvester's test (finite, U11 > 0,\n"
+        "U11·U22 − U12² > 0, det U > 0, in float64 rounded as torch's elementwise ops), or -1.");
+
+    m.def(
         "empty_maps",
         [](std::vector<size_t> shape) {
             if (shape.size() != 3 && shape.size() != 4)

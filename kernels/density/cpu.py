@@ -272,18 +272,15 @@ def _aniso_radii(u_aniso, aniso_u8, b_iso, a, b, radiation: str, cutoff: float, 
     return out
 
 
-def _check_adp(u_aniso: torch.Tensor, atoms: AtomSet) -> None:
+def _check_adp(u_aniso: torch.Tensor, aniso_u8: torch.Tensor, atoms: AtomSet) -> None:
     """``ValueError`` naming the first anisotropic atom whose U is not finite and positive definite.
 
-    Sylvester's test on every row first (elementwise, no eigensolver); only when it fails does
-    :func:`first_bad_adp` find the atom and its eigenvalues, for the reference's message.
+    Sylvester's test on every row first, in C++ on the calling thread (a torch op over the (N, 6) U
+    runs on torch's OpenMP workers, which then spin on the cores the kernel's threads need); only when
+    it fails does :func:`first_bad_adp` find the atom and its eigenvalues, for the reference's message.
+    ``u_aniso`` (N, 6) float32 and ``aniso_u8`` (N,) uint8, contiguous.
     """
-    u = u_aniso.detach().to(torch.float64)
-    u11, u22, u33, u12, u13, u23 = u.unbind(-1)
-    minor2 = u11 * u22 - u12 * u12
-    det = u11 * (u22 * u33 - u23 * u23) - u12 * (u12 * u33 - u23 * u13) + u13 * (u12 * u23 - u22 * u13)
-    ok = torch.isfinite(u).all(dim=1) & (u11 > 0) & (minor2 > 0) & (det > 0)
-    if bool((ok | ~atoms.aniso).all()):
+    if _scatter.first_non_positive_definite(u_aniso.detach(), aniso_u8) < 0:
         return
     bad = first_bad_adp(u_aniso, atoms.aniso)
     if bad is not None:
@@ -578,9 +575,9 @@ def _splat_cpu(
     a = to_float32(atoms.a, _OP)
     b = to_float32(atoms.b, _OP)
     if atoms.u_aniso is not None:
-        u_aniso = to_float32(atoms.u_aniso, _OP)
-        _check_adp(u_aniso, atoms)
+        u_aniso = to_float32(atoms.u_aniso, _OP).contiguous()
         aniso_u8 = atoms.aniso.to(torch.uint8).contiguous()
+        _check_adp(u_aniso, aniso_u8, atoms)
         if radius is not None:
             radii = atom_radii(atoms, radius, cutoff)
         else:

@@ -21,10 +21,10 @@
 // same order whatever the number of threads or slabs: results are bitwise reproducible.
 //
 // Anisotropic atoms (a set with U): no per-axis tables factor a general Gaussian into factors ≤ 1;
-// the forward multiplies per-atom factor tables in double (see "anisotropic atoms: factor tables"
-// below), atoms whose factors could leave double's range and the backward take one exp per voxel
-// and term of the quadratic exponent along the row (see "anisotropic atoms"); the sphere, the
-// slabs, the atom order and so the determinism are the separable path's.
+// the forward and the backward multiply per-atom factor tables in double (see "anisotropic atoms:
+// factor tables" below), atoms whose factors could leave double's range take one exp per voxel and
+// term of the quadratic exponent along the row (see "anisotropic atoms"); the sphere, the slabs, the
+// atom order and so the determinism are the separable path's.
 //
 // Backward (gather): for each atom, Σ over its voxels of upstream-gradient × ∂ρ/∂parameter,
 // with the same tables and the same voxel set. Atoms are independent tasks; each atom's
@@ -1303,11 +1303,11 @@ void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
     S.dyf.resize(nyp);
     S.fix32.resize(nyp);
     S.rows.resize(nyb);
-    const int64_t nzl = nzb + 8;  // kTabPad
+    const int64_t nzl = nzb + 16;  // kTabPad
     S.at_l.resize(NG * nzl);
     S.at_w.resize(NG * nzl);
-    S.at_y.resize(NG * std::max<int64_t>(nyb, 2) * nzl);  // Y, or row 0 and the current row
-    S.at_r.resize(3 * NG * nyb);  // GV, Vs, CR
+    S.at_y.resize(NG * nzl);  // Y's first row
+    S.at_r.resize(3 * NG * ((nyb + 7) / 8 * 8));  // GV, Vs, CR (rows padded to whole blocks of 8)
     S.at_d.resize(NG * nzl);
 }
 
@@ -1911,13 +1911,15 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
 // voxel (plane i, row s, lane t) of the box as
 //   x_k = [q0·dx² + q1·dy² + q3·dx·dy] + [q2·dz² + q4·dx·dz] + [q5·dy·dz],
 // so ρ_k = C_k(i, s) · L_k(i)[t] · Y_k[s][t] with the row scalar C_k (amplitude × occupancy × the
-// first bracket's exp), the plane's lane table L_k(i) and the atom's (row, lane) table Y_k: a voxel
-// costs two multiplies per term (8 lanes of double). Each 1-D sequence exp(a(j)) of a linear or
-// quadratic a over the box's lattice steps comes from two or three exps (exp_d, all seeds of an atom
-// in one vector pass) and a multiplication or two per entry (exp(a(j+1)) = exp(a(j))·exp(a(j+1) −
-// a(j)), the difference itself stepped likewise for a quadratic), L_k(i) from L_k(i−1) by one
-// multiply per lane, Y_k[s] from Y_k[s−1] likewise; every sequence starts at the box's first plane,
-// row and lane, so a voxel's value does not depend on the slab that computes it (determinism).
+// first bracket's exp), the plane's lane factor L_k(i) and the (row, lane) factor Y_k[s] =
+// Y_k[0]·D_k^s, D_k = exp(q5·hy·dz). Each 1-D sequence exp(a(j)) of a linear or quadratic a over the
+// box's lattice steps comes from two or three exps (exp_d, all seeds of an atom in one vector pass)
+// and a multiplication or two per entry (exp(a(j+1)) = exp(a(j))·exp(a(j+1) − a(j)), the difference
+// itself stepped likewise for a quadratic), L_k(i) from L_k(i−1) by one multiply per lane. The plane
+// is walked block by block down its rows with the partial product P_k = L_k(i)·Y_k[s] in registers
+// (see aniso_atom_tables): a voxel costs one multiply-add per term (8 lanes of double). Every sequence
+// starts at the box's first plane, row and lane, so a voxel's value does not depend on the slab that
+// computes it (determinism).
 //
 // Unlike the separable isotropic factors, these are not all ≤ 1: exp(q4·dx·dz) > 1 where dx·dz has
 // the sign of q4, and only the product is a Gaussian. Everything is therefore in double (the five
@@ -1930,7 +1932,6 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
 // Atoms past the bound (very narrow or very anisotropic terms in a wide box) take aniso_atom's exp
 // per voxel.
 constexpr double kTabBound = 680.0;
-constexpr int64_t kYTabPlanes = 2;  // visits of more planes tabulate Y (see aniso_atom_tables)
 
 // e^x in double for |x| ≤ 708, vectorisable (no libm call): x = n·ln2 + r with n the nearest integer
 // (Cody–Waite with fdlibm's two-part ln2, r exact to ~1e-19), |r| ≤ ln2/2, e^r by its Taylor
@@ -1968,7 +1969,10 @@ KERNELS_INLINE double exp_d(double x) {
 //   the row scalar cf·exp(P1), P1 = q0·dx² + q1·dy² + q3·dx·dy ≤ 0 (a negative-definite form):
 //   |ln cf| − P1min, P1min the form's minimum over the rectangle's corners (a concave function takes
 //   its minimum at a vertex);
-//   the row scalar × L: that + |q2|·m_z² + |q4|·m_x·m_z.
+//   the walk's partial product P = L·Y = exp(q2·dz² + q4·dx·dz + q5·dy·dz): |q2|·m_z² + |q4|·m_x·m_z +
+//   |q5|·m_y·m_z.
+// A voxel's term is then C·P with both factors within e^±kTabBound: neither underflows while the
+// other is large.
 // The voxel value itself, the last product, is ≤ the term's peak (x ≤ 0) and needs no bound: where
 // it falls below the smallest double it is negligible, and no later product reads it.
 // max and min that keep a NaN (a NaN bound fails the test)
@@ -2000,6 +2004,7 @@ KERNELS_INLINE bool aniso_tables_fit(const Inputs& in, const AtomP& A, int64_t a
         double worst = 0;
         for (int m = 0; m < 6; ++m) worst = fmax_inl(worst, std::fabs(q[m]) * mono[m]);
         worst = fmax_inl(worst, std::fabs(q[1]) * mono[1] + std::fabs(q[3]) * mono[3]);
+        worst = fmax_inl(worst, std::fabs(q[2]) * mono[2] + std::fabs(q[4]) * mono[4] + std::fabs(q[5]) * mono[5]);
         double p1min = 0;
         for (int c = 0; c < 4; ++c) {
             const double dx = c & 1 ? dhi[0] : dlo[0], dy = c & 2 ? dhi[1] : dlo[1];
@@ -2007,27 +2012,44 @@ KERNELS_INLINE bool aniso_tables_fit(const Inputs& in, const AtomP& A, int64_t a
         }
         const double cf = T.amp[k] * A.occ;
         const double lcf = abs_log_bound(cf);
-        worst = fmax_inl(worst, lcf - p1min + std::fabs(q[2]) * mono[2] + std::fabs(q[4]) * mono[4]);
+        worst = fmax_inl(worst, lcf - p1min);
         if (!(worst <= kTabBound)) return false;
     }
     return true;
 }
 
-// Lanes a factor-table row is padded with past the box's last lane: a block of kAW lanes that starts
-// at a row's first voxel reads up to kAW − 1 entries past the row's last one (zeros: masked lanes).
-constexpr int64_t kTabPad = kAW;
+// Lanes a factor-table row is padded with past the box's last lane: the walk's blocks of a plane read
+// up to 2·kAW − 1 entries past the plane's last lane (zeros: masked lanes).
+constexpr int64_t kTabPad = 2 * kAW;
 
 // The forward of anisotropic atom `atom` over planes [ia, ib] through the factor tables (callers check
-// aniso_tables_fit). The voxel set is aniso_atom's (plane_intervals / plane_intervals_f), each voxel
+// aniso_tables_fit). The voxel set is aniso_atom's (plane_intervals / plane_intervals_f); each voxel
 // receives one float add of its five terms summed in double, in the same atom order as every path.
-template <class Idx>
+// Each plane is walked block by block, blocks of kAW box lanes from the first lane a row of the plane
+// reaches (a lane's arithmetic does not depend on the block it falls in): P_k(i, 0) = L_k(i)·Y_k[0]
+// and P_k(i, s + 1) = P_k(i, s)·D_k stay in registers while the walk goes down the plane's rows, and
+// row s adds Σ_k C_k(i, s)·P_k(i, s), masked to its interval: a
+// voxel costs one multiply-add per term, a (row, block) one multiply per term to step P, and nothing
+// is loaded per voxel but the map (the row scalars are broadcast loads): reading L_k and a tabulated
+// Y_k per voxel instead (ten table loads a block of 8) takes ~1.3× as long.
+//
+// Backward (Forward false, ia and ib the whole box): the same walk with unit amplitudes, each row's
+// e_k = C_k·P_k against the upstream gradient: per block, lane sums Σ_s u, Σ_s dy·u, Σ_s dy²·u of
+// u = C_k(s)·g·P_k (15 vectors of double), folded with the block's dz at its end into the plane's
+// six sums per term (aniso_atom's AnisoPlaneSums, kept as lane vectors), those with dx into the ten
+// moments as lane vectors, summed across lanes into `gs` once per atom (double throughout). The
+// lanes outside a row's interval take g = 0 (P is finite over the box).
+template <class Idx, bool Forward = true>
 KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t atom, int64_t ia, int64_t ib,
-                                      float* out, Scratch& S) {
+                                      float* out, Scratch& S, const float* grad = nullptr, AnisoSums* gs = nullptr) {
     const Geom& g = in.g;
     const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
     const int64_t xlo = A.lo[0], ylo = A.lo[1], zlo = A.lo[2];
     const int64_t nyb = A.hi[1] - ylo + 1, nzb = A.hi[2] - zlo + 1;
     const int64_t nzl = nzb + kTabPad;  // lanes per table row
+    // the table loops run over whole blocks of 8 (no scalar remainder): lanes [nzb, nzr) and rows
+    // [nyb, nyr) are zeros (their steps are zeros), inside the rows' padding
+    const int64_t nzr = (nzb + 7) / 8 * 8, nyr = (nyb + 7) / 8 * 8;
     const double hx = 1.0 / g.m[0], hy = 1.0 / g.m[1], hz = 1.0 / g.m[2];
     const double dx0 = static_cast<double>(xlo) * hx - A.f[0];
     const double dy0 = static_cast<double>(ylo) * hy - A.f[1];
@@ -2054,7 +2076,7 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
         // W[t] = exp(q4·hx·dz): L's step from one plane to the next
         x[3] = q[4] * hx * dz0;
         x[4] = q[4] * hx * hz;
-        // Y[0][t] = exp(q5·dy0·dz), and its step from one row to the next, exp(q5·hy·dz)
+        // Y[0][t] = exp(q5·dy0·dz), and its step from one row to the next, D[t] = exp(q5·hy·dz)
         x[5] = q[5] * dy0 * dz0;
         x[6] = q[5] * dy0 * hz;
         x[7] = q[5] * hy * dz0;
@@ -2073,23 +2095,18 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
     for (int j = NG * kSeeds; j < NG * kSeeds + 3; ++j) seed[j] = 0.0;
     KERNELS_SIMD
     for (int j = 0; j < NG * kSeeds + 3; ++j) seed[j] = exp_d(seed[j]);
-    // tables, term k at k·(its length): L (NG × nzl), W: L's step per plane (NG × nzl), Y (NG × nyb × nzl),
-    // per row: GV of the current plane and its step per plane Vs; CR: the current plane's row scalars
+    // tables, term k at k·(its length): L of the current plane, W: L's step per plane, Y0: Y's first row,
+    // D: Y's step per row (NG × nzl each); per row: GV of the current plane and its step per plane Vs,
+    // CR: the current plane's row scalars (NG × nyr each)
     double* L = S.at_l.data();
     double* W = S.at_w.data();
-    double* Y = S.at_y.data();
+    double* Y0 = S.at_y.data();
+    double* D = S.at_d.data();
     double* GV = S.at_r.data();
-    double* Vs = GV + NG * nyb;
-    double* CR = Vs + NG * nyb;
-    double* D = S.at_d.data();  // Y's step per row, exp(q5·hy·dz) (NG × nzl)
-    // A visit of a few planes (a thin slab, or a slab edge) steps Y's rows along with the rows of each
-    // plane instead of tabulating them (the same multiplications in the same order: the same values),
-    // so an atom cut by many slab edges does not pay for the whole table at each.
-    const bool ytab = ib - ia + 1 > kYTabPlanes;
-    const int64_t ystride = ytab ? nyb * nzl : nzl;  // Y: term k's rows at k·ystride
-    double* Yr = Y + NG * nzl;                       // !ytab: the current row of every term (NG × nzl)
+    double* Vs = GV + NG * nyr;
+    double* CR = Vs + NG * nyr;
     double gx[NG], gr[NG], grr[NG], cf[NG];
-    // The 1-D progressions, j outer and the terms inner: 4·NG independent multiply chains along z and
+    // The 1-D progressions, t outer and the terms inner: 4·NG independent multiply chains along z and
     // 2·NG along y run side by side instead of one after another.
     {
         double eL[NG], rL[NG], rrL[NG], eW[NG], rW[NG], eY[NG], rY[NG], eD[NG], rD[NG];
@@ -2102,7 +2119,7 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
             for (int k = 0; k < NG; ++k) {
                 L[k * nzl + t] = eL[k];
                 W[k * nzl + t] = eW[k];
-                Y[k * ystride + t] = eY[k];
+                Y0[k * nzl + t] = eY[k];
                 D[k * nzl + t] = eD[k];
                 eL[k] *= rL[k];
                 rL[k] *= rrL[k];
@@ -2120,8 +2137,8 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
         }
         for (int64_t s = 0; s < nyb; ++s) {
             for (int k = 0; k < NG; ++k) {
-                GV[k * nyb + s] = eG[k];
-                Vs[k * nyb + s] = eV[k];
+                GV[k * nyr + s] = eG[k];
+                Vs[k * nyr + s] = eV[k];
                 eG[k] *= rG[k];
                 rG[k] *= rrG[k];
                 eV[k] *= rV[k];
@@ -2130,21 +2147,9 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
     }
     for (int k = 0; k < NG; ++k) {
         const double* e = seed + k * kSeeds;
-        cf[k] = T.amp[k] * A.occ;
-        double* Lk = L + k * nzl;
-        double* Wk = W + k * nzl;
-        for (int64_t t = nzb; t < nzl; ++t) Lk[t] = 0.0, Wk[t] = 0.0;
-        // Y[s][t] = Y[s−1][t]·exp(q5·hy·dz_t)
-        double* Yk = Y + k * ystride;
-        const double* Dk = D + k * nzl;
-        for (int64_t t = nzb; t < nzl; ++t) Yk[t] = 0.0;
-        for (int64_t s = 1; s < (ytab ? nyb : 0); ++s) {
-            const double* prev = Yk + (s - 1) * nzl;
-            double* row = Yk + s * nzl;
-            KERNELS_SIMD
-            for (int64_t t = 0; t < nzb; ++t) row[t] = prev[t] * Dk[t];
-            for (int64_t t = nzb; t < nzl; ++t) row[t] = 0.0;
-        }
+        cf[k] = Forward ? T.amp[k] * A.occ : 1.0;
+        for (int64_t t = nzb; t < nzl; ++t) L[k * nzl + t] = W[k * nzl + t] = Y0[k * nzl + t] = D[k * nzl + t] = 0.0;
+        for (int64_t s = nyb; s < nyr; ++s) GV[k * nyr + s] = Vs[k * nyr + s] = 0.0;
         gx[k] = e[14];
         gr[k] = e[15];
         grr[k] = e[16];
@@ -2160,17 +2165,21 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
         for (int64_t s = 0; s < nyb; ++s) dyf[s] = static_cast<float>(dyd[s]);
         for (int64_t s = nyb; s < nyp; ++s) dyf[s] = dyf[nyb - 1];
     }
+    const vi8 iota = Lanes<8>::iota();
+    // backward: the ten moments of each term as lane vectors, summed across lanes once per atom
+    vd8 mv[NG][10];
+    if constexpr (!Forward) std::memset(mv, 0, sizeof mv);
     for (int64_t i = xlo; i <= ib; ++i) {
         if (i > xlo) {  // step the plane's factors from plane i − 1
             for (int k = 0; k < NG; ++k) {
                 double* Lk = L + k * nzl;
                 const double* Wk = W + k * nzl;
                 KERNELS_SIMD
-                for (int64_t t = 0; t < nzb; ++t) Lk[t] *= Wk[t];
-                double* GVk = GV + k * nyb;
-                const double* Vsk = Vs + k * nyb;
+                for (int64_t t = 0; t < nzr; ++t) Lk[t] *= Wk[t];
+                double* GVk = GV + k * nyr;
+                const double* Vsk = Vs + k * nyr;
                 KERNELS_SIMD
-                for (int64_t s = 0; s < nyb; ++s) GVk[s] *= Vsk[s];
+                for (int64_t s = 0; s < nyr; ++s) GVk[s] *= Vsk[s];
                 gx[k] *= gr[k];
                 gr[k] *= grr[k];
             }
@@ -2182,61 +2191,199 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
             plane_intervals_f(g, A, rcf, dx, nyb, dyf, dyd, S, lo, hi);
         else
             plane_intervals(g, A, dx, nyb, dyd, S, lo, hi);
+        // the plane's non-empty rows [sf, sl] and the lanes [tlo, thi] they cover
+        int64_t sf = -1, sl = -1;
+        int32_t tlo = std::numeric_limits<int32_t>::max(), thi = -1;
+        for (int64_t s = 0; s < nyb; ++s) {
+            if (lo[s] > hi[s]) continue;
+            if (sf < 0) sf = s;
+            sl = s;
+            tlo = std::min(tlo, lo[s]);
+            thi = std::max(thi, hi[s]);
+        }
+        if (sf < 0) continue;
         for (int k = 0; k < NG; ++k) {
             const double ck = cf[k], gk = gx[k];
-            const double* GVk = GV + k * nyb;
-            double* CRk = CR + k * nyb;
+            const double* GVk = GV + k * nyr;
+            double* CRk = CR + k * nyr;
             KERNELS_SIMD
-            for (int64_t s = 0; s < nyb; ++s) CRk[s] = ck * (gk * GVk[s]);
+            for (int64_t s = 0; s < nyr; ++s) CRk[s] = ck * (gk * GVk[s]);
         }
-        const vi8 iota = Lanes<8>::iota();
-        for (int64_t s = 0; s < nyb; ++s) {
-            const double* Ys;
-            if (ytab) {
-                Ys = Y + s * nzl;
-            } else {
-                if (s == 0) {
-                    std::memcpy(Yr, Y, sizeof(double) * NG * nzl);
-                } else {
-                    for (int k = 0; k < NG; ++k) {
-                        double* row = Yr + k * nzl;
-                        const double* Dk = D + k * nzl;
-                        KERNELS_SIMD
-                        for (int64_t t = 0; t < nzb; ++t) row[t] = row[t] * Dk[t];
+        const Idx plane_base = iw * static_cast<Idx>(ny);
+        if constexpr (!Forward) {
+            vd8 pv[NG][6];  // the plane's six sums per term as lane vectors (see aniso_atom's AnisoPlaneSums)
+            std::memset(pv, 0, sizeof pv);
+            for (int64_t tb = tlo; tb <= thi; tb += kAW) {
+                vd8 P0 = vload<vd8>(L + tb) * vload<vd8>(Y0 + tb);
+                vd8 P1 = vload<vd8>(L + nzl + tb) * vload<vd8>(Y0 + nzl + tb);
+                vd8 P2 = vload<vd8>(L + 2 * nzl + tb) * vload<vd8>(Y0 + 2 * nzl + tb);
+                vd8 P3 = vload<vd8>(L + 3 * nzl + tb) * vload<vd8>(Y0 + 3 * nzl + tb);
+                vd8 P4 = vload<vd8>(L + 4 * nzl + tb) * vload<vd8>(Y0 + 4 * nzl + tb);
+                const vd8 D0 = vload<vd8>(D + tb), D1 = vload<vd8>(D + nzl + tb), D2 = vload<vd8>(D + 2 * nzl + tb),
+                          D3 = vload<vd8>(D + 3 * nzl + tb), D4 = vload<vd8>(D + 4 * nzl + tb);
+                for (int64_t s = 0; s < sf; ++s) {
+                    P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
+                }
+                const int64_t wz = zw[tb];
+                const bool direct = wz + kAW <= nz;
+                const int32_t tb32 = static_cast<int32_t>(tb);
+                vd8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, a4 = {};  // Σ_s u_k
+                vd8 b0 = {}, b1 = {}, b2 = {}, b3 = {}, b4 = {};  // Σ_s dy·u_k
+                vd8 e0 = {}, e1 = {}, e2 = {}, e3 = {}, e4 = {};  // Σ_s dy²·u_k
+                for (int64_t s = sf; s <= sl; ++s) {
+                    if (lo[s] <= tb32 + static_cast<int32_t>(kAW) - 1 && hi[s] >= tb32) {
+                        const vi8 keep = (iota >= (vi8{} + (lo[s] - tb32))) & (iota <= (vi8{} + (hi[s] - tb32)));
+                        const Idx base = (plane_base + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
+                        vf8 gf;
+                        if (direct) {
+                            gf = vload(grad + base + static_cast<Idx>(wz));
+                        } else {
+                            alignas(32) float g8[kAW] = {};
+                            const int64_t te = std::min<int64_t>(hi[s], tb + kAW - 1);
+                            for (int64_t t = std::max<int64_t>(lo[s], tb); t <= te; ++t)
+                                g8[t - tb] = grad[base + static_cast<Idx>(zw[t])];
+                            gf = vload(g8);
+                        }
+                        const vd8 gd = __builtin_convertvector(
+                            reinterpret_cast<vf8>(reinterpret_cast<vi8>(gf) & keep), vd8);
+                        const double* c = CR + s;
+                        const vd8 dy = vsplat_at<vd8>(dyd + s);
+                        const vd8 u0 = vsplat_at<vd8>(c) * (gd * P0), u1 = vsplat_at<vd8>(c + nyr) * (gd * P1),
+                                  u2 = vsplat_at<vd8>(c + 2 * nyr) * (gd * P2),
+                                  u3 = vsplat_at<vd8>(c + 3 * nyr) * (gd * P3),
+                                  u4 = vsplat_at<vd8>(c + 4 * nyr) * (gd * P4);
+                        a0 += u0, a1 += u1, a2 += u2, a3 += u3, a4 += u4;
+                        const vd8 y0 = dy * u0, y1 = dy * u1, y2 = dy * u2, y3 = dy * u3, y4 = dy * u4;
+                        b0 += y0, b1 += y1, b2 += y2, b3 += y3, b4 += y4;
+                        e0 += dy * y0, e1 += dy * y1, e2 += dy * y2, e3 += dy * y3, e4 += dy * y4;
+                    }
+                    P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
+                }
+                // the block's dz per lane (lanes past the box's last z hold zero sums)
+                alignas(64) double dzl[kAW];
+                for (int l = 0; l < static_cast<int>(kAW); ++l)
+                    dzl[l] = static_cast<double>(zlo + tb + l) / g.m[2] - A.f[2];
+                const vd8 dz = vload<vd8>(dzl);
+                const vd8* av[NG] = {&a0, &a1, &a2, &a3, &a4};
+                const vd8* bv[NG] = {&b0, &b1, &b2, &b3, &b4};
+                const vd8* ev[NG] = {&e0, &e1, &e2, &e3, &e4};
+                for (int k = 0; k < NG; ++k) {
+                    const vd8 az = *av[k] * dz;
+                    pv[k][0] += *av[k];
+                    pv[k][1] += *bv[k];
+                    pv[k][2] += *ev[k];
+                    pv[k][3] += az;
+                    pv[k][4] += *bv[k] * dz;
+                    pv[k][5] += az * dz;
+                }
+            }
+            const vd8 dxv = vd8{} + dx, dxx = dxv * dxv;
+            for (int k = 0; k < NG; ++k) {
+                vd8* m = mv[k];
+                m[0] += pv[k][0];
+                m[1] += dxv * pv[k][0];
+                m[2] += pv[k][1];
+                m[3] += pv[k][3];
+                m[4] += dxx * pv[k][0];
+                m[5] += pv[k][2];
+                m[6] += pv[k][5];
+                m[7] += dxv * pv[k][1];
+                m[8] += dxv * pv[k][3];
+                m[9] += pv[k][4];
+            }
+            continue;
+        }
+        if (thi - tlo >= kAW && thi - tlo < 2 * kAW && zw[tlo] + 2 * kAW <= nz) {
+            // the plane's rows span two blocks that lie inside the map row: walk both at once, rows outer
+            // (10 partial products and their steps in registers, each row's scalars loaded once)
+            const int64_t tb = tlo, tc = tlo + kAW;
+            vd8 P0 = vload<vd8>(L + tb) * vload<vd8>(Y0 + tb);
+            vd8 P1 = vload<vd8>(L + nzl + tb) * vload<vd8>(Y0 + nzl + tb);
+            vd8 P2 = vload<vd8>(L + 2 * nzl + tb) * vload<vd8>(Y0 + 2 * nzl + tb);
+            vd8 P3 = vload<vd8>(L + 3 * nzl + tb) * vload<vd8>(Y0 + 3 * nzl + tb);
+            vd8 P4 = vload<vd8>(L + 4 * nzl + tb) * vload<vd8>(Y0 + 4 * nzl + tb);
+            vd8 Q0 = vload<vd8>(L + tc) * vload<vd8>(Y0 + tc);
+            vd8 Q1 = vload<vd8>(L + nzl + tc) * vload<vd8>(Y0 + nzl + tc);
+            vd8 Q2 = vload<vd8>(L + 2 * nzl + tc) * vload<vd8>(Y0 + 2 * nzl + tc);
+            vd8 Q3 = vload<vd8>(L + 3 * nzl + tc) * vload<vd8>(Y0 + 3 * nzl + tc);
+            vd8 Q4 = vload<vd8>(L + 4 * nzl + tc) * vload<vd8>(Y0 + 4 * nzl + tc);
+            const vd8 D0 = vload<vd8>(D + tb), D1 = vload<vd8>(D + nzl + tb), D2 = vload<vd8>(D + 2 * nzl + tb),
+                      D3 = vload<vd8>(D + 3 * nzl + tb), D4 = vload<vd8>(D + 4 * nzl + tb);
+            const vd8 E0 = vload<vd8>(D + tc), E1 = vload<vd8>(D + nzl + tc), E2 = vload<vd8>(D + 2 * nzl + tc),
+                      E3 = vload<vd8>(D + 3 * nzl + tc), E4 = vload<vd8>(D + 4 * nzl + tc);
+            for (int64_t s = 0; s < sf; ++s) {
+                P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
+                Q0 *= E0, Q1 *= E1, Q2 *= E2, Q3 *= E3, Q4 *= E4;
+            }
+            const int64_t wz = zw[tb];
+            const int32_t tb32 = static_cast<int32_t>(tb);
+            for (int64_t s = sf; s <= sl; ++s) {
+                if (lo[s] <= hi[s]) {
+                    const double* c = CR + s;
+                    const vd8 c0 = vsplat_at<vd8>(c), c1 = vsplat_at<vd8>(c + nyr), c2 = vsplat_at<vd8>(c + 2 * nyr),
+                              c3 = vsplat_at<vd8>(c + 3 * nyr), c4 = vsplat_at<vd8>(c + 4 * nyr);
+                    const vd8 va = ((c0 * P0 + c1 * P1) + (c2 * P2 + c3 * P3)) + c4 * P4;
+                    const vd8 vb = ((c0 * Q0 + c1 * Q1) + (c2 * Q2 + c3 * Q3)) + c4 * Q4;
+                    const vi8 la = vi8{} + (lo[s] - tb32), ha = vi8{} + (hi[s] - tb32);
+                    const vi8 ka = (iota >= la) & (iota <= ha);
+                    const vi8 kb = (iota + static_cast<int32_t>(kAW) >= la) & (iota + static_cast<int32_t>(kAW) <= ha);
+                    const vf8 fa = reinterpret_cast<vf8>(reinterpret_cast<vi8>(__builtin_convertvector(va, vf8)) & ka);
+                    const vf8 fb = reinterpret_cast<vf8>(reinterpret_cast<vi8>(__builtin_convertvector(vb, vf8)) & kb);
+                    float* o = out + (plane_base + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz) + static_cast<Idx>(wz);
+                    vstore(o, vload(o) + fa);
+                    vstore(o + kAW, vload(o + kAW) + fb);
+                }
+                P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
+                Q0 *= E0, Q1 *= E1, Q2 *= E2, Q3 *= E3, Q4 *= E4;
+            }
+            continue;
+        }
+        for (int64_t tb = tlo; tb <= thi; tb += kAW) {
+            vd8 P0 = vload<vd8>(L + tb) * vload<vd8>(Y0 + tb);
+            vd8 P1 = vload<vd8>(L + nzl + tb) * vload<vd8>(Y0 + nzl + tb);
+            vd8 P2 = vload<vd8>(L + 2 * nzl + tb) * vload<vd8>(Y0 + 2 * nzl + tb);
+            vd8 P3 = vload<vd8>(L + 3 * nzl + tb) * vload<vd8>(Y0 + 3 * nzl + tb);
+            vd8 P4 = vload<vd8>(L + 4 * nzl + tb) * vload<vd8>(Y0 + 4 * nzl + tb);
+            const vd8 D0 = vload<vd8>(D + tb), D1 = vload<vd8>(D + nzl + tb), D2 = vload<vd8>(D + 2 * nzl + tb),
+                      D3 = vload<vd8>(D + 3 * nzl + tb), D4 = vload<vd8>(D + 4 * nzl + tb);
+            for (int64_t s = 0; s < sf; ++s) {
+                P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
+            }
+            const int64_t wz = zw[tb];
+            // the block's lanes inside the map row (lanes past the box's last z are masked in every row)
+            const bool direct = wz + kAW <= nz;
+            const int32_t tb32 = static_cast<int32_t>(tb);
+            for (int64_t s = sf; s <= sl; ++s) {
+                if (lo[s] <= tb32 + static_cast<int32_t>(kAW) - 1 && hi[s] >= tb32) {
+                    const double* c = CR + s;
+                    const vd8 v = ((vsplat_at<vd8>(c) * P0 + vsplat_at<vd8>(c + nyr) * P1) +
+                                   (vsplat_at<vd8>(c + 2 * nyr) * P2 + vsplat_at<vd8>(c + 3 * nyr) * P3)) +
+                                  vsplat_at<vd8>(c + 4 * nyr) * P4;
+                    const vi8 keep = (iota >= (vi8{} + (lo[s] - tb32))) & (iota <= (vi8{} + (hi[s] - tb32)));
+                    const vf8 f = reinterpret_cast<vf8>(reinterpret_cast<vi8>(__builtin_convertvector(v, vf8)) & keep);
+                    const Idx base = (plane_base + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
+                    if (direct) {
+                        float* o = out + base + static_cast<Idx>(wz);
+                        vstore(o, vload(o) + f);
+                    } else {
+                        alignas(32) float f8[kAW];
+                        vstore(f8, f);
+                        const int64_t te = std::min<int64_t>(hi[s], tb + kAW - 1);
+                        for (int64_t t = std::max<int64_t>(lo[s], tb); t <= te; ++t)
+                            out[base + static_cast<Idx>(zw[t])] += f8[t - tb];
                     }
                 }
-                Ys = Yr;
-            }
-            if (lo[s] > hi[s]) continue;
-            const Idx base = (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
-            const vd8 c0 = vd8{} + CR[s], c1 = vd8{} + CR[nyb + s], c2 = vd8{} + CR[2 * nyb + s],
-                      c3 = vd8{} + CR[3 * nyb + s], c4 = vd8{} + CR[4 * nyb + s];
-            const int64_t ys = ystride;
-            const int64_t t0 = lo[s], n = hi[s] - lo[s] + 1;
-            const int64_t wz = zw[t0];
-            // one piece inside the map row (no wrap along z, whole blocks in the row): add in place
-            const bool direct = wz + (n + kAW - 1) / kAW * kAW <= nz;
-            float* o = out + base + static_cast<Idx>(wz);
-            for (int64_t b = 0; b < n; b += kAW) {
-                const int64_t tb = t0 + b;
-                const int32_t m = static_cast<int32_t>(n - b);
-                const vd8 v = ((c0 * vload<vd8>(L + tb)) * vload<vd8>(Ys + tb) +
-                               (c1 * vload<vd8>(L + nzl + tb)) * vload<vd8>(Ys + ys + tb)) +
-                              ((c2 * vload<vd8>(L + 2 * nzl + tb)) * vload<vd8>(Ys + 2 * ys + tb) +
-                               (c3 * vload<vd8>(L + 3 * nzl + tb)) * vload<vd8>(Ys + 3 * ys + tb)) +
-                              (c4 * vload<vd8>(L + 4 * nzl + tb)) * vload<vd8>(Ys + 4 * ys + tb);
-                const vi8 keep = iota < (vi8{} + m);
-                const vf8 f = reinterpret_cast<vf8>(reinterpret_cast<vi8>(__builtin_convertvector(v, vf8)) & keep);
-                if (direct) {
-                    vstore(o + b, vload(o + b) + f);
-                } else {
-                    alignas(32) float f8[kAW];
-                    vstore(f8, f);
-                    for (int32_t l = 0; l < std::min<int32_t>(m, static_cast<int32_t>(kAW)); ++l)
-                        out[base + static_cast<Idx>(zw[tb + l])] += f8[l];
-                }
+                P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
             }
         }
+    }
+    if constexpr (!Forward) {
+        for (int k = 0; k < NG; ++k)
+            for (int j = 0; j < 10; ++j) {
+                double sum = 0;
+                for (int l = 0; l < static_cast<int>(kAW); ++l) sum += mv[k][j][l];
+                gs->m[k][j] += sum;
+            }
     }
 }
 
@@ -2609,15 +2756,23 @@ void gather_aniso_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64
                         const float* grad, Scratch& S, bool use64, double* gfrac, double* gocc, double* gu,
                         double* gb) {
     const double* O = in.g.orth;
+    // each atom's moments through the factor tables where they fit (aniso_tables_fit, as the forward
+    // decides), else with an exp per voxel and term
     for (int64_t i = first; i < last; ++i) {
         const AtomP& A = atoms[i];
         AnisoSums gs;
         std::memset(&gs, 0, sizeof gs);
         if (A.R2 > 0) {
-            if (use64)
+            if (aniso_tables_fit(in, A, i)) {
+                if (use64)
+                    aniso_atom_tables<int64_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, S, grad, &gs);
+                else
+                    aniso_atom_tables<int32_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, S, grad, &gs);
+            } else if (use64) {
                 aniso_atom<int64_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
-            else
+            } else {
                 aniso_atom<int32_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
+            }
         }
         const AnisoTerms& T = in.terms[i];
         double go = 0, gf[3] = {0, 0, 0}, GU[3][3] = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
@@ -2787,6 +2942,26 @@ Timings gather_aniso(const CellGeometry& cell, const int64_t shape[3], const Ato
     if (atoms.n > 0)
         ::gather_aniso(in, grad, n_maps, std::max(1, opt.n_threads), tm.int64_index, gfrac, gocc, gu, gb_iso, tm);
     return tm;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+int64_t first_non_positive_definite(int64_t n, const float* u_aniso, const uint8_t* aniso) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    for (int64_t i = 0; i < n; ++i) {
+        if (!aniso[i]) continue;
+        const float* r = u_aniso + 6 * i;
+        bool finite = true;
+        for (int c = 0; c < 6; ++c) finite = finite && std::isfinite(r[c]);
+        const double u11 = r[0], u22 = r[1], u33 = r[2], u12 = r[3], u13 = r[4], u23 = r[5];
+        const double minor2 = u11 * u22 - u12 * u12;
+        const double det = u11 * (u22 * u33 - u23 * u23) - u12 * (u12 * u33 - u23 * u13) + u13 * (u12 * u23 - u22 * u13);
+        if (!(finite && u11 > 0 && minor2 > 0 && det > 0)) return i;
+    }
+    return -1;
 }
 
 void cutoff_radii_aniso(int64_t n, const float* u_aniso, const uint8_t* aniso, const float* b_iso, const float* a,

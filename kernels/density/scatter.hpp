@@ -87,9 +87,10 @@ struct RowIntervals {
 // std::invalid_argument on a bad shape, kind or frame count, std::bad_alloc when out of memory.
 //
 // An anisotropic set (atoms.u_aniso set) takes every atom through its effective U: per voxel and
-// Gaussian term two multiplies of double factor tables (an exp per voxel and term for atoms whose
-// factors could leave double's range; scatter.cpp says why), over the same sphere of voxels, slabs
-// and atom order, so it is as deterministic as the separable path.
+// Gaussian term one multiply-add of double factors, walked down each plane's rows from per-atom
+// tables (an exp per voxel and term for atoms whose factors could leave double's range; scatter.cpp
+// says why), over the same sphere of voxels, slabs and atom order, so it is as deterministic as the
+// separable path.
 //
 // Slabs (x planes of one map, one task each, taken by whichever thread is free): at one
 // thread one slab; otherwise, with opt.slabs_per_thread = 0, slabs of decreasing work (1/(2T) of
@@ -118,6 +119,12 @@ Timings gather_aniso(const CellGeometry& cell, const int64_t shape[3], const Ato
 // axis); neutron: one Gaussian, closed form. u_aniso (n, 6), aniso (n,), b_iso (n,), a and b (n, 5).
 void cutoff_radii_aniso(int64_t n, const float* u_aniso, const uint8_t* aniso, const float* b_iso, const float* a,
                         const float* b, double cutoff, int rule, bool neutron, int n_threads, double* out);
+
+// Index of the first atom i with aniso[i] whose U (u_aniso row i, float32, as float64) fails Sylvester's
+// test — every component finite, U11 > 0, U11·U22 − U12² > 0, det U > 0, each product and difference
+// rounded as torch's elementwise ops round them (no fused multiply-add) — or −1 when none does. Serial
+// (a few µs per thousand atoms): the per-call check of the CPU backend runs no multi-threaded torch op.
+int64_t first_non_positive_definite(int64_t n, const float* u_aniso, const uint8_t* aniso);
 
 // Fractional positions frac·xyz of n atoms (xyz (n, 3) float32 in Å, frac (3, 3) row-major):
 // out (n, 3) float64, each as ((x·F0 + y·F1) + z·F2) without fused multiply-adds (torch's float64

@@ -3,10 +3,11 @@
 Every atom of a set with ``u_aniso`` goes through the anisotropic kernel with its effective U, so
 mixed models are exact and gradients reach ``u_aniso`` of anisotropic atoms and ``b_iso`` of the
 others. Tolerances: the float32 contract of docs/kernels.md (``assert_kernel_close``:
-1e-5·max|ref| + 1e-5·|ref|) for maps and gradients; the forward multiplies per-atom factor tables in
-float64 (relative error < 1e-13 before the one float rounding), and atoms past the tables' range, like
-the backward, evaluate each term's exponent in float from row constants formed in double (error
-≤ ~1e-7 of the term's peak) and exp with a polynomial (relative error < 3e-7): both well inside that bound. Against gemmi's
+1e-5·max|ref| + 1e-5·|ref|) for maps and gradients; the forward and the backward multiply per-atom
+factor tables in float64, walking each plane down its rows (relative error < 1e-13 before the map's
+one float rounding; the backward's sums in float64), and atoms past the tables' range evaluate each
+term's exponent in float from row constants formed in double (error ≤ ~1e-7 of the term's peak) and
+exp with a polynomial (relative error < 3e-7): both well inside that bound. Against gemmi's
 anisotropic calculator: relative L2 ≤ 1e-5 (gemmi sums in float with its own fast exp).
 """
 
@@ -312,6 +313,49 @@ def test_non_positive_definite_u_names_the_atom():
     assert torch.isfinite(density_cpu.splat_cpu(ok, grid)).all()
 
 
+def _sylvester_fails(u: torch.Tensor, aniso: torch.Tensor) -> torch.Tensor:
+    """Which rows fail Sylvester's test as torch ops in float64 (what the C++ check must reproduce)."""
+    u = u.to(F64)
+    u11, u22, u33, u12, u13, u23 = u.unbind(-1)
+    minor2 = u11 * u22 - u12 * u12
+    det = u11 * (u22 * u33 - u23 * u23) - u12 * (u12 * u33 - u23 * u13) + u13 * (u12 * u23 - u22 * u13)
+    return aniso & ~(torch.isfinite(u).all(dim=1) & (u11 > 0) & (minor2 > 0) & (det > 0))
+
+
+def test_the_c_plus_plus_u_check_is_sylvesters_test():
+    # the per-call check runs in C++ (no torch op over the (N, 6) U wakes torch's workers): the same
+    # rows as the torch expression, on random U, rows at the boundary (det = 0 exactly, U11 = 0, a
+    # singular 2×2 minor), non-finite rows, and bad rows of isotropic atoms (never read)
+    from kernels.density import _scatter
+
+    rng = np.random.default_rng(41)
+    u = torch.from_numpy(_random_u(64, rng)).to(F32)
+    u[:32] += torch.from_numpy(rng.normal(0.0, 0.05, (32, 6))).to(F32)  # some of these lose definiteness
+    edge = torch.tensor(
+        [
+            [0.1, 0.1, 0.1, 0.1, 0.0, 0.0],  # U11·U22 − U12² = 0
+            [0.0, 0.1, 0.1, 0.0, 0.0, 0.0],  # U11 = 0
+            [0.1, 0.1, 0.1, 0.0, 0.0, 0.1],  # det = 0
+            [0.1, float("inf"), 0.1, 0.0, 0.0, 0.0],
+            [0.1, 0.1, float("nan"), 0.0, 0.0, 0.0],
+            [0.1, 0.1, 0.1, 0.0, 0.0, 0.0],  # fine
+        ],
+        dtype=F32,
+    )
+    u = torch.cat([u, edge]).contiguous()
+    for aniso in (torch.ones(len(u), dtype=torch.bool), torch.from_numpy(rng.random(len(u)) < 0.5)):
+        fails = _sylvester_fails(u, aniso)
+        assert 0 < int(fails.sum()) < len(u)
+        got = _scatter.first_non_positive_definite(u, aniso.to(torch.uint8).contiguous())
+        assert got == int(fails.nonzero()[0, 0])
+        for i in fails.nonzero()[:, 0].tolist():  # each failing row alone, behind rows that pass
+            ok = ~fails
+            one = torch.cat([u[ok], u[i : i + 1]]).contiguous()
+            flags = torch.cat([aniso[ok], aniso[i : i + 1]]).to(torch.uint8).contiguous()
+            assert _scatter.first_non_positive_definite(one, flags) == len(one) - 1
+        assert _scatter.first_non_positive_definite(u[~fails].contiguous(), aniso[~fails].to(torch.uint8)) == -1
+
+
 def test_unknown_radius_rule_is_refused():
     grid = _grid("orthogonal-odd")
     with pytest.raises(ValueError, match="radius_rule must be one of"):
@@ -506,11 +550,42 @@ def test_extreme_anisotropy_in_a_large_sphere():
     _check_against_reference(atoms, grid, radius=8.0)
 
 
+def _wide_tilted(grid: GridSpec, seed: int) -> AtomSet:
+    """Three strongly anisotropic atoms (eigenvalue ratio 12, tilted off the axes, B 40–80 Å²): one in
+    the cell, one across the z = 0 face and one across the x = 0 and y = 0 edges, so that with a wide
+    sphere their boxes wrap around the cell."""
+    rng = np.random.default_rng(seed)
+    frac = np.array([[0.45, 0.5, 0.55], [0.4, 0.6, 0.02], [0.99, 0.01, 0.97]])
+    return AtomSet.from_elements(
+        ["C", "S", "O"],
+        frac @ grid.cell.orth.numpy().T,
+        [10.0] * 3,
+        [1.0, 0.8, 0.6],
+        u_aniso=_random_u(3, rng, (40.0, 80.0), max_ratio=12.0),
+    )
+
+
+@pytest.mark.parametrize("kind", ["orthogonal-odd", "hexagonal", "triclinic"])
+def test_factor_table_walk_of_wide_tilted_atoms_across_the_cell_faces(kind):
+    # 6 Å spheres of 12:1 tilted atoms (rows of 14–23 voxels: the walk's one-block, two-block and
+    # many-block planes, blocks that run past the top of the map row and go voxel by voxel, boxes that
+    # wrap along every axis), all through the factor tables, against the reference: map and gradients
+    grid = _grid(kind)
+    atoms = _wide_tilted(grid, seed=51)
+    lam = adp_eigenvalues(atoms.u_aniso)
+    assert bool((lam[:, 2] / lam[:, 0] >= 11.9).all())
+    assert _exp_visits(atoms, grid, radius=6.0) == 0
+    _check_against_reference(atoms, grid, radius=6.0)
+    _check_against_reference(atoms, grid, radius_rule="eigen")
+
+
 def test_factor_tables_are_bitwise_the_same_for_any_slab_partition():
-    # One slab at one thread tabulates every atom's rows once; thin slabs (a visit of ≤ 2 planes) step
-    # them with each plane instead: the same multiplications, so the same bits, fallback atoms included.
+    # Every chain of the factor tables starts at the atom's box, and a lane's arithmetic does not depend
+    # on the block or the slab it falls in: one slab at one thread, 18 thin slabs at two threads and the
+    # default partition give the same bits, fallback atoms and wide wrapping atoms included.
     grid = _grid("monoclinic")
     sharp, broad, both = _sharp_and_broad(grid, seed=32)
+    wide = _wide_tilted(grid, seed=52)
     maps = []
     before = torch.get_num_threads()
     try:
@@ -522,6 +597,7 @@ def test_factor_tables_are_bitwise_the_same_for_any_slab_partition():
             torch.set_num_threads(threads)
             maps.append(
                 [density_cpu._splat_cpu(a.to(dtype=F32), grid, radius=4.0, options=options) for a in (both, broad)]
+                + [density_cpu._splat_cpu(wide.to(dtype=F32), grid, radius=6.0, options=options)]
             )
     finally:
         torch.set_num_threads(before)
