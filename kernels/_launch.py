@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FastLauncher", "fast_launch_enabled"]
+__all__ = ["FastLauncher", "ceil_div", "fast_launch_enabled"]
 
 try:
     from triton import knobs as _knobs
@@ -54,6 +54,15 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 _enabled = _knobs is not None
+
+
+def ceil_div(n: int, d: int) -> int:
+    """⌈n / d⌉ for ints n ≥ 0, d > 0: a launch grid's program count.
+
+    Plain int arithmetic for the per-call launch sites: in Triton 3.7 ``triton.cdiv`` is a
+    ``ConstexprFunction``, whose host call costs ~1.5 µs (it unwraps constexpr arguments first).
+    """
+    return -(-n // d)
 
 
 def fast_launch_enabled(enabled: bool | None = None) -> bool:

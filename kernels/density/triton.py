@@ -70,7 +70,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import FastLauncher
+from kernels._launch import FastLauncher, ceil_div
 from kernels._util import positive_number, to_float32
 from kernels.crystal import AtomSet, Cell, GridError, GridSpec
 from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES, cutoff_radius
@@ -1817,7 +1817,7 @@ def _radii_device(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cutoff:
     n = b_iso.shape[0]
     out = torch.empty(n, dtype=torch.float32, device=b_iso.device)
     block = 128 if not triton_interpreted() else 1024
-    _radius_kernel[(triton.cdiv(n, block),)](b_iso, a, b, out, n, cutoff, MAX_STEPS=80, BLOCK=block, num_warps=4)
+    _radius_kernel[(ceil_div(n, block),)](b_iso, a, b, out, n, cutoff, MAX_STEPS=80, BLOCK=block, num_warps=4)
     return out
 
 
@@ -1848,7 +1848,7 @@ def _forward(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int):
     device = xyz.device
     c = plan.constexprs(frames, index64)
     _fwd_launch(
-        (triton.cdiv(n, plan.atoms_per_program), 1, 1),
+        (ceil_div(n, plan.atoms_per_program), 1, 1),
         (c, plan.num_warps, xyz.dtype, device.index),
         (xyz, b_iso, occ, a, b, radii, plan.params, out, n, n // n_frames, *c),
         device, plan.num_warps,
@@ -1867,7 +1867,7 @@ def _backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii, n_frames: int):
     device = xyz.device
     c = plan.constexprs_bwd(frames, index64)
     _bwd_launch(
-        (triton.cdiv(n, plan.atoms_per_program), 1, 1),
+        (ceil_div(n, plan.atoms_per_program), 1, 1),
         (c, plan.num_warps_bwd, xyz.dtype, device.index, grad.data_ptr() % 16 == 0),
         (grad, xyz, b_iso, occ, a, b, radii, plan.params, g_xyz, g_b, g_occ, n, n // n_frames, *c),
         device, plan.num_warps_bwd,
@@ -1927,7 +1927,7 @@ def _forward_aniso(plan: _Plan, xyz, u, aniso, b_iso, occ, a, b, n_frames: int, 
     device = xyz.device
     c = plan.constexprs_aniso(False, rule, neutron, frames, index64)
     _aniso_fwd_launch(
-        (triton.cdiv(n, plan.atoms_per_program), 1, 1),
+        (ceil_div(n, plan.atoms_per_program), 1, 1),
         (c, plan.num_warps_aniso, xyz.dtype, device.index),
         (xyz, u, flag, b_iso, occ, a, b, radii, plan.params, out, n, n // n_frames, *c),
         device, plan.num_warps_aniso,
@@ -1948,7 +1948,7 @@ def _backward_aniso(plan: _Plan, grad, xyz, u, aniso, b_iso, occ, a, b, radii, n
     device = xyz.device
     c = plan.constexprs_aniso(True, rule, neutron, frames, index64)
     _aniso_bwd_launch(
-        (triton.cdiv(n, plan.atoms_per_program), 1, 1),
+        (ceil_div(n, plan.atoms_per_program), 1, 1),
         (c, plan.num_warps_aniso_bwd, xyz.dtype, device.index, grad.data_ptr() % 16 == 0),
         (grad, xyz, u, flag, b_iso, occ, a, b, radii, plan.params, g_xyz, g_u, g_b, g_occ, n, n // n_frames, *c),
         device, plan.num_warps_aniso_bwd,

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from kernels._launch import FastLauncher
+from kernels._launch import FastLauncher, ceil_div
 from kernels._util import to_float32
 from kernels.crystal import GridSpec
 from kernels.dispatch import triton_interpreted
@@ -319,7 +319,7 @@ def _forward(rho, points, params, method_code: int, periodic: bool, fill_value: 
         nx, ny, nz = rho.shape
         idx64 = rho.numel() >= 2**31 - 1
         _fwd_launch(
-            (triton.cdiv(n, block), 1, 1),
+            (ceil_div(n, block), 1, 1),
             (rho.device.index, method_code, periodic, idx64, block, _aligned(rho), _aligned(points)),
             (rho, points, params, out, fill_value, n, nx, ny, nz, method_code, periodic, idx64, block),
             rho.device,
@@ -342,7 +342,7 @@ def _backward(rho, points, params, grad_out, method_code: int, periodic: bool, n
         nx, ny, nz = rho.shape
         idx64 = rho.numel() >= 2**31 - 1
         _bwd_launch(
-            (triton.cdiv(n, block), 1, 1),
+            (ceil_div(n, block), 1, 1),
             (rho.device.index, method_code, periodic, idx64, need_points, need_rho, block, _aligned(rho),
              _aligned(points), _aligned(grad_out)),
             (rho, points, params, grad_out, grad_out.stride(0),

@@ -412,3 +412,11 @@ def test_eager_call_launches_one_kernel_each_way():
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert sum("_splat_bwd_kernel" in n for n in names) == 1 and len(names) <= 3, names
+
+
+def test_ceil_div_is_the_program_count_triton_computes():
+    import triton
+
+    for n in (0, 1, 2, 31, 32, 33, 1079, 17146, 2**31 + 5):
+        for d in (1, 2, 4, 32, 128, 1024):
+            assert _launch.ceil_div(n, d) == triton.cdiv(n, d) == -(-n // d)
