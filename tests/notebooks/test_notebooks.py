@@ -106,10 +106,22 @@ def test_notebook_runs(name, user_folder):
     assert not errors, errors
 
 
+def _newest_density_cuda_record() -> Path:
+    """The repository's newest H100 density record, ``density_cuda_h100_<date>.json`` (no suffixed variants)."""
+    results = NOTEBOOKS.parent / "benchmarks" / "results"
+    plain = [
+        p
+        for p in results.glob("density_cuda_h100_*.json")
+        if re.fullmatch(r"density_cuda_h100_\d{4}-\d{2}-\d{2}\.json", p.name)
+    ]
+    assert plain, f"no density_cuda_h100_<date>.json in {results}"
+    return max(plain, key=lambda p: p.name)
+
+
 def test_benchmarks_notebook_plots_the_latest_record_and_picks_up_torchref(tmp_path, user_folder):
     """Notebook 5 reads the latest JSON per op and device (not older dates, not probes) and
     draws torchref rows when a density record carries ``torchref_<version>_..._ms`` keys."""
-    record = NOTEBOOKS.parent / "benchmarks" / "results" / "density_cuda_h100_2026-11-25.json"
+    record = _newest_density_cuda_record()
     results = tmp_path / "results"
     results.mkdir()
     data = json.loads(record.read_text())
@@ -140,7 +152,7 @@ def test_debugging_notebook_without_a_gpu_says_so_and_shows_the_recorded_h100_ru
     nb = execute(user_folder / "04_kernel_debugging.ipynb", env={"WORKBENCH_BENCHMARKS_DIR": str(results)})
     text = text_output(nb)
     assert "No CUDA GPU on this machine" in text and "compare CPU backends only" in text, text
-    assert "Recorded instead: density_cuda_h100_2026-11-25.json — NVIDIA H100" in text, text
+    assert f"Recorded instead: {_newest_density_cuda_record().name} — NVIDIA H100" in text, text
     logs = sorted(results.glob("tests_cuda_*.log"))
     plain = [p for p in logs if re.fullmatch(r"tests_cuda_\w+?_\d{4}-\d{2}-\d{2}\.log", p.name)]
     newest = max(plain or logs, key=lambda p: re.findall(r"\d{4}-\d{2}-\d{2}", p.name))
