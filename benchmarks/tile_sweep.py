@@ -30,7 +30,7 @@ import kernels  # noqa: E402
 from benchmarks import _eager as E  # noqa: E402
 from benchmarks._structures import anisotropic_model  # noqa: E402
 from benchmarks._structures import model as plain_model  # noqa: E402
-from benchmarks.bench_aniso_gpu import _leaves  # noqa: E402
+from benchmarks.bench_aniso_gpu import _calls  # noqa: E402
 from kernels.crystal import GridSpec  # noqa: E402
 from kernels.density import triton as T  # noqa: E402
 
@@ -57,19 +57,7 @@ def regs(plan):
 
 
 def time_variants(label, atoms, grid, aniso, variants, fb, reps=40):
-    up = torch.randn(grid.shape, device=dev)
-    at, leaves = _leaves(atoms, aniso)
-
-    def fwd():
-        with torch.no_grad():
-            kernels.splat_density(at, grid)
-
-    def fwd_bwd():
-        for t in leaves:
-            t.grad = None
-        (kernels.splat_density(at, grid) * up).sum().backward()
-
-    fn = fwd_bwd if fb else fwd
+    fn = _calls(atoms, grid, aniso, dev)["fwd_bwd" if fb else "fwd"]
     fn()
     torch.cuda.synchronize()
     keys = [k for k, p in T._plans.items() if p.shape == grid.shape]
@@ -80,7 +68,7 @@ def time_variants(label, atoms, grid, aniso, variants, fb, reps=40):
             T._plans[k] = dataclasses.replace(base[k], **v)
         try:
             with torch.no_grad():
-                m = kernels.splat_density(at, grid)
+                m = kernels.splat_density(atoms, grid)
             if ref is None:
                 ref = m.clone()
             err = float((m - ref).abs().max())
