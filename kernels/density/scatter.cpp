@@ -2022,6 +2022,28 @@ KERNELS_INLINE bool aniso_tables_fit(const Inputs& in, const AtomP& A, int64_t a
 // up to 2·kAW − 1 entries past the plane's last lane (zeros: masked lanes).
 constexpr int64_t kTabPad = 2 * kAW;
 
+// One block of kAW lanes of aniso_atom_tables' walk, from lane tb: P_k = L_k·Y_k[0] of the five terms,
+// stepped down one row by P_k *= D_k, so P_k holds row `row` after construction.
+struct AnisoWalkBlock {
+    vd8 P0, P1, P2, P3, P4;
+    vd8 D0, D1, D2, D3, D4;
+    KERNELS_INLINE AnisoWalkBlock(const double* L, const double* Y0, const double* D, int64_t nzl, int64_t tb,
+                                  int64_t row)
+        : P0(vload<vd8>(L + tb) * vload<vd8>(Y0 + tb)),
+          P1(vload<vd8>(L + nzl + tb) * vload<vd8>(Y0 + nzl + tb)),
+          P2(vload<vd8>(L + 2 * nzl + tb) * vload<vd8>(Y0 + 2 * nzl + tb)),
+          P3(vload<vd8>(L + 3 * nzl + tb) * vload<vd8>(Y0 + 3 * nzl + tb)),
+          P4(vload<vd8>(L + 4 * nzl + tb) * vload<vd8>(Y0 + 4 * nzl + tb)),
+          D0(vload<vd8>(D + tb)),
+          D1(vload<vd8>(D + nzl + tb)),
+          D2(vload<vd8>(D + 2 * nzl + tb)),
+          D3(vload<vd8>(D + 3 * nzl + tb)),
+          D4(vload<vd8>(D + 4 * nzl + tb)) {
+        for (int64_t s = 0; s < row; ++s) step();
+    }
+    KERNELS_INLINE void step() { P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4; }
+};
+
 // The forward of anisotropic atom `atom` over planes [ia, ib] through the factor tables (callers check
 // aniso_tables_fit). The voxel set is aniso_atom's (plane_intervals / plane_intervals_f); each voxel
 // receives one float add of its five terms summed in double, in the same atom order as every path.
@@ -2214,16 +2236,7 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
             vd8 pv[NG][6];  // the plane's six sums per term as lane vectors (see aniso_atom's AnisoPlaneSums)
             std::memset(pv, 0, sizeof pv);
             for (int64_t tb = tlo; tb <= thi; tb += kAW) {
-                vd8 P0 = vload<vd8>(L + tb) * vload<vd8>(Y0 + tb);
-                vd8 P1 = vload<vd8>(L + nzl + tb) * vload<vd8>(Y0 + nzl + tb);
-                vd8 P2 = vload<vd8>(L + 2 * nzl + tb) * vload<vd8>(Y0 + 2 * nzl + tb);
-                vd8 P3 = vload<vd8>(L + 3 * nzl + tb) * vload<vd8>(Y0 + 3 * nzl + tb);
-                vd8 P4 = vload<vd8>(L + 4 * nzl + tb) * vload<vd8>(Y0 + 4 * nzl + tb);
-                const vd8 D0 = vload<vd8>(D + tb), D1 = vload<vd8>(D + nzl + tb), D2 = vload<vd8>(D + 2 * nzl + tb),
-                          D3 = vload<vd8>(D + 3 * nzl + tb), D4 = vload<vd8>(D + 4 * nzl + tb);
-                for (int64_t s = 0; s < sf; ++s) {
-                    P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
-                }
+                AnisoWalkBlock B(L, Y0, D, nzl, tb, sf);
                 const int64_t wz = zw[tb];
                 const bool direct = wz + kAW <= nz;
                 const int32_t tb32 = static_cast<int32_t>(tb);
@@ -2248,16 +2261,16 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
                             reinterpret_cast<vf8>(reinterpret_cast<vi8>(gf) & keep), vd8);
                         const double* c = CR + s;
                         const vd8 dy = vsplat_at<vd8>(dyd + s);
-                        const vd8 u0 = vsplat_at<vd8>(c) * (gd * P0), u1 = vsplat_at<vd8>(c + nyr) * (gd * P1),
-                                  u2 = vsplat_at<vd8>(c + 2 * nyr) * (gd * P2),
-                                  u3 = vsplat_at<vd8>(c + 3 * nyr) * (gd * P3),
-                                  u4 = vsplat_at<vd8>(c + 4 * nyr) * (gd * P4);
+                        const vd8 u0 = vsplat_at<vd8>(c) * (gd * B.P0), u1 = vsplat_at<vd8>(c + nyr) * (gd * B.P1),
+                                  u2 = vsplat_at<vd8>(c + 2 * nyr) * (gd * B.P2),
+                                  u3 = vsplat_at<vd8>(c + 3 * nyr) * (gd * B.P3),
+                                  u4 = vsplat_at<vd8>(c + 4 * nyr) * (gd * B.P4);
                         a0 += u0, a1 += u1, a2 += u2, a3 += u3, a4 += u4;
                         const vd8 y0 = dy * u0, y1 = dy * u1, y2 = dy * u2, y3 = dy * u3, y4 = dy * u4;
                         b0 += y0, b1 += y1, b2 += y2, b3 += y3, b4 += y4;
                         e0 += dy * y0, e1 += dy * y1, e2 += dy * y2, e3 += dy * y3, e4 += dy * y4;
                     }
-                    P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
+                    B.step();
                 }
                 // the block's dz per lane (lanes past the box's last z hold zero sums)
                 alignas(64) double dzl[kAW];
@@ -2297,24 +2310,7 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
             // the plane's rows span two blocks that lie inside the map row: walk both at once, rows outer
             // (10 partial products and their steps in registers, each row's scalars loaded once)
             const int64_t tb = tlo, tc = tlo + kAW;
-            vd8 P0 = vload<vd8>(L + tb) * vload<vd8>(Y0 + tb);
-            vd8 P1 = vload<vd8>(L + nzl + tb) * vload<vd8>(Y0 + nzl + tb);
-            vd8 P2 = vload<vd8>(L + 2 * nzl + tb) * vload<vd8>(Y0 + 2 * nzl + tb);
-            vd8 P3 = vload<vd8>(L + 3 * nzl + tb) * vload<vd8>(Y0 + 3 * nzl + tb);
-            vd8 P4 = vload<vd8>(L + 4 * nzl + tb) * vload<vd8>(Y0 + 4 * nzl + tb);
-            vd8 Q0 = vload<vd8>(L + tc) * vload<vd8>(Y0 + tc);
-            vd8 Q1 = vload<vd8>(L + nzl + tc) * vload<vd8>(Y0 + nzl + tc);
-            vd8 Q2 = vload<vd8>(L + 2 * nzl + tc) * vload<vd8>(Y0 + 2 * nzl + tc);
-            vd8 Q3 = vload<vd8>(L + 3 * nzl + tc) * vload<vd8>(Y0 + 3 * nzl + tc);
-            vd8 Q4 = vload<vd8>(L + 4 * nzl + tc) * vload<vd8>(Y0 + 4 * nzl + tc);
-            const vd8 D0 = vload<vd8>(D + tb), D1 = vload<vd8>(D + nzl + tb), D2 = vload<vd8>(D + 2 * nzl + tb),
-                      D3 = vload<vd8>(D + 3 * nzl + tb), D4 = vload<vd8>(D + 4 * nzl + tb);
-            const vd8 E0 = vload<vd8>(D + tc), E1 = vload<vd8>(D + nzl + tc), E2 = vload<vd8>(D + 2 * nzl + tc),
-                      E3 = vload<vd8>(D + 3 * nzl + tc), E4 = vload<vd8>(D + 4 * nzl + tc);
-            for (int64_t s = 0; s < sf; ++s) {
-                P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
-                Q0 *= E0, Q1 *= E1, Q2 *= E2, Q3 *= E3, Q4 *= E4;
-            }
+            AnisoWalkBlock B(L, Y0, D, nzl, tb, sf), Bc(L, Y0, D, nzl, tc, sf);
             const int64_t wz = zw[tb];
             const int32_t tb32 = static_cast<int32_t>(tb);
             for (int64_t s = sf; s <= sl; ++s) {
@@ -2322,8 +2318,8 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
                     const double* c = CR + s;
                     const vd8 c0 = vsplat_at<vd8>(c), c1 = vsplat_at<vd8>(c + nyr), c2 = vsplat_at<vd8>(c + 2 * nyr),
                               c3 = vsplat_at<vd8>(c + 3 * nyr), c4 = vsplat_at<vd8>(c + 4 * nyr);
-                    const vd8 va = ((c0 * P0 + c1 * P1) + (c2 * P2 + c3 * P3)) + c4 * P4;
-                    const vd8 vb = ((c0 * Q0 + c1 * Q1) + (c2 * Q2 + c3 * Q3)) + c4 * Q4;
+                    const vd8 va = ((c0 * B.P0 + c1 * B.P1) + (c2 * B.P2 + c3 * B.P3)) + c4 * B.P4;
+                    const vd8 vb = ((c0 * Bc.P0 + c1 * Bc.P1) + (c2 * Bc.P2 + c3 * Bc.P3)) + c4 * Bc.P4;
                     const vi8 la = vi8{} + (lo[s] - tb32), ha = vi8{} + (hi[s] - tb32);
                     const vi8 ka = (iota >= la) & (iota <= ha);
                     const vi8 kb = (iota + static_cast<int32_t>(kAW) >= la) & (iota + static_cast<int32_t>(kAW) <= ha);
@@ -2333,22 +2329,13 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
                     vstore(o, vload(o) + fa);
                     vstore(o + kAW, vload(o + kAW) + fb);
                 }
-                P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
-                Q0 *= E0, Q1 *= E1, Q2 *= E2, Q3 *= E3, Q4 *= E4;
+                B.step();
+                Bc.step();
             }
             continue;
         }
         for (int64_t tb = tlo; tb <= thi; tb += kAW) {
-            vd8 P0 = vload<vd8>(L + tb) * vload<vd8>(Y0 + tb);
-            vd8 P1 = vload<vd8>(L + nzl + tb) * vload<vd8>(Y0 + nzl + tb);
-            vd8 P2 = vload<vd8>(L + 2 * nzl + tb) * vload<vd8>(Y0 + 2 * nzl + tb);
-            vd8 P3 = vload<vd8>(L + 3 * nzl + tb) * vload<vd8>(Y0 + 3 * nzl + tb);
-            vd8 P4 = vload<vd8>(L + 4 * nzl + tb) * vload<vd8>(Y0 + 4 * nzl + tb);
-            const vd8 D0 = vload<vd8>(D + tb), D1 = vload<vd8>(D + nzl + tb), D2 = vload<vd8>(D + 2 * nzl + tb),
-                      D3 = vload<vd8>(D + 3 * nzl + tb), D4 = vload<vd8>(D + 4 * nzl + tb);
-            for (int64_t s = 0; s < sf; ++s) {
-                P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
-            }
+            AnisoWalkBlock B(L, Y0, D, nzl, tb, sf);
             const int64_t wz = zw[tb];
             // the block's lanes inside the map row (lanes past the box's last z are masked in every row)
             const bool direct = wz + kAW <= nz;
@@ -2356,9 +2343,9 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
             for (int64_t s = sf; s <= sl; ++s) {
                 if (lo[s] <= tb32 + static_cast<int32_t>(kAW) - 1 && hi[s] >= tb32) {
                     const double* c = CR + s;
-                    const vd8 v = ((vsplat_at<vd8>(c) * P0 + vsplat_at<vd8>(c + nyr) * P1) +
-                                   (vsplat_at<vd8>(c + 2 * nyr) * P2 + vsplat_at<vd8>(c + 3 * nyr) * P3)) +
-                                  vsplat_at<vd8>(c + 4 * nyr) * P4;
+                    const vd8 v = ((vsplat_at<vd8>(c) * B.P0 + vsplat_at<vd8>(c + nyr) * B.P1) +
+                                   (vsplat_at<vd8>(c + 2 * nyr) * B.P2 + vsplat_at<vd8>(c + 3 * nyr) * B.P3)) +
+                                  vsplat_at<vd8>(c + 4 * nyr) * B.P4;
                     const vi8 keep = (iota >= (vi8{} + (lo[s] - tb32))) & (iota <= (vi8{} + (hi[s] - tb32)));
                     const vf8 f = reinterpret_cast<vf8>(reinterpret_cast<vi8>(__builtin_convertvector(v, vf8)) & keep);
                     const Idx base = (plane_base + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
@@ -2373,7 +2360,7 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
                             out[base + static_cast<Idx>(zw[t])] += f8[t - tb];
                     }
                 }
-                P0 *= D0, P1 *= D1, P2 *= D2, P3 *= D3, P4 *= D4;
+                B.step();
             }
         }
     }
