@@ -634,6 +634,9 @@ class AtomSet:
     def replace(self, **changes) -> AtomSet:
         """A new AtomSet with some fields replaced (validated again), e.g. ``replace(b_iso=b)``.
 
+        ``_validate=False`` skips the validation, as the constructor's does (no host sync; for callers
+        whose fields are already checked or that must pass a bad value on, as tests do).
+
         ``replace(u_aniso=None, aniso=None)`` gives the isotropic set (every atom at its ``b_iso``).
         """
         fields = {name: getattr(self, name) for name in _FIELDS}

@@ -12,6 +12,7 @@ import torch
 
 import kernels
 import kernels.testing
+from kernels.crystal import AtomSet
 
 DATA = Path(__file__).resolve().parent / "data"
 STRUCTURES = {
@@ -24,6 +25,19 @@ STRUCTURES = {
 }
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none is visible here")
+
+
+def leaf_atoms(atoms: AtomSet, dtype: torch.dtype) -> AtomSet:
+    """Copy of ``atoms`` in ``dtype`` whose xyz, b_iso, occ (and u_aniso, when set) are leaves requiring grad."""
+
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(dtype).clone().requires_grad_()
+
+    u = None if atoms.u_aniso is None else leaf(atoms.u_aniso)
+    return atoms.replace(
+        xyz=leaf(atoms.xyz), b_iso=leaf(atoms.b_iso), occ=leaf(atoms.occ), a=atoms.a.to(dtype), b=atoms.b.to(dtype),
+        u_aniso=u, _validate=False,
+    )  # fmt: skip
 
 
 @functools.cache

@@ -127,25 +127,11 @@ def with_blur(atoms, blur: float):
     """
     if blur == 0:
         return atoms
-    from kernels.crystal import AtomSet
-
     u = atoms.u_aniso
     if u is not None:
         diag = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], dtype=u.dtype, device=u.device)
         u = u + (blur / U_TO_B) * diag
-    return AtomSet(
-        atoms.xyz,
-        atoms.b_iso + blur,
-        atoms.occ,
-        atoms.a,
-        atoms.b,
-        atoms.elements,
-        atoms.labels,
-        u,
-        atoms.aniso,
-        radiation=atoms.radiation,
-        _validate=False,
-    )
+    return atoms.replace(b_iso=atoms.b_iso + blur, u_aniso=u, _validate=False)
 
 
 def term_gaussians(u_eff: torch.Tensor, occ: torch.Tensor, a: torch.Tensor, b: torch.Tensor, orth: torch.Tensor):

@@ -2374,15 +2374,10 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
     }
 }
 
-// One slab [x0, x1) of the map: the segments that reach it are found through the x-sorted
-// index (a contiguous range, since no segment is longer than lmax), then run in atom
-// order — the one global order every slab uses, and the file's spatial coherence, so
-// consecutive atoms touch nearby memory.
-KERNELS_HOT_V4
-void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
-              const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
-              int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64, RowIntervals* saved) {
-    const int64_t nx = in.g.n[0];
+// The segments that reach slab [x0, x1), into `ids` in atom order: found through the x-sorted index
+// (a contiguous range, since no segment is longer than lmax).
+void slab_segments(int64_t nx, const std::vector<Segment>& segs, const std::vector<int64_t>& by_x,
+                   const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0, int64_t x1, std::vector<int64_t>& ids) {
     const int64_t first = bucket[std::max<int64_t>(0, x0 - lmax + 1)];
     const int64_t last = bucket[x1];
     ids.clear();
@@ -2391,11 +2386,28 @@ void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vect
         if (floor_mod(sg.u0, nx) + sg.len > x0) ids.push_back(by_x[p]);
     }
     std::sort(ids.begin(), ids.end());
+}
+
+// The planes [ia, ib] of segment sg inside slab [x0, x1), in the segment's unwrapped plane indices.
+KERNELS_INLINE void segment_planes(const Segment& sg, int64_t nx, int64_t x0, int64_t x1, int64_t& ia, int64_t& ib) {
+    const int64_t xs = floor_mod(sg.u0, nx);
+    ia = sg.u0 + std::max<int64_t>(0, x0 - xs);
+    ib = sg.u0 + std::min<int64_t>(sg.len, x1 - xs) - 1;
+}
+
+// One slab [x0, x1) of the map: the segments that reach it are found through the x-sorted
+// index (a contiguous range, since no segment is longer than lmax), then run in atom
+// order — the one global order every slab uses, and the file's spatial coherence, so
+// consecutive atoms touch nearby memory.
+KERNELS_HOT_V4
+void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
+              const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
+              int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64, RowIntervals* saved) {
+    slab_segments(in.g.n[0], segs, by_x, bucket, lmax, x0, x1, ids);
     for (const int64_t id : ids) {
         const Segment& sg = segs[id];
-        const int64_t xs = floor_mod(sg.u0, nx);
-        const int64_t ia = sg.u0 + std::max<int64_t>(0, x0 - xs);
-        const int64_t ib = sg.u0 + std::min<int64_t>(sg.len, x1 - xs) - 1;
+        int64_t ia, ib;
+        segment_planes(sg, in.g.n[0], x0, x1, ia, ib);
         int16_t* rows = saved ? saved->at(sg.atom) : nullptr;
         if (use64)
             process_atom<int64_t, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr, rows);
@@ -2410,20 +2422,11 @@ KERNELS_HOT_V4
 void run_slab_aniso(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
                     const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
                     int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64) {
-    const int64_t nx = in.g.n[0];
-    const int64_t first = bucket[std::max<int64_t>(0, x0 - lmax + 1)];
-    const int64_t last = bucket[x1];
-    ids.clear();
-    for (int64_t p = first; p < last; ++p) {
-        const Segment& sg = segs[by_x[p]];
-        if (floor_mod(sg.u0, nx) + sg.len > x0) ids.push_back(by_x[p]);
-    }
-    std::sort(ids.begin(), ids.end());
+    slab_segments(in.g.n[0], segs, by_x, bucket, lmax, x0, x1, ids);
     for (const int64_t id : ids) {
         const Segment& sg = segs[id];
-        const int64_t xs = floor_mod(sg.u0, nx);
-        const int64_t ia = sg.u0 + std::max<int64_t>(0, x0 - xs);
-        const int64_t ib = sg.u0 + std::min<int64_t>(sg.len, x1 - xs) - 1;
+        int64_t ia, ib;
+        segment_planes(sg, in.g.n[0], x0, x1, ia, ib);
         const AtomP& A = atoms[sg.atom];
         if (aniso_tables_fit(in, A, sg.atom)) {
             if (use64)

@@ -318,18 +318,7 @@ def test_a_non_positive_definite_u_reaching_the_reference_is_an_error_not_nan():
     atoms = _tilted_atoms(5.0)
     u = atoms.u_aniso.clone()
     u[2] = torch.tensor([0.05, 0.05, 0.05, 0.2, 0.0, 0.0], dtype=u.dtype)
-    bad = AtomSet(
-        atoms.xyz,
-        atoms.b_iso,
-        atoms.occ,
-        atoms.a,
-        atoms.b,
-        atoms.elements,
-        atoms.labels,
-        u,
-        atoms.aniso,
-        _validate=False,
-    )
+    bad = atoms.replace(u_aniso=u, _validate=False)
     grid = kernels.GridSpec.for_spacing(kernels.Cell.from_parameters(20.0, 20.0, 20.0), 1.0)
     with pytest.raises(ValueError, match=r"C3 \(index 2\) has an anisotropic U that is not positive definite"):
         kernels.splat_density(bad, grid, backend="reference")

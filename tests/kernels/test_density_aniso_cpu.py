@@ -25,26 +25,9 @@ from kernels.density import cpu as density_cpu
 from kernels.density.adp import U_TO_B, adp_eigenvalues
 from kernels.density.radius import atom_cutoff_radii
 from kernels.density.reference import splat_frames_reference, splat_reference
-from tests.helpers import STRUCTURES, assert_kernel_close
+from tests.helpers import STRUCTURES, assert_kernel_close, leaf_atoms
 
 F32, F64 = torch.float32, torch.float64
-
-
-def _leaf(atoms: AtomSet, dtype: torch.dtype) -> AtomSet:
-    """Copy of ``atoms`` in ``dtype`` whose xyz, b_iso, occ and u_aniso require grad."""
-    return AtomSet(
-        atoms.xyz.detach().to(dtype).clone().requires_grad_(),
-        atoms.b_iso.detach().to(dtype).clone().requires_grad_(),
-        atoms.occ.detach().to(dtype).clone().requires_grad_(),
-        atoms.a.to(dtype),
-        atoms.b.to(dtype),
-        atoms.elements,
-        atoms.labels,
-        None if atoms.u_aniso is None else atoms.u_aniso.detach().to(dtype).clone().requires_grad_(),
-        atoms.aniso,
-        radiation=atoms.radiation,
-        _validate=False,
-    )
 
 
 _GRAD_FIELDS = ("xyz", "b_iso", "occ", "u_aniso")
@@ -56,8 +39,8 @@ def _check_against_reference(atoms: AtomSet, grid: GridSpec, seed: int = 0, **kw
     The reference gets the very same float32-representable values in float64; ``kw`` (radius,
     cutoff, radius_rule) goes to both.
     """
-    a32 = _leaf(atoms.to(dtype=F32), F32)
-    a64 = _leaf(a32, F64)
+    a32 = leaf_atoms(atoms.to(dtype=F32), F32)
+    a64 = leaf_atoms(a32, F64)
     out = density_cpu.splat_cpu(a32, grid, **kw)
     ref = splat_reference(a64, grid, **kw)
     assert out.dtype == F32 and out.shape == grid.shape
@@ -141,9 +124,9 @@ def test_3o5r_mixed_with_the_bad_atom_isotropic():
         m = read_model(STRUCTURES["3o5r"], on_bad_adp="iso")
     iso = ~m.atoms.aniso
     assert int(iso.sum()) >= 1  # A/MET 48/CB altloc A splats at its B_iso
-    a32 = _leaf(m.atoms.to(dtype=F32), F32)
+    a32 = leaf_atoms(m.atoms.to(dtype=F32), F32)
     grid = GridSpec.for_spacing(m.cell, 1.0, m.spacegroup)
-    a64 = _leaf(a32, F64)
+    a64 = leaf_atoms(a32, F64)
     out = density_cpu.splat_cpu(a32, grid)
     ref = splat_reference(a64, grid)
     assert_kernel_close(out, ref)
@@ -261,7 +244,7 @@ def test_gradients_against_finite_differences_of_the_reference():
     def loss(u):
         return float((splat_reference(atoms.replace(u_aniso=u), grid, radius=radius) * w).sum())
 
-    fixed = _leaf(atoms.to(dtype=F32), F32)
+    fixed = leaf_atoms(atoms.to(dtype=F32), F32)
     (density_cpu.splat_cpu(fixed, grid, radius=radius).double() * w).sum().backward()
     h = 1e-5
     for i, j in ((0, 0), (1, 3), (2, 5), (3, 4)):
@@ -282,18 +265,7 @@ def test_non_positive_definite_u_names_the_atom():
     u = atoms.u_aniso.clone()
     u[4] = torch.tensor([0.1, 0.1, 0.1, 0.2, 0.0, 0.0])  # eigenvalues −0.1, 0.1, 0.3
     # unvalidated, as a user's own tensor can reach a backend
-    bad = AtomSet(
-        atoms.xyz,
-        atoms.b_iso,
-        atoms.occ,
-        atoms.a,
-        atoms.b,
-        atoms.elements,
-        atoms.labels,
-        u,
-        atoms.aniso,
-        _validate=False,
-    )
+    bad = atoms.replace(u_aniso=u, _validate=False)
     with pytest.raises(ValueError) as ref_err:
         splat_reference(bad, grid)
     with pytest.raises(ValueError) as cpu_err:
@@ -374,7 +346,7 @@ def test_first_call_equals_later_calls_and_any_thread_count():
             maps, grads = [], []
             for threads in (2, 2, 1):
                 torch.set_num_threads(threads)
-                leaf = _leaf(atoms, F32)
+                leaf = leaf_atoms(atoms, F32)
                 out = density_cpu.splat_cpu(leaf, grid)
                 out.backward(torch.ones_like(out))
                 maps.append(out.detach())
@@ -395,7 +367,7 @@ def test_out_is_filled_in_place():
     want = density_cpu.splat_cpu(atoms, grid)
     out = torch.full(grid.shape, float("nan"))
     assert density_cpu.splat_cpu(atoms, grid, out=out) is out and torch.equal(out, want)
-    leaf = _leaf(atoms, F32)
+    leaf = leaf_atoms(atoms, F32)
     with pytest.raises(ValueError, match="out= is not differentiable"):
         density_cpu.splat_cpu(
             leaf.replace(xyz=leaf.xyz.detach(), b_iso=leaf.b_iso.detach(), occ=leaf.occ.detach()), grid, out=out
@@ -424,18 +396,18 @@ def test_frames_are_the_single_splats_and_the_reference(kind):
     grid = _grid(kind)
     n, n_frames = 8, 3
     atoms = _frames(grid.cell, n, n_frames, seed=30)
-    leaf = _leaf(atoms, F32)
+    leaf = leaf_atoms(atoms, F32)
     maps = density_cpu.splat_frames_cpu(leaf, grid, n_frames=n_frames)
     upstream = torch.randn((n_frames, *grid.shape), generator=torch.Generator().manual_seed(1), dtype=F64)
     maps.backward(upstream.to(F32))
-    ref_atoms = _leaf(atoms, F64)
+    ref_atoms = leaf_atoms(atoms, F64)
     ref = splat_frames_reference(ref_atoms, grid, n_frames=n_frames)
     ref.backward(upstream)
     assert_kernel_close(maps.detach(), ref.detach())
     for name in _GRAD_FIELDS:
         assert_kernel_close(getattr(leaf, name).grad, getattr(ref_atoms, name).grad)
     for f in range(n_frames):
-        single = _leaf(atoms.select(list(range(f * n, (f + 1) * n))), F32)
+        single = leaf_atoms(atoms.select(list(range(f * n, (f + 1) * n))), F32)
         one = density_cpu.splat_cpu(single, grid)
         one.backward(upstream[f].to(F32))
         assert torch.equal(maps[f].detach(), one.detach()), f
@@ -447,7 +419,7 @@ def test_frames_are_the_single_splats_and_the_reference(kind):
 def test_empty_anisotropic_set():
     grid = _grid("orthogonal-odd")
     atoms = _random_atoms(grid.cell, 3, seed=0).to(dtype=F32).select([])
-    leaf = _leaf(atoms, F32)
+    leaf = leaf_atoms(atoms, F32)
     out = density_cpu.splat_cpu(leaf, grid)
     assert out.shape == grid.shape and not out.any()
     out.sum().backward()
@@ -485,7 +457,7 @@ def test_kernel_options_give_bitwise_the_same_results(options):
     try:
         results = []
         for opt in (density_cpu._DEFAULT_OPTIONS, options):
-            leaf = _leaf(atoms, F32)
+            leaf = leaf_atoms(atoms, F32)
             out = density_cpu._splat_cpu(leaf, grid, options=opt)
             out.backward(upstream)
             results.append([out.detach()] + [getattr(leaf, n).grad for n in _GRAD_FIELDS])

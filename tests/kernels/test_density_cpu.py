@@ -23,23 +23,14 @@ from kernels.crystal import AtomSet, Cell, GridSpec
 from kernels.density import cpu as density_cpu
 from kernels.density.radius import cutoff_radius
 from kernels.density.reference import splat_reference
-from tests.helpers import assert_close, assert_kernel_close, gemmi_density, model
+from tests.helpers import assert_close, assert_kernel_close, gemmi_density, leaf_atoms, model
 
 SPACING = 2.0 / 3.0
 
 
 def _leaf(atoms: AtomSet, dtype: torch.dtype) -> AtomSet:
-    """Copy of ``atoms`` in ``dtype`` whose xyz, b_iso and occ require grad."""
-    return AtomSet(
-        atoms.xyz.detach().to(dtype).clone().requires_grad_(),
-        atoms.b_iso.detach().to(dtype).clone().requires_grad_(),
-        atoms.occ.detach().to(dtype).clone().requires_grad_(),
-        atoms.a.to(dtype),
-        atoms.b.to(dtype),
-        atoms.elements,
-        atoms.labels,
-        _validate=False,
-    )
+    """Isotropic copy of ``atoms`` (every atom at its B) in ``dtype``, xyz, b_iso and occ requiring grad."""
+    return leaf_atoms(atoms.replace(u_aniso=None, aniso=None, _validate=False), dtype)
 
 
 def _check_against_reference(atoms: AtomSet, grid: GridSpec, radius=None, seed: int = 0) -> torch.Tensor:
