@@ -67,12 +67,14 @@ class _KernelOptions:
         Lane blocks of the backward: 0 lets the kernel pick (16 on CPUs that run its AVX-512
         clone, 8 elsewhere), 8 forces 8-lane blocks.
     slabs_per_thread : int
-        x slabs of the map in the forward (one slab at one thread). 0: slabs of decreasing
-        work (each 1/(2T) of what is left, down to 1/(16T) for T threads, 1/(2T) for an anisotropic
-        set; about 11 slabs at two threads, 4 anisotropic), taken by whichever thread is free, so a
-        thread slowed by another process on its core holds the others up by at most a small slab.
-        k > 0: k slabs of equal work per thread.
-        Each slab edge splits the atoms that cross it.
+        x slabs of the map in the forward. 0: one slab at one thread; at T threads slabs of
+        decreasing work (each 1/(2T) of what is left, down to 1/(16T), 1/(2T) for an anisotropic
+        set), taken by whichever thread is free, so a thread slowed by another process on its core
+        holds the others up by at most a small slab; their count is capped where the edges' cost
+        would pass 6 % of the work (each edge splits the atoms that cross it, and each piece
+        repeats its atom's set-up): at two threads 1AKI gets 2 slabs, 5H73 4 and 3WIP 10 at
+        0.667 Å, never fewer than T. k > 0: k slabs of equal work per thread (at one thread too,
+        which is how benchmarks time the cost of an edge).
     slab_times : bool
         Record each forward slab's worker and start, zeroed and end times (``"slabs"`` in the
         forward's timing dict; see :func:`_splat_cpu`).

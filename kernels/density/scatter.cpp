@@ -2478,31 +2478,65 @@ void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int
 }
 
 // Cumulative work fractions at which the slabs of one map end (the last is 1). slabs_per_thread
-// > 0: that many slabs of equal work per thread. 0: decreasing sizes, as OpenMP's guided
-// schedule cuts its chunks: each slab takes 1/(2·threads) of the work left, down to
-// 1/(16·threads). Taken in order by whichever thread is free, the first big slabs keep the
-// number of slab edges small (each edge splits the atoms that cross it), and the last small ones
-// bound how long a thread slowed by another process on its core can keep the others waiting.
-// smallest_per_thread: the smallest slab is 1/(that·threads) of the work (16; 2 for anisotropic
-// sets, whose atoms rebuild their factor tables at every slab that cuts them: at two threads four
-// slabs of a quarter each, where sixteen small ones cost more in tables than they save in waiting).
-std::vector<double> slab_fractions(int n_threads, int slabs_per_thread, double smallest_per_thread = 16.0) {
+// > 0: that many slabs of equal work per thread (at one thread too: benchmarks time the cost of
+// the edges that way). 0: decreasing sizes, as OpenMP's guided schedule cuts its chunks: each slab
+// takes 1/(2·threads) of the work left, down to a smallest slab of 1/(smallest_per_thread·threads).
+// Taken in order by whichever thread is free, the first big slabs keep the number of slab edges
+// small (each edge splits the atoms that cross it), and the last small ones bound how long a
+// thread slowed by another process on its core can keep the others waiting. max_slabs caps the
+// count (never below one slab per thread): the smallest slab grows until the schedule fits.
+// smallest_per_thread: 16; 2 for anisotropic sets, whose atoms rebuild their factor tables at
+// every slab that cuts them (at two threads four slabs of a quarter each, where sixteen small ones
+// cost more in tables than they save in waiting).
+std::vector<double> slab_fractions(int n_threads, int slabs_per_thread, double smallest_per_thread = 16.0,
+                                   int64_t max_slabs = std::numeric_limits<int64_t>::max()) {
     std::vector<double> ends;
-    if (n_threads <= 1) return {1.0};
     if (slabs_per_thread > 0) {
         const int n = slabs_per_thread * n_threads;
         for (int s = 1; s <= n; ++s) ends.push_back(static_cast<double>(s) / n);
         return ends;
     }
-    const double smallest = 1.0 / (smallest_per_thread * n_threads);
-    double done = 0;
-    while (1.0 - done > 1e-9) {
-        const double left = 1.0 - done;
-        const double take = std::max(left / (2.0 * n_threads), smallest);
-        done = take >= left - 0.5 * smallest ? 1.0 : done + take;  // no sliver at the end
-        ends.push_back(done);
+    if (n_threads <= 1) return {1.0};
+    if (max_slabs <= n_threads) {
+        for (int s = 1; s <= n_threads; ++s) ends.push_back(static_cast<double>(s) / n_threads);
+        return ends;
     }
-    return ends;
+    for (double smallest = 1.0 / (smallest_per_thread * n_threads);; smallest *= 1.25) {
+        ends.clear();
+        double done = 0;
+        while (1.0 - done > 1e-9) {
+            const double left = 1.0 - done;
+            const double take = std::max(left / (2.0 * n_threads), smallest);
+            done = take >= left - 0.5 * smallest ? 1.0 : done + take;  // no sliver at the end
+            ends.push_back(done);
+        }
+        if (static_cast<int64_t>(ends.size()) <= max_slabs) return ends;
+    }
+}
+
+// The most slabs one map should be cut into: every slab edge splits the atoms whose boxes cross
+// it, and each piece of a split atom repeats the atom's set-up (index and factor tables, row
+// constants: about kSplitVoxels box voxels of work, measured on 1AKI and 3WIP at 0.667 Å, where an
+// edge cost 4 % and 0.3 % of the forward). Edges are allowed while their estimated cost stays
+// within kSplitBudget of the map's work: on a small map a thread slowed by another process costs
+// less than the splits that would hedge against it (a 1AKI forward: two slabs), on a large one
+// the decreasing schedule keeps its small last slabs (3WIP: seven).
+constexpr double kSplitVoxels = 600.0;
+constexpr double kSplitBudget = 0.06;
+
+int64_t max_slabs(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last) {
+    const int64_t nx = in.g.n[0];
+    double crossings = 0, work = 0;  // Σ planes an edge can fall inside; Σ box voxels
+    for (int64_t i = first; i < last; ++i) {
+        const AtomP& A = atoms[i];
+        if (!(A.R2 > 0)) continue;
+        const double planes = static_cast<double>(std::min(A.hi[0] - A.lo[0] + 1, nx));
+        crossings += planes - 1;
+        work += planes * static_cast<double>(A.hi[1] - A.lo[1] + 1) * static_cast<double>(A.hi[2] - A.lo[2] + 1);
+    }
+    if (!(work > 0)) return 1;
+    const double per_edge = kSplitVoxels * crossings / static_cast<double>(nx) / work;  // fraction of the work
+    return 1 + static_cast<int64_t>(std::min(1e6, kSplitBudget / std::max(per_edge, 1e-12)));
 }
 
 // One map's forward plan: its atoms' x segments counting-sorted by first plane, and its slabs.
@@ -2588,7 +2622,8 @@ void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int sla
     // there are about 16 tasks per thread in all (a whole map is already a task).
     std::vector<double> ends;
     if (n_maps <= 1 || n_threads <= 1 || slabs_per_thread > 0) {
-        ends = slab_fractions(n_threads, slabs_per_thread, in.u ? 2.0 : 16.0);
+        ends = slab_fractions(n_threads, slabs_per_thread, in.u ? 2.0 : 16.0,
+                              max_slabs(in, atoms, 0, n_maps > 0 ? per_map : 0));
     } else {
         const int64_t k = std::max<int64_t>(1, (16 * n_threads + n_maps - 1) / n_maps);
         for (int64_t s = 1; s <= k; ++s) ends.push_back(static_cast<double>(s) / k);
