@@ -11,8 +11,7 @@ anisotropic and isotropic at 0.67 Å, 3WIP isotropic at 0.33 Å, 3WIP with B sca
 
 Usage::
 
-    python benchmarks/tile_sweep.py OUT.json              # tiles
-    python benchmarks/tile_sweep.py OUT.json --clusters   # the clustered forward's atoms per program
+    python benchmarks/tile_sweep.py OUT.json
 """
 
 import dataclasses
@@ -50,7 +49,7 @@ def case(name, spacing, aniso):
 def regs(plan):
     """Registers and spills of every compiled density kernel (Triton's per-device caches), by kernel name."""
     r = {}
-    for ker in (T._splat_fwd_kernel, T._splat_bwd_kernel, T._splat_fwd_cluster_kernel):
+    for ker in (T._splat_fwd_kernel, T._splat_bwd_kernel, T._aniso_fwd_kernel, T._aniso_bwd_kernel):
         try:
             for compiled in ker.device_caches[torch.cuda.current_device()][0].values():
                 r.setdefault(ker.fn.__name__, []).append([compiled.n_regs, compiled.n_spills])
@@ -99,34 +98,9 @@ def hib(a):
     return a.replace(b_iso=a.b_iso * scale)
 
 
-def clusters() -> None:
-    """The clustered forward (``_Plan.cluster``): atoms per program and warps, isotropic cases."""
-    variants = [
-        {},
-        {"cluster": 2, "num_warps_cluster": 1},
-        {"cluster": 2, "num_warps_cluster": 2},
-        {"cluster": 4, "num_warps_cluster": 2},
-        {"cluster": 4, "num_warps_cluster": 4},
-        {"cluster": 8, "num_warps_cluster": 4},
-    ]
-    a, g = case("3wip", 2 / 3, False)
-    time_variants("3wip-hiB iso fwd", hib(a), g, False, variants, False)
-    time_variants("3wip-hiB iso fwd+bwd", hib(a), g, False, variants[:1] + variants[3:5], True)
-    time_variants("3wip iso fwd", a, g, False, variants, False)
-    time_variants("3wip iso fwd+bwd", a, g, False, variants[:1] + variants[3:5], True)
-    a, g = case("1aki", 2 / 3, False)
-    time_variants("1aki iso fwd", a, g, False, variants, False)
-    a, g = case("3wip", 1 / 3, False)
-    time_variants("3wip iso 0.33 fwd", a, g, False, variants[:1] + variants[2:5], False)
-
-
 def main() -> None:
     out_path = Path(sys.argv[1])
-    if sys.argv[2:] == ["--clusters"]:
-        res["device"] = torch.cuda.get_device_name()
-        clusters()
-        out_path.write_text(json.dumps(res, indent=1))
-        return
+
     res["device"] = torch.cuda.get_device_name()
     t0 = time.time()
     fwd_aniso = [{}, {"bp_aniso": 4, "bq_aniso": 16}, {"bp_aniso": 16, "bq_aniso": 8}, {"bp_aniso": 4, "bq_aniso": 8}]

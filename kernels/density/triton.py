@@ -655,179 +655,6 @@ def _splat_fwd_kernel(
         pc += 1
 
 
-@triton.jit
-def _nearest_image(v, ref, n):
-    """v (voxel in [0, n)) moved by ±n to the image nearest ``ref`` (in [0, n)): a cluster's atoms in one frame."""
-    d = v - ref
-    half = n // 2
-    return tl.where(d > half, v - n, tl.where(d < -half, v + n, v))
-
-
-@triton.jit
-def _union_extent(lo, cnt, member):
-    """Start and length of the union of the members' boxes [lo, lo + cnt) along one axis (scalars; length ≤ 0 when none)."""
-    first = tl.min(tl.where(member, lo, 2**30), axis=0)
-    end = tl.max(tl.where(member, lo + cnt, -(2**30)), axis=0)
-    return first, end - first
-
-
-# Per-atom pointers and counts unspecialised, as for _splat_fwd_kernel.
-@triton.jit(do_not_specialize=(*_ATOM_ARGS, "n_atoms"), do_not_specialize_on_alignment=_ATOM_ARGS)
-def _splat_fwd_cluster_kernel(
-    xyz_ptr,  # (N, 3) float32 or float64, Å
-    b_iso_ptr,  # (N,) float32, Å²
-    occ_ptr,  # (N,) float32
-    a_ptr,  # (N, 5) float32
-    b_ptr,  # (N, 5) float32, Å²
-    radius_ptr,  # (N,) float32, Å: written with each atom's cutoff radius when PER_ATOM_RADIUS
-    p_ptr,  # (41,) float64, the plan's constants
-    out_ptr,  # (nx·ny·nz,) float32, zero-filled; accumulated with atomics
-    n_atoms,
-    CLUSTER: tl.constexpr,  # consecutive atoms per program (a power of two)
-    BP: tl.constexpr,
-    BQ: tl.constexpr,
-    PER_ATOM_RADIUS: tl.constexpr,
-    INDEX64: tl.constexpr,
-):
-    """The separable forward for CLUSTER consecutive atoms at once, one atomic per voxel of their union.
-
-    Separable cells (orthogonal, monoclinic) with nz % 4 == 0 and one map (the VEC layout of
-    _splat_fwd_kernel). Consecutive atoms of a model are mostly bonded neighbours whose spheres overlap,
-    the more the larger their B: the program takes each atom to the periodic image nearest the first,
-    walks the union of their boxes in the same (x, z) tiles and row spans as _splat_fwd_kernel, sums the
-    atoms' values of each voxel in registers and adds the sum with one atomic. When the union box is
-    larger than the atoms' own boxes together, or longer than the cell along an axis, it walks each atom's
-    own box instead (one pass per atom, the others masked off). Each voxel gets exactly the values
-    _splat_fwd_kernel gives it, summed in another order.
-    """
-    lane = tl.arange(0, CLUSTER)
-    ia = tl.program_id(0) * CLUSTER + lane
-    valid = ia < n_atoms
-    nx, ny, nz, h00, h11, h22, h01, h02, h12, rx, ry, rz, radius_all, cutoff = _plan_scalars(p_ptr)
-    nz = nz // 4 * 4  # the host sends nz % 4 == 0 (as for VEC in _splat_fwd_kernel)
-    tx, ty, tz, bx, by, bz, b_iso, occ, ok = _atom_inputs(xyz_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz)
-    if PER_ATOM_RADIUS:
-        rad = _cutoff_radius(b_iso, a_ptr, b_ptr, ia, ok, cutoff, 80)
-        tl.store(radius_ptr + ia, rad, mask=valid)
-    else:
-        rad = tl.zeros_like(tx) + radius_all
-    lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
-    loz, cntz = _vec_z_box(bz, loz, cntz)  # z box start a multiple of 4 in absolute grid index
-    # Every atom at the image nearest the cluster's first atom (nz % 4 == 0 keeps the z alignment).
-    ux = _nearest_image(bx, tl.sum(tl.where(lane == 0, bx, 0), axis=0), nx)
-    uy = _nearest_image(by, tl.sum(tl.where(lane == 0, by, 0), axis=0), ny)
-    uz = _nearest_image(bz, tl.sum(tl.where(lane == 0, bz, 0), axis=0), nz)
-    ax = ux + lox  # each box's first voxel, unwrapped
-    ay = uy + loy
-    az = uz + loz
-    member = cntx > 0
-    _fx, ex = _union_extent(ax, cntx, member)
-    _fy, ey = _union_extent(ay, cnty, member)
-    _fz, ez = _union_extent(az, cntz, member)
-    own = tl.sum(tl.where(member, cntx.to(tl.float32) * cnty.to(tl.float32) * cntz.to(tl.float32), 0.0), axis=0)
-    together = (ex.to(tl.float32) * ey.to(tl.float32) * ez.to(tl.float32) <= own) & (ex <= nx) & (ey <= ny) & (ez <= nz)
-    amp0, al0, _b0 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 0)
-    amp1, al1, _b1 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 1)
-    amp2, al2, _b2 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 2)
-    amp3, al3, _b3 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 3)
-    amp4, al4, _b4 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 4)
-    be0 = (al0 * 1.4426950408889634)[:, None, None]
-    be1 = (al1 * 1.4426950408889634)[:, None, None]
-    be2 = (al2 * 1.4426950408889634)[:, None, None]
-    be3 = (al3 * 1.4426950408889634)[:, None, None]
-    be4 = (al4 * 1.4426950408889634)[:, None, None]
-    inv_h22 = 1.0 / h22
-    tx3 = tx[:, None, None]
-    tz3 = tz[:, None, None]
-    pp = tl.arange(0, BP)[:, None]
-    qq = tl.arange(0, BQ)[None, :]
-    n_pass = tl.where(together, 1, CLUSTER)
-    j = 0
-    while j < n_pass:
-        sel = member & ((lane == j) | (n_pass == 1))
-        fx, cux = _union_extent(ax, cntx, sel)
-        fy, cuy = _union_extent(ay, cnty, sel)
-        fz, cuz = _union_extent(az, cntz, sel)
-        # Atom centres from the union box's first voxel: integer part first, so dx, dy, dz are as exact as
-        # _splat_fwd_kernel's.
-        ox = ux - fx
-        oy = uy - fy
-        oz = uz - fz
-        occ_sel = tl.where(sel, occ, 0.0)
-        c0 = (amp0 * occ_sel)[:, None, None]
-        c1 = (amp1 * occ_sel)[:, None, None]
-        c2 = (amp2 * occ_sel)[:, None, None]
-        c3 = (amp3 * occ_sel)[:, None, None]
-        c4 = (amp4 * occ_sel)[:, None, None]
-        # Atoms outside this pass never hit (R² < 0); the 0.1 % widening as in _splat_fwd_kernel.
-        r2lim_a = tl.where(sel, r2max * 1.001, -1.0)
-        r2lim = r2lim_a[:, None, None]
-        r2cut = tl.where(sel, r2max, -1.0)[:, None, None]
-        x_lo = (-ox).to(tl.float32) - tx  # the union box's first dx, dz per atom; dy = r − off_y
-        z_lo = (-oz).to(tl.float32) - tz
-        off_y = oy.to(tl.float32) + ty
-        off_y3 = off_y[:, None, None]
-        top_y = tl.zeros_like(off_y) + cuy.to(tl.float32)
-        ox3 = ox[:, None, None]
-        oz3 = oz[:, None, None]
-        n_pc = tl.cdiv(cux, BP)
-        n_qc = tl.cdiv(cuz, BQ)
-        pc = 0
-        while pc < n_pc:
-            kx = pc * BP + pp  # (BP, 1) step inside the union box
-            ix = _wrap(fx + kx, nx)
-            if INDEX64:
-                ix = ix.to(tl.int64)
-            in_x = kx < cux
-            dx = (kx[None, :, :] - ox3).to(tl.float32) - tx3  # (CLUSTER, BP, 1)
-            lz = h02 * dx
-            q0x = h00 * dx * dx
-            qc = 0
-            while qc < n_qc:
-                kg = qc * BQ + (qq // 4) * 4  # (1, BQ) each lane's group start
-                kz = qc * BQ + qq
-                iz = tl.multiple_of(((fz + kg) % nz + nz) % nz, [1, 4]) + qq % 4
-                in_xz = in_x & (kg < cuz)
-                dz = (kz[None, :, :] - oz3).to(tl.float32) - tz3  # (CLUSTER, 1, BQ)
-                gmin = _group_r2min(kg[None, :, :] - oz3, tz3, lz, q0x, h22, inv_h22)
-                qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # (CLUSTER, BP, BQ)
-                e0 = c0 * tl.exp2(-be0 * qxz)
-                e1 = c1 * tl.exp2(-be1 * qxz)
-                e2 = c2 * tl.exp2(-be2 * qxz)
-                e3 = c3 * tl.exp2(-be3 * qxz)
-                e4 = c4 * tl.exp2(-be4 * qxz)
-                base_xz = ix * (ny * nz) + iz
-                r_lo, r_hi = _tile_rows_separable(
-                    pc * BP, tl.minimum(cux, pc * BP + BP) - 1, qc * BQ, tl.minimum(cuz, qc * BQ + BQ) - 1,
-                    x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
-                )  # fmt: skip
-                some = r_hi > r_lo
-                r = tl.min(tl.where(some, r_lo, 2**30), axis=0)
-                r_end = tl.max(tl.where(some, r_hi, 0), axis=0)
-                iy = _wrap(fy + r, ny)
-                while r < r_end:
-                    dy = r.to(tl.float32) - off_y3
-                    qy = h11 * dy * dy
-                    val = (
-                        e0 * tl.exp2(-be0 * qy)
-                        + e1 * tl.exp2(-be1 * qy)
-                        + e2 * tl.exp2(-be2 * qy)
-                        + e3 * tl.exp2(-be3 * qy)
-                        + e4 * tl.exp2(-be4 * qy)
-                    )
-                    val = tl.sum(tl.where(qxz + qy < r2cut, val, 0.0), axis=0)  # (BP, BQ)
-                    # Constant over each group of 4 z lanes (from the group's start), as in _splat_fwd_kernel.
-                    hit = tl.max((gmin + qy < r2lim).to(tl.int32), axis=0) > 0
-                    hit = tl.max_constancy(hit, [1, 4])
-                    tl.atomic_add(out_ptr + (base_xz + iy * nz), val, mask=in_xz & hit, sem="relaxed")
-                    iy += 1
-                    iy = tl.where(iy == ny, 0, iy)
-                    r += 1
-                qc += 1
-            pc += 1
-        j += 1
-
-
 _GRAD_ARGS = ("gxyz_ptr", "gb_ptr", "gocc_ptr")
 
 
@@ -1858,10 +1685,6 @@ class _Plan:
     bp_aniso_bwd: int
     bq_aniso_bwd: int
     num_warps_aniso_bwd: int
-    # Forward of consecutive atoms in clusters (_splat_fwd_cluster_kernel): atoms per program, 0 for one
-    # atom per program. Separable cells with vec and one map only; other calls take _splat_fwd_kernel.
-    cluster: int = 0
-    num_warps_cluster: int = 4
 
     @classmethod
     def build(cls, grid: GridSpec, radius: float | None, cutoff: float, device: torch.device) -> _Plan:
@@ -2007,7 +1830,6 @@ def _radii_device(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cutoff:
 # that the key must add. Triton's pointer specialisation is that one bit (data_ptr % 16 == 0), so a
 # misaligned gradient gets, under its own key, the kernel Triton itself compiles for it.
 _fwd_launch = FastLauncher(_splat_fwd_kernel)
-_cluster_launch = FastLauncher(_splat_fwd_cluster_kernel)
 _bwd_launch = FastLauncher(_splat_bwd_kernel)
 _aniso_fwd_launch = FastLauncher(_aniso_fwd_kernel)
 _aniso_bwd_launch = FastLauncher(_aniso_bwd_kernel)
@@ -2024,15 +1846,6 @@ def _forward(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int):
     frames = n_frames > 1
     index64 = plan.index64 or size >= 2**31 - 1
     device = xyz.device
-    if plan.cluster and not frames and plan.separable and plan.vec:
-        c = (plan.cluster, plan.bp, plan.bq, plan.per_atom, index64)
-        _cluster_launch(
-            (ceil_div(n, plan.cluster), 1, 1),
-            (c, plan.num_warps_cluster, xyz.dtype, device.index),
-            (xyz, b_iso, occ, a, b, radii, plan.params, out, n, *c),
-            device, plan.num_warps_cluster,
-        )  # fmt: skip
-        return out, radii
     c = plan.constexprs(frames, index64)
     _fwd_launch(
         (ceil_div(n, plan.atoms_per_program), 1, 1),
