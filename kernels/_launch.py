@@ -142,14 +142,16 @@ class FastLauncher:
         args : tuple
             All kernel arguments in signature order, constexprs included.
         device : torch.device
-            The device of the tensors, with its index (a CUDA device, or the CPU under the
-            interpreter). A CUDA device other than the current one is made current for the
-            launch, so the kernel runs there, on that device's current stream.
+            The device of the tensors (a CUDA device, or the CPU under the interpreter); a CUDA
+            device without an index is the current one. A CUDA device other than the current one
+            is made current for the launch, so the kernel runs there, on that device's current stream.
         num_warps : int, optional
             Warps per program; Triton's default (4) when None.
         """
         hit = self.compiled.get(key)
         if hit is not None and _enabled and _hooks_idle():
+            if device.index is None:  # torch.device("cuda"): the current device
+                device = torch.device("cuda", _current_device())
             if _current_device() != device.index:
                 # The kept function was loaded in its device's context and the launcher launches in
                 # the current context: the call goes again with the tensors' device current.
@@ -169,7 +171,7 @@ class FastLauncher:
             else:
                 self.verified = True
                 return
-        if device.type == "cuda" and _current_device() != device.index:
+        if device.type == "cuda" and device.index is not None and _current_device() != device.index:
             # JITFunction.run compiles for, loads on and launches to the current device and its stream.
             with torch.cuda.device(device.index):
                 self._normal(grid, key, args, device, num_warps, hit is None)

@@ -378,10 +378,12 @@ def get_backend(op: str, device: str | torch.device, backend: str = "auto") -> t
     """``(name, function)`` of the backend that runs ``op`` on ``device``.
 
     Resolved once per (op, device type, backend, interpreter setting) and cached: the
-    checks import modules and query CUDA, which would cost ~0.1 ms on every kernel call.
+    checks import modules and query CUDA, which would cost ~0.1 ms on every kernel call. The
+    interpreter setting (an environment lookup) only decides anything off CUDA devices.
     """
-    device = torch.device(device)
-    key = (op, device.type, backend, triton_interpreted())
+    if type(device) is not torch.device:
+        device = torch.device(device)
+    key = (op, device.type, backend, device.type != "cuda" and triton_interpreted())
     hit = _resolved.get(key)
     if hit is None:
         name = resolve_backend(op, device, backend)

@@ -75,9 +75,9 @@ def density_triton(
     n = xyz.shape[0]
     if n == 0:
         return torch.zeros(out_shape, dtype=torch.float32, device=xyz.device), _no_radii(xyz, radius)
-    out, radii = tri._forward(plan, xyz, b_iso, occ, a, b, n_frames)
+    out, radii = tri._forward(plan, xyz, b_iso, occ, a, b, n_frames, out_shape)
     # A fixed radius writes no radii (the kernel got b_iso as a placeholder): an op's outputs may not alias.
-    return out.view(out_shape), radii if radius is None else _no_radii(xyz, radius)
+    return out, radii if radius is None else _no_radii(xyz, radius)
 
 
 def _no_radii(xyz: torch.Tensor, radius) -> torch.Tensor:
@@ -159,9 +159,9 @@ def density_triton_aniso(
     if xyz.shape[0] == 0:
         return torch.zeros(out_shape, dtype=torch.float32, device=xyz.device), _no_radii(xyz, radius)
     rule = tri._aniso_rule(plan, radius_rule)
-    out, radii = tri._forward_aniso(plan, xyz, u_aniso, aniso, b_iso, occ, a, b, n_frames, rule, neutron)
+    out, radii = tri._forward_aniso(plan, xyz, u_aniso, aniso, b_iso, occ, a, b, n_frames, rule, neutron, out_shape)
     # A fixed radius writes no radii (the kernel got b_iso as a placeholder): an op's outputs may not alias.
-    return out.view(out_shape), radii if radius is None else _no_radii(xyz, radius)
+    return out, radii if radius is None else _no_radii(xyz, radius)
 
 
 @density_triton_aniso.register_fake

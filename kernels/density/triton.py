@@ -1835,11 +1835,14 @@ _aniso_fwd_launch = FastLauncher(_aniso_fwd_kernel)
 _aniso_bwd_launch = FastLauncher(_aniso_bwd_kernel)
 
 
-def _forward(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int):
-    """Zero-filled map (one memset) and one forward launch; returns the flat map and the radii written."""
+def _forward(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int, shape: tuple):
+    """Zero-filled map of ``shape`` (one memset) and one forward launch; returns the map and the radii written.
+
+    ``shape``: the grid's, or (n_frames, *grid) — the result's own shape, so no view of it is made per call.
+    """
     n = xyz.shape[0]
     size = n_frames * plan.n_voxels
-    out = torch.zeros(size, dtype=torch.float32, device=xyz.device)
+    out = torch.zeros(shape, dtype=torch.float32, device=xyz.device)
     # Per-atom radii: written by the forward, read by the backward. A fixed radius: nothing is written
     # and any float32 pointer will do.
     radii = torch.empty(n, dtype=torch.float32, device=xyz.device) if plan.per_atom else b_iso
@@ -1876,12 +1879,12 @@ def _backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii, n_frames: int):
 
 
 class _SplatTriton(torch.autograd.Function):
-    """Forward and backward launches; ``rest`` = (a, b, plan, n_frames), not differentiable."""
+    """Forward and backward launches; ``rest`` = (a, b, plan, n_frames, shape), not differentiable."""
 
     @staticmethod
     def forward(ctx, xyz, b_iso, occ, rest):
-        a, b, plan, n_frames = rest
-        out, radii = _forward(plan, xyz, b_iso, occ, a, b, n_frames)
+        a, b, plan, n_frames, shape = rest
+        out, radii = _forward(plan, xyz, b_iso, occ, a, b, n_frames, shape)
         ctx.save_for_backward(xyz, b_iso, occ)
         ctx.rest = (a, b, radii, plan, n_frames)
         return out
@@ -1911,14 +1914,15 @@ def _aniso_rule(plan: _Plan, radius_rule: str) -> int:
     return 2 if radius_rule == "eigen" else 1
 
 
-def _forward_aniso(plan: _Plan, xyz, u, aniso, b_iso, occ, a, b, n_frames: int, rule: int, neutron: bool):
-    """Zero-filled map and one anisotropic forward launch; returns the flat map and the radii written.
+def _forward_aniso(plan: _Plan, xyz, u, aniso, b_iso, occ, a, b, n_frames: int, rule: int, neutron: bool, shape: tuple):
+    """Zero-filled map of ``shape`` and one anisotropic forward launch; returns the map and the radii written.
 
-    ``u`` (N, 6) float32 and ``aniso`` (N,) bool, contiguous (:func:`_kernel_inputs_aniso`).
+    ``u`` (N, 6) float32 and ``aniso`` (N,) bool, contiguous (:func:`_kernel_inputs_aniso`); ``shape`` as
+    for :func:`_forward`.
     """
     n = xyz.shape[0]
     size = n_frames * plan.n_voxels
-    out = torch.zeros(size, dtype=torch.float32, device=xyz.device)
+    out = torch.zeros(shape, dtype=torch.float32, device=xyz.device)
     radii = torch.empty(n, dtype=torch.float32, device=xyz.device) if rule else b_iso
     # The kernels read the flags as bytes (a bool pointer is not the same type in every Triton).
     flag = aniso.view(torch.uint8)
@@ -1957,12 +1961,12 @@ def _backward_aniso(plan: _Plan, grad, xyz, u, aniso, b_iso, occ, a, b, radii, n
 
 
 class _SplatAnisoTriton(torch.autograd.Function):
-    """Anisotropic forward and backward launches; ``rest`` = (aniso, a, b, plan, n_frames, rule, neutron)."""
+    """Anisotropic forward and backward launches; ``rest`` = (aniso, a, b, plan, n_frames, rule, neutron, shape)."""
 
     @staticmethod
     def forward(ctx, xyz, u, b_iso, occ, rest):
-        aniso, a, b, plan, n_frames, rule, neutron = rest
-        out, radii = _forward_aniso(plan, xyz, u, aniso, b_iso, occ, a, b, n_frames, rule, neutron)
+        aniso, a, b, plan, n_frames, rule, neutron, shape = rest
+        out, radii = _forward_aniso(plan, xyz, u, aniso, b_iso, occ, a, b, n_frames, rule, neutron, shape)
         ctx.save_for_backward(xyz, u, b_iso, occ)
         ctx.rest = (aniso, a, b, radii, plan, n_frames, rule, neutron)
         return out
@@ -2110,10 +2114,9 @@ def _splat(atoms: AtomSet, plan: _Plan, n_frames: int | None = None, radius_rule
     if xyz.shape[0] == 0:
         return torch.zeros(shape, dtype=torch.float32, device=xyz.device)
     if torch.is_grad_enabled() and (xyz.requires_grad or b_iso.requires_grad or occ.requires_grad):
-        out = _SplatTriton.apply(xyz, b_iso, occ, (a, b, plan, n_frames))
-    else:  # no autograd node to build (its apply alone costs ~15 µs of host time)
-        out = _forward(plan, xyz, b_iso, occ, a, b, n_frames)[0]
-    return out.view(shape)
+        return _SplatTriton.apply(xyz, b_iso, occ, (a, b, plan, n_frames, shape))
+    # no autograd node to build (its apply alone costs ~15 µs of host time)
+    return _forward(plan, xyz, b_iso, occ, a, b, n_frames, shape)[0]
 
 
 def _kernel_inputs_aniso(atoms: AtomSet):
@@ -2150,10 +2153,8 @@ def _splat_aniso(atoms: AtomSet, plan: _Plan, n_frames: int | None, radius_rule:
     neutron = atoms.radiation == "neutron"
     wants = xyz.requires_grad or b_iso.requires_grad or occ.requires_grad or u.requires_grad
     if torch.is_grad_enabled() and wants:
-        out = _SplatAnisoTriton.apply(xyz, u, b_iso, occ, (aniso, a, b, plan, n_frames, rule, neutron))
-    else:
-        out = _forward_aniso(plan, xyz, u, aniso, b_iso, occ, a, b, n_frames, rule, neutron)[0]
-    return out.view(shape)
+        return _SplatAnisoTriton.apply(xyz, u, b_iso, occ, (aniso, a, b, plan, n_frames, rule, neutron, shape))
+    return _forward_aniso(plan, xyz, u, aniso, b_iso, occ, a, b, n_frames, rule, neutron, shape)[0]
 
 
 def splat_frames_triton(

@@ -12,6 +12,8 @@ import warnings
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from torch._dynamo.backends.registry import lookup_backend
 
 import kernels
@@ -278,6 +280,28 @@ def test_direct_launch_matches_the_normal_launch(monkeypatch):
             assert_kernel_close(g, ref)
 
     check_direct_launches(monkeypatch, _LAUNCHERS, cases, compare)
+
+
+@triton.jit
+def _add_one(x_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1.0, mask=i < n)
+
+
+@requires_cuda
+def test_a_device_without_index_is_the_current_device():
+    """``torch.device("cuda")`` (no index) names the current device: the kept kernel is launched there.
+
+    A caller that builds its device that way instead of taking a tensor's must get the launch, not an
+    endless retry to make "device None" current.
+    """
+    launcher = _launch.FastLauncher(_add_one)
+    x = torch.zeros(100, device="cuda")
+    for _ in range(3):  # the first call keeps the kernel, the next ones launch it directly
+        launcher((1, 1, 1), ("add_one",), (x, 100, 128), torch.device("cuda"), 1)
+    torch.cuda.synchronize()
+    assert launcher.compiled and launcher.verified
+    assert torch.equal(x, torch.full_like(x, 3.0))
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (a call on the non-current one)")
