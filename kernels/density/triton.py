@@ -516,6 +516,7 @@ def _splat_fwd_kernel(
     INDEX64: tl.constexpr,
     VEC: tl.constexpr,
     FRAMES: tl.constexpr,
+    ZSEP: tl.constexpr,  # hexagonal kind (h02 = h12 = 0): exp(−α r²) = E(x, y)·e(z); read when not SEPARABLE
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
@@ -605,6 +606,16 @@ def _splat_fwd_kernel(
                 lin = qxz  # not read
             else:
                 lin = 2.0 * (h01 * dx + h12 * dz)
+                if ZSEP:
+                    # z factors per lane of the tile, (ATOMS, 1, BQ); the (x, y) factors per x lane and row
+                    qz = h22 * dz * dz
+                    e0 = amp0 * tl.exp2(-be0 * qz)
+                    e1 = amp1 * tl.exp2(-be1 * qz)
+                    e2 = amp2 * tl.exp2(-be2 * qz)
+                    e3 = amp3 * tl.exp2(-be3 * qz)
+                    e4 = amp4 * tl.exp2(-be4 * qz)
+                    q0xy = h00 * dx * dx  # (ATOMS, BP, 1)
+                    lxy = 2.0 * h01 * dx
             r, r_end, iy, r_lo, r_hi = _tile_row_walk(
                 pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
                 iy0, ny, n_rows, BP, BQ, SEPARABLE,
@@ -620,6 +631,16 @@ def _splat_fwd_kernel(
                         + e2 * tl.exp2(-be2 * qy)
                         + e3 * tl.exp2(-be3 * qy)
                         + e4 * tl.exp2(-be4 * qy)
+                    )
+                elif ZSEP:
+                    qxy = q0xy + dy * lxy + qy  # (ATOMS, BP, 1)
+                    r2 = qxy + qz
+                    val = (
+                        e0 * tl.exp2(-be0 * qxy)
+                        + e1 * tl.exp2(-be1 * qxy)
+                        + e2 * tl.exp2(-be2 * qxy)
+                        + e3 * tl.exp2(-be3 * qxy)
+                        + e4 * tl.exp2(-be4 * qxy)
                     )
                 else:
                     r2 = qxz + dy * lin + qy
@@ -1664,6 +1685,7 @@ class _Plan:
     # [32:41] m⁻¹ = orth·diag(1/n) row-major (voxel steps → Å; the anisotropic kernels' quadratic forms).
     params: torch.Tensor
     separable: bool  # exp(−α r²) = E(x, z)·e(y): orthogonal and monoclinic cells only
+    zsep: bool  # exp(−α r²) = E(x, y)·e(z) in the forward: hexagonal-kind cells (only the a–b pair couples)
     per_atom: bool  # per-atom radii from the cutoff (else ``radius`` for every atom)
     radius: float  # Å, 0 when per_atom
     cutoff: float  # e/Å³
@@ -1729,6 +1751,7 @@ class _Plan:
             n_voxels=nx * ny * nz,
             params=params.contiguous().to(device),
             separable=cell.kind in ("orthogonal", "monoclinic"),
+            zsep=cell.kind == "hexagonal",
             per_atom=radius is None,
             radius=radius_all,
             cutoff=float(cutoff),
@@ -1756,8 +1779,11 @@ class _Plan:
         )
 
     def constexprs(self, frames: bool, index64: bool) -> tuple:
-        """Forward constexprs in signature order: ATOMS, BP, BQ, SEPARABLE, PER_ATOM_RADIUS, INDEX64, VEC, FRAMES."""
-        return (self.atoms_per_program, self.bp, self.bq, self.separable, self.per_atom, index64, self.vec, frames)
+        """Forward constexprs in signature order (``_FWD_CONSTEXPR_NAMES``)."""
+        return (
+            self.atoms_per_program, self.bp, self.bq, self.separable, self.per_atom, index64, self.vec, frames,
+            self.zsep,
+        )  # fmt: skip
 
     def constexprs_bwd(self, frames: bool, index64: bool) -> tuple:
         """The backward's: its own tile."""
@@ -1779,6 +1805,7 @@ class _Plan:
 
 
 _CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "SEPARABLE", "PER_ATOM_RADIUS", "INDEX64", "VEC", "FRAMES")
+_FWD_CONSTEXPR_NAMES = (*_CONSTEXPR_NAMES, "ZSEP")
 _ANISO_CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "RULE", "NEUTRON", "INDEX64", "VEC", "FRAMES", "SEPARABLE")
 
 

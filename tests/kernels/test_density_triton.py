@@ -139,10 +139,15 @@ def test_global_radius_matches_reference(kind):
     check_against_reference(atoms, GridSpec.for_spacing(cell, 0.8), radius=2.7, seed=2)
 
 
-@pytest.mark.parametrize("kind", ["orthogonal", "monoclinic", "triclinic"])
+@pytest.mark.parametrize("kind", ["orthogonal", "monoclinic", "hexagonal", "triclinic"])
 def test_tiny_cell_sphere_larger_than_cell(kind):
-    # 4–6 Å cells, radii up to ~6 Å: every atom adds several images of itself to one voxel.
-    params = {"orthogonal": (4.0, 4.5, 5.0, 90, 90, 90), "monoclinic": (4.5, 5.0, 6.0, 90, 112, 90)}
+    # 4–6 Å cells, radii up to ~6 Å: every atom adds several images of itself to one voxel. The
+    # "hexagonal" one is of that kind with γ = 104° (only the a–b pair couples: the forward's E(x, y)·e(z)).
+    params = {
+        "orthogonal": (4.0, 4.5, 5.0, 90, 90, 90),
+        "monoclinic": (4.5, 5.0, 6.0, 90, 112, 90),
+        "hexagonal": (4.6, 5.2, 6.0, 90, 90, 104),
+    }
     cell = Cell.from_parameters(*params.get(kind, (5.0, 5.5, 6.0, 75, 100, 110)))
     atoms = synthetic(cell, ("C", "O", "Fe", "N"), seed=3, b_range=(20.0, 90.0))
     check_against_reference(atoms, GridSpec.for_spacing(cell, 0.5), seed=3)
