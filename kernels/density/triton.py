@@ -12,8 +12,10 @@ Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was
 - Separable exponent where the cell allows it: orthogonal and monoclinic cells (gemmi's
   upper-triangular ``orth`` couples only a–c) factor exp(−α r²) = E(x, z)·e(y) with
   E = exp(−α(H00 dx² + 2 H02 dx dz + H22 dz²)) computed once per tile and e(y) once per
-  row: every factor ≤ 1, so nothing overflows. Hexagonal and triclinic cells evaluate the
-  full exponent per voxel (r² ≥ 0, so exp(−α r²) ≤ 1 as well).
+  row: every factor ≤ 1, so nothing overflows. The forward on hexagonal-kind cells (only a–b
+  couples) factors exp(−α r²) = E(x, y)·e(z) with e(z) once per tile and E(x, y) once per x lane
+  and row (``ZSEP``); their backward and triclinic cells evaluate the full exponent per voxel
+  (r² ≥ 0, so exp(−α r²) ≤ 1 as well).
 - Each (x, z) tile walks only the rows where one of its voxels can lie inside the sphere: on
   separable cells from the minimum of the (x, z) part of r² over the tile's rectangle (a few
   scalar flops per tile), otherwise from the union of the lanes' row intervals; bounds are widened
