@@ -460,6 +460,18 @@ def _separable_row(r, off_y, h11, in_xz, gmin, r2lim, lim, VEC: tl.constexpr):
 
 
 @triton.jit
+def _exp2_sum(c0, c1, c2, c3, c4, be0, be1, be2, be3, be4, q):
+    """Σ_k c_k·2^(−be_k·q) over the five Gaussians (be_k = α_k·log2 e), broadcast over q's and the c_k's shapes."""
+    return (
+        c0 * tl.exp2(-be0 * q)
+        + c1 * tl.exp2(-be1 * q)
+        + c2 * tl.exp2(-be2 * q)
+        + c3 * tl.exp2(-be3 * q)
+        + c4 * tl.exp2(-be4 * q)
+    )
+
+
+@triton.jit
 def _row_sums(g, dy, qy, be0, be1, be2, be3, be4, t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4):
     """One row of the separable backward: Σ_rows g·y_k, g·y_k·dy, g·y_k·qy += this row's (15 FMAs per voxel).
 
@@ -627,32 +639,14 @@ def _splat_fwd_kernel(
                 qy = h11 * dy * dy
                 if SEPARABLE:
                     r2 = qxz + qy
-                    val = (
-                        e0 * tl.exp2(-be0 * qy)
-                        + e1 * tl.exp2(-be1 * qy)
-                        + e2 * tl.exp2(-be2 * qy)
-                        + e3 * tl.exp2(-be3 * qy)
-                        + e4 * tl.exp2(-be4 * qy)
-                    )
+                    val = _exp2_sum(e0, e1, e2, e3, e4, be0, be1, be2, be3, be4, qy)
                 elif ZSEP:
                     qxy = q0xy + dy * lxy + qy  # (ATOMS, BP, 1)
                     r2 = qxy + qz
-                    val = (
-                        e0 * tl.exp2(-be0 * qxy)
-                        + e1 * tl.exp2(-be1 * qxy)
-                        + e2 * tl.exp2(-be2 * qxy)
-                        + e3 * tl.exp2(-be3 * qxy)
-                        + e4 * tl.exp2(-be4 * qxy)
-                    )
+                    val = _exp2_sum(e0, e1, e2, e3, e4, be0, be1, be2, be3, be4, qxy)
                 else:
                     r2 = qxz + dy * lin + qy
-                    val = (
-                        amp0 * tl.exp2(-be0 * r2)
-                        + amp1 * tl.exp2(-be1 * r2)
-                        + amp2 * tl.exp2(-be2 * r2)
-                        + amp3 * tl.exp2(-be3 * r2)
-                        + amp4 * tl.exp2(-be4 * r2)
-                    )
+                    val = _exp2_sum(amp0, amp1, amp2, amp3, amp4, be0, be1, be2, be3, be4, r2)
                 if VEC:
                     # Mask constant over each group of 4 z lanes (one v4 atomic per group on sm_90), lanes
                     # outside the sphere add an exact 0: the voxel set stays r² < R².
