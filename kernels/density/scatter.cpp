@@ -2510,8 +2510,13 @@ std::vector<double> slab_fractions(int n_threads, int slabs_per_thread, double s
             done = take >= left - 0.5 * smallest ? 1.0 : done + take;  // no sliver at the end
             ends.push_back(done);
         }
-        if (static_cast<int64_t>(ends.size()) <= max_slabs) return ends;
+        if (static_cast<int64_t>(ends.size()) <= max_slabs) break;
     }
+    if (static_cast<int64_t>(ends.size()) < n_threads) {  // never fewer slabs than threads
+        ends.clear();
+        for (int s = 1; s <= n_threads; ++s) ends.push_back(static_cast<double>(s) / n_threads);
+    }
+    return ends;
 }
 
 // The most slabs one map should be cut into: every slab edge splits the atoms whose boxes cross
@@ -2519,8 +2524,8 @@ std::vector<double> slab_fractions(int n_threads, int slabs_per_thread, double s
 // constants: about kSplitVoxels box voxels of work, measured on 1AKI and 3WIP at 0.667 Å, where an
 // edge cost 4 % and 0.3 % of the forward). Edges are allowed while their estimated cost stays
 // within kSplitBudget of the map's work: on a small map a thread slowed by another process costs
-// less than the splits that would hedge against it (a 1AKI forward: two slabs), on a large one
-// the decreasing schedule keeps its small last slabs (3WIP: seven).
+// less than the splits that would hedge against it (a 1AKI forward at two threads: two slabs), on a
+// large one the decreasing schedule keeps its small last slabs (3WIP: ten).
 constexpr double kSplitVoxels = 600.0;
 constexpr double kSplitBudget = 0.06;
 
