@@ -2490,17 +2490,15 @@ void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int
 // cost more in tables than they save in waiting).
 std::vector<double> slab_fractions(int n_threads, int slabs_per_thread, double smallest_per_thread = 16.0,
                                    int64_t max_slabs = std::numeric_limits<int64_t>::max()) {
-    std::vector<double> ends;
-    if (slabs_per_thread > 0) {
-        const int n = slabs_per_thread * n_threads;
-        for (int s = 1; s <= n; ++s) ends.push_back(static_cast<double>(s) / n);
-        return ends;
-    }
+    auto equal = [](int n) {
+        std::vector<double> e;
+        for (int s = 1; s <= n; ++s) e.push_back(static_cast<double>(s) / n);
+        return e;
+    };
+    if (slabs_per_thread > 0) return equal(slabs_per_thread * n_threads);
     if (n_threads <= 1) return {1.0};
-    if (max_slabs <= n_threads) {
-        for (int s = 1; s <= n_threads; ++s) ends.push_back(static_cast<double>(s) / n_threads);
-        return ends;
-    }
+    if (max_slabs <= n_threads) return equal(n_threads);
+    std::vector<double> ends;
     for (double smallest = 1.0 / (smallest_per_thread * n_threads);; smallest *= 1.25) {
         ends.clear();
         double done = 0;
@@ -2512,11 +2510,7 @@ std::vector<double> slab_fractions(int n_threads, int slabs_per_thread, double s
         }
         if (static_cast<int64_t>(ends.size()) <= max_slabs) break;
     }
-    if (static_cast<int64_t>(ends.size()) < n_threads) {  // never fewer slabs than threads
-        ends.clear();
-        for (int s = 1; s <= n_threads; ++s) ends.push_back(static_cast<double>(s) / n_threads);
-    }
-    return ends;
+    return static_cast<int64_t>(ends.size()) < n_threads ? equal(n_threads) : ends;  // never fewer slabs than threads
 }
 
 // The most slabs one map should be cut into: every slab edge splits the atoms whose boxes cross

@@ -612,24 +612,20 @@ def _splat_fwd_kernel(
             if FRAMES:
                 base_xz += fo
             if SEPARABLE:
-                e0 = amp0 * tl.exp2(-be0 * qxz)
-                e1 = amp1 * tl.exp2(-be1 * qxz)
-                e2 = amp2 * tl.exp2(-be2 * qxz)
-                e3 = amp3 * tl.exp2(-be3 * qxz)
-                e4 = amp4 * tl.exp2(-be4 * qxz)
+                q_lane = qxz  # E(x, z) per lane of the tile
                 lin = qxz  # not read
             else:
                 lin = 2.0 * (h01 * dx + h12 * dz)
-                if ZSEP:
-                    # z factors per lane of the tile, (ATOMS, 1, BQ); the (x, y) factors per x lane and row
-                    qz = h22 * dz * dz
-                    e0 = amp0 * tl.exp2(-be0 * qz)
-                    e1 = amp1 * tl.exp2(-be1 * qz)
-                    e2 = amp2 * tl.exp2(-be2 * qz)
-                    e3 = amp3 * tl.exp2(-be3 * qz)
-                    e4 = amp4 * tl.exp2(-be4 * qz)
-                    q0xy = h00 * dx * dx  # (ATOMS, BP, 1)
-                    lxy = 2.0 * h01 * dx
+                # ZSEP: e(z) per lane of the tile, (ATOMS, 1, BQ); the (x, y) part per x lane and row
+                q_lane = h22 * dz * dz
+                q0xy = h00 * dx * dx  # (ATOMS, BP, 1)
+                lxy = 2.0 * h01 * dx
+            if SEPARABLE or ZSEP:
+                e0 = amp0 * tl.exp2(-be0 * q_lane)
+                e1 = amp1 * tl.exp2(-be1 * q_lane)
+                e2 = amp2 * tl.exp2(-be2 * q_lane)
+                e3 = amp3 * tl.exp2(-be3 * q_lane)
+                e4 = amp4 * tl.exp2(-be4 * q_lane)
             r, r_end, iy, r_lo, r_hi = _tile_row_walk(
                 pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
                 iy0, ny, n_rows, BP, BQ, SEPARABLE,
@@ -642,7 +638,7 @@ def _splat_fwd_kernel(
                     val = _exp2_sum(e0, e1, e2, e3, e4, be0, be1, be2, be3, be4, qy)
                 elif ZSEP:
                     qxy = q0xy + dy * lxy + qy  # (ATOMS, BP, 1)
-                    r2 = qxy + qz
+                    r2 = qxy + q_lane
                     val = _exp2_sum(e0, e1, e2, e3, e4, be0, be1, be2, be3, be4, qxy)
                 else:
                     r2 = qxz + dy * lin + qy
