@@ -12,7 +12,11 @@ default the second of ``--cores``) and structure, ``--calls`` rounds each time, 
                                    occupancy requiring grad (W a fixed random map);
 - ``gemmi``                        gemmi's ``add_model_density_to_grid`` on the same grid (cutoff
                                    1e-5, ANISOU zeroed, as ``kernels.testing`` sets it up; its grid
-                                   zeroing not timed; gemmi runs on one thread).
+                                   zeroing not timed; gemmi runs on one thread);
+- ``fwd 2t own`` / ``fwd+bwd 2t own`` with ``--own-threads``: the 2-thread calls again with the
+                                   kernel's loops on its own helper threads instead of torch's
+                                   OpenMP threads (the default where the build shares torch's
+                                   runtime, ``build_info()["shared_openmp"]``), for comparison.
 
 Each call's wall time and the process's minor page faults during it are recorded. The table gives
 10/50/90th percentiles (ms) and the targets of issue 20 part 3: quiet, 2-thread forward p90 ≤ 0.8×
@@ -55,7 +59,6 @@ from benchmarks.bench_density import _busy_fraction, _cpu_name  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
 from kernels.testing import gemmi_density_calculator  # noqa: E402
 
-SERIES = ("fwd_1t", "fwd_2t", "fwd_bwd_1t", "fwd_bwd_2t", "gemmi")
 # A pinned core counts as idle when it was busy less than this share of the second before the run.
 QUIET_BUSY = 0.1
 
@@ -111,7 +114,9 @@ def targets(condition: str, stats: dict) -> dict:
     return out
 
 
-def bench_structure(name: str, calls: int, spacing: float) -> dict:
+def bench_structure(name: str, calls: int, spacing: float, own_threads: bool = False) -> dict:
+    """Times of one structure; ``own_threads`` adds 2-thread series on the kernel's own threads
+    (``fwd_2t_own``, ``fwd_bwd_2t_own``), interleaved with the default ones."""
     path = STRUCTURES[name]
     model = kernels.read_model(path)
     grid = GridSpec.for_spacing(model.cell, spacing)
@@ -156,17 +161,26 @@ def bench_structure(name: str, calls: int, spacing: float) -> dict:
         timed(fwd, threads)
         timed(fwd_bwd, threads)
     gemmi()
-    times = {s: [] for s in SERIES}
-    faults = {s: [] for s in SERIES if s != "gemmi"}
-    for i in range(calls):
-        # alternate which thread count goes first, so a slow spell does not favour one of them
-        order = (1, 2) if i % 2 == 0 else (2, 1)
-        for op, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
-            for threads in order:
-                t, f = timed(fn, threads)
-                times[f"{op}_{threads}t"].append(t)
-                faults[f"{op}_{threads}t"].append(f)
-        times["gemmi"].append(gemmi())
+    from kernels.density import _scatter
+
+    shared = _scatter.build_info()["shared_openmp"]
+    variants = [(1, ""), (2, "")] + ([(2, "_own")] if own_threads else [])
+    series = [f"{op}_{t}t{v}" for op in ("fwd", "fwd_bwd") for t, v in variants] + ["gemmi"]
+    times = {s: [] for s in series}
+    faults = {s: [] for s in series if s != "gemmi"}
+    try:
+        for i in range(calls):
+            # rotate which variant goes first, so a slow spell does not favour one of them
+            order = variants[i % len(variants) :] + variants[: i % len(variants)]
+            for op, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
+                for threads, variant in order:
+                    _scatter.set_shared_openmp(shared and variant != "_own")
+                    t, f = timed(fn, threads)
+                    times[f"{op}_{threads}t{variant}"].append(t)
+                    faults[f"{op}_{threads}t{variant}"].append(f)
+            times["gemmi"].append(gemmi())
+    finally:
+        _scatter.set_shared_openmp(shared)
     stats = {s: percentiles(v) for s, v in times.items()}
     return {
         "structure": name,
@@ -202,6 +216,12 @@ def main(argv=None) -> dict:
     p.add_argument("--conditions", nargs="+", default=["quiet", "loaded"], choices=["quiet", "loaded"])
     p.add_argument("--calls", type=int, default=21, help="interleaved rounds per structure and condition (≥ 21)")
     p.add_argument("--spacing", type=float, default=0.667)
+    p.add_argument(
+        "--own-threads",
+        action="store_true",
+        help="add 2-thread series on the kernel's own helper threads (fwd_2t_own, fwd_bwd_2t_own), interleaved "
+        "with the default ones, which run on torch's OpenMP threads where build_info()['shared_openmp']",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON output")
     args = p.parse_args(argv)
     cores = [int(c) for c in args.cores.split(",")]
@@ -245,9 +265,9 @@ def main(argv=None) -> dict:
         print(f"{condition}: load average {entry['loadavg_before']}, cores busy {entry['busy_before']}", flush=True)
         if condition == "loaded":
             with BusyCore(busy_core):
-                rows = [bench_structure(n, args.calls, args.spacing) for n in args.structures]
+                rows = [bench_structure(n, args.calls, args.spacing, args.own_threads) for n in args.structures]
         else:
-            rows = [bench_structure(n, args.calls, args.spacing) for n in args.structures]
+            rows = [bench_structure(n, args.calls, args.spacing, args.own_threads) for n in args.structures]
         for row in rows:
             row["targets"] = targets(condition, row["stats_ms"])
             _print_table(condition, row, row["targets"])

@@ -466,6 +466,11 @@ NB_MODULE(_scatter, m) {
         "Per-atom cutoff radius (Å) with gemmi's rule, written to out (N,) float64: b_iso (N,), a (N, 5),\n"
         "b (N, 5) float64.");
 
+    m.def("set_shared_openmp", &kd::set_shared_openmp, "shared"_a,
+          "Declare whether this module's OpenMP runtime (build_info()['openmp_library']) is the one torch's\n"
+          "CPU ops run on. When it is, the backward runs on torch's intra-op threads (the caller's OpenMP team),\n"
+          "falling back for a while to the kernel's own threads when a team member comes late.");
+
     m.def(
         "build_info",
         []() {
@@ -475,9 +480,12 @@ NB_MODULE(_scatter, m) {
             d["avx2_clone"] = info.clones;
             d["forward_isa"] = info.forward_isa;
             d["backward_isa"] = info.backward_isa;
+            d["openmp_library"] = kd::openmp_library();
+            d["shared_openmp"] = kd::shared_openmp();
             return d;
         },
-        "How this module was built and what this CPU runs: thread backend (threads), whether the AVX2/AVX-512\n"
+        "How this module was built and what this CPU runs: thread backend (threads), the OpenMP runtime's file\n"
+        "(openmp_library) and whether it is declared torch's (shared_openmp), whether the AVX2/AVX-512\n"
         "clones exist (avx2_clone), and the instruction set of the forward and backward clones this CPU takes\n"
         "(forward_isa, backward_isa).");
 }

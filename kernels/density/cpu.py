@@ -12,15 +12,19 @@ per-atom quantities the kernel needs, and wraps forward (scatter) and backward (
 a ``torch.autograd.Function``.
 
 The result is bitwise identical run to run and for any number of threads; the thread
-count follows ``torch.get_num_threads()``. One call runs two OpenMP parallel regions (the
-atoms' preparation and the map's slabs; the backward likewise) and no multi-threaded torch op:
-on a machine where other processes keep the cores busy, every region costs a wait until each of
-its threads gets a core, so the work around the kernel stays on the calling thread.
+count follows ``torch.get_num_threads()``. One call runs two parallel loops (the atoms'
+preparation and the map's slabs; the backward likewise) and no multi-threaded torch op. The
+loops run on torch's own OpenMP threads where the extension shares torch's OpenMP runtime
+(checked at import, see ``_openmp_is_torchs``), else on the extension's helper threads; a team
+member kept off its core by another process sends the next calls to the helpers, whose loops
+never wait for a thread to arrive (``TorchTeam`` and ``HelperPool`` in ``scatter.cpp``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 
 import torch
 
@@ -40,6 +44,31 @@ except ImportError as exc:  # the dispatcher turns this into a BackendError with
     ) from exc
 
 __all__ = ["splat_cpu", "splat_frames_cpu", "cutoff_radius_cpu"]
+
+_OPENMP_RUNTIMES = re.compile(r"/lib(gomp|iomp5|omp)[^/]*\.so[^/]*$")
+
+
+def _openmp_is_torchs() -> bool:
+    """Whether the extension's OpenMP runtime is the one torch's CPU ops run on.
+
+    True where torch's parallel backend is OpenMP and the only OpenMP runtime mapped into this
+    process (torch's, loaded by ``import torch``) is the file the extension calls. Then the
+    kernel's parallel loops run on torch's intra-op threads, which are awake right after the
+    caller's torch ops; otherwise (another runtime, a build without OpenMP, no ``/proc``) on the
+    kernel's own threads. Either way the results are bitwise the same.
+    """
+    ours = _scatter.build_info()["openmp_library"]
+    if not ours or "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return False
+    try:
+        with open("/proc/self/maps") as maps:
+            mapped = {line.split(maxsplit=5)[5].strip() for line in maps if _OPENMP_RUNTIMES.search(line.strip())}
+    except (OSError, IndexError):
+        return False
+    return {os.path.realpath(p) for p in mapped} == {os.path.realpath(ours)}
+
+
+_scatter.set_shared_openmp(_openmp_is_torchs())
 
 _OP = "splat_density"
 # Cell kinds as the C++ kernel takes them: which axis stays separable.

@@ -30,8 +30,10 @@
 // with the same tables and the same voxel set. Atoms are independent tasks; each atom's
 // sums are formed by one thread in a fixed order (deterministic for any thread count).
 //
-// Threads: a pool of std::threads that the caller never waits to arrive (HelperPool); OpenMP,
-// when built with it, only for its simd pragmas (macro KERNELS_NO_OPENMP: without).
+// Threads: torch's intra-op OpenMP threads where this module shares torch's OpenMP runtime
+// (TorchTeam), else, and for a while after a team member came late, a pool of std::threads that the
+// caller never waits to arrive (HelperPool). Built without OpenMP (macro KERNELS_NO_OPENMP): the
+// pool only, and no simd pragmas.
 
 #include "scatter.hpp"
 
@@ -52,6 +54,13 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+#ifndef KERNELS_NO_OPENMP
+#include <omp.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <dlfcn.h>  // dladdr: which OpenMP runtime this module calls
+#include <pthread.h>  // pthread_atfork
+#endif
+#endif
 
 
 #if defined(__linux__)
@@ -1415,7 +1424,82 @@ class HelperPool {
     size_t n_helpers_ = 0;
 };
 
-// fn(task, worker) for task in [0, n_tasks) over up to n_threads workers (HelperPool); worker < n_threads.
+// The same loop on the calling thread's OpenMP team, used when this module's OpenMP runtime is
+// the one torch's CPU ops run on (set_shared_openmp, checked from Python). The team's workers are
+// then torch's intra-op threads, which spin for a few ms after each multi-threaded torch op: a
+// call that follows the caller's torch ops (every backward, and a forward inside a refinement loop)
+// finds them awake on the other cores, where a pool helper would share a core with one of them and
+// run at half speed. A region still ends only when every member has arrived. When a member had not
+// arrived by the time the caller ran out of tasks and the caller then waited more than
+// kLateWaitNs for it (its core busy with another process), calls within kHoldoffNs take the pool,
+// which never waits for a thread to arrive.
+class TorchTeam {
+   public:
+    static constexpr int64_t kLateWaitNs = 200'000;
+    static constexpr int64_t kHoldoffNs = 2'000'000'000;
+
+    // A child forked after the team ran has none of its threads, and libgomp would wait for them
+    // at the child's first region: the child takes the pool.
+    static void set_shared(bool shared) {
+#if defined(__unix__) || defined(__APPLE__)
+        static std::once_flag at_fork;
+        std::call_once(at_fork, [] { pthread_atfork(nullptr, nullptr, [] { shared_.store(false); }); });
+#endif
+        shared_.store(shared, std::memory_order_relaxed);
+    }
+    static bool shared() { return shared_.load(std::memory_order_relaxed); }
+
+    // Runs the loop and returns true, or returns false (nothing run) where the pool should.
+    template <class F>
+    static bool run(int64_t n_tasks, int n_threads, F& fn) {
+#ifndef KERNELS_NO_OPENMP
+        if (!shared() || omp_in_parallel()) return false;
+        if (now_ns() < avoid_until_.load(std::memory_order_relaxed)) return false;
+        std::atomic<int64_t> next{0};
+        std::atomic<int> arrived{0};
+        int64_t caller_done = 0;
+        bool missing = false;
+        std::exception_ptr error;
+        std::mutex error_mu;
+#pragma omp parallel num_threads(n_threads)
+        {
+            arrived.fetch_add(1, std::memory_order_relaxed);
+            const int worker = omp_get_thread_num();
+            for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
+                try {
+                    fn(t, worker);
+                } catch (...) {
+                    std::lock_guard<std::mutex> lock(error_mu);
+                    if (!error) error = std::current_exception();
+                }
+            }
+            if (worker == 0) {
+                missing = arrived.load(std::memory_order_relaxed) < omp_get_num_threads();
+                caller_done = now_ns();
+            }
+        }
+        if (missing && now_ns() - caller_done > kLateWaitNs)
+            avoid_until_.store(now_ns() + kHoldoffNs, std::memory_order_relaxed);
+        if (error) std::rethrow_exception(error);
+        return true;
+#else
+        (void)n_tasks, (void)n_threads, (void)fn;
+        return false;
+#endif
+    }
+
+   private:
+    static int64_t now_ns() {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::steady_clock::now().time_since_epoch())
+            .count();
+    }
+    static inline std::atomic<bool> shared_{false};
+    static inline std::atomic<int64_t> avoid_until_{0};
+};
+
+// fn(task, worker) for task in [0, n_tasks) over up to n_threads workers; worker < n_threads. On
+// torch's intra-op threads where they are shared (TorchTeam), else on the kernel's pool (HelperPool).
 template <class F>
 void parallel_for(int64_t n_tasks, int n_threads, F&& fn) {
     n_threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(n_threads, n_tasks)));
@@ -1423,6 +1507,7 @@ void parallel_for(int64_t n_tasks, int n_threads, F&& fn) {
         for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
         return;
     }
+    if (TorchTeam::run(n_tasks, n_threads, fn)) return;
     HelperPool::get().run(n_tasks, n_threads, fn);
 }
 
@@ -3037,10 +3122,28 @@ void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double*
     });
 }
 
+const char* openmp_library() {
+#if !defined(KERNELS_NO_OPENMP) && (defined(__unix__) || defined(__APPLE__))
+    Dl_info where;
+    if (dladdr(reinterpret_cast<void*>(&omp_get_max_threads), &where) && where.dli_fname) return where.dli_fname;
+#endif
+    return "";
+}
+
+void set_shared_openmp(bool shared) {
+#ifndef KERNELS_NO_OPENMP
+    TorchTeam::set_shared(shared);
+#else
+    (void)shared;
+#endif
+}
+
+bool shared_openmp() { return TorchTeam::shared(); }
+
 BuildInfo build_info() {
     BuildInfo info;
 #ifndef KERNELS_NO_OPENMP
-    info.threads = "std::thread, omp simd";
+    info.threads = "std::thread pool, OpenMP";
 #else
     info.threads = "std::thread";
 #endif

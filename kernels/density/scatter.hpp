@@ -1,5 +1,7 @@
 // Separable Gaussian density splat on a periodic whole-cell grid (and the anisotropic one, from
-// per-atom factor tables), its gradient, and gemmi's per-atom cutoff radius (CPU, C++17, a std::thread pool; OpenMP simd pragmas where built with it). Free of Python: the bindings
+// per-atom factor tables), its gradient, and gemmi's per-atom cutoff radius (CPU, C++17; parallel
+// loops on torch's OpenMP threads where the runtime is shared, else on a std::thread pool; OpenMP
+// simd pragmas where built with it). Free of Python: the bindings
 // live in _scatter.cpp, the algorithm in scatter.cpp (its header comment says how it works).
 //
 // Arrays are C-contiguous and owned by the caller; every function writes only its outputs.
@@ -137,9 +139,19 @@ bool fractional(int64_t n, const float* xyz, const double frac[9], double lo, do
 void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double* b, double cutoff, int n_threads,
                   double* out);
 
+// The file of the OpenMP runtime this module calls ("" when built without OpenMP or where it cannot
+// be told).
+const char* openmp_library();
+
+// Whether that runtime is the one torch's CPU ops run on: only then may a backward run on the
+// calling thread's OpenMP team, i.e. on torch's intra-op threads (TorchTeam in scatter.cpp). Off
+// until the caller has checked; without OpenMP it stays off.
+void set_shared_openmp(bool shared);
+bool shared_openmp();
+
 // How this build runs on this CPU.
 struct BuildInfo {
-    const char* threads;  // "std::thread, omp simd" (built with OpenMP) or "std::thread"
+    const char* threads;  // "std::thread pool, OpenMP" (built with OpenMP) or "std::thread"
     bool clones;          // whether the hot loops have AVX2 / AVX-512 clones
     const char* forward_isa;
     const char* backward_isa;

@@ -759,6 +759,41 @@ def test_concurrent_calls_from_host_threads_agree():
             assert torch.equal(a, b)
 
 
+def test_torchs_openmp_threads_and_the_kernels_own_give_the_same_results():
+    # Where the extension's OpenMP runtime is torch's (on Linux both name libgomp.so.1, and
+    # `import torch` loads it first), the parallel loops run on torch's intra-op threads, awake
+    # right after the caller's torch ops; otherwise on the kernel's own threads. The map and every
+    # gradient are bitwise the same either way (isotropic and anisotropic paths, 2 threads).
+    info = density_cpu._scatter.build_info()
+    if sys.platform.startswith("linux") and info["openmp_library"]:
+        assert info["shared_openmp"], info
+    m = model("1pfe")  # every atom anisotropic
+    grid = GridSpec.for_spacing(m.cell, SPACING)
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(8))
+
+    def run(atoms: AtomSet):
+        leaf = leaf_atoms(atoms.to(dtype=torch.float32), torch.float32)
+        out = kernels.splat_density(leaf, grid, backend="cpu")
+        out.backward(upstream)
+        grads = [leaf.xyz.grad, leaf.b_iso.grad, leaf.occ.grad]
+        return [out.detach(), *grads, *([] if leaf.u_aniso is None else [leaf.u_aniso.grad])]
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        results = {}
+        for shared in (True, False):
+            density_cpu._scatter.set_shared_openmp(shared)
+            results[shared] = [run(m.atoms), run(m.atoms.replace(u_aniso=None, aniso=None, _validate=False))]
+    finally:
+        density_cpu._scatter.set_shared_openmp(info["shared_openmp"])
+        torch.set_num_threads(before)
+    for torch_team, own in zip(results[True], results[False]):
+        assert len(torch_team) == len(own)
+        for a, b in zip(torch_team, own):
+            assert torch.equal(a, b)
+
+
 def test_map_storage_is_reused_only_after_the_map_is_freed():
     # A freed map's memory serves the next map of its size (no fresh pages to fault in); a map in
     # use is never handed out again, and every voxel of a reused block is written anew.
@@ -779,9 +814,10 @@ def test_map_storage_is_reused_only_after_the_map_is_freed():
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork (POSIX)")
 def test_kernel_in_a_forked_child_after_the_helpers_started():
-    # A forked child has none of the parent's helper threads; the kernel's loops never wait for a
-    # helper to arrive, so a 2-thread splat in the child runs on its own thread and gives the same
-    # map. (The child calls the extension directly on numpy arrays: torch's own OpenMP ops hang in
+    # A forked child has none of the parent's threads: neither the kernel's helpers (its loops never
+    # wait for a helper to arrive) nor torch's OpenMP team, which the parent's loops ran on where it
+    # is shared and which the child stops using. A 2-thread splat in the child runs on its own
+    # thread and gives the same map. (The child calls the extension directly on numpy arrays: torch's own OpenMP ops hang in
     # a child forked after they ran multi-threaded, which is torch's limitation, not the kernel's.)
     script = textwrap.dedent(
         """
