@@ -128,9 +128,15 @@ class FastLauncher:
         self.broken = False
 
     def __call__(
-        self, grid: tuple[int, int, int], key, args: tuple, device: torch.device, num_warps: int | None = None
+        self,
+        grid: tuple[int, int, int],
+        key,
+        args: tuple,
+        device: torch.device,
+        num_warps: int | None = None,
+        maxnreg: int | None = None,
     ) -> None:
-        """Launch ``kernel[grid](*args, num_warps=num_warps)`` on the current stream of ``device``.
+        """Launch ``kernel[grid](*args, num_warps=num_warps, maxnreg=maxnreg)`` on the current stream of ``device``.
 
         Parameters
         ----------
@@ -147,6 +153,10 @@ class FastLauncher:
             is made current for the launch, so the kernel runs there, on that device's current stream.
         num_warps : int, optional
             Warps per program; Triton's default (4) when None.
+        maxnreg : int, optional
+            Registers per thread the compile may use (ptxas' register cap; backends without the
+            option ignore it); the compiler's choice when None. Part of the compiled kernel: the
+            caller's key must include it when it varies.
         """
         hit = self.compiled.get(key)
         if hit is not None and _enabled and _hooks_idle():
@@ -156,7 +166,7 @@ class FastLauncher:
                 # The kept function was loaded in its device's context and the launcher launches in
                 # the current context: the call goes again with the tensors' device current.
                 with torch.cuda.device(device.index):
-                    return self(grid, key, args, device, num_warps)
+                    return self(grid, key, args, device, num_warps, maxnreg)
             run, function, metadata = hit
             stream = _raw_stream(device.index)
             if self.verified:
@@ -174,16 +184,20 @@ class FastLauncher:
         if device.type == "cuda" and device.index is not None and _current_device() != device.index:
             # JITFunction.run compiles for, loads on and launches to the current device and its stream.
             with torch.cuda.device(device.index):
-                self._normal(grid, key, args, device, num_warps, hit is None)
+                self._normal(grid, key, args, device, num_warps, maxnreg, hit is None)
         else:
-            self._normal(grid, key, args, device, num_warps, hit is None)
+            self._normal(grid, key, args, device, num_warps, maxnreg, hit is None)
 
-    def _normal(self, grid, key, args: tuple, device: torch.device, num_warps: int | None, keep: bool) -> None:
+    def _normal(
+        self, grid, key, args: tuple, device: torch.device, num_warps: int | None, maxnreg: int | None, keep: bool
+    ) -> None:
         """``kernel[grid](*args)``; its compiled kernel is kept under ``key`` when ``keep``."""
-        if num_warps is None:
-            compiled = self.kernel[grid](*args)
-        else:
-            compiled = self.kernel[grid](*args, num_warps=num_warps)
+        options = {}
+        if num_warps is not None:
+            options["num_warps"] = num_warps
+        if maxnreg is not None:
+            options["maxnreg"] = maxnreg
+        compiled = self.kernel[grid](*args, **options)
         # The interpreter returns no CompiledKernel (and runs CPU tensors): nothing is kept there.
         if keep and not self.broken and device.type == "cuda" and isinstance(compiled, _CompiledKernel):
             try:

@@ -1690,6 +1690,10 @@ class _Plan:
     atoms_per_program: int
     num_warps: int
     num_warps_bwd: int
+    # Register cap of the isotropic forward (None: the compiler's choice). The one-warp 128-lane forward
+    # compiles to 111 registers; capped at 80 (two spilled) more programs fit an SM and the scatter, bound
+    # by its atomics' issue rate at that occupancy, gains 7 % on 3WIP (docs/performance.md).
+    maxnreg: int | None
     # Anisotropic kernels' tiles: 8 × 8 lanes on one warp each way, the fastest of the shapes timed on an
     # H200 (docs/performance.md, "Anisotropic atoms"). The forward holds two per-term arrays per lane
     # (10 in all: ~150 registers at 64 lanes, ~205 at 128); the backward fifteen float64 row accumulators.
@@ -1762,6 +1766,7 @@ class _Plan:
             atoms_per_program=_INTERPRET_ATOMS if interpret else 1,
             num_warps=num_warps,
             num_warps_bwd=1,
+            maxnreg=80 if lanes == 128 and not interpret else None,
             bp_aniso=bp if interpret else min(triton.next_power_of_2(ext_x), 64 // min(bq, 8)),
             bq_aniso=bq if interpret else min(bq, 8),
             num_warps_aniso=1,
@@ -1841,8 +1846,8 @@ def _radii_device(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cutoff:
 
 
 # One launcher per kernel (kernels._launch): after the first call of a specialisation its compiled kernel
-# is launched directly. The key of every launch below is (constexprs, num_warps, xyz dtype, device index
-# [, 16-byte alignment of the upstream gradient]): the constexprs hold the plan's tile and layout, frames,
+# is launched directly. The key of every launch below is (constexprs, num_warps[, maxnreg], xyz dtype, device
+# index[, 16-byte alignment of the upstream gradient]): the constexprs hold the plan's tile and layout, frames,
 # 64-bit indices and the anisotropic rule and radiation; the per-atom pointers and counts are compiled
 # without specialisation (``do_not_specialize``, ``do_not_specialize_on_alignment``) and the map is
 # allocated here (aligned), so the user's gradient is the one pointer whose alignment Triton specialises on
@@ -1871,9 +1876,9 @@ def _forward(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int, shape: tuple):
     c = plan.constexprs(frames, index64)
     _fwd_launch(
         (ceil_div(n, plan.atoms_per_program), 1, 1),
-        (c, plan.num_warps, xyz.dtype, device.index),
+        (c, plan.num_warps, plan.maxnreg, xyz.dtype, device.index),
         (xyz, b_iso, occ, a, b, radii, plan.params, out, n, n // n_frames, *c),
-        device, plan.num_warps,
+        device, plan.num_warps, plan.maxnreg,
     )  # fmt: skip
     return out, radii
 

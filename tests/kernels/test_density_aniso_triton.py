@@ -222,7 +222,9 @@ def test_device_radii_match_atom_cutoff_radii(radiation, radius_rule):
     plan = triton_splat._plan(grid, None, 1e-5, DEVICE)
     xyz, u32, aniso, b_iso, occ, a, b = triton_splat._kernel_inputs_aniso(atoms)
     rule = triton_splat._aniso_rule(plan, radius_rule)
-    _, radii = triton_splat._forward_aniso(plan, xyz, u32, aniso, b_iso, occ, a, b, 1, rule, radiation == "neutron", plan.shape)
+    _, radii = triton_splat._forward_aniso(
+        plan, xyz, u32, aniso, b_iso, occ, a, b, 1, rule, radiation == "neutron", plan.shape
+    )
     want = atom_cutoff_radii(atoms.to(dtype=torch.float64), 1e-5, radius_rule)
     assert_close(radii, want, atol=2e-4, rtol=0.0)  # float32 search: the isotropic kernel's 1e-4 Å, doubled
 

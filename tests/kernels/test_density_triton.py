@@ -111,6 +111,24 @@ def test_real_structures_match_reference(name):
 
 
 @requires_cuda
+def test_forward_register_cap_reaches_the_compile():
+    # The production plan caps the one-warp forward's registers (maxnreg) so more programs fit an SM.
+    # The cap must reach the compiler, and the capped kernel (a few registers spilled) must give the
+    # uncapped kernel's map, up to the order of the atomics.
+    m = model("1aki")
+    grid = GridSpec.for_spacing(m.cell, 2.0 / 3.0)
+    atoms = m.atoms.to(DEVICE, torch.float32)
+    plan = triton_splat._plan(grid, None, kernels.DEFAULT_CUTOFF, DEVICE)
+    assert plan.maxnreg == 80
+    capped = triton_splat._splat(atoms, plan)
+    free = triton_splat._splat(atoms, dataclasses.replace(plan, maxnreg=None))
+    compiled = triton_splat._splat_fwd_kernel.device_caches[torch.cuda.current_device()][0].values()
+    regs = sorted(k.n_regs for k in compiled)
+    assert regs[0] <= plan.maxnreg < regs[-1], regs
+    assert_close(capped, free, atol=1e-6, rtol=1e-5)
+
+
+@requires_cuda
 @pytest.mark.parametrize("name", ["1aki", "3wip"])
 def test_matches_gemmi(name):
     from tests.helpers import gemmi_density
