@@ -1322,6 +1322,28 @@ void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
 
 // ------------------------------------------------------------------ threads
 
+// Tasks [0, n_tasks) taken by the workers of one parallel loop from one atomic counter; the first
+// exception a task throws is kept for the caller to rethrow, and the loop goes on with the others.
+struct TaskQueue {
+    int64_t n_tasks = 0;
+    std::atomic<int64_t> next{0}, done{0};
+    std::mutex error_mu;
+    std::exception_ptr error;
+
+    template <class F>
+    void work(F& fn, int worker) {
+        for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
+            try {
+                fn(t, worker);
+            } catch (...) {
+                std::lock_guard<std::mutex> lock(error_mu);
+                if (!error) error = std::current_exception();
+            }
+            done.fetch_add(1, std::memory_order_release);
+        }
+    }
+};
+
 // A parallel loop that never waits for a thread to arrive, only for tasks that have started.
 //
 // fn(task, worker) for task in [0, n_tasks): the caller (worker 0) and up to n_threads − 1
@@ -1348,7 +1370,7 @@ class HelperPool {
             return;
         }
         auto job = std::make_shared<Job>();
-        job->n_tasks = n_tasks;
+        job->tasks.n_tasks = n_tasks;
         job->n_workers = n_threads;
         job->body = [&fn](int64_t t, int w) { fn(t, w); };
         start_helpers(n_threads - 1);
@@ -1360,36 +1382,23 @@ class HelperPool {
         cv_.notify_all();
         job->work(0);
         // tasks still running on helpers: spin briefly, then yield the core
-        for (int spins = 0; job->done.load(std::memory_order_acquire) < n_tasks; ++spins)
+        for (int spins = 0; job->tasks.done.load(std::memory_order_acquire) < n_tasks; ++spins)
             if (spins > 2000) std::this_thread::yield();
         {
             std::lock_guard<std::mutex> lock(mu_);
             job_.reset();  // a helper that has not looked yet finds nothing
         }
-        if (job->error) std::rethrow_exception(job->error);
+        if (job->tasks.error) std::rethrow_exception(job->tasks.error);
     }
 
    private:
     struct Job {
-        int64_t n_tasks = 0;
+        TaskQueue tasks;
         int n_workers = 1;
         std::function<void(int64_t, int)> body;
-        std::atomic<int64_t> next{0}, done{0};
         std::atomic<int> next_worker{1};
-        std::mutex error_mu;
-        std::exception_ptr error;
 
-        void work(int worker) {
-            for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
-                try {
-                    body(t, worker);
-                } catch (...) {
-                    std::lock_guard<std::mutex> lock(error_mu);
-                    if (!error) error = std::current_exception();
-                }
-                done.fetch_add(1, std::memory_order_release);
-            }
-        }
+        void work(int worker) { tasks.work(body, worker); }
     };
 
     void start_helpers(int n) {
@@ -1455,24 +1464,16 @@ class TorchTeam {
 #ifndef KERNELS_NO_OPENMP
         if (!shared() || omp_in_parallel()) return false;
         if (now_ns() < avoid_until_.load(std::memory_order_relaxed)) return false;
-        std::atomic<int64_t> next{0};
+        TaskQueue tasks;
+        tasks.n_tasks = n_tasks;
         std::atomic<int> arrived{0};
         int64_t caller_done = 0;
         bool missing = false;
-        std::exception_ptr error;
-        std::mutex error_mu;
 #pragma omp parallel num_threads(n_threads)
         {
             arrived.fetch_add(1, std::memory_order_relaxed);
             const int worker = omp_get_thread_num();
-            for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
-                try {
-                    fn(t, worker);
-                } catch (...) {
-                    std::lock_guard<std::mutex> lock(error_mu);
-                    if (!error) error = std::current_exception();
-                }
-            }
+            tasks.work(fn, worker);
             if (worker == 0) {
                 missing = arrived.load(std::memory_order_relaxed) < omp_get_num_threads();
                 caller_done = now_ns();
@@ -1480,7 +1481,7 @@ class TorchTeam {
         }
         if (missing && now_ns() - caller_done > kLateWaitNs)
             avoid_until_.store(now_ns() + kHoldoffNs, std::memory_order_relaxed);
-        if (error) std::rethrow_exception(error);
+        if (tasks.error) std::rethrow_exception(tasks.error);
         return true;
 #else
         (void)n_tasks, (void)n_threads, (void)fn;
