@@ -58,10 +58,11 @@
 #include <omp.h>
 #if defined(__unix__) || defined(__APPLE__)
 #include <dlfcn.h>  // dladdr: which OpenMP runtime this module calls
+#endif
+#endif
+#if defined(__unix__) || defined(__APPLE__)
 #include <pthread.h>  // pthread_atfork
 #endif
-#endif
-
 
 #if defined(__linux__)
 #include <sys/mman.h>
