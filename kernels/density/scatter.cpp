@@ -2571,7 +2571,11 @@ void prepare_all(const Inputs& in, std::vector<AtomP>& atoms, int n_threads, int
 // Taken in order by whichever thread is free, the first big slabs keep the number of slab edges
 // small (each edge splits the atoms that cross it), and the last small ones bound how long a
 // thread slowed by another process on its core can keep the others waiting. max_slabs caps the
-// count (never below one slab per thread): the smallest slab grows until the schedule fits.
+// count (never below one slab per thread): the schedule is then the first max_slabs slabs of the
+// same rule scaled to the whole map, so it still decreases and its last slab is its smallest. (A
+// schedule that evens the slabs out until they fit ends on its largest: with four slabs at two
+// threads, a thread at half speed on a busy core that takes the last one finishes after the caller
+// has done the other three.)
 // smallest_per_thread: 16; 2 for anisotropic sets, whose atoms rebuild their factor tables at
 // every slab that cuts them (at two threads four slabs of a quarter each, where sixteen small ones
 // cost more in tables than they save in waiting).
@@ -2585,17 +2589,25 @@ std::vector<double> slab_fractions(int n_threads, int slabs_per_thread, double s
     if (slabs_per_thread > 0) return equal(slabs_per_thread * n_threads);
     if (n_threads <= 1) return {1.0};
     if (max_slabs <= n_threads) return equal(n_threads);
+    const double share = 1.0 / (2.0 * n_threads), smallest = 1.0 / (smallest_per_thread * n_threads);
     std::vector<double> ends;
-    for (double smallest = 1.0 / (smallest_per_thread * n_threads);; smallest *= 1.25) {
+    double done = 0;
+    while (1.0 - done > 1e-9) {
+        const double left = 1.0 - done;
+        const double take = std::max(left * share, smallest);
+        done = take >= left - 0.5 * smallest ? 1.0 : done + take;  // no sliver at the end
+        ends.push_back(done);
+    }
+    if (static_cast<int64_t>(ends.size()) > max_slabs) {
+        // slab k takes share·(1 − share)^k of the map before scaling; the first max_slabs sum to
+        // 1 − (1 − share)^max_slabs
+        const double kept = 1.0 - std::pow(1.0 - share, static_cast<double>(max_slabs));
         ends.clear();
-        double done = 0;
-        while (1.0 - done > 1e-9) {
-            const double left = 1.0 - done;
-            const double take = std::max(left / (2.0 * n_threads), smallest);
-            done = take >= left - 0.5 * smallest ? 1.0 : done + take;  // no sliver at the end
-            ends.push_back(done);
+        double slab = share / kept, sum = 0;
+        for (int64_t k = 0; k < max_slabs; ++k, slab *= 1.0 - share) {
+            sum += slab;
+            ends.push_back(k + 1 == max_slabs ? 1.0 : sum);
         }
-        if (static_cast<int64_t>(ends.size()) <= max_slabs) break;
     }
     return static_cast<int64_t>(ends.size()) < n_threads ? equal(n_threads) : ends;  // never fewer slabs than threads
 }
