@@ -760,13 +760,16 @@ def test_concurrent_calls_from_host_threads_agree():
 
 
 def test_torchs_openmp_threads_and_the_kernels_own_give_the_same_results():
-    # Where the extension's OpenMP runtime is torch's (on Linux both name libgomp.so.1, and
-    # `import torch` loads it first), the parallel loops run on torch's intra-op threads, awake
-    # right after the caller's torch ops; otherwise on the kernel's own threads. The map and every
-    # gradient are bitwise the same either way (isotropic and anisotropic paths, 2 threads).
+    # Where the extension's OpenMP runtime is torch's (with pip's torch on Linux both name
+    # libgomp.so.1, and `import torch` loads torch's first), the parallel loops run on torch's
+    # intra-op threads, awake right after the caller's torch ops; otherwise on the kernel's own
+    # threads. The map and every gradient are bitwise the same either way (isotropic and
+    # anisotropic paths, 2 threads).
     info = density_cpu._scatter.build_info()
-    if sys.platform.startswith("linux") and info["openmp_library"]:
+    bundled = Path(torch.__file__).parent / "lib" / "libgomp.so.1"  # pip's Linux wheels of torch
+    if sys.platform.startswith("linux") and info["openmp_library"] and bundled.exists():
         assert info["shared_openmp"], info
+        assert Path(info["openmp_library"]).resolve() == bundled.resolve(), info
     m = model("1pfe")  # every atom anisotropic
     grid = GridSpec.for_spacing(m.cell, SPACING)
     upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(8))
