@@ -57,6 +57,7 @@ import kernels  # noqa: E402
 from benchmarks._structures import STRUCTURES  # noqa: E402
 from benchmarks.bench_density import _busy_fraction, _cpu_name  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
+from kernels.density import _scatter  # noqa: E402
 from kernels.testing import gemmi_density_calculator  # noqa: E402
 
 # A pinned core counts as idle when it was busy less than this share of the second before the run.
@@ -161,8 +162,6 @@ def bench_structure(name: str, calls: int, spacing: float, own_threads: bool = F
         timed(fwd, threads)
         timed(fwd_bwd, threads)
     gemmi()
-    from kernels.density import _scatter
-
     shared = _scatter.build_info()["shared_openmp"]
     variants = [(1, ""), (2, "")] + ([(2, "_own")] if own_threads else [])
     series = [f"{op}_{t}t{v}" for op in ("fwd", "fwd_bwd") for t, v in variants] + ["gemmi"]
@@ -231,8 +230,6 @@ def main(argv=None) -> dict:
     # before any OpenMP pool exists: its threads inherit this affinity
     os.sched_setaffinity(0, cores)
     import gemmi
-
-    from kernels.density import _scatter
 
     report = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -15,7 +15,7 @@ op of the package (density, planarity, tricubic) launches through here.
 The caller's key must cover everything Triton specialises on: the kernels launched
 through here mark their int arguments ``do_not_specialize`` (an int equal to 1 would
 otherwise become a constant) and their per-atom pointers ``do_not_specialize_on_alignment``
-where a view may start anywhere, and the caller adds the constexprs, ``num_warps``, the
+where a view may start anywhere, and the caller adds the constexprs, ``num_warps``, ``maxnreg``, the
 dtypes it does not fix itself, the device index and the 16-byte alignment of every pointer
 that can come from a user (a caching-allocator tensor is always aligned).
 

@@ -468,8 +468,8 @@ NB_MODULE(_scatter, m) {
 
     m.def("set_shared_openmp", &kd::set_shared_openmp, "shared"_a,
           "Declare whether this module's OpenMP runtime (build_info()['openmp_library']) is the one torch's\n"
-          "CPU ops run on. When it is, the backward runs on torch's intra-op threads (the caller's OpenMP team),\n"
-          "falling back for a while to the kernel's own threads when a team member comes late.");
+          "CPU ops run on. When it is, the parallel loops run on torch's intra-op threads (the caller's OpenMP\n"
+          "team), falling back for a while to the kernel's own threads when a team member comes late.");
 
     m.def(
         "build_info",

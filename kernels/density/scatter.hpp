@@ -143,9 +143,9 @@ void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double*
 // be told).
 const char* openmp_library();
 
-// Whether that runtime is the one torch's CPU ops run on: only then may a backward run on the
-// calling thread's OpenMP team, i.e. on torch's intra-op threads (TorchTeam in scatter.cpp). Off
-// until the caller has checked; without OpenMP it stays off.
+// Whether that runtime is the one torch's CPU ops run on: only then may the parallel loops run on
+// the calling thread's OpenMP team, i.e. on torch's intra-op threads (TorchTeam in scatter.cpp).
+// Off until the caller has checked; without OpenMP it stays off.
 void set_shared_openmp(bool shared);
 bool shared_openmp();
 
