@@ -12,6 +12,10 @@ e.g. ``(kernels.splat_density(atoms, grid) * w).sum().backward()``):
   launches). A call that synchronises inside shows up here as the wait for the queued sleep.
 - :func:`graph_stats`: ``fn`` captured once in a CUDA graph and replayed, CUDA events around each
   replay: the GPU time.
+- :func:`measure_side_by_side`: eager and host statistics of several callables (an op, its floor,
+  its peers) taken interleaved, in blocks of :data:`BLOCK` calls in an order rotated each round,
+  so a drift of the shared host moves every callable alike and their ratios hold; then each one's
+  graph replay. :func:`measure` is the same for one callable.
 - :func:`floor_function` / :func:`floor_custom_op`: the floor. An autograd Function (or a
   ``torch.library`` custom op with a registered autograd formula) that zeroes an output of the
   op's shape and launches one empty Triton kernel forward, and one empty Triton kernel backward
@@ -36,6 +40,9 @@ REPS = 50
 #: Warm-up: at least this many calls, and for at least this long (clocks ramp up from idle).
 WARMUP_CALLS = 5
 WARMUP_S = 0.2
+#: Calls of one callable in a row in :func:`measure_side_by_side` (and between two drains of the GPU
+#: queue in the host measurement): few enough that a drift of the host meets every callable.
+BLOCK = 5
 
 
 def summary(times_ms: list[float]) -> dict:
@@ -94,26 +101,52 @@ def eager_stats(
     """
     if warmup:
         warm_up(fn, device)
-    times = []
-    if device.type == "cuda":
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        method = "CUDA events around each call, synchronised after each"
-    else:
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        method = "wall clock per call (CPU)"
+    times = [_eager_call_ms(fn, device) for _ in range(reps)]
+    method = _EAGER_METHOD[device.type == "cuda"]
     out = {**summary(times), "method": method}
     if raw:
         out["times_ms"] = times
     return out
+
+
+_EAGER_METHOD = {True: "CUDA events around each call, synchronised after each", False: "wall clock per call (CPU)"}
+
+
+def _eager_call_ms(fn: Callable[[], object], device: torch.device) -> float:
+    """One call of ``fn``: CUDA events around it, synchronised after (CPU: wall clock), in ms."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def _sleep_cycles(device: torch.device, busy_ms: float) -> int:
+    """GPU cycles of a ``busy_ms`` sleep kernel (0 off CUDA)."""
+    return int(busy_ms * _cycles_per_ms()) if device.type == "cuda" else 0
+
+
+def _host_call_ms(fn: Callable[[], object], device: torch.device, sleep_cycles: int) -> float:
+    """Wall clock of one call of ``fn`` without a sync, a sleep kernel of ``sleep_cycles`` queued first (CUDA)."""
+    if device.type == "cuda":
+        torch.cuda._sleep(sleep_cycles)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _host_method(device: torch.device, busy_ms: float, block: int) -> str:
+    if device.type != "cuda":
+        return "wall clock per call (CPU: the work included)"
+    return (
+        f"wall clock of the call, no sync, a {busy_ms} ms sleep kernel queued before each, "
+        f"the queue drained after every {block} calls"
+    )
 
 
 _CYCLES_PER_MS: float | None = None
@@ -138,8 +171,9 @@ def host_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS,
 
     Before each call a sleep kernel of ``busy_ms`` is enqueued (not timed), so the GPU queue is
     never empty and the call's launches return once queued: the time measured is the cost of
-    issuing the call. The backlog is drained at the end. On a CPU device this is the wall clock
-    of the call (the work itself included).
+    issuing the call. The backlog is drained (untimed) after every :data:`BLOCK` calls, so the
+    launch queue never fills. On a CPU device this is the wall clock of the call (the work itself
+    included).
 
     Returns
     -------
@@ -147,23 +181,14 @@ def host_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS,
         ``median_ms``, ``p10_ms``, ``p90_ms``, ``reps``, ``method``.
     """
     warm_up(fn, device)
+    sleep = _sleep_cycles(device, busy_ms)
     times = []
-    if device.type == "cuda":
-        cycles = int(busy_ms * _cycles_per_ms())
-        for _ in range(reps):
-            torch.cuda._sleep(cycles)
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        torch.cuda.synchronize(device)
-        method = f"wall clock of the call, no sync, a {busy_ms} ms sleep kernel queued before each"
-    else:
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        method = "wall clock per call (CPU: the work included)"
-    return {**summary(times), "method": method}
+    for i in range(reps):
+        times.append(_host_call_ms(fn, device, sleep))
+        if (i + 1) % BLOCK == 0:
+            _sync(device)
+    _sync(device)
+    return {**summary(times), "method": _host_method(device, busy_ms, BLOCK)}
 
 
 def graph_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS) -> dict:
@@ -212,8 +237,85 @@ def graph_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS
     return out
 
 
+def measure_side_by_side(
+    fns: dict[object, Callable[[], object]], device: torch.device, reps: int = REPS, graph: bool = True,
+    host: bool = True, block: int = BLOCK, busy_ms: float = 2.0,
+) -> dict[str, dict]:  # fmt: skip
+    """Eager, host and (CUDA) graph statistics of several callables, the eager and host calls interleaved.
+
+    Each callable is warmed up, then its eager calls run in blocks of ``block``, the callables in an
+    order rotated by one each round, until each has ``reps``; the host calls (a sleep kernel of
+    ``busy_ms`` queued before each, as :func:`host_stats`; the queue drained after each block) the
+    same way. Measured one after the other, a shared host's drift of a few tens of µs between
+    measurements moved single eager ratios by ±0.3; interleaved, every callable sees it alike.
+    Graph replays (device time, steadier) follow one callable at a time.
+
+    Parameters
+    ----------
+    fns : dict
+        Name → callable taking no arguments (one call as the user makes it).
+    device : torch.device
+        As for :func:`eager_stats`.
+    reps : int
+        Timed calls of each callable per measurement.
+    graph, host : bool
+        Also replay each from a CUDA graph (CUDA only); also measure host time.
+    block : int
+        Calls of one callable in a row (default :data:`BLOCK`).
+
+    Returns
+    -------
+    dict
+        Name → ``{"eager", "host", "graph"}`` (those measured), each a statistics dict or ``{"error": ...}``: a
+        callable that raises is recorded with its error and left out of the rest of that
+        measurement.
+    """
+    out: dict[str, dict] = {name: {} for name in fns}
+    live = {}
+    for name, fn in fns.items():
+        try:
+            warm_up(fn, device)
+            live[name] = fn
+        except Exception as exc:  # a failing callable is a result, not a crash of the benchmark
+            out[name] = {key: error_record(exc) for key in ("eager", "host", "graph")}
+            _sync_after_error(device)
+    sleep = _sleep_cycles(device, busy_ms)
+    timers = {"eager": (lambda fn: _eager_call_ms(fn, device), _EAGER_METHOD[device.type == "cuda"])}
+    if host:
+        timers["host"] = (lambda fn: _host_call_ms(fn, device, sleep), _host_method(device, busy_ms, block))
+    for key, (call_ms, method) in timers.items():
+        times: dict[str, list[float]] = {name: [] for name in live}
+        order = list(live)
+        for r in range(-(-reps // block) if order else 0):
+            k = r % len(order)
+            for name in order[k:] + order[:k]:
+                if name not in times:
+                    continue
+                try:
+                    for _ in range(min(block, reps - len(times[name]))):
+                        times[name].append(call_ms(live[name]))
+                    _sync(device)
+                except Exception as exc:
+                    out[name][key] = error_record(exc)
+                    del times[name]
+                    _sync_after_error(device)
+        for name, t in times.items():
+            out[name][key] = {**summary(t), "method": f"{method}; interleaved with {list(live)} in blocks of {block}"
+                              if len(live) > 1 else method}  # fmt: skip
+    for name, fn in live.items() if graph else ():
+        if device.type != "cuda":
+            out[name]["graph"] = {"error": "not measured: CUDA graphs need a CUDA device"}
+            continue
+        try:
+            out[name]["graph"] = graph_stats(fn, device, reps)
+        except Exception as exc:
+            out[name]["graph"] = error_record(exc)
+            _sync_after_error(device)
+    return out
+
+
 def measure(fn: Callable[[], object], device: torch.device, reps: int = REPS, graph: bool = True) -> dict:
-    """Eager, host and (CUDA) graph statistics of ``fn``, each failure recorded as an error.
+    """Eager, host and (CUDA) graph statistics of ``fn`` (:func:`measure_side_by_side` of one callable).
 
     Returns
     -------
@@ -222,18 +324,16 @@ def measure(fn: Callable[[], object], device: torch.device, reps: int = REPS, gr
         ``{"error": "..."}`` where that measurement raised (a graph on the CPU, a capture that
         synchronises, ...).
     """
-    out = {}
-    for key, helper in (("eager", eager_stats), ("host", host_stats), ("graph", graph_stats)):
-        if key == "graph" and (not graph or device.type != "cuda"):
-            out[key] = {"error": "not measured: CUDA graphs need a CUDA device" if graph else "not requested"}
-            continue
-        try:
-            out[key] = helper(fn, device, reps)
-        except Exception as exc:  # a failing measurement is a result, not a crash of the benchmark
-            out[key] = error_record(exc)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-    return out
+    out = measure_side_by_side({"fn": fn}, device, reps, graph)["fn"]
+    return out if graph else {**out, "graph": {"error": "not requested"}}
+
+
+def _sync_after_error(device: torch.device) -> None:
+    """Synchronise after a failed call (a CUDA error surfaces here rather than in the next measurement)."""
+    try:
+        _sync(device)
+    except Exception:
+        pass
 
 
 def error_record(exc: BaseException) -> dict:

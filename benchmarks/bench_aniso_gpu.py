@@ -110,13 +110,12 @@ def _interleaved(iso: dict, aniso: dict, rounds: int, reps: int, device: torch.d
     Small cases' eager times are mostly host time, which drifts with the shared host over a run;
     alternating puts both sides under the same drift. Returns {"iso"|"aniso": {part: summary}}.
     """
-    times = {side: {part: [] for part in iso} for side in ("iso", "aniso")}
-    for _ in range(rounds):
-        for side, calls in (("iso", iso), ("aniso", aniso)):
-            for part, fn in calls.items():
-                stats = E.eager_stats(fn, device, reps, warmup=False, raw=True)
-                times[side][part] += stats["times_ms"]
-    return {side: {part: E.summary(t) for part, t in parts.items()} for side, parts in times.items()}
+    calls = {(side, part): fn for side, parts in (("iso", iso), ("aniso", aniso)) for part, fn in parts.items()}
+    timed = E.measure_side_by_side(calls, device, rounds * reps, graph=False, host=False, block=reps)
+    out: dict = {"iso": {}, "aniso": {}}
+    for (side, part), stats in timed.items():
+        out[side][part] = stats["eager"]
+    return out
 
 
 def _rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -9,7 +9,8 @@ grids, float32 on the GPU:
   with xyz, B and occupancy requiring grad (``.grad`` set to None before each call);
 - each timed eagerly (CUDA events, sync per call, median/p10/p90 of 50 after warm-up — the
   headline), as host time per call (no sync, GPU queue kept busy) and replayed from a CUDA graph
-  (beside), see ``benchmarks/_eager.py``;
+  (beside), see ``benchmarks/_eager.py``; ours, the floors and the peers are called interleaved, in
+  blocks of 5 calls in an order rotated each round, so the shared host's drift meets each alike;
 - the floor, the same surrounding code around an autograd Function (and a ``torch.library``
   custom op) that zeroes a map and launches one empty Triton kernel each way;
 - the peers on the same inputs: torchref 0.5.3.3 ``separable_density_gpu`` (radius 4 Å) and
@@ -183,11 +184,26 @@ def _custom_ops(fn) -> list[str]:
         return [f"not recorded: {E.error_record(exc)['error']}"]
 
 
-def _floors(shape, leaves, upstream, device, reps) -> dict:
-    res = {}
-    for kind, fns in E.floor_cases(shape, leaves, upstream).items():
-        res[kind] = {what: E.measure(fn, device, reps) for what, fn in fns.items()}
-    return res
+def _floor_impls(shape, leaves, upstream) -> dict:
+    """``{"floor function": (fwd, fwd_bwd), "floor custom_op": (...)}`` around the same user code."""
+    return {f"floor {kind}": (fns["fwd"], fns["fwd_bwd"]) for kind, fns in E.floor_cases(shape, leaves, upstream).items()}
+
+
+def _measure_impls(impls: dict, device: torch.device, reps: int, deadline: E.Deadline) -> dict:
+    """``{name: {"fwd": ..., "fwd_bwd": ...}}`` for ``{name: (fwd, fwd_bwd)}``: each of the two calls of every
+    implementation measured side by side with the others' (:func:`benchmarks._eager.measure_side_by_side`)."""
+    out: dict = {name: {} for name in impls}
+    for i, what in enumerate(("fwd", "fwd_bwd")):
+        timed = E.measure_side_by_side({name: fns[i] for name, fns in impls.items()}, device, reps)
+        for name, stats in timed.items():
+            out[name][what] = stats
+        deadline.check()
+    return out
+
+
+def _split_floors(timed: dict) -> dict:
+    """The floors' entries of :func:`_measure_impls`'s result, removed from it, as ``{kind: {...}}``."""
+    return {name.split(" ", 1)[1]: timed.pop(name) for name in [n for n in timed if n.startswith("floor ")]}
 
 
 def _floor_targets(ours: dict, floors: dict, custom_ops: list[str]) -> dict:
@@ -222,11 +238,7 @@ def density_case(name: str, device: torch.device, peers: dict, args, deadline: E
     res["ours"] = {"rel_l2_vs_float64_reference": _rel_l2(fwd(), ref)}
     fwd_bwd()
     res["ours"]["custom_ops"] = _custom_ops(fwd_bwd)
-    res["ours"]["fwd"] = E.measure(fwd, device, args.reps)
-    res["ours"]["fwd_bwd"] = E.measure(fwd_bwd, device, args.reps)
-    deadline.check()
-    res["floor"] = _floors(grid.shape, leaves, upstream, device, args.reps)
-    deadline.check()
+    impls = {"ours": (fwd, fwd_bwd), **_floor_impls(grid.shape, leaves, upstream)}
     res["peers"] = {}
     for pname, peer in _peer_fns(peers, base, grid, device).items():
         if "error" in peer:
@@ -237,14 +249,17 @@ def density_case(name: str, device: torch.device, peers: dict, args, deadline: E
             pf, pfb = _fwd_and_fwd_bwd(peer["fn"], leaves, upstream)
             rec["rel_l2_vs_float64_reference"] = _rel_l2(pf(), ref)
             pfb()
-            rec["fwd"] = E.measure(pf, device, args.reps)
-            rec["fwd_bwd"] = E.measure(pfb, device, args.reps)
-        except E.PartTimeout:
-            raise
+            impls[pname] = (pf, pfb)
         except Exception as exc:  # a peer that fails is a result
             rec.update(E.error_record(exc))
         res["peers"][pname] = rec
-        deadline.check()
+    deadline.check()
+    # ours, the floors and the peers interleaved: the speed-ups and floor ratios are taken under the same drift
+    timed = _measure_impls(impls, device, args.reps, deadline)
+    res["ours"].update(timed.pop("ours"))
+    res["floor"] = _split_floors(timed)
+    for pname, stats in timed.items():
+        res["peers"][pname].update(stats)
     targets = {}
     for what in ("fwd", "fwd_bwd"):
         for key in ("eager", "graph"):
@@ -281,10 +296,9 @@ def planarity_case(device: torch.device, args, deadline: E.Deadline) -> dict:
         res["ours"] = {"rel_diff_vs_float64_reference": None, "reference_error": E.error_record(exc)["error"]}
     fwd_bwd()
     res["ours"]["custom_ops"] = _custom_ops(fwd_bwd)
-    res["ours"]["fwd"] = E.measure(fwd, device, args.reps)
-    res["ours"]["fwd_bwd"] = E.measure(fwd_bwd, device, args.reps)
-    deadline.check()
-    res["floor"] = _floors((), [xyz], None, device, args.reps)
+    timed = _measure_impls({"ours": (fwd, fwd_bwd), **_floor_impls((), [xyz], None)}, device, args.reps, deadline)
+    res["ours"].update(timed.pop("ours"))
+    res["floor"] = _split_floors(timed)
     res["targets"] = _floor_targets(res["ours"], res["floor"], res["ours"]["custom_ops"])
     return res
 
@@ -306,10 +320,9 @@ def tricubic_cases(device: torch.device, args, deadline: E.Deadline) -> list[dic
         fwd, fwd_bwd = _fwd_and_fwd_bwd(lambda r, p: kernels.tricubic_sample(r, grid, p), leaves, upstream)
         fwd_bwd()
         res["ours"] = {"custom_ops": _custom_ops(fwd_bwd)}
-        res["ours"]["fwd"] = E.measure(fwd, device, args.reps)
-        res["ours"]["fwd_bwd"] = E.measure(fwd_bwd, device, args.reps)
-        deadline.check()
-        res["floor"] = _floors((n,), leaves, upstream, device, args.reps)
+        timed = _measure_impls({"ours": (fwd, fwd_bwd), **_floor_impls((n,), leaves, upstream)}, device, args.reps, deadline)
+        res["ours"].update(timed.pop("ours"))
+        res["floor"] = _split_floors(timed)
         res["targets"] = _floor_targets(res["ours"], res["floor"], res["ours"]["custom_ops"])
         rows.append(res)
         deadline.check()
