@@ -13,9 +13,10 @@ e.g. ``(kernels.splat_density(atoms, grid) * w).sum().backward()``):
 - :func:`graph_stats`: ``fn`` captured once in a CUDA graph and replayed, CUDA events around each
   replay: the GPU time.
 - :func:`measure_side_by_side`: eager and host statistics of several callables (an op, its floor,
-  its peers) taken interleaved, in blocks of :data:`BLOCK` calls in an order rotated each round,
-  so a drift of the shared host moves every callable alike and their ratios hold; then each one's
-  graph replay. :func:`measure` is the same for one callable.
+  its peers) taken interleaved, in blocks of :data:`BLOCK` calls (each after :data:`SETTLE`
+  untimed ones) in an order rotated each round, so a drift of the shared host moves every
+  callable alike and their ratios hold; then each one's graph replay. :func:`measure` is the same
+  for one callable.
 - :func:`floor_function` / :func:`floor_custom_op`: the floor. An autograd Function (or a
   ``torch.library`` custom op with a registered autograd formula) that zeroes an output of the
   op's shape and launches one empty Triton kernel forward, and one empty Triton kernel backward
@@ -40,9 +41,14 @@ REPS = 50
 #: Warm-up: at least this many calls, and for at least this long (clocks ramp up from idle).
 WARMUP_CALLS = 5
 WARMUP_S = 0.2
-#: Calls of one callable in a row in :func:`measure_side_by_side` (and between two drains of the GPU
-#: queue in the host measurement): few enough that a drift of the host meets every callable.
-BLOCK = 5
+#: Timed calls of one callable in a row in :func:`measure_side_by_side` (and between two drains of the
+#: GPU queue in the host measurement): few enough that a drift of the host meets every callable.
+BLOCK = 10
+#: Untimed calls before each block of :func:`measure_side_by_side`: on the H100 host the first calls of
+#: a density forward+backward after another implementation's ran up to 1.7× slower and settled within
+#: about eight calls (CPU-side state: caches, the allocator's free blocks), so the block times the
+#: call as a loop of it runs.
+SETTLE = 10
 
 
 def summary(times_ms: list[float]) -> dict:
@@ -239,16 +245,17 @@ def graph_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS
 
 def measure_side_by_side(
     fns: dict[object, Callable[[], object]], device: torch.device, reps: int = REPS, graph: bool = True,
-    host: bool = True, block: int = BLOCK, busy_ms: float = 2.0,
+    host: bool = True, block: int = BLOCK, settle: int = SETTLE, busy_ms: float = 2.0,
 ) -> dict[str, dict]:  # fmt: skip
     """Eager, host and (CUDA) graph statistics of several callables, the eager and host calls interleaved.
 
-    Each callable is warmed up, then its eager calls run in blocks of ``block``, the callables in an
-    order rotated by one each round, until each has ``reps``; the host calls (a sleep kernel of
-    ``busy_ms`` queued before each, as :func:`host_stats`; the queue drained after each block) the
-    same way. Measured one after the other, a shared host's drift of a few tens of µs between
-    measurements moved single eager ratios by ±0.3; interleaved, every callable sees it alike.
-    Graph replays (device time, steadier) follow one callable at a time.
+    Each callable is warmed up, then its eager calls run in blocks of ``block`` timed calls, each
+    after ``settle`` untimed ones, the callables in an order rotated by one each round, until each
+    has ``reps``; the host calls (a sleep kernel of ``busy_ms`` queued before each, as
+    :func:`host_stats`; the queue drained after each block) the same way. Measured one after the
+    other, a shared host's drift of a few tens of µs between measurements moved single eager ratios
+    by ±0.3; interleaved, every callable sees it alike. Graph replays (device time, steadier)
+    follow one callable at a time.
 
     Parameters
     ----------
@@ -260,8 +267,9 @@ def measure_side_by_side(
         Timed calls of each callable per measurement.
     graph, host : bool
         Also replay each from a CUDA graph (CUDA only); also measure host time.
-    block : int
-        Calls of one callable in a row (default :data:`BLOCK`).
+    block, settle : int
+        Timed calls of one callable in a row, and untimed calls before them (defaults :data:`BLOCK`,
+        :data:`SETTLE`).
 
     Returns
     -------
@@ -283,6 +291,7 @@ def measure_side_by_side(
     timers = {"eager": (lambda fn: _eager_call_ms(fn, device), _EAGER_METHOD[device.type == "cuda"])}
     if host:
         timers["host"] = (lambda fn: _host_call_ms(fn, device, sleep), _host_method(device, busy_ms, block))
+    settle = settle if len(live) > 1 else 0  # one callable: nothing to settle from
     for key, (call_ms, method) in timers.items():
         times: dict[str, list[float]] = {name: [] for name in live}
         order = list(live)
@@ -292,6 +301,9 @@ def measure_side_by_side(
                 if name not in times:
                     continue
                 try:
+                    for _ in range(settle):
+                        live[name]()
+                    _sync(device)
                     for _ in range(min(block, reps - len(times[name]))):
                         times[name].append(call_ms(live[name]))
                     _sync(device)
@@ -300,7 +312,7 @@ def measure_side_by_side(
                     del times[name]
                     _sync_after_error(device)
         for name, t in times.items():
-            out[name][key] = {**summary(t), "method": f"{method}; interleaved with {list(live)} in blocks of {block}"
+            out[name][key] = {**summary(t), "method": f"{method}; interleaved with {list(live)} in blocks of {block} after {settle} untimed calls"
                               if len(live) > 1 else method}  # fmt: skip
     for name, fn in live.items() if graph else ():
         if device.type != "cuda":

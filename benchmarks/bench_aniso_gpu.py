@@ -111,7 +111,7 @@ def _interleaved(iso: dict, aniso: dict, rounds: int, reps: int, device: torch.d
     alternating puts both sides under the same drift. Returns {"iso"|"aniso": {part: summary}}.
     """
     calls = {(side, part): fn for side, parts in (("iso", iso), ("aniso", aniso)) for part, fn in parts.items()}
-    timed = E.measure_side_by_side(calls, device, rounds * reps, graph=False, host=False, block=reps)
+    timed = E.measure_side_by_side(calls, device, rounds * reps, graph=False, host=False, block=reps, settle=0)
     out: dict = {"iso": {}, "aniso": {}}
     for (side, part), stats in timed.items():
         out[side][part] = stats["eager"]

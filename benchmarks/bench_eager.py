@@ -10,7 +10,8 @@ grids, float32 on the GPU:
 - each timed eagerly (CUDA events, sync per call, median/p10/p90 of 50 after warm-up — the
   headline), as host time per call (no sync, GPU queue kept busy) and replayed from a CUDA graph
   (beside), see ``benchmarks/_eager.py``; ours, the floors and the peers are called interleaved, in
-  blocks of 5 calls in an order rotated each round, so the shared host's drift meets each alike;
+  blocks of 10 timed calls after 10 untimed ones, in an order rotated each round, so the shared
+  host's drift meets each alike;
 - the floor, the same surrounding code around an autograd Function (and a ``torch.library``
   custom op) that zeroes a map and launches one empty Triton kernel each way;
 - the peers on the same inputs: torchref 0.5.3.3 ``separable_density_gpu`` (radius 4 Å) and
