@@ -187,7 +187,9 @@ def _custom_ops(fn) -> list[str]:
 
 def _floor_impls(shape, leaves, upstream) -> dict:
     """``{"floor function": (fwd, fwd_bwd), "floor custom_op": (...)}`` around the same user code."""
-    return {f"floor {kind}": (fns["fwd"], fns["fwd_bwd"]) for kind, fns in E.floor_cases(shape, leaves, upstream).items()}
+    return {
+        f"floor {kind}": (fns["fwd"], fns["fwd_bwd"]) for kind, fns in E.floor_cases(shape, leaves, upstream).items()
+    }
 
 
 def _measure_impls(impls: dict, device: torch.device, reps: int, deadline: E.Deadline) -> dict:
@@ -321,7 +323,9 @@ def tricubic_cases(device: torch.device, args, deadline: E.Deadline) -> list[dic
         fwd, fwd_bwd = _fwd_and_fwd_bwd(lambda r, p: kernels.tricubic_sample(r, grid, p), leaves, upstream)
         fwd_bwd()
         res["ours"] = {"custom_ops": _custom_ops(fwd_bwd)}
-        timed = _measure_impls({"ours": (fwd, fwd_bwd), **_floor_impls((n,), leaves, upstream)}, device, args.reps, deadline)
+        timed = _measure_impls(
+            {"ours": (fwd, fwd_bwd), **_floor_impls((n,), leaves, upstream)}, device, args.reps, deadline
+        )
         res["ours"].update(timed.pop("ours"))
         res["floor"] = _split_floors(timed)
         res["targets"] = _floor_targets(res["ours"], res["floor"], res["ours"]["custom_ops"])
