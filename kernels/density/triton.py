@@ -501,31 +501,6 @@ def _row_sums(g, dy, qy, be0, be1, be2, be3, be4, t0, t1, t2, t3, t4, yd0, yd1, 
     )
 
 
-@triton.jit
-def _voxel_row_sums(
-    g, dy, qy, qxz, x0, x1, x2, x3, x4, be0, be1, be2, be3, be4,
-    c0, c1, c2, c3, c4, ca0, ca1, ca2, ca3, ca4, cab0, cab1, cab2, cab3, cab4, cb0, cb1, cb2, cb3, cb4,
-    s_o, s_h, s_hy, s_b,
-):  # fmt: skip
-    """One row of the separable backward summed per voxel: Σ g·u0, g·u1, g·u1·dy, g·u2 += this row's.
-
-    e_k = x_k(x, z)·y_k(row); u0 = Σ c_k e_k, u1 = Σ c_k α_k e_k, u2 = Σ c_k (α_k r² − 3/2)/B_k e_k. The
-    row's y_k times each coefficient are per-atom scalars, so a voxel costs 20 FMAs for the four
-    weighted sums and 7 flops to accumulate, with four accumulators per lane.
-    """
-    y0 = tl.exp2(-be0 * qy)
-    y1 = tl.exp2(-be1 * qy)
-    y2 = tl.exp2(-be2 * qy)
-    y3 = tl.exp2(-be3 * qy)
-    y4 = tl.exp2(-be4 * qy)
-    u0 = x0 * (c0 * y0) + x1 * (c1 * y1) + x2 * (c2 * y2) + x3 * (c3 * y3) + x4 * (c4 * y4)
-    u1 = x0 * (ca0 * y0) + x1 * (ca1 * y1) + x2 * (ca2 * y2) + x3 * (ca3 * y3) + x4 * (ca4 * y4)
-    ub = x0 * (cab0 * y0) + x1 * (cab1 * y1) + x2 * (cab2 * y2) + x3 * (cab3 * y3) + x4 * (cab4 * y4)
-    uc = x0 * (cb0 * y0) + x1 * (cb1 * y1) + x2 * (cb2 * y2) + x3 * (cb3 * y3) + x4 * (cb4 * y4)
-    gu1 = g * u1
-    return s_o + g * u0, s_h + gu1, s_hy + gu1 * dy, s_b + g * ((qxz + qy) * ub - uc)
-
-
 # --------------------------------------------------------------------------- kernels
 
 
@@ -722,7 +697,6 @@ def _splat_bwd_kernel(
     INDEX64: tl.constexpr,
     VEC: tl.constexpr,
     FRAMES: tl.constexpr,
-    VOXEL_SUMS: tl.constexpr,  # separable cells: sum per voxel (4 lane accumulators) instead of per term (15)
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
@@ -830,59 +804,7 @@ def _splat_bwd_kernel(
             base_xz = ix * (ny * nz) + iz
             if FRAMES:
                 base_xz += fo
-            if SEPARABLE and VOXEL_SUMS:
-                x0 = tl.exp2(-be0 * qxz)
-                x1 = tl.exp2(-be1 * qxz)
-                x2 = tl.exp2(-be2 * qxz)
-                x3 = tl.exp2(-be3 * qxz)
-                x4 = tl.exp2(-be4 * qxz)
-                s_o = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ_rows g·u0
-                s_h = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ_rows g·u1
-                s_hy = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ_rows g·u1·dy
-                s_b = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ_rows g·u2
-                r, r_end, iy, r_lo, r_hi = _tile_row_walk(
-                    pc, qc, cntx, cntz, qxz, qxz, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
-                    iy0, ny, n_rows, BP, BQ, SEPARABLE,
-                )  # fmt: skip
-                lim = r2max - qxz  # a voxel is inside when qy < lim
-                if not VEC:
-                    gmin = lim  # not read
-                while r < r_end:
-                    dy, qy, inside = _separable_row(r, off_y3, h11, in_xz, gmin, r2lim, lim, VEC)
-                    if ATOMS > 1:  # one atom: the loop runs exactly its rows
-                        inside = inside & (r >= r_lo) & (r < r_hi)
-                    g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
-                    # Rows in pairs, the second row's load issued before the first row's arithmetic.
-                    iy += 1
-                    iy = tl.where(iy == ny, 0, iy)
-                    dy_b, qy_b, inside_b = _separable_row(r + 1, off_y3, h11, in_xz, gmin, r2lim, lim, VEC)
-                    inside_b = inside_b & (r + 1 < r_end)
-                    if ATOMS > 1:
-                        inside_b = inside_b & (r + 1 >= r_lo) & (r + 1 < r_hi)
-                    g_b = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside_b, other=0.0)
-                    if VEC:
-                        g = tl.where(qy < lim, g, 0.0)
-                    s_o, s_h, s_hy, s_b = _voxel_row_sums(
-                        g, dy, qy, qxz, x0, x1, x2, x3, x4, be0, be1, be2, be3, be4,
-                        c0, c1, c2, c3, c4, ca0, ca1, ca2, ca3, ca4, cab0, cab1, cab2, cab3, cab4, cb0, cb1, cb2, cb3, cb4,
-                        s_o, s_h, s_hy, s_b,
-                    )  # fmt: skip
-                    if VEC:
-                        g_b = tl.where(qy_b < lim, g_b, 0.0)
-                    s_o, s_h, s_hy, s_b = _voxel_row_sums(
-                        g_b, dy_b, qy_b, qxz, x0, x1, x2, x3, x4, be0, be1, be2, be3, be4,
-                        c0, c1, c2, c3, c4, ca0, ca1, ca2, ca3, ca4, cab0, cab1, cab2, cab3, cab4, cb0, cb1, cb2, cb3, cb4,
-                        s_o, s_h, s_hy, s_b,
-                    )  # fmt: skip
-                    iy += 1
-                    iy = tl.where(iy == ny, 0, iy)
-                    r += 2
-                acc_o += tl.sum(tl.sum(s_o, axis=2), axis=1)
-                acc_x += tl.sum(tl.sum(s_h * dx, axis=2), axis=1)
-                acc_z += tl.sum(tl.sum(s_h * dz, axis=2), axis=1)
-                acc_y += tl.sum(tl.sum(s_hy, axis=2), axis=1)
-                acc_b += tl.sum(tl.sum(s_b, axis=2), axis=1)
-            elif SEPARABLE:
+            if SEPARABLE:
                 # e_k = x_k(x, z)·y_k(row): sum g·y_k (and ·dy, ·qy) over the rows first, then fold in
                 # the x_k and the coefficients once per tile (20 instead of ~40 flops per voxel).
                 x0 = tl.exp2(-be0 * qxz)
@@ -1765,7 +1687,6 @@ class _Plan:
     bp_bwd: int  # backward tile
     bq_bwd: int
     vec: bool  # z lanes in aligned groups of 4, both kernels: needs nz % 4 == 0 and bq, bq_bwd ≥ 4
-    voxel_sums: bool  # separable backward: per-voxel sums (4 lane accumulators) instead of per-term (15)
     atoms_per_program: int
     num_warps: int
     num_warps_bwd: int
@@ -1839,7 +1760,6 @@ class _Plan:
             # code runs in the interpreter, so CI tests it; sm_90's code generation turns each group into one
             # vector atomic (forward) or one 128-bit load (backward).
             vec=nz % 4 == 0,
-            voxel_sums=False,
             # The interpreter costs per program: many atoms per program there. On a GPU one atom per
             # program and one warp each: the scatter is bound by the atomics' issue rate, and more,
             # smaller programs keep more atoms' rows in flight.
@@ -1873,7 +1793,6 @@ class _Plan:
             index64,
             self.vec,
             frames,
-            self.voxel_sums,
         )
 
     def constexprs_aniso(self, backward: bool, rule: int, neutron: bool, frames: bool, index64: bool):
@@ -1884,7 +1803,6 @@ class _Plan:
 
 _CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "SEPARABLE", "PER_ATOM_RADIUS", "INDEX64", "VEC", "FRAMES")
 _FWD_CONSTEXPR_NAMES = (*_CONSTEXPR_NAMES, "ZSEP")
-_BWD_CONSTEXPR_NAMES = (*_CONSTEXPR_NAMES, "VOXEL_SUMS")
 _ANISO_CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "RULE", "NEUTRON", "INDEX64", "VEC", "FRAMES", "SEPARABLE")
 
 

@@ -399,10 +399,11 @@ def test_constexprs_are_passed_in_signature_order():
     """The launches pass every argument positionally: the plan's constexpr tuples must follow the kernels'
     signatures (the names end each kernel's argument list, in this order)."""
     plan = triton_splat._plan(GRID, None, kernels.DEFAULT_CUTOFF, torch.device("cpu"))
+    iso = triton_splat._CONSTEXPR_NAMES
     aniso = triton_splat._ANISO_CONSTEXPR_NAMES
     for kernel, names, values in (
         (triton_splat._splat_fwd_kernel, triton_splat._FWD_CONSTEXPR_NAMES, plan.constexprs(False, False)),
-        (triton_splat._splat_bwd_kernel, triton_splat._BWD_CONSTEXPR_NAMES, plan.constexprs_bwd(False, False)),
+        (triton_splat._splat_bwd_kernel, iso, plan.constexprs_bwd(False, False)),
         (triton_splat._aniso_fwd_kernel, aniso, plan.constexprs_aniso(False, 1, False, False, False)),
         (triton_splat._aniso_bwd_kernel, aniso, plan.constexprs_aniso(True, 1, False, False, False)),
     ):
