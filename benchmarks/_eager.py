@@ -46,8 +46,8 @@ WARMUP_S = 0.2
 BLOCK = 10
 #: Untimed calls before each block of :func:`measure_side_by_side`: on the H100 host the first calls of
 #: a density forward+backward after another implementation's ran up to 1.7× slower and settled within
-#: about eight calls (CPU-side state: caches, the allocator's free blocks), so the block times the
-#: call as a loop of it runs.
+#: about eight calls (``results/eager_switch_probe_h100_2026-11-26.log``), so a block times the call as
+#: a loop of it runs.
 SETTLE = 10
 
 
@@ -244,9 +244,9 @@ def graph_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS
 
 
 def measure_side_by_side(
-    fns: dict[object, Callable[[], object]], device: torch.device, reps: int = REPS, graph: bool = True,
+    fns: dict, device: torch.device, reps: int = REPS, graph: bool = True,
     host: bool = True, block: int = BLOCK, settle: int = SETTLE, busy_ms: float = 2.0,
-) -> dict[str, dict]:  # fmt: skip
+) -> dict:  # fmt: skip
     """Eager, host and (CUDA) graph statistics of several callables, the eager and host calls interleaved.
 
     Each callable is warmed up, then its eager calls run in blocks of ``block`` timed calls, each
@@ -260,7 +260,7 @@ def measure_side_by_side(
     Parameters
     ----------
     fns : dict
-        Name → callable taking no arguments (one call as the user makes it).
+        Name (any hashable) → callable taking no arguments (one call as the user makes it).
     device : torch.device
         As for :func:`eager_stats`.
     reps : int
@@ -278,7 +278,7 @@ def measure_side_by_side(
         callable that raises is recorded with its error and left out of the rest of that
         measurement.
     """
-    out: dict[str, dict] = {name: {} for name in fns}
+    out: dict = {name: {} for name in fns}
     live = {}
     for name, fn in fns.items():
         try:
@@ -293,7 +293,7 @@ def measure_side_by_side(
         timers["host"] = (lambda fn: _host_call_ms(fn, device, sleep), _host_method(device, busy_ms, block))
     settle = settle if len(live) > 1 else 0  # one callable: nothing to settle from
     for key, (call_ms, method) in timers.items():
-        times: dict[str, list[float]] = {name: [] for name in live}
+        times: dict = {name: [] for name in live}
         order = list(live)
         for r in range(-(-reps // block) if order else 0):
             k = r % len(order)
@@ -311,9 +311,10 @@ def measure_side_by_side(
                     out[name][key] = error_record(exc)
                     del times[name]
                     _sync_after_error(device)
+        if len(live) > 1:
+            method = f"{method}; interleaved with {list(live)} in blocks of {block} after {settle} untimed calls"
         for name, t in times.items():
-            out[name][key] = {**summary(t), "method": f"{method}; interleaved with {list(live)} in blocks of {block} after {settle} untimed calls"
-                              if len(live) > 1 else method}  # fmt: skip
+            out[name][key] = {**summary(t), "method": method}
     for name, fn in live.items() if graph else ():
         if device.type != "cuda":
             out[name]["graph"] = {"error": "not measured: CUDA graphs need a CUDA device"}
