@@ -531,17 +531,15 @@ def _splat_fwd_kernel(
     VEC: tl.constexpr,
     FRAMES: tl.constexpr,
     ZSEP: tl.constexpr,  # hexagonal kind (h02 = h12 = 0): exp(−α r²) = E(x, y)·e(z); read when not SEPARABLE
-    SPLIT: tl.constexpr,  # programs per atom block: program p takes the block's x tiles p % SPLIT, + SPLIT, ...
 ):
-    ia = (tl.program_id(0) // SPLIT) * ATOMS + tl.arange(0, ATOMS)
-    part = tl.program_id(0) % SPLIT
+    ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
     nx, ny, nz, h00, h11, h22, h01, h02, h12, rx, ry, rz, radius_all, cutoff = _plan_scalars(p_ptr)
     tx, ty, tz, bx, by, bz, b_iso, occ, ok = _atom_inputs(xyz_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz)
     if PER_ATOM_RADIUS:
         # Computed here (no launch of its own) and kept for the backward, which reads the same radii.
         rad = _cutoff_radius(b_iso, a_ptr, b_ptr, ia, ok, cutoff, 80)
-        tl.store(radius_ptr + ia, rad, mask=valid & (part == 0))
+        tl.store(radius_ptr + ia, rad, mask=valid)
     else:
         rad = tl.zeros_like(tx) + radius_all
     lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
@@ -589,7 +587,7 @@ def _splat_fwd_kernel(
     off_y3 = off_y[:, None, None]
     pp = tl.arange(0, BP)[None, :, None]
     qq = tl.arange(0, BQ)[None, None, :]
-    pc = part
+    pc = 0
     while pc < n_pc:
         kx = pc * BP + pp  # (1, BP, 1) step inside the box
         ox = lox[:, None, None] + kx
@@ -667,7 +665,7 @@ def _splat_fwd_kernel(
                 iy = tl.where(iy == ny, 0, iy)
                 r += 1
             qc += 1
-        pc += SPLIT
+        pc += 1
 
 
 _GRAD_ARGS = ("gxyz_ptr", "gb_ptr", "gocc_ptr")
@@ -1696,7 +1694,6 @@ class _Plan:
     # compiles to 111 registers; capped at 80 (two spilled) more programs fit an SM and the scatter, bound
     # by its atomics' issue rate at that occupancy, gains 7 % on 3WIP (docs/performance.md).
     maxnreg: int | None
-    split: int  # forward programs per atom block (each takes every split-th x tile of the block's boxes)
     # Anisotropic kernels' tiles: 8 × 8 lanes on one warp each way, the fastest of the shapes timed on an
     # H200 (docs/performance.md, "Anisotropic atoms"). The forward holds two per-term arrays per lane
     # (10 in all: ~150 registers at 64 lanes, ~205 at 128); the backward fifteen float64 row accumulators.
@@ -1770,7 +1767,6 @@ class _Plan:
             num_warps=num_warps,
             num_warps_bwd=1,
             maxnreg=80 if lanes == 128 and not interpret else None,
-            split=1,
             bp_aniso=bp if interpret else min(triton.next_power_of_2(ext_x), 64 // min(bq, 8)),
             bq_aniso=bq if interpret else min(bq, 8),
             num_warps_aniso=1,
@@ -1783,7 +1779,7 @@ class _Plan:
         """Forward constexprs in signature order (``_FWD_CONSTEXPR_NAMES``)."""
         return (
             self.atoms_per_program, self.bp, self.bq, self.separable, self.per_atom, index64, self.vec, frames,
-            self.zsep, self.split,
+            self.zsep,
         )  # fmt: skip
 
     def constexprs_bwd(self, frames: bool, index64: bool) -> tuple:
@@ -1806,7 +1802,7 @@ class _Plan:
 
 
 _CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "SEPARABLE", "PER_ATOM_RADIUS", "INDEX64", "VEC", "FRAMES")
-_FWD_CONSTEXPR_NAMES = (*_CONSTEXPR_NAMES, "ZSEP", "SPLIT")
+_FWD_CONSTEXPR_NAMES = (*_CONSTEXPR_NAMES, "ZSEP")
 _ANISO_CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "RULE", "NEUTRON", "INDEX64", "VEC", "FRAMES", "SEPARABLE")
 
 
@@ -1879,7 +1875,7 @@ def _forward(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int, shape: tuple):
     device = xyz.device
     c = plan.constexprs(frames, index64)
     _fwd_launch(
-        (ceil_div(n, plan.atoms_per_program) * plan.split, 1, 1),
+        (ceil_div(n, plan.atoms_per_program), 1, 1),
         (c, plan.num_warps, plan.maxnreg, xyz.dtype, device.index),
         (xyz, b_iso, occ, a, b, radii, plan.params, out, n, n // n_frames, *c),
         device, plan.num_warps, plan.maxnreg,
