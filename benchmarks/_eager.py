@@ -6,10 +6,11 @@ e.g. ``(kernels.splat_density(atoms, grid) * w).sum().backward()``):
 
 - :func:`eager_stats`: CUDA events around each call after warm-up, synchronised after every call
   (no graph). What a notebook or a refinement loop that reads its loss each step sees.
-- :func:`host_stats`: wall time of the Python call alone, without a synchronisation, while the
-  GPU queue is kept busy by a sleep kernel enqueued before each call, so every launch returns as
-  soon as it is queued: the host's cost of issuing the call (Python, autograd, allocations,
-  launches). A call that synchronises inside shows up here as the wait for the queued sleep.
+- host time (in :func:`measure_side_by_side`): wall time of the Python call alone, without a
+  synchronisation, while the GPU queue is kept busy by a sleep kernel enqueued before each call,
+  so every launch returns as soon as it is queued: the host's cost of issuing the call (Python,
+  autograd, allocations, launches). A call that synchronises inside shows up here as the wait for
+  the queued sleep.
 - :func:`graph_stats`: ``fn`` captured once in a CUDA graph and replayed, CUDA events around each
   replay: the GPU time.
 - :func:`measure_side_by_side`: eager and host statistics of several callables (an op, its floor,
@@ -42,7 +43,7 @@ REPS = 50
 WARMUP_CALLS = 5
 WARMUP_S = 0.2
 #: Timed calls of one callable in a row in :func:`measure_side_by_side` (and between two drains of the
-#: GPU queue in the host measurement): few enough that a drift of the host meets every callable.
+#: GPU queue in its host measurement): few enough that a drift of the host meets every callable.
 BLOCK = 10
 #: Untimed calls before each block of :func:`measure_side_by_side`: on the H100 host the first calls of
 #: a density forward+backward after another implementation's ran up to 1.7× slower and settled within
@@ -81,9 +82,7 @@ def warm_up(fn: Callable[[], object], device: torch.device, calls: int | None = 
     _sync(device)
 
 
-def eager_stats(
-    fn: Callable[[], object], device: torch.device, reps: int = REPS, warmup: bool = True, raw: bool = False
-) -> dict:
+def eager_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS, warmup: bool = True) -> dict:
     """Per-call time of ``fn`` called eagerly, synchronised after each call.
 
     Parameters
@@ -97,22 +96,16 @@ def eager_stats(
         Timed calls after warm-up.
     warmup : bool
         Run :func:`warm_up` first.
-    raw : bool
-        Also return every call's time (``times_ms``, in call order).
 
     Returns
     -------
     dict
-        ``median_ms``, ``p10_ms``, ``p90_ms``, ``reps``, ``method`` (and ``times_ms``).
+        ``median_ms``, ``p10_ms``, ``p90_ms``, ``reps``, ``method``.
     """
     if warmup:
         warm_up(fn, device)
     times = [_eager_call_ms(fn, device) for _ in range(reps)]
-    method = _EAGER_METHOD[device.type == "cuda"]
-    out = {**summary(times), "method": method}
-    if raw:
-        out["times_ms"] = times
-    return out
+    return {**summary(times), "method": _EAGER_METHOD[device.type == "cuda"]}
 
 
 _EAGER_METHOD = {True: "CUDA events around each call, synchronised after each", False: "wall clock per call (CPU)"}
@@ -172,31 +165,6 @@ def _cycles_per_ms() -> float:
     return _CYCLES_PER_MS
 
 
-def host_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS, busy_ms: float = 2.0) -> dict:
-    """Host (Python) time per call of ``fn``: wall clock without synchronisation, GPU kept busy.
-
-    Before each call a sleep kernel of ``busy_ms`` is enqueued (not timed), so the GPU queue is
-    never empty and the call's launches return once queued: the time measured is the cost of
-    issuing the call. The backlog is drained (untimed) after every :data:`BLOCK` calls, so the
-    launch queue never fills. On a CPU device this is the wall clock of the call (the work itself
-    included).
-
-    Returns
-    -------
-    dict
-        ``median_ms``, ``p10_ms``, ``p90_ms``, ``reps``, ``method``.
-    """
-    warm_up(fn, device)
-    sleep = _sleep_cycles(device, busy_ms)
-    times = []
-    for i in range(reps):
-        times.append(_host_call_ms(fn, device, sleep))
-        if (i + 1) % BLOCK == 0:
-            _sync(device)
-    _sync(device)
-    return {**summary(times), "method": _host_method(device, busy_ms, BLOCK)}
-
-
 def graph_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS) -> dict:
     """``fn`` captured once in a CUDA graph, then replayed: CUDA events around each replay.
 
@@ -251,8 +219,8 @@ def measure_side_by_side(
 
     Each callable is warmed up, then its eager calls run in blocks of ``block`` timed calls, each
     after ``settle`` untimed ones, the callables in an order rotated by one each round, until each
-    has ``reps``; the host calls (a sleep kernel of ``busy_ms`` queued before each, as
-    :func:`host_stats`; the queue drained after each block) the same way. Measured one after the
+    has ``reps``; the host calls (wall clock without a sync, a sleep kernel of ``busy_ms`` queued
+    before each so launches only enqueue; the queue drained after each block) the same way. Measured one after the
     other, a shared host's drift of a few tens of µs between measurements moved single eager ratios
     by ±0.3; interleaved, every callable sees it alike. Graph replays (device time, steadier)
     follow one callable at a time.

@@ -33,7 +33,7 @@ python3 setup.py -q build_ext --inplace > "$DIR/build.log" 2>&1 || { tail -n 20 
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
     python3 -c "import torch, triton, gemmi; print('torch', torch.__version__, 'triton', triton.__version__, 'gemmi', gemmi.__version__)"
-    python3 -c "from kernels.density import _scatter; print('cpu build', _scatter.build_info())"
+    python3 -c "from kernels.density import cpu, _scatter; print('cpu build', _scatter.build_info())"
     nproc
     lscpu | grep -iE "model name|thread|core|socket|numa node\(s\)" | cut -c1-200
 } > "$DIR/device.txt" 2>&1
