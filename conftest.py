@@ -42,18 +42,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
 
 
-def pytest_runtest_logreport(report):
-    import pytest
+_config = None
 
-    config = getattr(pytest_runtest_logreport, "config", None)
-    if config is None or not config.getoption("--failures-now") or not report.failed:
+
+def pytest_configure(config):
+    global _config
+    _config = config
+
+
+def pytest_runtest_logreport(report):
+    if _config is None or not _config.getoption("--failures-now") or not report.failed:
         return
-    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    terminal = _config.pluginmanager.get_plugin("terminalreporter")
     if terminal is not None:
         terminal.write_line("")
         terminal.write_sep("!", f"FAILED {report.nodeid} ({report.when})", red=True)
         terminal.write_line(str(report.longrepr))
-
-
-def pytest_configure(config):
-    pytest_runtest_logreport.config = config
