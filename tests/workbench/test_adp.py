@@ -46,7 +46,7 @@ def test_state_offers_the_kernels_radiations_and_both_adp_modes():
     lo, hi, _ = RANGES["blur"]
     with pytest.raises(Exception, match=rf"blur must lie in \[{lo:g}, {hi:g}\]"):
         state.blur = -1.0
-    assert density_units("neutron") == "fm/Å³" and density_units("xray") == density_units("electron") == "e/Å³"
+    assert (density_units("xray"), density_units("electron"), density_units("neutron")) == ("e/Å³", "Å⁻²", "fm/Å³")
 
 
 def test_adp_control_is_shown_only_for_a_model_with_anisou(make_wb):
