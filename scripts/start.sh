@@ -9,4 +9,5 @@ extra=()
 if [ "$(id -u)" -eq 0 ]; then
     extra+=(--allow-root)   # JupyterLab refuses to start as root without it
 fi
+echo "==> the workbench command: $(dirname "$PY")/workbench (--help lists the subcommands; or activate $(dirname "$(dirname "$PY")"))"
 exec "$PY" -m workbench lab "${extra[@]}" "$@"
