@@ -10,8 +10,8 @@ every command alike. Wall time from ``subprocess`` start to exit; medians, minim
   folder) against ``python -c "import torch, gemmi, numpy"``: the Target is splat ≤ that + 0.5 s.
 - ``python -c "import kernels"``: the package's own import cost beside torch's.
 - With ``--start-sh VENV``: ``bash scripts/start.sh --no-browser`` with ``VENV`` as its
-  environment, timed to the line that prints the URL, then stopped (its process group gets
-  SIGTERM). Run it once before timing so the environment is installed; the Target for a
+  environment, timed to the line that prints the URL and to the URL answering an HTTP request,
+  then stopped (its process group gets SIGTERM). Run it once before timing so the environment is installed; the Target for a
   second start with nothing changed is ≤ 10 s.
 
 Usage::
@@ -56,8 +56,22 @@ def _time(cmd: list[str], env: dict) -> tuple[float, int]:
     return time.perf_counter() - start, r.returncode
 
 
-def _start_sh(venv: Path, env: dict, timeout: float = 600.0) -> float:
-    """Seconds from ``bash scripts/start.sh --no-browser`` to its ``open  URL`` line."""
+def _answers(url: str) -> bool:
+    """True when the server at ``url`` gives any HTTP answer (JupyterLab's page, a redirect)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _start_sh(venv: Path, env: dict, timeout: float = 600.0) -> tuple[float, float]:
+    """Seconds from ``bash scripts/start.sh --no-browser`` to its ``open  URL`` line, and to the URL answering."""
     env = dict(env, VENV=str(venv), WORKBENCH_NOTEBOOK_DIR=tempfile.mkdtemp(prefix="bench-startup-nb-"))
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -72,7 +86,13 @@ def _start_sh(venv: Path, env: dict, timeout: float = 600.0) -> float:
     try:
         for line in proc.stdout:
             if line.startswith("open "):
-                return time.perf_counter() - start
+                printed = time.perf_counter() - start
+                url = line.split()[1]
+                while not _answers(url):
+                    if time.perf_counter() - start > timeout or proc.poll() is not None:
+                        raise RuntimeError(f"{url} never answered (start.sh exit {proc.poll()})")
+                    time.sleep(0.05)
+                return printed, time.perf_counter() - start
             if time.perf_counter() - start > timeout:
                 break
         raise RuntimeError(f"start.sh printed no URL (exit {proc.poll()})")
@@ -91,7 +111,11 @@ def main() -> None:
     parser.add_argument("--start-sh", type=Path, help="also time scripts/start.sh to its URL with this VENV")
     parser.add_argument("--out", type=Path, help="JSON file (default benchmarks/results/startup_cpu_<date>.json)")
     args = parser.parse_args()
+    load_before = os.getloadavg()  # other work on a shared machine slows every command alike
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # Byte-code is cached as in an installed package (the untimed first runs write it): without
+    # the cache every run compiles the sources it imports again (0.3 s of kernels alone).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     times: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         commands = _commands(Path(tmp))
@@ -105,8 +129,10 @@ def main() -> None:
                     raise SystemExit(f"{name}: exit status {code}, expected {expected}")
                 times.setdefault(name, []).append(seconds)
             if args.start_sh:
-                times.setdefault("bash scripts/start.sh to its URL (installed, unchanged)", []).append(
-                    _start_sh(args.start_sh, env)
+                printed, answered = _start_sh(args.start_sh, env)
+                times.setdefault("bash scripts/start.sh to the URL printed (installed, unchanged)", []).append(printed)
+                times.setdefault("bash scripts/start.sh to the URL answering (installed, unchanged)", []).append(
+                    answered
                 )
     rows = {
         name: {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "runs_s": t}
@@ -120,10 +146,11 @@ def main() -> None:
         "splat_le_imports_plus_0.5_s": splat <= base + 0.5,
     }
     if args.start_sh:
-        targets["start_sh_le_10_s"] = rows["bash scripts/start.sh to its URL (installed, unchanged)"]["median_s"] <= 10
-    print(f"{'command':58s} {'median':>8s} {'min':>8s} {'max':>8s}")
+        key = "bash scripts/start.sh to the URL answering (installed, unchanged)"
+        targets["start_sh_le_10_s"] = rows[key]["median_s"] <= 10
+    print(f"{'command':68s} {'median':>8s} {'min':>8s} {'max':>8s}")
     for name, r in rows.items():
-        print(f"{name:58s} {r['median_s']:8.3f} {r['min_s']:8.3f} {r['max_s']:8.3f}")
+        print(f"{name:68s} {r['median_s']:8.3f} {r['min_s']:8.3f} {r['max_s']:8.3f}")
     print(f"splat − imports: {splat - base:+.3f} s;  targets: {targets}")
     record = {
         "benchmark": "startup",
@@ -132,7 +159,9 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "repeats": args.repeats,
-        "method": "fresh process per run, rounds interleaved, wall time from start to exit (start.sh: to its URL)",
+        "method": "fresh process per run, rounds interleaved, wall time from start to exit (start.sh: to its URL "
+        "printed and answering); byte-code cached",
+        "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()},
         "commands": rows,
         "splat_minus_imports_s": splat - base,
         "targets_met": targets,

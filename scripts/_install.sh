@@ -54,7 +54,7 @@ installed() {  # these sources with these extras; any extras cover a plain insta
     if [ -z "${EXTRAS:-}" ]; then grep -q "^$HASH " "$STAMP"; else grep -qxF "$WANT" "$STAMP"; fi
 }
 if installed; then
-    echo "==> density-workbench ${EXTRAS:-} is installed and its sources are unchanged (delete $STAMP to reinstall)"
+    echo "==> density-workbench${EXTRAS:-} is installed and its sources are unchanged (delete $STAMP to reinstall)"
     return 0
 fi
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then

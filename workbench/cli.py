@@ -460,7 +460,10 @@ def main(argv: list[str] | None = None) -> int:
             return args.func(args)  # lab, app: the server's own output
         args.warned = _OneLineWarnings()
         with warnings.catch_warnings():
-            warnings.simplefilter("always")  # _OneLineWarnings says each once, whoever raised it
+            # every user-facing warning reaches the handler, which says each text once (libraries'
+            # deprecation notices stay under Python's default filters: not the user's concern)
+            warnings.simplefilter("always", UserWarning)
+            warnings.simplefilter("always", RuntimeWarning)
             warnings.showwarning = args.warned.show
             return args.func(args)
     except KeyboardInterrupt:
