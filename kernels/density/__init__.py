@@ -269,7 +269,7 @@ def splat_density(
         radius = positive_number(radius, "radius", "Å")
         _check_radius_extent(radius, grid)
     if type(cutoff) is not float or not 0.0 < cutoff < math.inf:  # the usual float skips the validator's call
-        cutoff = positive_number(cutoff, "cutoff", "e/Å³")
+        cutoff = positive_number(cutoff, "cutoff", "the map's unit")
     if radius is None and atoms.device.type == "cpu":
         _warn_atoms_below_cutoff(atoms, cutoff)
     name, fn = get_backend("density", atoms.device, backend)
@@ -333,7 +333,9 @@ def _splat_compiling(atoms: AtomSet, grid: GridSpec, radius, cutoff, backend: st
             raise ValueError(f"radius must be a positive finite number of Å (0 < radius < inf), got {radius!r}")
     cutoff = float(cutoff)
     if not 0 < cutoff < math.inf:
-        raise ValueError(f"cutoff must be a positive finite number of e/Å³ (0 < cutoff < inf), got {cutoff!r}")
+        raise ValueError(
+            f"cutoff must be a positive finite number in the map's unit (0 < cutoff < inf), got {cutoff!r}"
+        )
     if backend == "auto":
         backend = "triton" if atoms.xyz.device.type == "cuda" else "cpu"
     if not grid.is_whole_cell:
