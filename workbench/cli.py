@@ -468,6 +468,13 @@ def main(argv: list[str] | None = None) -> int:
             return args.func(args)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:  # a Python without the project's dependencies (the system one, say)
+        return _error(
+            f"{sys.executable} cannot import {exc.name!r}, which workbench {args.command} needs: run it with the "
+            "Python the project is installed in (scripts/start.sh installs into .venv: .venv/bin/workbench), "
+            "or pip install -e . into this one",
+            EXIT_FAILURE,
+        )
 
 
 # --------------------------------------------------------------------------- notebooks

@@ -99,3 +99,12 @@ def test_import_workbench_is_lazy_and_still_gives_the_app():
         "print(json.dumps([first, Workbench.__module__, WorkbenchState.__module__]))"
     )
     assert loaded == [[], "workbench.app", "workbench.state"]
+
+
+def test_a_python_without_the_dependencies_gets_one_line_saying_which_python_to_use(tmp_path):
+    # sys.modules[name] = None makes "import name" fail as in a Python that lacks the package
+    code = "import sys; sys.modules['torch'] = None\nfrom workbench import cli\nsys.exit(cli.main(['splat']))"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "cannot import 'torch'" in r.stderr and ".venv/bin/workbench" in r.stderr and r.stderr.count("\n") == 1
