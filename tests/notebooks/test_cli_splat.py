@@ -123,11 +123,16 @@ def test_a_model_number_out_of_range_is_a_usage_error(twenty_models, tmp_path, n
 
 
 def test_the_workbench_says_which_model_it_shows(twenty_models):
-    from workbench.compute.atoms import load_model
+    import workbench
 
-    model = load_model(str(twenty_models))
-    assert (model.model_index, model.n_models) == (0, 20)
-    assert any("holds 20 models" in note and "model_index=" in note for note in model.notes), model.notes
+    wb = workbench.Workbench(str(twenty_models), spacing=1.5, debounce=0)
+    try:
+        assert (wb.result.model.model_index, wb.result.model.n_models) == (0, 20)
+        message = wb.status.message  # the status line under the controls
+        assert "holds 20 models; model 1 (MODEL 1) was read" in message and "model_index=" in message, message
+        assert "kernels.splat_ensemble" in message, message
+    finally:
+        wb.close()
 
 
 @pytest.mark.parametrize(
