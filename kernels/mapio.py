@@ -68,7 +68,7 @@ def _removed_on_signal(tmp: str):
 
 
 def write_map(
-    path: str | os.PathLike, rho: torch.Tensor, grid: GridSpec, spacegroup: str = "P 1", label: str | None = None
+    path: str | os.PathLike, rho: torch.Tensor, grid: GridSpec, spacegroup: str = "P 1", radiation: str | None = None
 ) -> Path:
     """Write ``rho`` as a CCP4/MRC map (mode 2, float32), atomically.
 
@@ -90,10 +90,10 @@ def write_map(
     grid : GridSpec
     spacegroup : str
         Hermann–Mauguin name recorded in the header (P 1 for a map of the atoms in the file).
-    label : str, optional
-        One line of printable ASCII, at most 80 characters, written as the map's first label
-        (header word LABEL); say what the map is and its unit, e.g.
-        ``f"xray map in {kernels.density_unit('xray', ascii=True)}"``. Default: gemmi's.
+    radiation : {"xray", "electron", "neutron"}, optional
+        The radiation whose coefficients made ``rho``: the map's first label (header word LABEL)
+        then says so and names its unit (:func:`kernels.density_unit`), e.g. "density-workbench
+        electron map, unit A^-2". Default: gemmi's label, no unit.
 
     Returns
     -------
@@ -103,7 +103,7 @@ def write_map(
     Raises
     ------
     ValueError
-        An unknown space group (named), or a label that is not one line of ASCII of ≤ 80 characters.
+        An unknown space group (named), or an unknown ``radiation``.
     kernels.GridError
         ``rho`` does not have the grid's shape.
     FileNotFoundError
@@ -120,8 +120,10 @@ def write_map(
             f"unknown space group {spacegroup!r} for the map header; give a Hermann–Mauguin name such as "
             "'P 1' or 'P 21 21 21' (e.g. model.spacegroup)"
         )
-    if label is not None and not (len(label) <= 80 and label.isascii() and label.isprintable()):
-        raise ValueError(f"a map label is one line of printable ASCII of at most 80 characters, got {label!r}")
+    if radiation is not None:
+        from kernels.density import density_unit
+
+        label = f"density-workbench {radiation} map, unit {density_unit(radiation, ascii=True)}"
     # Write through a link to its target: replacing the link itself would leave the file it names stale.
     target = Path(os.path.realpath(path))
     if not target.parent.is_dir():
@@ -130,7 +132,7 @@ def write_map(
     ccp4 = gemmi.Ccp4Map()
     ccp4.grid = gemmi.FloatGrid(data, grid.cell.to_gemmi(), sg)
     ccp4.update_ccp4_header(2, True)
-    if label is not None:
+    if radiation is not None:
         ccp4.set_header_i32(56, 1)  # NLABL: one label, in words 57-76
         ccp4.set_header_str(57, label.ljust(80))
     if not grid.is_whole_cell:

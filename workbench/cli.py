@@ -212,7 +212,7 @@ def _splat(args: argparse.Namespace) -> int:
         print(f"origin  map starts at voxel {origin}: it lies over the atoms at the file's coordinates")
     try:
         out = kernels.write_map(
-            args.out, rho, write_grid, model.spacegroup if args.symmetrize else "P 1", label=_map_label(args.radiation)
+            args.out, rho, write_grid, model.spacegroup if args.symmetrize else "P 1", radiation=args.radiation
         )
     except (OSError, ValueError) as exc:
         return _error(f"cannot write the map to {args.out}: {exc}", EXIT_FAILURE)
@@ -247,13 +247,6 @@ def _map_summary(rho, grid, radiation: str) -> str:
     volts = f" ({peak * kernels.VOLTS_PER_INVERSE_SQUARE_ANGSTROM:.1f} V)" if radiation == "electron" else ""
     total = float(rho.sum()) * grid.voxel_volume
     return f"max {peak:.3f} {unit}{volts}, {total:.1f} {kernels.density_integral_unit(radiation)}"
-
-
-def _map_label(radiation: str) -> str:
-    """The label written into a map file: what it is and its unit (CCP4 labels are ASCII)."""
-    import kernels
-
-    return f"density-workbench {radiation} map in {kernels.density_unit(radiation, ascii=True)}"
 
 
 class _OneLineWarnings:

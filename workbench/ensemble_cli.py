@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import kernels
-    from workbench.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, _check_out, _error, _map_label, _map_summary
+    from workbench.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, _check_out, _error, _map_summary
 
     path = Path(args.frames)
     for p, what in ((path, "frames"), (Path(args.topology) if args.topology else None, "topology")):
@@ -296,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
             whose = "per frame, the mean" if weights is not None else "of all frames, the sum"
             say(f"map     {_map_summary(rho, grid, args.radiation)} in the cell ({whose}; no symmetry mates)")
             try:
-                out = kernels.write_map(args.out, rho, grid, "P 1", label=_map_label(args.radiation))
+                out = kernels.write_map(args.out, rho, grid, "P 1", radiation=args.radiation)
             except (OSError, ValueError) as exc:
                 return _error(f"cannot write the map to {args.out}: {exc}", EXIT_FAILURE)
             say(f"wrote   {out}")

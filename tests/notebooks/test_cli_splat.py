@@ -167,9 +167,8 @@ def test_the_map_is_reported_and_labelled_in_its_unit(tmp_path, radiation, unit,
     else:
         assert "e/Å³" not in line or radiation == "xray"
     ccp4 = gemmi.read_ccp4_map(str(tmp_path / "map.ccp4"))
-    assert ccp4.header_str(57, 80).strip() == f"density-workbench {radiation} map in " + kernels.density_unit(
-        radiation, ascii=True
-    )
+    label = f"density-workbench {radiation} map, unit {kernels.density_unit(radiation, ascii=True)}"
+    assert ccp4.header_str(57, 80).strip() == label
     r = run("splat", "--radiation", radiation, "--spacing", "1.5", "--symmetrize", cwd=tmp_path)
     assert "from the model and its symmetry mates (P 21 21 21)" in r.stdout, r.stdout
 
