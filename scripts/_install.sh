@@ -31,14 +31,15 @@ fi
 # What an install depends on: the build files, the C++ sources, the extras and the torch/Triton
 # asked for. While it is unchanged and the compiled modules are there, a second start skips pip
 # (and the C++ build); any change to them installs again.
+if command -v sha256sum >/dev/null; then SHA256=(sha256sum); else SHA256=(shasum -a 256); fi  # Linux; macOS
 source_hash() {
     {
         printf '%s\n' "${TORCH_SPEC}" "${TRITON_SPEC}" "$("$PY" -c 'import sys; print(sys.version)')"
         find pyproject.toml setup.py MANIFEST.in kernels \
             \( -name pyproject.toml -o -name setup.py -o -name MANIFEST.in \
             -o -name '*.cpp' -o -name '*.hpp' -o -name '*.h' \) -type f -print0 |
-            LC_ALL=C sort -z | xargs -0 sha256sum
-    } | sha256sum | cut -d' ' -f1
+            LC_ALL=C sort -z | xargs -0 "${SHA256[@]}"
+    } | "${SHA256[@]}" | cut -d' ' -f1
 }
 compiled_modules_present() {  # each binding kernels/**/_x.cpp has its module _x*.so (or .pyd) beside it
     local binding
