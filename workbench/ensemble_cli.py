@@ -293,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
         what = "sum" if args.sum else "mean"
         say(f"splat   {f} frames ({what}) on {world} rank(s): {elapsed * 1e3:.1f} ms, {f / elapsed:.1f} frames/s")
         if rank == 0:
-            whose = "per frame, the mean" if weights is not None else "of all frames, the sum"
+            whose = "the mean of the frames" if weights is not None else "the sum of the frames"
             say(f"map     {_map_summary(rho, grid, args.radiation)} in the cell ({whose}; no symmetry mates)")
             try:
                 out = kernels.write_map(args.out, rho, grid, "P 1", radiation=args.radiation)
