@@ -8,7 +8,7 @@
 #                    requires, so the interpreter in CI runs the Triton GPU users run). An
 #                    existing Triton (brought by a GPU build of torch) is left alone.
 #   NO_VENV=1        install into the current Python instead
-# A second run with nothing changed skips pip: see source_hash below.
+# A second run with nothing changed skips pip (scripts/_install_stamp.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -28,33 +28,10 @@ TRITON_SPEC="${TRITON_SPEC:-}"
 if [ "$(uname -s)" != "Linux" ]; then
     TRITON_SPEC=""   # Triton ships Linux wheels only
 fi
-# What an install depends on: the build files, the C++ sources, the extras and the torch/Triton
-# asked for. While it is unchanged and the compiled modules are there, a second start skips pip
-# (and the C++ build); any change to them installs again.
-if command -v sha256sum >/dev/null; then SHA256=(sha256sum); else SHA256=(shasum -a 256); fi  # Linux; macOS
-source_hash() {
-    {
-        printf '%s\n' "${TORCH_SPEC}" "${TRITON_SPEC}" "$("$PY" -c 'import sys; print(sys.version)')"
-        find pyproject.toml setup.py MANIFEST.in kernels \
-            \( -name pyproject.toml -o -name setup.py -o -name MANIFEST.in \
-            -o -name '*.cpp' -o -name '*.hpp' -o -name '*.h' \) -type f -print0 |
-            LC_ALL=C sort -z | xargs -0 "${SHA256[@]}"
-    } | "${SHA256[@]}" | cut -d' ' -f1
-}
-compiled_modules_present() {  # each binding kernels/**/_x.cpp has its module _x*.so (or .pyd) beside it
-    local binding
-    while IFS= read -r binding; do
-        compgen -G "${binding%.cpp}*.so" >/dev/null || compgen -G "${binding%.cpp}*.pyd" >/dev/null || return 1
-    done < <(find kernels -name '_*.cpp' -type f)
-}
-STAMP="$("$PY" -c 'import sys; print(sys.prefix)')/.density-workbench-install"
+source "$ROOT/scripts/_install_stamp.sh"
+STAMP="$(stamp_path)"
 HASH="$(source_hash)"
-WANT="$HASH ${EXTRAS:-[]}"
-installed() {  # these sources with these extras; any extras cover a plain install
-    [ -f "$STAMP" ] && compiled_modules_present || return 1
-    if [ -z "${EXTRAS:-}" ]; then grep -q "^$HASH " "$STAMP"; else grep -qxF "$WANT" "$STAMP"; fi
-}
-if installed; then
+if install_is_current "$STAMP" "$HASH"; then
     echo "==> density-workbench${EXTRAS:-} is installed and its sources are unchanged (delete $STAMP to reinstall)"
     return 0
 fi
@@ -68,5 +45,4 @@ elif [ -n "$TRITON_SPEC" ] && ! "$PY" -c "import triton" >/dev/null 2>&1; then
 fi
 echo "==> installing density-workbench ${EXTRAS:-} (compiles the C++ kernels)"
 "$PY" -m pip install -q -e ".${EXTRAS:-}"
-# One line per extras set installed from these sources: [test] after [] keeps both valid.
-{ grep -s "^$HASH " "$STAMP" || true; echo "$WANT"; } | sort -u >"$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP"
+record_install "$STAMP" "$HASH"
