@@ -25,9 +25,11 @@ from kernels.crystal import (
 )
 from kernels.density import (
     DEFAULT_CUTOFF,
+    VOLTS_PER_INVERSE_SQUARE_ANGSTROM,
     atom_cutoff_radii,
     check_finite,
     cutoff_radius,
+    density_integral_unit,
     density_unit,
     peak_density,
     splat_density,
@@ -55,6 +57,7 @@ __all__ = [
     "Check",
     "CheckReport",
     "DEFAULT_CUTOFF",
+    "VOLTS_PER_INVERSE_SQUARE_ANGSTROM",
     "GridError",
     "GridSpec",
     "Model",
@@ -65,6 +68,7 @@ __all__ = [
     "check_backend",
     "check_finite",
     "cutoff_radius",
+    "density_integral_unit",
     "density_unit",
     "example_structure",
     "find_planes",

@@ -18,6 +18,23 @@ def warn_once(key: tuple, message: str, category=UserWarning, stacklevel: int = 
     warnings.warn(message, category, stacklevel=stacklevel)
 
 
+def assume_constant_result(fn):
+    """Mark ``fn`` as :func:`torch.compiler.assume_constant_result` does, without importing dynamo.
+
+    torch's decorator imports ``torch._dynamo`` (and with it sympy and Triton, about a second)
+    to set one attribute that only a ``torch.compile`` trace reads; the kernels use it on
+    module-level helpers, so importing ``kernels`` would pay that second for every user. Once
+    dynamo is loaded anyway, torch's own decorator is used. ``tests/kernels`` checks that both
+    leave the same mark.
+    """
+    import sys
+
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True  # what torch._dynamo.decorators.assume_constant_result sets
+    return fn
+
+
 def to_float32(tensor: torch.Tensor, op: str) -> torch.Tensor:
     """``tensor`` as float32 for a float32-only kernel; warns once per (op, input dtype)."""
     if tensor.dtype == torch.float32:

@@ -832,6 +832,14 @@ class Model:
         (chain → residue → atom); used to find planes, write models, show residues.
     notes : tuple of str
         What reading changed or assumed (e.g. B derived from ANISOU, a padded box).
+    shift : tuple of 3 float or None
+        The translation in Å added to every atom of the file to place it in the box that
+        ``box_padding`` built (file position = ``atoms.xyz - shift``); None when the atoms are
+        at the file's coordinates.
+    model_index : int
+        Which model of the file this is (0 = the first).
+    n_models : int
+        How many models the file holds.
     """
 
     atoms: AtomSet
@@ -840,6 +848,9 @@ class Model:
     path: Path | None
     structure: object
     notes: tuple[str, ...] = ()
+    shift: tuple[float, float, float] | None = None
+    model_index: int = 0
+    n_models: int = 1
 
     def __len__(self) -> int:
         return len(self.atoms)
@@ -852,7 +863,7 @@ class Model:
 def read_model(
     path: str | os.PathLike,
     *,
-    model_index: int = 0,
+    model_index: int | None = None,
     altlocs: str = "all",
     water: bool = True,
     hydrogens: bool = True,
@@ -867,8 +878,10 @@ def read_model(
     ----------
     path : str or path-like
         ``.pdb``, ``.ent``, ``.cif``, ``.mmcif``, each optionally ``.gz``.
-    model_index : int
-        Which model of a multi-model file (0 = the first).
+    model_index : int, optional
+        Which model of a multi-model file (0 = the first). Left out, the first model is read
+        and, where the file holds more, a note says so and how to choose another (or to splat
+        them all with :func:`kernels.splat_ensemble`).
     altlocs : str
         ``"all"`` keeps every alternative conformation (each at its own occupancy, what
         gemmi splats); ``"first"`` keeps only the first conformer of each atom; a single
@@ -879,8 +892,9 @@ def read_model(
         Keep hydrogen (and deuterium) atoms.
     box_padding : float, optional
         For a model without a unit cell (no CRYST1, or a 1×1×1 placeholder): build a
-        P 1 orthogonal box around the atoms with this margin in Å. Without it such a
-        model is an error.
+        P 1 orthogonal box around the atoms with this margin in Å, the atoms moved into it
+        by ``Model.shift``. Without it such a model is an error; a model with a cell
+        ignores it (``Model.shift`` is then None).
     adp : {"auto", "iso"}
         ``auto`` keeps each atom's ANISOU as a row of ``atoms.u_aniso`` (``atoms.aniso`` marks
         those atoms; the others use their B); a file without ANISOU gives an isotropic set.
@@ -946,6 +960,8 @@ def read_model(
         altlocs not in ("all", "first") and not (len(altlocs) == 1 and altlocs.isalnum())
     ):
         raise ModelError(f"{where}: altlocs must be 'all', 'first' or one altloc letter, got {altlocs!r}")
+    index_given = model_index is not None
+    model_index = 0 if model_index is None else model_index
     if isinstance(model_index, (bool, np.bool_)) or not isinstance(model_index, (int, np.integer)):
         raise ModelError(f"{where}: model_index must be an integer (0 = the first model), got {model_index!r}")
     if box_padding is not None:
@@ -989,7 +1005,18 @@ def read_model(
         rows = f" from the {cif_scan.n_rows} rows of its _atom_site table" if cif_scan else ""
         raise ModelError(f"{where}: gemmi read no atoms{rows}: the file has no models")
     if not 0 <= model_index < len(st):
-        raise ModelError(f"{where}: model_index {model_index} out of range; the file has {len(st)} model(s)")
+        raise ModelError(
+            f"{where}: model_index {model_index} out of range; the file has {len(st)} model(s) "
+            f"(model_index 0 to {len(st) - 1})"
+        )
+    n_models = len(st)
+    notes: list[str] = []
+    if n_models > 1 and not index_given:
+        notes.append(
+            f"the file holds {n_models} models; model 1 (MODEL {st[0].num}) was read. Choose another with "
+            f"model_index= (0-based; --model N, 1-based, on the command line), or splat all {n_models} as one "
+            "ensemble map with kernels.splat_ensemble (workbench ensemble on the command line)"
+        )
     for i in range(len(st) - 1, -1, -1):
         if i != model_index:
             del st[i]
@@ -1004,7 +1031,6 @@ def read_model(
         _keep_altloc(st, altlocs)
     st.remove_empty_chains()
 
-    notes: list[str] = []
     rows = []
     for chain in st[0]:
         for res in chain:
@@ -1054,6 +1080,7 @@ def read_model(
         warnings.warn(f"{where}: {msg}", stacklevel=2)
         notes.append(msg)
 
+    shift = None
     cell_ok = raw_cell is not None and raw_cell[:3] != (1.0, 1.0, 1.0)
     if cell_ok:
         if tuple(st.cell.parameters) != tuple(raw_cell):
@@ -1070,7 +1097,8 @@ def read_model(
         lo, hi = xyz[finite].min(axis=0), xyz[finite].max(axis=0)
         edges = hi - lo + 2 * box_padding
         cell = Cell.from_parameters(*edges)
-        xyz = xyz - lo + box_padding
+        shift = box_padding - lo
+        xyz = xyz + shift
         st.cell = cell.to_gemmi()
         st.spacegroup_hm = "P 1"
         for (_, _, atom), p in zip(rows, xyz):
@@ -1078,7 +1106,7 @@ def read_model(
         spacegroup = "P 1"
         notes.append(
             f"no unit cell in the file: built a P 1 box {edges[0]:.2f}×{edges[1]:.2f}×{edges[2]:.2f} Å "
-            f"with {box_padding:g} Å padding (atoms shifted by {(box_padding - lo).round(3).tolist()} Å)"
+            f"with {box_padding:g} Å padding (atoms shifted by {shift.round(3).tolist()} Å)"
         )
     else:
         raise ModelError(
@@ -1113,7 +1141,17 @@ def read_model(
         )
     except ValueError as exc:
         raise ModelError(f"{where}: {exc}") from exc
-    return Model(atoms, cell, spacegroup, path, st, tuple(notes))
+    return Model(
+        atoms,
+        cell,
+        spacegroup,
+        path,
+        st,
+        tuple(notes),
+        shift=None if shift is None else tuple(float(v) for v in shift),
+        model_index=int(model_index),
+        n_models=n_models,
+    )
 
 
 def _check_adp(u_aniso: np.ndarray, flags: np.ndarray, labels, where: str, on_bad_adp: str, notes: list[str]) -> None:

@@ -67,7 +67,9 @@ def _removed_on_signal(tmp: str):
             signal.signal(sig, old)
 
 
-def write_map(path: str | os.PathLike, rho: torch.Tensor, grid: GridSpec, spacegroup: str = "P 1") -> Path:
+def write_map(
+    path: str | os.PathLike, rho: torch.Tensor, grid: GridSpec, spacegroup: str = "P 1", radiation: str | None = None
+) -> Path:
     """Write ``rho`` as a CCP4/MRC map (mode 2, float32), atomically.
 
     The map goes to a temporary file in the same folder as the final file and is renamed
@@ -88,6 +90,10 @@ def write_map(path: str | os.PathLike, rho: torch.Tensor, grid: GridSpec, spaceg
     grid : GridSpec
     spacegroup : str
         Hermann–Mauguin name recorded in the header (P 1 for a map of the atoms in the file).
+    radiation : {"xray", "electron", "neutron"}, optional
+        The radiation whose coefficients made ``rho``: the map's first label (header word LABEL)
+        then says so and names its unit (:func:`kernels.density_unit`), e.g. "density-workbench
+        electron map, unit A^-2". Default: gemmi's label, no unit.
 
     Returns
     -------
@@ -97,7 +103,7 @@ def write_map(path: str | os.PathLike, rho: torch.Tensor, grid: GridSpec, spaceg
     Raises
     ------
     ValueError
-        An unknown space group (named).
+        An unknown space group (named), or an unknown ``radiation``.
     kernels.GridError
         ``rho`` does not have the grid's shape.
     FileNotFoundError
@@ -114,6 +120,10 @@ def write_map(path: str | os.PathLike, rho: torch.Tensor, grid: GridSpec, spaceg
             f"unknown space group {spacegroup!r} for the map header; give a Hermann–Mauguin name such as "
             "'P 1' or 'P 21 21 21' (e.g. model.spacegroup)"
         )
+    if radiation is not None:
+        from kernels.density import density_unit
+
+        label = f"density-workbench {radiation} map, unit {density_unit(radiation, ascii=True)}"
     # Write through a link to its target: replacing the link itself would leave the file it names stale.
     target = Path(os.path.realpath(path))
     if not target.parent.is_dir():
@@ -122,6 +132,9 @@ def write_map(path: str | os.PathLike, rho: torch.Tensor, grid: GridSpec, spaceg
     ccp4 = gemmi.Ccp4Map()
     ccp4.grid = gemmi.FloatGrid(data, grid.cell.to_gemmi(), sg)
     ccp4.update_ccp4_header(2, True)
+    if radiation is not None:
+        ccp4.set_header_i32(56, 1)  # NLABL: one label, in words 57-76
+        ccp4.set_header_str(57, label.ljust(80))
     if not grid.is_whole_cell:
         for word, value in zip((5, 6, 7), grid.origin):
             ccp4.set_header_i32(word, value)

@@ -8,6 +8,7 @@
 #                    requires, so the interpreter in CI runs the Triton GPU users run). An
 #                    existing Triton (brought by a GPU build of torch) is left alone.
 #   NO_VENV=1        install into the current Python instead
+# A second run with nothing changed skips pip (scripts/_install_stamp.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -27,6 +28,13 @@ TRITON_SPEC="${TRITON_SPEC:-}"
 if [ "$(uname -s)" != "Linux" ]; then
     TRITON_SPEC=""   # Triton ships Linux wheels only
 fi
+source "$ROOT/scripts/_install_stamp.sh"
+STAMP="$(stamp_path)"
+HASH="$(source_hash)"
+if install_is_current "$STAMP" "$HASH"; then
+    echo "==> density-workbench${EXTRAS:-} is installed and its sources are unchanged (delete $STAMP to reinstall)"
+    return 0
+fi
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
     echo "==> installing $TORCH_SPEC $TRITON_SPEC (first, so nothing else pulls a CUDA build)"
     # shellcheck disable=SC2086  # TRITON_SPEC may be empty
@@ -37,3 +45,4 @@ elif [ -n "$TRITON_SPEC" ] && ! "$PY" -c "import triton" >/dev/null 2>&1; then
 fi
 echo "==> installing density-workbench ${EXTRAS:-} (compiles the C++ kernels)"
 "$PY" -m pip install -q -e ".${EXTRAS:-}"
+record_install "$STAMP" "$HASH"

@@ -9,4 +9,6 @@ extra=()
 if [ "$(id -u)" -eq 0 ]; then
     extra+=(--allow-root)   # JupyterLab refuses to start as root without it
 fi
+BIN="$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+echo "==> the workbench command: $BIN/workbench (--help lists the subcommands); or put $BIN on your PATH"
 exec "$PY" -m workbench lab "${extra[@]}" "$@"

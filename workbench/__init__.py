@@ -17,8 +17,26 @@ import sys as _sys
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from workbench.app import Workbench  # noqa: E402
-from workbench.compute import WorkbenchError  # noqa: E402
-from workbench.state import WorkbenchState  # noqa: E402
-
 __all__ = ["Workbench", "WorkbenchError", "WorkbenchState"]
+
+# Imported on first use: the command line (``workbench --help``, ``workbench splat``) imports
+# this package, and must not pay for ipywidgets, matplotlib or the kernels it does not use.
+_LAZY = {
+    "Workbench": "workbench.app",
+    "WorkbenchError": "workbench.compute",
+    "WorkbenchState": "workbench.state",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -251,7 +251,7 @@ class Workbench(widgets.VBox):
         """Write the current model map as a CCP4/MRC file (:func:`kernels.write_map`) where
         this Python runs (the server); the export buttons download to the browser instead."""
         r = self._require_result()
-        return kernels.write_map(path, r.rho, r.grid)
+        return kernels.write_map(path, r.rho, r.grid, radiation=r.settings.radiation)
 
     def export_gradients(self, path: str | os.PathLike) -> Path:
         """Write the current gradients (one row per atom) as CSV where this Python runs (the server)."""
@@ -567,7 +567,11 @@ class Workbench(widgets.VBox):
         try:
             r = self._require_result()
             if what == "map":
-                name, data, mime = map_name, compute.map_ccp4_bytes(r.rho, r.grid), "application/octet-stream"
+                name, data, mime = (
+                    map_name,
+                    compute.map_ccp4_bytes(r.rho, r.grid, r.settings.radiation),
+                    "application/octet-stream",
+                )
             elif what == "model":
                 name, data, mime = (
                     self.controls.model_name(),

@@ -1,15 +1,6 @@
 """``workbench check MODULE:FUNCTION``: register a user's kernel and check it from the shell.
 
-The exit status is 0 only when every check passes, so the command can gate a user's CI:
-
-==  =====================================================================================
-0   every check passed (skipped and informational checks do not fail)
-1   a check failed (the report on stdout says which, and where)
-2   a usage error (bad arguments; nothing was run)
-3   the kernel could not be loaded: its module does not import, or the function is missing
-    or not callable
-4   the check could not run: a model unreadable, the device or backend unavailable
-==  =====================================================================================
+:data:`DESCRIPTION` is the subcommand's help, with the exit statuses that let it gate a user's CI.
 """
 
 from __future__ import annotations
@@ -22,6 +13,20 @@ from pathlib import Path
 __all__ = ["EXIT_CHECK_FAILED", "EXIT_LOAD", "EXIT_CANNOT_RUN", "add_parser", "load_function"]
 
 EXIT_PASSED, EXIT_CHECK_FAILED, EXIT_LOAD, EXIT_CANNOT_RUN = 0, 1, 3, 4
+
+#: ``workbench check --help``'s description (plain text).
+DESCRIPTION = """\
+Register a density kernel MODULE:FUNCTION as a backend and check it as the project's own are
+checked: against the float64 reference and gemmi, first call in a fresh process, repeated
+calls, gradients, speed. The report goes to stdout.
+
+Exit status (0 only when every check passes, so the command can gate your CI):
+  0  every check passed (skipped and informational checks do not fail)
+  1  a check failed (the report says which, and where)
+  2  a usage error (bad arguments; nothing was run)
+  3  the kernel could not be loaded: its module does not import, or the function is missing
+     or not callable
+  4  the check could not run: a model unreadable, the device or backend unavailable"""
 
 
 class LoadError(Exception):
@@ -106,16 +111,39 @@ def add_parser(sub, positive) -> None:
     cp = sub.add_parser(
         "check",
         help="register a density kernel MODULE:FUNCTION and check it as ours are checked",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cp.add_argument("target", metavar="MODULE:FUNCTION", help="e.g. mykernels:splat or path/to/mykernels.py:splat")
-    cp.add_argument("models", nargs="*", metavar="MODEL", help="PDB/mmCIF files (default: the bundled examples)")
-    cp.add_argument("--op", default="density", choices=["density"], help="the op the function computes")
-    cp.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    cp.add_argument(
+        "models", nargs="*", metavar="MODEL", help="PDB/mmCIF files to check on (default: the bundled examples)"
+    )
+    cp.add_argument(
+        "--op", default="density", choices=["density"], help="the op the function computes (default density)"
+    )
+    cp.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="where the kernel is checked: cpu, or cuda for the first visible NVIDIA GPU (default cpu)",
+    )
     cp.add_argument("--name", help="backend name to register it under (default: the function's name)")
-    cp.add_argument("--spacing", type=positive("--spacing", " of Å"), default=2 / 3, help="grid spacing in Å")
-    cp.add_argument("--no-gradients", action="store_true", help="the kernel is not differentiable: skip gradients")
-    cp.add_argument("--no-fresh-process", action="store_true", help="skip the first-call check in a new process")
-    cp.add_argument("--html", type=Path, help="also write the report as a self-contained HTML page")
+    cp.add_argument(
+        "--spacing", type=positive("--spacing", "Å"), default=2 / 3, help="grid spacing in Å (default 0.667)"
+    )
+    cp.add_argument(
+        "--no-gradients",
+        action="store_true",
+        help="the kernel is not differentiable: skip the gradient checks (default: check them)",
+    )
+    cp.add_argument(
+        "--no-fresh-process",
+        action="store_true",
+        help="skip the first-call check in a new process (default: run it)",
+    )
+    cp.add_argument(
+        "--html",
+        type=Path,
+        help="also write the report as a self-contained HTML page to this file (default: none)",
+    )
     cp.set_defaults(func=_run)

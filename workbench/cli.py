@@ -1,10 +1,4 @@
-"""Command line of the density workbench.
-
-``workbench lab``    JupyterLab on 127.0.0.1 (token kept) with the quickstart notebook open.
-``workbench app``    the quickstart notebook as a standalone Voilà app.
-``workbench splat``  splat a model's density and write a CCP4 map.
-``workbench ensemble``  one map of every frame of a multi-model file or MD trajectory (torchrun: ranks).
-``workbench check``  register a user's density kernel and check it (:mod:`workbench.check_cli`).
+"""Command line of the density workbench (``workbench``; :data:`DESCRIPTION` is its help).
 
 The notebooks are the repository's ``notebooks/`` folder, which an installed package carries
 as ``workbench/notebooks`` (see :func:`shipped_notebooks_dir`); ``lab`` and ``app`` copy
@@ -24,10 +18,24 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from importlib import resources
 from pathlib import Path
 
 __all__ = ["main", "install_notebooks", "notebook_dir", "shipped_notebooks_dir", "QUICKSTART", "NOTEBOOK_DIR_ENV"]
+
+#: ``workbench --help``'s description (plain text: argparse prints it as written).
+DESCRIPTION = """\
+Command line of the density workbench.
+
+  workbench lab        JupyterLab on 127.0.0.1 (token kept) with the quickstart notebook open
+  workbench app        the quickstart notebook as a standalone Voila app
+  workbench splat      splat one model's density and write a CCP4 map
+  workbench ensemble   one map of every model of a multi-model file or frame of an MD trajectory
+  workbench check      register your density kernel (MODULE:FUNCTION) and check it as ours are
+
+Each takes --help. Run them with the Python the project is installed in (scripts/start.sh
+installs into .venv: .venv/bin/workbench, or .venv/bin/python -m workbench)."""
 
 #: The notebook ``workbench lab`` opens and ``workbench app`` serves.
 QUICKSTART = "01_quickstart.ipynb"
@@ -46,37 +54,40 @@ def _error(message: str, status: int) -> int:
 
 
 def _positive(what: str, unit: str):
-    """An argparse type: one finite number > 0 (``nan``, ``inf``, ``0``, ``-2`` are usage errors).
+    """An argparse type: one finite number > 0 in ``unit`` (``nan``, ``inf``, ``0``, ``-2`` are usage errors).
 
-    Validated here, locally, because the command line sees only strings.
+    Validated here, locally, because the command line sees only strings. The parser carries
+    ``unit``, which the option's help must name (tests/notebooks/test_cli_help.py checks it).
     """
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number{unit}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be a number of {unit}, got {text!r}") from None
         if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"must be a positive finite number{unit}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be a positive finite number of {unit}, got {text!r}")
         return value
 
     parse.__name__ = what  # argparse names the type in its messages
+    parse.unit = unit
     return parse
 
 
 def _non_negative(what: str, unit: str):
-    """An argparse type: one finite number ≥ 0 (``nan``, ``inf``, ``-2`` are usage errors)."""
+    """An argparse type: one finite number ≥ 0 in ``unit`` (``nan``, ``inf``, ``-2`` are usage errors)."""
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number{unit}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be a number of {unit}, got {text!r}") from None
         if not (math.isfinite(value) and value >= 0):
-            raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0{unit}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0 of {unit}, got {text!r}")
         return value
 
     parse.__name__ = what
+    parse.unit = unit
     return parse
 
 
@@ -107,8 +118,6 @@ def _splat(args: argparse.Namespace) -> int:
     import torch
 
     import kernels
-    from workbench.compute.text import count
-    from workbench.state import density_units
 
     # Every argument is checked before anything is read or computed (and before anything is printed).
     path = Path(args.model) if args.model else kernels.example_structure()
@@ -128,21 +137,44 @@ def _splat(args: argparse.Namespace) -> int:
 
     try:
         model = kernels.read_model(
-            path, box_padding=args.box_padding, adp=args.adp, on_bad_adp=args.on_bad_adp, radiation=args.radiation
+            path,
+            model_index=None if args.model_number is None else args.model_number - 1,
+            box_padding=args.box_padding,
+            adp=args.adp,
+            on_bad_adp=args.on_bad_adp,
+            radiation=args.radiation,
         )
     except kernels.ModelError as exc:
+        if args.model_number is not None and "model_index" in str(exc):
+            return _error(f"--model {args.model_number}: {_models_in(path)}", EXIT_USAGE)
         hint = " (on this command line: --on-bad-adp iso, or --adp iso)" if "on_bad_adp='iso'" in str(exc) else ""
         return _error(f"{exc}{hint}", EXIT_FAILURE)
-    atoms = model.atoms.to(device, torch.float64 if backend == "reference" else torch.float32)
-    units = density_units(args.radiation)
+    if args.box_padding is not None and model.shift is None:
+        return _error(
+            f"--box-padding {args.box_padding:g}: {path} has a unit cell ({_cell_text(model.cell)}, "
+            f"{model.spacegroup}) and the map is computed in it; --box-padding builds a P 1 box only for a "
+            "model without a cell: leave it out",
+            EXIT_USAGE,
+        )
+    atoms = model.atoms
+    if model.shift is not None:
+        # Splat the atoms at the file's coordinates (the box is periodic, so they wrap into it) and
+        # write the map from the voxel at the box's corner: the map lies over the input model.
+        atoms = atoms.replace(xyz=atoms.xyz - torch.tensor(model.shift, dtype=atoms.xyz.dtype))
+    atoms = atoms.to(device, torch.float64 if backend == "reference" else torch.float32)
+    units = kernels.density_unit(args.radiation)
     try:
         grid = kernels.GridSpec.for_spacing(model.cell, args.spacing, model.spacegroup)
-        print(f"model   {path} ({count(len(model), 'atom')}, cell {model.cell.parameters}, {model.spacegroup})")
+        which = f", model {model.model_index + 1} of {model.n_models}" if model.n_models > 1 else ""
+        print(
+            f"model   {path}{which} ({_count(len(model), 'atom')}, cell {_cell_text(model.cell)}, {model.spacegroup})"
+        )
         n_aniso = 0 if atoms.aniso is None else int(atoms.aniso.sum())
         blur = f", blur {args.blur:g} Å²" if args.blur else ""
-        print(f"atoms   {args.radiation} form factors, {count(n_aniso, 'atom')} with anisotropic U{blur}")
+        print(f"atoms   {args.radiation} form factors, {_count(n_aniso, 'atom')} with anisotropic U{blur}")
         for note in model.notes:
-            print(f"note    {note}")
+            if not args.warned.said(note):  # a warning already said it, on stderr
+                print(f"note    {note}")
         radius = (
             f"{args.radius:g} Å for every atom" if args.radius else f"per atom, density cutoff {args.cutoff:g} {units}"
         )
@@ -162,77 +194,203 @@ def _splat(args: argparse.Namespace) -> int:
         return _error(
             f"out of memory ({exc or 'no detail'}): use a coarser --spacing or a smaller --radius", EXIT_FAILURE
         )
-    electrons = float(rho.sum()) * grid.voxel_volume
     print(
         f"splat   backend {backend} on {atoms.device}: {elapsed * 1e3:.1f} ms "
         f"({'with' if args.symmetrize else 'without'} symmetry mates)"
     )
-    # The map's integral is Σ occ·f(0): electrons for X-rays, scattering length (fm) for neutrons,
-    # the electron form factors' f(0) (Å) for electrons.
-    total = {"xray": "electrons", "neutron": "fm of scattering length", "electron": "Å of Σf_e(0)"}[args.radiation]
-    print(f"map     max {float(rho.max()):.3f} {units}, {electrons:.1f} {total} in the cell")
+    if args.symmetrize:
+        whose = f"the model and its symmetry mates ({model.spacegroup})"
+    else:
+        whose = f"the model's own {_count(len(model), 'atom')} only (--symmetrize adds the symmetry mates)"
+    print(f"map     {_map_summary(rho, grid, args.radiation)} in the cell, from {whose}")
+    write_grid = grid
+    if model.shift is not None:
+        # the voxel at the box's corner, -shift in Å, starts the written map (the box is orthogonal)
+        origin = tuple(math.floor(-s * n / edge) for s, n, edge in zip(model.shift, grid.shape, model.cell.parameters))
+        rho = torch.roll(rho, shifts=tuple(-o for o in origin), dims=(0, 1, 2))
+        write_grid = kernels.GridSpec(grid.cell, grid.shape, origin, grid.sampling)
+        print(f"origin  map starts at voxel {origin}: it lies over the atoms at the file's coordinates")
     try:
-        out = kernels.write_map(args.out, rho, grid, model.spacegroup if args.symmetrize else "P 1")
+        out = kernels.write_map(
+            args.out, rho, write_grid, model.spacegroup if args.symmetrize else "P 1", radiation=args.radiation
+        )
     except (OSError, ValueError) as exc:
         return _error(f"cannot write the map to {args.out}: {exc}", EXIT_FAILURE)
     print(f"wrote   {out}")
     return EXIT_OK
 
 
+def _count(n: int, noun: str) -> str:
+    # workbench.compute.text.count's rule; importing it loads the whole compute package (0.1 s of views)
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _cell_text(cell) -> str:
+    """The six cell parameters as a person writes them (39.516, not 39.516000000000005)."""
+    a, b, c, al, be, ga = cell.parameters
+    return f"{a:g} {b:g} {c:g} Å, {al:g} {be:g} {ga:g}°"
+
+
+def _models_in(path: Path) -> str:
+    """How many models ``path`` holds, as the answer to a ``--model`` out of range."""
+    import gemmi
+
+    n = len(gemmi.read_structure(str(path)))
+    return f"{path} holds {_count(n, 'model')}; choose --model 1 to {n}" if n else f"{path} holds no models"
+
+
+def _map_summary(rho, grid, radiation: str) -> str:
+    """Maximum and integral of a map in its unit (and the potential in V for electrons)."""
+    import kernels
+
+    unit = kernels.density_unit(radiation)
+    peak = float(rho.max())
+    volts = f" ({peak * kernels.VOLTS_PER_INVERSE_SQUARE_ANGSTROM:.1f} V)" if radiation == "electron" else ""
+    total = float(rho.sum()) * grid.voxel_volume
+    return f"max {peak:.3f} {unit}{volts}, {total:.1f} {kernels.density_integral_unit(radiation)}"
+
+
+class _OneLineWarnings:
+    """Shows each warning of a command once, as one line on stderr without the source location.
+
+    The kernels warn (``warnings.warn``) where a library caller needs to hear it; on the command
+    line the same text would come with a file path and line number, once per call site, and again
+    as the model's note. Here it is ``warning: <message>``, each message once; a note whose text a
+    warning already gave is not printed again (:meth:`said`).
+    """
+
+    def __init__(self):
+        self.shown: list[str] = []
+
+    def show(self, message, category, filename, lineno, file=None, line=None) -> None:
+        text = " ".join(str(message).split())
+        if text not in self.shown:
+            self.shown.append(text)
+            print(f"warning: {text}", file=sys.stderr, flush=True)
+
+    def said(self, note: str) -> bool:
+        """True when a warning shown already carries ``note``."""
+        return any(note in text for text in self.shown)
+
+
+#: What the maps' numbers mean, in every subcommand's description that writes a map.
+_UNITS_TEXT = (
+    "Map units: e/Å³ for X-rays; Å⁻² for electrons (electron form factors are lengths\n"
+    "in Å; 1 Å⁻² is 47.88 V of electrostatic potential); fm/Å³ for neutrons."
+)
+_BACKENDS = ["auto", "reference", "cpu", "triton"]
+
+
+def _model_number(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a model number is a whole number from 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a model number is a whole number from 1 (1 = the first), got {text!r}")
+    return n
+
+
+def add_grid_options(parser: argparse.ArgumentParser) -> None:
+    """--spacing and --radius | --cutoff, as ``splat`` and ``ensemble`` take them."""
+    parser.add_argument(
+        "--spacing", type=_positive("--spacing", "Å"), default=0.667, help="grid spacing in Å (default 0.667)"
+    )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--radius",
+        type=_positive("--radius", "Å"),
+        help="one cutoff radius in Å for every atom (default: each atom's own radius, from --cutoff)",
+    )
+    group.add_argument(
+        "--cutoff",
+        type=_positive("--cutoff", "the map's unit"),
+        default=1e-5,
+        help="each atom's radius is where its density falls to this level, in the map's unit: e/Å³ X-rays, "
+        "Å⁻² electrons, fm/Å³ neutrons (default 1e-5)",
+    )
+
+
+def add_radiation_options(parser: argparse.ArgumentParser) -> None:
+    """--radiation, --blur, --backend and --device, as ``splat`` and ``ensemble`` take them."""
+    parser.add_argument(
+        "--radiation",
+        default="xray",
+        choices=["xray", "electron", "neutron"],
+        help="form factors: X-ray (IT92; map in e/Å³), electron (IT C 4.3.2.2; map in Å⁻²) or neutron "
+        "scattering lengths (map in fm/Å³) (default xray)",
+    )
+    parser.add_argument(
+        "--blur",
+        type=_non_negative("--blur", "Å²"),
+        default=0.0,
+        help="extra B in Å² on every atom, U + blur/8π² on anisotropic ones, as gemmi's blur (default 0)",
+    )
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=_BACKENDS,
+        help="density kernel: reference (float64 torch, slow, the truth), cpu (C++/OpenMP), triton (CUDA GPU); "
+        "auto takes cpu on --device cpu and triton on --device cuda (default auto)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="where the kernel runs: cpu, or cuda for the first visible NVIDIA GPU (default cpu)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``workbench`` argument parser with every subcommand (plain-text help throughout)."""
     parser = argparse.ArgumentParser(
         prog="workbench",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Exit status: 0 success, 2 a usage error (bad arguments; nothing computed), 1 any other failure.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sp = sub.add_parser("splat", help="splat a model's density onto a grid and write a CCP4 map")
+    sp = sub.add_parser(
+        "splat",
+        help="splat a model's density onto a grid and write a CCP4 map",
+        description="Splat a model's density onto a grid and write a CCP4 map. " + _UNITS_TEXT,
+    )
     sp.add_argument("model", nargs="?", help="PDB/mmCIF file (default: the bundled 1ORC example)")
     sp.add_argument(
-        "--spacing", type=_positive("--spacing", " of Å"), default=0.667, help="grid spacing in Å (default 0.667)"
+        "--model",
+        dest="model_number",
+        metavar="N",
+        type=_model_number,
+        help="which model of a multi-model file to splat, 1 = the first (default: the first; the output says "
+        "when the file holds more). workbench ensemble splats them all into one map",
     )
-    group = sp.add_mutually_exclusive_group()
-    group.add_argument("--radius", type=_positive("--radius", " of Å"), help="one cutoff radius in Å for every atom")
-    group.add_argument(
-        "--cutoff",
-        type=_positive("--cutoff", " of e/Å³"),
-        default=1e-5,
-        help="per-atom radius from this density (e/Å³, default 1e-5)",
-    )
+    add_grid_options(sp)
     sp.add_argument(
         "--box-padding",
-        type=_positive("--box-padding", " of Å"),
-        help="for a model without a unit cell: build a P 1 box around the atoms with this margin in Å",
+        type=_positive("--box-padding", "Å"),
+        help="for a model without a unit cell: build a P 1 box around the atoms with this margin in Å; the map's "
+        "origin puts it over the file's coordinates (default: none; refused for a model with a cell)",
     )
     sp.add_argument(
         "--adp",
         default="auto",
         choices=["auto", "iso"],
-        help="auto: atoms with ANISOU records splat their U (default); iso: every atom at its isotropic B",
+        help="auto: atoms with ANISOU records splat their U; iso: every atom at its isotropic B (default auto)",
     )
     sp.add_argument(
         "--on-bad-adp",
         default="raise",
         choices=["raise", "iso"],
-        help="an ANISOU U that is not positive definite: refuse the file (default) or splat that atom at its B",
+        help="an ANISOU U that is not positive definite: refuse the file (raise) or splat that atom at its B "
+        "(iso) (default raise)",
     )
+    add_radiation_options(sp)
     sp.add_argument(
-        "--radiation",
-        default="xray",
-        choices=["xray", "electron", "neutron"],
-        help="form factors: X-ray (IT92, default), electron (IT C 4.3.2.2) or neutron scattering lengths",
+        "--symmetrize",
+        action="store_true",
+        help="add the space group's symmetry mates (default: the model's own atoms only)",
     )
-    sp.add_argument(
-        "--blur",
-        type=_non_negative("--blur", " of Å²"),
-        default=0.0,
-        help="extra B in Å² on every atom, U + blur/8π² on anisotropic ones, as gemmi's blur (default 0)",
-    )
-    sp.add_argument("--backend", default="auto", choices=["auto", "reference", "cpu", "triton"])
-    sp.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    sp.add_argument("--symmetrize", action="store_true", help="add the space group's symmetry mates")
-    sp.add_argument("--out", default="map.ccp4", help="output map (default map.ccp4)")
+    sp.add_argument("--out", default="map.ccp4", help="output CCP4 map file (default map.ccp4)")
     sp.set_defaults(func=_splat)
 
     from workbench.ensemble_cli import add_parser as add_ensemble_parser
@@ -263,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
         lp.add_argument(
             "--port", type=_port, help=f"port on 127.0.0.1 (default: the first free one from {default_port})"
         )
-        lp.add_argument("--no-browser", action="store_true", help="do not open a web browser")
+        lp.add_argument("--no-browser", action="store_true", help="do not open a web browser (default: open one)")
         if name == "app":
             lp.add_argument("notebook", nargs="?", default=QUICKSTART, help=f"notebook to serve (default {QUICKSTART})")
         lp.set_defaults(func=_lab if name == "lab" else _app, default_port=default_port, passthrough=True)
@@ -292,9 +450,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     try:
-        return args.func(args)
+        if getattr(args, "passthrough", False):
+            return args.func(args)  # lab, app: the server's own output
+        args.warned = _OneLineWarnings()
+        with warnings.catch_warnings():
+            # every user-facing warning reaches the handler, which says each text once (libraries'
+            # deprecation notices stay under Python's default filters: not the user's concern)
+            warnings.simplefilter("always", UserWarning)
+            warnings.simplefilter("always", RuntimeWarning)
+            warnings.showwarning = args.warned.show
+            return args.func(args)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:  # a Python without the project's dependencies (the system one, say)
+        return _error(
+            f"{sys.executable} cannot import {exc.name!r}, which workbench {args.command} needs: run it with the "
+            "Python the project is installed in (scripts/start.sh installs into .venv: .venv/bin/workbench), "
+            "or pip install -e . into this one",
+            EXIT_FAILURE,
+        )
 
 
 # --------------------------------------------------------------------------- notebooks

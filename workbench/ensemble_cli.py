@@ -1,11 +1,8 @@
 """``workbench ensemble``: the density map of many frames of one model, over the ranks torchrun starts.
 
-Frames come from a multi-model PDB/mmCIF (every model is a frame; gemmi reads them) or from an MD
-trajectory with its topology (MDAnalysis, the optional ``[md]`` extra). Every rank reads the
-frames once, splats its contiguous share with :func:`kernels.splat_ensemble` and the maps are
-summed by one ``all_reduce``; rank 0 prints the progress and writes the map with
-:func:`kernels.write_map`. Run alone it is one process; under ``torchrun`` it initialises the
-process group itself (gloo for ``--device cpu``, NCCL for ``--device cuda``, one GPU per rank).
+:data:`DESCRIPTION` (the subcommand's help) says what it does; :func:`read_frames` reads the
+frames, :func:`run` splats them with :func:`kernels.splat_ensemble` and writes the map with
+:func:`kernels.write_map`.
 """
 
 from __future__ import annotations
@@ -17,9 +14,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 __all__ = ["Frames", "read_frames", "add_parser", "EnsembleError"]
+
+#: ``workbench ensemble --help``'s description (plain text).
+DESCRIPTION = """\
+One density map of many frames of one model, over the ranks torchrun starts.
+
+Frames come from a multi-model PDB/mmCIF (every model is a frame; gemmi reads them) or from an
+MD trajectory with its topology (MDAnalysis, the optional [md] extra). Every rank reads the
+frames once and splats its contiguous share; the maps are summed by one all_reduce and rank 0
+prints the progress and writes the map. Run alone it is one process; under torchrun it joins
+the process group itself (gloo for --device cpu, NCCL for --device cuda, one GPU per rank)."""
 
 #: B in Å² given to every atom of an MD trajectory (trajectories carry no B).
 DEFAULT_MD_B = 20.0
@@ -105,11 +110,13 @@ def read_frames(
 
 def _read_models(path: Path, adp: str, radiation: str) -> Frames:
     import gemmi
+    import numpy as np
     import torch
 
     import kernels
 
-    first = kernels.read_model(path, adp=adp, radiation=radiation)  # every check of a model file; model 1
+    # every check of a model file, on model 1 (given explicitly: the frames are all the models)
+    first = kernels.read_model(path, model_index=0, adp=adp, radiation=radiation)
     st = gemmi.read_structure(str(path))
     st.merge_chain_parts()
     labels, n = first.atoms.labels, len(first.atoms)
@@ -163,6 +170,7 @@ def _read_models(path: Path, adp: str, radiation: str) -> Frames:
 
 
 def _read_trajectory(path: Path, topology: Path, md_b: float, radiation: str) -> Frames:
+    import numpy as np
     import torch
 
     import kernels
@@ -233,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import kernels
-    from workbench.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, _check_out, _error
+    from workbench.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, _check_out, _error, _map_summary
 
     path = Path(args.frames)
     for p, what in ((path, "frames"), (Path(args.topology) if args.topology else None, "topology")):
@@ -260,7 +268,8 @@ def run(args: argparse.Namespace) -> int:
         f, n = frames.xyz.shape[:2]
         say(f"frames  {f} of {n} atoms from {path} ({time.perf_counter() - start:.2f} s)", flush=True)
         for note in frames.notes:
-            say(f"note    {note}")
+            if not args.warned.said(note):  # a warning already said it, on stderr
+                say(f"note    {note}")
         dtype = torch.float64 if backend == "reference" else torch.float32
         atoms = frames.atoms.to(device, dtype)
         xyz, b_iso, occ = (t.to(device, dtype) for t in (frames.xyz, frames.b_iso, frames.occ))
@@ -284,12 +293,10 @@ def run(args: argparse.Namespace) -> int:
         what = "sum" if args.sum else "mean"
         say(f"splat   {f} frames ({what}) on {world} rank(s): {elapsed * 1e3:.1f} ms, {f / elapsed:.1f} frames/s")
         if rank == 0:
-            electrons = float(rho.sum()) * grid.voxel_volume
-            unit = kernels.density_unit(atoms.radiation)
-            total = "fm of scattering length" if atoms.radiation == "neutron" else "electrons"
-            say(f"map     max {float(rho.max()):.3f} {unit}, {electrons:.1f} {total} in the cell")
+            whose = "the mean of the frames" if weights is not None else "the sum of the frames"
+            say(f"map     {_map_summary(rho, grid, args.radiation)} in the cell ({whose}; no symmetry mates)")
             try:
-                out = kernels.write_map(args.out, rho, grid, "P 1")
+                out = kernels.write_map(args.out, rho, grid, "P 1", radiation=args.radiation)
             except (OSError, ValueError) as exc:
                 return _error(f"cannot write the map to {args.out}: {exc}", EXIT_FAILURE)
             say(f"wrote   {out}")
@@ -306,33 +313,34 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub, positive) -> None:
     """Register ``ensemble`` on the ``workbench`` subparsers ``sub``; ``positive`` builds number types."""
+    from workbench.cli import _UNITS_TEXT, add_grid_options, add_radiation_options
+
     ep = sub.add_parser(
         "ensemble",
         help="splat every frame of a multi-model file or MD trajectory into one ensemble map (torchrun for ranks)",
-        description=__doc__,
+        description=DESCRIPTION + "\n\n" + _UNITS_TEXT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ep.add_argument("frames", help="multi-model PDB/mmCIF (every model a frame), or a trajectory with --topology")
-    ep.add_argument("--topology", help="topology of an MD trajectory (read with MDAnalysis, the [md] extra)")
+    ep.add_argument(
+        "--topology",
+        help="topology of an MD trajectory, read with MDAnalysis, the [md] extra (default: none; FRAMES is then "
+        "a multi-model PDB/mmCIF)",
+    )
     ep.add_argument(
         "--md-b",
-        type=positive("--md-b", " of Å²"),
+        type=positive("--md-b", "Å²"),
         default=DEFAULT_MD_B,
         help=f"B in Å² of every atom of a trajectory (default {DEFAULT_MD_B:g})",
     )
-    ep.add_argument("--spacing", type=positive("--spacing", " of Å"), default=0.667, help="grid spacing in Å")
-    group = ep.add_mutually_exclusive_group()
-    group.add_argument("--radius", type=positive("--radius", " of Å"), help="one cutoff radius in Å for every atom")
-    group.add_argument(
-        "--cutoff", type=positive("--cutoff", " of e/Å³"), default=1e-5, help="per-atom radius from this density"
-    )
+    add_grid_options(ep)
     ep.add_argument("--sum", action="store_true", help="sum the frames' maps (default: their mean)")
     ep.add_argument(
-        "--adp", default="auto", choices=["auto", "iso"], help="keep each model's ANISOU (auto) or splat B only (iso)"
+        "--adp",
+        default="auto",
+        choices=["auto", "iso"],
+        help="keep each model's ANISOU (auto) or splat B only (iso) (default auto)",
     )
-    ep.add_argument("--radiation", default="xray", choices=["xray", "electron", "neutron"], help="form-factor table")
-    ep.add_argument("--blur", type=float, default=0.0, help="extra B in Å² on every atom (gemmi's blur; default 0)")
-    ep.add_argument("--backend", default="auto", choices=["auto", "reference", "cpu", "triton"])
-    ep.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="under torchrun: one GPU per rank")
-    ep.add_argument("--out", default="map.ccp4", help="output map, written by rank 0 (default map.ccp4)")
+    add_radiation_options(ep)
+    ep.add_argument("--out", default="map.ccp4", help="output CCP4 map file, written by rank 0 (default map.ccp4)")
     ep.set_defaults(func=run)

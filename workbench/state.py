@@ -68,10 +68,9 @@ RANGES: dict[str, tuple[float, float, float]] = {
 }
 
 
-def density_units(radiation: str) -> str:
-    """The unit of a map splatted with ``radiation``'s coefficients: fm/Å³ for neutrons (a
-    scattering-length density), e/Å³ for X-rays and electrons (:func:`kernels.density_unit`)."""
-    return kernels.density_unit(radiation)
+#: The unit of a map of a radiation: :func:`kernels.density_unit` itself (e/Å³ X-rays, Å⁻² electrons,
+#: fm/Å³ neutrons), under the name the views use.
+density_units = kernels.density_unit
 
 
 def cuda_unavailable_reason() -> str | None:

@@ -25,6 +25,8 @@ __all__ = [
     "cutoff_radius",
     "atom_cutoff_radii",
     "density_unit",
+    "density_integral_unit",
+    "VOLTS_PER_INVERSE_SQUARE_ANGSTROM",
     "peak_density",
     "DEFAULT_CUTOFF",
     "RADIUS_RULES",
@@ -52,7 +54,7 @@ def _check_radius_extent(radius: float, grid: GridSpec) -> None:
 
 
 def peak_density(atoms: AtomSet) -> torch.Tensor:
-    """Each atom's density at its centre, in e/Å³ (fm/Å³ for neutrons; negative for hydrogen there).
+    """Each atom's density at its centre, in :func:`density_unit` (negative for neutron hydrogen).
 
     Isotropic atoms: occ·Σ_k a_k·(4π/(b_k + B))^{3/2}; anisotropic ones:
     occ·Σ_k a_k·(2π)^{-3/2}·det(U + b_k/(8π²)·I)^{-1/2}.
@@ -131,9 +133,49 @@ def _warn_atoms_below_cutoff(atoms: AtomSet, cutoff: float) -> None:
         )
 
 
-def density_unit(radiation: str) -> str:
-    """The unit of a map splatted from coefficients of ``radiation``: ``"fm/Å³"`` for neutrons, else ``"e/Å³"``."""
-    return "fm/Å³" if radiation == "neutron" else "e/Å³"
+#: Electrostatic potential in volts of a 1 Å⁻² electron map: h²/(2π·m_e·e) = 47.878 V·Å² (CODATA 2018).
+VOLTS_PER_INVERSE_SQUARE_ANGSTROM = 47.878
+
+# radiation -> (the map's unit, what the map's integral over the cell counts). The coefficients'
+# unit sets both: X-ray form factors count electrons (ρ in e/Å³), electron form factors are
+# lengths in Å (ρ in Å/Å³ = Å⁻², 47.878 V per Å⁻² of potential), neutron scattering lengths
+# are in fm (ρ in fm/Å³).
+_UNITS = {
+    "xray": ("e/Å³", "electrons"),
+    "electron": ("Å⁻²", "Å of Σ f_e(0)"),
+    "neutron": ("fm/Å³", "fm of scattering length"),
+}
+
+
+def density_unit(radiation: str, *, ascii: bool = False) -> str:
+    """The unit of a map splatted from the coefficients of ``radiation``.
+
+    ``"e/Å³"`` for X-rays (electron density), ``"Å⁻²"`` for electrons (their form factors
+    are lengths in Å, so the map is Å/Å³; multiply by :data:`VOLTS_PER_INVERSE_SQUARE_ANGSTROM`
+    for the electrostatic potential in V), ``"fm/Å³"`` for neutrons (scattering-length density).
+    The one place the units are named: the command line, the views and the docs use it.
+    ``ascii=True`` spells it for a CCP4 map label (``"e/A^3"``, ``"A^-2"``, ``"fm/A^3"``).
+
+    Raises
+    ------
+    ValueError
+        ``radiation`` is not ``"xray"``, ``"electron"`` or ``"neutron"``.
+    """
+    unit = _radiation_units(radiation)[0]
+    return unit.replace("Å", "A").replace("⁻²", "^-2").replace("³", "^3") if ascii else unit
+
+
+def density_integral_unit(radiation: str) -> str:
+    """What the integral of a ``radiation`` map over the cell counts: ``"electrons"`` for X-rays,
+    ``"Å of Σ f_e(0)"`` for electrons, ``"fm of scattering length"`` for neutrons (Σ occ·f(0))."""
+    return _radiation_units(radiation)[1]
+
+
+def _radiation_units(radiation: str) -> tuple[str, str]:
+    try:
+        return _UNITS[radiation]
+    except (KeyError, TypeError):
+        raise ValueError(f"radiation must be one of {', '.join(map(repr, _UNITS))}, got {radiation!r}") from None
 
 
 def splat_density(
@@ -149,9 +191,10 @@ def splat_density(
 ) -> torch.Tensor:
     """Density of ``atoms`` on ``grid`` (periodic in the unit cell).
 
-    Electron density in e/Å³ for X-ray and electron coefficients (the electrostatic-potential
-    analogue for electrons, as gemmi's ``DensityCalculatorE``), scattering-length density in fm/Å³
-    for neutron lengths.
+    Electron density in e/Å³ for X-ray coefficients; for electron coefficients (lengths in Å) a
+    map in Å⁻², the electrostatic potential in units of 47.878 V (the map gemmi's
+    ``DensityCalculatorE`` computes); scattering-length density in fm/Å³ for neutron lengths
+    (:func:`density_unit`).
 
     Parameters
     ----------
@@ -165,7 +208,8 @@ def splat_density(
         One cutoff radius in Å for every atom. Default: each atom's radius is where its
         density falls to ``cutoff`` (gemmi's rule).
     cutoff : float
-        Density level in e/Å³ setting the per-atom radius (default 1e-5).
+        Density level in the map's unit (:func:`density_unit`: e/Å³, Å⁻² or fm/Å³) setting the
+        per-atom radius (default 1e-5).
     backend : {"auto", "reference", "cpu", "triton"}
         ``auto`` runs ``cpu`` for CPU tensors and ``triton`` for CUDA tensors.
     out : torch.Tensor, optional
@@ -186,7 +230,7 @@ def splat_density(
     Returns
     -------
     torch.Tensor, shape grid.shape
-        Density (e/Å³, or fm/Å³ for neutrons): float64 from ``reference``, float32 from ``cpu``
+        Density in :func:`density_unit` (e/Å³; Å⁻² for electrons, fm/Å³ for neutrons): float64 from ``reference``, float32 from ``cpu``
         and ``triton``. Differentiable with respect to ``atoms.xyz``, ``atoms.b_iso`` (isotropic
         atoms), ``atoms.u_aniso`` (anisotropic atoms) and ``atoms.occ`` (``out`` itself when given,
         not differentiable).
@@ -225,7 +269,7 @@ def splat_density(
         radius = positive_number(radius, "radius", "Å")
         _check_radius_extent(radius, grid)
     if type(cutoff) is not float or not 0.0 < cutoff < math.inf:  # the usual float skips the validator's call
-        cutoff = positive_number(cutoff, "cutoff", "e/Å³")
+        cutoff = positive_number(cutoff, "cutoff", "the map's unit")
     if radius is None and atoms.device.type == "cpu":
         _warn_atoms_below_cutoff(atoms, cutoff)
     name, fn = get_backend("density", atoms.device, backend)
@@ -289,7 +333,9 @@ def _splat_compiling(atoms: AtomSet, grid: GridSpec, radius, cutoff, backend: st
             raise ValueError(f"radius must be a positive finite number of Å (0 < radius < inf), got {radius!r}")
     cutoff = float(cutoff)
     if not 0 < cutoff < math.inf:
-        raise ValueError(f"cutoff must be a positive finite number of e/Å³ (0 < cutoff < inf), got {cutoff!r}")
+        raise ValueError(
+            f"cutoff must be a positive finite number in the map's unit (0 < cutoff < inf), got {cutoff!r}"
+        )
     if backend == "auto":
         backend = "triton" if atoms.xyz.device.type == "cuda" else "cpu"
     if not grid.is_whole_cell:

@@ -153,7 +153,7 @@ def cutoff_radius_cpu(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cut
 
 
 def _check_cutoff(cutoff) -> float:
-    return positive_number(cutoff, "cutoff", "e/Å³")
+    return positive_number(cutoff, "cutoff", "the map's unit")
 
 
 def _kernel_cell(grid: GridSpec):

@@ -218,7 +218,7 @@ def _check_radius_cutoff(radius, cutoff, grid: GridSpec):
     if radius is not None:
         radius = positive_number(radius, "radius", "Å")
         _check_radius_extent(radius, grid)
-    return radius, positive_number(cutoff, "cutoff", "e/Å³")
+    return radius, positive_number(cutoff, "cutoff", "the map's unit")
 
 
 def splat_ensemble(

@@ -75,7 +75,7 @@ def cutoff_radius(
     torch.Tensor, shape (N,), float64, on the atoms' device
         Not differentiable (the radius is a cutoff; it carries no gradient).
     """
-    cutoff = positive_number(cutoff, "cutoff", "e/Å³")
+    cutoff = positive_number(cutoff, "cutoff", "the map's unit")
     with torch.no_grad():
         bb = b_iso.detach().to(torch.float64)
         amp, expo = _precalculate(bb, a.detach().to(torch.float64), b.detach().to(torch.float64))
@@ -186,7 +186,7 @@ def atom_cutoff_radii(atoms, cutoff: float = DEFAULT_CUTOFF, radius_rule: str = 
     """
     from kernels.density.adp import U_TO_B, adp_eigenvalues, effective_u
 
-    cutoff = positive_number(cutoff, "cutoff", "e/Å³")
+    cutoff = positive_number(cutoff, "cutoff", "the map's unit")
     if radius_rule not in RADIUS_RULES:
         raise ValueError(f"radius_rule must be one of {RADIUS_RULES}, got {radius_rule!r}")
     f64 = torch.float64

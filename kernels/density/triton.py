@@ -2035,7 +2035,7 @@ def _check_call(atoms: AtomSet, grid: GridSpec, radius, cutoff, op: str, radius_
         raise GridError(f"{op} splats whole-cell grids only; use backend='reference' for a box")
     if radius is not None:
         radius = _positive(radius, "radius", "Å")
-    return device, radius, _positive(cutoff, "cutoff", "e/Å³")
+    return device, radius, _positive(cutoff, "cutoff", "the map's unit")
 
 
 def _positive(value, name: str, unit: str) -> float:

@@ -11,7 +11,7 @@ import weakref
 
 import torch
 
-from kernels._util import to_float32
+from kernels._util import assume_constant_result, to_float32
 from kernels.dispatch import get_backend
 from kernels.planarity.planes import DEFAULT_SIGMA, PLANE_DEFINITIONS, PlaneSet, check_inputs, find_planes
 
@@ -69,7 +69,7 @@ def planarity_nll(xyz: torch.Tensor, planes: PlaneSet, *, backend: str = "auto")
 # built from them on the first run and kept while the index tensor lives.
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _backend_name(device_type: str, backend: str) -> str:
     return get_backend("planarity", device_type, backend)[0]
 

@@ -13,7 +13,7 @@ import weakref
 
 import torch
 
-from kernels._util import finite_number
+from kernels._util import assume_constant_result, finite_number
 from kernels.crystal import GridError, GridSpec
 from kernels.dispatch import get_backend
 from kernels.tricubic.reference import METHODS, MODES, grid_parameters, outside_mask, voxel_coordinates
@@ -167,7 +167,7 @@ def tricubic_sample(
 # call does not issue it; the values and gradients are the same.
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _backend_name(device_type: str, backend: str) -> str:
     return get_backend("tricubic", device_type, backend)[0]
 

@@ -40,7 +40,7 @@ USAGE = [
     (["splat", "--radius", "-2"], "--radius: must be a positive finite number of Å, got '-2'"),
     (["splat", "--spacing", "nan"], "--spacing: must be a positive finite number of Å, got 'nan'"),
     (["splat", "--spacing", "0.5x"], "--spacing: must be a number of Å, got '0.5x'"),
-    (["splat", "--cutoff", "0"], "--cutoff: must be a positive finite number of e/Å³, got '0'"),
+    (["splat", "--cutoff", "0"], "--cutoff: must be a positive finite number of the map's unit, got '0'"),
     (["splat", "--box-padding", "inf"], "--box-padding: must be a positive finite number of Å, got 'inf'"),
     (["splat", "--out", "missing/map.ccp4"], "the folder missing does not exist"),
     (["splat", "--out", "."], "--out . is a folder"),

@@ -119,8 +119,8 @@ def _newest_density_cuda_record() -> Path:
 
 
 def test_benchmarks_notebook_plots_the_latest_record_and_picks_up_torchref(tmp_path, user_folder):
-    """Notebook 5 reads the latest JSON per op and device (not older dates, not probes) and
-    draws torchref rows when a density record carries ``torchref_<version>_..._ms`` keys."""
+    """Notebook 5 lists and plots the latest JSON per op and device with readable labels (not
+    older dates, probes, sweeps or other files) and draws torchref rows when a density record carries ``torchref_<version>_..._ms`` keys."""
     record = _newest_density_cuda_record()
     results = tmp_path / "results"
     results.mkdir()
@@ -132,12 +132,14 @@ def test_benchmarks_notebook_plots_the_latest_record_and_picks_up_torchref(tmp_p
         case["torchref_0.7.0_fwd_ms"] = 4 * case["triton_fwd_ms"]
         case["torchref_0.7.0_rel_l2_vs_gemmi_1e-7"] = 2e-5
     (results / "density_cuda_h100_2026-11-25.json").write_text(json.dumps(data))
-    (results / "notes.json").write_text("{}")
+    (results / "notes.json").write_text("{}")  # not a record: not mentioned
+    (results / "cluster_sweep_h100_2026-11-26.json").write_text("{}")  # a design sweep: not listed
     nb = execute(user_folder / "05_benchmarks.ipynb", env={"WORKBENCH_BENCHMARKS_DIR": str(results)})
     text = text_output(nb)
-    assert "density    cuda_h100  density_cuda_h100_2026-11-25.json" in text, text
+    assert re.search(r"density splat +GPU, NVIDIA H100 +2026-11-25 +density_cuda_h100_2026-11-25\.json", text), text
     assert "_2026-11-20" not in text and "_probe" not in text, text
-    assert "skipped notes.json" in text and "torchref rows: shown" in text, text
+    assert "notes.json" not in text and "cluster_sweep" not in text and "skipped" not in text, text
+    assert "torchref rows: shown" in text, text
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) == 2, f"expected the speed and the accuracy plot of one GPU record, got {len(images)}"
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")

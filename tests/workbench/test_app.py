@@ -172,6 +172,7 @@ def test_loaded_target_map(make_wb, tmp_path):
     wb = make_wb("1pfe", spacing=1.5, gradient_kind="density")
     path = tmp_path / "target.ccp4"
     wb.export_map(path)  # the undistorted map, written by kernels.write_map
+    assert b"density-workbench xray map, unit e/A^3" in path.read_bytes()[:1024]  # the unit in its label
     wb.controls.distort_amplitude.value = 0.2
     loss_default = wb.result.gradient.loss
     wb.controls.target_map.value = str(path)

@@ -16,10 +16,11 @@ from workbench.compute.text import count
 __all__ = ["gradients_csv", "map_ccp4_bytes", "model_pdb"]
 
 
-def map_ccp4_bytes(rho: torch.Tensor, grid: GridSpec) -> bytes:
-    """A map ``rho`` (shape ``grid.shape``) as the bytes of a CCP4/MRC file (:func:`kernels.write_map`)."""
+def map_ccp4_bytes(rho: torch.Tensor, grid: GridSpec, radiation: str | None = None) -> bytes:
+    """A map ``rho`` (shape ``grid.shape``) as the bytes of a CCP4/MRC file (:func:`kernels.write_map`;
+    ``radiation`` puts the map's unit in its label)."""
     with tempfile.TemporaryDirectory(prefix="workbench-") as tmp:
-        path = kernels.write_map(Path(tmp) / "map.ccp4", rho, grid)
+        path = kernels.write_map(Path(tmp) / "map.ccp4", rho, grid, radiation=radiation)
         return path.read_bytes()
 
 

@@ -127,7 +127,7 @@ class Controls:
             description="radiation",
             tooltips=(
                 "IT92 X-ray form factors: electron density (e/Å³)",
-                "electron form factors (International Tables C 4.3.2.2)",
+                "electron form factors (International Tables C 4.3.2.2): electrostatic potential (Å⁻²; 1 Å⁻² = 47.88 V)",
                 "neutron scattering lengths: a scattering-length density (fm/Å³; hydrogen is negative)",
             ),
             style={"button_width": "63px", **_STYLE},
