@@ -1,0 +1,281 @@
+"""Deterministic Triton density under ``torch.use_deterministic_algorithms(True)``.
+
+With the switch on, the forward adds fixed-point int64 contributions with integer atomics
+(docs/kernels.md, "Determinism"), so a map is the same bit for bit on every call and for any
+order of the atoms; the backward kernels use no atomics, so the gradients follow. In the
+interpreter float32 atomics add in program order, so permuting the atoms changes the default
+map's last bits: the permutation checks below fail on a float accumulation, here as on a GPU.
+The CUDA tests repeat each call 10 times on real structures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import kernels
+from kernels.crystal import AtomSet, Cell, GridSpec
+from kernels.density import triton as triton_splat
+from kernels.density.reference import splat_reference
+from tests.helpers import assert_kernel_close, model, requires_cuda
+from tests.kernels.test_density_aniso_triton import CELLS, ELEMENTS, _leaves, check_against_reference
+from tests.kernels.test_density_aniso_triton import synthetic as aniso_synthetic
+from tests.kernels.test_density_triton import MIXED
+from tests.kernels.test_density_triton import synthetic as iso_synthetic
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@contextlib.contextmanager
+def deterministic(on: bool = True):
+    """``torch.use_deterministic_algorithms(on)`` inside, the caller's setting restored after."""
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(on)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+def _run(atoms: AtomSet, grid: GridSpec, w: torch.Tensor, *, n_frames=None, radius=None):
+    """Map and the gradients of Σ w·ρ (xyz, b_iso, occ[, u_aniso]) of one call, detached."""
+    fast, leaves = _leaves(atoms, torch.float32)
+    if n_frames is None:
+        out = triton_splat.splat_triton(fast, grid, radius=radius)
+    else:
+        out = triton_splat.splat_frames_triton(fast, grid, n_frames=n_frames, radius=radius)
+    grads = torch.autograd.grad((out * w).sum(), leaves)
+    return out.detach(), [g.detach() for g in grads]
+
+
+def _permutation(n_atoms: int, n_frames: int, seed: int) -> list[int]:
+    """One random order of each frame's atoms (the same in every frame; frames stay frame-major)."""
+    per = torch.randperm(n_atoms // n_frames, generator=torch.Generator().manual_seed(seed))
+    return [f * (n_atoms // n_frames) + int(i) for f in range(n_frames) for i in per]
+
+
+def _assert_same_under_permutation(atoms: AtomSet, grid: GridSpec, *, n_frames=None, radius=None, seed=0) -> None:
+    """Map and gradients bitwise equal on a second call and with the atoms permuted (gradients permuted back)."""
+    atoms = atoms.to(DEVICE, torch.float32)
+    shape = grid.shape if n_frames is None else (n_frames, *grid.shape)
+    w = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    perm = _permutation(len(atoms), n_frames or 1, seed)
+    with deterministic():
+        out, grads = _run(atoms, grid, w, n_frames=n_frames, radius=radius)
+        again, grads_again = _run(atoms, grid, w, n_frames=n_frames, radius=radius)
+        out_p, grads_p = _run(atoms.select(perm), grid, w, n_frames=n_frames, radius=radius)
+    assert float(out.abs().max()) > 0
+    assert torch.equal(out, again), "two calls differ"
+    assert torch.equal(out, out_p), f"permuted atoms: max |diff| {float((out - out_p).abs().max()):.3e}"
+    idx = torch.tensor(perm, device=out.device)
+    for name, g, g2, gp in zip(("xyz", "b_iso", "occ", "u_aniso"), grads, grads_again, grads_p):
+        assert torch.equal(g, g2), f"gradient of {name}: two calls differ"
+        assert torch.equal(g[idx], gp), f"gradient of {name}, permuted atoms: {float((g[idx] - gp).abs().max()):.3e}"
+
+
+# --------------------------------------------------------------------------- CI (interpreter or GPU)
+
+
+@pytest.mark.parametrize("kind", ["orthogonal", "hexagonal", "triclinic"])
+def test_isotropic_matches_reference_and_ignores_atom_order(kind):
+    # orthogonal: the separable forward; hexagonal: the z-separable one; triclinic: the general exponent.
+    cell = Cell.from_parameters(*CELLS[kind])
+    grid = GridSpec(cell, (20, 22, 24))
+    atoms = iso_synthetic(cell, MIXED, seed=len(kind))
+    with deterministic():
+        check_against_reference(atoms, grid, seed=1)
+    _assert_same_under_permutation(atoms, grid, seed=2)
+
+
+@pytest.mark.parametrize("kind", ["monoclinic", "triclinic"])
+def test_anisotropic_matches_reference_and_ignores_atom_order(kind):
+    cell = Cell.from_parameters(*CELLS[kind])
+    grid = GridSpec(cell, (20, 18, 24))
+    atoms = aniso_synthetic(cell, ELEMENTS, seed=3 + len(kind))
+    with deterministic():
+        check_against_reference(atoms, grid, seed=4)
+    _assert_same_under_permutation(atoms, grid, seed=5)
+
+
+def test_frames_match_reference_and_ignore_atom_order():
+    cell = Cell.from_parameters(*CELLS["orthogonal"])
+    grid = GridSpec(cell, (16, 18, 20))
+    one = aniso_synthetic(cell, ELEMENTS[:6], seed=7)
+    gen = torch.Generator().manual_seed(8)
+    frames = [one.replace(xyz=one.xyz + 0.5 * torch.randn(one.xyz.shape, generator=gen, dtype=one.xyz.dtype))
+              for _ in range(3)]  # fmt: skip
+    stack = AtomSet(
+        torch.cat([f.xyz for f in frames]), one.b_iso.repeat(3), one.occ.repeat(3), one.a.repeat(3, 1),
+        one.b.repeat(3, 1), list(one.elements) * 3, u_aniso=one.u_aniso.repeat(3, 1), aniso=one.aniso.repeat(3),
+        _validate=False,
+    )  # fmt: skip
+    with deterministic():
+        check_against_reference(stack, grid, n_frames=3, seed=9)
+    _assert_same_under_permutation(stack, grid, n_frames=3, seed=10)
+
+
+def test_sphere_larger_than_the_cell():
+    # A 30 Å radius in a ~8 Å cell: each box wraps onto the same voxels several times, which the
+    # fixed-point scale's bound counts (⌈box/cell⌉ per axis).
+    cell = Cell.from_parameters(8.0, 9.0, 7.5, 90.0, 90.0, 90.0)
+    grid = GridSpec(cell, (8, 9, 8))
+    atoms = iso_synthetic(cell, ["C", "O", "Fe"], seed=11, b_range=(60.0, 90.0))
+    with deterministic():
+        check_against_reference(atoms, grid, radius=30.0, seed=12)
+    _assert_same_under_permutation(atoms, grid, radius=30.0, seed=13)
+
+
+@pytest.mark.parametrize("factor", [1e-30, 1e30])
+def test_scale_follows_the_data(factor):
+    # The fixed-point scale comes from the atoms' largest contribution on the device, so occupancies
+    # of 1e-30 keep float32's relative accuracy and 1e30 does not overflow the int64 sums.
+    cell = Cell.from_parameters(*CELLS["orthogonal"])
+    grid = GridSpec(cell, (20, 22, 24))
+    atoms = iso_synthetic(cell, MIXED, seed=14)
+    atoms = atoms.replace(occ=atoms.occ * factor, _validate=False)  # beyond [0, 1]: a weighted ensemble can be
+    with deterministic():
+        out = triton_splat.splat_triton(atoms.to(DEVICE, torch.float32), grid)
+    ref = splat_reference(atoms.to(dtype=torch.float32).to(dtype=torch.float64), grid)
+    assert float(ref.abs().max()) > 0
+    assert_kernel_close(out, ref)
+
+
+def test_contribution_beyond_float32_gives_a_nan_map():
+    # An atom whose density overflows float32 (occupancy 1e37 times an amplitude > 34) has no fixed-point
+    # scale: the map comes back NaN everywhere instead of wrapped integers.
+    cell = Cell.from_parameters(*CELLS["orthogonal"])
+    grid = GridSpec(cell, (20, 22, 24))
+    atoms = iso_synthetic(cell, MIXED, seed=15)
+    occ = atoms.occ.clone()
+    occ[4] = 1e37
+    atoms = atoms.replace(occ=occ, _validate=False).to(DEVICE, torch.float32)
+    with deterministic():
+        out = triton_splat.splat_triton(atoms, grid)
+    assert bool(torch.isnan(out).all())
+
+
+def test_ensemble_matches_reference_and_ignores_atom_order():
+    # splat_ensemble(reduce="sum") is one call of the single-model splat on the F·N atoms.
+    cell = Cell.from_parameters(*CELLS["triclinic"])
+    grid = GridSpec(cell, (16, 18, 18))
+    base = iso_synthetic(cell, MIXED[:7], seed=16).to(DEVICE, torch.float32)
+    gen = torch.Generator().manual_seed(17)
+    xyz = (base.xyz.cpu() + 0.6 * torch.randn((4, 7, 3), generator=gen)).to(DEVICE)
+    weights = (0.2 + torch.rand(4, generator=gen)).to(DEVICE)
+    upstream = torch.randn(grid.shape, generator=gen).to(DEVICE)
+    perm = _permutation(7, 1, 18)
+
+    def run(atoms, x):
+        leaves = [x.clone().requires_grad_(), weights.clone().requires_grad_()]
+        out = kernels.splat_ensemble(atoms, leaves[0], grid, weights=leaves[1], backend="triton")
+        return out.detach(), torch.autograd.grad((out * upstream).sum(), leaves)
+
+    with deterministic():
+        out, (g_xyz, g_w) = run(base, xyz)
+        again, (g_xyz2, g_w2) = run(base, xyz)
+        out_p, (g_xyz_p, g_w_p) = run(base.select(perm), xyz[:, perm])
+    ref = sum(w * splat_reference(base.replace(xyz=x).to(dtype=torch.float64), grid) for w, x in zip(weights, xyz))
+    assert_kernel_close(out, ref)
+    assert torch.equal(out, again) and torch.equal(g_xyz, g_xyz2) and torch.equal(g_w, g_w2)
+    assert torch.equal(out, out_p), f"permuted atoms: max |diff| {float((out - out_p).abs().max()):.3e}"
+    assert torch.equal(g_xyz[:, perm], g_xyz_p)
+    # The weights' gradient is torch's sum over each frame's atoms (autograd of occ·w): the same on every
+    # call, summed in the atoms' order, so a permutation may move its last bit.
+    assert_kernel_close(g_w_p, g_w)
+
+
+def test_switch_off_keeps_the_float_path():
+    # Without the switch the map is the float32-atomic one; with it, the fixed-point one (a different
+    # rounding, each within the float32 contract of the reference).
+    cell = Cell.from_parameters(*CELLS["orthogonal"])
+    grid = GridSpec(cell, (20, 22, 24))
+    atoms = iso_synthetic(cell, MIXED, seed=19).to(DEVICE, torch.float32)
+    with deterministic(False):
+        plain = triton_splat.splat_triton(atoms, grid)
+    with deterministic():
+        fixed = triton_splat.splat_triton(atoms, grid)
+    ref = splat_reference(atoms.to(dtype=torch.float64), grid)
+    assert_kernel_close(plain, ref)
+    assert_kernel_close(fixed, ref)
+    assert not torch.equal(plain, fixed)
+
+
+# --------------------------------------------------------------------------- GPU: 10 calls, real structures
+
+
+def _gpu_case(name: str, aniso: bool):
+    m = model(name)
+    atoms = m.atoms if aniso else m.atoms.replace(u_aniso=None, aniso=None)
+    return atoms.to("cuda", torch.float32), GridSpec.for_spacing(m.cell, 2.0 / 3.0, m.spacegroup)
+
+
+def _ten_calls_then_permuted(atoms: AtomSet, grid: GridSpec, n_frames=None) -> None:
+    shape = grid.shape if n_frames is None else (n_frames, *grid.shape)
+    w = torch.randn(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    perm = _permutation(len(atoms), n_frames or 1, 1)
+    with deterministic():
+        first, grads = _run(atoms, grid, w, n_frames=n_frames)
+        for call in range(9):
+            out, gs = _run(atoms, grid, w, n_frames=n_frames)
+            assert torch.equal(out, first), f"call {call + 2}: max |diff| {float((out - first).abs().max()):.3e}"
+            for g0, g in zip(grads, gs):
+                assert torch.equal(g0, g), f"call {call + 2}: a gradient differs"
+        out, gs = _run(atoms.select(perm), grid, w, n_frames=n_frames)
+    assert torch.equal(out, first), f"permuted: max |diff| {float((out - first).abs().max()):.3e}"
+    idx = torch.tensor(perm, device="cuda")
+    for g0, g in zip(grads, gs):
+        assert torch.equal(g0[idx], g), "permuted: a gradient differs"
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["1aki", "5h73", "3wip"])
+def test_gpu_isotropic_ten_calls_bitwise(name):
+    _ten_calls_then_permuted(*_gpu_case(name, aniso=False))
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["1pfe", "3o5r"])
+def test_gpu_anisotropic_ten_calls_bitwise(name):
+    _ten_calls_then_permuted(*_gpu_case(name, aniso=True))
+
+
+@requires_cuda
+@pytest.mark.parametrize("aniso", [False, True], ids=["iso", "aniso"])
+def test_gpu_frames_ten_calls_bitwise(aniso):
+    atoms, grid = _gpu_case("3o5r", aniso)
+    gen = torch.Generator("cuda").manual_seed(2)
+    frames = [atoms.replace(xyz=atoms.xyz + 0.3 * torch.randn(atoms.xyz.shape, device="cuda", generator=gen))
+              for _ in range(4)]  # fmt: skip
+    stack = AtomSet(
+        torch.cat([f.xyz for f in frames]), atoms.b_iso.repeat(4), atoms.occ.repeat(4), atoms.a.repeat(4, 1),
+        atoms.b.repeat(4, 1), list(atoms.elements) * 4,
+        u_aniso=None if atoms.u_aniso is None else atoms.u_aniso.repeat(4, 1),
+        aniso=None if atoms.aniso is None else atoms.aniso.repeat(4), _validate=False,
+    )  # fmt: skip
+    _ten_calls_then_permuted(stack, grid, n_frames=4)
+
+
+@requires_cuda
+def test_gpu_ensemble_sum_ten_calls_bitwise():
+    atoms, grid = _gpu_case("1aki", aniso=False)
+    gen = torch.Generator("cuda").manual_seed(3)
+    xyz = atoms.xyz + 0.3 * torch.randn((8, *atoms.xyz.shape), device="cuda", generator=gen)
+    weights = torch.rand(8, device="cuda", generator=gen) + 0.1
+    upstream = torch.randn(grid.shape, device="cuda", generator=gen)
+    perm = _permutation(len(atoms), 1, 4)
+
+    def run(at, x):
+        leaves = [x.clone().requires_grad_(), weights.clone().requires_grad_()]
+        out = kernels.splat_ensemble(at, leaves[0], grid, weights=leaves[1], backend="triton")
+        return out.detach(), torch.autograd.grad((out * upstream).sum(), leaves)
+
+    with deterministic():
+        first, (g_xyz, g_w) = run(atoms, xyz)
+        for _ in range(9):
+            out, (gx, gw) = run(atoms, xyz)
+            assert torch.equal(out, first) and torch.equal(gx, g_xyz) and torch.equal(gw, g_w)
+        out, (gx, _gw) = run(atoms.select(perm), xyz[:, perm])
+    assert torch.equal(out, first)
+    assert torch.equal(gx, g_xyz[:, perm])
