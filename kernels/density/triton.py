@@ -1377,7 +1377,9 @@ def _fold_grads(
 _ANISO_ARGS = ("xyz_ptr", "u_ptr", "flag_ptr", "b_iso_ptr", "occ_ptr", "a_ptr", "b_ptr", "radius_ptr", "p_ptr")
 
 
-@triton.jit(do_not_specialize=(*_ANISO_ARGS, "fix_ptr", "n_atoms"), do_not_specialize_on_alignment=(*_ANISO_ARGS, "fix_ptr"))
+@triton.jit(
+    do_not_specialize=(*_ANISO_ARGS, "fix_ptr", "n_atoms"), do_not_specialize_on_alignment=(*_ANISO_ARGS, "fix_ptr")
+)
 def _aniso_fixed_scale_kernel(
     xyz_ptr,  # (N, 3) float32 or float64, Å
     u_ptr,  # (N, 6) float32, Å²

@@ -507,12 +507,14 @@ _SM90_SCRIPT = textwrap.dedent(
     pointers = {"xyz_ptr": "*fp32", "u_ptr": "*fp32", "flag_ptr": "*u8", "b_iso_ptr": "*fp32", "occ_ptr": "*fp32",
                 "a_ptr": "*fp32", "b_ptr": "*fp32", "radius_ptr": "*fp32", "p_ptr": "*fp64", "n_atoms": "i32",
                 "atoms_per_frame": "i32", "out_ptr": "*fp32", "grad_ptr": "*fp32", "gxyz_ptr": "*fp32",
-                "gu_ptr": "*fp32", "gb_ptr": "*fp32", "gocc_ptr": "*fp32"}
+                "gu_ptr": "*fp32", "gb_ptr": "*fp32", "gocc_ptr": "*fp32", "fix_ptr": "*i64", "fix_shift": "i32"}
     done = []
     for fn in (T._aniso_fwd_kernel, T._aniso_bwd_kernel):
         for rule, neutron, vec, separable in ((1, False, True, True), (2, False, False, False), (1, True, True, False)):
             const = dict(ATOMS=1, BP=8, BQ=8, RULE=rule, NEUTRON=neutron, INDEX64=rule == 2,
                          VEC=vec, FRAMES=not vec, SEPARABLE=separable)
+            if "FIXED" in fn.arg_names:  # the forward's deterministic mode: tests/kernels/test_density_deterministic.py
+                const["FIXED"] = False
             sig = {n: "constexpr" if n in const else pointers[n] for n in fn.arg_names}
             src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
             kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})

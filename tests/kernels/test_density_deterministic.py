@@ -11,6 +11,12 @@ The CUDA tests repeat each call 10 times on real structures.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +32,7 @@ from tests.kernels.test_density_triton import MIXED
 from tests.kernels.test_density_triton import synthetic as iso_synthetic
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
@@ -279,3 +286,56 @@ def test_gpu_ensemble_sum_ten_calls_bitwise():
         out, (gx, _gw) = run(atoms.select(perm), xyz[:, perm])
     assert torch.equal(out, first)
     assert torch.equal(gx, g_xyz[:, perm])
+
+
+_SM90_SCRIPT = textwrap.dedent(
+    """
+    import json, triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from kernels.density import triton as T
+
+    types = {"xyz_ptr": "*fp32", "u_ptr": "*fp32", "flag_ptr": "*u8", "b_iso_ptr": "*fp32", "occ_ptr": "*fp32",
+             "a_ptr": "*fp32", "b_ptr": "*fp32", "radius_ptr": "*fp32", "p_ptr": "*fp64", "n_atoms": "i32",
+             "atoms_per_frame": "i32", "out_ptr": "*i64", "fix_ptr": "*i64", "fix_shift": "i32", "acc_ptr": "*i64",
+             "n": "i32"}
+    cases = [
+        (T._splat_fwd_kernel, dict(ATOMS=1, BP=8, BQ=16, SEPARABLE=True, PER_ATOM_RADIUS=True, INDEX64=False,
+                                   VEC=True, FRAMES=False, ZSEP=False, FIXED=True)),
+        (T._splat_fwd_kernel, dict(ATOMS=1, BP=8, BQ=16, SEPARABLE=False, PER_ATOM_RADIUS=False, INDEX64=True,
+                                   VEC=False, FRAMES=True, ZSEP=True, FIXED=True)),
+        (T._aniso_fwd_kernel, dict(ATOMS=1, BP=8, BQ=8, RULE=1, NEUTRON=False, INDEX64=False, VEC=True,
+                                   FRAMES=False, SEPARABLE=True, FIXED=True)),
+        (T._fixed_scale_kernel, dict(BLOCK=128, PER_ATOM_RADIUS=True)),
+        (T._aniso_fixed_scale_kernel, dict(BLOCK=128, RULE=2, NEUTRON=False)),
+        (T._fixed_to_float_kernel, dict(BLOCK=1024)),
+    ]
+    done = {}
+    for fn, const in cases:
+        sig = {n: "constexpr" if n in const else types.get(n, "*fp32") for n in fn.arg_names}
+        src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+        ptx = kernel.asm["ptx"]
+        ops = (t for line in ptx.splitlines() for t in line.split() if t.startswith(("atom.", "red.")))
+        adds = [t for t in ops if ".add" in t]
+        done.setdefault(fn.__name__, []).append(sorted(set(adds)))
+    print(json.dumps(done))
+    """
+)
+
+
+def test_deterministic_kernels_compile_for_sm90_without_a_gpu():
+    # The interpreter does not lower to PTX: compile the deterministic kernels for sm_90 with Triton's own
+    # ptxas (no GPU needed) and check that the forwards' only atomic adds are 64-bit integer ones.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path)
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SM90_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(done) == 5, done
+    for name in ("_splat_fwd_kernel", "_aniso_fwd_kernel"):
+        for adds in done[name]:
+            assert adds and all(a.endswith(".u64") or a.endswith(".s64") for a in adds), (name, adds)
