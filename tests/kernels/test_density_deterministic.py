@@ -339,3 +339,39 @@ def test_deterministic_kernels_compile_for_sm90_without_a_gpu():
     for name in ("_splat_fwd_kernel", "_aniso_fwd_kernel"):
         for adds in done[name]:
             assert adds and all(a.endswith(".u64") or a.endswith(".s64") for a in adds), (name, adds)
+
+
+@requires_cuda
+def test_gpu_direct_launches_match_the_normal_launch_bitwise(monkeypatch):
+    # Every launcher of the deterministic path (exponent, splat, conversion, backward) keeps its kernel on
+    # the normal launch and launches it directly afterwards; in this mode the two must agree bit for bit.
+    from tests.kernels.test_compile_and_graphs import _splat_case, check_direct_launches
+
+    atoms, grid = _gpu_case("1aki", aniso=False)
+    atoms = AtomSet(atoms.xyz, atoms.b_iso, atoms.occ, atoms.a, atoms.b, _validate=False)
+    aniso, agrid = _gpu_case("3o5r", aniso=True)
+    w = torch.randn(grid.shape, device="cuda")
+    wa = torch.randn(agrid.shape, device="cuda")
+    pair = AtomSet(
+        torch.cat([atoms.xyz, atoms.xyz + 0.4]), atoms.b_iso.repeat(2), atoms.occ.repeat(2), atoms.a.repeat(2, 1),
+        atoms.b.repeat(2, 1), _validate=False,
+    )  # fmt: skip
+    cases = {
+        "float32": _splat_case(atoms, grid, w),
+        "float64 positions": _splat_case(atoms.to(dtype=torch.float64), grid, w),
+        "frames": _splat_case(pair, grid, torch.randn((2, *grid.shape), device="cuda"), n_frames=2),
+        "fixed radius": _splat_case(atoms, grid, w, radius=2.5),
+        "anisotropic": _splat_case(aniso, agrid, wa),
+    }
+    launchers = (
+        triton_splat._fwd_launch, triton_splat._bwd_launch, triton_splat._aniso_fwd_launch,
+        triton_splat._aniso_bwd_launch, triton_splat._fixed_scale_launch, triton_splat._aniso_fixed_scale_launch,
+        triton_splat._fixed_to_float_launch,
+    )  # fmt: skip
+
+    def compare(name, got, want):
+        for g, ref in zip(got, want):
+            assert torch.equal(g, ref), name
+
+    with deterministic():
+        check_direct_launches(monkeypatch, launchers, cases, compare)
