@@ -56,7 +56,7 @@ import triton.language as tl  # noqa: E402
 
 import kernels  # noqa: E402
 from benchmarks import _eager as E  # noqa: E402
-from benchmarks.bench_eager import DENSITY_CASES, SPACING, _structure_atoms  # noqa: E402
+from benchmarks.bench_eager import DENSITY_CASES, SPACING, _deterministic, _structure_atoms  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
 from kernels.density import triton as T  # noqa: E402
 
@@ -196,21 +196,6 @@ def count_contributions(atoms: AtomSet, grid: GridSpec, radii: torch.Tensor) -> 
         groups += int((torch.floor(z_hi[row] / 4) - torch.floor(z_lo[row] / 4) + 1).sum())
         start += size
     return contributions, groups
-
-
-def _deterministic(fn):
-    def call():
-        was, warn_only = (
-            torch.are_deterministic_algorithms_enabled(),
-            torch.is_deterministic_algorithms_warn_only_enabled(),
-        )
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        try:
-            return fn()
-        finally:
-            torch.use_deterministic_algorithms(was, warn_only=warn_only)
-
-    return call
 
 
 def structure_case(name: str, device: torch.device, reps: int, smoke: bool, rates: dict, hbm: dict) -> dict:

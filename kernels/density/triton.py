@@ -573,12 +573,11 @@ def _fixed_scale_kernel(
     else:
         rad = tl.zeros_like(tx) + radius_all
     _lx, _ly, _lz, cntx, cnty, cntz, _r2 = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
-    amp0, _a0, _b0 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 0)
-    amp1, _a1, _b1 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 1)
-    amp2, _a2, _b2 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 2)
-    amp3, _a3, _b3 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 3)
-    amp4, _a4, _b4 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 4)
-    peak = tl.abs(occ) * (tl.abs(amp0) + tl.abs(amp1) + tl.abs(amp2) + tl.abs(amp3) + tl.abs(amp4))
+    peak = tl.zeros_like(b_iso)
+    for k in tl.static_range(5):  # |occ|·Σ_k |amp_k| bounds every contribution (each exp ≤ 1)
+        amp, _al, _bk = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, k)
+        peak += tl.abs(amp)
+    peak = tl.abs(occ) * peak
     tl.atomic_max(fix_ptr, _fixed_exponent(peak, cntx, cnty, cntz, nx, ny, nz, valid), sem="relaxed")
 
 

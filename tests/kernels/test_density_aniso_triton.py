@@ -30,7 +30,7 @@ from kernels.density.adp import adp_eigenvalues
 from kernels.density.radius import atom_cutoff_radii
 from kernels.density.reference import splat_frames_reference, splat_reference
 from kernels.density.triton import splat_frames_triton, splat_triton
-from tests.helpers import STRUCTURES, assert_close, assert_kernel_close, requires_cuda
+from tests.helpers import STRUCTURES, assert_close, assert_kernel_close, requires_cuda, run_compiled
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ROOT = Path(__file__).resolve().parents[2]
@@ -529,14 +529,7 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     # The interpreter does not lower to PTX: compile the anisotropic kernels for an H100 (sm_90) with
     # Triton's own ptxas, in a process without TRITON_INTERPRET, so a construct only the GPU compiler
     # rejects fails here too.
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, PYTHONPATH=path)
-    env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", _SM90_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(json.loads(proc.stdout.strip().splitlines()[-1])) == 6
+    assert len(json.loads(run_compiled(_SM90_SCRIPT, ROOT).strip().splitlines()[-1])) == 6
 
 
 _FIRST_CALL_SCRIPT = textwrap.dedent(

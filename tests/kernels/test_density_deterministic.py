@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -25,7 +22,7 @@ import kernels
 from kernels.crystal import AtomSet, Cell, GridSpec
 from kernels.density import triton as triton_splat
 from kernels.density.reference import splat_reference
-from tests.helpers import assert_kernel_close, model, requires_cuda
+from tests.helpers import assert_kernel_close, model, requires_cuda, run_compiled
 from tests.kernels.test_density_aniso_triton import CELLS, ELEMENTS, _leaves, check_against_reference
 from tests.kernels.test_density_aniso_triton import synthetic as aniso_synthetic
 from tests.kernels.test_density_triton import MIXED
@@ -350,14 +347,7 @@ _SM90_SCRIPT = textwrap.dedent(
 def test_deterministic_kernels_compile_for_sm90_without_a_gpu():
     # The interpreter does not lower to PTX: compile the deterministic kernels for sm_90 with Triton's own
     # ptxas (no GPU needed) and check that the forwards' only atomic adds are 64-bit integer ones.
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, PYTHONPATH=path)
-    env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", _SM90_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    done = json.loads(proc.stdout.strip().splitlines()[-1])
+    done = json.loads(run_compiled(_SM90_SCRIPT, ROOT).strip().splitlines()[-1])
     assert len(done) == 5, done
     for name in ("_splat_fwd_kernel", "_aniso_fwd_kernel"):
         for adds in done[name]:
