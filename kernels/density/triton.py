@@ -57,6 +57,11 @@ Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was
   folds each tile into ∂L/∂centre, ∂L/∂occ and ∂L/∂U of its atom (linear in the tile's moments), then
   ∂L/∂u_aniso for anisotropic atoms and ∂L/∂b_iso = tr(∂L/∂U)/8π² for isotropic ones: no atomics.
   An atom whose U is not finite and positive definite is treated like one with a non-finite position.
+- With ``torch.use_deterministic_algorithms(True)`` (read on the host per call) the forwards add int64
+  fixed-point values with integer atomics instead of float32 ones, so maps are bitwise reproducible and
+  independent of the atoms' order: a first launch finds each atom's radius and a bound of its
+  contributions (the scale, on the device), the splat adds, a last launch converts to float32
+  (docs/kernels.md, "Determinism"). The backwards have no atomics either way.
 - Host side (an eager call is host time, not GPU time): every plan constant is in one float64
   device tensor, the forward is one memset and one launch, the backward one launch, and after a
   plan's first call its compiled kernels are launched directly (:class:`kernels._launch.FastLauncher`).

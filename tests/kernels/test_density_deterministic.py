@@ -166,6 +166,7 @@ def test_scale_follows_the_data(factor):
     assert_kernel_close(out, ref)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy says the bound overflowed
 def test_contribution_beyond_float32_gives_a_nan_map():
     # An atom whose density overflows float32 (occupancy 1e37 times an amplitude > 34) has no fixed-point
     # scale: the map comes back NaN everywhere instead of wrapped integers.
