@@ -23,6 +23,12 @@ grids, float32 on the GPU:
 - accuracy: relative L2 of each forward map against the float64 reference
   (``backend="reference"``, cutoff 1e-7, on the same device).
 
+With ``--deterministic``, ``ours deterministic`` is timed beside ``ours`` (interleaved with it): the same
+calls inside ``torch.use_deterministic_algorithms(True, warn_only=True)`` (switched on and back off around
+each call, ~1 µs of host time), i.e. the fixed-point forward of docs/kernels.md, "Determinism". Its
+record has its accuracy, whether two calls gave bitwise equal maps, and its ratios to ``ours`` against
+issue 36's targets (forward ≤ 1.5×, ≤ 2× on ``3wip-hiB``; forward+backward ≤ 1.3×).
+
 Planarity (``kernels.planarity_nll``, 3wip's planes) and tricubic (``kernels.tricubic_sample``,
 10⁵ and 10⁷ random points in 3wip's 0.667 Å map, points and map requiring grad) the same way:
 eager, host, graph, floor.
@@ -36,7 +42,7 @@ fails is recorded with its error; each part stops at its time limit and keeps wh
 Usage::
 
     python benchmarks/bench_eager.py --peer053 DIR053 --peer070 DIR070 [--out X.json]
-        [--parts density planarity tricubic] [--reps 50]
+        [--parts density planarity tricubic] [--reps 50] [--deterministic]
     TRITON_INTERPRET=1 python benchmarks/bench_eager.py --smoke [--peer053 ...]   # CPU check, tiny inputs
 """
 
@@ -74,6 +80,9 @@ TARGETS = {
     "host_over_floor": ("<=", 1.3),
 }
 TIME_LIMITS = {"density": 300.0, "planarity": 60.0, "tricubic": 120.0}
+# Issue 36: the deterministic eager call against the default one (the high-B cell has its own bound).
+DETERMINISTIC_TARGETS = {"fwd": 1.5, "fwd_bwd": 1.3}
+DETERMINISTIC_FWD_HIGH_B = 2.0
 
 
 def _check(name: str, value: float | None) -> dict:
@@ -177,6 +186,36 @@ def _fwd_and_fwd_bwd(op, leaves: list[torch.Tensor], upstream: torch.Tensor | No
     return fwd, fwd_bwd
 
 
+def _deterministic(fn):
+    """``fn`` called with ``torch.use_deterministic_algorithms(True, warn_only=True)``, the caller's setting after."""
+
+    def call():
+        was, warn_only = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            return fn()
+        finally:
+            torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+    return call
+
+
+def _deterministic_targets(name: str, ours: dict, det: dict) -> dict:
+    """Deterministic over default eager medians against issue 36's bounds."""
+    out = {}
+    for what, bound in DETERMINISTIC_TARGETS.items():
+        if what == "fwd" and name.endswith("-hiB"):
+            bound = DETERMINISTIC_FWD_HIGH_B
+        value = _ratio(_med(det[what]), _med(ours[what]))
+        out[f"deterministic_{what}_over_default"] = {
+            "value": value, "target": f"<= {bound}", "pass": None if value is None else value <= bound,
+        }  # fmt: skip
+    return out
+
+
 def _custom_ops(fn) -> list[str]:
     """The custom ops one call of ``fn`` runs; a failure to record them is reported, not raised."""
     try:
@@ -242,6 +281,14 @@ def density_case(name: str, device: torch.device, peers: dict, args, deadline: E
     fwd_bwd()
     res["ours"]["custom_ops"] = _custom_ops(fwd_bwd)
     impls = {"ours": (fwd, fwd_bwd), **_floor_impls(grid.shape, leaves, upstream)}
+    if args.deterministic:
+        dfwd, dfwd_bwd = _deterministic(fwd), _deterministic(fwd_bwd)
+        first = dfwd()
+        res["ours_deterministic"] = {
+            "rel_l2_vs_float64_reference": _rel_l2(first, ref), "bitwise_repeat": bool(torch.equal(first, dfwd())),
+        }  # fmt: skip
+        dfwd_bwd()
+        impls["ours deterministic"] = (dfwd, dfwd_bwd)
     res["peers"] = {}
     for pname, peer in _peer_fns(peers, base, grid, device).items():
         if "error" in peer:
@@ -260,6 +307,8 @@ def density_case(name: str, device: torch.device, peers: dict, args, deadline: E
     # ours, the floors and the peers interleaved: the speed-ups and floor ratios are taken under the same drift
     timed = _measure_impls(impls, device, args.reps, deadline)
     res["ours"].update(timed.pop("ours"))
+    if args.deterministic:
+        res["ours_deterministic"].update(timed.pop("ours deterministic"))
     res["floor"] = _split_floors(timed)
     for pname, stats in timed.items():
         res["peers"][pname].update(stats)
@@ -276,6 +325,8 @@ def density_case(name: str, device: torch.device, peers: dict, args, deadline: E
             else:
                 targets[f"{what}_graph_speedup_vs_best_peer_graph"] = {"value": ratio, **info}
     targets.update(_floor_targets(res["ours"], res["floor"], res["ours"]["custom_ops"]))
+    if args.deterministic:
+        targets.update(_deterministic_targets(name, res["ours"], res["ours_deterministic"]))
     res["targets"] = targets
     del ref
     if device.type == "cuda":
@@ -376,6 +427,8 @@ def print_tables(result: dict) -> None:
               f"{'fb grph':>7s}  rel. L2")  # fmt: skip
         for c in cases:
             rows = [("ours", c["ours"])]
+            if "ours_deterministic" in c:
+                rows.append(("ours deterministic", c["ours_deterministic"]))
             rows += [(f"floor ({k})", v) for k, v in c.get("floor", {}).items()]
             rows += list(c.get("peers", {}).items())
             for impl, r in rows:
@@ -418,6 +471,8 @@ def check_schema(result: dict) -> list[str]:
         for c in p.get("cases", []):
             problems += [f"{part}/{c.get('case')}: missing {k}" for k in keys if k not in c]
             timed = [("ours", c.get("ours", {}))] + [(f"floor {k}", v) for k, v in c.get("floor", {}).items()]
+            if "ours_deterministic" in c:
+                timed.append(("ours deterministic", c["ours_deterministic"]))
             for impl, r in timed:
                 for what in ("fwd", "fwd_bwd"):
                     for how in ("eager", "host"):
@@ -443,6 +498,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--time-scale", type=float, default=1.0, help="multiply every part's time limit")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="density: also time ours under torch.use_deterministic_algorithms(True) (issue 36)")  # fmt: skip
     ap.add_argument("--smoke", action="store_true",
                     help="each measurement once on tiny inputs (40 atoms, 2 Å, 1,000 points), then check the JSON")  # fmt: skip
     args = ap.parse_args(argv)

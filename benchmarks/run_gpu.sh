@@ -19,6 +19,9 @@
 #              not run), planarity and tricubic, eager vs graph vs the floor
 #   ensemble   bench_ensemble.py on one GPU; with 2 or more GPUs also the torchrun (NCCL) run on 2
 #   aniso      bench_aniso_gpu.py: anisotropic against isotropic atoms (1PFE, 3O5R, 3WIP synthetic U)
+#   determinism  issue 36: tests/kernels/test_density_deterministic.py (10 calls bitwise, permuted atoms),
+#              bench_atomics.py (atomic-add throughput, the splat's fractions of it) and bench_eager.py's
+#              density part with --deterministic (peers as for eager)
 # Files are named <op>_<gpu>_<date> (GPU parts) and <op>_<gpu>host_<date> (CPU parts), <gpu> from
 # nvidia-smi (h100, h200, a100, ... or "gpu"). device.txt records the GPU, CPU and versions.
 set -o pipefail
@@ -92,6 +95,20 @@ if has aniso; then
     timeout 300 python3 benchmarks/bench_aniso_gpu.py --out "$DIR/aniso_cuda_${gpu}_$day.json" \
         > "$DIR/aniso_cuda_${gpu}_$day.log" 2>&1
     summary+=("aniso rc=$?")
+fi
+if has determinism; then
+    python3 -m pytest tests/kernels/test_density_deterministic.py tests/kernels/test_tricubic.py -q -p no:cacheprovider \
+        -k "gpu or deterministic" -o addopts="-ra" > "$DIR/tests_determinism_${gpu}_$day.log" 2>&1
+    summary+=("determinism tests rc=$?: $(tail -n 1 "$DIR/tests_determinism_${gpu}_$day.log")")
+    timeout 240 python3 benchmarks/bench_atomics.py --out "$DIR/atomics_${gpu}_$day.json" \
+        > "$DIR/atomics_${gpu}_$day.log" 2>&1
+    summary+=("atomics rc=$?")
+    peers=()
+    [ -n "${PEER053:-}" ] && peers+=(--peer053 "$PEER053")
+    [ -n "${PEER070:-}" ] && peers+=(--peer070 "$PEER070")
+    timeout 420 python3 benchmarks/bench_eager.py "${peers[@]}" --parts density --deterministic \
+        --out "$DIR/eager_deterministic_cuda_${gpu}_$day.json" > "$DIR/eager_deterministic_cuda_${gpu}_$day.log" 2>&1
+    summary+=("eager deterministic rc=$?")
 fi
 if has probe; then
     OMP_NUM_THREADS=2 python3 benchmarks/cpu_phase_probe.py --structures 5h73 3wip --threads 1 2 --rounds 12 \

@@ -86,3 +86,20 @@ def assert_kernel_close(out: torch.Tensor, ref: torch.Tensor) -> None:
     """docs/kernels.md's float32 contract: ``|out − ref| ≤ 1e-5·max|ref| + 1e-5·|ref|``."""
     scale = float(ref.detach().abs().max()) if ref.numel() else 0.0
     assert_close(out, ref, atol=1e-5 * scale, rtol=1e-5)
+
+
+def run_compiled(script: str, root: Path, timeout: float = 600) -> str:
+    """stdout of ``python -c script`` in ``root`` without ``TRITON_INTERPRET`` (Triton compiles for real;
+    ``root`` first on the path); asserts it exits 0, with its stderr's end as the message."""
+    import os
+    import subprocess
+    import sys
+
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path)
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout

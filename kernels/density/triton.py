@@ -57,6 +57,11 @@ Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was
   folds each tile into ∂L/∂centre, ∂L/∂occ and ∂L/∂U of its atom (linear in the tile's moments), then
   ∂L/∂u_aniso for anisotropic atoms and ∂L/∂b_iso = tr(∂L/∂U)/8π² for isotropic ones: no atomics.
   An atom whose U is not finite and positive definite is treated like one with a non-finite position.
+- With ``torch.use_deterministic_algorithms(True)`` (read on the host per call) the forwards add int64
+  fixed-point values with integer atomics instead of float32 ones, so maps are bitwise reproducible and
+  independent of the atoms' order: a first launch finds each atom's radius and a bound of its
+  contributions (the scale, on the device), the splat adds, a last launch converts to float32
+  (docs/kernels.md, "Determinism"). The backwards have no atomics either way.
 - Host side (an eager call is host time, not GPU time): every plan constant is in one float64
   device tensor, the forward is one memset and one launch, the backward one launch, and after a
   plan's first call its compiled kernels are launched directly (:class:`kernels._launch.FastLauncher`).
@@ -213,6 +218,9 @@ def _radius_kernel(
     valid = ia < n_atoms
     bb = tl.load(b_iso_ptr + ia, mask=valid, other=1.0)
     tl.store(out_ptr + ia, _cutoff_radius(bb, a_ptr, b_ptr, ia, valid, cutoff, MAX_STEPS), mask=valid)
+
+
+_FIX_ARGS = ("xyz_ptr", "b_iso_ptr", "occ_ptr", "a_ptr", "b_ptr", "radius_ptr", "p_ptr", "fix_ptr")
 
 
 @triton.jit
@@ -501,6 +509,102 @@ def _row_sums(g, dy, qy, be0, be1, be2, be3, be4, t0, t1, t2, t3, t4, yd0, yd1, 
     )
 
 
+# --------------------------------------------------------------------------- deterministic mode
+#
+# With torch.use_deterministic_algorithms(True) the forward adds each contribution as a 64-bit integer,
+# round(ρ·2^S), with integer atomics: integer addition is associative, so the map is the same bit for bit
+# whatever the order the GPU adds in (run to run, and with the atoms permuted). S comes from the data, on
+# the device: _fixed_scale_kernel takes, per atom, an exponent e with 2^e ≥ 2·(the atom's largest
+# contribution, |occ|·Σ_k |amp_k|)·(the times its box wraps onto one voxel) and the largest e over the atoms
+# with an integer atomic max (exact, order-free); then S = 62 − ⌈log2 N⌉ − e_max for N atoms per map, so
+# |Σ| ≤ N·2^(e_max − 1)·2^S ≤ 2^61 and no sum can overflow. docs/kernels.md, "Determinism", has the scale.
+# The slot holds e + 256 (e ≥ −149 for any float32 bound), so its zero fill stands below every exponent;
+# 2000 marks an atom whose bound is not finite: the map then comes back NaN.
+
+
+@triton.jit
+def _fixed_shift(fix_ptr, fix_shift):
+    """S = fix_shift − e_max (int32), clamped to float32's normal exponents [−126, 127]."""
+    s = fix_shift + 256 - tl.load(fix_ptr).to(tl.int32)
+    return tl.minimum(tl.maximum(s, -126), 127)
+
+
+@triton.jit
+def _fixed_scale(fix_ptr, fix_shift):
+    """2^S (float32, exact: built from its exponent bits), the fixed-point scale of the deterministic forward."""
+    return ((_fixed_shift(fix_ptr, fix_shift) + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _to_fixed(val, scale):
+    """round(val·scale) as int64: val·scale is exact (a power of two), |val·scale| < 2^62."""
+    return tl.floor(val * scale + 0.5).to(tl.int64)
+
+
+@triton.jit
+def _fixed_exponent(peak, cntx, cnty, cntz, nx, ny, nz, valid):
+    """Largest over the lanes of ⌈log2(peak·wraps)⌉ + 1 + 256 (int64; 0 when every peak is 0, 2000 when one is
+    not finite). wraps = ⌈cnt/n⌉ per axis: how often a box wider than the cell covers one voxel."""
+    wraps = ((cntx + nx - 1) // nx) * ((cnty + ny - 1) // ny) * ((cntz + nz - 1) // nz)
+    top = peak * tl.maximum(wraps, 1).to(tl.float32)
+    e = tl.where(top > 0, tl.ceil(tl.log2(tl.where(top > 0, top, 1.0))) + 257.0, 0.0)
+    e = tl.where(top - top == 0, e, 2000.0)  # inf and NaN
+    return tl.max(tl.where(valid, e, 0.0), axis=0).to(tl.int64)
+
+
+@triton.jit(do_not_specialize=(*_FIX_ARGS, "n_atoms"), do_not_specialize_on_alignment=_FIX_ARGS)
+def _fixed_scale_kernel(
+    xyz_ptr,  # (N, 3) float32 or float64, Å
+    b_iso_ptr,  # (N,) float32, Å²
+    occ_ptr,  # (N,) float32
+    a_ptr,  # (N, 5) float32
+    b_ptr,  # (N, 5) float32, Å²
+    radius_ptr,  # (N,) float32, Å: written with each atom's cutoff radius when PER_ATOM_RADIUS
+    p_ptr,  # (41,) float64, the plan's constants
+    fix_ptr,  # (1,) int64, zero-filled: atomic max of the atoms' exponents
+    n_atoms,
+    BLOCK: tl.constexpr,
+    PER_ATOM_RADIUS: tl.constexpr,
+):
+    """Deterministic isotropic forward, first launch: each atom's radius (as the forward computes it) and
+    the largest exponent of :func:`_fixed_exponent` over the atoms."""
+    ia = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = ia < n_atoms
+    nx, ny, nz, h00, h11, h22, h01, h02, h12, rx, ry, rz, radius_all, cutoff = _plan_scalars(p_ptr)
+    tx, ty, tz, bx, by, bz, b_iso, occ, ok = _atom_inputs(xyz_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz)
+    if PER_ATOM_RADIUS:
+        rad = _cutoff_radius(b_iso, a_ptr, b_ptr, ia, ok, cutoff, 80)
+        tl.store(radius_ptr + ia, rad, mask=valid)
+    else:
+        rad = tl.zeros_like(tx) + radius_all
+    _lx, _ly, _lz, cntx, cnty, cntz, _r2 = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
+    peak = tl.zeros_like(b_iso)
+    for k in tl.static_range(5):  # |occ|·Σ_k |amp_k| bounds every contribution (each exp ≤ 1)
+        amp, _al, _bk = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, k)
+        peak += tl.abs(amp)
+    peak = tl.abs(occ) * peak
+    tl.atomic_max(fix_ptr, _fixed_exponent(peak, cntx, cnty, cntz, nx, ny, nz, valid), sem="relaxed")
+
+
+@triton.jit(do_not_specialize=("n", "fix_shift"), do_not_specialize_on_alignment=("fix_ptr",))
+def _fixed_to_float_kernel(
+    acc_ptr,  # (n,) int64, the fixed-point sums
+    fix_ptr,  # (1,) int64, e_max
+    out_ptr,  # (n,) float32, written: acc·2^−S (NaN everywhere when an atom's bound was not finite)
+    n,
+    fix_shift,
+    BLOCK: tl.constexpr,
+):
+    """Deterministic forward, last launch: the map from its fixed-point sums (one rounding, to float32)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    e = tl.load(fix_ptr)
+    inv = ((1023 - _fixed_shift(fix_ptr, fix_shift)).to(tl.int64) << 52).to(tl.float64, bitcast=True)  # 2^−S
+    v = tl.load(acc_ptr + i, mask=m, other=0).to(tl.float64) * inv
+    v = tl.where(e >= 2000, float("nan"), v)
+    tl.store(out_ptr + i, v.to(tl.float32), mask=m)
+
+
 # --------------------------------------------------------------------------- kernels
 
 
@@ -510,7 +614,10 @@ def _row_sums(g, dy, qy, be0, be1, be2, be3, be4, t0, t1, t2, t3, t4, yd0, yd1, 
 _ATOM_ARGS = ("xyz_ptr", "b_iso_ptr", "occ_ptr", "a_ptr", "b_ptr", "radius_ptr", "p_ptr")
 
 
-@triton.jit(do_not_specialize=(*_ATOM_ARGS, "n_atoms", "atoms_per_frame"), do_not_specialize_on_alignment=_ATOM_ARGS)
+@triton.jit(
+    do_not_specialize=(*_ATOM_ARGS, "fix_ptr", "n_atoms", "atoms_per_frame", "fix_shift"),
+    do_not_specialize_on_alignment=(*_ATOM_ARGS, "fix_ptr"),
+)
 def _splat_fwd_kernel(
     xyz_ptr,  # (N, 3) float32 or float64, Å
     b_iso_ptr,  # (N,) float32, Å²
@@ -519,9 +626,11 @@ def _splat_fwd_kernel(
     b_ptr,  # (N, 5) float32, IT92 widths in Å² (0 for c)
     radius_ptr,  # (N,) float32, Å: written with each atom's cutoff radius when PER_ATOM_RADIUS (the backward's)
     p_ptr,  # (41,) float64, the plan's constants (layout: _Plan.build)
-    out_ptr,  # (nx·ny·nz,) float32 (FRAMES: (F·nx·ny·nz,)), zero-filled; accumulated with atomics
+    out_ptr,  # (nx·ny·nz,) float32 (FRAMES: (F·nx·ny·nz,)), zero-filled; accumulated with atomics (FIXED: int64)
+    fix_ptr,  # (1,) int64, the largest atom exponent (_fixed_scale_kernel); read when FIXED
     n_atoms,
     atoms_per_frame,  # atoms of one frame (read when FRAMES)
+    fix_shift,  # 62 − ⌈log2(atoms of one map)⌉ (read when FIXED)
     ATOMS: tl.constexpr,
     BP: tl.constexpr,
     BQ: tl.constexpr,
@@ -531,17 +640,22 @@ def _splat_fwd_kernel(
     VEC: tl.constexpr,
     FRAMES: tl.constexpr,
     ZSEP: tl.constexpr,  # hexagonal kind (h02 = h12 = 0): exp(−α r²) = E(x, y)·e(z); read when not SEPARABLE
+    FIXED: tl.constexpr,  # deterministic mode: int64 fixed-point adds into out_ptr, radii read from radius_ptr
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
     nx, ny, nz, h00, h11, h22, h01, h02, h12, rx, ry, rz, radius_all, cutoff = _plan_scalars(p_ptr)
     tx, ty, tz, bx, by, bz, b_iso, occ, ok = _atom_inputs(xyz_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz)
-    if PER_ATOM_RADIUS:
+    if PER_ATOM_RADIUS and FIXED:
+        rad = tl.load(radius_ptr + ia, mask=valid, other=0.0)  # computed by _fixed_scale_kernel
+    elif PER_ATOM_RADIUS:
         # Computed here (no launch of its own) and kept for the backward, which reads the same radii.
         rad = _cutoff_radius(b_iso, a_ptr, b_ptr, ia, ok, cutoff, 80)
         tl.store(radius_ptr + ia, rad, mask=valid)
     else:
         rad = tl.zeros_like(tx) + radius_all
+    if FIXED:
+        scale = _fixed_scale(fix_ptr, fix_shift)
     lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
     amp0, al0, _b0 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 0)
     amp1, al1, _b1 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 1)
@@ -660,7 +774,12 @@ def _splat_fwd_kernel(
                     inside = in_xz & (r2 < r2max)
                 if ATOMS > 1:  # one atom: the loop runs exactly its rows
                     inside = inside & (r >= r_lo) & (r < r_hi)
-                tl.atomic_add(out_ptr + (base_xz + iy * nz), val, mask=inside, sem="relaxed")
+                if FIXED:
+                    # Integer adds are scalar either way: only the voxels inside the sphere take one.
+                    inside = inside & (r2 < r2max)
+                    tl.atomic_add(out_ptr + (base_xz + iy * nz), _to_fixed(val, scale), mask=inside, sem="relaxed")
+                else:
+                    tl.atomic_add(out_ptr + (base_xz + iy * nz), val, mask=inside, sem="relaxed")
                 iy += 1
                 iy = tl.where(iy == ny, 0, iy)
                 r += 1
@@ -1262,7 +1381,56 @@ def _fold_grads(
 _ANISO_ARGS = ("xyz_ptr", "u_ptr", "flag_ptr", "b_iso_ptr", "occ_ptr", "a_ptr", "b_ptr", "radius_ptr", "p_ptr")
 
 
-@triton.jit(do_not_specialize=(*_ANISO_ARGS, "n_atoms", "atoms_per_frame"), do_not_specialize_on_alignment=_ANISO_ARGS)
+@triton.jit(
+    do_not_specialize=(*_ANISO_ARGS, "fix_ptr", "n_atoms"), do_not_specialize_on_alignment=(*_ANISO_ARGS, "fix_ptr")
+)
+def _aniso_fixed_scale_kernel(
+    xyz_ptr,  # (N, 3) float32 or float64, Å
+    u_ptr,  # (N, 6) float32, Å²
+    flag_ptr,  # (N,) uint8
+    b_iso_ptr,  # (N,) float32, Å²
+    occ_ptr,  # (N,) float32
+    a_ptr,  # (N, 5) float32
+    b_ptr,  # (N, 5) float32, Å²
+    radius_ptr,  # (N,) float32, Å: written with each atom's cutoff radius when RULE > 0
+    p_ptr,  # (41,) float64, the plan's constants
+    fix_ptr,  # (1,) int64, zero-filled: atomic max of the atoms' exponents
+    n_atoms,
+    BLOCK: tl.constexpr,
+    RULE: tl.constexpr,
+    NEUTRON: tl.constexpr,
+):
+    """Deterministic anisotropic forward, first launch: radii and the largest exponent, as
+    :func:`_fixed_scale_kernel` (amplitudes and radii as :func:`_aniso_fwd_kernel` forms them)."""
+    ia = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = ia < n_atoms
+    nx, ny, nz, h00, h11, h22, h01, h02, h12, rx, ry, rz, radius_all, cutoff = _plan_scalars(p_ptr)
+    tx, ty, tz, bx, by, bz, occ, u11, u22, u33, u12, u13, u23, flag, b_iso, ok = _aniso_atom_inputs(
+        xyz_ptr, u_ptr, flag_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz
+    )
+    am0, de0, be0, _n0, _m0, _o0, _p0, _q0, _r0 = _aniso_term(u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 0)
+    am1, de1, be1, _n1, _m1, _o1, _p1, _q1, _r1 = _aniso_term(u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 1)
+    am2, de2, be2, _n2, _m2, _o2, _p2, _q2, _r2 = _aniso_term(u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 2)
+    am3, de3, be3, _n3, _m3, _o3, _p3, _q3, _r3 = _aniso_term(u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 3)
+    am4, de4, be4, _n4, _m4, _o4, _p4, _q4, _r4 = _aniso_term(u11, u22, u33, u12, u13, u23, a_ptr, b_ptr, ia, ok, 4)
+    if RULE == 0:
+        rad = tl.zeros_like(tx) + radius_all
+    else:
+        rad = _aniso_radius(
+            u11, u22, u33, u12, u13, u23, flag, b_iso, a_ptr, b_ptr, ia, ok, cutoff,
+            am0, de0, be0, am1, de1, be1, am2, de2, be2, am3, de3, be3, am4, de4, be4,
+            RULE, NEUTRON,
+        )  # fmt: skip
+        tl.store(radius_ptr + ia, rad, mask=valid)
+    _lx, _ly, _lz, cntx, cnty, cntz, _r2 = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
+    peak = tl.abs(occ) * (tl.abs(am0) + tl.abs(am1) + tl.abs(am2) + tl.abs(am3) + tl.abs(am4))
+    tl.atomic_max(fix_ptr, _fixed_exponent(peak, cntx, cnty, cntz, nx, ny, nz, valid), sem="relaxed")
+
+
+@triton.jit(
+    do_not_specialize=(*_ANISO_ARGS, "fix_ptr", "n_atoms", "atoms_per_frame", "fix_shift"),
+    do_not_specialize_on_alignment=(*_ANISO_ARGS, "fix_ptr"),
+)
 def _aniso_fwd_kernel(
     xyz_ptr,  # (N, 3) float32 or float64, Å
     u_ptr,  # (N, 6) float32, Å², U11, U22, U33, U12, U13, U23
@@ -1273,9 +1441,11 @@ def _aniso_fwd_kernel(
     b_ptr,  # (N, 5) float32, widths in Å²
     radius_ptr,  # (N,) float32, Å: written with each atom's cutoff radius when RULE > 0 (the backward's)
     p_ptr,  # (41,) float64, the plan's constants (layout: _Plan.build)
-    out_ptr,  # (nx·ny·nz,) float32 (FRAMES: (F·nx·ny·nz,)), zero-filled; accumulated with atomics
+    out_ptr,  # (nx·ny·nz,) float32 (FRAMES: (F·nx·ny·nz,)), zero-filled; accumulated with atomics (FIXED: int64)
+    fix_ptr,  # (1,) int64, the largest atom exponent (_aniso_fixed_scale_kernel); read when FIXED
     n_atoms,
     atoms_per_frame,  # atoms of one frame (read when FRAMES)
+    fix_shift,  # 62 − ⌈log2(atoms of one map)⌉ (read when FIXED)
     ATOMS: tl.constexpr,
     BP: tl.constexpr,
     BQ: tl.constexpr,
@@ -1285,6 +1455,7 @@ def _aniso_fwd_kernel(
     VEC: tl.constexpr,
     FRAMES: tl.constexpr,
     SEPARABLE: tl.constexpr,  # h01 = h12 = 0: the sphere's r² = qxz + h11·dy² (the Gaussians stay general)
+    FIXED: tl.constexpr,  # deterministic mode: int64 fixed-point adds into out_ptr, radii read from radius_ptr
 ):
     ia = tl.program_id(0) * ATOMS + tl.arange(0, ATOMS)
     valid = ia < n_atoms
@@ -1309,6 +1480,8 @@ def _aniso_fwd_kernel(
     )
     if RULE == 0:
         rad = tl.zeros_like(tx) + radius_all
+    elif FIXED:
+        rad = tl.load(radius_ptr + ia, mask=valid, other=0.0)  # computed by _aniso_fixed_scale_kernel
     else:
         # Computed here (no launch of its own) and kept for the backward, which reads the same radii.
         rad = _aniso_radius(
@@ -1317,6 +1490,8 @@ def _aniso_fwd_kernel(
             RULE, NEUTRON,
         )  # fmt: skip
         tl.store(radius_ptr + ia, rad, mask=valid)
+    if FIXED:
+        scale = _fixed_scale(fix_ptr, fix_shift)
     lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
     # (ATOMS, 1, 1): per-atom amplitudes (occupancy folded in) and log2-unit coefficients of each term.
     am0 = (am0 * occ)[:, None, None]
@@ -1420,7 +1595,12 @@ def _aniso_fwd_kernel(
                     inside = in_xz & (r2 < r2max)
                 if ATOMS > 1:  # one atom: the loop runs exactly its rows
                     inside = inside & (r >= r_lo) & (r < r_hi)
-                tl.atomic_add(out_ptr + (base_xz + iy * nz), val, mask=inside, sem="relaxed")
+                if FIXED:
+                    # Integer adds are scalar either way: only the voxels inside the sphere take one.
+                    inside = inside & (r2 < r2max)
+                    tl.atomic_add(out_ptr + (base_xz + iy * nz), _to_fixed(val, scale), mask=inside, sem="relaxed")
+                else:
+                    tl.atomic_add(out_ptr + (base_xz + iy * nz), val, mask=inside, sem="relaxed")
                 iy += 1
                 iy = tl.where(iy == ny, 0, iy)
                 r += 1
@@ -1775,11 +1955,11 @@ class _Plan:
             num_warps_aniso_bwd=1,
         )
 
-    def constexprs(self, frames: bool, index64: bool) -> tuple:
-        """Forward constexprs in signature order (``_FWD_CONSTEXPR_NAMES``)."""
+    def constexprs(self, frames: bool, index64: bool, fixed: bool = False) -> tuple:
+        """Forward constexprs in signature order (``_FWD_CONSTEXPR_NAMES``); ``fixed``: deterministic mode."""
         return (
             self.atoms_per_program, self.bp, self.bq, self.separable, self.per_atom, index64, self.vec, frames,
-            self.zsep,
+            self.zsep, fixed,
         )  # fmt: skip
 
     def constexprs_bwd(self, frames: bool, index64: bool) -> tuple:
@@ -1795,15 +1975,20 @@ class _Plan:
             frames,
         )
 
-    def constexprs_aniso(self, backward: bool, rule: int, neutron: bool, frames: bool, index64: bool):
-        """The anisotropic kernels' constexprs in signature order (``_ANISO_CONSTEXPR_NAMES``)."""
-        bp, bq = (self.bp_aniso_bwd, self.bq_aniso_bwd) if backward else (self.bp_aniso, self.bq_aniso)
-        return (self.atoms_per_program, bp, bq, rule, neutron, index64, self.vec, frames, self.separable)
+    def constexprs_aniso(self, backward: bool, rule: int, neutron: bool, frames: bool, index64: bool, fixed=False):
+        """The anisotropic kernels' constexprs in signature order (``_ANISO_CONSTEXPR_NAMES``; the forward's end
+        with ``fixed``, deterministic mode: ``_ANISO_FWD_CONSTEXPR_NAMES``)."""
+        if backward:
+            return (self.atoms_per_program, self.bp_aniso_bwd, self.bq_aniso_bwd, rule, neutron, index64, self.vec,
+                    frames, self.separable)  # fmt: skip
+        return (self.atoms_per_program, self.bp_aniso, self.bq_aniso, rule, neutron, index64, self.vec, frames,
+                self.separable, fixed)  # fmt: skip
 
 
 _CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "SEPARABLE", "PER_ATOM_RADIUS", "INDEX64", "VEC", "FRAMES")
-_FWD_CONSTEXPR_NAMES = (*_CONSTEXPR_NAMES, "ZSEP")
+_FWD_CONSTEXPR_NAMES = (*_CONSTEXPR_NAMES, "ZSEP", "FIXED")
 _ANISO_CONSTEXPR_NAMES = ("ATOMS", "BP", "BQ", "RULE", "NEUTRON", "INDEX64", "VEC", "FRAMES", "SEPARABLE")
+_ANISO_FWD_CONSTEXPR_NAMES = (*_ANISO_CONSTEXPR_NAMES, "FIXED")
 
 
 @functools.lru_cache(maxsize=8)
@@ -1857,29 +2042,74 @@ _fwd_launch = FastLauncher(_splat_fwd_kernel)
 _bwd_launch = FastLauncher(_splat_bwd_kernel)
 _aniso_fwd_launch = FastLauncher(_aniso_fwd_kernel)
 _aniso_bwd_launch = FastLauncher(_aniso_bwd_kernel)
+_fixed_scale_launch = FastLauncher(_fixed_scale_kernel)
+_aniso_fixed_scale_launch = FastLauncher(_aniso_fixed_scale_kernel)
+_fixed_to_float_launch = FastLauncher(_fixed_to_float_kernel)
+
+
+def _fixed_shift_of(n_atoms: int, n_frames: int) -> int:
+    """62 − ⌈log2(atoms of one map)⌉: the kernels' S is this minus the largest atom exponent."""
+    return 62 - (max(n_atoms // n_frames, 1) - 1).bit_length()
+
+
+def _fixed_accumulators(size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(size,) int64 zeros for the fixed-point sums and the (1,) int64 exponent slot after them: one memset."""
+    acc = torch.zeros(size + 1, dtype=torch.int64, device=device)
+    return acc, acc[size:]
+
+
+def _fixed_map(acc: torch.Tensor, fix: torch.Tensor, size: int, shift: int, shape: tuple) -> torch.Tensor:
+    """The float32 map of ``shape`` from the fixed-point sums (one launch)."""
+    out = torch.empty(shape, dtype=torch.float32, device=acc.device)
+    block = 1 << 16 if triton_interpreted() and acc.device.type != "cuda" else 1024
+    _fixed_to_float_launch(
+        (ceil_div(size, block), 1, 1), (block, acc.device.index), (acc, fix, out, size, shift, block), acc.device, 4
+    )
+    return out
+
+
+def _scale_block(device: torch.device) -> int:
+    """Atoms per program of the exponent kernels (the interpreter pays per program)."""
+    return 1024 if triton_interpreted() and device.type != "cuda" else 128
 
 
 def _forward(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int, shape: tuple):
     """Zero-filled map of ``shape`` (one memset) and one forward launch; returns the map and the radii written.
 
     ``shape``: the grid's, or (n_frames, *grid) — the result's own shape, so no view of it is made per call.
+    With ``torch.are_deterministic_algorithms_enabled()``: the fixed-point forward instead (one memset, three
+    launches; the map is the same bit for bit on every call and for any order of the atoms).
     """
     n = xyz.shape[0]
     size = n_frames * plan.n_voxels
-    out = torch.zeros(shape, dtype=torch.float32, device=xyz.device)
+    fixed = torch.are_deterministic_algorithms_enabled()
+    device = xyz.device
+    if fixed:
+        out, fix = _fixed_accumulators(size, device)
+    else:
+        out = torch.zeros(shape, dtype=torch.float32, device=device)
+        fix = out
     # Per-atom radii: written by the forward, read by the backward. A fixed radius: nothing is written
     # and any float32 pointer will do.
-    radii = torch.empty(n, dtype=torch.float32, device=xyz.device) if plan.per_atom else b_iso
+    radii = torch.empty(n, dtype=torch.float32, device=device) if plan.per_atom else b_iso
     frames = n_frames > 1
     index64 = plan.index64 or size >= 2**31 - 1
-    device = xyz.device
-    c = plan.constexprs(frames, index64)
+    shift = _fixed_shift_of(n, n_frames) if fixed else 0
+    if fixed:
+        block = _scale_block(device)
+        _fixed_scale_launch(
+            (ceil_div(n, block), 1, 1), (block, plan.per_atom, xyz.dtype, device.index),
+            (xyz, b_iso, occ, a, b, radii, plan.params, fix, n, block, plan.per_atom), device, 4,
+        )  # fmt: skip
+    c = plan.constexprs(frames, index64, fixed)
     _fwd_launch(
         (ceil_div(n, plan.atoms_per_program), 1, 1),
         (c, plan.num_warps, plan.maxnreg, xyz.dtype, device.index),
-        (xyz, b_iso, occ, a, b, radii, plan.params, out, n, n // n_frames, *c),
+        (xyz, b_iso, occ, a, b, radii, plan.params, out, fix, n, n // n_frames, shift, *c),
         device, plan.num_warps, plan.maxnreg,
     )  # fmt: skip
+    if fixed:
+        out = _fixed_map(out, fix, size, shift, shape)
     return out, radii
 
 
@@ -1946,20 +2176,34 @@ def _forward_aniso(plan: _Plan, xyz, u, aniso, b_iso, occ, a, b, n_frames: int, 
     """
     n = xyz.shape[0]
     size = n_frames * plan.n_voxels
-    out = torch.zeros(shape, dtype=torch.float32, device=xyz.device)
-    radii = torch.empty(n, dtype=torch.float32, device=xyz.device) if rule else b_iso
+    fixed = torch.are_deterministic_algorithms_enabled()
+    device = xyz.device
+    if fixed:
+        out, fix = _fixed_accumulators(size, device)
+    else:
+        out = torch.zeros(shape, dtype=torch.float32, device=device)
+        fix = out
+    radii = torch.empty(n, dtype=torch.float32, device=device) if rule else b_iso
     # The kernels read the flags as bytes (a bool pointer is not the same type in every Triton).
     flag = aniso.view(torch.uint8)
     frames = n_frames > 1
     index64 = plan.index64 or size >= 2**31 - 1
-    device = xyz.device
-    c = plan.constexprs_aniso(False, rule, neutron, frames, index64)
+    shift = _fixed_shift_of(n, n_frames) if fixed else 0
+    if fixed:
+        block = _scale_block(device)
+        _aniso_fixed_scale_launch(
+            (ceil_div(n, block), 1, 1), (block, rule, neutron, xyz.dtype, device.index),
+            (xyz, u, flag, b_iso, occ, a, b, radii, plan.params, fix, n, block, rule, neutron), device, 4,
+        )  # fmt: skip
+    c = plan.constexprs_aniso(False, rule, neutron, frames, index64, fixed)
     _aniso_fwd_launch(
         (ceil_div(n, plan.atoms_per_program), 1, 1),
         (c, plan.num_warps_aniso, xyz.dtype, device.index),
-        (xyz, u, flag, b_iso, occ, a, b, radii, plan.params, out, n, n // n_frames, *c),
+        (xyz, u, flag, b_iso, occ, a, b, radii, plan.params, out, fix, n, n // n_frames, shift, *c),
         device, plan.num_warps_aniso,
     )  # fmt: skip
+    if fixed:
+        out = _fixed_map(out, fix, size, shift, shape)
     return out, radii
 
 

@@ -327,8 +327,32 @@ def _forward(rho, points, params, method_code: int, periodic: bool, fill_value: 
     return out
 
 
+def _alert_map_gradient() -> None:
+    """torch's rule for an op without a deterministic implementation, for the map gradient's float atomics.
+
+    With ``torch.use_deterministic_algorithms(True)``: a RuntimeError (``warn_only=True``: a UserWarning),
+    worded as torch's own alerts so that filters written for those catch it; nothing otherwise.
+    """
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    msg = (
+        "tricubic_sample's Triton backward (the gradient with respect to the map) does not have a deterministic "
+        "implementation, but you set 'torch.use_deterministic_algorithms(True)': it adds float32 atomics in an "
+        "order that changes run to run. Use backend='cpu' (a deterministic scatter), detach the map, or pass "
+        "warn_only=True if run-to-run differences in the last bits are acceptable."
+    )
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        import warnings
+
+        warnings.warn(msg, UserWarning, stacklevel=4)
+        return
+    raise RuntimeError(msg)
+
+
 def _backward(rho, points, params, grad_out, method_code: int, periodic: bool, need_rho: bool, need_points: bool):
     """``(grad_rho, grad_points)``, each None unless asked for: one launch for both."""
+    if need_rho:
+        _alert_map_gradient()
     grad_rho = torch.zeros(rho.shape, dtype=torch.float32, device=rho.device) if need_rho else None
     # Every row of grad_points is written (0 outside a bounded map and at non-finite points).
     grad_points = torch.empty(points.shape, dtype=torch.float32, device=rho.device) if need_points else None

@@ -404,7 +404,11 @@ def test_constexprs_are_passed_in_signature_order():
     for kernel, names, values in (
         (triton_splat._splat_fwd_kernel, triton_splat._FWD_CONSTEXPR_NAMES, plan.constexprs(False, False)),
         (triton_splat._splat_bwd_kernel, iso, plan.constexprs_bwd(False, False)),
-        (triton_splat._aniso_fwd_kernel, aniso, plan.constexprs_aniso(False, 1, False, False, False)),
+        (
+            triton_splat._aniso_fwd_kernel,
+            triton_splat._ANISO_FWD_CONSTEXPR_NAMES,
+            plan.constexprs_aniso(False, 1, False, False, False),
+        ),
         (triton_splat._aniso_bwd_kernel, aniso, plan.constexprs_aniso(True, 1, False, False, False)),
     ):
         assert len(values) == len(names)

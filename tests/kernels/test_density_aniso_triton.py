@@ -30,7 +30,7 @@ from kernels.density.adp import adp_eigenvalues
 from kernels.density.radius import atom_cutoff_radii
 from kernels.density.reference import splat_frames_reference, splat_reference
 from kernels.density.triton import splat_frames_triton, splat_triton
-from tests.helpers import STRUCTURES, assert_close, assert_kernel_close, requires_cuda
+from tests.helpers import STRUCTURES, assert_close, assert_kernel_close, requires_cuda, run_compiled
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ROOT = Path(__file__).resolve().parents[2]
@@ -507,12 +507,14 @@ _SM90_SCRIPT = textwrap.dedent(
     pointers = {"xyz_ptr": "*fp32", "u_ptr": "*fp32", "flag_ptr": "*u8", "b_iso_ptr": "*fp32", "occ_ptr": "*fp32",
                 "a_ptr": "*fp32", "b_ptr": "*fp32", "radius_ptr": "*fp32", "p_ptr": "*fp64", "n_atoms": "i32",
                 "atoms_per_frame": "i32", "out_ptr": "*fp32", "grad_ptr": "*fp32", "gxyz_ptr": "*fp32",
-                "gu_ptr": "*fp32", "gb_ptr": "*fp32", "gocc_ptr": "*fp32"}
+                "gu_ptr": "*fp32", "gb_ptr": "*fp32", "gocc_ptr": "*fp32", "fix_ptr": "*i64", "fix_shift": "i32"}
     done = []
     for fn in (T._aniso_fwd_kernel, T._aniso_bwd_kernel):
         for rule, neutron, vec, separable in ((1, False, True, True), (2, False, False, False), (1, True, True, False)):
             const = dict(ATOMS=1, BP=8, BQ=8, RULE=rule, NEUTRON=neutron, INDEX64=rule == 2,
                          VEC=vec, FRAMES=not vec, SEPARABLE=separable)
+            if "FIXED" in fn.arg_names:  # the forward's deterministic mode: tests/kernels/test_density_deterministic.py
+                const["FIXED"] = False
             sig = {n: "constexpr" if n in const else pointers[n] for n in fn.arg_names}
             src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
             kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
@@ -527,14 +529,7 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     # The interpreter does not lower to PTX: compile the anisotropic kernels for an H100 (sm_90) with
     # Triton's own ptxas, in a process without TRITON_INTERPRET, so a construct only the GPU compiler
     # rejects fails here too.
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, PYTHONPATH=path)
-    env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", _SM90_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(json.loads(proc.stdout.strip().splitlines()[-1])) == 6
+    assert len(json.loads(run_compiled(_SM90_SCRIPT, ROOT).strip().splitlines()[-1])) == 6
 
 
 _FIRST_CALL_SCRIPT = textwrap.dedent(

@@ -291,6 +291,29 @@ def test_cpu_map_gradient_is_deterministic_across_threads():
     assert torch.equal(grads[0], grads[1]) and torch.equal(grads[1], grads[2])
 
 
+def test_triton_map_gradient_honours_the_deterministic_switch():
+    # Its float32 atomics have no deterministic form: with the switch on, torch's rule (an error, or a
+    # warning with warn_only); the points' gradient (a gather) is deterministic and always allowed.
+    rho, grid = real_map("1aki")
+    pts = random_points(grid.cell, 50, seed=13).float().to(DEVICE["triton"])
+    rho = rho.to(DEVICE["triton"])
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        p = pts.clone().requires_grad_()
+        fast("triton", rho, grid, p).sum().backward()
+        assert p.grad is not None
+        r = rho.clone().requires_grad_()
+        with pytest.raises(RuntimeError, match="does not have a deterministic implementation.*backend='cpu'"):
+            fast("triton", r, grid, pts).sum().backward()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="does not have a deterministic implementation"):
+            fast("triton", r, grid, pts).sum().backward()
+        assert r.grad is not None
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
 def test_batch_shape_empty_and_nonfinite_points():
     rho, grid = real_map("1aki")
     pts = random_points(grid.cell, 24, seed=13).reshape(2, 3, 4, 3)
