@@ -37,12 +37,15 @@ def _python_blocks(build) -> tuple[int, int]:
         after = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-    stats = after.compare_to(before, "filename")
+    # Only what the AtomSet code allocates (the dataclass's generated __init__ runs as "<string>"): other
+    # threads of the process (compile workers, the kernels' pools) may allocate meanwhile.
+    ours = (kernels.crystal.__file__, "<string>")
+    stats = [s for s in after.compare_to(before, "filename") if s.traceback[0].filename in ours]
     del kept
     return sum(s.size_diff for s in stats), sum(s.count_diff for s in stats)
 
 
-@pytest.mark.parametrize("how", ["constructor", "replace", "to"])
+@pytest.mark.parametrize("how", ["constructor", "replace"])
 def test_building_atoms_does_not_grow_with_n(how):
     sizes = {}
     for n in (10, 20_000):
@@ -51,7 +54,6 @@ def test_building_atoms_does_not_grow_with_n(how):
         build = {
             "constructor": lambda b=base, x=x: AtomSet(x, b.b_iso, b.occ, b.a, b.b),
             "replace": lambda b=base, x=x: b.replace(xyz=x),
-            "to": lambda b=base: b.to(dtype=torch.float32),
         }[how]
         sizes[n] = _python_blocks(build)
     (small_bytes, small_blocks), (big_bytes, big_blocks) = sizes[10], sizes[20_000]
@@ -62,6 +64,7 @@ def test_building_atoms_does_not_grow_with_n(how):
 
 def test_default_labels_and_symbols_are_made_when_read_and_compare_like_tuples():
     atoms = _atoms(5)
+    assert not isinstance(atoms.labels, tuple) and not isinstance(atoms.elements, tuple)  # made when read
     assert atoms.labels[3] == AtomLabel("", "", 4, "", "#4", "") and str(atoms.labels[-1]) == "/ 5/#5"
     assert list(atoms.elements) == ["?"] * 5 and atoms.elements.count("?") == 5
     assert atoms.labels == tuple(AtomLabel("", "", i + 1, "", f"#{i + 1}", "") for i in range(5))
@@ -134,35 +137,48 @@ def test_fit_from_a_distorted_start_comes_back_to_the_model():
     assert 0.45 < first < 0.55 and rmsd[0] < first and rmsd[2] < rmsd[0] and rmsd[2] < 0.15, (first, rmsd)
 
 
-def _compiled_matches_eager(device: str, build: str):
-    atoms, start, planes, grid, target = _problem(device)
+def _compiled_matches_eager(device: str, build: str, name: str):
+    """The loss of B, occupancy and U too (1pfe: anisotropic atoms beside isotropic ones)."""
+    atoms, start, planes, grid, target = _problem(device, name)
 
-    def value_and_grad(fn):
-        x = start.clone().requires_grad_(True)
-        loss = fn(atoms, x, planes, grid, target, 0.1, build)
-        loss.backward()
-        return loss.detach(), x.grad
+    def loss(x, b, occ, u):
+        if build == "replace":
+            moved = atoms.replace(xyz=x, b_iso=b, occ=occ, u_aniso=u)
+        else:
+            moved = AtomSet(x, b, occ, atoms.a, atoms.b, u_aniso=u, aniso=atoms.aniso)
+        rho = kernels.splat_density(moved, grid)
+        return ((rho - target) ** 2).sum() * grid.voxel_volume + 0.1 * kernels.planarity_nll(x, planes)
+
+    def value_and_grads(fn):
+        leaves = [start, atoms.b_iso, atoms.occ] + ([] if atoms.u_aniso is None else [atoms.u_aniso])
+        leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
+        value = fn(*leaves, *([None] * (4 - len(leaves))))
+        return value.detach(), torch.autograd.grad(value, leaves)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        eager = value_and_grad(_loss)
+        eager = value_and_grads(loss)
         torch._dynamo.reset()
-        compiled = value_and_grad(torch.compile(_loss, fullgraph=True))
+        compiled = value_and_grads(torch.compile(loss, fullgraph=True))
     torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=0)
-    scale = float(eager[1].abs().max())
-    torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=1e-5 * scale)
+    for field, got, want in zip(("xyz", "b_iso", "occ", "u_aniso"), compiled[1], eager[1]):
+        scale = float(want.abs().max())
+        assert scale > 0 or (field == "b_iso" and bool(atoms.aniso.all())), field  # 1pfe: every atom uses U
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * scale, msg=lambda m, f=field: f"{f}: {m}")
 
 
+@pytest.mark.parametrize("name", ["1orc", "1pfe"])
 @pytest.mark.parametrize("build", ["constructor", "replace"])
-def test_compiled_step_gradients_equal_eager_cpu(build):
-    _compiled_matches_eager("cpu", build)
+def test_compiled_step_gradients_equal_eager_cpu(build, name):
+    _compiled_matches_eager("cpu", build, name)
 
 
 @requires_cuda
 @pytest.mark.cuda
+@pytest.mark.parametrize("name", ["1orc", "1pfe"])
 @pytest.mark.parametrize("build", ["constructor", "replace"])
-def test_compiled_step_gradients_equal_eager_cuda(build):
-    _compiled_matches_eager("cuda", build)
+def test_compiled_step_gradients_equal_eager_cuda(build, name):
+    _compiled_matches_eager("cuda", build, name)
 
 
 @requires_cuda
@@ -188,3 +204,41 @@ def test_a_cuda_step_never_synchronises(build):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert not torch.equal(x.detach(), before)
+
+
+class _CountingScatter:
+    """The C++ module with its calls counted (the real kernels run)."""
+
+    def __init__(self, module):
+        self._module, self.calls = module, {}
+
+    def __getattr__(self, name):
+        fn = getattr(self._module, name)
+        if name not in ("splat", "gather", "gather_aniso"):
+            return fn
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("name", ["1orc", "1pfe"])
+def test_a_compiled_cpu_step_runs_the_forward_once(name, monkeypatch):
+    """The compiled backward is the C++ gather alone, as the eager one is: no second forward."""
+    from kernels.density import cpu
+
+    atoms, start, planes, grid, target = _problem("cpu", name)
+    loss = torch.compile(_loss, fullgraph=True)
+    x = start.clone().requires_grad_(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch._dynamo.reset()
+        loss(atoms, x, planes, grid, target, 0.1, "replace").backward()  # compiles
+        counting = _CountingScatter(cpu._scatter)
+        monkeypatch.setattr(cpu, "_scatter", counting)
+        for _ in range(2):
+            loss(atoms, x, planes, grid, target, 0.1, "replace").backward()
+    backward = "gather" if atoms.u_aniso is None else "gather_aniso"
+    assert counting.calls == {"splat": 2, backward: 2}, counting.calls
