@@ -212,8 +212,7 @@ def _parts(p: dict, case: dict, leaves, timer: _Timer, reps: int) -> dict:
         def planarity():
             (lam * sum(kernels.planarity_nll(x[f], planes) for f in range(n_frames))).backward()
 
-        def build():
-            pass
+        build = None  # the frames go to splat_ensemble as they are: nothing is built
     else:
         prebuilt = atoms.replace(xyz=x, b_iso=b, occ=occ, u_aniso=u)
 
@@ -235,8 +234,10 @@ def _parts(p: dict, case: dict, leaves, timer: _Timer, reps: int) -> dict:
 
     trainable = [t for t in leaves if t is not None and t.requires_grad]
     opt = _optimizer("adam", leaves, case["params"], case["lr"]) if case["optimizer"] == "adam" else None
-    out = {}
+    out = {"build": None}
     for name, fn in (("density", density), ("planarity", planarity), ("build", build)):
+        if fn is None:
+            continue
         for t in trainable:
             t.grad = None
         for _ in range(3):
@@ -478,7 +479,9 @@ def main(argv=None) -> int:
             pm = result["parts_ms"]
             line += (
                 f", parts {pm['sum']:.3f} = density {pm['density']:.3f} + planarity {pm['planarity']:.3f}"
-                f" + update {pm['optimizer']:.3f} (build {pm['build'] * 1e3:.1f} µs), ratio {result['step_over_parts']:.2f}"
+                f" + update {pm['optimizer']:.3f}"
+                + ("" if pm["build"] is None else f" (build {pm['build'] * 1e3:.1f} µs)")
+                + f", ratio {result['step_over_parts']:.2f}"
             )
         line += f", RMSD {result['rmsd'][0]:.3f} → {result['rmsd'][-1]:.3f} Å in {result['steps_run']} steps"
         if result["first_step_below_goal"] is not None:
