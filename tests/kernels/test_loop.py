@@ -170,18 +170,11 @@ def _compiled_matches_eager(device: str, build: str, name: str):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * scale, msg=lambda m, f=field: f"{f}: {m}")
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])])
 @pytest.mark.parametrize("name", ["1orc", "1pfe"])
 @pytest.mark.parametrize("build", ["constructor", "replace"])
-def test_compiled_step_gradients_equal_eager_cpu(build, name):
-    _compiled_matches_eager("cpu", build, name)
-
-
-@requires_cuda
-@pytest.mark.cuda
-@pytest.mark.parametrize("name", ["1orc", "1pfe"])
-@pytest.mark.parametrize("build", ["constructor", "replace"])
-def test_compiled_step_gradients_equal_eager_cuda(build, name):
-    _compiled_matches_eager("cuda", build, name)
+def test_compiled_step_gradients_equal_eager(build, name, device):
+    _compiled_matches_eager(device, build, name)
 
 
 @requires_cuda
