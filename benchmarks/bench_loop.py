@@ -301,11 +301,11 @@ def _run_case(p: dict, case: dict, device: torch.device, args) -> dict:
     for i in range(case["steps"]):
         before = evals[0]
         if case["optimizer"] == "lbfgs":
-            ms = timer(lambda: losses.append(opt.step(closure).detach()))
+            ms = timer(lambda: losses.append(opt.step(closure).detach().clone()))
         else:
 
             def adam_step():
-                losses.append(closure().detach())
+                losses.append(closure().detach().clone())  # a CUDA graph replay reuses its output
                 opt.step()
 
             ms = timer(adam_step)
