@@ -399,6 +399,13 @@ def _cases(args, device: torch.device) -> list[dict]:
     return cases
 
 
+def _write(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
@@ -471,8 +478,10 @@ def main(argv=None) -> int:
             result = dict(case, error=f"{type(exc).__name__}: {exc}")
             print(f"{label}: FAILED {result['error']}", flush=True)
             record["cases"].append(result)
+            _write(out_path, record)
             continue
         record["cases"].append(result)
+        _write(out_path, record)  # after every case: a run stopped at its time limit keeps what it measured
         s = result["step_ms"]
         line = f"{label}: {result['n_atoms']} atoms, step {s['median'] or float('nan'):.3f} ms (first {result['first_step_ms']:.1f})"
         if "parts_ms" in result:
@@ -488,8 +497,7 @@ def main(argv=None) -> int:
             line += f" (< {RMSD_GOAL} Å at step {result['first_step_below_goal']})"
         print(line, flush=True)
     record["load_average_end"] = os.getloadavg()
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(record, indent=1))
+    _write(out_path, record)
     print(f"wrote {out_path}")
     return 0
 
