@@ -22,6 +22,8 @@
 #   determinism  issue 36: tests/kernels/test_density_deterministic.py (10 calls bitwise, permuted atoms),
 #              bench_atomics.py (atomic-add throughput, the splat's fractions of it) and bench_eager.py's
 #              density part with --deterministic (peers as for eager)
+#   loop       bench_loop.py: the fitting loop on the GPU, eager (every structure, the ensemble,
+#              L-BFGS) and compiled / reduce-overhead (Adam), in three runs of at most 9 minutes
 # Files are named <op>_<gpu>_<date> (GPU parts) and <op>_<gpu>host_<date> (CPU parts), <gpu> from
 # nvidia-smi (h100, h200, a100, ... or "gpu"). device.txt records the GPU, CPU and versions.
 set -o pipefail
@@ -109,6 +111,17 @@ if has determinism; then
     timeout 420 python3 benchmarks/bench_eager.py "${peers[@]}" --parts density --deterministic \
         --out "$DIR/eager_deterministic_cuda_${gpu}_$day.json" > "$DIR/eager_deterministic_cuda_${gpu}_$day.log" 2>&1
     summary+=("eager deterministic rc=$?")
+fi
+if has loop; then
+    timeout 540 python3 benchmarks/bench_loop.py --device cuda --modes eager \
+        --out "$DIR/loop_cuda_${gpu}_${day}_eager.json" > "$DIR/loop_cuda_${gpu}_${day}_eager.log" 2>&1
+    summary+=("loop eager rc=$?")
+    for adp in iso aniso; do
+        timeout 540 python3 benchmarks/bench_loop.py --device cuda --modes compiled reduce-overhead --optimizers adam \
+            --ensemble 0 --adp "$adp" --steps 30 --out "$DIR/loop_cuda_${gpu}_${day}_compiled_$adp.json" \
+            > "$DIR/loop_cuda_${gpu}_${day}_compiled_$adp.log" 2>&1
+        summary+=("loop compiled $adp rc=$?")
+    done
 fi
 if has probe; then
     OMP_NUM_THREADS=2 python3 benchmarks/cpu_phase_probe.py --structures 5h73 3wip --threads 1 2 --rounds 12 \

@@ -270,9 +270,15 @@ def splat_density(
         _check_radius_extent(radius, grid)
     if type(cutoff) is not float or not 0.0 < cutoff < math.inf:  # the usual float skips the validator's call
         cutoff = positive_number(cutoff, "cutoff", "the map's unit")
-    if radius is None and atoms.device.type == "cpu":
-        _warn_atoms_below_cutoff(atoms, cutoff)
     name, fn = get_backend("density", atoms.device, backend)
+    if atoms.device.type == "cpu":
+        if name in _HOST_CHECKED:
+            # These backends read the values on the host anyway: a bad B, occupancy or coefficient is
+            # named here, not left to make NaN voxels (AtomSet(...) reads no value; positions and U
+            # are checked by the backends themselves).
+            atoms._check_values(physical=False)
+        if radius is None:
+            _warn_atoms_below_cutoff(atoms, cutoff)
     if name != "reference" and not grid.is_whole_cell:
         raise GridError(f"the {name} density backend splats whole-cell grids only; use backend='reference' for a box")
     dtype = torch.float64 if name == "reference" else torch.float32
@@ -289,6 +295,8 @@ def splat_density(
 
 
 _memory_checked: set[tuple] = set()
+# The backends whose CPU calls check the atoms' values (the triton backend never reads them back).
+_HOST_CHECKED = ("cpu", "reference")
 
 
 def _blurred(atoms: AtomSet, blur) -> AtomSet:

@@ -196,6 +196,61 @@ def _run_forward(out, xyz, frac, b_iso, occ, a, b, grid, radii, cutoff, options,
     return cell, info, rows, frac, (b_iso, occ, a, b)
 
 
+def _gather(grad_out, cell, katoms, options, rows):
+    """The C++ isotropic backward: ((gxyz, gb_iso, gocc) float32, timing dict or None).
+
+    ``rows``: the forward's row intervals, or None to solve for them again (bitwise the same).
+    """
+    n = len(katoms)
+    g = grad_out.detach().to(torch.float32).contiguous()
+    # the kernel writes every atom's entries: sums in float64, rounded once to float32
+    gxyz = torch.empty((n, 3), dtype=torch.float32)
+    gb = torch.empty(n, dtype=torch.float32)
+    gocc = torch.empty(n, dtype=torch.float32)
+    info = None
+    if n:
+        info = _scatter.gather(
+            g,
+            cell,
+            katoms,
+            gxyz,
+            gb,
+            gocc,
+            rows=rows,
+            n_threads=torch.get_num_threads(),
+            force_int64=options.force_int64,
+            float_rows=options.float_rows,
+            lanes=options.lanes,
+        )
+    return (gxyz, gb, gocc), info
+
+
+def _gather_aniso(grad_out, cell, katoms, frac_matrix, options):
+    """The C++ anisotropic backward: ((gxyz, gb_iso, gocc, gu) float32, timing dict or None)."""
+    n = len(katoms)
+    g = grad_out.detach().to(torch.float32).contiguous()
+    # the kernel writes every atom's entries: sums in float64, rounded once to float32
+    gxyz = torch.empty((n, 3), dtype=torch.float32)
+    gb = torch.empty(n, dtype=torch.float32)
+    gocc = torch.empty(n, dtype=torch.float32)
+    gu = torch.empty((n, 6), dtype=torch.float32)
+    info = None
+    if n:
+        info = _scatter.gather_aniso(
+            g,
+            cell,
+            katoms,
+            frac_matrix,
+            gxyz,
+            gocc,
+            gu,
+            gb,
+            n_threads=torch.get_num_threads(),
+            force_int64=options.force_int64,
+        )
+    return (gxyz, gb, gocc, gu), info
+
+
 class _SplatFunction(torch.autograd.Function):
     """float32 map(s) from float32 atoms; backward is the C++ gather (no dense graph).
 
@@ -231,27 +286,8 @@ class _SplatFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         frac, radii, b_iso, occ, a, b = ctx.saved_tensors
-        n = frac.shape[0]
-        g = grad_out.detach().to(torch.float32).contiguous()
-        # the kernel writes every atom's entries: sums in float64, rounded once to float32
-        gxyz = torch.empty((n, 3), dtype=torch.float32)
-        gb = torch.empty(n, dtype=torch.float32)
-        gocc = torch.empty(n, dtype=torch.float32)
-        if n:
-            opt = ctx.options
-            ctx.backward_info = _scatter.gather(
-                g,
-                ctx.cell,
-                _kernel_atoms(frac, radii, ctx.cutoff, b_iso, occ, a, b),
-                gxyz,
-                gb,
-                gocc,
-                rows=ctx.rows,
-                n_threads=torch.get_num_threads(),
-                force_int64=opt.force_int64,
-                float_rows=opt.float_rows,
-                lanes=opt.lanes,
-            )
+        katoms = _kernel_atoms(frac, radii, ctx.cutoff, b_iso, occ, a, b)
+        (gxyz, gb, gocc), ctx.backward_info = _gather(grad_out, ctx.cell, katoms, ctx.options, ctx.rows)
         want = ctx.needs_input_grad
         return (
             gxyz if want[0] else None,
@@ -369,26 +405,8 @@ class _AnisoSplatFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        n = len(ctx.katoms)
-        g = grad_out.detach().to(torch.float32).contiguous()
-        # the kernel writes every atom's entries: sums in float64, rounded once to float32
-        gxyz = torch.empty((n, 3), dtype=torch.float32)
-        gb = torch.empty(n, dtype=torch.float32)
-        gocc = torch.empty(n, dtype=torch.float32)
-        gu = torch.empty((n, 6), dtype=torch.float32)
-        if n:
-            ctx.backward_info = _scatter.gather_aniso(
-                g,
-                ctx.cell,
-                ctx.katoms,
-                ctx.frac_matrix,
-                gxyz,
-                gocc,
-                gu,
-                gb,
-                n_threads=torch.get_num_threads(),
-                force_int64=ctx.options.force_int64,
-            )
+        grads, ctx.backward_info = _gather_aniso(grad_out, ctx.cell, ctx.katoms, ctx.frac_matrix, ctx.options)
+        gxyz, gb, gocc, gu = grads
         want = ctx.needs_input_grad
         return (
             gxyz if want[0] else None,
@@ -556,6 +574,7 @@ def _splat_cpu(
     timings: list | None = None,
     n_frames: int = 0,
     out: torch.Tensor | None = None,
+    grad_of: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`splat_cpu` with the kernel's private options, for tests and benchmarks.
 
@@ -573,11 +592,16 @@ def _splat_cpu(
         start, zeroed, end) per map slab.
     n_frames : int
         0: one map of all atoms. F ≥ 1: F maps of F equal frames (:func:`splat_frames_cpu`).
+    grad_of : torch.Tensor, optional
+        A map gradient (``grid.shape``): return the backward's gradients of ``sum(grad_of · map)``
+        instead of the map, without running the forward (the compiled backward op's path: the C++
+        backward solves for the row intervals itself). Isotropic sets: ``(g_xyz, g_b_iso, g_occ)``;
+        anisotropic: ``(g_xyz, g_b_iso, g_occ, g_u_aniso)``; float32.
 
     Returns
     -------
     torch.Tensor, shape grid.shape (n_frames 0) or (n_frames, *grid.shape), float32
-        As for :func:`splat_cpu`.
+        As for :func:`splat_cpu` (a tuple of gradients with ``grad_of``).
     """
     if not grid.is_whole_cell:
         raise GridError("the cpu density backend splats whole-cell grids only; use backend='reference' for a box")
@@ -614,6 +638,16 @@ def _splat_cpu(
         else:
             u, bi, aa, bb = (t.detach().contiguous() for t in (u_aniso, b_iso, a, b))
             radii = _aniso_radii(u, aniso_u8, bi, aa, bb, atoms.radiation, _check_cutoff(cutoff), radius_rule)
+        if grad_of is not None:
+            katoms = _scatter.Atoms(
+                _fractional(xyz, grid) if frac is None else frac,
+                *(t.detach().contiguous() for t in (b_iso, occ, a, b)),
+                radii=radii.contiguous(),
+                cutoff=0.0,
+                u_aniso=u_aniso.detach(),
+                aniso=aniso_u8,
+            )
+            return _gather_aniso(grad_of, _kernel_cell(grid), katoms, grid.cell.frac.contiguous(), options)[0]
         if out is not None:
             _, info, _ = _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options)
             if timings is not None:
@@ -631,6 +665,10 @@ def _splat_cpu(
     else:
         cutoff = _check_cutoff(cutoff)
         radii = None  # the kernel derives each atom's radius from the cutoff (one pass, no extra call)
+    if grad_of is not None:
+        frac = _fractional(xyz, grid) if frac is None else frac
+        katoms = _kernel_atoms(frac, radii, float(cutoff), *(t.detach().contiguous() for t in (b_iso, occ, a, b)))
+        return _gather(grad_of, _kernel_cell(grid), katoms, options, None)[0]
     if out is not None:
         _, info, _, _, _ = _run_forward(out, xyz, frac, b_iso, occ, a, b, grid, radii, float(cutoff), options, False)
         if timings is not None:

@@ -26,39 +26,12 @@ import numpy as np
 import torch
 
 from kernels._util import positive_number
-from kernels.crystal import AtomSet, GridError, GridSpec, _free_memory, _size
+from kernels.crystal import AtomSet, GridError, GridSpec, _free_memory, _size, _Tiled
 from kernels.density.adp import first_bad_adp, with_blur
 from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES
 from kernels.dispatch import get_backend
 
 __all__ = ["splat_ensemble", "sum_gradients_over_ranks", "frame_share"]
-
-
-class _Tiled(Sequence):
-    """``base`` repeated ``times`` times, without building the F·N-long tuple.
-
-    The flattened atom set's element symbols and labels: the kernels read them only to name an
-    atom in an error, and a tuple of 17 million labels (1,024 frames of 3WIP) would cost more
-    host time than the splat.
-    """
-
-    def __init__(self, base: Sequence, times: int):
-        self._base = base
-        self._n = len(base)
-        self._times = times
-
-    def __len__(self) -> int:
-        return self._n * self._times
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return tuple(self[i] for i in range(*index.indices(len(self))))
-        index = int(index)
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"atom index {index} out of range for {len(self)} atoms")
-        return self._base[index % self._n]
 
 
 def frame_share(n_frames: int, process_group=None) -> tuple[int, int]:

@@ -23,9 +23,9 @@ Ops (namespace ``kernels``):
 ``density_cpu(xyz, b_iso, occ, a, b, cell, shape, radius, cutoff) -> map``
     :func:`kernels.density.cpu.splat_cpu`, wrapped.
 ``density_cpu_backward(grad, xyz, b_iso, occ, a, b, cell, shape, radius, cutoff) -> (g_xyz, g_b_iso, g_occ)``
-    The gradients of ``splat_cpu`` through its public autograd path: the forward is run again
-    inside the op (the C++ backward needs the forward's row intervals, which cannot cross an op
-    boundary), so a compiled CPU backward costs one more forward.
+    The gradients of ``splat_cpu``: its C++ backward alone, which solves for the row intervals the
+    eager forward would have kept (they cannot cross an op boundary), without running the forward
+    again (``_splat_cpu(grad_of=)``).
 
 ``cell`` is the six cell parameters (Å, degrees) and ``shape`` the whole-cell grid's shape: plain
 values a graph can hold, from which the ops rebuild the grid (cached).
@@ -256,18 +256,6 @@ def _(xyz, b_iso, occ, a, b, cell, shape, radius, cutoff):
     return xyz.new_empty(tuple(shape), dtype=torch.float32)
 
 
-def _autograd_dispatch_on():
-    """Autograd recording inside an op's kernel, where the dispatcher has turned it off for the call.
-
-    The CPU backward op differentiates ``splat_cpu`` through its own autograd Function; the keys the
-    dispatcher excluded for the custom op's kernel are put back for that inner computation only.
-    """
-    keys = torch._C._dispatch_tls_local_exclude_set()
-    for key in (torch._C.DispatchKey.AutogradFunctionality, torch._C.DispatchKey.ADInplaceOrView):
-        keys = keys.remove(key)
-    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), keys)
-
-
 @torch.library.custom_op("kernels::density_cpu_backward", mutates_args=())
 def density_cpu_backward(
     grad: torch.Tensor,
@@ -281,15 +269,13 @@ def density_cpu_backward(
     radius: float | None,
     cutoff: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from kernels.density.cpu import splat_cpu
+    from kernels.density.cpu import _splat_cpu
 
     if xyz.shape[0] == 0:
         return torch.zeros_like(xyz), torch.zeros_like(b_iso), torch.zeros_like(occ)
-    with _autograd_dispatch_on(), torch.enable_grad():
-        leaves = [t.detach().requires_grad_(True) for t in (xyz, b_iso, occ)]
-        out = splat_cpu(_atoms(*leaves, a, b), _grid(tuple(cell), tuple(shape)), radius=radius, cutoff=cutoff)
-        g = torch.autograd.grad(out, leaves, grad)
-    return tuple(t.detach() for t in g)
+    atoms = _atoms(*(t.detach() for t in (xyz, b_iso, occ)), a, b)
+    g = _splat_cpu(atoms, _grid(tuple(cell), tuple(shape)), radius=radius, cutoff=cutoff, grad_of=grad)
+    return tuple(t.to(v.dtype) for t, v in zip(g, (xyz, b_iso, occ)))
 
 
 @density_cpu_backward.register_fake
@@ -357,21 +343,17 @@ def density_cpu_aniso_backward(
     radiation: str,
     radius_rule: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from kernels.density.cpu import splat_cpu
+    from kernels.density.cpu import _splat_cpu
 
     no_u = _no_u_grad(u_aniso, b_iso)
     if xyz.shape[0] == 0:
         return torch.zeros_like(xyz), no_u, torch.zeros_like(b_iso), torch.zeros_like(occ)
-    with _autograd_dispatch_on(), torch.enable_grad():
-        leaves = [t.detach().requires_grad_(True) for t in (xyz, b_iso, occ)]
-        u_leaf = None if u_aniso is None else u_aniso.detach().requires_grad_(True)
-        atoms = _atoms(*leaves, a, b, u_leaf, aniso, radiation)
-        out = splat_cpu(atoms, _grid(tuple(cell), tuple(shape)), radius=radius, cutoff=cutoff, radius_rule=radius_rule)
-        inputs = leaves if u_leaf is None else [*leaves, u_leaf]
-        # Anisotropic atoms do not use their b_iso: its gradient there is zero, not a missing edge.
-        g = torch.autograd.grad(out, inputs, grad, allow_unused=True, materialize_grads=True)
-    g = [t.detach() for t in g]
-    return g[0], g[3] if u_leaf is not None else no_u, g[1], g[2]
+    atoms = _atoms(*(t.detach() for t in (xyz, b_iso, occ)), a, b, u_aniso, aniso, radiation)
+    grid = _grid(tuple(cell), tuple(shape))
+    g = _splat_cpu(atoms, grid, radius=radius, cutoff=cutoff, radius_rule=radius_rule, grad_of=grad)
+    g_xyz, g_b, g_occ = (t.to(v.dtype) for t, v in zip(g[:3], (xyz, b_iso, occ)))
+    # The anisotropic kernel writes zero B gradients where atoms use U (their b_iso is not read).
+    return g_xyz, no_u if u_aniso is None else g[3].to(u_aniso.dtype), g_b, g_occ
 
 
 @density_cpu_aniso_backward.register_fake

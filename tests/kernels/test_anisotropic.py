@@ -112,13 +112,18 @@ def test_a_non_positive_definite_anisou_is_refused_naming_the_atom_and_its_eigen
     bad = [i for i, lab in enumerate(atoms.labels) if (lab.chain, lab.seq_num, lab.atom_name, lab.altloc) == BAD_ATOM]
     assert len(bad) == 1 and not bool(atoms.aniso[bad[0]]) and int(atoms.aniso.sum()) == len(atoms) - 1
     assert any("not positive definite" in note for note in model.notes)
-    # an AtomSet built by hand refuses it too, and says how to go on
+    # atoms built by hand are refused by check() and by the CPU kernels, naming the atom
     u = atoms.u_aniso.clone()
     u[bad[0]] = torch.tensor([0.05, 0.05, 0.05, 0.2, 0.0, 0.0], dtype=u.dtype)
     flags = atoms.aniso.clone()
     flags[bad[0]] = True
-    with pytest.raises(ValueError, match=r"MET 48/CB.*not positive definite \(eigenvalues -0\.15"):
-        atoms.replace(u_aniso=u, aniso=flags)
+    by_hand = atoms.replace(u_aniso=u, aniso=flags)
+    with pytest.raises(ValueError, match=r"MET 48/CB.*not positive definite \(eigenvalues -0\.15.*adp='iso'"):
+        by_hand.check()
+    grid = kernels.GridSpec.for_spacing(model.cell, 2.0)
+    for backend in ("cpu", "reference"):
+        with pytest.raises(ValueError, match=r"MET 48/CB.*not positive definite \(eigenvalues -0\.15"):
+            kernels.splat_density(by_hand, grid, backend=backend)
 
 
 @pytest.mark.parametrize("radiation", ["xray", "electron", "neutron"])

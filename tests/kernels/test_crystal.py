@@ -164,8 +164,29 @@ def test_bad_b_and_occupancy_name_the_atom(tmp_path, b, occ, message):
 def test_atomset_validation_and_conversion():
     atoms = kernels.AtomSet.from_elements(["C", "O"], [[0, 0, 0], [1, 1, 1]], [10.0, 20.0])
     assert atoms.to(dtype=torch.float32).xyz.dtype == torch.float32
-    with pytest.raises(ValueError, match="B ≤ 0"):
-        atoms.replace(b_iso=torch.tensor([10.0, 0.0], dtype=torch.float64))
+    # Building reads no value (a loop builds atoms every step); check() and the CPU kernels refuse them.
+    grid = kernels.GridSpec.for_spacing(kernels.Cell.from_parameters(10, 10, 10), 1.0)
+    bad_values = [
+        ("b_iso", [10.0, 0.0], r"atom .*2 \(index 1\) has B ≤ 0"),
+        ("b_iso", [float("nan"), 10.0], "non-finite B"),
+        ("occ", [1.0, float("nan")], r"index 1\) has (an occupancy outside \[0, 1\]|a non-finite occupancy): nan"),
+        ("xyz", [[0, 0, 0], [1, float("inf"), 1]], r"index 1\) has a non-finite position"),
+    ]
+    for field, value, message in bad_values:
+        bad = atoms.replace(**{field: torch.tensor(value, dtype=torch.float64)})
+        with pytest.raises(ValueError, match=message):
+            bad.check()
+        with pytest.raises(ValueError, match=message):
+            kernels.AtomSet(bad.xyz, bad.b_iso, bad.occ, bad.a, bad.b, _validate=True)
+        for backend in ("cpu", "reference"):
+            with pytest.raises(ValueError, match=message):
+                kernels.splat_density(bad, grid, backend=backend)
+    # an occupancy above 1 is a model error check() names, but a density the kernels splat (an optimiser may pass 1)
+    over = atoms.replace(occ=torch.tensor([1.0, 1.5], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"index 1\) has an occupancy outside \[0, 1\]: 1.5"):
+        over.check()
+    assert float(kernels.splat_density(over, grid).sum()) > float(kernels.splat_density(atoms, grid).sum())
+    assert atoms.check() is atoms
     with pytest.raises(ValueError, match="shape"):
         atoms.replace(occ=torch.ones(3, dtype=torch.float64))
     with pytest.raises(ValueError, match="IT92"):

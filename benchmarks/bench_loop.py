@@ -1,0 +1,506 @@
+"""The kernels in a fitting loop: a real-space fit of a model to a map, timed step by step as a user writes it.
+
+A step is one evaluation of the loss and its gradient plus, for Adam, the update (L-BFGS reports its
+evaluations). Per case:
+
+- **target map**: the undistorted model's map (``splat_density`` of the deposited atoms, float32), or
+  the map file given with ``--map`` (its grid is then the fit's grid);
+- **start**: every atom moved by a seeded random shift of ``--shift`` Å RMS (0.5 by default);
+- **loss**: ``Σ_voxels V·(ρ_calc − ρ_target)² + λ·planarity NLL`` (``kernels.splat_density``,
+  ``kernels.planarity_nll`` on the model's planes from ``kernels.find_planes``; V the voxel volume);
+- **optimiser**: Adam over xyz (lr ``--lr``), optionally B (``b``), U (``u``, anisotropic atoms) and
+  occupancy (``occ``) with ``--params``; or L-BFGS (strong Wolfe line search, 20 evaluations a step);
+- **atoms rebuilt every step**, both ways users write it: ``AtomSet(x, b, occ, a, b_coef, …)`` from
+  tensors (``build=constructor``, no labels passed) and ``atoms.replace(xyz=x)`` (``build=replace``);
+- **modes**: ``eager``; ``compiled`` (``torch.compile(loss, fullgraph=True)``); ``reduce-overhead``
+  (``torch.compile(loss, fullgraph=True, mode="reduce-overhead")``, CUDA only: CUDA graphs);
+- **structures**: 1aki, 3wip and 3wip-hiB (every B scaled to a maximum of 250 Å², as
+  ``bench_eager.py`` builds it), each isotropic (``iso``) and with U (``aniso``: the entry's ANISOU or
+  the synthetic U of ``benchmarks/_structures.anisotropic_model``); ``--ensemble F`` adds an F-frame
+  ensemble of 1aki (every frame distorted on its own) through ``kernels.splat_ensemble`` against the
+  same target, with the planarity NLL summed over frames.
+
+Reported per case: the step time (median, p10, p90 after ``--warmup`` steps; the first step, which
+compiles, apart) beside the sum of its parts each timed alone on the same inputs (splat forward +
+map loss + backward, planarity forward + backward, the optimiser's update; building the atoms is
+timed too but is not a part: it is what the loop adds), their ratio (issue 33's target: ≤ 1.15), the
+RMSD to the true model and the loss after every step, and the first step at which the RMSD is below
+0.1 Å. Timing: on the GPU CUDA events around each step with a synchronisation after it (so the time
+includes any host gap between launches); on the CPU ``time.perf_counter``. The host's load average
+is recorded: a shared CPU distorts every figure.
+
+Usage::
+
+    python benchmarks/bench_loop.py --device cpu --threads 2 --structures 1aki 3wip      # CPU record
+    python benchmarks/bench_loop.py --device cuda                                         # everything on a GPU
+    python benchmarks/bench_loop.py --smoke                                                # seconds, CPU
+
+The JSON goes to ``benchmarks/results/loop_<device>_<date>.json`` unless ``--out`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import kernels  # noqa: E402
+from benchmarks._structures import anisotropic_model, model  # noqa: E402
+from kernels.crystal import AtomSet, GridSpec  # noqa: E402
+
+SPACING = 2.0 / 3.0
+HIGH_B = 250.0
+STRUCTURES = ("1aki", "3wip", "3wip-hiB")
+BUILDS = ("constructor", "replace")
+STEP_OVER_PARTS = 1.15  # issue 33's target for the step against the sum of its parts
+RMSD_GOAL = 0.1  # Å
+
+
+# --------------------------------------------------------------------------- the problem
+
+
+def _problem(name: str, adp: str, device: torch.device, args) -> dict:
+    """True atoms, start positions, planes, grid and target map of one structure (float32 on ``device``)."""
+    base = name.removesuffix("-hiB")
+    m = anisotropic_model(base) if adp == "aniso" else model(base)
+    atoms = m.atoms if adp == "aniso" else m.atoms.replace(u_aniso=None, aniso=None)
+    if name.endswith("-hiB"):
+        scale = HIGH_B / float(atoms.b_iso.max())
+        u = None if atoms.u_aniso is None else atoms.u_aniso * scale
+        atoms = atoms.replace(b_iso=atoms.b_iso * scale, u_aniso=u)
+    atoms = atoms.check().to(device, torch.float32)
+    if args.map:
+        target, grid = kernels.read_map(args.map)
+        target = target.to(device, torch.float32)
+    else:
+        grid = GridSpec.for_spacing(m.cell, args.spacing)
+        with torch.no_grad():
+            target = kernels.splat_density(atoms, grid)
+    g = torch.Generator().manual_seed(args.seed)
+    shift = torch.randn(atoms.xyz.shape, generator=g, dtype=torch.float64) * (args.shift / math.sqrt(3))
+    start = (atoms.xyz.double().cpu() + shift).to(device, torch.float32)
+    return {"atoms": atoms, "start": start, "planes": kernels.find_planes(m), "grid": grid, "target": target}
+
+
+def _loss_fn(p: dict, build: str, lam: float):
+    """``loss(x, b, occ, u)``: the user's loss, building the atoms from the optimiser's tensors."""
+    atoms, planes, grid, target = p["atoms"], p["planes"], p["grid"], p["target"]
+    volume = grid.voxel_volume
+
+    def loss(x, b, occ, u):
+        if build == "constructor":
+            moved = AtomSet(x, b, occ, atoms.a, atoms.b, u_aniso=u, aniso=atoms.aniso, radiation=atoms.radiation)
+        else:
+            moved = atoms.replace(xyz=x, b_iso=b, occ=occ, u_aniso=u)
+        rho = kernels.splat_density(moved, grid)
+        return ((rho - target) ** 2).sum() * volume + lam * kernels.planarity_nll(x, planes)
+
+    return loss
+
+
+def _ensemble_loss_fn(p: dict, lam: float, n_frames: int):
+    atoms, planes, grid, target = p["atoms"], p["planes"], p["grid"], p["target"]
+    volume = grid.voxel_volume
+    weights = torch.full((n_frames,), 1.0 / n_frames, dtype=atoms.dtype, device=atoms.device)
+
+    def loss(x, b, occ, u):
+        rho = kernels.splat_ensemble(atoms, x, grid, weights=weights)
+        restraint = sum(kernels.planarity_nll(x[f], planes) for f in range(n_frames))
+        return ((rho - target) ** 2).sum() * volume + lam * restraint
+
+    return loss
+
+
+def _leaves(p: dict, params: tuple[str, ...], n_frames: int | None):
+    """The optimiser's tensors (x, b, occ, u), fresh leaves; those in ``params`` require grad."""
+    atoms = p["atoms"]
+    if n_frames:
+        g = torch.Generator().manual_seed(1)
+        shift = torch.randn((n_frames, *atoms.xyz.shape), generator=g) * (0.5 / math.sqrt(3))
+        x = (atoms.xyz.cpu() + shift).to(atoms.device)
+    else:
+        x = p["start"].clone()
+    b, occ = atoms.b_iso.clone(), atoms.occ.clone()
+    u = None if atoms.u_aniso is None else atoms.u_aniso.clone()
+    want = {"xyz": x, "b": b, "occ": occ, "u": u}
+    for name in params:
+        if want[name] is not None:
+            want[name].requires_grad_(True)
+    return x, b, occ, u
+
+
+def _optimizer(kind: str, leaves, params: tuple[str, ...], lr: float):
+    x, b, occ, u = leaves
+    if kind == "lbfgs":
+        return torch.optim.LBFGS(
+            [t for t in leaves if t is not None and t.requires_grad],
+            max_iter=20,
+            history_size=20,
+            line_search_fn="strong_wolfe",
+        )
+    groups = [{"params": [x], "lr": lr}]
+    if "b" in params:
+        groups.append({"params": [b], "lr": 20 * lr})  # Å² against Å
+    if "occ" in params:
+        groups.append({"params": [occ], "lr": 0.2 * lr})
+    if "u" in params and u is not None:
+        groups.append({"params": [u], "lr": 0.2 * lr})
+    return torch.optim.Adam(groups)
+
+
+def _rmsd(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    d = (x.detach() - ref).pow(2).sum(dim=-1)
+    return d.mean(dim=-1).sqrt().mean() if d.ndim == 2 else d.mean().sqrt()
+
+
+# --------------------------------------------------------------------------- timing
+
+
+class _Timer:
+    """Milliseconds of ``fn()``: CUDA events and a synchronisation after the call on a GPU, else perf_counter."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end)
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+
+def _stats(ms: list[float]) -> dict:
+    if not ms:
+        return {"median": None, "p10": None, "p90": None, "n": 0}
+    q = statistics.quantiles(ms, n=10) if len(ms) > 1 else [ms[0]] * 9
+    return {"median": statistics.median(ms), "p10": q[0], "p90": q[-1], "n": len(ms)}
+
+
+def _parts(p: dict, case: dict, leaves, timer: _Timer, reps: int) -> dict:
+    """Each part of a step timed alone on the same inputs (median ms), and building the atoms."""
+    atoms, planes, grid, target = p["atoms"], p["planes"], p["grid"], p["target"]
+    x, b, occ, u = leaves
+    volume, lam = grid.voxel_volume, case["lambda"]
+    n_frames = case.get("frames")
+    if n_frames:
+        weights = torch.full((n_frames,), 1.0 / n_frames, dtype=atoms.dtype, device=atoms.device)
+
+        def density():
+            rho = kernels.splat_ensemble(atoms, x, grid, weights=weights)
+            (((rho - target) ** 2).sum() * volume).backward()
+
+        def planarity():
+            (lam * sum(kernels.planarity_nll(x[f], planes) for f in range(n_frames))).backward()
+
+        build = None  # the frames go to splat_ensemble as they are: nothing is built
+    else:
+        prebuilt = atoms.replace(xyz=x, b_iso=b, occ=occ, u_aniso=u)
+
+        def density():
+            rho = kernels.splat_density(prebuilt, grid)
+            (((rho - target) ** 2).sum() * volume).backward()
+
+        def planarity():
+            (lam * kernels.planarity_nll(x, planes)).backward()
+
+        if case["build"] == "constructor":
+
+            def build():
+                AtomSet(x, b, occ, atoms.a, atoms.b, u_aniso=u, aniso=atoms.aniso, radiation=atoms.radiation)
+        else:
+
+            def build():
+                atoms.replace(xyz=x, b_iso=b, occ=occ, u_aniso=u)
+
+    trainable = [t for t in leaves if t is not None and t.requires_grad]
+    opt = _optimizer("adam", leaves, case["params"], case["lr"]) if case["optimizer"] == "adam" else None
+    out = {"build": None}
+    for name, fn in (("density", density), ("planarity", planarity), ("build", build)):
+        if fn is None:
+            continue
+        for t in trainable:
+            t.grad = None
+        for _ in range(3):
+            fn()
+        ms = []
+        for _ in range(reps):
+            for t in trainable:
+                t.grad = None
+            ms.append(timer(fn))
+        out[name] = statistics.median(ms)
+    if opt is not None:
+        saved = [t.detach().clone() for t in trainable]
+        for t in trainable:
+            t.grad = torch.ones_like(t) * 1e-3
+        for _ in range(3):
+            opt.step()
+        out["optimizer"] = statistics.median(timer(opt.step) for _ in range(reps))
+        with torch.no_grad():
+            for t, s in zip(trainable, saved):
+                t.copy_(s)
+    else:
+        out["optimizer"] = 0.0
+    out["sum"] = out["density"] + out["planarity"] + out["optimizer"]
+    return out
+
+
+# --------------------------------------------------------------------------- one case
+
+
+def _run_case(p: dict, case: dict, device: torch.device, args) -> dict:
+    n_frames = case.get("frames")
+    if n_frames:
+        fn = _ensemble_loss_fn(p, case["lambda"], n_frames)
+    else:
+        fn = _loss_fn(p, case["build"], case["lambda"])
+    mode = case["mode"]
+    if mode == "compiled":
+        torch._dynamo.reset()
+        fn = torch.compile(fn, fullgraph=True)
+    elif mode == "reduce-overhead":
+        torch._dynamo.reset()
+        fn = torch.compile(fn, fullgraph=True, mode="reduce-overhead")
+    leaves = _leaves(p, case["params"], n_frames)
+    opt = _optimizer(case["optimizer"], leaves, case["params"], case["lr"])
+    truth = p["atoms"].xyz
+    timer = _Timer(device)
+    evals = [0]
+
+    def closure():
+        evals[0] += 1
+        if mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        opt.zero_grad(set_to_none=True)
+        loss = fn(*leaves)
+        loss.backward()
+        return loss
+
+    losses, rmsd, step_ms, evals_per_step = [], [_rmsd(leaves[0], truth)], [], []
+    first_ms = None
+    t_case = time.perf_counter()
+    for i in range(case["steps"]):
+        before = evals[0]
+        if case["optimizer"] == "lbfgs":
+            ms = timer(lambda: losses.append(opt.step(closure).detach().clone()))
+        else:
+
+            def adam_step():
+                losses.append(closure().detach().clone())  # a CUDA graph replay reuses its output
+                opt.step()
+
+            ms = timer(adam_step)
+        evals_per_step.append(evals[0] - before)
+        rmsd.append(_rmsd(leaves[0], truth))
+        if i == 0:
+            first_ms = ms
+        elif i >= args.warmup:
+            step_ms.append(ms)
+        if time.perf_counter() - t_case > args.case_seconds and i >= args.warmup + 3:
+            break
+    rmsd = [float(r) for r in rmsd]
+    losses = [float(v) for v in losses]
+    out = dict(case)
+    out.update(
+        n_atoms=len(p["atoms"]),
+        grid=list(p["grid"].shape),
+        steps_run=len(losses),
+        first_step_ms=first_ms,
+        step_ms=_stats(step_ms),
+        evals_per_step=evals_per_step,
+        rmsd=rmsd,
+        loss=losses,
+        first_step_below_goal=next((i for i, r in enumerate(rmsd) if r < RMSD_GOAL), None),
+    )
+    if case["optimizer"] == "lbfgs" and step_ms:
+        total_evals = sum(evals_per_step[args.warmup :]) if len(evals_per_step) > args.warmup else 0
+        out["eval_ms"] = sum(step_ms) / total_evals if total_evals else None
+    if mode == "eager" and case["optimizer"] == "adam":
+        parts = _parts(p, case, _leaves(p, case["params"], n_frames), timer, args.reps)
+        out["parts_ms"] = parts
+        med = out["step_ms"]["median"]
+        out["step_over_parts"] = med / parts["sum"] if med and parts["sum"] else None
+        out["target_step_over_parts"] = STEP_OVER_PARTS
+    return out
+
+
+def _cases(args, device: torch.device) -> list[dict]:
+    params = tuple(args.params)
+    modes = [m for m in args.modes if m != "reduce-overhead" or device.type == "cuda"]
+    cases = []
+    for name in args.structures:
+        for adp in args.adp:
+            for mode in modes:
+                for build in args.builds:
+                    cases.append(
+                        dict(
+                            structure=name,
+                            adp=adp,
+                            mode=mode,
+                            build=build,
+                            optimizer="adam",
+                            steps=args.steps,
+                            lr=args.lr,
+                            params=params,
+                            **{"lambda": args.lam},
+                        )
+                    )
+            if "lbfgs" in args.optimizers:
+                cases.append(
+                    dict(
+                        structure=name,
+                        adp=adp,
+                        mode="eager",
+                        build="replace",
+                        optimizer="lbfgs",
+                        steps=args.lbfgs_steps,
+                        lr=1.0,
+                        params=params,
+                        **{"lambda": args.lam},
+                    )
+                )
+    if args.ensemble:
+        for mode in [m for m in modes if m == "eager"]:
+            cases.append(
+                dict(
+                    structure=args.ensemble_structure,
+                    adp="iso",
+                    mode=mode,
+                    build="none",
+                    optimizer="adam",
+                    steps=args.steps,
+                    lr=args.lr,
+                    params=("xyz",),
+                    frames=args.ensemble,
+                    **{"lambda": args.lam},
+                )
+            )
+    if "adam" not in args.optimizers:
+        cases = [c for c in cases if c["optimizer"] != "adam"]
+    return cases
+
+
+def _write(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads (torch and the C++ kernels)")
+    ap.add_argument("--structures", nargs="+", default=list(STRUCTURES))
+    ap.add_argument("--adp", nargs="+", choices=("iso", "aniso"), default=["iso", "aniso"])
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        choices=("eager", "compiled", "reduce-overhead"),
+        default=["eager", "compiled", "reduce-overhead"],
+    )
+    ap.add_argument("--builds", nargs="+", choices=BUILDS, default=list(BUILDS))
+    ap.add_argument("--optimizers", nargs="+", choices=("adam", "lbfgs"), default=["adam", "lbfgs"])
+    ap.add_argument("--params", nargs="+", choices=("xyz", "b", "occ", "u"), default=["xyz"])
+    ap.add_argument("--steps", type=int, default=60, help="Adam steps per case")
+    ap.add_argument("--lbfgs-steps", type=int, default=8, help="L-BFGS steps (up to 20 evaluations each)")
+    ap.add_argument("--warmup", type=int, default=3, help="steps left out of the step statistics")
+    ap.add_argument("--reps", type=int, default=20, help="timed calls of each part")
+    ap.add_argument("--case-seconds", type=float, default=120.0, help="stop a case's steps after this long")
+    ap.add_argument("--lr", type=float, default=0.02, help="Adam's step for xyz (Å)")
+    ap.add_argument("--lam", type=float, default=0.1, help="λ, the planarity NLL's weight")
+    ap.add_argument("--shift", type=float, default=0.5, help="RMS distortion of the start (Å)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--spacing", type=float, default=SPACING, help="grid spacing (Å) when no --map")
+    ap.add_argument("--map", type=Path, default=None, help="target map file (CCP4/MRC) instead of the model's map")
+    ap.add_argument("--ensemble", type=int, default=16, help="frames of the ensemble case (0: none)")
+    ap.add_argument("--ensemble-structure", default="1aki")
+    ap.add_argument("--smoke", action="store_true", help="1orc, 2 Å grid, few steps: a check that runs in seconds")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.smoke:
+        args.structures, args.spacing, args.steps, args.lbfgs_steps = ["1orc"], 2.0, 5, 1
+        args.reps, args.warmup, args.adp = 3, 1, ["iso"]
+        args.ensemble, args.ensemble_structure = 2, "1orc"
+        if "--modes" not in (argv if argv is not None else sys.argv):
+            args.modes = ["eager"]
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore")  # float64 → float32 casts, approximate cells: said once per run elsewhere
+
+    date = datetime.date.today().isoformat()
+    out_path = (
+        args.out or ROOT / "benchmarks" / "results" / f"loop_{device.type}_{date}{'_smoke' if args.smoke else ''}.json"
+    )
+    record = {
+        "benchmark": "bench_loop",
+        "date": date,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "torch": torch.__version__,
+        "command": " ".join(sys.argv),
+        "load_average_start": os.getloadavg(),
+        "targets": {"step_over_parts": STEP_OVER_PARTS, "rmsd_goal_A": RMSD_GOAL},
+        "cases": [],
+    }
+    problems: dict = {}
+    for case in _cases(args, device):
+        key = (case["structure"], case["adp"])
+        label = " ".join(str(case[k]) for k in ("structure", "adp", "mode", "build", "optimizer"))
+        if case.get("frames"):
+            label += f" {case['frames']} frames"
+        try:
+            if key not in problems:
+                problems[key] = _problem(case["structure"], case["adp"], device, args)
+            result = _run_case(problems[key], case, device, args)
+        except Exception as exc:  # noqa: BLE001 - a case that fails is recorded with its error, the others still run
+            result = dict(case, error=f"{type(exc).__name__}: {exc}")
+            print(f"{label}: FAILED {result['error']}", flush=True)
+            record["cases"].append(result)
+            _write(out_path, record)
+            continue
+        record["cases"].append(result)
+        _write(out_path, record)  # after every case: a run stopped at its time limit keeps what it measured
+        s = result["step_ms"]
+        line = f"{label}: {result['n_atoms']} atoms, step {s['median'] or float('nan'):.3f} ms (first {result['first_step_ms']:.1f})"
+        if "parts_ms" in result:
+            pm = result["parts_ms"]
+            line += (
+                f", parts {pm['sum']:.3f} = density {pm['density']:.3f} + planarity {pm['planarity']:.3f}"
+                f" + update {pm['optimizer']:.3f}"
+                + ("" if pm["build"] is None else f" (build {pm['build'] * 1e3:.1f} µs)")
+                + f", ratio {result['step_over_parts']:.2f}"
+            )
+        line += f", RMSD {result['rmsd'][0]:.3f} → {result['rmsd'][-1]:.3f} Å in {result['steps_run']} steps"
+        if result["first_step_below_goal"] is not None:
+            line += f" (< {RMSD_GOAL} Å at step {result['first_step_below_goal']})"
+        print(line, flush=True)
+    record["load_average_end"] = os.getloadavg()
+    _write(out_path, record)
+    print(f"wrote {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
