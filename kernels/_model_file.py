@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import os
 import re
 import zlib
 
 import numpy as np
+
+from kernels.crystal import MAX_MODEL_BYTES, _size
 
 # One decimal number as PDB and mmCIF write them: optional sign, digits with at most one
 # point, optional exponent; mmCIF may append a standard uncertainty in parentheses.
@@ -31,6 +34,8 @@ _PDB_RECORDS = re.compile(
     re.M,
 )
 _CIF_HEADER = re.compile(rb"\A(?:\s*#[^\n]*\n|\s+)*data_", re.S)
+# mmCIF tables where a PDB file has records: a PDB line never starts with these.
+_CIF_TABLE = re.compile(rb"^(?:loop_\s*$|_atom_site\.)", re.M)
 
 # ATOM/HETATM numeric fields: name, first and last column (1-based, as the PDB format
 # documents them), and what a missing value means.
@@ -54,54 +59,133 @@ def _fail(message: str):
 # --------------------------------------------------------------------------- the file
 
 
-def read_model_bytes(path, where: str) -> tuple[bytes, bool]:
+# Text is read and checked in blocks of this size, so that binary or blank content is refused
+# after the first block that shows it, not after the whole file is held.
+_BLOCK = 1 << 22
+# The longest run of whitespace a model file may hold: no PDB or mmCIF writer emits megabytes of
+# blank lines, and refusing them early keeps a gzip bomb of newlines from being held.
+_MAX_BLANK_RUN = 16 << 20
+# The first this many bytes of text must look like the format the name says.
+_FORMAT_PREFIX = 1 << 20
+
+
+def _too_big(where: str, what: str, max_bytes: int) -> None:
+    _fail(
+        f"{where}: {what}, more than the limit of {_size(max_bytes)} (max_bytes={max_bytes}) that a model file "
+        "may hold: is this the right file? To read it anyway pass a larger max_bytes"
+    )
+
+
+def read_model_bytes(path, where: str, is_cif: bool, max_bytes: int = MAX_MODEL_BYTES) -> tuple[bytes, bool]:
     """The file's text as bytes, decompressed when it is gzip; ``(data, was_gzip)``.
 
-    Raises ModelError for an unreadable, empty, truncated or corrupt gzip, or binary file.
+    The file is read as a stream of blocks, each checked before the next is read: binary bytes,
+    a run of more than 16 MiB of blank text, a start that is not the format the name says, or
+    more than ``max_bytes`` of text are refused when the block that shows them arrives, so at
+    most ``max_bytes`` (plus one block) is held before a refusal. A plain file larger than
+    ``max_bytes``, or a gzip whose trailer records more, is refused before anything is read.
+
+    Raises ModelError for an unreadable, empty, too large, truncated or corrupt gzip, binary or
+    blank file, or one that does not start as the format its name says.
     """
     try:
-        data = path.read_bytes()
+        raw = open(path, "rb")  # noqa: SIM115 (closed below, also on every refusal)
     except OSError as exc:
         _fail(f"{where}: cannot read the file: {exc.strerror or exc}")
-    if not data:
+    with raw:
+        try:
+            return _read_blocks(raw, path, where, is_cif, max_bytes)
+        except OSError as exc:
+            _fail(f"{where}: cannot read the file: {exc.strerror or exc}")
+
+
+def _read_blocks(raw, path, where: str, is_cif: bool, max_bytes: int) -> tuple[bytes, bool]:
+    size_on_disk = os.fstat(raw.fileno()).st_size
+    magic = raw.read(2)
+    if not magic:
         _fail(f"{where}: the file is empty (0 bytes): give a PDB or mmCIF file with atoms")
     named_gz = path.name.lower().endswith(".gz")
-    compressed = data[:2] == b"\x1f\x8b"
+    compressed = magic == b"\x1f\x8b"
     if named_gz and not compressed:
         _fail(
             f"{where}: not a gzip file (it does not start with the gzip signature 1f 8b) although its name ends "
             "in .gz: if it is plain PDB/mmCIF text, remove .gz from its name; otherwise download it again"
         )
-    if compressed:
-        size = len(data)
+    raw.seek(0)
+    isize = 0
+    if compressed and size_on_disk >= 18:
+        # ISIZE, the last member's uncompressed size mod 2³²: a cheap early refusal; the count while
+        # decompressing below is what holds in every case.
+        raw.seek(-4, os.SEEK_END)
+        isize = int.from_bytes(raw.read(4), "little")
+        raw.seek(0)
+    stream = gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw
+    inside = " after decompressing" if compressed else ""
+    blocks: list[bytes] = []
+    total = blank_run = 0
+    prefix_checked = False
+    while True:
         try:
-            data = gzip.decompress(data)
+            block = stream.read(_BLOCK)
         except EOFError:
             _fail(
-                f"{where}: truncated gzip file: the compressed data ({size} bytes) ends before the end-of-stream "
-                "marker; download or copy it again"
+                f"{where}: truncated gzip file: the compressed data ({size_on_disk} bytes) ends before the "
+                "end-of-stream marker; download or copy it again"
             )
-        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+        except (gzip.BadGzipFile, zlib.error) as exc:
             _fail(f"{where}: corrupt gzip data ({exc}); download or copy the file again")
-        if not data:
-            _fail(f"{where}: the gzip file decompresses to nothing (0 bytes): give a PDB or mmCIF file with atoms")
-    inside = " after decompressing" if compressed else ""
-    binary = data.translate(None, _TEXT_BYTES)
-    if binary:
-        offset = next(i for i, byte in enumerate(data) if byte == binary[0])
-        _fail(
-            f"{where}: binary data{inside}, not PDB or mmCIF text (byte 0x{binary[0]:02x} at offset {offset}); "
-            "is this the right file?"
-        )
+        if not block:
+            break
+        if total + len(block) > max_bytes:
+            _too_big(where, f"the text{inside} goes on past {_size(max_bytes)}", max_bytes)
+        binary = block.translate(None, _TEXT_BYTES)
+        if binary:
+            offset = total + block.index(binary[:1])
+            _fail(
+                f"{where}: binary data{inside}, not PDB or mmCIF text (byte 0x{binary[0]:02x} at offset {offset}); "
+                "is this the right file?"
+            )
+        stripped = block.strip()
+        if not stripped:
+            blank_run += len(block)
+        else:
+            blank_run += block.index(stripped[:1])
+        if blank_run > _MAX_BLANK_RUN:
+            _fail(
+                f"{where}: more than {_size(_MAX_BLANK_RUN)} of blank text (spaces and newlines) in a row, ending "
+                f"past offset {total + len(block)}{inside}: no PDB or mmCIF file holds that; is this the right file?"
+            )
+        if stripped:
+            blank_run = len(block) - len(block.rstrip())
+        blocks.append(block)
+        total += len(block)
+        if not total - len(block):
+            # Sizes are refused after the first block's checks, which name binary content better.
+            if size_on_disk > max_bytes and not compressed:
+                _too_big(where, f"the file holds {_size(size_on_disk)}", max_bytes)
+            if isize > max_bytes:
+                _too_big(where, f"its gzip trailer records {_size(isize)} of text", max_bytes)
+        if not prefix_checked and total >= _FORMAT_PREFIX and stripped:
+            head = blocks[0] if len(blocks[0]) >= _FORMAT_PREFIX else b"".join(blocks)
+            check_format(head[:_FORMAT_PREFIX], is_cif, where, compressed, whole=False)
+            prefix_checked = True
+    data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
+    del blocks
+    if compressed and not data:
+        _fail(f"{where}: the gzip file decompresses to nothing (0 bytes): give a PDB or mmCIF file with atoms")
     if not data.strip():
         _fail(f"{where}: the file holds only whitespace{inside}: give a PDB or mmCIF file with atoms")
+    check_format(data, is_cif, where, compressed)
     return data, compressed
 
 
-def check_format(data: bytes, is_cif: bool, where: str, compressed: bool) -> None:
-    """Raise ModelError when the text is not the format its name says (or neither format)."""
+def check_format(data: bytes, is_cif: bool, where: str, compressed: bool, whole: bool = True) -> None:
+    """Raise ModelError when the text is not the format its name says (or neither format).
+
+    ``whole=False``: ``data`` is the file's first block only, so atoms may still follow.
+    """
     inside = " (after decompressing)" if compressed else ""
-    looks_cif = _CIF_HEADER.match(data) is not None
+    looks_cif = _CIF_HEADER.match(data) is not None or _CIF_TABLE.search(data, 0, _FORMAT_PREFIX) is not None
     has_atoms = re.search(rb"^(?:ATOM  |HETATM)", data, re.M) is not None
     looks_pdb = has_atoms or _PDB_RECORDS.search(data) is not None
     if is_cif and not looks_cif:
@@ -109,13 +193,18 @@ def check_format(data: bytes, is_cif: bool, where: str, compressed: bool) -> Non
             _fail(f"{where}: the text{inside} is PDB (ATOM/CRYST1 records), not mmCIF: rename the file to .pdb")
         _fail(f"{where}: not an mmCIF file{inside}: it does not start with a data_ block header")
     if not is_cif:
-        if looks_cif and not has_atoms:
-            _fail(f"{where}: the text{inside} is mmCIF (a data_ block), not PDB: rename the file to .cif")
-        if not looks_pdb:
+        if looks_cif:
             _fail(
-                f"{where}: not a PDB file{inside}: none of its lines is a PDB record (ATOM, HETATM, CRYST1, HEADER …)"
+                f"{where}: this looks like mmCIF{inside} (a data_ block header, loop_ or _atom_site tables), "
+                "not PDB: rename the file to .cif"
             )
-        if not has_atoms:
+        if not looks_pdb:
+            first = "" if whole else f" in its first {_size(len(data))}"
+            _fail(
+                f"{where}: not a PDB file{inside}: none of its lines{first} is a PDB record (ATOM, HETATM, CRYST1, "
+                "HEADER …)"
+            )
+        if whole and not has_atoms:
             _fail(f"{where}: no ATOM or HETATM records: the file has no atoms")
 
 
@@ -131,6 +220,9 @@ class PdbScan:
     pad_short_lines: bool = False
     # CRYST1's six numbers as written (None: no CRYST1, or all six fields blank)
     cell: tuple[float, ...] | None = None
+    # ANISOU records that do not belong to the atom record before them: (first byte, end byte
+    # with the newline, message), in file order.
+    stray_anisou: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)
 
 
 def _as_block(lines: list[str], width: int) -> np.ndarray:
@@ -214,15 +306,21 @@ def _describe(value: str) -> str:
     return f"{value.strip()!r}, not one number in the field"
 
 
-def scan_pdb(text: str, where: str) -> PdbScan:
+def unix_newlines(data: bytes) -> bytes:
+    """``data`` with CRLF and CR line ends as LF (gemmi reads either; columns and lines count the same)."""
+    return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n") if b"\r" in data else data
+
+
+def scan_pdb(data: bytes, where: str) -> PdbScan:
     """Check every ATOM/HETATM, ANISOU and CRYST1 record's numeric fields in one pass.
 
-    ``text`` is the file decoded as Latin-1, so a character is a byte and columns are gemmi's.
-    Raises ModelError naming the line, atom, field (with its columns) and the value.
+    ``data`` is the file's text with LF line ends (:func:`unix_newlines`); it is decoded as
+    Latin-1, so a character is a byte and columns are gemmi's. Raises ModelError naming the
+    line, atom, field (with its columns) and the value. ANISOU records that do not follow their
+    own atom are returned in ``stray_anisou``, for the caller to refuse or drop.
     """
     scan = PdbScan()
-    if "\r" in text:  # CRLF or CR line ends: columns count from each line's start either way
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = data.decode("latin-1")
     atom_lines = re.findall(r"^(?:ATOM  |HETATM).*", text, re.M)
     if atom_lines:
         block = _as_block(atom_lines, 80)
@@ -246,6 +344,7 @@ def scan_pdb(text: str, where: str) -> PdbScan:
                 f"{where}: line {_line_number(text, line)}: ANISOU of atom {_pdb_atom_label(line)}: {name} "
                 f"(columns {first}-{last}, an integer in 10⁻⁴ Å²) is {what}{more}: fix or remove the record"
             )
+        scan.stray_anisou = _stray_anisou(data)
     cryst1 = re.search(r"^CRYST1.*", text, re.M)
     if cryst1:
         line = cryst1.group(0)
@@ -259,6 +358,100 @@ def scan_pdb(text: str, where: str) -> PdbScan:
                     )
             scan.cell = tuple(float(v) for v in fields)
     return scan
+
+
+# Columns 7-27 of ATOM/HETATM and ANISOU: the fields an ANISOU repeats from its atom (1-based, inclusive).
+_ANISOU_IDENTITY = (
+    ("serial", 7, 11),
+    ("atom name", 13, 16),
+    ("altloc", 17, 17),
+    ("residue name", 18, 20),
+    ("chain", 22, 22),
+    ("residue number", 23, 26),
+    ("insertion code", 27, 27),
+)
+# A serial that parses: decimal, or hybrid-36 (upper or lower case). Others (``*****``) are not compared.
+_SERIAL = re.compile(r"-?\d+|[A-Z][0-9A-Z]{4}|[a-z][0-9a-z]{4}")
+
+
+def _stray_anisou(data: bytes) -> list[tuple[int, int, str]]:
+    """ANISOU records that do not follow the ATOM/HETATM record whose U they give.
+
+    gemmi gives each ANISOU's U to the atom read last, without comparing them; the PDB format has
+    the ANISOU right after its atom (a SIGATM may come between) and repeating columns 7-27 of it.
+    The records are compared as bytes, all at once; only the few that differ are compared field by
+    field (blanks around a value and a serial that does not parse, such as ``*****``, are not
+    differences). Returns ``(start, end, message)`` per stray record, ``end`` past its newline;
+    the message names the line and both records.
+    """
+    arr = np.frombuffer(data, dtype=np.uint8)
+    newlines = np.flatnonzero(arr == 10)
+    starts = np.concatenate(([0], newlines + 1))
+    ends = np.concatenate((newlines, [arr.size]))
+    padded = np.concatenate((arr, np.zeros(32, dtype=np.uint8)))
+
+    def columns(lines: np.ndarray, first: int, last: int) -> np.ndarray:
+        """Columns ``first``..``last`` of the given lines, NUL past each line's end."""
+        offsets = np.arange(first - 1, last)
+        out = padded[starts[lines, None] + offsets]
+        out[offsets[None, :] >= (ends[lines] - starts[lines])[:, None]] = 0
+        return out
+
+    record = columns(np.arange(starts.size), 1, 6)
+    kind = np.zeros(starts.size, dtype=np.int8)  # 1 atom, 2 SIGATM, 3 ANISOU
+    for code, name in ((1, b"ATOM  "), (1, b"HETATM"), (2, b"SIGATM"), (3, b"ANISOU")):
+        kind[(record == np.frombuffer(name, dtype=np.uint8)).all(axis=1)] = code
+    anisou = np.flatnonzero(kind == 3)
+    before = anisou - 1
+    after_sigatm = (before >= 0) & (kind[np.maximum(before, 0)] == 2)
+    before[after_sigatm] -= 1
+    has_atom = (before >= 0) & (kind[np.maximum(before, 0)] == 1)
+    same = np.zeros(anisou.size, dtype=bool)
+    same[has_atom] = (columns(anisou[has_atom], 7, 27) == columns(before[has_atom], 7, 27)).all(axis=1)
+    text_of = lambda k: data[starts[k] : ends[k]].decode("latin-1")  # noqa: E731
+    stray = []
+    for i in np.flatnonzero(~same):
+        k, j = int(anisou[i]), int(before[i])
+        line = text_of(k)
+        if not has_atom[i]:
+            previous = "the start of the file" if j < 0 else f"line {j + 1} ({text_of(j)[:6].strip() or 'blank'})"
+            stray.append(
+                (
+                    int(starts[k]),
+                    int(ends[k]) + 1,
+                    f"line {k + 1}: the ANISOU record {line[:27].rstrip()!r} follows {previous}, not "
+                    "the ATOM/HETATM record of its atom, so gemmi would give its U to whichever atom was read last",
+                )
+            )
+            continue
+        atom_line = text_of(j)
+        differ = []
+        for name, first, last in _ANISOU_IDENTITY:
+            mine, theirs = line[first - 1 : last].strip(), atom_line[first - 1 : last].strip()
+            if mine == theirs or (name == "serial" and not (_SERIAL.fullmatch(mine) and _SERIAL.fullmatch(theirs))):
+                continue
+            differ.append(f"{name} {mine or 'blank'!r} vs {theirs or 'blank'!r}")
+        if differ:
+            stray.append(
+                (
+                    int(starts[k]),
+                    int(ends[k]) + 1,
+                    f"line {k + 1}: the ANISOU record {line[:27].rstrip()!r} follows line {j + 1}, the "
+                    f"{atom_line[:6].strip()} record {atom_line[:27].rstrip()!r} of another atom "
+                    f"({', '.join(differ)}), so gemmi would give that atom this U",
+                )
+            )
+    return stray
+
+
+def drop_records(data: bytes, spans: list[tuple[int, int, str]]) -> bytes:
+    """``data`` without the byte ranges ``(start, end, _)`` of ``spans`` (in file order, disjoint)."""
+    kept, at = [], 0
+    for start, end, _ in spans:
+        kept.append(data[at:start])
+        at = end
+    kept.append(data[at:])
+    return b"".join(kept)
 
 
 def _report_atom_fields(text: str, lines: list[str], bad, missing, where: str, scan: PdbScan) -> None:

@@ -20,11 +20,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from kernels._util import positive_number, real_number
+from kernels._util import file_problem, positive_number, real_number
 
 #: B (Å²) below which an atom's displacement is less than zero-point motion gives any atom
 #: (U < 0.006 Å²): such a B is a mistake in the data, and AtomSet warns about it.
 MIN_PHYSICAL_B = 0.5
+
+#: The most text (bytes after decompressing) :func:`read_model` reads unless ``max_bytes`` says more.
+MAX_MODEL_BYTES = 2 * 2**30
 
 __all__ = [
     "AtomLabel",
@@ -860,6 +863,7 @@ def read_model(
     adp: str = "auto",
     on_bad_adp: str = "raise",
     radiation: str = "xray",
+    max_bytes: int = MAX_MODEL_BYTES,
 ) -> Model:
     """Read a PDB or mmCIF file (optionally gzipped) into atom tensors.
 
@@ -892,6 +896,11 @@ def read_model(
     radiation : {"xray", "electron", "neutron"}
         Which form-factor table gives ``atoms.a``/``atoms.b``
         (:func:`kernels.crystal.form_factor_coefficients`).
+    max_bytes : int
+        The most text (after decompressing) the file may hold, 2 GiB by default. The file is read
+        as a stream and refused as soon as it passes this, or shows binary bytes, more than
+        16 MiB of blank text in a row, or a start that is not its format, so a bad file costs
+        little memory; raise it for a larger model.
 
     Returns
     -------
@@ -902,9 +911,10 @@ def read_model(
     ModelError
         Every problem with the file, naming it and (where it applies) the line or
         ``_atom_site`` row, the atom, the field and its value: missing, empty, binary,
-        not gzip although named .gz, truncated or corrupt gzip, the other format than its
-        name says; a numeric field gemmi would read leniently (``1O.OOO``, ``12.3.4``,
-        ``-``, a value cut short); a blank occupancy or B in PDB (B may be blank where an
+        not a regular file (a folder, ``/dev/null``, a pipe), not gzip although named .gz,
+        truncated or corrupt gzip, larger than ``max_bytes``, the other format than its name
+        says; a numeric field gemmi would read leniently (``1O.OOO``, ``12.3.4``, ``-``, a
+        value cut short); a blank occupancy or B in PDB (B may be blank where an
         ANISOU record follows: it is then derived from U); an mmCIF ``_atom_site`` table
         without coordinates, element or B column; an unknown element; a cell that is not
         a cell (a length ≤ 0, angles no cell has); a space group the cell contradicts;
@@ -934,10 +944,9 @@ def read_model(
     ):
         if value not in allowed:
             raise ModelError(f"{where}: {name} must be one of {allowed}, got {value!r}")
-    if not path.exists():
-        raise ModelError(f"{where}: no such file")
-    if not path.is_file():
-        raise ModelError(f"{where}: not a file")
+    problem = file_problem(path)
+    if problem:
+        raise ModelError(f"{where}: {problem}")
     name = path.name.lower()
     stem = name[:-3] if name.endswith(".gz") else name
     if not stem.endswith(MODEL_SUFFIXES):
@@ -948,15 +957,17 @@ def read_model(
         raise ModelError(f"{where}: altlocs must be 'all', 'first' or one altloc letter, got {altlocs!r}")
     if isinstance(model_index, (bool, np.bool_)) or not isinstance(model_index, (int, np.integer)):
         raise ModelError(f"{where}: model_index must be an integer (0 = the first model), got {model_index!r}")
+    if isinstance(max_bytes, (bool, np.bool_)) or not isinstance(max_bytes, (int, np.integer)) or max_bytes < 1:
+        raise ModelError(f"{where}: max_bytes must be a positive integer (bytes of text), got {max_bytes!r}")
     if box_padding is not None:
         try:
             box_padding = positive_number(box_padding, "box_padding", "Å")
         except ValueError as exc:
             raise ModelError(f"{where}: {exc}") from None
 
+    notes: list[str] = []
     is_cif = stem.endswith((".cif", ".mmcif"))
-    data, compressed = _model_file.read_model_bytes(path, where)
-    _model_file.check_format(data, is_cif, where, compressed)
+    data, compressed = _model_file.read_model_bytes(path, where, is_cif, max_bytes)
     cif_scan = None
     if is_cif:
         doc = _gemmi_read(where, gemmi.cif.read_string, data)
@@ -966,7 +977,10 @@ def read_model(
         raw_cell = _model_file.cif_cell_values(block, where)
         cell_source = "_cell"
     else:
-        pdb_scan = _model_file.scan_pdb(data.decode("latin-1"), where)
+        data = _model_file.unix_newlines(data)
+        pdb_scan = _model_file.scan_pdb(data, where)
+        if pdb_scan.stray_anisou:
+            data = _stray_anisou(data, pdb_scan.stray_anisou, where, on_bad_adp, notes)
         raw_cell = pdb_scan.cell
         cell_source = "CRYST1"
     # A cell no crystal has is refused before gemmi sees it (gemmi stops at some, not others).
@@ -1004,7 +1018,6 @@ def read_model(
         _keep_altloc(st, altlocs)
     st.remove_empty_chains()
 
-    notes: list[str] = []
     rows = []
     for chain in st[0]:
         for res in chain:
@@ -1138,6 +1151,26 @@ def _check_adp(u_aniso: np.ndarray, flags: np.ndarray, labels, where: str, on_ba
     msg = f"{what}; splatted at their isotropic B instead"
     warnings.warn(f"{where}: {msg}", stacklevel=3)
     notes.append(msg)
+
+
+def _stray_anisou(data: bytes, stray: list, where: str, on_bad_adp: str, notes: list[str]) -> bytes:
+    """Refuse ANISOU records that do not follow their atom, or (``on_bad_adp="iso"``) drop them with a warning.
+
+    A dropped record's atom (the one gemmi would have given the U) stays isotropic at its B.
+    """
+    from kernels import _model_file
+
+    more = f" ({len(stray) - 1} more such ANISOU records)" if len(stray) > 1 else ""
+    if on_bad_adp == "raise":
+        raise ModelError(
+            f"{where}: {stray[0][2]}{more}. Put each ANISOU right after its own ATOM/HETATM record with the same serial, "
+            "name, residue, chain and altloc, or remove it; or read with on_bad_adp='iso' to leave such records "
+            "out (the atom before each stays isotropic)"
+        )
+    msg = f"{stray[0][2]}{more}; left out: no atom takes its U (the atom before it stays isotropic at its B)"
+    warnings.warn(f"{where}: {msg}", stacklevel=3)
+    notes.append(msg)
+    return _model_file.drop_records(data, stray)
 
 
 def _gemmi_read(where: str, fn, *args):

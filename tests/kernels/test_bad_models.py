@@ -143,7 +143,7 @@ CASES = [
     ("gzip-truncated", "m.pdb.gz", GOOD_GZ[: len(GOOD_GZ) // 2], ["truncated gzip"]),
     ("gzip-corrupt", "m.pdb.gz", GOOD_GZ[:20] + bytes(b ^ 0x5A for b in GOOD_GZ[20:-8]) + GOOD_GZ[-8:], ["gzip"]),
     ("pdb-named-cif", "m.cif", pdb(), ["is PDB", "rename the file to .pdb"]),
-    ("cif-named-pdb", "m.pdb", cif(), ["is mmCIF", "rename the file to .cif"]),
+    ("cif-named-pdb", "m.pdb", cif(), ["looks like mmCIF", "rename the file to .cif"]),
     ("no-atom-records", "m.pdb", cryst1() + "END\n", ["no ATOM or HETATM records"]),
     ("truncated-cif", "m.cif", cif()[:-25], ["cannot read the file"]),
 ]
