@@ -537,6 +537,9 @@ class CifScan:
     occupancy_defaulted: int = 0  # rows without an occupancy (column absent, or ? / .)
     occupancy_first: str = ""
     n_rows: int = 0
+    # _atom_site_anisotrop rows that name no atom of the _atom_site table, or another atom than
+    # their identifying columns say: (the _atom_site.id gemmi gives the U to, or None, message).
+    stray_anisou: list[tuple[str | None, str]] = dataclasses.field(default_factory=list)
 
 
 def _cif_row_label(block, i: int) -> str:
@@ -616,7 +619,84 @@ def scan_mmcif(block, where: str) -> CifScan:
                 f"{where}: {_cif_row_label(block, rows[0])} has an unknown element {text!r} in "
                 f"_atom_site.type_symbol{more}: write its element symbol there (e.g. C, N, O, FE)"
             )
+    _scan_anisotrop(block, where, scan)
     return scan
+
+
+_ANISOTROP_U = tuple(f"U[{i}][{j}]" for i, j in ((1, 1), (2, 2), (3, 3), (1, 2), (1, 3), (2, 3)))
+# _atom_site_anisotrop columns that repeat the atom's identity, and the _atom_site column each repeats.
+_ANISOTROP_IDENTITY = (
+    ("type_symbol", "type_symbol"),
+    ("pdbx_label_atom_id", "label_atom_id"),
+    ("pdbx_label_alt_id", "label_alt_id"),
+    ("pdbx_label_comp_id", "label_comp_id"),
+    ("pdbx_label_asym_id", "label_asym_id"),
+    ("pdbx_label_seq_id", "label_seq_id"),
+    ("pdbx_auth_atom_id", "auth_atom_id"),
+    ("pdbx_auth_comp_id", "auth_comp_id"),
+    ("pdbx_auth_asym_id", "auth_asym_id"),
+    ("pdbx_auth_seq_id", "auth_seq_id"),
+)
+
+
+def _scan_anisotrop(block, where: str, scan: CifScan) -> None:
+    """Check ``_atom_site_anisotrop``: every U a number, every row an atom of ``_atom_site`` that it names.
+
+    gemmi reads a U row with one value that is not a number (``?``, ``nan``, ``0.18X3``) as all
+    NaN, and drops a row whose id is no atom's without a word. A value that is not a number is a
+    ModelError naming the column, row and value; rows that name no atom, or another atom than
+    their own identifying columns say, go to ``scan.stray_anisou``.
+    """
+    table = block.find_mmcif_category("_atom_site_anisotrop.")
+    present = {tag.split(".", 1)[1] for tag in table.tags}
+    if "id" not in present:
+        return
+    ids = list(block.find_values("_atom_site_anisotrop.id"))
+
+    def label(i: int) -> str:
+        return f"_atom_site_anisotrop row {i + 1} (id {ids[i]})"
+
+    for name in _ANISOTROP_U:
+        if name not in present:
+            continue
+        values = list(block.find_values(f"_atom_site_anisotrop.{name}"))
+        if _CIF_COLUMN.fullmatch("\n".join(values)):
+            continue
+        bad = [i for i, v in enumerate(values) if not _CIF_NUMBER.fullmatch(v)]
+        value = values[bad[0]]
+        what = "unknown (? or .)" if value in ("?", ".") else _describe(value)
+        more = f" ({len(bad) - 1} more rows too)" if len(bad) > 1 else ""
+        _fail(
+            f"{where}: {label(bad[0])}: _atom_site_anisotrop.{name} is {what}{more}: write U in Å² there, or "
+            "remove the row to keep that atom isotropic"
+        )
+    site_ids = {v: i for i, v in enumerate(block.find_values("_atom_site.id"))}
+    rows = [site_ids.get(v) for v in ids]
+    for i in (i for i, row in enumerate(rows) if row is None):
+        scan.stray_anisou.append(
+            (None, f"{label(i)} names no atom: no _atom_site.id is {ids[i]}, so gemmi would drop its U silently")
+        )
+    site_columns = {tag.split(".", 1)[1] for tag in block.find_mmcif_category("_atom_site.").tags}
+    for mine, theirs in _ANISOTROP_IDENTITY:
+        if mine not in present or theirs not in site_columns:
+            continue
+        values = list(block.find_values(f"_atom_site_anisotrop.{mine}"))
+        site = list(block.find_values(f"_atom_site.{theirs}"))
+        expected = [site[row] if row is not None else value for row, value in zip(rows, values)]
+        if values == expected:  # the usual file: compared in C, no loop here
+            continue
+        for i, (value, want, row) in enumerate(zip(values, expected, rows)):
+            if value != want and "?" not in (value, want) and "." not in (value, want):
+                scan.stray_anisou.append(
+                    (
+                        ids[i],
+                        f"{label(i)} gives its U to {_cif_row_label(block, row)}, but its {mine} is {value!r} "
+                        f"where that atom's {theirs} is {want!r}",
+                    )
+                )
+                rows[i] = None  # one message per row
+    order = {v: i for i, v in enumerate(ids)}
+    scan.stray_anisou.sort(key=lambda entry: -1 if entry[0] is None else order[entry[0]])
 
 
 def cif_cell_values(block, where: str) -> tuple[float, ...] | None:

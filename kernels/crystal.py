@@ -447,6 +447,18 @@ class AtomLabel(NamedTuple):
         return f"{self.chain}/{self.res_name} {self.seq_num}{icode}/{self.atom_name}{alt}"
 
 
+def _warn_too_sharp(labels, idx: int, count: int, what: str, fix: str) -> None:
+    """The warning for atoms displaced less than zero-point motion allows (B below ``MIN_PHYSICAL_B``)."""
+    more = f" and {count - 1} more atoms" if count > 1 else ""
+    warnings.warn(
+        f"atom {labels[idx]} (index {idx}){more}: {what} is below {MIN_PHYSICAL_B} Å², less than zero-point "
+        f"motion allows; its density is a spike narrower than any map voxel, so the map will not show it "
+        f"faithfully ({fix})",
+        UserWarning,
+        stacklevel=5,
+    )
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class AtomSet:
     """Atoms as tensors: what every kernel takes.
@@ -565,10 +577,12 @@ class AtomSet:
                 raise ValueError(f"atom {self.labels[idx]} (index {idx}) {what}: {value(idx)}{more}")
         if not torch.isfinite(self.a).all() or not torch.isfinite(self.b).all() or (self.b < 0).any():
             raise ValueError("form-factor coefficients must be finite with widths b ≥ 0")
+        tiny = (self.b_iso < MIN_PHYSICAL_B).detach().cpu()
         if self.u_aniso is not None:
-            from kernels.density.adp import first_bad_adp
+            from kernels.density.adp import U_TO_B, bad_adp, first_bad_adp
 
-            bad = first_bad_adp(self.u_aniso, self.aniso)
+            found = bad_adp(self.u_aniso, self.aniso)
+            bad = first_bad_adp(self.u_aniso, self.aniso, found)
             if bad is not None:
                 idx, count, what = bad
                 more = f" ({count - 1} more atoms too)" if count > 1 else ""
@@ -576,17 +590,29 @@ class AtomSet:
                     f"atom {self.labels[idx]} (index {idx}) {what}{more}; read the model with adp='iso', or "
                     "on_bad_adp='iso' to fall back to B_iso for such atoms"
                 )
-        tiny = (self.b_iso < MIN_PHYSICAL_B).detach().cpu()
+            # An anisotropic atom's density follows U (its b_iso is informational): the same floor
+            # applies to U's narrowest direction, B = 8π²·λmin.
+            aniso = self.aniso.detach().cpu()
+            thin = aniso & (found[2][:, 0] * U_TO_B < MIN_PHYSICAL_B)
+            if thin.any():
+                idx = int(thin.nonzero()[0, 0])
+                lam = float(found[2][idx, 0])
+                _warn_too_sharp(
+                    self.labels,
+                    idx,
+                    int(thin.sum()),
+                    f"B along its U's narrowest axis, 8π² × {lam:.3g} Å² = {lam * U_TO_B:.3g} Å²,",
+                    "check the U values (Å²; PDB ANISOU gives them in 10⁻⁴ Å²)",
+                )
+            tiny &= ~aniso
         if tiny.any():
             idx = int(tiny.nonzero()[0, 0])
-            count = int(tiny.sum())
-            more = f" and {count - 1} more atoms" if count > 1 else ""
-            warnings.warn(
-                f"atom {self.labels[idx]} (index {idx}){more}: B = {float(self.b_iso[idx]):.3g} Å² is below "
-                f"{MIN_PHYSICAL_B} Å², less than zero-point motion allows; its density is a spike narrower than "
-                "any map voxel, so the map will not show it faithfully (check the B column or the B offset)",
-                UserWarning,
-                stacklevel=4,
+            _warn_too_sharp(
+                self.labels,
+                idx,
+                int(tiny.sum()),
+                f"B = {float(self.b_iso[idx]):.3g} Å²",
+                "check the B column or the B offset",
             )
 
     def __len__(self) -> int:
@@ -980,7 +1006,8 @@ def read_model(
         data = _model_file.unix_newlines(data)
         pdb_scan = _model_file.scan_pdb(data, where)
         if pdb_scan.stray_anisou:
-            data = _stray_anisou(data, pdb_scan.stray_anisou, where, on_bad_adp, notes)
+            _stray_anisou([m for _, _, m in pdb_scan.stray_anisou], where, on_bad_adp, notes)
+            data = _model_file.drop_records(data, pdb_scan.stray_anisou)
         raw_cell = pdb_scan.cell
         cell_source = "CRYST1"
     # A cell no crystal has is refused before gemmi sees it (gemmi stops at some, not others).
@@ -994,6 +1021,9 @@ def read_model(
             )
     if is_cif:
         st = _gemmi_read(where, gemmi.make_structure_from_block, block)
+        if cif_scan.stray_anisou:
+            _stray_anisou([m for _, m in cif_scan.stray_anisou], where, on_bad_adp, notes)
+            _clear_aniso(st, {i for i, _ in cif_scan.stray_anisou if i is not None})
     else:
         if pdb_scan.pad_short_lines:
             data = _model_file.pad_short_atom_lines(data)
@@ -1131,7 +1161,7 @@ def read_model(
 
 def _check_adp(u_aniso: np.ndarray, flags: np.ndarray, labels, where: str, on_bad_adp: str, notes: list[str]) -> None:
     """Refuse, or (``on_bad_adp="iso"``) turn isotropic in place, the atoms whose U is not positive definite."""
-    from kernels.density.adp import bad_adp
+    from kernels.density.adp import bad_adp, rounding_margin
 
     bad, _finite, lam = bad_adp(torch.from_numpy(u_aniso), torch.from_numpy(flags))
     if not bad.any():
@@ -1139,8 +1169,21 @@ def _check_adp(u_aniso: np.ndarray, flags: np.ndarray, labels, where: str, on_ba
     idx = bad.nonzero().flatten().tolist()
     lam = lam.numpy()
     described = [f"{labels[i]} (eigenvalues {', '.join(f'{v:.4g}' for v in lam[i])} Å²)" for i in idx[:5]]
+    # gemmi keeps U in float32: values positive definite in the file can be singular once rounded.
+    rounded = [
+        i
+        for i in idx
+        if np.isfinite(lam[i]).all() and abs(lam[i][0]) <= rounding_margin(torch.float32) * abs(lam[i]).max()
+    ]
+    note = (
+        f"; of these, {len(rounded)} ({labels[rounded[0]]} first) are singular within float32 rounding: gemmi "
+        "stores U in float32, and that cast makes a U this close to singular lose positive definiteness even "
+        "where the file's values have it"
+        if rounded
+        else ""
+    )
     more = f" and {len(idx) - 5} more" if len(idx) > 5 else ""
-    what = f"{len(idx)} atom(s) have an ANISOU U that is not positive definite: {'; '.join(described)}{more}"
+    what = f"{len(idx)} atom(s) have an ANISOU U that is not positive definite: {'; '.join(described)}{more}{note}"
     if on_bad_adp == "raise":
         raise ModelError(
             f"{where}: {what}. No Gaussian has that shape. Read with on_bad_adp='iso' to splat these atoms at "
@@ -1153,24 +1196,36 @@ def _check_adp(u_aniso: np.ndarray, flags: np.ndarray, labels, where: str, on_ba
     notes.append(msg)
 
 
-def _stray_anisou(data: bytes, stray: list, where: str, on_bad_adp: str, notes: list[str]) -> bytes:
-    """Refuse ANISOU records that do not follow their atom, or (``on_bad_adp="iso"``) drop them with a warning.
+def _stray_anisou(messages: list[str], where: str, on_bad_adp: str, notes: list[str]) -> None:
+    """Refuse ANISOU records (or ``_atom_site_anisotrop`` rows) that are not their atom's, or warn.
 
-    A dropped record's atom (the one gemmi would have given the U) stays isotropic at its B.
+    With ``on_bad_adp="iso"`` the caller leaves them out: no atom takes their U, and the atom
+    gemmi would have given it stays isotropic at its B.
     """
-    from kernels import _model_file
-
-    more = f" ({len(stray) - 1} more such ANISOU records)" if len(stray) > 1 else ""
+    more = f" ({len(messages) - 1} more such ANISOU records)" if len(messages) > 1 else ""
     if on_bad_adp == "raise":
         raise ModelError(
-            f"{where}: {stray[0][2]}{more}. Put each ANISOU right after its own ATOM/HETATM record with the same serial, "
-            "name, residue, chain and altloc, or remove it; or read with on_bad_adp='iso' to leave such records "
-            "out (the atom before each stays isotropic)"
+            f"{where}: {messages[0]}{more}. Give each atom its own ANISOU record (in PDB right after its "
+            "ATOM/HETATM record, with the same serial, name, residue, chain and altloc), or remove the record; "
+            "or read with on_bad_adp='iso' to leave such records out"
         )
-    msg = f"{stray[0][2]}{more}; left out: no atom takes its U (the atom before it stays isotropic at its B)"
+    msg = (
+        f"{messages[0]}{more}; left out: no atom takes its U (the atom it would have gone to stays isotropic at its B)"
+    )
     warnings.warn(f"{where}: {msg}", stacklevel=3)
     notes.append(msg)
-    return _model_file.drop_records(data, stray)
+
+
+def _clear_aniso(st, serials: set[str]) -> None:
+    """Make the atoms with these ``_atom_site.id`` values isotropic (U all zero, as gemmi marks it)."""
+    if not serials:
+        return
+    for model in st:
+        for chain in model:
+            for res in chain:
+                for atom in res:
+                    if str(atom.serial) in serials:
+                        atom.aniso = type(atom.aniso)(0, 0, 0, 0, 0, 0)
 
 
 def _gemmi_read(where: str, fn, *args):
