@@ -67,6 +67,9 @@ _BLOCK = 1 << 22
 _MAX_BLANK_RUN = 16 << 20
 # The first this many bytes of text must look like the format the name says.
 _FORMAT_PREFIX = 1 << 20
+# Deflate's largest compression ratio (a stream of one repeated byte): a gzip of n bytes holds at
+# most this many times n bytes of text.
+_MAX_DEFLATE_RATIO = 1032
 
 
 def _too_big(where: str, what: str, max_bytes: int) -> None:
@@ -81,9 +84,11 @@ def read_model_bytes(path, where: str, is_cif: bool, max_bytes: int = MAX_MODEL_
 
     The file is read as a stream of blocks, each checked before the next is read: binary bytes,
     a run of more than 16 MiB of blank text, a start that is not the format the name says, or
-    more than ``max_bytes`` of text are refused when the block that shows them arrives, so at
-    most ``max_bytes`` (plus one block) is held before a refusal. A plain file larger than
-    ``max_bytes``, or a gzip whose trailer records more, is refused before anything is read.
+    more than ``max_bytes`` of text are refused when the block that shows them arrives. A plain
+    file larger than ``max_bytes``, or a gzip whose trailer records more, is refused after its
+    first block. A gzip that could hold more than ``max_bytes`` (deflate packs at most 1032 bytes
+    into one) is streamed twice, the first time only checked, so no more than ``max_bytes`` is
+    ever held.
 
     Raises ModelError for an unreadable, empty, too large, truncated or corrupt gzip, binary or
     blank file, or one that does not start as the format its name says.
@@ -119,6 +124,30 @@ def _read_blocks(raw, path, where: str, is_cif: bool, max_bytes: int) -> tuple[b
         raw.seek(-4, os.SEEK_END)
         isize = int.from_bytes(raw.read(4), "little")
         raw.seek(0)
+    sizes = (size_on_disk, isize)
+    if compressed and size_on_disk * _MAX_DEFLATE_RATIO > max_bytes:
+        # The text could pass max_bytes: every check runs once over the stream, holding nothing, so
+        # that no more than the limit is ever held; then it is read again to keep.
+        _check_blocks(raw, where, is_cif, max_bytes, compressed, sizes, keep=False)
+        raw.seek(0)
+    blocks = _check_blocks(raw, where, is_cif, max_bytes, compressed, sizes, keep=True)
+    data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
+    del blocks
+    if compressed and not data:
+        _fail(f"{where}: the gzip file decompresses to nothing (0 bytes): give a PDB or mmCIF file with atoms")
+    if not data.strip():
+        inside = " after decompressing" if compressed else ""
+        _fail(f"{where}: the file holds only whitespace{inside}: give a PDB or mmCIF file with atoms")
+    check_format(data, is_cif, where, compressed)
+    return data, compressed
+
+
+def _check_blocks(raw, where: str, is_cif: bool, max_bytes: int, compressed: bool, sizes, keep: bool) -> list[bytes]:
+    """Read ``raw`` (decompressing it) in blocks, refusing as soon as a block shows a problem.
+
+    Returns the blocks when ``keep``; otherwise only checks (and holds at most the first 1 MiB).
+    """
+    size_on_disk, isize = sizes
     stream = gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw
     inside = " after decompressing" if compressed else ""
     blocks: list[bytes] = []
@@ -157,8 +186,9 @@ def _read_blocks(raw, path, where: str, is_cif: bool, max_bytes: int) -> tuple[b
             )
         if stripped:
             blank_run = len(block) - len(block.rstrip())
-        blocks.append(block)
         total += len(block)
+        if keep or not prefix_checked:
+            blocks.append(block)
         if not total - len(block):
             # Sizes are refused after the first block's checks, which name binary content better.
             if size_on_disk > max_bytes and not compressed:
@@ -169,14 +199,9 @@ def _read_blocks(raw, path, where: str, is_cif: bool, max_bytes: int) -> tuple[b
             head = blocks[0] if len(blocks[0]) >= _FORMAT_PREFIX else b"".join(blocks)
             check_format(head[:_FORMAT_PREFIX], is_cif, where, compressed, whole=False)
             prefix_checked = True
-    data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
-    del blocks
-    if compressed and not data:
-        _fail(f"{where}: the gzip file decompresses to nothing (0 bytes): give a PDB or mmCIF file with atoms")
-    if not data.strip():
-        _fail(f"{where}: the file holds only whitespace{inside}: give a PDB or mmCIF file with atoms")
-    check_format(data, is_cif, where, compressed)
-    return data, compressed
+            if not keep:
+                blocks.clear()
+    return blocks
 
 
 def check_format(data: bytes, is_cif: bool, where: str, compressed: bool, whole: bool = True) -> None:

@@ -136,6 +136,6 @@ def file_problem(path: str | os.PathLike) -> str | None:
         return "the null device (it reads as empty), not a file"
     kinds = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
     if stat.S_ISFIFO(mode):
-        return "a pipe (FIFO), not a regular file: save what it gives to a file and read that"
+        return "a pipe (FIFO), not a regular file (save what it gives to a file first)"
     kind = next((name for test, name in kinds.items() if test(mode)), "a special file")
     return f"{kind}, not a regular file"
