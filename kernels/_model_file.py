@@ -649,28 +649,53 @@ def scan_mmcif(block, where: str) -> CifScan:
 
 
 _ANISOTROP_U = tuple(f"U[{i}][{j}]" for i, j in ((1, 1), (2, 2), (3, 3), (1, 2), (1, 3), (2, 3)))
-# _atom_site_anisotrop columns that repeat the atom's identity, and the _atom_site column each repeats.
+# _atom_site_anisotrop columns that repeat the atom's identity, and the _atom_site column each repeats;
+# of a label/auth pair only the first present is compared (either names the atom).
 _ANISOTROP_IDENTITY = (
-    ("type_symbol", "type_symbol"),
-    ("pdbx_label_atom_id", "label_atom_id"),
-    ("pdbx_label_alt_id", "label_alt_id"),
-    ("pdbx_label_comp_id", "label_comp_id"),
-    ("pdbx_label_asym_id", "label_asym_id"),
-    ("pdbx_label_seq_id", "label_seq_id"),
-    ("pdbx_auth_atom_id", "auth_atom_id"),
-    ("pdbx_auth_comp_id", "auth_comp_id"),
-    ("pdbx_auth_asym_id", "auth_asym_id"),
-    ("pdbx_auth_seq_id", "auth_seq_id"),
+    (("type_symbol", "type_symbol"),),
+    (("pdbx_label_atom_id", "label_atom_id"), ("pdbx_auth_atom_id", "auth_atom_id")),
+    (("pdbx_label_alt_id", "label_alt_id"),),
+    (("pdbx_label_comp_id", "label_comp_id"), ("pdbx_auth_comp_id", "auth_comp_id")),
+    (("pdbx_label_asym_id", "label_asym_id"), ("pdbx_auth_asym_id", "auth_asym_id")),
+    (("pdbx_label_seq_id", "label_seq_id"), ("pdbx_auth_seq_id", "auth_seq_id")),
 )
 
 
-def _scan_anisotrop(block, where: str, scan: CifScan) -> None:
-    """Check ``_atom_site_anisotrop``: every U a number, every row an atom of ``_atom_site`` that it names.
+def check_anisotrop_values(block, where: str) -> None:
+    """Raise ModelError naming the ``_atom_site_anisotrop`` U value that is not a number.
 
-    gemmi reads a U row with one value that is not a number (``?``, ``nan``, ``0.18X3``) as all
-    NaN, and drops a row whose id is no atom's without a word. A value that is not a number is a
-    ModelError naming the column, row and value; rows that name no atom, or another atom than
-    their own identifying columns say, go to ``scan.stray_anisou``.
+    gemmi reads such a value (``?``, ``nan``, ``0.18X3``) as NaN; the caller looks for this only
+    when a U it read is not finite, so a good file costs nothing here.
+    """
+    table = block.find_mmcif_category("_atom_site_anisotrop.")
+    present = {tag.split(".", 1)[1] for tag in table.tags}
+    ids = list(block.find_values("_atom_site_anisotrop.id")) if "id" in present else []
+
+    def label(i: int) -> str:
+        return f"_atom_site_anisotrop row {i + 1}" + (f" (id {ids[i]})" if i < len(ids) else "")
+
+    for name in _ANISOTROP_U:
+        if name not in present:
+            continue
+        values = list(block.find_values(f"_atom_site_anisotrop.{name}"))
+        bad = [i for i, v in enumerate(values) if not _CIF_NUMBER.fullmatch(v)]
+        if not bad:
+            continue
+        value = values[bad[0]]
+        what = "unknown (? or .)" if value in ("?", ".") else _describe(value)
+        more = f" ({len(bad) - 1} more rows too)" if len(bad) > 1 else ""
+        _fail(
+            f"{where}: {label(bad[0])}: _atom_site_anisotrop.{name} is {what}{more}: write U in Å² there, or "
+            "remove the row to keep that atom isotropic"
+        )
+
+
+def _scan_anisotrop(block, where: str, scan: CifScan) -> None:
+    """Find ``_atom_site_anisotrop`` rows that name no atom of ``_atom_site``, or another atom.
+
+    gemmi gives each row's U to the atom whose ``_atom_site.id`` it names, and drops a row whose id
+    is no atom's without a word. Rows that name no atom, or an atom other than their own
+    identifying columns (element, atom name, residue …) say, go to ``scan.stray_anisou``.
     """
     table = block.find_mmcif_category("_atom_site_anisotrop.")
     present = {tag.split(".", 1)[1] for tag in table.tags}
@@ -681,45 +706,33 @@ def _scan_anisotrop(block, where: str, scan: CifScan) -> None:
     def label(i: int) -> str:
         return f"_atom_site_anisotrop row {i + 1} (id {ids[i]})"
 
-    for name in _ANISOTROP_U:
-        if name not in present:
-            continue
-        values = list(block.find_values(f"_atom_site_anisotrop.{name}"))
-        if _CIF_COLUMN.fullmatch("\n".join(values)):
-            continue
-        bad = [i for i, v in enumerate(values) if not _CIF_NUMBER.fullmatch(v)]
-        value = values[bad[0]]
-        what = "unknown (? or .)" if value in ("?", ".") else _describe(value)
-        more = f" ({len(bad) - 1} more rows too)" if len(bad) > 1 else ""
-        _fail(
-            f"{where}: {label(bad[0])}: _atom_site_anisotrop.{name} is {what}{more}: write U in Å² there, or "
-            "remove the row to keep that atom isotropic"
-        )
     site_ids = {v: i for i, v in enumerate(block.find_values("_atom_site.id"))}
-    rows = [site_ids.get(v) for v in ids]
-    for i in (i for i, row in enumerate(rows) if row is None):
+    rows = np.array([site_ids.get(v, -1) for v in ids], dtype=np.int64)
+    for i in np.flatnonzero(rows < 0):
         scan.stray_anisou.append(
             (None, f"{label(i)} names no atom: no _atom_site.id is {ids[i]}, so gemmi would drop its U silently")
         )
     site_columns = {tag.split(".", 1)[1] for tag in block.find_mmcif_category("_atom_site.").tags}
-    for mine, theirs in _ANISOTROP_IDENTITY:
-        if mine not in present or theirs not in site_columns:
+    named = rows >= 0
+    for choices in _ANISOTROP_IDENTITY:
+        pair = next(((m, t) for m, t in choices if m in present and t in site_columns), None)
+        if pair is None:
             continue
-        values = list(block.find_values(f"_atom_site_anisotrop.{mine}"))
-        site = list(block.find_values(f"_atom_site.{theirs}"))
-        expected = [site[row] if row is not None else value for row, value in zip(rows, values)]
-        if values == expected:  # the usual file: compared in C, no loop here
-            continue
-        for i, (value, want, row) in enumerate(zip(values, expected, rows)):
-            if value != want and "?" not in (value, want) and "." not in (value, want):
-                scan.stray_anisou.append(
-                    (
-                        ids[i],
-                        f"{label(i)} gives its U to {_cif_row_label(block, row)}, but its {mine} is {value!r} "
-                        f"where that atom's {theirs} is {want!r}",
-                    )
+        mine, theirs = pair
+        values = np.array(list(block.find_values(f"_atom_site_anisotrop.{mine}")), dtype=object)
+        want = np.array(list(block.find_values(f"_atom_site.{theirs}")), dtype=object)[np.maximum(rows, 0)]
+        differ = named & (values != want)  # object arrays: compared in C, no Python loop for a good file
+        for i in np.flatnonzero(differ):
+            if {"?", "."} & {values[i], want[i]}:
+                continue
+            scan.stray_anisou.append(
+                (
+                    ids[i],
+                    f"{label(i)} gives its U to {_cif_row_label(block, int(rows[i]))}, but its {mine} is "
+                    f"{values[i]!r} where that atom's {theirs} is {want[i]!r}",
                 )
-                rows[i] = None  # one message per row
+            )
+            named[i] = False  # one message per row
     order = {v: i for i, v in enumerate(ids)}
     scan.stray_anisou.sort(key=lambda entry: -1 if entry[0] is None else order[entry[0]])
 

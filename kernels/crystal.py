@@ -593,9 +593,9 @@ class AtomSet:
             # An anisotropic atom's density follows U (its b_iso is informational): the same floor
             # applies to U's narrowest direction, B = 8π²·λmin.
             aniso = self.aniso.detach().cpu()
-            thin = aniso & (found[2][:, 0] * U_TO_B < MIN_PHYSICAL_B)
+            thin = aniso.numpy() & (found[2][:, 0].numpy() * U_TO_B < MIN_PHYSICAL_B)
             if thin.any():
-                idx = int(thin.nonzero()[0, 0])
+                idx = int(np.flatnonzero(thin)[0])
                 lam = float(found[2][idx, 0])
                 _warn_too_sharp(
                     self.labels,
@@ -1137,6 +1137,8 @@ def read_model(
             for i in np.flatnonzero(flags):
                 u = rows[i][2].aniso
                 u_aniso[i] = (u.u11, u.u22, u.u33, u.u12, u.u13, u.u23)
+            if is_cif and not np.isfinite(u_aniso[flags]).all():
+                _model_file.check_anisotrop_values(block, where)  # gemmi's NaN for a value that is no number
             _check_adp(u_aniso, flags, labels, where, on_bad_adp, notes)
         else:
             flags = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -129,17 +130,19 @@ def bad_adp(u_aniso: torch.Tensor, aniso: torch.Tensor) -> tuple[torch.Tensor, t
     finite : torch.Tensor, shape (N,), bool, CPU
     eigenvalues : torch.Tensor, shape (N, 3), float64, CPU, ascending (of 0 where U is not finite)
     """
-    u = u_aniso.detach().to("cpu", torch.float64)
-    finite = torch.isfinite(u).all(dim=1)
-    u = torch.where(finite[:, None], u, torch.zeros_like(u))
+    # numpy, not torch: these are small element-wise passes, which torch splits over its thread
+    # pool (costly when the cores are busy), and torch's float64 acos is scalar code.
+    u = u_aniso.detach().to("cpu", torch.float64).numpy()
+    finite = np.isfinite(u).all(axis=1)
+    u = np.where(finite[:, None], u, 0.0)
     lam = _eigenvalues_3x3(u)
     # LAPACK (exact to rounding, but ~15 µs a matrix) where the closed form's smallest eigenvalue is
     # within its own error of zero: the sign there decides positive definiteness.
-    near = lam[:, 0] <= _CLOSED_FORM_TOLERANCE * lam.abs().amax(dim=1)
+    near = lam[:, 0] <= _CLOSED_FORM_TOLERANCE * np.abs(lam).max(axis=1)
     if near.any():
-        lam[near] = torch.linalg.eigvalsh(u_matrix(u[near]))
-    bad = aniso.detach().cpu() & (~finite | (lam[:, 0] <= 0))
-    return bad, finite, lam
+        lam[near] = torch.linalg.eigvalsh(u_matrix(torch.from_numpy(u[near]))).numpy()
+    bad = aniso.detach().cpu().numpy() & (~finite | (lam[:, 0] <= 0))
+    return torch.from_numpy(bad), torch.from_numpy(finite), torch.from_numpy(lam)
 
 
 # Relative error bound of the closed-form eigenvalues, with a wide margin (they agree with LAPACK
@@ -147,25 +150,26 @@ def bad_adp(u_aniso: torch.Tensor, aniso: torch.Tensor) -> tuple[torch.Tensor, t
 _CLOSED_FORM_TOLERANCE = 1e-6
 
 
-def _eigenvalues_3x3(u: torch.Tensor) -> torch.Tensor:
-    """Eigenvalues of symmetric 3×3 matrices given as (N, 6) float64, ascending, in closed form.
+def _eigenvalues_3x3(u: np.ndarray) -> np.ndarray:
+    """Eigenvalues of symmetric 3×3 matrices given as (N, 6) float64 on the CPU, ascending, in closed form.
 
-    The trigonometric solution of the characteristic cubic (Smith 1961): vectorised over the rows,
-    where ``torch.linalg.eigvalsh`` calls LAPACK once per 3×3 matrix.
+    The trigonometric solution of the characteristic cubic (Smith 1961), vectorised over the rows
+    in numpy (``torch.linalg.eigvalsh`` calls LAPACK once per 3×3 matrix, and torch's float64
+    ``acos`` is scalar code: both are ~10 µs a row).
     """
-    u11, u22, u33, u12, u13, u23 = u.unbind(-1)
+    u11, u22, u33, u12, u13, u23 = u.T
     q = (u11 + u22 + u33) / 3
     off = u12**2 + u13**2 + u23**2
-    p = torch.sqrt((((u11 - q) ** 2 + (u22 - q) ** 2 + (u33 - q) ** 2) + 2 * off) / 6)
-    safe = torch.where(p > 0, p, torch.ones_like(p))
+    p = np.sqrt((((u11 - q) ** 2 + (u22 - q) ** 2 + (u33 - q) ** 2) + 2 * off) / 6)
+    safe = np.where(p > 0, p, 1.0)
     b11, b22, b33 = (u11 - q) / safe, (u22 - q) / safe, (u33 - q) / safe
     b12, b13, b23 = u12 / safe, u13 / safe, u23 / safe
     det = b11 * (b22 * b33 - b23**2) - b12 * (b12 * b33 - b23 * b13) + b13 * (b12 * b23 - b22 * b13)
-    phi = torch.acos(torch.clamp(det / 2, -1.0, 1.0)) / 3
-    largest = q + 2 * p * torch.cos(phi)
-    smallest = q + 2 * p * torch.cos(phi + 2 * math.pi / 3)
+    phi = np.arccos(np.clip(det / 2, -1.0, 1.0)) / 3
+    largest = q + 2 * p * np.cos(phi)
+    smallest = q + 2 * p * np.cos(phi + 2 * math.pi / 3)
     middle = 3 * q - largest - smallest
-    return torch.stack((smallest, middle, largest), dim=-1)
+    return np.stack((smallest, middle, largest), axis=-1)
 
 
 def effective_u(u_aniso: torch.Tensor, aniso: torch.Tensor, b_iso: torch.Tensor) -> torch.Tensor:
