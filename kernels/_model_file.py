@@ -34,8 +34,9 @@ _PDB_RECORDS = re.compile(
     re.M,
 )
 _CIF_HEADER = re.compile(rb"\A(?:\s*#[^\n]*\n|\s+)*data_", re.S)
-# mmCIF tables where a PDB file has records: a PDB line never starts with these.
-_CIF_TABLE = re.compile(rb"^(?:loop_\s*$|_atom_site\.)", re.M)
+# Lines that start mmCIF tables where a PDB file has records: no PDB line starts with these.
+_CIF_LINE_STARTS = (b"loop_", b"_atom_site.")
+_ATOM_RECORDS = (b"ATOM  ", b"HETATM")
 
 # ATOM/HETATM numeric fields: name, first and last column (1-based, as the PDB format
 # documents them), and what a missing value means.
@@ -145,14 +146,15 @@ def _read_blocks(raw, path, where: str, is_cif: bool, max_bytes: int) -> tuple[b
 def _check_blocks(raw, where: str, is_cif: bool, max_bytes: int, compressed: bool, sizes, keep: bool) -> list[bytes]:
     """Read ``raw`` (decompressing it) in blocks, refusing as soon as a block shows a problem.
 
-    Returns the blocks when ``keep``; otherwise only checks (and holds at most the first 1 MiB).
+    Returns the blocks when ``keep``; otherwise only checks, holding one block and 1 MiB.
     """
     size_on_disk, isize = sizes
     stream = gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw
     inside = " after decompressing" if compressed else ""
     blocks: list[bytes] = []
-    total = blank_run = 0
-    prefix_checked = False
+    total = blank_run = n_blocks = 0
+    head = b""  # the text from its first non-blank byte, up to _FORMAT_PREFIX: its format is checked early
+    head_checked = False
     while True:
         try:
             block = stream.read(_BLOCK)
@@ -165,6 +167,7 @@ def _check_blocks(raw, where: str, is_cif: bool, max_bytes: int, compressed: boo
             _fail(f"{where}: corrupt gzip data ({exc}); download or copy the file again")
         if not block:
             break
+        n_blocks += 1
         if total + len(block) > max_bytes:
             _too_big(where, f"the text{inside} goes on past {_size(max_bytes)}", max_bytes)
         binary = block.translate(None, _TEXT_BYTES)
@@ -174,63 +177,83 @@ def _check_blocks(raw, where: str, is_cif: bool, max_bytes: int, compressed: boo
                 f"{where}: binary data{inside}, not PDB or mmCIF text (byte 0x{binary[0]:02x} at offset {offset}); "
                 "is this the right file?"
             )
-        stripped = block.strip()
-        if not stripped:
-            blank_run += len(block)
-        else:
-            blank_run += block.index(stripped[:1])
+        blank = block.isspace()
+        leading = len(block) if blank else _leading_blank(block)
+        blank_run += leading
         if blank_run > _MAX_BLANK_RUN:
             _fail(
                 f"{where}: more than {_size(_MAX_BLANK_RUN)} of blank text (spaces and newlines) in a row, ending "
                 f"past offset {total + len(block)}{inside}: no PDB or mmCIF file holds that; is this the right file?"
             )
-        if stripped:
-            blank_run = len(block) - len(block.rstrip())
+        if not blank:
+            blank_run = _trailing_blank(block)
+            if not head_checked and len(head) < _FORMAT_PREFIX:
+                head += block[0 if head else leading :][: _FORMAT_PREFIX - len(head)]
         total += len(block)
-        if keep or not prefix_checked:
+        if keep:
             blocks.append(block)
-        if not total - len(block):
+        if n_blocks == 1:
             # Sizes are refused after the first block's checks, which name binary content better.
             if size_on_disk > max_bytes and not compressed:
                 _too_big(where, f"the file holds {_size(size_on_disk)}", max_bytes)
             if isize > max_bytes:
                 _too_big(where, f"its gzip trailer records {_size(isize)} of text", max_bytes)
-        if not prefix_checked and total >= _FORMAT_PREFIX and stripped:
-            head = blocks[0] if len(blocks[0]) >= _FORMAT_PREFIX else b"".join(blocks)
-            check_format(head[:_FORMAT_PREFIX], is_cif, where, compressed, whole=False)
-            prefix_checked = True
-            if not keep:
-                blocks.clear()
+        elif head and not head_checked:
+            # A second block: the file is long, so its start is checked now (a one-block file is
+            # checked whole by the caller).
+            check_format(head, is_cif, where, compressed, whole=False)
+            head, head_checked = b"", True
     return blocks
+
+
+def _leading_blank(block: bytes) -> int:
+    """How many whitespace bytes ``block`` (not all whitespace) starts with, without copying it whole."""
+    start = block[:4096]
+    n = len(start) - len(start.lstrip())
+    return n if n < len(start) else len(block) - len(block.lstrip())
+
+
+def _trailing_blank(block: bytes) -> int:
+    """How many whitespace bytes ``block`` (not all whitespace) ends with, without copying it whole."""
+    tail = block[-4096:]
+    n = len(tail) - len(tail.rstrip())
+    return n if n < len(tail) else len(block) - len(block.rstrip())
+
+
+def _starts_a_line(data: bytes, prefixes: tuple[bytes, ...]) -> bool:
+    """Whether a line of ``data`` starts with one of ``prefixes`` (``bytes.find``: memchr-fast, unlike a ``^`` regex)."""
+    return data.startswith(prefixes) or any(b"\n" + prefix in data for prefix in prefixes)
 
 
 def check_format(data: bytes, is_cif: bool, where: str, compressed: bool, whole: bool = True) -> None:
     """Raise ModelError when the text is not the format its name says (or neither format).
 
-    ``whole=False``: ``data`` is the file's first block only, so atoms may still follow.
+    The start (the first MiB) must show the format; ``whole=False``: ``data`` is that start
+    only, so atoms may still follow.
     """
     inside = " (after decompressing)" if compressed else ""
-    looks_cif = _CIF_HEADER.match(data) is not None or _CIF_TABLE.search(data, 0, _FORMAT_PREFIX) is not None
-    has_atoms = re.search(rb"^(?:ATOM  |HETATM)", data, re.M) is not None
-    looks_pdb = has_atoms or _PDB_RECORDS.search(data) is not None
-    if is_cif and not looks_cif:
+    head = data[:_FORMAT_PREFIX]
+    looks_cif = _CIF_HEADER.match(data) is not None or _starts_a_line(head, _CIF_LINE_STARTS)
+    if is_cif and looks_cif:
+        return
+    looks_pdb = _starts_a_line(head, _ATOM_RECORDS) or _PDB_RECORDS.search(head) is not None
+    if is_cif:
         if looks_pdb:
             _fail(f"{where}: the text{inside} is PDB (ATOM/CRYST1 records), not mmCIF: rename the file to .pdb")
         _fail(f"{where}: not an mmCIF file{inside}: it does not start with a data_ block header")
-    if not is_cif:
-        if looks_cif:
-            _fail(
-                f"{where}: this looks like mmCIF{inside} (a data_ block header, loop_ or _atom_site tables), "
-                "not PDB: rename the file to .cif"
-            )
-        if not looks_pdb:
-            first = "" if whole else f" in its first {_size(len(data))}"
-            _fail(
-                f"{where}: not a PDB file{inside}: none of its lines{first} is a PDB record (ATOM, HETATM, CRYST1, "
-                "HEADER …)"
-            )
-        if whole and not has_atoms:
-            _fail(f"{where}: no ATOM or HETATM records: the file has no atoms")
+    if looks_cif:
+        _fail(
+            f"{where}: this looks like mmCIF{inside} (a data_ block header, loop_ or _atom_site tables), "
+            "not PDB: rename the file to .cif"
+        )
+    if not looks_pdb:
+        first = f" in its first {_size(len(head))}" if len(head) < len(data) or not whole else ""
+        _fail(
+            f"{where}: not a PDB file{inside}: none of its lines{first} is a PDB record (ATOM, HETATM, CRYST1, "
+            "HEADER …)"
+        )
+    if whole and not _starts_a_line(data, _ATOM_RECORDS):
+        _fail(f"{where}: no ATOM or HETATM records: the file has no atoms")
 
 
 # --------------------------------------------------------------------------- PDB
