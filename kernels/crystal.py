@@ -919,6 +919,10 @@ def read_model(
         What to do with an atom whose U is not positive definite (no Gaussian has that shape;
         gemmi's map is NaN around it): ``raise`` a ModelError naming the atom and its eigenvalues,
         or ``iso`` to splat that atom at its B_iso (one warning naming the atoms, also in ``notes``).
+        The same for an ANISOU record (or ``_atom_site_anisotrop`` row) that is not its atom's: one
+        that follows another atom's record, a TER or nothing, or repeats another atom's serial,
+        name, residue, chain or altloc (gemmi would give its U to the atom read last): ``raise``
+        names both records, ``iso`` leaves the record out with a warning.
     radiation : {"xray", "electron", "neutron"}
         Which form-factor table gives ``atoms.a``/``atoms.b``
         (:func:`kernels.crystal.form_factor_coefficients`).
@@ -945,8 +949,9 @@ def read_model(
         without coordinates, element or B column; an unknown element; a cell that is not
         a cell (a length ≤ 0, angles no cell has); a space group the cell contradicts;
         no atoms; no unit cell without ``box_padding``; non-finite coordinates, B ≤ 0,
-        occupancy outside [0, 1]; an ANISOU U that is not positive definite (with
-        ``on_bad_adp="raise"``); an element the ``radiation`` table does not cover; ``adp``,
+        occupancy outside [0, 1]; an ANISOU U that is not positive definite, or an ANISOU
+        that is not its atom's (with ``on_bad_adp="raise"``); an mmCIF anisotrop U that is not a
+        number; an element the ``radiation`` table does not cover; ``adp``,
         ``on_bad_adp`` or ``radiation`` not one of their values.
 
     Warns
@@ -955,7 +960,9 @@ def read_model(
         Where the file is readable but something was assumed (also in ``notes``): an
         mmCIF without occupancies (taken as 1), a space group gemmi does not know or none
         (P 1 is used), a cell that fits its space group only within 0.1 % of its metric,
-        B derived from ANISOU, anisotropic atoms splatted at B_iso (``on_bad_adp="iso"``).
+        B derived from ANISOU, anisotropic atoms splatted at B_iso or ANISOU records left out
+        (``on_bad_adp="iso"``); and (not in ``notes``) a B, or a U along its narrowest axis,
+        below ``MIN_PHYSICAL_B``.
     """
     import gemmi
 

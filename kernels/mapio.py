@@ -163,7 +163,10 @@ def _open_raw(path: Path):
 def _read_header(path: Path, head: bytes) -> dict:
     """The words of a CCP4/MRC header that say how much data follows; ValueError naming the file otherwise."""
     if not head:
-        raise ValueError(f"{path}: the file is empty (0 bytes), not a CCP4/MRC map")
+        raise ValueError(
+            f"{path}: the file is empty (0 bytes), too short for a CCP4/MRC map (the header alone is "
+            f"{_HEADER_BYTES} bytes)"
+        )
     if len(head) < _HEADER_BYTES:
         raise ValueError(
             f"{path}: {len(head)} bytes is too short for a CCP4/MRC map (the header alone is {_HEADER_BYTES} bytes); "

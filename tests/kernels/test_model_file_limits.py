@@ -207,7 +207,7 @@ def test_map_describing_more_than_max_bytes_is_refused_before_it_is_read(tmp_pat
         kernels.read_map(path, max_bytes=2**19)
     empty = tmp_path / "empty.ccp4"
     empty.write_bytes(b"")
-    with pytest.raises(ValueError, match=r"empty.ccp4: the file is empty \(0 bytes\), not a CCP4/MRC map"):
+    with pytest.raises(ValueError, match=r"empty.ccp4: the file is empty \(0 bytes\), too short for a CCP4/MRC map"):
         kernels.read_map(empty)
     with pytest.raises(ValueError, match="max_bytes must be a positive integer"):
         kernels.read_map(path, max_bytes=0)
