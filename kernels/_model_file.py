@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import math
 import os
 import re
 import zlib
@@ -701,7 +702,9 @@ def check_anisotrop_values(block, where: str) -> None:
         if name not in present:
             continue
         values = list(block.find_values(f"_atom_site_anisotrop.{name}"))
-        bad = [i for i, v in enumerate(values) if not _CIF_NUMBER.fullmatch(v)]
+        bad = [
+            i for i, v in enumerate(values) if not _CIF_NUMBER.fullmatch(v) or not math.isfinite(float(v.split("(")[0]))
+        ]
         if not bad:
             continue
         value = values[bad[0]]

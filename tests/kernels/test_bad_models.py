@@ -442,8 +442,9 @@ def anisotrop(rows: list[str], extra_columns: str = "") -> str:
         (["1 N 0.2 0.2 0.2 0 0 nan", "2 C 0.2 0.2 0.2 0 0 0"], ["row 1 (id 1)", "U[2][3]", "'nan', a non-finite"]),
         (["1 N 0.2 0.2 0.2 0 . 0", "2 C 0.2 0.2 0.2 0 0 0"], ["row 1 (id 1)", "U[1][3]", "unknown (? or .)"]),
         (["1 N 0.2 0.2 0.2 0 0 0", "2 C 0.2 0.2 1e 0 0 0"], ["row 2 (id 2)", "U[3][3]", "'1e', not a number"]),
+        (["1 N 0.2 0.2 0.2 0 0 0", "2 C 0.2 1e999 0.2 0 0 0"], ["row 2 (id 2)", "U[2][2]", "'1e999', a non-finite"]),
     ],
-    ids=["letter", "question-mark", "nan", "dot", "cut-exponent"],
+    ids=["letter", "question-mark", "nan", "dot", "cut-exponent", "overflow"],
 )
 def test_mmcif_anisotrop_value_that_is_not_a_number_names_column_row_and_value(tmp_path, rows, expected):
     path = tmp_path / "m.cif"
