@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import stat
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -122,3 +125,34 @@ def finite_number(value, name: str, unit: str = "", *, allow_nan: bool = False) 
     if not (math.isfinite(x) or (allow_nan and math.isnan(x))):
         raise _number_error(value, name, unit, allowed)
     return x
+
+
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is not a regular file to read, as a phrase to put after ``"<path>: "``; None if it is.
+
+    ``"no such file"``, ``"a folder, not a file"``, the kind of special file (``/dev/null``, a
+    pipe, a device, a socket), or a link to a missing file. Whether a regular file can be read
+    is left to opening it.
+    """
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        if path.is_symlink():
+            return f"a link to {os.readlink(path)}, which does not exist"
+        return "no such file"
+    except NotADirectoryError:
+        return "no such file (a part of its path is a file, not a folder)"
+    except OSError as exc:
+        return f"cannot be reached ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder, not a file"
+    if stat.S_ISCHR(mode) and os.path.realpath(path) == os.devnull:
+        return "the null device (it reads as empty), not a file"
+    kinds = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+    if stat.S_ISFIFO(mode):
+        return "a pipe (FIFO), not a regular file (save what it gives to a file first)"
+    kind = next((name for test, name in kinds.items() if test(mode)), "a special file")
+    return f"{kind}, not a regular file"

@@ -20,11 +20,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from kernels._util import positive_number, real_number
+from kernels._util import file_problem, positive_number, real_number
 
 #: B (Å²) below which an atom's displacement is less than zero-point motion gives any atom
 #: (U < 0.006 Å²): such a B is a mistake in the data, and AtomSet warns about it.
 MIN_PHYSICAL_B = 0.5
+
+#: The most text (bytes after decompressing) :func:`read_model` reads unless ``max_bytes`` says more.
+MAX_MODEL_BYTES = 2 * 2**30
 
 __all__ = [
     "AtomLabel",
@@ -534,6 +537,18 @@ class _NumberedLabels(_LazySequence):
 _TENSOR_FIELDS = ("xyz", "b_iso", "occ", "a", "b")
 
 
+def _warn_too_sharp(labels, idx: int, count: int, what: str, fix: str, stacklevel: int) -> None:
+    """The warning for atoms displaced less than zero-point motion allows (B below ``MIN_PHYSICAL_B``)."""
+    more = f" and {count - 1} more atoms" if count > 1 else ""
+    warnings.warn(
+        f"atom {labels[idx]} (index {idx}){more}: {what} is below {MIN_PHYSICAL_B} Å², less than zero-point "
+        f"motion allows; its density is a spike narrower than any map voxel, so the map will not show it "
+        f"faithfully ({fix})",
+        UserWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class AtomSet:
     """Atoms as tensors: what every kernel takes.
@@ -668,9 +683,10 @@ class AtomSet:
         """
         self._check_values(warn)
         if self.u_aniso is not None and len(self):
-            from kernels.density.adp import first_bad_adp
+            from kernels.density.adp import U_TO_B, bad_adp, first_bad_adp
 
-            bad = first_bad_adp(self.u_aniso, self.aniso)
+            found = bad_adp(self.u_aniso, self.aniso)
+            bad = first_bad_adp(self.u_aniso, self.aniso, found)
             if bad is not None:
                 idx, count, what = bad
                 more = f" ({count - 1} more atoms too)" if count > 1 else ""
@@ -678,6 +694,21 @@ class AtomSet:
                     f"atom {self.labels[idx]} (index {idx}) {what}{more}; read the model with adp='iso', or "
                     "on_bad_adp='iso' to fall back to B_iso for such atoms"
                 )
+            if warn:
+                # An anisotropic atom's density follows U (its b_iso is informational): the same floor
+                # applies to U's narrowest direction, B = 8π²·λmin.
+                thin = self.aniso.detach().cpu().numpy() & (found[2][:, 0].numpy() * U_TO_B < MIN_PHYSICAL_B)
+                if thin.any():
+                    idx = int(np.flatnonzero(thin)[0])
+                    lam = float(found[2][idx, 0])
+                    _warn_too_sharp(
+                        self.labels,
+                        idx,
+                        int(thin.sum()),
+                        f"B along its U's narrowest axis, 8π² × {lam:.3g} Å² = {lam * U_TO_B:.3g} Å²,",
+                        "check the U values (Å²; PDB ANISOU gives them in 10⁻⁴ Å²)",
+                        stacklevel=2,
+                    )
         return self
 
     def _check_values(self, warn: bool = False, *, physical: bool = True) -> None:
@@ -723,17 +754,20 @@ class AtomSet:
         if not (a_max < math.inf and 0 <= w_min and w_max < math.inf):
             raise ValueError("form-factor coefficients must be finite with widths b ≥ 0")
         if warn and b_min < MIN_PHYSICAL_B:
-            tiny = (b < MIN_PHYSICAL_B).cpu()
-            idx = int(tiny.nonzero()[0, 0])
-            count = int(tiny.sum())
-            more = f" and {count - 1} more atoms" if count > 1 else ""
-            warnings.warn(
-                f"atom {self.labels[idx]} (index {idx}){more}: B = {float(b[idx]):.3g} Å² is below "
-                f"{MIN_PHYSICAL_B} Å², less than zero-point motion allows; its density is a spike narrower than "
-                "any map voxel, so the map will not show it faithfully (check the B column or the B offset)",
-                UserWarning,
-                stacklevel=3,
-            )
+            tiny = b < MIN_PHYSICAL_B
+            if self.aniso is not None:
+                tiny &= ~self.aniso
+            tiny = tiny.cpu()
+            if tiny.any():
+                idx = int(tiny.nonzero()[0, 0])
+                _warn_too_sharp(
+                    self.labels,
+                    idx,
+                    int(tiny.sum()),
+                    f"B = {float(b[idx]):.3g} Å²",
+                    "check the B column or the B offset",
+                    stacklevel=3,
+                )
 
     def _raise_first(self, bad: torch.Tensor, what: str, value) -> None:
         bad = bad.cpu()
@@ -1029,6 +1063,7 @@ def read_model(
     adp: str = "auto",
     on_bad_adp: str = "raise",
     radiation: str = "xray",
+    max_bytes: int = MAX_MODEL_BYTES,
 ) -> Model:
     """Read a PDB or mmCIF file (optionally gzipped) into atom tensors.
 
@@ -1061,9 +1096,18 @@ def read_model(
         What to do with an atom whose U is not positive definite (no Gaussian has that shape;
         gemmi's map is NaN around it): ``raise`` a ModelError naming the atom and its eigenvalues,
         or ``iso`` to splat that atom at its B_iso (one warning naming the atoms, also in ``notes``).
+        The same for an ANISOU record (or ``_atom_site_anisotrop`` row) that is not its atom's: one
+        that follows another atom's record, a TER or nothing, or repeats another atom's serial,
+        name, residue, chain or altloc (gemmi would give its U to the atom read last): ``raise``
+        names both records, ``iso`` leaves the record out with a warning.
     radiation : {"xray", "electron", "neutron"}
         Which form-factor table gives ``atoms.a``/``atoms.b``
         (:func:`kernels.crystal.form_factor_coefficients`).
+    max_bytes : int
+        The most text (after decompressing) the file may hold, 2 GiB by default. The file is read
+        as a stream and refused as soon as it passes this, or shows binary bytes, more than
+        16 MiB of blank text in a row, or a start that is not its format, so a bad file costs
+        little memory; raise it for a larger model.
 
     Returns
     -------
@@ -1074,15 +1118,17 @@ def read_model(
     ModelError
         Every problem with the file, naming it and (where it applies) the line or
         ``_atom_site`` row, the atom, the field and its value: missing, empty, binary,
-        not gzip although named .gz, truncated or corrupt gzip, the other format than its
-        name says; a numeric field gemmi would read leniently (``1O.OOO``, ``12.3.4``,
-        ``-``, a value cut short); a blank occupancy or B in PDB (B may be blank where an
+        not a regular file (a folder, ``/dev/null``, a pipe), not gzip although named .gz,
+        truncated or corrupt gzip, larger than ``max_bytes``, the other format than its name
+        says; a numeric field gemmi would read leniently (``1O.OOO``, ``12.3.4``, ``-``, a
+        value cut short); a blank occupancy or B in PDB (B may be blank where an
         ANISOU record follows: it is then derived from U); an mmCIF ``_atom_site`` table
         without coordinates, element or B column; an unknown element; a cell that is not
         a cell (a length ≤ 0, angles no cell has); a space group the cell contradicts;
         no atoms; no unit cell without ``box_padding``; non-finite coordinates, B ≤ 0,
-        occupancy outside [0, 1]; an ANISOU U that is not positive definite (with
-        ``on_bad_adp="raise"``); an element the ``radiation`` table does not cover; ``adp``,
+        occupancy outside [0, 1]; an ANISOU U that is not positive definite, or an ANISOU
+        that is not its atom's (with ``on_bad_adp="raise"``); an mmCIF anisotrop U that is not a
+        number; an element the ``radiation`` table does not cover; ``adp``,
         ``on_bad_adp`` or ``radiation`` not one of their values.
 
     Warns
@@ -1091,7 +1137,9 @@ def read_model(
         Where the file is readable but something was assumed (also in ``notes``): an
         mmCIF without occupancies (taken as 1), a space group gemmi does not know or none
         (P 1 is used), a cell that fits its space group only within 0.1 % of its metric,
-        B derived from ANISOU, anisotropic atoms splatted at B_iso (``on_bad_adp="iso"``).
+        B derived from ANISOU, anisotropic atoms splatted at B_iso or ANISOU records left out
+        (``on_bad_adp="iso"``); and (not in ``notes``) a B, or a U along its narrowest axis,
+        below ``MIN_PHYSICAL_B``.
     """
     import gemmi
 
@@ -1106,10 +1154,9 @@ def read_model(
     ):
         if value not in allowed:
             raise ModelError(f"{where}: {name} must be one of {allowed}, got {value!r}")
-    if not path.exists():
-        raise ModelError(f"{where}: no such file")
-    if not path.is_file():
-        raise ModelError(f"{where}: not a file")
+    problem = file_problem(path)
+    if problem:
+        raise ModelError(f"{where}: {problem}")
     name = path.name.lower()
     stem = name[:-3] if name.endswith(".gz") else name
     if not stem.endswith(MODEL_SUFFIXES):
@@ -1122,15 +1169,17 @@ def read_model(
     model_index = 0 if model_index is None else model_index
     if isinstance(model_index, (bool, np.bool_)) or not isinstance(model_index, (int, np.integer)):
         raise ModelError(f"{where}: model_index must be an integer (0 = the first model), got {model_index!r}")
+    if isinstance(max_bytes, (bool, np.bool_)) or not isinstance(max_bytes, (int, np.integer)) or max_bytes < 1:
+        raise ModelError(f"{where}: max_bytes must be a positive integer (bytes of text), got {max_bytes!r}")
     if box_padding is not None:
         try:
             box_padding = positive_number(box_padding, "box_padding", "Å")
         except ValueError as exc:
             raise ModelError(f"{where}: {exc}") from None
 
+    notes: list[str] = []
     is_cif = stem.endswith((".cif", ".mmcif"))
-    data, compressed = _model_file.read_model_bytes(path, where)
-    _model_file.check_format(data, is_cif, where, compressed)
+    data, compressed = _model_file.read_model_bytes(path, where, is_cif, max_bytes)
     cif_scan = None
     if is_cif:
         doc = _gemmi_read(where, gemmi.cif.read_string, data)
@@ -1140,7 +1189,11 @@ def read_model(
         raw_cell = _model_file.cif_cell_values(block, where)
         cell_source = "_cell"
     else:
-        pdb_scan = _model_file.scan_pdb(data.decode("latin-1"), where)
+        data = _model_file.unix_newlines(data)
+        pdb_scan = _model_file.scan_pdb(data, where)
+        if pdb_scan.stray_anisou:
+            _stray_anisou([m for _, _, m in pdb_scan.stray_anisou], where, on_bad_adp, notes)
+            data = _model_file.drop_records(data, pdb_scan.stray_anisou)
         raw_cell = pdb_scan.cell
         cell_source = "CRYST1"
     # A cell no crystal has is refused before gemmi sees it (gemmi stops at some, not others).
@@ -1154,6 +1207,9 @@ def read_model(
             )
     if is_cif:
         st = _gemmi_read(where, gemmi.make_structure_from_block, block)
+        if cif_scan.stray_anisou:
+            _stray_anisou([m for _, m in cif_scan.stray_anisou], where, on_bad_adp, notes)
+            _clear_aniso(st, {i for i, _ in cif_scan.stray_anisou if i is not None})
     else:
         if pdb_scan.pad_short_lines:
             data = _model_file.pad_short_atom_lines(data)
@@ -1280,6 +1336,8 @@ def read_model(
             for i in np.flatnonzero(flags):
                 u = rows[i][2].aniso
                 u_aniso[i] = (u.u11, u.u22, u.u33, u.u12, u.u13, u.u23)
+            if is_cif and not np.isfinite(u_aniso[flags]).all():
+                _model_file.check_anisotrop_values(block, where)  # gemmi's NaN for a value that is no number
             _check_adp(u_aniso, flags, labels, where, on_bad_adp, notes)
         else:
             flags = None
@@ -1314,7 +1372,7 @@ def read_model(
 
 def _check_adp(u_aniso: np.ndarray, flags: np.ndarray, labels, where: str, on_bad_adp: str, notes: list[str]) -> None:
     """Refuse, or (``on_bad_adp="iso"``) turn isotropic in place, the atoms whose U is not positive definite."""
-    from kernels.density.adp import bad_adp
+    from kernels.density.adp import bad_adp, rounding_margin
 
     bad, _finite, lam = bad_adp(torch.from_numpy(u_aniso), torch.from_numpy(flags))
     if not bad.any():
@@ -1322,8 +1380,21 @@ def _check_adp(u_aniso: np.ndarray, flags: np.ndarray, labels, where: str, on_ba
     idx = bad.nonzero().flatten().tolist()
     lam = lam.numpy()
     described = [f"{labels[i]} (eigenvalues {', '.join(f'{v:.4g}' for v in lam[i])} Å²)" for i in idx[:5]]
+    # gemmi keeps U in float32: values positive definite in the file can be singular once rounded.
+    rounded = [
+        i
+        for i in idx
+        if np.isfinite(lam[i]).all() and abs(lam[i][0]) <= rounding_margin(torch.float32) * abs(lam[i]).max()
+    ]
+    note = (
+        f"; of these, {len(rounded)} ({labels[rounded[0]]} first) are singular within float32 rounding: gemmi "
+        "stores U in float32, and that cast makes a U this close to singular lose positive definiteness even "
+        "where the file's values have it"
+        if rounded
+        else ""
+    )
     more = f" and {len(idx) - 5} more" if len(idx) > 5 else ""
-    what = f"{len(idx)} atom(s) have an ANISOU U that is not positive definite: {'; '.join(described)}{more}"
+    what = f"{len(idx)} atom(s) have an ANISOU U that is not positive definite: {'; '.join(described)}{more}{note}"
     if on_bad_adp == "raise":
         raise ModelError(
             f"{where}: {what}. No Gaussian has that shape. Read with on_bad_adp='iso' to splat these atoms at "
@@ -1334,6 +1405,38 @@ def _check_adp(u_aniso: np.ndarray, flags: np.ndarray, labels, where: str, on_ba
     msg = f"{what}; splatted at their isotropic B instead"
     warnings.warn(f"{where}: {msg}", stacklevel=3)
     notes.append(msg)
+
+
+def _stray_anisou(messages: list[str], where: str, on_bad_adp: str, notes: list[str]) -> None:
+    """Refuse ANISOU records (or ``_atom_site_anisotrop`` rows) that are not their atom's, or warn.
+
+    With ``on_bad_adp="iso"`` the caller leaves them out: no atom takes their U, and the atom
+    gemmi would have given it stays isotropic at its B.
+    """
+    more = f" ({len(messages) - 1} more such ANISOU records)" if len(messages) > 1 else ""
+    if on_bad_adp == "raise":
+        raise ModelError(
+            f"{where}: {messages[0]}{more}. Give each atom its own ANISOU record (in PDB right after its "
+            "ATOM/HETATM record, with the same serial, name, residue, chain and altloc), or remove the record; "
+            "or read with on_bad_adp='iso' to leave such records out"
+        )
+    msg = (
+        f"{messages[0]}{more}; left out: no atom takes its U (the atom it would have gone to stays isotropic at its B)"
+    )
+    warnings.warn(f"{where}: {msg}", stacklevel=3)
+    notes.append(msg)
+
+
+def _clear_aniso(st, serials: set[str]) -> None:
+    """Make the atoms with these ``_atom_site.id`` values isotropic (U all zero, as gemmi marks it)."""
+    if not serials:
+        return
+    for model in st:
+        for chain in model:
+            for res in chain:
+                for atom in res:
+                    if str(atom.serial) in serials:
+                        atom.aniso = type(atom.aniso)(0, 0, 0, 0, 0, 0)
 
 
 def _gemmi_read(where: str, fn, *args):

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels.crystal import Cell, GridError, GridSpec
+from kernels._util import file_problem
+from kernels.crystal import Cell, GridError, GridSpec, _size
 
 __all__ = ["write_map", "read_map"]
 
@@ -174,6 +175,11 @@ def _open_raw(path: Path):
 
 def _read_header(path: Path, head: bytes) -> dict:
     """The words of a CCP4/MRC header that say how much data follows; ValueError naming the file otherwise."""
+    if not head:
+        raise ValueError(
+            f"{path}: the file is empty (0 bytes), too short for a CCP4/MRC map (the header alone is "
+            f"{_HEADER_BYTES} bytes)"
+        )
     if len(head) < _HEADER_BYTES:
         raise ValueError(
             f"{path}: {len(head)} bytes is too short for a CCP4/MRC map (the header alone is {_HEADER_BYTES} bytes); "
@@ -231,14 +237,27 @@ def _stream_size(path: Path, stop_after: int) -> int:
     return total
 
 
-def read_map(path: str | os.PathLike) -> tuple[torch.Tensor, GridSpec]:
+#: The most map data (bytes, as the file stores it) :func:`read_map` reads unless ``max_bytes`` says more:
+#: a 1024³ float32 map.
+MAX_MAP_BYTES = 4 * 2**30
+
+
+def read_map(path: str | os.PathLike, *, max_bytes: int = MAX_MAP_BYTES) -> tuple[torch.Tensor, GridSpec]:
     """Read a CCP4/MRC map (optionally gzipped).
 
     The header is checked against the file before anything is allocated: the data it
     describes (NC·NR·NS values of MODE's size after the 1024-byte header and NSYMBT
-    bytes of extended header) must be exactly what the file holds (for ``.gz``, counted
-    by streaming the decompressed bytes, never held at once). Only then are the values
-    read, into one array of the validated size.
+    bytes of extended header) must be at most ``max_bytes`` and exactly what the file holds
+    (for ``.gz``, counted by streaming the decompressed bytes, never held at once). Only then
+    are the values read, into one array of the validated size.
+
+    Parameters
+    ----------
+    path : str or path-like
+        ``.ccp4``, ``.map``, ``.mrc``, optionally ``.gz``.
+    max_bytes : int
+        The most data the header may describe, 4 GiB by default (a 1024³ float32 map); the
+        float32 copy of it is held too. Raise it for a larger map.
 
     Returns
     -------
@@ -251,19 +270,31 @@ def read_map(path: str | os.PathLike) -> tuple[torch.Tensor, GridSpec]:
     Raises
     ------
     ValueError
-        The file is missing, unreadable, not a CCP4/MRC map, or its header disagrees with
+        The file is missing, not a regular file (a folder, ``/dev/null``, a pipe), unreadable,
+        not a CCP4/MRC map, describes more than ``max_bytes`` of data, or its header disagrees with
         its size (a truncated file, or a header claiming more or fewer values or another
         MODE); the message names the file and the header word.
     """
     import gemmi
 
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such map file")
+    problem = file_problem(path)
+    if problem:
+        raise ValueError(f"{path}: {'no such map file' if problem == 'no such file' else problem}")
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes < 1:
+        raise ValueError(f"{path}: max_bytes must be a positive integer (bytes of map data), got {max_bytes!r}")
     try:
         with _open_raw(path) as f:
             head = f.read(_HEADER_BYTES)
         hdr = _read_header(path, head)
+        data_bytes = hdr["expected"] - hdr["data_offset"]
+        if data_bytes > max_bytes:
+            nc, nr, ns = hdr["shape"]
+            raise ValueError(
+                f"{path}: the header describes {nc}×{nr}×{ns} values of mode {hdr['mode']}, {_size(data_bytes)} of "
+                f"data, more than the limit of {_size(max_bytes)} (max_bytes={max_bytes}): is the header right? To "
+                "read it anyway pass a larger max_bytes"
+            )
         size = _stream_size(path, hdr["expected"]) if path.suffix == ".gz" else path.stat().st_size
     except (OSError, EOFError) as exc:  # unreadable, or a damaged gzip stream
         raise ValueError(f"{path}: cannot read it as a CCP4/MRC map ({exc})") from exc

@@ -118,12 +118,13 @@ def _splat(args: argparse.Namespace) -> int:
     import torch
 
     import kernels
+    from kernels._util import file_problem
 
     # Every argument is checked before anything is read or computed (and before anything is printed).
     path = Path(args.model) if args.model else kernels.example_structure()
-    if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        return _error(f"model {path} {what}; give a PDB or mmCIF file", EXIT_USAGE)
+    problem = file_problem(path)
+    if problem:
+        return _error(f"model {path}: {problem}; give a PDB or mmCIF file", EXIT_USAGE)
     problem = _check_out(Path(args.out))
     if problem:
         return _error(problem, EXIT_USAGE)

@@ -241,12 +241,14 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import kernels
+    from kernels._util import file_problem
     from workbench.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, _check_out, _error, _map_summary
 
     path = Path(args.frames)
     for p, what in ((path, "frames"), (Path(args.topology) if args.topology else None, "topology")):
-        if p is not None and not p.is_file():
-            return _error(f"{what} {p} {'is a folder' if p.is_dir() else 'does not exist'}", EXIT_USAGE)
+        problem = None if p is None else file_problem(p)
+        if problem:
+            return _error(f"{what} {p}: {problem}", EXIT_USAGE)
     problem = _check_out(Path(args.out))
     if problem:
         return _error(problem, EXIT_USAGE)

@@ -15,9 +15,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-__all__ = ["U_TO_B", "effective_u", "first_bad_adp", "bad_adp", "u_matrix", "with_blur", "adp_eigenvalues"]
+__all__ = [
+    "U_TO_B",
+    "rounding_margin",
+    "effective_u",
+    "first_bad_adp",
+    "bad_adp",
+    "u_matrix",
+    "with_blur",
+    "adp_eigenvalues",
+]
 
 #: B = 8π² U: a displacement of U Å² spreads density as an isotropic B of 8π²U Å².
 U_TO_B = 8 * math.pi**2
@@ -50,21 +60,24 @@ def adp_eigenvalues(u6: torch.Tensor) -> torch.Tensor:
         return torch.linalg.eigvalsh(u_matrix(u6.detach().to(torch.float64)))
 
 
-def first_bad_adp(u_aniso: torch.Tensor, aniso: torch.Tensor) -> tuple[int, int, str] | None:
+def first_bad_adp(u_aniso: torch.Tensor, aniso: torch.Tensor, found=None) -> tuple[int, int, str] | None:
     """The first anisotropic atom whose U is not finite or not positive definite, on the host.
 
     Parameters
     ----------
     u_aniso : torch.Tensor, shape (N, 6)
     aniso : torch.Tensor, shape (N,), bool
+    found : tuple, optional
+        :func:`bad_adp`'s result for these tensors, when the caller has it already.
 
     Returns
     -------
     None when every anisotropic atom's U is finite and positive definite, else
     ``(index, count, what)``: the first bad atom, how many are bad, and a phrase naming the problem
-    with the atom's eigenvalues.
+    with the atom's eigenvalues. Where ``u_aniso`` is of lower precision than float64 and the U is
+    within its rounding of singular, the phrase says that the cast to that dtype can make it so.
     """
-    bad, finite, lam = bad_adp(u_aniso, aniso)
+    bad, finite, lam = bad_adp(u_aniso, aniso) if found is None else found
     if not bad.any():
         return None
     u = u_aniso.detach().to("cpu", torch.float64)
@@ -74,7 +87,32 @@ def first_bad_adp(u_aniso: torch.Tensor, aniso: torch.Tensor) -> tuple[int, int,
     else:
         eig = ", ".join(f"{v:.4g}" for v in lam[idx].tolist())
         what = f"has an anisotropic U that is not positive definite (eigenvalues {eig} Å²)"
+        if u_aniso.dtype != torch.float64 and abs(float(lam[idx, 0])) <= rounding_margin(u_aniso.dtype) * float(
+            lam[idx].abs().max()
+        ):
+            what += (
+                f", singular within {u_aniso.dtype} rounding: a U positive definite in float64 can lose that in the "
+                f"cast to {u_aniso.dtype} (the cpu and triton backends compute in float32); backend='reference' "
+                "keeps float64"
+            )
     return idx, int(bad.sum()), what
+
+
+def rounding_margin(dtype: torch.dtype) -> float:
+    """How far, relative to U's largest eigenvalue, rounding each component to ``dtype`` can move the smallest.
+
+    Parameters
+    ----------
+    dtype : torch.dtype
+        A floating dtype.
+
+    Returns
+    -------
+    float
+        8 machine epsilons of ``dtype``: a U whose smallest eigenvalue is within this fraction of its
+        largest can change sign in the cast.
+    """
+    return 8 * torch.finfo(dtype).eps
 
 
 def bad_adp(u_aniso: torch.Tensor, aniso: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -92,11 +130,46 @@ def bad_adp(u_aniso: torch.Tensor, aniso: torch.Tensor) -> tuple[torch.Tensor, t
     finite : torch.Tensor, shape (N,), bool, CPU
     eigenvalues : torch.Tensor, shape (N, 3), float64, CPU, ascending (of 0 where U is not finite)
     """
-    u = u_aniso.detach().to("cpu", torch.float64)
-    finite = torch.isfinite(u).all(dim=1)
-    lam = torch.linalg.eigvalsh(u_matrix(torch.where(finite[:, None], u, torch.zeros_like(u))))
-    bad = aniso.detach().cpu() & (~finite | (lam[:, 0] <= 0))
-    return bad, finite, lam
+    # numpy, not torch: these are small element-wise passes, which torch splits over its thread
+    # pool (costly when the cores are busy), and torch's float64 acos is scalar code.
+    u = u_aniso.detach().to("cpu", torch.float64).numpy()
+    finite = np.isfinite(u).all(axis=1)
+    u = np.where(finite[:, None], u, 0.0)
+    lam = _eigenvalues_3x3(u)
+    # LAPACK (exact to rounding, but ~15 µs a matrix) where the closed form's smallest eigenvalue is
+    # within its own error of zero: the sign there decides positive definiteness.
+    near = lam[:, 0] <= _CLOSED_FORM_TOLERANCE * np.abs(lam).max(axis=1)
+    if near.any():
+        lam[near] = torch.linalg.eigvalsh(u_matrix(torch.from_numpy(u[near]))).numpy()
+    bad = aniso.detach().cpu().numpy() & (~finite | (lam[:, 0] <= 0))
+    return torch.from_numpy(bad), torch.from_numpy(finite), torch.from_numpy(lam)
+
+
+# Relative error bound of the closed-form eigenvalues, with a wide margin (they agree with LAPACK
+# to ~1e-13 of the largest eigenvalue, except where two are nearly equal: then ~1e-8).
+_CLOSED_FORM_TOLERANCE = 1e-6
+
+
+def _eigenvalues_3x3(u: np.ndarray) -> np.ndarray:
+    """Eigenvalues of symmetric 3×3 matrices given as (N, 6) float64 on the CPU, ascending, in closed form.
+
+    The trigonometric solution of the characteristic cubic (Smith 1961), vectorised over the rows
+    in numpy (``torch.linalg.eigvalsh`` calls LAPACK once per 3×3 matrix, and torch's float64
+    ``acos`` is scalar code: both are ~10 µs a row).
+    """
+    u11, u22, u33, u12, u13, u23 = u.T
+    q = (u11 + u22 + u33) / 3
+    off = u12**2 + u13**2 + u23**2
+    p = np.sqrt((((u11 - q) ** 2 + (u22 - q) ** 2 + (u33 - q) ** 2) + 2 * off) / 6)
+    safe = np.where(p > 0, p, 1.0)
+    b11, b22, b33 = (u11 - q) / safe, (u22 - q) / safe, (u33 - q) / safe
+    b12, b13, b23 = u12 / safe, u13 / safe, u23 / safe
+    det = b11 * (b22 * b33 - b23**2) - b12 * (b12 * b33 - b23 * b13) + b13 * (b12 * b23 - b22 * b13)
+    phi = np.arccos(np.clip(det / 2, -1.0, 1.0)) / 3
+    largest = q + 2 * p * np.cos(phi)
+    smallest = q + 2 * p * np.cos(phi + 2 * math.pi / 3)
+    middle = 3 * q - largest - smallest
+    return np.stack((smallest, middle, largest), axis=-1)
 
 
 def effective_u(u_aniso: torch.Tensor, aniso: torch.Tensor, b_iso: torch.Tensor) -> torch.Tensor:

@@ -143,7 +143,7 @@ CASES = [
     ("gzip-truncated", "m.pdb.gz", GOOD_GZ[: len(GOOD_GZ) // 2], ["truncated gzip"]),
     ("gzip-corrupt", "m.pdb.gz", GOOD_GZ[:20] + bytes(b ^ 0x5A for b in GOOD_GZ[20:-8]) + GOOD_GZ[-8:], ["gzip"]),
     ("pdb-named-cif", "m.cif", pdb(), ["is PDB", "rename the file to .pdb"]),
-    ("cif-named-pdb", "m.pdb", cif(), ["is mmCIF", "rename the file to .cif"]),
+    ("cif-named-pdb", "m.pdb", cif(), ["looks like mmCIF", "rename the file to .cif"]),
     ("no-atom-records", "m.pdb", cryst1() + "END\n", ["no ATOM or HETATM records"]),
     ("truncated-cif", "m.cif", cif()[:-25], ["cannot read the file"]),
 ]
@@ -335,3 +335,207 @@ def test_a_model_read_twice_gives_equal_cells_grids_and_atoms():
     assert kernels.GridSpec.for_spacing(m1.cell, 1.0, m1.spacegroup) == kernels.GridSpec.for_spacing(
         m2.cell, 1.0, m2.spacegroup
     )
+
+
+# --------------------------------------------------------------------------- ANISOU and its atom
+
+# Two atoms of one residue; each ANISOU repeats columns 7-27 of the atom record it follows.
+ATOM_1 = "ATOM      1  CA  ALA A   1       1.000   2.000   3.000  1.00 10.00           C\n"
+ATOM_2 = "ATOM      2  CB  ALA A   1       2.500   2.000   3.000  1.00 10.00           C\n"
+U_COLUMNS = "   2000   2000   2000      0      0      0       C\n"  # U = 0.2 Å² (B 15.8 Å²)
+
+
+def anisou_of(atom_line: str, **columns: str) -> str:
+    """The ANISOU record of ``atom_line``, with the given 1-based column ranges ("7-11") replaced."""
+    line = "ANISOU" + atom_line[6:27] + " " + U_COLUMNS
+    for span, value in columns.items():
+        first, last = (int(c) for c in span[1:].split("_"))
+        assert len(value) == last - first + 1
+        line = line[: first - 1] + value + line[last:]
+    return line
+
+
+STRAY = [
+    # (id, records after CRYST1, what the message must name besides the ANISOU and its line)
+    ("serial-of-another-atom", ATOM_1 + anisou_of(ATOM_2) + ATOM_2, ["line 3", "serial '2' vs '1'", "'ATOM      1"]),
+    ("name-of-another-atom", ATOM_1 + anisou_of(ATOM_1, c13_16=" CB ") + ATOM_2, ["atom name 'CB' vs 'CA'"]),
+    ("atom-not-in-file", ATOM_1 + anisou_of(ATOM_1, c7_11="   99", c13_16=" OG ") + ATOM_2,
+     ["serial '99' vs '1'", "atom name 'OG' vs 'CA'"]),
+    ("other-residue-number", ATOM_1 + anisou_of(ATOM_1, c23_26="   2") + ATOM_2, ["residue number '2' vs '1'"]),
+    ("other-residue-name", ATOM_1 + anisou_of(ATOM_1, c18_20="GLY") + ATOM_2, ["residue name 'GLY' vs 'ALA'"]),
+    ("other-chain", ATOM_1 + anisou_of(ATOM_1, c22_22="B") + ATOM_2, ["chain 'B' vs 'A'"]),
+    ("other-altloc", ATOM_1 + anisou_of(ATOM_1, c17_17="B") + ATOM_2, ["altloc 'B' vs 'blank'"]),
+    ("other-icode", ATOM_1 + anisou_of(ATOM_1, c27_27="A") + ATOM_2, ["insertion code 'A' vs 'blank'"]),
+    ("hybrid36-serial", ATOM_1.replace("    1", "A0000", 1) + anisou_of(ATOM_1, c7_11="A0001") + ATOM_2,
+     ["serial 'A0001' vs 'A0000'"]),
+    ("after-ter", ATOM_1 + "TER       2      ALA A   1\n" + anisou_of(ATOM_1) + ATOM_2, ["line 4", "follows line 3 (TER)"]),
+    ("before-any-atom", anisou_of(ATOM_1) + ATOM_1 + ATOM_2, ["line 2", "follows line 1 (CRYST1)"]),
+    ("twice", ATOM_1 + anisou_of(ATOM_1) + anisou_of(ATOM_1) + ATOM_2, ["line 4", "follows line 3 (ANISOU)"]),
+    ("after-a-remark", ATOM_1 + "REMARK   1 x\n" + anisou_of(ATOM_1) + ATOM_2, ["line 4", "follows line 3 (REMARK)"]),
+    ("hetatm-of-another-atom", ATOM_1 + ATOM_2.replace("ATOM  ", "HETATM") + anisou_of(ATOM_1) + "END\n",
+     ["line 4", "HETATM record", "serial '1' vs '2'"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("records, expected", [c[1:] for c in STRAY], ids=[c[0] for c in STRAY])
+def test_anisou_that_is_not_its_atoms_is_refused_naming_both_records(tmp_path, records, expected):
+    path = tmp_path / "m.pdb"
+    path.write_text(cryst1() + records + "END\n")
+    with pytest.raises(kernels.ModelError) as info:
+        kernels.read_model(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: line ") and "the ANISOU record 'ANISOU" in message, message
+    for part in [*expected, "on_bad_adp='iso'"]:
+        assert part in message, f"{part!r} not in: {message}"
+
+
+@pytest.mark.parametrize("records", [c[1] for c in STRAY], ids=[c[0] for c in STRAY])
+def test_on_bad_adp_iso_leaves_a_stray_anisou_out_with_a_warning(tmp_path, records):
+    """The atom the U would have landed on keeps its isotropic B: the same atoms as without the record."""
+    path, plain = tmp_path / "m.pdb", tmp_path / "plain.pdb"
+    path.write_text(cryst1() + records + "END\n")
+    kept = [line for line in records.splitlines(keepends=True) if not line.startswith("ANISOU")]
+    # The ANISOU records that do belong to their atom stay in the reference file too.
+    lines = records.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("ANISOU") and i and lines[i - 1][6:27] == line[6:27] and lines[i - 1][:6] != "ANISOU":
+            kept.insert(kept.index(lines[i - 1]) + 1, line)
+    plain.write_text(cryst1() + "".join(kept) + "END\n")
+    with pytest.warns(UserWarning, match="left out: no atom takes its U"):
+        model = kernels.read_model(path, on_bad_adp="iso")
+    reference = kernels.read_model(plain)
+    assert model.atoms == reference.atoms
+    assert any("left out" in note for note in model.notes)
+
+
+def test_anisou_that_matches_its_atom_reads_silently(tmp_path):
+    """The same atom written differently (name not padded, ``*****`` serials, a SIGATM between) is no mismatch."""
+    unpadded = anisou_of(ATOM_1, c13_16="CA  ")
+    stars = ATOM_1.replace("    1", "*****", 1)
+    sigatm = "SIGATM    2  CB  ALA A   1       0.010   0.010   0.010  0.00  0.10           C\n"
+    for records in (
+        ATOM_1 + unpadded + ATOM_2 + anisou_of(ATOM_2),
+        stars + anisou_of(stars) + ATOM_2,
+        stars + anisou_of(ATOM_1) + ATOM_2,  # a serial that does not parse is not compared
+        ATOM_1 + ATOM_2 + sigatm + anisou_of(ATOM_2),
+    ):
+        path = tmp_path / "m.pdb"
+        path.write_text(cryst1() + records + "END\n")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            model = kernels.read_model(path)
+        assert model.atoms.aniso is not None and int(model.atoms.aniso.sum()) == records.count("ANISOU")
+
+
+def anisotrop(rows: list[str], extra_columns: str = "") -> str:
+    """A ``_atom_site_anisotrop`` loop after :func:`cif`'s two atoms (rows: id, type, six U)."""
+    head = "loop_\n_atom_site_anisotrop.id\n_atom_site_anisotrop.type_symbol\n" + extra_columns
+    head += "".join(f"_atom_site_anisotrop.U[{i}][{j}]\n" for i, j in ((1, 1), (2, 2), (3, 3), (1, 2), (1, 3), (2, 3)))
+    return cif() + head + "".join(row + "\n" for row in rows)
+
+
+@pytest.mark.parametrize(
+    "rows, expected",
+    [
+        (["1 N 0.18X3 0.2 0.2 0 0 0", "2 C 0.2 0.2 0.2 0 0 0"], ["row 1 (id 1)", "U[1][1]", "'0.18X3', not a number"]),
+        (["1 N 0.2 0.2 0.2 0 0 0", "2 C 0.2 ? 0.2 0 0 0"], ["row 2 (id 2)", "U[2][2]", "unknown (? or .)"]),
+        (["1 N 0.2 0.2 0.2 0 0 nan", "2 C 0.2 0.2 0.2 0 0 0"], ["row 1 (id 1)", "U[2][3]", "'nan', a non-finite"]),
+        (["1 N 0.2 0.2 0.2 0 . 0", "2 C 0.2 0.2 0.2 0 0 0"], ["row 1 (id 1)", "U[1][3]", "unknown (? or .)"]),
+        (["1 N 0.2 0.2 0.2 0 0 0", "2 C 0.2 0.2 1e 0 0 0"], ["row 2 (id 2)", "U[3][3]", "'1e', not a number"]),
+        (["1 N 0.2 0.2 0.2 0 0 0", "2 C 0.2 1e999 0.2 0 0 0"], ["row 2 (id 2)", "U[2][2]", "'1e999', a non-finite"]),
+    ],
+    ids=["letter", "question-mark", "nan", "dot", "cut-exponent", "overflow"],
+)
+def test_mmcif_anisotrop_value_that_is_not_a_number_names_column_row_and_value(tmp_path, rows, expected):
+    path = tmp_path / "m.cif"
+    path.write_text(anisotrop(rows))
+    for on_bad_adp in ("raise", "iso"):  # a value that is not a number is no U to fall back from
+        with pytest.raises(kernels.ModelError) as info:
+            kernels.read_model(path, on_bad_adp=on_bad_adp)
+        message = str(info.value)
+        assert "not positive definite" not in message and "_atom_site_anisotrop" in message, message
+        for part in expected:
+            assert part in message, f"{part!r} not in: {message}"
+
+
+@pytest.mark.parametrize(
+    "rows, columns, expected",
+    [
+        (["7 N 0.2 0.2 0.2 0 0 0", "2 C 0.2 0.2 0.2 0 0 0"], "", ["row 1 (id 7) names no atom"]),
+        (["1 C 0.2 0.2 0.2 0 0 0", "2 C 0.2 0.2 0.2 0 0 0"], "", ["type_symbol is 'C'", "type_symbol is 'N'"]),
+        (["1 N CB 0.2 0.2 0.2 0 0 0", "2 C CA 0.2 0.2 0.2 0 0 0"], "_atom_site_anisotrop.pdbx_label_atom_id\n",
+         ["row 1 (id 1) gives its U to row 1", "pdbx_label_atom_id is 'CB'", "label_atom_id is 'N'"]),
+    ],
+    ids=["unknown-id", "other-element", "other-atom-name"],
+)  # fmt: skip
+def test_mmcif_anisotrop_row_of_another_atom_is_refused_or_left_out(tmp_path, rows, columns, expected):
+    path = tmp_path / "m.cif"
+    path.write_text(anisotrop(rows, columns))
+    with pytest.raises(kernels.ModelError) as info:
+        kernels.read_model(path)
+    for part in [*expected, "on_bad_adp='iso'"]:
+        assert part in str(info.value), str(info.value)
+    with pytest.warns(UserWarning, match="left out: no atom takes its U"):
+        model = kernels.read_model(path, on_bad_adp="iso")
+    assert model.atoms.aniso[0].item() is False  # atom 1 keeps its isotropic B
+    assert model.atoms.b_iso[0].item() == 10.0
+
+
+# --------------------------------------------------------------------------- implausible U
+
+
+@pytest.mark.parametrize(
+    "u, narrowest",
+    [
+        ("      1      1      1      0      0      0", "0.0001"),  # U = 1e-4 Å² (B 0.008 Å²)
+        ("   2000   2000     10      0      0      0", "0.001"),  # flat along z: B 0.08 Å² there
+        ("   2000   2000   2000   1995      0      0", "0.0005"),  # flat along a diagonal
+    ],
+    ids=["tiny", "flat-axis", "flat-diagonal"],
+)
+def test_u_below_zero_point_motion_warns_naming_the_atom(tmp_path, u, narrowest):
+    path = tmp_path / "m.pdb"
+    path.write_text(cryst1() + ATOM_1 + anisou_of(ATOM_1)[:28] + u + "       C\n" + ATOM_2 + "END\n")
+    with pytest.warns(UserWarning, match=r"atom A/ALA 1/CA \(index 0\): B along its U's narrowest axis") as record:
+        kernels.read_model(path)
+    message = next(str(w.message) for w in record if "narrowest" in str(w.message))
+    assert f"8π² × {narrowest}" in message and "below 0.5 Å²" in message, message
+
+
+def test_u_of_1e8_in_mmcif_warns_and_a_plausible_u_does_not(tmp_path):
+    path = tmp_path / "m.cif"
+    path.write_text(anisotrop(["1 N 1e-8 1e-8 1e-8 0 0 0", "2 C 0.2 0.2 0.2 0 0 0"]))
+    with pytest.warns(UserWarning, match=r"atom A/ALA 1/N \(index 0\): B along its U's narrowest axis"):
+        kernels.read_model(path)
+    path.write_text(anisotrop(["1 N 0.1 0.2 0.3 0.01 0.02 0.03", "2 C 0.2 0.2 0.2 0 0 0"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kernels.read_model(path)
+
+
+def test_atomset_checks_u_like_b():
+    """The check is the AtomSet's, so every way atoms are made gets it, not only read_model."""
+    xyz, b = np.zeros((2, 3)), [20.0, 20.0]
+    u = [[0.2, 0.2, 0.2, 0, 0, 0], [1e-8, 1e-8, 1e-8, 0, 0, 0]]
+    with pytest.warns(UserWarning, match=r"\(index 1\): B along its U's narrowest axis, 8π² × 1e-08 Å²"):
+        kernels.AtomSet.from_elements(["C", "C"], xyz, b, u_aniso=u)
+    u[1] = [float("nan")] * 6  # atom 1 isotropic at B 20
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kernels.AtomSet.from_elements(["C", "C"], xyz, b, u_aniso=u)
+
+
+def test_u_singular_after_the_float32_cast_says_so(tmp_path):
+    # U12 = U11 - 1e-9: positive definite in float64 (smallest eigenvalue 1e-9 Å²), singular in float32.
+    u = torch.tensor([[0.2, 0.2, 0.3, 0.2 - 1e-9, 0.0, 0.0]], dtype=torch.float64)
+    assert torch.linalg.eigvalsh(kernels.density.adp.u_matrix(u))[0, 0] > 0
+    path = tmp_path / "m.cif"  # gemmi stores U in float32: the file's U is refused at read time
+    path.write_text(anisotrop([f"1 N {' '.join(repr(v) for v in u[0].tolist())}", "2 C 0.2 0.2 0.2 0 0 0"]))
+    with pytest.raises(kernels.ModelError, match="singular within float32 rounding: gemmi stores U in float32"):
+        kernels.read_model(path)
+    with pytest.warns(UserWarning, match="narrowest axis"):
+        atoms = kernels.AtomSet.from_elements(["C"], np.zeros((1, 3)), [20.0], u_aniso=u.numpy())
+    grid = kernels.GridSpec(kernels.Cell.from_parameters(10, 10, 10), (10, 10, 10))
+    kernels.splat_density(atoms, grid, backend="reference")  # float64: positive definite, splatted
+    with pytest.raises(ValueError, match=r"singular within torch.float32 rounding.*cast to torch.float32"):
+        kernels.splat_density(atoms.to(dtype=torch.float32), grid, backend="cpu")

@@ -33,6 +33,14 @@ def files(tmp_path):
     (tmp_path / "nocell.pdb").write_text(ATOM)
     (tmp_path / "afile").write_text("x")
     (tmp_path / "empty.cif").write_text("")
+    (tmp_path / "empty.pdb").write_text("")
+    (tmp_path / "blank.pdb").write_text("\n\n   \n")
+    os.mkfifo(tmp_path / "pipe.pdb")  # never opened: the check looks at the path only
+    (tmp_path / "dangling.pdb").symlink_to("gone.pdb")
+    (tmp_path / "mmcif.pdb").write_text(
+        "data_x\n_cell.length_a 30\nloop_\n_atom_site.group_PDB\n_atom_site.id\n"
+        "ATOM   1    N N   . ALA A 1 1   ? 1.0 2.0 3.0 1.00 10.0 ? 1 ALA A N 1\n"
+    )
     return tmp_path
 
 
@@ -45,7 +53,13 @@ USAGE = [
     (["splat", "--out", "missing/map.ccp4"], "the folder missing does not exist"),
     (["splat", "--out", "."], "--out . is a folder"),
     (["splat", "--out", "afile/map.ccp4"], "the folder afile is not a folder"),
-    (["splat", "absent.pdb"], "model absent.pdb does not exist"),
+    (["splat", "absent.pdb"], "model absent.pdb: no such file"),
+    (["splat", "/dev/null"], "model /dev/null: the null device (it reads as empty), not a file"),
+    (["splat", "."], "model .: a folder, not a file"),
+    (["splat", "pipe.pdb"], "model pipe.pdb: a pipe (FIFO), not a regular file"),
+    (["splat", "dangling.pdb"], "model dangling.pdb: a link to gone.pdb, which does not exist"),
+    (["splat", "afile/m.pdb"], "model afile/m.pdb: no such file (a part of its path is a file, not a folder)"),
+    (["ensemble", "/dev/null"], "frames /dev/null: the null device (it reads as empty), not a file"),
     (["splat", "--bogus"], "unrecognized arguments: --bogus"),
     (["lab", "--port", "0"], "a port is a whole number in 1-65535"),
     (["app", "--port", "http"], "a port is a whole number in 1-65535"),
@@ -78,6 +92,9 @@ FAILURES = [
     (["splat", "negative.pdb"], ["negative.pdb", "impossible unit cell in CRYST1", "a = -30 Å"]),
     (["splat", "letters.pdb"], ["letters.pdb", "line 2", "x coordinate", "'1O.OOO'"]),
     (["splat", "empty.cif"], ["empty.cif", "empty (0 bytes)"]),
+    (["splat", "empty.pdb"], ["empty.pdb", "empty (0 bytes)"]),
+    (["splat", "blank.pdb"], ["blank.pdb", "only whitespace"]),
+    (["splat", "mmcif.pdb"], ["mmcif.pdb", "this looks like mmCIF", "rename the file to .cif"]),
     (["splat", "nocell.pdb"], ["nocell.pdb", "no unit cell", "--box-padding"]),
 ]
 
