@@ -1224,7 +1224,6 @@ def read_model(
             f"(model_index 0 to {len(st) - 1})"
         )
     n_models = len(st)
-    notes: list[str] = []
     if n_models > 1 and not index_given:
         notes.append(
             f"the file holds {n_models} models; model 1 (MODEL {st[0].num}) was read. Choose another with "
