@@ -212,12 +212,51 @@ def _read_trajectory(path: Path, topology: Path, md_b: float, radiation: str) ->
     return Frames(atoms, xyz, b, torch.ones((f, n), dtype=torch.float64), cell, "P 1", tuple(notes))
 
 
+def _end_with_parent() -> None:
+    """Make this process end (SIGTERM) when its parent dies.
+
+    torchrun starts each rank in a session of its own, so a SIGKILL of torchrun reaches no rank, and
+    the ranks would run on (and wait on each other's collectives until the group's timeout). Linux:
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere a daemon thread that polls the parent's pid every second.
+    A parent that died before this call is seen at once (this process was re-parented).
+    """
+    import signal
+    import sys
+    import threading
+
+    parent = os.getppid()
+    armed = False
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            armed = ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0) == 0  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+    if armed:
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
+
+
 def _distributed(device: str):
-    """(process group or None, rank, world size, device) — the group only under torchrun."""
+    """(process group or None, rank, world size, device) — the group only under torchrun.
+
+    Each rank ends when its launcher dies (:func:`_end_with_parent`).
+    """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "RANK" not in os.environ:
         return None, 0, 1, device
     import torch
     import torch.distributed as dist
+
+    _end_with_parent()
 
     if device == "cuda":
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -285,6 +324,12 @@ def run(args: argparse.Namespace) -> int:
         say(f"splat   {f} frames ({what}) on {world} rank(s): {elapsed * 1e3:.1f} ms, {f / elapsed:.1f} frames/s")
         if rank == 0:
             electrons = float(rho.sum()) * grid.voxel_volume
+            if not math.isfinite(electrons):  # read here anyway; a GPU splat is not read back to check
+                return _error(
+                    "the map holds non-finite values (weights or B that overflow the map's float range?); "
+                    f"nothing was written to {args.out}",
+                    EXIT_FAILURE,
+                )
             unit = kernels.density_unit(atoms.radiation)
             total = "fm of scattering length" if atoms.radiation == "neutron" else "electrons"
             say(f"map     max {float(rho.max()):.3f} {unit}, {electrons:.1f} {total} in the cell")
@@ -305,7 +350,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub, positive) -> None:
-    """Register ``ensemble`` on the ``workbench`` subparsers ``sub``; ``positive`` builds number types."""
+    """Register ``ensemble`` on the ``workbench`` subparsers ``sub``; ``positive`` builds number types.
+
+    Every number is checked by the same argparse types as ``workbench splat``'s, so a bad value is a
+    usage error (exit 2) before any frame is read.
+    """
+    from workbench.cli import _non_negative
+
     ep = sub.add_parser(
         "ensemble",
         help="splat every frame of a multi-model file or MD trajectory into one ensemble map (torchrun for ranks)",
@@ -331,7 +382,12 @@ def add_parser(sub, positive) -> None:
         "--adp", default="auto", choices=["auto", "iso"], help="keep each model's ANISOU (auto) or splat B only (iso)"
     )
     ep.add_argument("--radiation", default="xray", choices=["xray", "electron", "neutron"], help="form-factor table")
-    ep.add_argument("--blur", type=float, default=0.0, help="extra B in Å² on every atom (gemmi's blur; default 0)")
+    ep.add_argument(
+        "--blur",
+        type=_non_negative("--blur", " of Å²"),
+        default=0.0,
+        help="extra B in Å² on every atom, U + blur/8π² on anisotropic ones, as gemmi's blur (default 0)",
+    )
     ep.add_argument("--backend", default="auto", choices=["auto", "reference", "cpu", "triton"])
     ep.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="under torchrun: one GPU per rank")
     ep.add_argument("--out", default="map.ccp4", help="output map, written by rank 0 (default map.ccp4)")

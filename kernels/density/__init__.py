@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import torch
 
-from kernels._util import positive_number
+from kernels._util import finite_number, positive_number
 from kernels.crystal import AtomSet, GridError, GridSpec
 from kernels.density.adp import U_TO_B, first_bad_adp, with_blur
 from kernels.density.positions import check_finite
@@ -51,6 +51,38 @@ def _check_radius_extent(radius: float, grid: GridSpec) -> None:
         )
 
 
+def _splat_arguments(radius, cutoff, blur, radius_rule: str, grid: GridSpec) -> tuple[float | None, float, float]:
+    """The host scalar arguments of a splat, checked the same way for every function that takes them.
+
+    ``radius`` None or a positive finite number of Å whose box per atom stays within
+    ``MAX_BOX_VOXELS`` of ``grid``; ``cutoff`` a positive finite number; ``blur`` a finite number of
+    Å²; ``radius_rule`` one of ``RADIUS_RULES``. Numbers may be Python, numpy or one-element torch
+    scalars (:func:`kernels._util.positive_number`); bool, strings and tensors of several elements
+    are refused. The usual Python floats skip the validator's call.
+
+    Returns
+    -------
+    (radius, cutoff, blur) as Python floats (radius None when not given).
+
+    Raises
+    ------
+    ValueError
+        An argument of the wrong type or range, named with its value.
+    kernels.GridError
+        ``radius`` makes each atom's box larger than ``MAX_BOX_VOXELS`` voxels.
+    """
+    if radius_rule not in RADIUS_RULES:
+        raise ValueError(f"radius_rule must be one of {RADIUS_RULES}, got {radius_rule!r}")
+    if radius is not None:
+        radius = positive_number(radius, "radius", "Å")
+        _check_radius_extent(radius, grid)
+    if type(cutoff) is not float or not 0.0 < cutoff < math.inf:
+        cutoff = positive_number(cutoff, "cutoff", "e/Å³")
+    if type(blur) is not float or not math.isfinite(blur):
+        blur = finite_number(blur, "blur", "Å²")
+    return radius, cutoff, blur
+
+
 def peak_density(atoms: AtomSet) -> torch.Tensor:
     """Each atom's density at its centre, in e/Å³ (fm/Å³ for neutrons; negative for hydrogen there).
 
@@ -75,18 +107,20 @@ def peak_density(atoms: AtomSet) -> torch.Tensor:
         return scale.sum(dim=1).mul_(atoms.occ)
 
 
-def _peak_density_host(atoms: AtomSet) -> np.ndarray:
+def _peak_density_host(atoms: AtomSet, occupancy: bool = True) -> np.ndarray:
     """:func:`peak_density` of CPU atoms in numpy: one pass over N×5 values on the calling thread.
 
     torch would split it over its thread pool, whose threads may be busy elsewhere (a browser,
-    another kernel) and hold the splat call up behind them.
+    another kernel) and hold the splat call up behind them. ``occupancy=False``: at occupancy 1.
     """
     with torch.no_grad():
-        a, b = atoms.a.numpy(), atoms.b.numpy()
-        b_iso, occ = atoms.b_iso.numpy(), atoms.occ.numpy()
+        a, b = _host_array(atoms.a), _host_array(atoms.b)
+        b_iso, occ = _host_array(atoms.b_iso), _host_array(atoms.occ)
         if atoms.u_aniso is not None:
-            u, flag = atoms.u_aniso.numpy(), atoms.aniso.numpy()
+            u, flag = _host_array(atoms.u_aniso), atoms.aniso.numpy()
     scale = (4 * math.pi) / (b + b_iso[:, None])
+    if not occupancy:
+        occ = np.ones_like(occ)
     peaks = (a * (scale * np.sqrt(scale))).sum(axis=1) * occ
     if atoms.u_aniso is not None and flag.any():
         # det(U + c·I) from U's characteristic polynomial: c³ + tr·c² + m₂·c + det, per term width c.
@@ -103,32 +137,119 @@ def _peak_density_host(atoms: AtomSet) -> np.ndarray:
     return peaks
 
 
-def _warn_atoms_below_cutoff(atoms: AtomSet, cutoff: float) -> None:
-    """Warn when an atom's peak density is below ``cutoff``: with per-atom radii it adds nothing.
+def _host_array(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as a numpy array: a view for the dtypes numpy has, float32 for bfloat16."""
+    t = t.detach()
+    return t.numpy() if t.dtype != torch.bfloat16 else t.to(torch.float32).numpy()
+
+
+def _atoms_below_spacing(atoms: AtomSet, cutoff: float, grid: GridSpec, radius_rule: str = "gemmi"):
+    """Host atoms (occupancy > 0) whose cutoff radius is below the grid's spacing, or None.
+
+    Such an atom reaches only the grid points within its radius of its centre: none, or a few
+    voxels of its peak, not its shape. Found without a radius per atom: a Gaussian term of width
+    W ≥ B keeps at least exp(−4π²h²/B) of its peak at distance h, so an atom whose peak times that
+    factor stays at or above the cutoff has a radius ≥ h (anisotropic atoms: the B and peak of
+    the radius rule's direction); only the others (normally none) get their radius from the rule
+    the kernels use (:func:`atom_cutoff_radii`).
+
+    Returns
+    -------
+    None, or (index, count, radius Å, peak) of the first such atom and how many there are.
+    """
+    n = len(atoms)
+    if n == 0:
+        return None
+    h = max(grid.spacing)
+    # at occupancy 1: the radius does not depend on the occupancy; a neutron length can be negative (hydrogen)
+    peaks = np.abs(_peak_density_host(atoms, occupancy=False))
+    b_lower = _host_array(atoms.b_iso).astype(np.float64)
+    if atoms.u_aniso is not None:
+        flag = atoms.aniso.numpy()
+        if flag.any():
+            u = _host_array(atoms.u_aniso)[flag].astype(np.float64)
+            if radius_rule == "gemmi":  # the isotropic rule at B = 8π²·max diag(U), with that atom's peak
+                b_lower[flag] = U_TO_B * u[:, :3].max(axis=1)
+                a, b = _host_array(atoms.a)[flag], _host_array(atoms.b)[flag]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    scale = (4 * math.pi) / (b + b_lower[flag][:, None])
+                    peaks[flag] = np.abs((a * scale * np.sqrt(scale)).sum(axis=1))
+            else:  # along the major axis: every M_k's largest eigenvalue is ≥ λ_max(U) ≥ tr(U)/3
+                b_lower[flag] = U_TO_B * (u[:, 0] + u[:, 1] + u[:, 2]) / 3
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        at_h = peaks * np.exp(-4 * math.pi**2 * h * h / b_lower)
+    negative = (_host_array(atoms.a) < 0).any(axis=1)  # a negative term breaks the bound: ask the rule
+    suspect = ~(at_h >= cutoff) | negative
+    suspect &= _host_array(atoms.occ) > 0
+    if not suspect.any():
+        return None
+    index = np.flatnonzero(suspect)
+    radii = atom_cutoff_radii(atoms.select(torch.from_numpy(index)), cutoff, radius_rule).numpy()
+    small = radii < h
+    if not small.any():
+        return None
+    first = int(np.flatnonzero(small)[0])
+    idx = int(index[first])
+    peak = float(_peak_density_host(atoms.select([idx]), occupancy=False)[0])
+    return idx, int(small.sum()), float(radii[first]), peak
+
+
+def _points_within(atoms: AtomSet, idx: int, radius: float, grid: GridSpec) -> int:
+    """How many grid points lie closer than ``radius`` Å to atom ``idx`` (periodic lattice; ``radius`` < a few voxels)."""
+    cell = grid.cell
+    m = torch.tensor(grid.sampling, dtype=torch.float64)
+    f = atoms.xyz[idx].detach().to(torch.float64) @ cell.frac.T
+    reach = radius * torch.tensor(cell.reciprocal_lengths, dtype=torch.float64) * m
+    lo = torch.floor(f * m - reach).to(torch.int64).tolist()
+    hi = torch.ceil(f * m + reach).to(torch.int64).tolist()
+    axes = [torch.arange(a, b + 1, dtype=torch.float64) for a, b in zip(lo, hi)]
+    pts = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3) / m - f
+    r2 = ((pts @ cell.metric) * pts).sum(dim=1)
+    return int((r2 < radius * radius).sum())
+
+
+def _warn_atoms_below_spacing(
+    atoms: AtomSet, cutoff: float, grid: GridSpec, radius_rule: str = "gemmi", frame_size: int | None = None
+) -> None:
+    """Warn when some atom's cutoff radius is below the grid spacing, saying what the map keeps of it.
 
     Host tensors only (a few µs for 10^4 atoms); on a GPU the answer would have to be read back.
-    Atoms of occupancy 0 are meant to add nothing and are not reported.
+    ``frame_size``: the atoms are frames of that many atoms each (an ensemble); the message names the frame.
     """
-    if len(atoms) == 0:
-        return
-    peaks = np.abs(_peak_density_host(atoms))  # a neutron length can be negative (hydrogen)
-    low = peaks < cutoff
-    occ = atoms.occ.detach().numpy()
-    if low.any():
-        low &= occ > 0
-    if low.any():
-        idx = int(np.flatnonzero(low)[0])
-        count = int(low.sum())
-        more = f" and {count - 1} more atoms" if count > 1 else ""
-        label = atoms.labels[idx] if len(atoms.labels) == len(atoms) else f"#{idx + 1}"
-        unit = density_unit(atoms.radiation)
-        warnings.warn(
-            f"atom {label} (index {idx}){more}: peak density {float(peaks[idx]):.3g} "
-            f"{unit} is below the cutoff {cutoff:g} {unit}, so the per-atom radius leaves it out of the map "
-            "(B or occupancy too small?); lower the cutoff or pass radius= to splat it",
-            UserWarning,
-            stacklevel=3,
+    found = _atoms_below_spacing(atoms, cutoff, grid, radius_rule)
+    if found is not None:
+        _warn_small(atoms, found, cutoff, grid, frame_size)
+
+
+def _warn_small(
+    atoms: AtomSet, found, cutoff: float, grid: GridSpec, frame_size: int | None = None, first_frame: int = 0
+) -> None:
+    """The warning of :func:`_warn_atoms_below_spacing` for its finding ``found`` on ``atoms``
+    (frames ``first_frame``, … of ``frame_size`` atoms each, when given)."""
+    idx, count, radius, peak = found
+    kept = _points_within(atoms, idx, radius, grid)
+    h = max(grid.spacing)
+    unit = density_unit(atoms.radiation)
+    label = atoms.labels[idx] if len(atoms.labels) == len(atoms) else f"#{idx + 1}"
+    where = f"atom {label} (index {idx})"
+    if frame_size:
+        where = f"frame {first_frame + idx // frame_size}: atom {label} (index {idx % frame_size})"
+    more = f" and {count - 1} more atoms" if count > 1 else ""
+    why = " (B too large, or the cutoff too high?)" if peak < cutoff else ""
+    if kept == 0:
+        what = "no grid point lies that close, so the map leaves it out"
+    else:
+        what = (
+            f"the map holds it at only the {kept} grid point{'s' if kept > 1 else ''} that close to its centre, "
+            "not its shape"
         )
+    warnings.warn(
+        f"{where}{more}: peak density {peak:.3g} {unit} (at occupancy 1), cutoff {cutoff:g} {unit}: its cutoff radius "
+        f"{radius:.3g} Å is below the grid spacing {h:.3g} Å{why}; {what}. Lower the cutoff, pass radius= "
+        "to splat it whole, or use a finer spacing",
+        UserWarning,
+        stacklevel=4 if frame_size is None else 5,
+    )
 
 
 def density_unit(radiation: str) -> str:
@@ -213,21 +334,15 @@ def splat_density(
     ops (``kernels.density.ops``), so a loop of splats compiles with ``fullgraph=True``; eager
     calls go to the backends directly.
     """
-    if radius_rule not in RADIUS_RULES:
-        raise ValueError(f"radius_rule must be one of {RADIUS_RULES}, got {radius_rule!r}")
+    radius, cutoff, blur = _splat_arguments(radius, cutoff, blur, radius_rule, grid)
     if blur != 0.0:
         atoms = _blurred(atoms, blur)
     if torch.compiler.is_compiling():
         if out is not None:
             raise ValueError("out= is not supported under torch.compile; use the returned map")
         return _splat_compiling(atoms, grid, radius, cutoff, backend, radius_rule)
-    if radius is not None:
-        radius = positive_number(radius, "radius", "Å")
-        _check_radius_extent(radius, grid)
-    if type(cutoff) is not float or not 0.0 < cutoff < math.inf:  # the usual float skips the validator's call
-        cutoff = positive_number(cutoff, "cutoff", "e/Å³")
     if radius is None and atoms.device.type == "cpu":
-        _warn_atoms_below_cutoff(atoms, cutoff)
+        _warn_atoms_below_spacing(atoms, cutoff, grid, radius_rule)
     name, fn = get_backend("density", atoms.device, backend)
     if name != "reference" and not grid.is_whole_cell:
         raise GridError(f"the {name} density backend splats whole-cell grids only; use backend='reference' for a box")
@@ -247,31 +362,41 @@ def splat_density(
 _memory_checked: set[tuple] = set()
 
 
-def _blurred(atoms: AtomSet, blur) -> AtomSet:
-    """``atoms`` with ``blur`` Å² added to every atom (:func:`kernels.density.adp.with_blur`), checked.
-
-    Host atoms are checked for a blur that leaves some B ≤ 0 or some U not positive definite
-    (a negative blur); on a GPU that check would read values back, and such an atom adds nothing there.
-    """
-    blur = float(blur)
-    if not math.isfinite(blur):
-        raise ValueError(f"blur must be a finite number of Å², got {blur!r}")
+def _blurred(atoms: AtomSet, blur: float) -> AtomSet:
+    """``atoms`` with ``blur`` Å² added to every atom (:func:`kernels.density.adp.with_blur`), checked."""
     blurred = with_blur(atoms, blur)
-    if blur < 0 and atoms.device.type == "cpu" and len(atoms):
-        b = blurred.b_iso.detach()
-        iso = b <= 0 if blurred.aniso is None else (b <= 0) & ~blurred.aniso
-        if iso.any():
-            idx = int(iso.nonzero()[0, 0])
-            raise ValueError(
-                f"blur={blur:g} Å² leaves atom {atoms.labels[idx]} (index {idx}) with B = {float(b[idx]):.4g} Å² ≤ 0; "
-                "use a blur above minus the smallest B"
-            )
-        if blurred.u_aniso is not None:
-            bad = first_bad_adp(blurred.u_aniso, blurred.aniso)
-            if bad is not None:
-                idx, _count, what = bad
-                raise ValueError(f"blur={blur:g} Å² leaves atom {atoms.labels[idx]} (index {idx}) that {what[4:]}")
+    _check_blurred(blurred, blur)
     return blurred
+
+
+def _check_blurred(blurred: AtomSet, blur: float, frame_size: int | None = None, first_frame: int = 0) -> None:
+    """ValueError when a negative ``blur`` left an atom of host atoms ``blurred`` with B ≤ 0 or a U not positive definite.
+
+    On a GPU that check would read values back, and such an atom adds nothing there. ``frame_size``:
+    the atoms are frames ``first_frame``, ``first_frame + 1``, … of that many atoms each (an
+    ensemble); the message names the frame.
+    """
+    if not (blur < 0 and blurred.device.type == "cpu" and len(blurred)):
+        return
+
+    def where(idx: int) -> str:
+        if frame_size:
+            return f"frame {first_frame + idx // frame_size}: atom {blurred.labels[idx]} (index {idx % frame_size})"
+        return f"atom {blurred.labels[idx]} (index {idx})"
+
+    b = blurred.b_iso.detach()
+    iso = b <= 0 if blurred.aniso is None else (b <= 0) & ~blurred.aniso
+    if iso.any():
+        idx = int(iso.nonzero()[0, 0])
+        raise ValueError(
+            f"blur={blur:g} Å² leaves {where(idx)} with B = {float(b[idx]):.4g} Å² ≤ 0; "
+            "use a blur above minus the smallest B"
+        )
+    if blurred.u_aniso is not None:
+        bad = first_bad_adp(blurred.u_aniso, blurred.aniso)
+        if bad is not None:
+            idx, _count, what = bad
+            raise ValueError(f"blur={blur:g} Å² leaves {where(idx)} that {what[4:]}")
 
 
 def _splat_compiling(atoms: AtomSet, grid: GridSpec, radius, cutoff, backend: str, radius_rule: str) -> torch.Tensor:
@@ -279,17 +404,10 @@ def _splat_compiling(atoms: AtomSet, grid: GridSpec, radius, cutoff, backend: st
 
     Eager calls never come here: the ops' dispatch costs host time a direct call does not. What the eager
     path checks on the host with values read back (the memory query, the peak-density warning) is left
-    out of the graph; arguments are checked as plain Python values at trace time.
+    out of the graph; the arguments came through :func:`_splat_arguments` at trace time.
     """
     from kernels.density.ops import splat_density_op
 
-    if radius is not None:
-        radius = float(radius)
-        if not 0 < radius < math.inf:
-            raise ValueError(f"radius must be a positive finite number of Å (0 < radius < inf), got {radius!r}")
-    cutoff = float(cutoff)
-    if not 0 < cutoff < math.inf:
-        raise ValueError(f"cutoff must be a positive finite number of e/Å³ (0 < cutoff < inf), got {cutoff!r}")
     if backend == "auto":
         backend = "triton" if atoms.xyz.device.type == "cuda" else "cpu"
     if not grid.is_whole_cell:
