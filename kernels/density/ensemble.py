@@ -452,7 +452,8 @@ def splat_ensemble(
             from kernels.density import _peak_density_host
 
             peaks = np.abs(_peak_density_host(frames)).reshape(hi - lo, n).sum(axis=1)
-            bound += float(peaks @ np.abs(w[lo:hi].detach().to(torch.float64).numpy()))
+            with np.errstate(over="ignore"):  # beyond float64 is beyond any map's range: inf says so
+                bound += float(peaks @ np.abs(w[lo:hi].detach().to(torch.float64).numpy()))
         part = single(_weighted(frames, w, lo, hi, n), grid, radius=radius, cutoff=cutoff, **extra)
         del frames
         if out is None:
