@@ -115,6 +115,7 @@ def test_every_real_scalar_form_of_blur_gives_the_float_map(value):
 
 # --------------------------------------------------------------------------- weights
 
+
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_weights_that_overflow_the_map_raise(backend):
     dtype = torch.float64 if backend == "reference" else torch.float32
@@ -135,6 +136,7 @@ def test_large_weights_whose_map_stays_finite_pass():
 
 # --------------------------------------------------------------------------- dtypes
 
+
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_every_floating_dtype_splats_as_its_float64_values(backend, dtype):
@@ -152,6 +154,7 @@ def test_every_floating_dtype_splats_as_its_float64_values(backend, dtype):
 
 
 # --------------------------------------------------------------------------- atoms narrower than a voxel
+
 
 def _one_atom(pos, b=20.0, occ=1.0):
     cell = Cell.from_parameters(10.0, 10.0, 10.0, 90.0, 90.0, 90.0)
