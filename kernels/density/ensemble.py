@@ -140,7 +140,7 @@ def _check_ranks_agree(process_group, n_frames: int, n: int, grid: GridSpec, dev
         raise ValueError(
             f"splat_ensemble(process_group=...): the ranks pass different inputs ({differ}); this rank "
             f"{dist.get_rank(process_group)} has F={n_frames}, N={n}, grid {grid.shape}. Every rank must pass the "
-            "same full frames (F is the total number of frames; each rank splats its share)"
+            "same atoms, full frames and grid (F is the total number of frames; each rank splats its share)"
         )
     _agreed.add(key)
 
