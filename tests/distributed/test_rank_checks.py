@@ -27,8 +27,8 @@ def _env() -> dict[str, str]:
     )
 
 
-def _torchrun(mode: str, out: Path) -> list[str]:
-    cmd = [
+def _command(mode: str, out: Path) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -38,7 +38,10 @@ def _torchrun(mode: str, out: Path) -> list[str]:
         mode,
         str(out),
     ]
-    proc = subprocess.run(cmd, cwd=out, env=_env(), capture_output=True, text=True, timeout=300)
+
+
+def _torchrun(mode: str, out: Path) -> list[str]:
+    proc = subprocess.run(_command(mode, out), cwd=out, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}"
     return [(out / f"rank{r}.txt").read_text() for r in range(2)]
 
@@ -74,17 +77,9 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to see the ranks")
 def test_ranks_end_when_torchrun_is_killed(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(WORKER),
-        "parent",
-        str(tmp_path),
-    ]
-    launcher = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        _command("parent", tmp_path), cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 120
