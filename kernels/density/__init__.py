@@ -107,11 +107,11 @@ def peak_density(atoms: AtomSet) -> torch.Tensor:
         return scale.sum(dim=1).mul_(atoms.occ)
 
 
-def _peak_density_host(atoms: AtomSet, occupancy: bool = True) -> np.ndarray:
+def _peak_density_host(atoms: AtomSet) -> np.ndarray:
     """:func:`peak_density` of CPU atoms in numpy: one pass over N×5 values on the calling thread.
 
     torch would split it over its thread pool, whose threads may be busy elsewhere (a browser,
-    another kernel) and hold the splat call up behind them. ``occupancy=False``: at occupancy 1.
+    another kernel) and hold the splat call up behind them.
     """
     with torch.no_grad():
         a, b = _host_array(atoms.a), _host_array(atoms.b)
@@ -119,8 +119,6 @@ def _peak_density_host(atoms: AtomSet, occupancy: bool = True) -> np.ndarray:
         if atoms.u_aniso is not None:
             u, flag = _host_array(atoms.u_aniso), atoms.aniso.numpy()
     scale = (4 * math.pi) / (b + b_iso[:, None])
-    if not occupancy:
-        occ = np.ones_like(occ)
     peaks = (a * (scale * np.sqrt(scale))).sum(axis=1) * occ
     if atoms.u_aniso is not None and flag.any():
         # det(U + c·I) from U's characteristic polynomial: c³ + tr·c² + m₂·c + det, per term width c.
@@ -143,54 +141,75 @@ def _host_array(t: torch.Tensor) -> np.ndarray:
     return t.numpy() if t.dtype != torch.bfloat16 else t.to(torch.float32).numpy()
 
 
+def _density_at(atoms: AtomSet, distance: float, radius_rule: str, rows: np.ndarray) -> np.ndarray:
+    """|density| at occupancy 1, ``distance`` Å from the centres of host atoms ``rows`` (indices), where
+    their radius rule measures it.
+
+    Isotropic atoms (and anisotropic ones under the ``gemmi`` rule, at B = 8π²·max diag U):
+    Σ_k a_k·(4π/W_k)^{3/2}·exp(−4π²d²/W_k), W_k = b_k + B. Anisotropic atoms under ``eigen``: along
+    U's major axis, Σ_k a_k·(2π)^{-3/2}·det(M_k)^{-1/2}·exp(−d²/(2·λ_max(M_k))), M_k = U + b_k/(8π²)·I.
+    """
+    a, b = _host_array(atoms.a)[rows].astype(np.float64), _host_array(atoms.b)[rows].astype(np.float64)
+    bb = _host_array(atoms.b_iso)[rows].astype(np.float64)
+    flag = np.zeros(len(rows), dtype=bool) if atoms.u_aniso is None else atoms.aniso.numpy()[rows]
+    if flag.any():
+        u = _host_array(atoms.u_aniso)[rows][flag].astype(np.float64)
+        bb[flag] = U_TO_B * u[:, :3].max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        scale = (4 * math.pi) / (b + bb[:, None])
+        rho = (a * (scale * np.sqrt(scale)) * np.exp(-math.pi * distance * distance * scale)).sum(axis=1)
+        if radius_rule == "eigen" and flag.any():
+            full = np.zeros((len(u), 3, 3))
+            for k, (i, j) in enumerate(((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))):
+                full[:, i, j] = full[:, j, i] = u[:, k]
+            lam = np.linalg.eigvalsh(full)  # ascending
+            m = lam[:, None, :] + (b[flag] / U_TO_B)[:, :, None]  # (n, 5, 3) eigenvalues of each M_k
+            amp = a[flag] * (2 * math.pi) ** -1.5 / np.sqrt(np.clip(m.prod(axis=2), 1e-300, None))
+            rho[flag] = (amp * np.exp(-(distance**2) / (2 * m[:, :, 2]))).sum(axis=1)
+    return np.abs(rho)  # a neutron length can be negative (hydrogen)
+
+
 def _atoms_below_spacing(atoms: AtomSet, cutoff: float, grid: GridSpec, radius_rule: str = "gemmi"):
-    """Host atoms (occupancy > 0) whose cutoff radius is below the grid's spacing, or None.
+    """Host atoms (occupancy > 0) whose cutoff radius is below the grid's spacing h, or None.
 
     Such an atom reaches only the grid points within its radius of its centre: none, or a few
-    voxels of its peak, not its shape. Found without a radius per atom: a Gaussian term of width
-    W ≥ B keeps at least exp(−4π²h²/B) of its peak at distance h, so an atom whose peak times that
-    factor stays at or above the cutoff has a radius ≥ h (anisotropic atoms: the B and peak of
-    the radius rule's direction); only the others (normally none) get their radius from the rule
-    the kernels use (:func:`atom_cutoff_radii`).
+    voxels of its peak, not its shape. The radius rule brackets the level between two points 0.5 Å
+    apart and interpolates, so an atom whose density at d = h + 0.5 Å is still above the cutoff has
+    a radius ≥ h. For an isotropic atom whose negative terms (IT92's c of N, …) have width exactly B,
+    that density is at least its peak·exp(−4π²d²/B) (every other term is wider): one exp per atom.
+    Anisotropic atoms and other coefficient tables take :func:`_density_at`. The few atoms left
+    (normally none) get their radii from the rule the kernels use (:func:`atom_cutoff_radii`).
+    The radius does not depend on the occupancy.
 
     Returns
     -------
-    None, or (index, count, radius Å, peak) of the first such atom and how many there are.
+    None, or (index, count, radius Å, peak at occupancy 1) of the first such atom and how many there are.
     """
-    n = len(atoms)
-    if n == 0:
+    if len(atoms) == 0:
         return None
-    h = max(grid.spacing)
-    # at occupancy 1: the radius does not depend on the occupancy; a neutron length can be negative (hydrogen)
-    peaks = np.abs(_peak_density_host(atoms, occupancy=False))
-    b_lower = _host_array(atoms.b_iso).astype(np.float64)
+    d = max(grid.spacing) + 0.5
+    occ = _host_array(atoms.occ)
+    b_iso = _host_array(atoms.b_iso)
+    unit = np.abs(_peak_density_host(atoms)) / np.maximum(occ, 1e-30)  # B > 0 (AtomSet): no warnings
+    low = ~(unit * np.exp((-4 * math.pi**2 * d * d) / b_iso) >= cutoff) & (occ > 0)
+    negative = (_host_array(atoms.a) < 0) & (_host_array(atoms.b) > 0)
+    exact = negative.any(axis=1) if negative.any() else np.zeros(len(occ), dtype=bool)  # a flat any() is cheap
     if atoms.u_aniso is not None:
-        flag = atoms.aniso.numpy()
-        if flag.any():
-            u = _host_array(atoms.u_aniso)[flag].astype(np.float64)
-            if radius_rule == "gemmi":  # the isotropic rule at B = 8π²·max diag(U), with that atom's peak
-                b_lower[flag] = U_TO_B * u[:, :3].max(axis=1)
-                a, b = _host_array(atoms.a)[flag], _host_array(atoms.b)[flag]
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    scale = (4 * math.pi) / (b + b_lower[flag][:, None])
-                    peaks[flag] = np.abs((a * scale * np.sqrt(scale)).sum(axis=1))
-            else:  # along the major axis: every M_k's largest eigenvalue is ≥ λ_max(U) ≥ tr(U)/3
-                b_lower[flag] = U_TO_B * (u[:, 0] + u[:, 1] + u[:, 2]) / 3
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        at_h = peaks * np.exp(-4 * math.pi**2 * h * h / b_lower)
-    negative = (_host_array(atoms.a) < 0).any(axis=1)  # a negative term breaks the bound: ask the rule
-    suspect = ~(at_h >= cutoff) | negative
-    suspect &= _host_array(atoms.occ) > 0
-    if not suspect.any():
+        exact |= atoms.aniso.numpy()
+    if exact.any():
+        rows = np.flatnonzero(exact & (occ > 0))
+        low[exact] = False
+        low[rows] = _density_at(atoms, d, radius_rule, rows) < cutoff * (1 + 1e-6)
+    if not low.any():
         return None
-    index = np.flatnonzero(suspect)
+    index = np.flatnonzero(low)
     radii = atom_cutoff_radii(atoms.select(torch.from_numpy(index)), cutoff, radius_rule).numpy()
-    small = radii < h
+    small = radii < max(grid.spacing)
     if not small.any():
         return None
     first = int(np.flatnonzero(small)[0])
     idx = int(index[first])
-    peak = float(_peak_density_host(atoms.select([idx]), occupancy=False)[0])
+    peak = float(_density_at(atoms, 0.0, radius_rule, np.array([idx]))[0])
     return idx, int(small.sum()), float(radii[first]), peak
 
 

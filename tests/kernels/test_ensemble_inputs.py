@@ -259,3 +259,36 @@ def test_a_sum_whose_gradient_state_cannot_fit_is_refused_before_allocation():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "reduce='sum' of 50000000 frames × 4 atoms" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     assert "GiB" in proc.stdout and "per atom-frame kept for the backward" in proc.stdout, proc.stdout
+
+
+def _mixed_atoms(radiation: str, anisotropic: bool):
+    gen = torch.Generator().manual_seed(7)
+    n = 60
+    elements = (["C", "N", "O", "S", "H"] * 12)[:n]
+    xyz = torch.rand((n, 3), generator=gen, dtype=torch.float64) * 10
+    b = 2.0 * torch.exp(torch.rand(n, generator=gen, dtype=torch.float64) * 5.5)  # 2 to 490 Å²
+    atoms = AtomSet.from_elements(elements, xyz, b, radiation=radiation)
+    if anisotropic:
+        axes = torch.linalg.qr(torch.randn((n, 3, 3), generator=gen, dtype=torch.float64))[0]
+        lam = b[:, None] / (8 * np.pi**2) * (0.3 + 1.4 * torch.rand((n, 3), generator=gen, dtype=torch.float64))
+        full = axes @ torch.diag_embed(lam) @ axes.transpose(1, 2)
+        u = torch.stack([full[:, 0, 0], full[:, 1, 1], full[:, 2, 2], full[:, 0, 1], full[:, 0, 2], full[:, 1, 2]], 1)
+        atoms = atoms.replace(u_aniso=u, aniso=torch.arange(n) % 3 != 0)  # every third atom isotropic
+    return atoms
+
+
+@pytest.mark.parametrize("radiation", ["xray", "electron", "neutron"])
+@pytest.mark.parametrize(("anisotropic", "rule"), [(False, "gemmi"), (True, "gemmi"), (True, "eigen")])
+def test_the_warning_counts_exactly_the_atoms_whose_radius_is_below_the_spacing(radiation, anisotropic, rule):
+    atoms = _mixed_atoms(radiation, anisotropic)
+    grid = GridSpec.for_spacing(Cell.from_parameters(10.0, 10.0, 10.0, 90.0, 90.0, 90.0), 0.4)
+    radii = kernels.density.atom_cutoff_radii(atoms, 0.02, rule)
+    small = torch.nonzero(radii < max(grid.spacing)).flatten().tolist()
+    assert 0 < len(small) < len(atoms)  # the case is one that tells
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        kernels.splat_density(atoms, grid, cutoff=0.02, radius_rule=rule, backend="reference")
+    texts = [str(w.message) for w in record if "below the grid spacing" in str(w.message)]
+    assert len(texts) == 1, [str(w.message) for w in record]
+    more = f" and {len(small) - 1} more atoms" if len(small) > 1 else ""
+    assert f"(index {small[0]}){more}:" in texts[0], texts[0]
