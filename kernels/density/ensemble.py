@@ -2,8 +2,10 @@
 
 ``reduce="sum"`` flattens the frames into one atom set of F·N atoms (positions a view of ``xyz``,
 each frame's B and occupancy, the coefficients repeated, occupancy times the frame's weight) and
-makes ONE call of the single-model density backend: one launch on the GPU, one parallel region
-on the CPU, and never F maps in memory. Because every atom's radius depends on its B and the
+calls the single-model density backend on it: ONE call on the GPU (one launch); on the CPU in
+chunks of ``CHUNK_ATOM_FRAMES`` atom-frames whose maps are added (one chunk for a usual ensemble),
+so the kernel's ~450 B of state per atom never exists for every atom-frame at once; never F maps
+in memory. Because every atom's radius depends on its B and the
 cutoff only (not its occupancy), the voxel set of each frame is the one its single splat uses,
 and the weights' gradient is the occupancy gradient through the product.
 
@@ -366,12 +368,20 @@ def splat_ensemble(
         A shape other than (F, N, 3), (F, N) or (F,); F = 0; N not ``len(atoms)``; a dtype or
         device other than the atoms'; an unknown ``reduce``; non-finite weights, or (CPU tensors)
         a non-finite position, B ≤ 0 or occupancy outside [0, 1] — naming the frame and atom;
-        ``radius``/``cutoff`` not positive finite numbers; ``process_group`` given without an
-        initialised ``torch.distributed``. CUDA tensors' values are not read back (no host
-        synchronisation), as for the ``triton`` backend of :func:`kernels.splat_density`.
+        ``radius``/``cutoff``/``blur``/``radius_rule`` refused as :func:`kernels.splat_density`
+        refuses them (one validator), a negative ``blur`` leaving an atom without a Gaussian (CPU,
+        naming frame and atom); weights whose map overflows its dtype (CPU); ``process_group``
+        given without an initialised ``torch.distributed``, or ranks passing different F, N or grid
+        shapes (raised on every rank, naming the values). CUDA tensors' values are not read back
+        (no host synchronisation), as for the ``triton`` backend of :func:`kernels.splat_density`.
+    RuntimeError
+        With ``process_group``: the ranks' check of their inputs failed or timed out (a rank that
+        left ``process_group`` out, or stopped).
     kernels.GridError
-        The map (``"sum"``) or the F maps (``"none"``) would not fit in memory, a fast backend got
-        a box grid, or ``radius`` is far too large.
+        The map (``"sum"``) or the F maps (``"none"``) would not fit in memory; on the CPU the
+        sum's predicted host peak (maps, one chunk's per-atom state and, with a gradient, what the
+        backward keeps) would not fit, the figure stated; a fast backend got a box grid, or
+        ``radius`` is far too large.
     kernels.BackendError
         The backend asked for cannot run here.
     """
