@@ -456,7 +456,7 @@ def splat_ensemble(
     for lo in range(start, stop, per_chunk):
         hi = min(stop, lo + per_chunk)
         frames = _checked_frames(
-            atoms, xyz, b_iso, occ, u_aniso, lo, hi, blur, radius, cutoff, grid, radius_rule, small, start
+            atoms, xyz, b_iso, occ, u_aniso, lo, hi, blur, radius, cutoff, grid, radius_rule, small
         )
         if host and w is not None:  # the largest value the weighted map could reach: every atom on one voxel
             from kernels.density import _peak_density_host
@@ -566,9 +566,7 @@ def _require_sum_memory(grid, count, n, chunk, dtype, device, grad_per_atom: int
 _SMALL_SUM = 256 << 20
 
 
-def _checked_frames(
-    atoms, xyz, b_iso, occ, u_aniso, lo, hi, blur, radius, cutoff, grid, radius_rule, small=None, first=None
-):
+def _checked_frames(atoms, xyz, b_iso, occ, u_aniso, lo, hi, blur, radius, cutoff, grid, radius_rule, small=None):
     """Frames ``lo..hi`` flattened and blurred, with the host checks that need their values.
 
     Host atoms: a negative blur that leaves an atom without a Gaussian raises (naming the frame);

@@ -292,3 +292,27 @@ def test_the_warning_counts_exactly_the_atoms_whose_radius_is_below_the_spacing(
     assert len(texts) == 1, [str(w.message) for w in record]
     more = f" and {len(small) - 1} more atoms" if len(small) > 1 else ""
     assert f"(index {small[0]}){more}:" in texts[0], texts[0]
+
+
+def test_a_sum_in_chunks_is_the_sum_in_one_call_with_its_gradients(monkeypatch):
+    from kernels.density import ensemble
+
+    atoms, grid, xyz = _system(frames=7)
+    weights = torch.linspace(0.5, 1.5, 7)
+
+    def run():
+        x = xyz.clone().requires_grad_()
+        w = weights.clone().requires_grad_()
+        rho = kernels.splat_ensemble(atoms, x, grid, weights=w)
+        (rho * torch.linspace(-1, 1, rho.numel()).reshape(rho.shape)).sum().backward()
+        return rho.detach(), x.grad, w.grad
+
+    whole = run()
+    monkeypatch.setattr(ensemble, "CHUNK_ATOM_FRAMES", 8)  # 2 frames of 4 atoms per backend call: 4 calls
+    chunked = run()
+    for got, want in zip(chunked, whole):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+    b_iso = atoms.b_iso.expand(7, 4).clone()
+    b_iso[5, 2] = 400.0  # frame 5 (the third chunk) holds the one wide, faint atom
+    with pytest.warns(UserWarning, match=r"frame 5: atom .*O3 \(index 2\): .*below the grid spacing"):
+        kernels.splat_ensemble(atoms, xyz, grid, b_iso=b_iso, cutoff=0.05)
