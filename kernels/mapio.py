@@ -35,11 +35,14 @@ def _umask() -> int:
 
 @contextlib.contextmanager
 def _removed_on_signal(tmp: str):
-    """While active, SIGTERM/SIGINT/SIGHUP remove ``tmp`` and then act as they would have.
+    """While active, SIGTERM/SIGINT/SIGHUP whose action is the default remove ``tmp``, then end the process.
 
+    Only signals left at the default action (SIG_DFL: the process ends without Python's clean-up)
+    get a handler. A signal the process ignores (SIGHUP under ``nohup``, SIGINT in a background
+    job) changes nothing, and one with a Python handler keeps it: if that handler raises (SIGINT's
+    KeyboardInterrupt), the caller's ``finally`` removes ``tmp``; if it returns, the write goes on.
     Only in the main thread (Python delivers signals there; elsewhere the handlers cannot be set).
-    The previous handlers are restored on exit; a handler that was a Python callable is called,
-    the default action is re-raised with the default handler in place.
+    The previous handlers are restored on exit.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -49,16 +52,13 @@ def _removed_on_signal(tmp: str):
     def handler(signum, frame):
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        old = previous.get(signum, signal.SIG_DFL)
-        if callable(old):
-            old(signum, frame)
-        elif old == signal.SIG_DFL:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         try:
-            previous[sig] = signal.signal(sig, handler)
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                previous[sig] = signal.signal(sig, handler)
         except (ValueError, OSError):  # not settable here
             pass
     try:
@@ -75,8 +75,10 @@ def write_map(
 
     The map goes to a temporary file in the same folder as the final file and is renamed
     onto it only once complete, so an interrupted write never leaves a half map under
-    the final name; SIGTERM, SIGINT and SIGHUP during the write remove the temporary file
-    (SIGKILL cannot be caught and may leave a ``.<name>.*.tmp`` file, never a half map).
+    the final name; SIGTERM, SIGINT and SIGHUP during the write remove the temporary file when
+    they end the process (a signal the process ignores, as SIGHUP under ``nohup``, changes nothing
+    and the map is written; SIGKILL cannot be caught and may leave a ``.<name>.*.tmp`` file,
+    never a half map).
     A new file gets the usual permissions (0666 less the umask, as ``open`` would give); a
     replaced file keeps its permissions.
     When ``path`` is a symbolic link the map is written to the file it points to (the

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels._util import finite_number, positive_number
+
 __all__ = [
     "GEMMI_RATE",
     "gemmi_density",
@@ -83,8 +85,8 @@ def gemmi_density_calculator(
     dc = getattr(gemmi, _CALCULATORS[radiation])()
     dc.d_min = 2 * GEMMI_RATE * spacing
     dc.rate = GEMMI_RATE
-    dc.cutoff = cutoff
-    dc.blur = blur
+    dc.cutoff = positive_number(cutoff, "cutoff", "e/Å³")
+    dc.blur = finite_number(blur, "blur", "Å²")
     dc.set_grid_cell_and_spacegroup(st)
     dc.initialize_grid()
     return st, dc

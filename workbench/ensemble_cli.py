@@ -220,12 +220,51 @@ def _read_trajectory(path: Path, topology: Path, md_b: float, radiation: str) ->
     return Frames(atoms, xyz, b, torch.ones((f, n), dtype=torch.float64), cell, "P 1", tuple(notes))
 
 
+def _end_with_parent() -> None:
+    """Make this process end (SIGTERM) when its parent dies.
+
+    torchrun starts each rank in a session of its own, so a SIGKILL of torchrun reaches no rank, and
+    the ranks would run on (and wait on each other's collectives until the group's timeout). Linux:
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere a daemon thread that polls the parent's pid every second.
+    A parent that died before this call is seen at once (this process was re-parented).
+    """
+    import signal
+    import sys
+    import threading
+
+    parent = os.getppid()
+    armed = False
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            armed = ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0) == 0  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+    if armed:
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
+
+
 def _distributed(device: str):
-    """(process group or None, rank, world size, device) — the group only under torchrun."""
+    """(process group or None, rank, world size, device) — the group only under torchrun.
+
+    Each rank ends when its launcher dies (:func:`_end_with_parent`).
+    """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "RANK" not in os.environ:
         return None, 0, 1, device
     import torch
     import torch.distributed as dist
+
+    _end_with_parent()
 
     if device == "cuda":
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -295,6 +334,13 @@ def run(args: argparse.Namespace) -> int:
         what = "sum" if args.sum else "mean"
         say(f"splat   {f} frames ({what}) on {world} rank(s): {elapsed * 1e3:.1f} ms, {f / elapsed:.1f} frames/s")
         if rank == 0:
+            electrons = float(rho.sum()) * grid.voxel_volume
+            if not math.isfinite(electrons):  # read here anyway; a GPU splat is not read back to check
+                return _error(
+                    "the map holds non-finite values (weights or B that overflow the map's float range?); "
+                    f"nothing was written to {args.out}",
+                    EXIT_FAILURE,
+                )
             whose = "the mean of the frames" if weights is not None else "the sum of the frames"
             say(f"map     {_map_summary(rho, grid, args.radiation)} in the cell ({whose}; no symmetry mates)")
             try:

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import torch
 
-from kernels._util import positive_number
+from kernels._util import finite_number, positive_number
 from kernels.crystal import AtomSet, GridError, GridSpec
 from kernels.density.adp import U_TO_B, first_bad_adp, with_blur
 from kernels.density.positions import check_finite
@@ -53,6 +53,38 @@ def _check_radius_extent(radius: float, grid: GridSpec) -> None:
         )
 
 
+def _splat_arguments(radius, cutoff, blur, radius_rule: str, grid: GridSpec) -> tuple[float | None, float, float]:
+    """The host scalar arguments of a splat, checked the same way for every function that takes them.
+
+    ``radius`` None or a positive finite number of Å whose box per atom stays within
+    ``MAX_BOX_VOXELS`` of ``grid``; ``cutoff`` a positive finite number; ``blur`` a finite number of
+    Å²; ``radius_rule`` one of ``RADIUS_RULES``. Numbers may be Python, numpy or one-element torch
+    scalars (:func:`kernels._util.positive_number`); bool, strings and tensors of several elements
+    are refused. The usual Python floats skip the validator's call.
+
+    Returns
+    -------
+    (radius, cutoff, blur) as Python floats (radius None when not given).
+
+    Raises
+    ------
+    ValueError
+        An argument of the wrong type or range, named with its value.
+    kernels.GridError
+        ``radius`` makes each atom's box larger than ``MAX_BOX_VOXELS`` voxels.
+    """
+    if radius_rule not in RADIUS_RULES:
+        raise ValueError(f"radius_rule must be one of {RADIUS_RULES}, got {radius_rule!r}")
+    if radius is not None:
+        radius = positive_number(radius, "radius", "Å")
+        _check_radius_extent(radius, grid)
+    if type(cutoff) is not float or not 0.0 < cutoff < math.inf:
+        cutoff = positive_number(cutoff, "cutoff", "the map's unit")
+    if type(blur) is not float or not math.isfinite(blur):
+        blur = finite_number(blur, "blur", "Å²")
+    return radius, cutoff, blur
+
+
 def peak_density(atoms: AtomSet) -> torch.Tensor:
     """Each atom's density at its centre, in :func:`density_unit` (negative for neutron hydrogen).
 
@@ -84,10 +116,10 @@ def _peak_density_host(atoms: AtomSet) -> np.ndarray:
     another kernel) and hold the splat call up behind them.
     """
     with torch.no_grad():
-        a, b = atoms.a.numpy(), atoms.b.numpy()
-        b_iso, occ = atoms.b_iso.numpy(), atoms.occ.numpy()
+        a, b = _host_array(atoms.a), _host_array(atoms.b)
+        b_iso, occ = _host_array(atoms.b_iso), _host_array(atoms.occ)
         if atoms.u_aniso is not None:
-            u, flag = atoms.u_aniso.numpy(), atoms.aniso.numpy()
+            u, flag = _host_array(atoms.u_aniso), atoms.aniso.numpy()
     scale = (4 * math.pi) / (b + b_iso[:, None])
     peaks = (a * (scale * np.sqrt(scale))).sum(axis=1) * occ
     if atoms.u_aniso is not None and flag.any():
@@ -105,32 +137,140 @@ def _peak_density_host(atoms: AtomSet) -> np.ndarray:
     return peaks
 
 
-def _warn_atoms_below_cutoff(atoms: AtomSet, cutoff: float) -> None:
-    """Warn when an atom's peak density is below ``cutoff``: with per-atom radii it adds nothing.
+def _host_array(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as a numpy array: a view for the dtypes numpy has, float32 for bfloat16."""
+    t = t.detach()
+    return t.numpy() if t.dtype != torch.bfloat16 else t.to(torch.float32).numpy()
 
-    Host tensors only (a few µs for 10^4 atoms); on a GPU the answer would have to be read back.
-    Atoms of occupancy 0 are meant to add nothing and are not reported.
+
+def _density_at(atoms: AtomSet, distance: float, radius_rule: str, rows: np.ndarray) -> np.ndarray:
+    """|density| at occupancy 1, ``distance`` Å from the centres of host atoms ``rows`` (indices), where
+    their radius rule measures it.
+
+    Isotropic atoms (and anisotropic ones under the ``gemmi`` rule, at B = 8π²·max diag U):
+    Σ_k a_k·(4π/W_k)^{3/2}·exp(−4π²d²/W_k), W_k = b_k + B. Anisotropic atoms under ``eigen``: along
+    U's major axis, Σ_k a_k·(2π)^{-3/2}·det(M_k)^{-1/2}·exp(−d²/(2·λ_max(M_k))), M_k = U + b_k/(8π²)·I.
+    """
+    a, b = _host_array(atoms.a)[rows].astype(np.float64), _host_array(atoms.b)[rows].astype(np.float64)
+    bb = _host_array(atoms.b_iso)[rows].astype(np.float64)
+    flag = np.zeros(len(rows), dtype=bool) if atoms.u_aniso is None else atoms.aniso.numpy()[rows]
+    if flag.any():
+        u = _host_array(atoms.u_aniso)[rows][flag].astype(np.float64)
+        bb[flag] = U_TO_B * u[:, :3].max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        scale = (4 * math.pi) / (b + bb[:, None])
+        rho = (a * (scale * np.sqrt(scale)) * np.exp(-math.pi * distance * distance * scale)).sum(axis=1)
+        if radius_rule == "eigen" and flag.any():
+            full = np.zeros((len(u), 3, 3))
+            for k, (i, j) in enumerate(((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))):
+                full[:, i, j] = full[:, j, i] = u[:, k]
+            lam = np.linalg.eigvalsh(full)  # ascending
+            m = lam[:, None, :] + (b[flag] / U_TO_B)[:, :, None]  # (n, 5, 3) eigenvalues of each M_k
+            amp = a[flag] * (2 * math.pi) ** -1.5 / np.sqrt(np.clip(m.prod(axis=2), 1e-300, None))
+            rho[flag] = (amp * np.exp(-(distance**2) / (2 * m[:, :, 2]))).sum(axis=1)
+    return np.abs(rho)  # a neutron length can be negative (hydrogen)
+
+
+def _atoms_below_spacing(atoms: AtomSet, cutoff: float, grid: GridSpec, radius_rule: str = "gemmi"):
+    """Host atoms (occupancy > 0) whose cutoff radius is below the grid's spacing h, or None.
+
+    Such an atom reaches only the grid points within its radius of its centre: none, or a few
+    voxels of its peak, not its shape. The radius rule brackets the level between two points 0.5 Å
+    apart and interpolates, so an atom whose density at d = h + 0.5 Å is still above the cutoff has
+    a radius ≥ h. For an isotropic atom whose negative terms (IT92's c of N, …) have width exactly B,
+    that density is at least its peak·exp(−4π²d²/B) (every other term is wider): one exp per atom.
+    Anisotropic atoms and other coefficient tables take :func:`_density_at`. The few atoms left
+    (normally none) get their radii from the rule the kernels use (:func:`atom_cutoff_radii`).
+    The radius does not depend on the occupancy.
+
+    Returns
+    -------
+    None, or (index, count, radius Å, peak at occupancy 1) of the first such atom and how many there are.
     """
     if len(atoms) == 0:
-        return
-    peaks = np.abs(_peak_density_host(atoms))  # a neutron length can be negative (hydrogen)
-    low = peaks < cutoff
-    occ = atoms.occ.detach().numpy()
-    if low.any():
-        low &= occ > 0
-    if low.any():
-        idx = int(np.flatnonzero(low)[0])
-        count = int(low.sum())
-        more = f" and {count - 1} more atoms" if count > 1 else ""
-        label = atoms.labels[idx] if len(atoms.labels) == len(atoms) else f"#{idx + 1}"
-        unit = density_unit(atoms.radiation)
-        warnings.warn(
-            f"atom {label} (index {idx}){more}: peak density {float(peaks[idx]):.3g} "
-            f"{unit} is below the cutoff {cutoff:g} {unit}, so the per-atom radius leaves it out of the map "
-            "(B or occupancy too small?); lower the cutoff or pass radius= to splat it",
-            UserWarning,
-            stacklevel=3,
+        return None
+    d = max(grid.spacing) + 0.5
+    occ = _host_array(atoms.occ)
+    b_iso = _host_array(atoms.b_iso)
+    unit = np.abs(_peak_density_host(atoms)) / np.maximum(occ, 1e-30)  # B > 0 (AtomSet): no warnings
+    low = ~(unit * np.exp((-4 * math.pi**2 * d * d) / b_iso) >= cutoff) & (occ > 0)
+    negative = (_host_array(atoms.a) < 0) & (_host_array(atoms.b) > 0)
+    exact = negative.any(axis=1) if negative.any() else np.zeros(len(occ), dtype=bool)  # a flat any() is cheap
+    if atoms.u_aniso is not None:
+        exact |= atoms.aniso.numpy()
+    if exact.any():
+        rows = np.flatnonzero(exact & (occ > 0))
+        low[exact] = False
+        low[rows] = _density_at(atoms, d, radius_rule, rows) < cutoff * (1 + 1e-6)
+    if not low.any():
+        return None
+    index = np.flatnonzero(low)
+    radii = atom_cutoff_radii(atoms.select(torch.from_numpy(index)), cutoff, radius_rule).numpy()
+    small = radii < max(grid.spacing)
+    if not small.any():
+        return None
+    first = int(np.flatnonzero(small)[0])
+    idx = int(index[first])
+    peak = float(_density_at(atoms, 0.0, radius_rule, np.array([idx]))[0])
+    return idx, int(small.sum()), float(radii[first]), peak
+
+
+def _points_within(atoms: AtomSet, idx: int, radius: float, grid: GridSpec) -> int:
+    """How many grid points lie closer than ``radius`` Å to atom ``idx`` (periodic lattice; ``radius`` < a few voxels)."""
+    cell = grid.cell
+    m = torch.tensor(grid.sampling, dtype=torch.float64)
+    f = atoms.xyz[idx].detach().to(torch.float64) @ cell.frac.T
+    reach = radius * torch.tensor(cell.reciprocal_lengths, dtype=torch.float64) * m
+    lo = torch.floor(f * m - reach).to(torch.int64).tolist()
+    hi = torch.ceil(f * m + reach).to(torch.int64).tolist()
+    axes = [torch.arange(a, b + 1, dtype=torch.float64) for a, b in zip(lo, hi)]
+    pts = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3) / m - f
+    r2 = ((pts @ cell.metric) * pts).sum(dim=1)
+    return int((r2 < radius * radius).sum())
+
+
+def _warn_atoms_below_spacing(
+    atoms: AtomSet, cutoff: float, grid: GridSpec, radius_rule: str = "gemmi", frame_size: int | None = None
+) -> None:
+    """Warn when some atom's cutoff radius is below the grid spacing, saying what the map keeps of it.
+
+    Host tensors only (a few µs for 10^4 atoms); on a GPU the answer would have to be read back.
+    ``frame_size``: the atoms are frames of that many atoms each (an ensemble); the message names the frame.
+    """
+    found = _atoms_below_spacing(atoms, cutoff, grid, radius_rule)
+    if found is not None:
+        _warn_small(atoms, found, cutoff, grid, frame_size)
+
+
+def _warn_small(
+    atoms: AtomSet, found, cutoff: float, grid: GridSpec, frame_size: int | None = None, first_frame: int = 0
+) -> None:
+    """The warning of :func:`_warn_atoms_below_spacing` for its finding ``found`` on ``atoms``
+    (frames ``first_frame``, … of ``frame_size`` atoms each, when given)."""
+    idx, count, radius, peak = found
+    kept = _points_within(atoms, idx, radius, grid)
+    h = max(grid.spacing)
+    unit = density_unit(atoms.radiation)
+    label = atoms.labels[idx] if len(atoms.labels) == len(atoms) else f"#{idx + 1}"
+    where = f"atom {label} (index {idx})"
+    if frame_size:
+        where = f"frame {first_frame + idx // frame_size}: atom {label} (index {idx % frame_size})"
+    more = f" and {count - 1} more atoms" if count > 1 else ""
+    why = " (B too large, or the cutoff too high?)" if peak < cutoff else ""
+    if kept == 0:
+        what = "no grid point lies that close, so the map leaves it out"
+    else:
+        what = (
+            f"the map holds it at only the {kept} grid point{'s' if kept > 1 else ''} that close to its centre, "
+            "not its shape"
         )
+    warnings.warn(
+        f"{where}{more}: peak density {peak:.3g} {unit} (at occupancy 1), cutoff {cutoff:g} {unit}: its cutoff radius "
+        f"{radius:.3g} Å is below the grid spacing {h:.3g} Å{why}; {what}. Lower the cutoff, pass radius= "
+        "to splat it whole, or use a finer spacing",
+        UserWarning,
+        stacklevel=4 if frame_size is None else 5,
+    )
 
 
 #: Electrostatic potential in volts of a 1 Å⁻² electron map: h²/(2π·m_e·e) = 47.878 V·Å² (CODATA 2018).
@@ -257,19 +397,13 @@ def splat_density(
     ops (``kernels.density.ops``), so a loop of splats compiles with ``fullgraph=True``; eager
     calls go to the backends directly.
     """
-    if radius_rule not in RADIUS_RULES:
-        raise ValueError(f"radius_rule must be one of {RADIUS_RULES}, got {radius_rule!r}")
+    radius, cutoff, blur = _splat_arguments(radius, cutoff, blur, radius_rule, grid)
     if blur != 0.0:
         atoms = _blurred(atoms, blur)
     if torch.compiler.is_compiling():
         if out is not None:
             raise ValueError("out= is not supported under torch.compile; use the returned map")
         return _splat_compiling(atoms, grid, radius, cutoff, backend, radius_rule)
-    if radius is not None:
-        radius = positive_number(radius, "radius", "Å")
-        _check_radius_extent(radius, grid)
-    if type(cutoff) is not float or not 0.0 < cutoff < math.inf:  # the usual float skips the validator's call
-        cutoff = positive_number(cutoff, "cutoff", "the map's unit")
     name, fn = get_backend("density", atoms.device, backend)
     if atoms.device.type == "cpu":
         if name in _HOST_CHECKED:
@@ -278,7 +412,7 @@ def splat_density(
             # are checked by the backends themselves).
             atoms._check_values(physical=False)
         if radius is None:
-            _warn_atoms_below_cutoff(atoms, cutoff)
+            _warn_atoms_below_spacing(atoms, cutoff, grid, radius_rule)
     if name != "reference" and not grid.is_whole_cell:
         raise GridError(f"the {name} density backend splats whole-cell grids only; use backend='reference' for a box")
     dtype = torch.float64 if name == "reference" else torch.float32
@@ -299,31 +433,41 @@ _memory_checked: set[tuple] = set()
 _HOST_CHECKED = ("cpu", "reference")
 
 
-def _blurred(atoms: AtomSet, blur) -> AtomSet:
-    """``atoms`` with ``blur`` Å² added to every atom (:func:`kernels.density.adp.with_blur`), checked.
-
-    Host atoms are checked for a blur that leaves some B ≤ 0 or some U not positive definite
-    (a negative blur); on a GPU that check would read values back, and such an atom adds nothing there.
-    """
-    blur = float(blur)
-    if not math.isfinite(blur):
-        raise ValueError(f"blur must be a finite number of Å², got {blur!r}")
+def _blurred(atoms: AtomSet, blur: float) -> AtomSet:
+    """``atoms`` with ``blur`` Å² added to every atom (:func:`kernels.density.adp.with_blur`), checked."""
     blurred = with_blur(atoms, blur)
-    if blur < 0 and atoms.device.type == "cpu" and len(atoms):
-        b = blurred.b_iso.detach()
-        iso = b <= 0 if blurred.aniso is None else (b <= 0) & ~blurred.aniso
-        if iso.any():
-            idx = int(iso.nonzero()[0, 0])
-            raise ValueError(
-                f"blur={blur:g} Å² leaves atom {atoms.labels[idx]} (index {idx}) with B = {float(b[idx]):.4g} Å² ≤ 0; "
-                "use a blur above minus the smallest B"
-            )
-        if blurred.u_aniso is not None:
-            bad = first_bad_adp(blurred.u_aniso, blurred.aniso)
-            if bad is not None:
-                idx, _count, what = bad
-                raise ValueError(f"blur={blur:g} Å² leaves atom {atoms.labels[idx]} (index {idx}) that {what[4:]}")
+    _check_blurred(blurred, blur)
     return blurred
+
+
+def _check_blurred(blurred: AtomSet, blur: float, frame_size: int | None = None, first_frame: int = 0) -> None:
+    """ValueError when a negative ``blur`` left an atom of host atoms ``blurred`` with B ≤ 0 or a U not positive definite.
+
+    On a GPU that check would read values back, and such an atom adds nothing there. ``frame_size``:
+    the atoms are frames ``first_frame``, ``first_frame + 1``, … of that many atoms each (an
+    ensemble); the message names the frame.
+    """
+    if not (blur < 0 and blurred.device.type == "cpu" and len(blurred)):
+        return
+
+    def where(idx: int) -> str:
+        if frame_size:
+            return f"frame {first_frame + idx // frame_size}: atom {blurred.labels[idx]} (index {idx % frame_size})"
+        return f"atom {blurred.labels[idx]} (index {idx})"
+
+    b = blurred.b_iso.detach()
+    iso = b <= 0 if blurred.aniso is None else (b <= 0) & ~blurred.aniso
+    if iso.any():
+        idx = int(iso.nonzero()[0, 0])
+        raise ValueError(
+            f"blur={blur:g} Å² leaves {where(idx)} with B = {float(b[idx]):.4g} Å² ≤ 0; "
+            "use a blur above minus the smallest B"
+        )
+    if blurred.u_aniso is not None:
+        bad = first_bad_adp(blurred.u_aniso, blurred.aniso)
+        if bad is not None:
+            idx, _count, what = bad
+            raise ValueError(f"blur={blur:g} Å² leaves {where(idx)} that {what[4:]}")
 
 
 def _splat_compiling(atoms: AtomSet, grid: GridSpec, radius, cutoff, backend: str, radius_rule: str) -> torch.Tensor:
@@ -331,19 +475,10 @@ def _splat_compiling(atoms: AtomSet, grid: GridSpec, radius, cutoff, backend: st
 
     Eager calls never come here: the ops' dispatch costs host time a direct call does not. What the eager
     path checks on the host with values read back (the memory query, the peak-density warning) is left
-    out of the graph; arguments are checked as plain Python values at trace time.
+    out of the graph; the arguments came through :func:`_splat_arguments` at trace time.
     """
     from kernels.density.ops import splat_density_op
 
-    if radius is not None:
-        radius = float(radius)
-        if not 0 < radius < math.inf:
-            raise ValueError(f"radius must be a positive finite number of Å (0 < radius < inf), got {radius!r}")
-    cutoff = float(cutoff)
-    if not 0 < cutoff < math.inf:
-        raise ValueError(
-            f"cutoff must be a positive finite number in the map's unit (0 < cutoff < inf), got {cutoff!r}"
-        )
     if backend == "auto":
         backend = "triton" if atoms.xyz.device.type == "cuda" else "cpu"
     if not grid.is_whole_cell:

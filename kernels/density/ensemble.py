@@ -2,8 +2,10 @@
 
 ``reduce="sum"`` flattens the frames into one atom set of F·N atoms (positions a view of ``xyz``,
 each frame's B and occupancy, the coefficients repeated, occupancy times the frame's weight) and
-makes ONE call of the single-model density backend: one launch on the GPU, one parallel region
-on the CPU, and never F maps in memory. Because every atom's radius depends on its B and the
+calls the single-model density backend on it: ONE call on the GPU (one launch); on the CPU in
+chunks of ``CHUNK_ATOM_FRAMES`` atom-frames whose maps are added (one chunk for a usual ensemble),
+so the kernel's ~450 B of state per atom never exists for every atom-frame at once; never F maps
+in memory. Because every atom's radius depends on its B and the
 cutoff only (not its occupancy), the voxel set of each frame is the one its single splat uses,
 and the weights' gradient is the occupancy gradient through the product.
 
@@ -25,10 +27,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from kernels._util import positive_number
 from kernels.crystal import AtomSet, GridError, GridSpec, _free_memory, _size, _Tiled
 from kernels.density.adp import first_bad_adp, with_blur
-from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES
+from kernels.density.radius import DEFAULT_CUTOFF
 from kernels.dispatch import get_backend
 
 __all__ = ["splat_ensemble", "sum_gradients_over_ranks", "frame_share"]
@@ -79,6 +80,64 @@ def _check_group(process_group) -> None:
         raise ValueError("this process is not a member of process_group; every rank of the group must call")
 
 
+_agreed: set[tuple] = set()
+
+
+def _check_ranks_agree(process_group, n_frames: int, n: int, grid: GridSpec, device: torch.device) -> None:
+    """ValueError on every rank unless all ranks of ``process_group`` pass the same F, N and grid shape.
+
+    One all_reduce (MAX) of five host integers and their negatives, once per (group, F, N, shape) on
+    this rank: every rank passes the same full inputs, and a rank with other frames would give a map
+    silently off. NCCL reduces device tensors: the result is read back once per signature.
+    """
+    import torch.distributed as dist
+
+    mine = (n_frames, n, *grid.shape)
+    key = (id(process_group), mine)
+    if key in _agreed:
+        return
+    on = device if dist.get_backend(process_group) == "nccl" else torch.device("cpu")
+    values = torch.tensor([*mine, *(-v for v in mine)], dtype=torch.int64, device=on)
+    try:
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=process_group)
+    except Exception as exc:  # gloo/NCCL raise RuntimeError subclasses; a timeout is the usual one here
+        raise RuntimeError(
+            f"splat_ensemble(process_group=...): rank {dist.get_rank(process_group)} could not agree on the inputs "
+            f"with the other ranks ({exc}). Every rank of the group must call splat_ensemble with process_group= "
+            "at the same point; a rank that left process_group out, or stopped, makes the others wait until the "
+            "group's timeout"
+        ) from exc
+    high = values[:5].tolist()
+    low = [-v for v in values[5:].tolist()]
+    if high != low:
+        names = ("F (frames)", "N (atoms)", "grid nx", "grid ny", "grid nz")
+        differ = "; ".join(f"{name} from {lo} to {hi}" for name, lo, hi in zip(names, low, high) if lo != hi)
+        raise ValueError(
+            f"splat_ensemble(process_group=...): the ranks pass different inputs ({differ}); this rank "
+            f"{dist.get_rank(process_group)} has F={n_frames}, N={n}, grid {grid.shape}. Every rank must pass the "
+            "same atoms, full frames and grid (F is the total number of frames; each rank splats its share)"
+        )
+    _agreed.add(key)
+
+
+def _warn_if_distributed(n_frames: int) -> None:
+    """Warn once when torch.distributed runs several ranks but this call splats every frame alone."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    from kernels._util import warn_once
+
+    warn_once(
+        ("splat_ensemble", "no process_group"),
+        f"splat_ensemble: torch.distributed runs {dist.get_world_size()} ranks but process_group= was not given, "
+        f"so rank {dist.get_rank()} splats all {n_frames} frames alone; if the other ranks pass process_group=, "
+        "they wait for this one until the group's timeout. Pass the same process_group= on every rank to split "
+        "the frames (or leave it out on every rank)",
+        stacklevel=4,
+    )
+
+
 def _check_tensor(t, name: str, shape: tuple[int, ...], atoms: AtomSet, meaning: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape {shape} ({meaning}), got {type(t).__name__}")
@@ -99,8 +158,21 @@ def _first_bad(bad: torch.Tensor, n: int) -> tuple[int, int, int]:
     return f, i, int(flat.sum())
 
 
-def _check_values(atoms: AtomSet, xyz, b_iso, occ, n: int, u_aniso=None) -> None:
-    """Host checks of the frames' values (CPU tensors only: on a GPU they would stop the host)."""
+def _check_values(atoms: AtomSet, xyz, b_iso, occ, n: int, u_aniso=None, per_chunk: int | None = None) -> None:
+    """Host checks of the frames' values (CPU tensors only: on a GPU they would stop the host).
+
+    ``per_chunk`` frames at a time, so the masks never cover every atom-frame at once.
+    """
+    n_frames = xyz.shape[0]
+    per_chunk = per_chunk or n_frames
+    for lo in range(0, n_frames, per_chunk):
+        rows = slice(lo, min(n_frames, lo + per_chunk))
+        part = [None if t is None else t[rows] for t in (b_iso, occ, u_aniso)]
+        _check_chunk(atoms, xyz[rows], part[0], part[1], n, part[2], lo)
+
+
+def _check_chunk(atoms: AtomSet, xyz, b_iso, occ, n: int, u_aniso, first: int) -> None:
+    """:func:`_check_values` of frames ``first``, ``first + 1``, … (the tensors' first rows)."""
     if u_aniso is not None:
         flags = atoms.aniso.repeat(u_aniso.shape[0])
         bad = first_bad_adp(u_aniso.detach().reshape(-1, 6), flags)
@@ -108,7 +180,7 @@ def _check_values(atoms: AtomSet, xyz, b_iso, occ, n: int, u_aniso=None) -> None
             idx, count, what = bad
             f, i = divmod(idx, n)
             more = f" ({count - 1} more atom-frames too)" if count > 1 else ""
-            raise ValueError(f"frame {f}: atom {atoms.labels[i]} (index {i}) {what}{more}")
+            raise ValueError(f"frame {first + f}: atom {atoms.labels[i]} (index {i}) {what}{more}")
     checks = [(xyz, ~torch.isfinite(xyz.detach()).all(dim=2), "has a non-finite position", "Å")]
     if b_iso is not None:
         b = b_iso.detach()
@@ -121,7 +193,7 @@ def _check_values(atoms: AtomSet, xyz, b_iso, occ, n: int, u_aniso=None) -> None
             f, i, count = _first_bad(bad, n)
             value = f"{values[f, i].detach().tolist()}{' ' + unit if unit else ''}"
             more = f" ({count - 1} more atom-frames too)" if count > 1 else ""
-            raise ValueError(f"frame {f}: atom {atoms.labels[i]} (index {i}) {what}: {value}{more}")
+            raise ValueError(f"frame {first + f}: atom {atoms.labels[i]} (index {i}) {what}: {value}{more}")
 
 
 def _as_weights(weights, n_frames: int, atoms: AtomSet) -> torch.Tensor:
@@ -183,15 +255,6 @@ class _NoFrames(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return (None, None, None, *(torch.zeros(s, dtype=d, device=dev) for s, d, dev in ctx.inputs))
-
-
-def _check_radius_cutoff(radius, cutoff, grid: GridSpec):
-    from kernels.density import _check_radius_extent
-
-    if radius is not None:
-        radius = positive_number(radius, "radius", "Å")
-        _check_radius_extent(radius, grid)
-    return radius, positive_number(cutoff, "cutoff", "the map's unit")
 
 
 def splat_ensemble(
@@ -278,12 +341,20 @@ def splat_ensemble(
         A shape other than (F, N, 3), (F, N) or (F,); F = 0; N not ``len(atoms)``; a dtype or
         device other than the atoms'; an unknown ``reduce``; non-finite weights, or (CPU tensors)
         a non-finite position, B ≤ 0 or occupancy outside [0, 1] — naming the frame and atom;
-        ``radius``/``cutoff`` not positive finite numbers; ``process_group`` given without an
-        initialised ``torch.distributed``. CUDA tensors' values are not read back (no host
-        synchronisation), as for the ``triton`` backend of :func:`kernels.splat_density`.
+        ``radius``/``cutoff``/``blur``/``radius_rule`` refused as :func:`kernels.splat_density`
+        refuses them (one validator), a negative ``blur`` leaving an atom without a Gaussian (CPU,
+        naming frame and atom); weights whose map overflows its dtype (CPU); ``process_group``
+        given without an initialised ``torch.distributed``, or ranks passing different F, N or grid
+        shapes (raised on every rank, naming the values). CUDA tensors' values are not read back
+        (no host synchronisation), as for the ``triton`` backend of :func:`kernels.splat_density`.
+    RuntimeError
+        With ``process_group``: the ranks' check of their inputs failed or timed out (a rank that
+        left ``process_group`` out, or stopped).
     kernels.GridError
-        The map (``"sum"``) or the F maps (``"none"``) would not fit in memory, a fast backend got
-        a box grid, or ``radius`` is far too large.
+        The map (``"sum"``) or the F maps (``"none"``) would not fit in memory; on the CPU the
+        sum's predicted host peak (maps, one chunk's per-atom state and, with a gradient, what the
+        backward keeps) would not fit, the figure stated; a fast backend got a box grid, or
+        ``radius`` is far too large.
     kernels.BackendError
         The backend asked for cannot run here.
     """
@@ -314,17 +385,17 @@ def splat_ensemble(
                 "file with ANISOU, or AtomSet(..., u_aniso=, aniso=)) so that atoms.aniso says which atoms use it"
             )
         _check_tensor(u_aniso, "u_aniso", (n_frames, n, 6), atoms, "U of every atom in every frame, Å²")
-    if radius_rule not in RADIUS_RULES:
-        raise ValueError(f"radius_rule must be one of {RADIUS_RULES}, got {radius_rule!r}")
-    blur = float(blur)
-    if not math.isfinite(blur):
-        raise ValueError(f"blur must be a finite number of Å², got {blur!r}")
+    from kernels.density import _splat_arguments
+
+    radius, cutoff, blur = _splat_arguments(radius, cutoff, blur, radius_rule, grid)
     w = None if weights is None else _as_weights(weights, n_frames, atoms)
     if reduce not in ("sum", "none"):
         raise ValueError(f"reduce must be 'sum' (one weighted map) or 'none' (one map per frame), got {reduce!r}")
     if process_group is not None:
         _check_group(process_group)
-    radius, cutoff = _check_radius_cutoff(radius, cutoff, grid)
+        _check_ranks_agree(process_group, n_frames, n, grid, atoms.device)
+    else:
+        _warn_if_distributed(n_frames)
     name, single = get_backend("density", atoms.device, backend)
     if name != "reference" and not grid.is_whole_cell:
         raise GridError(f"the {name} density backend splats whole-cell grids only; use backend='reference' for a box")
@@ -334,33 +405,173 @@ def splat_ensemble(
     count = stop - start
     if count == 0:
         return _no_frames(atoms, xyz, b_iso, occ, w, grid, dtype, reduce, process_group, u_aniso)
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (xyz, b_iso, occ, w, u_aniso, atoms.b_iso, atoms.occ, atoms.u_aniso)
+    )
+    host = atoms.device.type == "cpu"
+    # host sums go in chunks of frames: the kernel's per-atom state (~450 B) then never exists for all F·N at once
+    per_chunk = max(1, CHUNK_ATOM_FRAMES // max(n, 1)) if host and reduce == "sum" else count
     if reduce == "none":  # checked while no F·N-atom tensor exists yet, so a refusal allocates nothing
-        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (xyz, b_iso, occ, w, u_aniso))
         _require_frames_memory(grid, count, dtype, atoms.device, grad)
-    if atoms.device.type == "cpu":
-        _check_values(atoms, xyz, b_iso, occ, n, u_aniso)
-    frames = with_blur(_flatten(atoms, xyz, b_iso, occ, w, start, stop, u_aniso), blur)
-    if radius is None and atoms.device.type == "cpu":
-        from kernels.density import _warn_atoms_below_cutoff
-
-        _warn_atoms_below_cutoff(with_blur(_flatten(atoms, xyz, b_iso, occ, None, start, stop, u_aniso), blur), cutoff)
+    else:
+        grad_bytes = _grad_bytes_per_atom(atoms, b_iso, radius, cutoff, grid) if grad and host else 0
+        _require_sum_memory(grid, count, n, min(per_chunk, count), dtype, atoms.device, grad_bytes, name)
+    if host:
+        _check_values(atoms, xyz, b_iso, occ, n, u_aniso, per_chunk)
     extra = {} if atoms.u_aniso is None else {"radius_rule": radius_rule}
-    if reduce == "sum":
+    if reduce == "none":
+        frames = _checked_frames(atoms, xyz, b_iso, occ, u_aniso, start, stop, blur, radius, cutoff, grid, radius_rule)
+        frames = _weighted(frames, w, start, stop, n)
+        _, per_frame = get_backend("density_frames", atoms.device, name)
+        return per_frame(frames, grid, n_frames=count, radius=radius, cutoff=cutoff, **extra)
+    out, bound = None, 0.0
+    small = []  # what each chunk's check of atoms below the grid spacing found
+    for lo in range(start, stop, per_chunk):
+        hi = min(stop, lo + per_chunk)
+        frames = _checked_frames(
+            atoms, xyz, b_iso, occ, u_aniso, lo, hi, blur, radius, cutoff, grid, radius_rule, small
+        )
+        if host and w is not None:  # the largest value the weighted map could reach: every atom on one voxel
+            from kernels.density import _peak_density_host
+
+            peaks = np.abs(_peak_density_host(frames)).reshape(hi - lo, n).sum(axis=1)
+            with np.errstate(over="ignore"):  # beyond float64 is beyond any map's range: inf says so
+                bound += float(peaks @ np.abs(w[lo:hi].detach().to(torch.float64).numpy()))
+        part = single(_weighted(frames, w, lo, hi, n), grid, radius=radius, cutoff=cutoff, **extra)
+        del frames
+        if out is None:
+            out = part
+        elif out.requires_grad or part.requires_grad:
+            out = out + part
+        else:
+            out.add_(part)
+        del part
+    if small:
+        from kernels.density import _warn_small
+
+        first, first_lo = small[0]
+        idx, _, r, peak = first
+        _warn_small(
+            _flatten(atoms, xyz, b_iso, occ, first_lo, first_lo + 1 + idx // n, u_aniso),
+            (idx, sum(f[1] for f, _ in small), r, peak),
+            cutoff,
+            grid,
+            n,
+            first_lo,
+        )
+    if bound > torch.finfo(out.dtype).max and not bool(torch.isfinite(out).all()):
+        raise ValueError(
+            f"the weights (largest |weight| {float(w.detach().abs().max()):.3g}) make the {out.dtype} map overflow: "
+            f"its values could reach {bound:.3g}, beyond {torch.finfo(out.dtype).max:.3g}; scale the weights down "
+            "(a weighted mean has weights summing to 1)"
+        )
+    if process_group is not None:
+        out = _AllReduceSum.apply(out, process_group)
+    return out
+
+
+#: Atom-frames per call of the CPU backend in a sum: bounds the kernel's per-atom state to ~120 MB.
+CHUNK_ATOM_FRAMES = 1 << 18
+
+# Host bytes per atom-frame, measured with ru_maxrss on 10^6 atom-frames of carbon (isotropic, float32, B 20 Å²):
+# in one chunk, the flattened frames (B, occupancy, coefficients: ~50 B) and the CPU kernel's per-atom
+# state (its prepared atom, 368 B, and its x-segments, ~40 B): 520 B. With a gradient, for every
+# atom-frame until the backward: the inputs the kernel read and the fractional positions (~160 B), and
+# the row intervals of the atom's box (4 B per (x, y) row). Measured at 1.0, 0.5 and 0.33 Å: 480, 1520 and
+# 3340 B per atom-frame; this estimate gives 740, 1760 and 3300.
+_CHUNK_BYTES_PER_ATOM = 520
+_GRAD_BYTES_PER_ATOM = 160
+
+
+def _grad_bytes_per_atom(atoms: AtomSet, b_iso, radius, cutoff: float, grid: GridSpec) -> int:
+    """Host bytes the CPU backward keeps per atom-frame: fixed part plus the atom's row intervals.
+
+    The box of the widest of up to 64 atoms of the first frame (its radius from the cutoff, or ``radius``).
+    """
+    if radius is None:
+        from kernels.density.cpu import cutoff_radius_cpu
+
+        pick = torch.linspace(0, len(atoms) - 1, min(64, len(atoms))).round().long()
+        b = (atoms.b_iso if b_iso is None else b_iso[0]).detach()[pick]
+        radius = float(cutoff_radius_cpu(b.clamp_min(1e-3), atoms.a[pick], atoms.b[pick], cutoff).max())
+    kx, ky = (r * m for r, m in zip(grid.cell.reciprocal_lengths[:2], grid.sampling[:2]))  # voxels per Å
+    return _GRAD_BYTES_PER_ATOM + 4 * (2 * math.ceil(radius * kx) + 2) * (2 * math.ceil(radius * ky) + 2)
+
+
+def _require_sum_memory(grid, count, n, chunk, dtype, device, grad_per_atom: int, backend: str) -> None:
+    """GridError when reduce="sum" of ``count`` frames of ``n`` atoms would not fit, with the figure.
+
+    Predicted host peak: two maps (the sum and one chunk's map; three with a gradient) plus one chunk's
+    per-atom state, plus ``grad_per_atom`` bytes the backward keeps for every atom-frame (0 without a
+    gradient). The reference backend checks its own temporaries per call; GPUs check the maps once per grid.
+    """
+    if device.type != "cpu" or backend == "reference":
+        key = (grid.cell.parameters, grid.shape, dtype, str(device))
         from kernels.density import _memory_checked
 
-        key = (grid.cell.parameters, grid.shape, dtype, str(atoms.device))
         if key not in _memory_checked:  # as splat_density: once per grid
-            grid.require_memory(dtype, atoms.device, copies=2)
+            grid.require_memory(dtype, device, copies=2)
             _memory_checked.add(key)
-        out = single(frames, grid, radius=radius, cutoff=cutoff, **extra)
-        if process_group is not None:
-            out = _AllReduceSum.apply(out, process_group)
-        return out
-    _, per_frame = get_backend("density_frames", atoms.device, name)
-    return per_frame(frames, grid, n_frames=count, radius=radius, cutoff=cutoff, **extra)
+        return
+    extra = chunk * n * _CHUNK_BYTES_PER_ATOM + count * n * grad_per_atom
+    copies = 3 if grad_per_atom else 2
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    need = grid.n_voxels * itemsize * copies + extra
+    if need < _SMALL_SUM:  # a usual ensemble: no query of the free memory per call
+        return
+    free = _free_memory(torch.device(device))
+    if need > 0.8 * free:
+        nx, ny, nz = grid.shape
+        kept = (
+            f", and ~{grad_per_atom} B per atom-frame kept for the backward ({_size(count * n * grad_per_atom)})"
+            if grad_per_atom
+            else ""
+        )
+        raise GridError(
+            f"reduce='sum' of {count} frames × {n} atoms on a {nx}×{ny}×{nz} grid needs about {_size(need)} of "
+            f"host memory ({copies} maps, ~{_CHUNK_BYTES_PER_ATOM} B per atom-frame for a chunk of {chunk} frames"
+            f"{kept}), but only {_size(free)} is free; split the frames over several calls and add the maps"
+            + (" (calling backward on each part)" if grad_per_atom else "")
+            + ", or use a coarser grid spacing"
+        )
 
 
-def _flatten(atoms: AtomSet, xyz, b_iso, occ, w, start: int, stop: int, u_aniso=None) -> AtomSet:
+_SMALL_SUM = 256 << 20
+
+
+def _checked_frames(atoms, xyz, b_iso, occ, u_aniso, lo, hi, blur, radius, cutoff, grid, radius_rule, small=None):
+    """Frames ``lo..hi`` flattened and blurred, with the host checks that need their values.
+
+    Host atoms: a negative blur that leaves an atom without a Gaussian raises (naming the frame);
+    atoms whose cutoff radius is below the grid spacing warn (or, with ``small`` given, are appended
+    to it as ``(finding, lo)`` for one warning over every chunk).
+    """
+    from kernels.density import _atoms_below_spacing, _check_blurred, _warn_small
+
+    n = len(atoms)
+    frames = with_blur(_flatten(atoms, xyz, b_iso, occ, lo, hi, u_aniso), blur)
+    if atoms.device.type != "cpu":
+        return frames
+    _check_blurred(frames, blur, n, lo)
+    if radius is None:
+        found = _atoms_below_spacing(frames, cutoff, grid, radius_rule)
+        if found is not None:
+            if small is None:
+                _warn_small(frames, found, cutoff, grid, n, lo)
+            else:
+                small.append((found, lo))
+    return frames
+
+
+def _weighted(frames: AtomSet, w, lo: int, hi: int, n: int) -> AtomSet:
+    """``frames`` (frames ``lo..hi`` of ``n`` atoms, flattened) with each frame's occupancy times its weight."""
+    if w is None:
+        return frames
+    occ = (frames.occ.reshape(hi - lo, n) * w[lo:hi, None]).reshape(-1)
+    return frames.replace(occ=occ, _validate=False)
+
+
+def _flatten(atoms: AtomSet, xyz, b_iso, occ, start: int, stop: int, u_aniso=None) -> AtomSet:
     """Frames ``start..stop`` as one frame-major AtomSet of (stop − start)·N atoms (not validated again)."""
     count, n = stop - start, len(atoms)
     u = flags = None
@@ -370,8 +581,6 @@ def _flatten(atoms: AtomSet, xyz, b_iso, occ, w, start: int, stop: int, u_aniso=
     pos = xyz[start:stop].reshape(count * n, 3)  # a view when xyz is contiguous
     b = (atoms.b_iso.expand(count, n) if b_iso is None else b_iso[start:stop]).reshape(-1)
     o = atoms.occ.expand(count, n) if occ is None else occ[start:stop]
-    if w is not None:
-        o = o * w[start:stop, None]
     a = atoms.a.detach().repeat(count, 1)
     bb = atoms.b.detach().repeat(count, 1)
     return AtomSet(

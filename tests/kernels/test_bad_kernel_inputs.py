@@ -741,12 +741,13 @@ def test_physical_b_values_do_not_warn():
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 def test_a_cutoff_above_an_atoms_peak_density_warns(backend):
     cell = Cell.from_parameters(12.0, 13.0, 14.0, 90.0, 90.0, 90.0)
-    grid = GridSpec.for_spacing(cell, 1.0)
+    grid = GridSpec.for_spacing(cell, 0.25)  # finer than the narrow atom's radius (0.68 Å) at this cutoff
     xyz = torch.tensor([[1.0, 2.0, 3.0], [6.0, 6.0, 6.0]])
-    atoms = AtomSet.from_elements(["C", "O"], xyz, torch.tensor([20.0, 20.0]), torch.tensor([1.0, 1e-5]))
+    atoms = AtomSet.from_elements(["C", "O"], xyz, torch.tensor([20.0, 80.0]))
     peaks = kernels.density.peak_density(atoms)
-    cutoff = float(peaks[1]) * 2  # above the faint atom's peak, far below the other's
-    with pytest.warns(UserWarning, match=r"atom .*\(index 1\): peak density .* is below the cutoff"):
+    cutoff = float(peaks[1]) * 2  # above the wide atom's peak, below the other's
+    pattern = r"atom .*O2 \(index 1\): peak density .* its cutoff radius .* is below the grid spacing"
+    with pytest.warns(UserWarning, match=pattern):
         kernels.splat_density(atoms.to(dtype=torch.float32), grid, cutoff=cutoff, backend=backend)
     with warnings.catch_warnings():  # a fixed radius reads no cutoff; occupancy 0 is meant to add nothing
         warnings.simplefilter("error")
