@@ -387,7 +387,7 @@ def _malformed(op: str, out, args: tuple, kwargs: dict) -> str | None:
     shape, device = _expected_output(op, args, kwargs)
     what = "a map" if op in ("density", "density_frames") else "an output"
     if shape is not None and tuple(out.shape) != shape:
-        expected = {"density": "the grid's shape", "density_frames": "(n_frames, *grid.shape)"}.get(op, "")
+        expected = {"density": "the grid's shape", "density_frames": "n_frames maps of the grid's shape"}.get(op, "")
         return f"{what} of shape {tuple(out.shape)}; expected {shape}" + (f" ({expected})" if expected else "")
     if out.dtype not in _OUTPUT_DTYPES:
         return f"{what} of dtype {out.dtype}; expected torch.float32 (or torch.float64, as the reference returns)"
