@@ -1012,8 +1012,9 @@ def _run_isolated(op, name, where, cases, caps, settings, progress) -> CheckRepo
         else:
             tol = "the backend returns, leaving its process running"
             tail = "; ".join(stderr[-2:])
-            why = f"the check's process ended ({_ended(proc.returncode)}) during this check" + (
-                f": {tail}" if tail else ": the backend ended or killed its process (os._exit, a signal, a crash)"
+            why = (
+                f"the check's process ended ({_ended(proc.returncode)}) during this check: the backend ended or killed "
+                "its process (os._exit, a signal, a crash)" + (f"; its stderr ended: {tail}" if tail else "")
             )
         checks.append(Check(check, structure, "fail", tol, why))
         return CheckReport(op, name, str(settings["device"]), [c.name for c in cases], checks)

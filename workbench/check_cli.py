@@ -1,8 +1,8 @@
 """``workbench check MODULE:FUNCTION``: register a user's kernel and check it from the shell.
 
-The exit status is 0 only when every check passes, so the command can gate a user's CI:
+The exit status is 0 only when every check that ran passed, so the command can gate a user's CI:
 
-==  =====================================================================================
+=== ====================================================================================
 0   every check that ran passed (skipped and informational checks do not fail)
 1   a check failed (the report on stdout says which, and where); a kernel that raises,
     calls sys.exit, ends or kills its process, or outlives --timeout fails a check
@@ -11,7 +11,7 @@ The exit status is 0 only when every check passes, so the command can gate a use
     or not callable
 4   the check could not run: a model unreadable, the device or backend unavailable
 130 interrupted (Ctrl-C)
-==  =====================================================================================
+=== ====================================================================================
 
 The checks run in a child process limited to --timeout seconds; stderr shows which check
 is running.

@@ -392,7 +392,7 @@ def test_a_kernel_that_ends_or_kills_its_process_fails_runs_in_the_isolated_chec
 
 
 def test_a_kernel_that_closes_stdout_and_stderr_still_passes_and_the_caller_keeps_them(register, model, capsys):
-    register("closer", ub.closes_stdout, devices=("cpu",))
+    register("closer", ub.closes_stdout, devices=("cpu",), capabilities={"gradients": False})  # maps only: quicker
     report = check("closer", model, isolate=True)
     assert report.ok, str(report)
     print("still open")
@@ -401,7 +401,7 @@ def test_a_kernel_that_closes_stdout_and_stderr_still_passes_and_the_caller_keep
 
 @pytest.mark.parametrize("fn", [ub.os_exit_in_a_new_process, ub.sys_exit_in_a_new_process], ids=lambda f: f.__name__)
 def test_a_kernel_that_exits_in_the_first_call_process_fails_first_call(register, model, fn):
-    register(fn.__name__, fn, devices=("cpu",))
+    register(fn.__name__, fn, devices=("cpu",), capabilities={"gradients": False})  # maps only: quicker
     report = check(fn.__name__, model, fresh_process=True)
     assert not report.ok and report.status("first call") == "fail", str(report)
     summary = report["first call"][0].summary
@@ -409,15 +409,13 @@ def test_a_kernel_that_exits_in_the_first_call_process_fails_first_call(register
     assert report.status("reference") == "pass"
 
 
-def test_a_kernel_that_never_returns_fails_at_the_timeout_naming_the_check_and_progress_shows_it(register, model):
+def test_a_kernel_that_never_returns_fails_at_the_timeout_naming_the_check(register, model):
     register("stuck", ub.never_returns, devices=("cpu",))
-    seen = []
     start = time.monotonic()
-    report = check("stuck", model, isolate=True, timeout=15, progress=lambda c, s: seen.append((c, s)))
-    assert time.monotonic() - start < 40
+    report = check("stuck", model, isolate=True, timeout=20)
+    assert time.monotonic() - start < 60  # the child process is stopped at the timeout
     assert not report.ok and report.status("runs") == "fail", str(report)
-    assert "still running after 15 s" in report["runs"][0].summary
-    assert seen == [("runs", "<memory>")]
+    assert "still running after 20 s" in report["runs"][0].summary
 
 
 def test_progress_names_each_check_as_it_starts_in_order(register, model):
