@@ -555,7 +555,8 @@ def _import_backend(spec: dict):
 
 def _child_env() -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    # the parent's import path, its current folder ("" on sys.path) spelled out: a child's script runs elsewhere
+    env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
     return env
 
 
