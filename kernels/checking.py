@@ -979,6 +979,7 @@ def _run_isolated(op, name, where, cases, caps, settings, progress) -> CheckRepo
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
+                start_new_session=True,  # its own process group: stopping it stops its first-call process too
             )
         deadline = time.monotonic() + timeout
         seen, timed_out = 0, False
@@ -989,10 +990,10 @@ def _run_isolated(op, name, where, cases, caps, settings, progress) -> CheckRepo
                     timed_out = True
                     break
                 time.sleep(_CHILD_POLL_S)
-        finally:  # timed out, or Ctrl-C here: the child goes too
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        finally:  # timed out, or Ctrl-C here: the child goes, with any process it started
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         _follow(tmp / "steps.txt", seen, progress)
         if proc.returncode == -signal.SIGINT:
             raise KeyboardInterrupt("the check's process was interrupted")

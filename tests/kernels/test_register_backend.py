@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -416,6 +417,26 @@ def test_a_kernel_that_never_returns_fails_at_the_timeout_naming_the_check(regis
     assert time.monotonic() - start < 60  # the child process is stopped at the timeout
     assert not report.ok and report.status("runs") == "fail", str(report)
     assert "still running after 20 s" in report["runs"][0].summary
+
+
+def test_a_timeout_in_the_first_call_check_stops_its_new_process_too(register, model, tmp_path, monkeypatch):
+    pid_file = tmp_path / "pid"
+    monkeypatch.setenv("USER_BACKENDS_PID_FILE", str(pid_file))
+    register("stuck_fresh", ub.never_returns_in_a_new_process, devices=("cpu",), capabilities={"gradients": False})
+    report = check("stuck_fresh", model, isolate=True, fresh_process=True, timeout=60)
+    assert report.status("first call") == "fail" and "still running after 60 s" in report["first call"][0].summary
+    assert report.status("reference") == "pass"  # the checks before it are kept
+    pid = int(pid_file.read_text())
+    stat = Path(f"/proc/{pid}/stat")
+    for _ in range(50):  # SIGKILL is asynchronous; gone, or a zombie left for init to reap
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                break
+        except (FileNotFoundError, ProcessLookupError):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the first-call process {pid} still runs after the check returned")
 
 
 def test_progress_names_each_check_as_it_starts_in_order(register, model):
