@@ -27,6 +27,7 @@ import html
 import importlib
 import math
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -35,15 +36,17 @@ import textwrap
 import time
 import warnings
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from kernels._util import positive_number
 from kernels.crystal import AtomSet, GridSpec, Model, example_structure, read_model
 from kernels.density import DEFAULT_CUTOFF, splat_density
 from kernels.dispatch import _REGISTERED, BACKENDS, BackendError, backend_capabilities, get_backend
+from kernels.dispatch import _load as _load_backend
 
 __all__ = ["Check", "CheckReport", "Worst", "check_backend", "DEFAULT_STRUCTURES"]
 
@@ -152,6 +155,8 @@ class CheckReport:
     op, backend, device : str
     structures : list of str
     checks : list of Check
+    notes : list of str
+        How the check ran where that limits it (in the caller's process, without a timeout).
     """
 
     op: str
@@ -159,6 +164,7 @@ class CheckReport:
     device: str
     structures: list[str]
     checks: list[Check]
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -186,7 +192,7 @@ class CheckReport:
 
     def __str__(self) -> str:
         head = f"{self.op} backend {self.backend!r} on {self.device}: {'OK' if self.ok else 'FAILED'}"
-        lines = [head]
+        lines = [head, *(f"  note: {n}" for n in self.notes)]
         for c in self.checks:
             where = f" — worst at {c.worst.describe()}" if c.worst is not None and c.status == "fail" else ""
             tol = f" [{c.tolerance}]" if c.tolerance else ""
@@ -208,7 +214,9 @@ class CheckReport:
         verdict = "all checks pass" if self.ok else f"{len(self.failures())} check(s) failed"
         return (
             f"<p><b>{html.escape(self.op)} backend {html.escape(self.backend)!s} on {html.escape(self.device)}</b>: "
-            f"{verdict}</p><table><tr><th>check</th><th>structure</th><th>status</th><th>measured</th>"
+            f"{verdict}</p>"
+            + "".join(f"<p>note: {html.escape(n)}</p>" for n in self.notes)
+            + "<table><tr><th>check</th><th>structure</th><th>status</th><th>measured</th>"
             "<th>tolerance</th><th>worst</th></tr>" + "".join(rows) + "</table>"
         )
 
@@ -411,18 +419,19 @@ def _map_check(name, case, out, ref, atoms, tolerance, atol_rel, rtol, atol=0.0)
     )
 
 
-# ---------------------------------------------------------------------------- fresh process
+# ---------------------------------------------------------------------------- child processes
 
-_FRESH_SCRIPT = textwrap.dedent(
-    """
-    import importlib, sys, warnings
+_EXIT_RAISED = 5  # the backend raised (SystemExit included) in the fresh process
+
+_FRESH_SCRIPT = (
+    textwrap.dedent(
+        """
+    import sys, warnings
     import torch
+    from kernels.checking import _import_backend
     args = torch.load(sys.argv[1], weights_only=False)
     try:
-        module = importlib.import_module(args["module"])
-        fn = module
-        for part in args["qualname"].split("."):
-            fn = getattr(fn, part)
+        fn = _import_backend(args)
     except Exception as exc:
         print(f"cannot import {args['module']}:{args['qualname']} in a new process: {type(exc).__name__}: {exc}",
               file=sys.stderr)
@@ -432,35 +441,123 @@ _FRESH_SCRIPT = textwrap.dedent(
     warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation.*")
     atoms = args["atoms"].to(args["device"])
     outs = []
-    for _ in range(3):
-        out = fn(atoms, args["grid"], radius=args["radius"], cutoff=args["cutoff"])
-        outs.append(out.detach().to("cpu"))
+    try:
+        for _ in range(3):
+            out = fn(atoms, args["grid"], radius=args["radius"], cutoff=args["cutoff"])
+            outs.append(out.detach().to("cpu"))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        from kernels.checking import _raised
+        print(f"call {len(outs) + 1}: {_raised(exc)}", file=sys.stderr)
+        sys.exit(EXIT_RAISED)
     torch.save(outs, sys.argv[2])
     """
-).replace("EXIT_IMPORT", str(_EXIT_IMPORT))
+    )
+    .replace("EXIT_IMPORT", str(_EXIT_IMPORT))
+    .replace("EXIT_RAISED", str(_EXIT_RAISED))
+)
+
+
+def _raised(exc: BaseException) -> str:
+    """What the backend raised, in words; SystemExit (``sys.exit``) is named as the attempt to end the process it is."""
+    if isinstance(exc, SystemExit):
+        return (
+            f"the backend raised SystemExit({exc.code!r}) (sys.exit or exit): a backend returns its map, "
+            "it does not end the process"
+        )
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _ended(returncode: int) -> str:
+    """How a child process ended, in words: its exit status or the signal that killed it."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+def _attribute(module, path: str):
+    obj = module
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def _function_path(op: str, name: str) -> tuple[str, str] | str:
-    """(module, qualname) a new process imports the backend from, or why it cannot."""
+    """(module, attribute path) a new process imports the backend from, or why it cannot.
+
+    The path is the function's qualified name where that leads back to the very function,
+    else a module-level name bound to it (``splat = make_kernel()``); a function that neither
+    finds (a notebook cell, ``__main__``, a closure, a decorator's wrapper kept under another
+    name) cannot be imported by a new process.
+    """
     if name in BACKENDS[op]:
         module, func = BACKENDS[op][name].split(":")
         return module, func
     fn = _REGISTERED[op][name].fn
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-    if not module or not qualname:
-        return f"{fn!r} has no module and name a new process could import it by"
-    if module == "__main__" or "<locals>" in qualname or "<lambda>" in qualname:
+    if not module:
+        return f"{fn!r} has no module a new process could import it from"
+    if module == "__main__":
         return (
-            f"{module}.{qualname} is defined in a notebook cell, a script's __main__ or a function, which no new "
-            "process can import; put it in a module to have its first call checked"
+            f"{module}.{qualname} is defined in a notebook cell or a script's __main__, which no new process can "
+            "import; put it in a module to have it checked in a new process"
         )
     try:
         mod = importlib.import_module(module)
-    except ImportError as exc:
-        return f"module {module} cannot be imported again ({exc})"
+    except Exception as exc:  # noqa: BLE001 - any error importing the user's module again is the reason
+        return f"module {module} cannot be imported again ({type(exc).__name__}: {exc})"
     if getattr(mod, "__file__", None) is None:
         return f"module {module} has no file a new process could import"
-    return module, qualname
+    if qualname and "<" not in qualname:
+        with contextlib.suppress(AttributeError):
+            if _attribute(mod, qualname) is fn:
+                return module, qualname
+    for key, value in vars(mod).items():
+        if value is fn:
+            return module, key
+    return (
+        f"{module}.{qualname} is not reachable by a name in module {module} (defined in a function or replaced "
+        "by a decorator), so no new process can import it; bind it to a module-level name to have it checked in "
+        "a new process"
+    )
+
+
+def _backend_spec(op: str, name: str, where: tuple[str, str]) -> dict:
+    """What a child process needs to call backend ``name`` as this process does (see :func:`_import_backend`)."""
+    entry = _REGISTERED.get(op, {}).get(name)
+    return {
+        "op": op,
+        "name": name,
+        "module": where[0],
+        "qualname": where[1],
+        "devices": None if entry is None else entry.devices,
+        "capabilities": None if entry is None else dataclasses.asdict(entry.capabilities),
+    }
+
+
+def _import_backend(spec: dict):
+    """In a child process: import the backend :func:`_backend_spec` describes, registered as in the parent.
+
+    Returns the function dispatch calls (a registered backend with its output checks).
+    """
+    fn = _attribute(importlib.import_module(spec["module"]), spec["qualname"])
+    if spec["devices"] is None:
+        return fn
+    from kernels.dispatch import register_backend
+
+    register_backend(spec["op"], spec["name"], fn, devices=spec["devices"], capabilities=spec["capabilities"])
+    return _load_backend(spec["op"], spec["name"])
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    # the parent's import path, its current folder ("" on sys.path) spelled out: a child's script runs elsewhere
+    env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+    return env
 
 
 def _fresh_process(op, name, case, atoms32, device, radius, cutoff, timeout) -> tuple[list[torch.Tensor] | None, str]:
@@ -468,38 +565,36 @@ def _fresh_process(op, name, case, atoms32, device, radius, cutoff, timeout) -> 
     where = _function_path(op, name)
     if isinstance(where, str):
         return None, where
-    module, qualname = where
     with tempfile.TemporaryDirectory(prefix="check-backend-") as tmp:
         tmp = Path(tmp)
-        torch.save(
-            {
-                "module": module,
-                "qualname": qualname,
-                "atoms": atoms32.to("cpu"),
-                "grid": case.grid,
-                "device": str(device),
-                "radius": radius,
-                "cutoff": cutoff,
-            },
-            tmp / "in.pt",
-        )
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        spec = _backend_spec(op, name, where)
+        spec.update(atoms=atoms32.to("cpu"), grid=case.grid, device=str(device), radius=radius, cutoff=cutoff)
+        torch.save(spec, tmp / "in.pt")
+        env = _child_env()
         env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")  # empty: the first call compiles
         script = tmp / "fresh.py"
         script.write_text(_FRESH_SCRIPT)
         proc = subprocess.run(
             [sys.executable, str(script), str(tmp / "in.pt"), str(tmp / "out.pt")],
             env=env,
+            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=timeout,
         )
+        if proc.returncode == -signal.SIGINT:
+            raise KeyboardInterrupt("the first-call process was interrupted")
+        lines = proc.stderr.strip().splitlines()
         if proc.returncode == _EXIT_IMPORT:
-            return None, proc.stderr.strip().splitlines()[-1]
-        if proc.returncode != 0:
-            tail = "\n".join(proc.stderr.strip().splitlines()[-3:])
-            raise RuntimeError(f"the backend failed in a new process (exit {proc.returncode}): {tail}")
+            return None, lines[-1]
+        if proc.returncode == _EXIT_RAISED:
+            raise RuntimeError(f"in a new process, {lines[-1]}")
+        if proc.returncode != 0 or not (tmp / "out.pt").is_file():
+            tail = "\n".join(lines[-3:])
+            raise RuntimeError(
+                f"the new process ended ({_ended(proc.returncode)}) before the backend returned its three maps: "
+                "the backend ended or killed its process" + (f"; its last words: {tail}" if tail else "")
+            )
         return torch.load(tmp / "out.pt", weights_only=False), ""
 
 
@@ -620,7 +715,7 @@ def check_backend(
     op: str,
     name: str,
     *,
-    structures: Iterable[str | os.PathLike | Model] | None = None,
+    structures: str | os.PathLike | Model | Iterable[str | os.PathLike | Model] | None = None,
     device: str | torch.device = "cpu",
     spacing: float = 2.0 / 3.0,
     radius: float | None = None,
@@ -628,6 +723,8 @@ def check_backend(
     fresh_process: bool = True,
     timing: bool = True,
     timeout: float = 600.0,
+    isolate: bool = True,
+    progress: Callable[[str, str], None] | None = None,
 ) -> CheckReport:
     """Check backend ``name`` of ``op`` the way our own kernels are checked.
 
@@ -637,9 +734,9 @@ def check_backend(
         The op; only density backends have checks so far.
     name : str
         A backend registered with :func:`kernels.register_backend`, or a built-in one.
-    structures : iterable of str, path or Model, optional
-        Bundled example names (``"1orc"``), model files, or models already read; default
-        :data:`DEFAULT_STRUCTURES`.
+    structures : str, path, Model, or an iterable of them, optional
+        Bundled example names (``"1orc"``), model files, or models already read (one, or
+        several); default :data:`DEFAULT_STRUCTURES`.
     device : str or torch.device
         Where the backend runs (``"cpu"`` or ``"cuda"``); the reference always runs in
         float64 on the CPU.
@@ -652,33 +749,129 @@ def check_backend(
     timing : bool
         Time the backend against our own (informational).
     timeout : float
-        Seconds the fresh process may take.
+        Seconds, > 0: the limit on the whole check when it runs in its own process
+        (``isolate``), and on the first-call process in any case.
+    isolate : bool
+        Run the checks in a child process that imports the backend (as the first-call check
+        does), so that a backend that hangs, ends or kills its process, or closes its output
+        fails a check instead of taking the caller down. A backend no new process can import
+        (defined in a notebook cell, ``__main__`` or a function), or ``isolate=False``, is
+        checked in this process: there a hang has no timeout, ``os._exit`` ends the caller,
+        and the report's ``notes`` say so.
+    progress : callable, optional
+        ``progress(check, structure)`` is called as each check starts (``"runs"`` for the
+        backend's first four calls), so a caller can show which one is running.
 
     Returns
     -------
     CheckReport
-        One :class:`Check` per check and structure: ``runs`` (only when the backend raised),
-        ``reference``, ``gemmi``, ``first call`` (first structure only), ``determinism``,
-        ``gradients``, ``finite differences``, ``speed``.
+        One :class:`Check` per check and structure: ``runs`` (only when the backend raised or
+        ended its process), ``reference``, ``gemmi``, ``first call`` (first structure only),
+        ``determinism``, ``gradients``, ``finite differences``, ``speed``. A check stopped by
+        the timeout, or during which the backend's process ended, fails under its own name
+        and ends the report.
 
     Raises
     ------
     BackendError
         ``op`` has no checks, or the backend cannot run on ``device``.
+    TypeError, ValueError
+        An argument of the wrong type or out of range (the message names it).
+    KeyboardInterrupt
+        Ctrl-C (or a backend raising it) stops the whole check.
     """
-    if op != "density":
+    if not isinstance(op, str) or op != "density":
         raise BackendError(f"check_backend checks density backends; {op!r} has no checks yet")
-    device = torch.device(device)
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a backend's name (a str), got {type(name).__name__}")
+    device = _device(device)
+    spacing = positive_number(spacing, "spacing", "Å")
+    radius = None if radius is None else positive_number(radius, "radius", "Å")
+    cutoff = positive_number(cutoff, "cutoff", "e/Å³")
+    timeout = positive_number(timeout, "timeout", "s")
+    for flag, value in (("fresh_process", fresh_process), ("timing", timing), ("isolate", isolate)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be True or False, got {value!r}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable progress(check, structure) or None, got {progress!r}")
+    structures = _structures(structures)
     get_backend(op, device, name)  # raises with the reason when it cannot run here
     caps = backend_capabilities(op, name)
-    cases = [_load(s, spacing, caps.anisotropic) for s in (DEFAULT_STRUCTURES if structures is None else structures)]
-    if not cases:
+    cases = [_load(s, spacing, caps.anisotropic) for s in structures]
+    settings = {
+        "device": device,
+        "spacing": spacing,
+        "radius": radius,
+        "cutoff": cutoff,
+        "fresh_process": fresh_process,
+        "timing": timing,
+        "timeout": timeout,
+    }
+    where = _function_path(op, name) if isolate else "isolate=False"
+    if isinstance(where, str):
+        note = f"ran in the caller's process, without a timeout: {where}"
+        checks = _run_checks(op, name, cases, caps, settings, _announce(progress))
+        return CheckReport(op, name, str(device), [c.name for c in cases], checks, [note])
+    return _run_isolated(op, name, where, cases, caps, settings, progress)
+
+
+def _device(device) -> torch.device:
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a str or torch.device ('cpu', 'cuda'), got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device {device!r} is not a torch device; use 'cpu' or 'cuda' ({exc})") from None
+
+
+def _structures(structures) -> list:
+    """The structures as a list; one str, path or Model is one structure, not an iterable of characters."""
+    if structures is None:
+        return list(DEFAULT_STRUCTURES)
+    if isinstance(structures, (str, os.PathLike, Model)):
+        return [structures]
+    if not isinstance(structures, Iterable):
+        raise TypeError(
+            f"structures must be a structure (a bundled name, a model file or a Model) or an iterable of them, "
+            f"got {type(structures).__name__}"
+        )
+    out = list(structures)
+    if not out:
         raise ValueError("structures is empty; pass at least one structure or None for the bundled ones")
+    bad = [s for s in out if not isinstance(s, (str, os.PathLike, Model))]
+    if bad:
+        raise TypeError(
+            f"each structure is a bundled name such as '1orc', a model file or a kernels.Model; got {bad[0]!r}"
+        )
+    return out
+
+
+def _announce(progress):
+    """The ``on_step(check, structure, checks)`` of :func:`_run_checks` that calls ``progress(check, structure)``."""
+    if progress is None:
+        return None
+    return lambda step, structure, checks: progress(step, structure)
+
+
+def _run_checks(op, name, cases, caps, settings, on_step) -> list[Check]:
+    """Every check of every case, in this process.
+
+    ``on_step(check, structure, checks)`` is called before each check with the checks done so far.
+    Everything the backend raises, ``SystemExit`` included, fails the check it was raised in;
+    ``KeyboardInterrupt`` stops the whole check.
+    """
+    device, radius, cutoff = settings["device"], settings["radius"], settings["cutoff"]
     checks: list[Check] = []
     contract = f"float32 contract: {MAP_RTOL:g}·max|ref| + {MAP_RTOL:g}·|ref|"
     repeat_tol = (
         "bitwise" if device.type == "cpu" else f"{GPU_REPEAT_RTOL:g}·max|ρ| + {GPU_REPEAT_RTOL:g}·|ρ| (GPU atomics)"
     )
+
+    def step(what, case):
+        if on_step is not None:
+            on_step(what, case.name, checks)
 
     for n, case in enumerate(cases):
         atoms32 = case.model.atoms.to(device, torch.float32)
@@ -693,6 +886,7 @@ def check_backend(
         with torch.no_grad():
             ref = ref_call(atoms64)
         times = []
+        step("runs", case)
         try:
             with _poisoned(), torch.no_grad():
                 outs = []
@@ -702,12 +896,16 @@ def check_backend(
                     outs.append(call(atoms32).detach())
                     _sync(device)
                     times.append(time.perf_counter() - start)
-        except Exception as exc:  # noqa: BLE001 - any failure of the user's function is the finding
-            checks.append(Check("runs", case.name, "fail", "no exception", f"{type(exc).__name__}: {exc}"))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - anything the user's function raises (sys.exit too) is the finding
+            checks.append(Check("runs", case.name, "fail", "no exception", f"call {len(times) + 1}: {_raised(exc)}"))
             continue
         out = outs[1]
+        step("reference", case)
         checks.append(_map_check("reference", case, out, ref, atoms64, contract, MAP_RTOL, MAP_RTOL))
 
+        step("gemmi", case)
         if case.path is None:
             checks.append(Check("gemmi", case.name, "skipped", "", "a model without a file: gemmi reads files"))
         elif radius is not None:
@@ -715,7 +913,7 @@ def check_backend(
         else:
             from kernels.testing import gemmi_density_of_model
 
-            g = torch.from_numpy(gemmi_density_of_model(case.model, spacing, cutoff))
+            g = torch.from_numpy(gemmi_density_of_model(case.model, settings["spacing"], cutoff))
             if tuple(g.shape) != tuple(case.grid.shape):
                 checks.append(
                     Check("gemmi", case.name, "skipped", "", f"gemmi's grid {tuple(g.shape)} ≠ {case.grid.shape}")
@@ -725,22 +923,139 @@ def check_backend(
                 checks.append(_map_check("gemmi", case, out, g, atoms64, tol, 0.0, GEMMI_RTOL, GEMMI_ATOL))
 
         if n == 0:
-            if not fresh_process:
+            step("first call", case)
+            if not settings["fresh_process"]:
                 checks.append(Check("first call", case.name, "skipped", "", "fresh_process=False"))
             else:
-                checks.append(_first_call_check(op, name, case, atoms32, atoms64, device, radius, cutoff, timeout))
+                checks.append(
+                    _first_call_check(op, name, case, atoms32, atoms64, device, radius, cutoff, settings["timeout"])
+                )
 
+        step("determinism", case)
         checks.append(_repeat_check(case, outs[1:], atoms64, device, repeat_tol))
 
+        step("gradients", case)
         if not caps.gradients:
             for what in ("gradients", "finite differences"):
                 checks.append(Check(what, case.name, "skipped", "", "registered with capabilities gradients=False"))
         else:
-            checks.extend(_gradient_checks(case, atoms32, atoms64, call, ref_call))
+            checks.extend(
+                _gradient_checks(
+                    case, atoms32, atoms64, call, ref_call, lambda case=case: step("finite differences", case)
+                )
+            )
 
-        if timing:
+        if settings["timing"]:
+            step("speed", case)
             checks.append(_speed_check(case, atoms32, device, times[1:], radius, cutoff, name))
-    return CheckReport(op, name, str(device), [c.name for c in cases], checks)
+    return checks
+
+
+_CHILD_POLL_S = 0.05  # how often the parent looks at the child's progress
+
+
+def _run_isolated(op, name, where, cases, caps, settings, progress) -> CheckReport:
+    """:func:`_run_checks` in a child process that imports the backend, stopped after ``settings["timeout"]`` s.
+
+    The child writes the checks done so far before each step; a child that times out, ends
+    or is killed leaves them, and the step it was in fails with how it ended.
+    """
+    timeout = settings["timeout"]
+    with tempfile.TemporaryDirectory(prefix="check-backend-") as tmp:
+        tmp = Path(tmp)
+        spec = _backend_spec(op, name, where)
+        spec.update(cases=cases, settings={**settings, "device": str(settings["device"])})
+        torch.save(spec, tmp / "in.pt")
+        paths = [str(tmp / f) for f in ("in.pt", "done.pt", "partial.pt", "steps.txt")]
+        with open(tmp / "stderr.txt", "wb") as err:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from kernels.checking import _child_main; _child_main(*sys.argv[1:])",
+                    *paths,
+                ],
+                env=_child_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,  # its own process group: stopping it stops its first-call process too
+            )
+        deadline = time.monotonic() + timeout
+        seen, timed_out = 0, False
+        try:
+            while proc.poll() is None:
+                seen = _follow(tmp / "steps.txt", seen, progress)
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                time.sleep(_CHILD_POLL_S)
+        finally:  # timed out, or Ctrl-C here: the child goes, with any process it started
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _follow(tmp / "steps.txt", seen, progress)
+        if proc.returncode == -signal.SIGINT:
+            raise KeyboardInterrupt("the check's process was interrupted")
+        if (tmp / "done.pt").is_file():
+            checks = torch.load(tmp / "done.pt", weights_only=False)
+            return CheckReport(op, name, str(settings["device"]), [c.name for c in cases], checks)
+        stderr = (tmp / "stderr.txt").read_text(errors="replace").strip().splitlines()
+        if proc.returncode == _EXIT_IMPORT and not timed_out:  # the parent imports it; an odd child may not
+            note = f"ran in the caller's process, without a timeout: {stderr[-1] if stderr else 'no new process'}"
+            checks = _run_checks(op, name, cases, caps, settings, _announce(progress))
+            return CheckReport(op, name, str(settings["device"]), [c.name for c in cases], checks, [note])
+        checks = torch.load(tmp / "partial.pt", weights_only=False) if (tmp / "partial.pt").is_file() else []
+        steps = (tmp / "steps.txt").read_text().splitlines() if (tmp / "steps.txt").is_file() else []
+        check, structure = steps[-1].split("\t", 1) if steps else ("runs", cases[0].name)
+        if timed_out:
+            tol = f"the whole check within timeout={timeout:g} s"
+            why = f"still running after {timeout:g} s: stopped here (a backend that never returns, or raise timeout=)"
+        else:
+            tol = "the backend returns, leaving its process running"
+            tail = "; ".join(stderr[-2:])
+            why = (
+                f"the check's process ended ({_ended(proc.returncode)}) during this check: the backend ended or killed "
+                "its process (os._exit, a signal, a crash)" + (f"; its stderr ended: {tail}" if tail else "")
+            )
+        checks.append(Check(check, structure, "fail", tol, why))
+        return CheckReport(op, name, str(settings["device"]), [c.name for c in cases], checks)
+
+
+def _follow(steps: Path, seen: int, progress) -> int:
+    """Call ``progress`` for the steps the child wrote after the first ``seen``; the new count."""
+    if not steps.is_file():
+        return seen
+    text = steps.read_text(encoding="utf-8")
+    complete = text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]
+    for line in complete[seen:]:
+        if progress is not None:
+            progress(*line.split("\t", 1))
+    return max(seen, len(complete))
+
+
+def _child_main(inp: str, done: str, partial: str, steps: str) -> None:
+    """The child of :func:`_run_isolated`: import the backend, run the checks, write them to ``done``."""
+    spec = torch.load(inp, weights_only=False)
+    try:
+        _import_backend(spec)
+    except Exception as exc:  # noqa: BLE001 - the parent runs the check itself then, saying why
+        print(f"cannot import {spec['module']}:{spec['qualname']} in a new process: {exc}", file=sys.stderr)
+        sys.exit(_EXIT_IMPORT)
+    settings = {**spec["settings"], "device": torch.device(spec["settings"]["device"])}
+
+    def on_step(step, structure, checks):
+        torch.save(checks, partial + ".tmp")
+        os.replace(partial + ".tmp", partial)
+        with open(steps, "a", encoding="utf-8") as f:
+            f.write(f"{step}\t{structure}\n")
+
+    caps = backend_capabilities(spec["op"], spec["name"])
+    checks = _run_checks(spec["op"], spec["name"], spec["cases"], caps, settings, on_step)
+    torch.save(checks, done + ".tmp")
+    os.replace(done + ".tmp", done)
+    # Leave at once: whatever the backend left behind (threads, atexit handlers) cannot change the result.
+    os._exit(0)
 
 
 def _first_call_check(op, name, case, atoms32, atoms64, device, radius, cutoff, timeout) -> Check:
@@ -793,7 +1108,7 @@ def _repeat_check(case, outs: Sequence[torch.Tensor], atoms64, device, tolerance
     )
 
 
-def _gradient_checks(case, atoms32, atoms64, call, ref_call) -> list[Check]:
+def _gradient_checks(case, atoms32, atoms64, call, ref_call, before_fd=None) -> list[Check]:
     gen = torch.Generator().manual_seed(0)
     weights = torch.rand(case.grid.shape, generator=gen, dtype=torch.float64)
     ref_leaf = _leaf(atoms64)
@@ -816,9 +1131,11 @@ def _gradient_checks(case, atoms32, atoms64, call, ref_call) -> list[Check]:
                     Check("finite differences", case.name, "skipped", "", "no autograd gradient to compare"),
                 ]
             (rho.to(torch.float64) * weights.to(rho.device)).sum().backward()
-    except Exception as exc:  # noqa: BLE001 - the backend's backward failing is the finding
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the backend's forward or backward failing (sys.exit too) is the finding
         return [
-            Check("gradients", case.name, "fail", "no exception", f"backward raised {type(exc).__name__}: {exc}"),
+            Check("gradients", case.name, "fail", "no exception", f"with gradients: {_raised(exc)}"),
             Check("finite differences", case.name, "skipped", "", "the backward raised"),
         ]
     grads = _grads(leaf32)
@@ -826,8 +1143,15 @@ def _gradient_checks(case, atoms32, atoms64, call, ref_call) -> list[Check]:
     if grads[0] is None:
         out.append(Check("finite differences", case.name, "skipped", "", "no autograd gradient for xyz"))
     else:
-        with _poisoned():
-            out.append(_fd_check(case, atoms32, grads[0], ref_grads[0], weights, call))
+        if before_fd is not None:
+            before_fd()
+        try:
+            with _poisoned():
+                out.append(_fd_check(case, atoms32, grads[0], ref_grads[0], weights, call))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the backend failing on a shifted atom is the finding
+            out.append(Check("finite differences", case.name, "fail", "no exception", _raised(exc)))
     return out
 
 
@@ -838,7 +1162,7 @@ def _speed_check(case, atoms32, device, times, radius, cutoff, name) -> Check:
             "speed", case.name, "info", "informational", f"{min(times) * 1e3:.2f} ms per call (our own backend)"
         )
     ours_times = []
-    with torch.no_grad():
+    with _poisoned(), torch.no_grad():  # as the backend was timed: under the same switches
         for _ in range(3):
             _sync(device)
             start = time.perf_counter()

@@ -27,6 +27,7 @@ __all__ = [
     "BackendCapabilities",
     "RegisteredBackend",
     "available_backends",
+    "check_backend_name",
     "backend_capabilities",
     "get_backend",
     "register_backend",
@@ -103,6 +104,16 @@ class BackendCapabilities:
 
     gradients: bool = True
     anisotropic: bool = False
+
+    def __post_init__(self):
+        # a string such as "no" is truthy: only True and False say what the backend can do
+        bad = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if not isinstance(getattr(self, f.name), bool)
+        }
+        if bad:
+            raise ValueError(f"capabilities are True or False, got {bad}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,17 +205,16 @@ def register_backend(
         ``fn`` is not callable, ``name`` is not a plain string, ``devices`` or
         ``capabilities`` hold something unknown.
     """
-    if op not in BACKENDS:
+    if not isinstance(op, str) or op not in BACKENDS:
         raise BackendError(f"unknown op {op!r}; known: {sorted(BACKENDS)}")
-    if not isinstance(name, str) or not name or not name.strip() == name or ":" in name:
-        raise ValueError(f"a backend name is a non-empty string without ':' or surrounding spaces, got {name!r}")
-    if name == "auto" or name in BACKENDS[op]:
-        raise BackendError(
-            f"{name!r} is a built-in name for {op} ({['auto', *BACKENDS[op]]}); register your function under another name"
-        )
+    check_backend_name(op, name)
     if not callable(fn):
         raise TypeError(f"fn must be callable (the {op} backend function), got {type(fn).__name__}")
-    devices = (devices,) if isinstance(devices, str) else tuple(devices)
+    if isinstance(devices, str):
+        devices = (devices,)
+    elif not isinstance(devices, Iterable):
+        raise TypeError(f"devices must be a device type or an iterable of them from {_DEVICE_TYPES}, got {devices!r}")
+    devices = tuple(dict.fromkeys(devices))
     unknown = [d for d in devices if d not in _DEVICE_TYPES]
     if not devices or unknown:
         raise ValueError(f"devices must be a non-empty subset of {_DEVICE_TYPES}, got {devices}")
@@ -212,6 +222,34 @@ def register_backend(
     _REGISTERED.setdefault(op, {})[name] = entry
     _forget(op)
     return entry
+
+
+def check_backend_name(op: str, name) -> None:
+    """Refuse a name :func:`register_backend` would refuse for ``op``, saying why.
+
+    A name is a non-empty printable string without ``":"`` or surrounding spaces, and neither
+    ``"auto"`` nor a built-in backend of ``op`` in any letter case (``"CPU"`` would read as the
+    built-in one in every list that shows it).
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not such a string.
+    BackendError
+        ``name`` is ``"auto"`` or a built-in backend's name, ignoring case.
+    """
+    if not isinstance(name, str) or not name or name.strip() != name or ":" in name or not name.isprintable():
+        raise ValueError(
+            f"a backend name is a non-empty printable string without ':' or surrounding spaces, got {name!r}"
+        )
+    builtin = ["auto", *BACKENDS[op]]
+    clash = next((b for b in builtin if b.casefold() == name.casefold()), None)
+    if clash is not None:
+        same = "is" if clash == name else "differs only in case from"
+        raise BackendError(
+            f"{name!r} {same} the built-in name {clash!r} for {op} ({builtin}); register your function under "
+            "another name"
+        )
 
 
 def unregister_backend(op: str, name: str) -> None:
@@ -302,6 +340,62 @@ def _requires_grad(arg) -> bool:
     return any(isinstance(t, torch.Tensor) and t.requires_grad for t in values)
 
 
+#: The floating dtypes a backend's output may have: float32 (the fast backends) or float64 (the reference).
+_OUTPUT_DTYPES = (torch.float32, torch.float64)
+
+
+def _expected_output(op: str, args: tuple, kwargs: dict) -> tuple[tuple[int, ...] | None, torch.device | None]:
+    """The shape and device of the output the built-in backends of ``op`` return for these arguments.
+
+    Read from the arguments' metadata only (no value is read back, so no host synchronisation):
+    density ``grid.shape`` on the atoms' device; density_frames ``(n_frames, *grid.shape)``;
+    planarity a scalar ``()`` on the positions' device; tricubic ``points.shape[:-1]`` on the
+    points' device. ``None`` where an argument is not there to tell.
+    """
+
+    def arg(i, key):
+        return args[i] if len(args) > i else kwargs.get(key)
+
+    def device_of(x):
+        t = getattr(x, "xyz", x)
+        return t.device if isinstance(t, torch.Tensor) else None
+
+    if op in ("density", "density_frames"):
+        atoms, grid = arg(0, "atoms"), arg(1, "grid")
+        shape = getattr(grid, "shape", None)
+        if shape is not None and op == "density_frames":
+            n_frames = kwargs.get("n_frames")
+            shape = None if not isinstance(n_frames, int) else (n_frames, *shape)
+        return (None if shape is None else tuple(shape)), device_of(atoms)
+    if op == "planarity":
+        return (), device_of(arg(0, "xyz"))
+    if op == "tricubic":
+        points = arg(2, "points")
+        if not isinstance(points, torch.Tensor):
+            return None, None
+        return tuple(points.shape[:-1]), points.device
+    return None, None
+
+
+def _malformed(op: str, out, args: tuple, kwargs: dict) -> str | None:
+    """What is wrong with a registered backend's output (type, shape, dtype, device), or None.
+
+    Metadata only: a GPU output is judged without synchronising with the host.
+    """
+    if not isinstance(out, torch.Tensor):
+        return f"{type(out).__name__}, not a torch.Tensor"
+    shape, device = _expected_output(op, args, kwargs)
+    what = "a map" if op in ("density", "density_frames") else "an output"
+    if shape is not None and tuple(out.shape) != shape:
+        expected = {"density": "the grid's shape", "density_frames": "n_frames maps of the grid's shape"}.get(op, "")
+        return f"{what} of shape {tuple(out.shape)}; expected {shape}" + (f" ({expected})" if expected else "")
+    if out.dtype not in _OUTPUT_DTYPES:
+        return f"{what} of dtype {out.dtype}; expected torch.float32 (or torch.float64, as the reference returns)"
+    if device is not None and out.device != device:
+        return f"{what} on {out.device}; expected it on the inputs' device {device}"
+    return None
+
+
 def _guarded(user: RegisteredBackend) -> Callable:
     """``user.fn`` refusing inputs that need what it cannot do, and naming it when its output is malformed."""
     fn, name = user.fn, user.name
@@ -321,14 +415,9 @@ def _guarded(user: RegisteredBackend) -> Callable:
                     "input requires grad; use a backend with gradients or detach the inputs"
                 )
         out = fn(*args, **kwargs)
-        if not isinstance(out, torch.Tensor):
-            raise BackendError(f"the registered backend {name!r} returned {type(out).__name__}, not a torch.Tensor")
-        grid = args[1] if len(args) > 1 else None
-        shape = getattr(grid, "shape", None)
-        if user.op == "density" and shape is not None and tuple(out.shape) != tuple(shape):
-            raise BackendError(
-                f"the registered backend {name!r} returned a map of shape {tuple(out.shape)}; the grid is {tuple(shape)}"
-            )
+        why = _malformed(user.op, out, args, kwargs)
+        if why is not None:
+            raise BackendError(f"the registered {user.op} backend {name!r} returned {why}")
         return out
 
     call.__wrapped__ = fn

@@ -1,18 +1,21 @@
 """``workbench check MODULE:FUNCTION``: register a user's kernel and check it from the shell.
 
-:data:`DESCRIPTION` is the subcommand's help, with the exit statuses that let it gate a user's CI.
+The exit status is 0 only when every check that ran passed, so the command can gate a user's
+CI; :data:`DESCRIPTION`, the subcommand's help, lists the statuses. The checks run in a child
+process limited to --timeout seconds; stderr shows which check is running.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
-__all__ = ["EXIT_CHECK_FAILED", "EXIT_LOAD", "EXIT_CANNOT_RUN", "add_parser", "load_function"]
+__all__ = ["EXIT_CHECK_FAILED", "EXIT_USAGE", "EXIT_LOAD", "EXIT_CANNOT_RUN", "add_parser", "load_function"]
 
-EXIT_PASSED, EXIT_CHECK_FAILED, EXIT_LOAD, EXIT_CANNOT_RUN = 0, 1, 3, 4
+EXIT_PASSED, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_LOAD, EXIT_CANNOT_RUN = 0, 1, 2, 3, 4
 
 #: ``workbench check --help``'s description (plain text).
 DESCRIPTION = """\
@@ -20,13 +23,15 @@ Register a density kernel MODULE:FUNCTION as a backend and check it as the proje
 checked: against the float64 reference and gemmi, first call in a fresh process, repeated
 calls, gradients, speed. The report goes to stdout.
 
-Exit status (0 only when every check passes, so the command can gate your CI):
-  0  every check passed (skipped and informational checks do not fail)
-  1  a check failed (the report says which, and where)
-  2  a usage error (bad arguments; nothing was run)
-  3  the kernel could not be loaded: its module does not import, or the function is missing
-     or not callable
-  4  the check could not run: a model unreadable, the device or backend unavailable"""
+Exit status (0 only when every check that ran passed, so the command can gate your CI):
+    0  every check that ran passed (skipped and informational checks do not fail)
+    1  a check failed (the report says which, and where); a kernel that raises, calls sys.exit,
+       ends or kills its process, or outlives --timeout fails a check
+    2  a usage error (bad arguments, an --html path that cannot be written; nothing was run)
+    3  the kernel could not be loaded: its module does not import, or the function is missing
+       or not callable
+    4  the check could not run: a model unreadable, the device or backend unavailable
+  130  interrupted (Ctrl-C)"""
 
 
 class LoadError(Exception):
@@ -69,17 +74,43 @@ def load_function(target: str):
     return fn
 
 
+def _html_problem(path: Path) -> str | None:
+    """Why the report page cannot be written at ``path``, or None (checked before any check runs)."""
+    folder = path.parent
+    if path.is_dir():
+        return f"--html {path} is a folder; give a file name such as {path / 'check.html'}"
+    if not folder.is_dir():
+        return f"--html {path}: the folder {folder} does not exist; create it or write the page elsewhere"
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return f"--html {path}: cannot write there (permission denied); write the page elsewhere"
+    return None
+
+
+def _show_progress(check: str, structure: str) -> None:
+    print(f"workbench check: running {check} on {structure} …", file=sys.stderr, flush=True)
+
+
 def _run(args: argparse.Namespace) -> int:
     import kernels
+    from kernels.dispatch import check_backend_name
 
+    if args.html is not None:
+        problem = _html_problem(args.html)
+        if problem is not None:
+            print(f"workbench check: {problem}", file=sys.stderr)
+            return EXIT_USAGE
+    if args.name is not None:
+        try:
+            check_backend_name(args.op, args.name)
+        except (kernels.BackendError, ValueError) as exc:
+            print(f"workbench check: --name: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         fn = load_function(args.target)
     except LoadError as exc:
         print(f"workbench check: {exc}", file=sys.stderr)
         return EXIT_LOAD
-    name = args.name or getattr(fn, "__name__", "user")
-    if name in ("auto", *kernels.available_backends(args.op, "cpu"), "reference", "cpu", "triton"):
-        name = f"user_{name}"
+    name = args.name or _default_name(args.op, fn)
     caps = {"gradients": not args.no_gradients}
     try:
         kernels.register_backend(args.op, name, fn, devices=(args.device,), capabilities=caps)
@@ -94,6 +125,8 @@ def _run(args: argparse.Namespace) -> int:
             device=args.device,
             spacing=args.spacing,
             fresh_process=not args.no_fresh_process,
+            timeout=args.timeout,
+            progress=_show_progress,
         )
     except (kernels.BackendError, kernels.ModelError, kernels.GridError, OSError, ValueError) as exc:
         print(f"workbench check: cannot run the check: {exc}", file=sys.stderr)
@@ -102,8 +135,25 @@ def _run(args: argparse.Namespace) -> int:
         kernels.unregister_backend(args.op, name)
     print(report)
     if args.html:
-        print(f"report written to {report.save(args.html)}")
+        try:
+            print(f"report written to {report.save(args.html)}")
+        except OSError as exc:  # the folder was checked before the run; it can still go or fill up
+            print(f"workbench check: cannot write the page: {exc}", file=sys.stderr)
+            return EXIT_CANNOT_RUN if report.ok else EXIT_CHECK_FAILED
     return EXIT_PASSED if report.ok else EXIT_CHECK_FAILED
+
+
+def _default_name(op: str, fn) -> str:
+    """The function's name as a backend name: ``user_`` before one a built-in has (in any case) or an unusable one."""
+    import kernels
+    from kernels.dispatch import check_backend_name
+
+    name = getattr(fn, "__name__", "user")
+    try:
+        check_backend_name(op, name)
+    except (kernels.BackendError, ValueError):
+        name = "user_" + "".join(ch if ch.isalnum() else "_" for ch in str(name))
+    return name
 
 
 def add_parser(sub, positive) -> None:
@@ -144,6 +194,12 @@ def add_parser(sub, positive) -> None:
     cp.add_argument(
         "--html",
         type=Path,
-        help="also write the report as a self-contained HTML page to this file (default: none)",
+        help="also write the report as a self-contained HTML page to this file; its folder must exist (default: none)",
+    )
+    cp.add_argument(
+        "--timeout",
+        type=positive("--timeout", "seconds"),
+        default=600.0,
+        help="seconds the whole check may take; a kernel still running then fails (default 600)",
     )
     cp.set_defaults(func=_run)

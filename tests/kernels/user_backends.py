@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
 
 import torch
 
@@ -147,3 +152,89 @@ def triton_first_call_garbage(atoms, grid, *, radius, cutoff):
     out = work.clone().reshape(grid.shape)
     work.zero_()  # ready for the next call
     return out
+
+
+# Kernels that try to end, kill or stall the check instead of returning a map. They are
+# module-level so the check's child process (and `workbench check`) can import them.
+
+
+def sys_exit_zero(atoms, grid, *, radius, cutoff):
+    """Ends the process with status 0 (as a CI gate would read success)."""
+    sys.exit(0)
+
+
+def sys_exit_in_backward(atoms, grid, *, radius, cutoff):
+    """A right map whose backward calls sys.exit(0) (from a hook on the map's gradient)."""
+    rho = _splat(atoms, grid, radius, cutoff)
+    if rho.requires_grad:
+        rho.register_hook(_exit_zero)
+    return rho
+
+
+def _exit_zero(grad):
+    sys.exit(0)
+
+
+def generator_exit(atoms, grid, *, radius, cutoff):
+    """Raises GeneratorExit, a BaseException that is not an Exception."""
+    raise GeneratorExit("leaving")
+
+
+def keyboard_interrupt(atoms, grid, *, radius, cutoff):
+    """Raises KeyboardInterrupt: the whole check stops, as on Ctrl-C."""
+    raise KeyboardInterrupt
+
+
+def os_exit_zero(atoms, grid, *, radius, cutoff):
+    """Ends its process at once with status 0, no exception, no cleanup."""
+    os._exit(0)
+
+
+def kills_itself(atoms, grid, *, radius, cutoff):
+    """Sends SIGKILL to its own process."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def os_exit_in_a_new_process(atoms, grid, *, radius, cutoff):
+    """Right in the checking process; os._exit(0) in the first-call check's new process (its script is fresh.py)."""
+    if Path(sys.argv[0]).name == "fresh.py":
+        os._exit(0)
+    return _splat(atoms, grid, radius, cutoff)
+
+
+def sys_exit_in_a_new_process(atoms, grid, *, radius, cutoff):
+    """Right in the checking process; sys.exit(0) in the first-call check's new process."""
+    if Path(sys.argv[0]).name == "fresh.py":
+        sys.exit(0)
+    return _splat(atoms, grid, radius, cutoff)
+
+
+def closes_stdout(atoms, grid, *, radius, cutoff):
+    """A right map, after closing the process's stdout and stderr."""
+    sys.stdout.close()
+    sys.stderr.close()
+    return _splat(atoms, grid, radius, cutoff)
+
+
+def never_returns(atoms, grid, *, radius, cutoff):
+    """Waits forever (a deadlock)."""
+    threading.Event().wait()
+
+
+def meta_map(atoms, grid, *, radius, cutoff):
+    """A map of the right shape and dtype on the meta device (no data)."""
+    return torch.empty(grid.shape, dtype=torch.float32, device="meta")
+
+
+def int32_map(atoms, grid, *, radius, cutoff):
+    """The right map rounded to int32."""
+    return _splat(atoms, grid, radius, cutoff).round().to(torch.int32)
+
+
+def never_returns_in_a_new_process(atoms, grid, *, radius, cutoff):
+    """Right in the checking process; in the first-call check's new process it writes its pid to the file
+    $USER_BACKENDS_PID_FILE names, then waits forever."""
+    if Path(sys.argv[0]).name == "fresh.py":
+        Path(os.environ["USER_BACKENDS_PID_FILE"]).write_text(str(os.getpid()))
+        threading.Event().wait()
+    return _splat(atoms, grid, radius, cutoff)

@@ -6,11 +6,20 @@ its own interpreter in the one test that keeps it) on a 12-atom triclinic PDB fi
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 from tests.kernels import user_backends as ub
-from workbench.check_cli import EXIT_CANNOT_RUN, EXIT_CHECK_FAILED, EXIT_LOAD
+from workbench.check_cli import EXIT_CANNOT_RUN, EXIT_CHECK_FAILED, EXIT_LOAD, EXIT_USAGE
 from workbench.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 FAST = ["--spacing", "1.0", "--no-fresh-process"]
 
@@ -87,3 +96,120 @@ def test_device_cuda_checks_on_the_gpu_or_exits_4_saying_why(pdb, capsys):
     else:
         assert code == EXIT_CANNOT_RUN
         assert "needs a CUDA GPU" in captured.err
+
+
+def _cli(*args, timeout=120):
+    """``python -m workbench check ARGS`` in a new process: (exit status, stdout, stderr)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench", "check", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "kernel, failing, says",
+    [
+        ("sys_exit_zero", "runs", "SystemExit(0)"),
+        ("os_exit_zero", "runs", "ended (exit status 0)"),
+        ("kills_itself", "runs", "killed by SIGKILL"),
+        ("meta_map", "runs", "returned a map on meta"),
+        ("os_exit_in_a_new_process", "first call", "ended (exit status 0)"),
+    ],
+)
+def test_a_kernel_that_exits_kills_itself_or_returns_no_data_exits_1_with_a_report(pdb, kernel, failing, says):
+    args = ["--spacing", "1.0"] + (["--no-fresh-process"] if failing != "first call" else [])
+    code, out, err = _cli(f"tests.kernels.user_backends:{kernel}", pdb, *args)
+    assert code == EXIT_CHECK_FAILED, (out, err)
+    assert f"FAIL    {failing}" in out and says in out, out
+    assert "Traceback" not in err
+
+
+def test_a_kernel_that_closes_its_output_exits_0_with_the_report(pdb):
+    code, out, err = _cli("tests.kernels.user_backends:closes_stdout", pdb, *FAST)
+    assert code == 0, (out, err)
+    assert "PASS    reference" in out
+
+
+def test_a_kernel_raising_keyboard_interrupt_stops_the_check_with_130(pdb):
+    code, out, err = _cli("tests.kernels.user_backends:keyboard_interrupt", pdb, *FAST)
+    assert code == 130, (out, err)
+    assert "PASS" not in out and "FAIL" not in out
+
+
+def test_a_hanging_kernel_fails_at_the_timeout(pdb):
+    # which check is running shows on stderr: see the Ctrl-C test, which waits for it
+    start = time.monotonic()
+    code, out, err = _cli("tests.kernels.user_backends:never_returns", pdb, *FAST, "--timeout", "20")
+    assert time.monotonic() - start < 80
+    assert code == EXIT_CHECK_FAILED, (out, err)
+    assert "FAIL    runs" in out and "still running after 20 s" in out
+
+
+def test_ctrl_c_during_a_hanging_kernel_exits_130_and_leaves_no_process(pdb):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench", "check", "tests.kernels.user_backends:never_returns", pdb, *FAST],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = ""
+        while "runs on" not in line:  # the kernel is running (in the check's child process)
+            line = proc.stderr.readline()
+            assert line, "the check ended before its kernel ran"
+        children = [
+            int(p)
+            for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        ]
+        assert children  # the check's child process, running the kernel
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for pid in children:  # the child was stopped and reaped, not left running
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--html", "no/such/folder/check.html"], "the folder no/such/folder does not exist"),
+        (["--html", "."], "is a folder"),
+        (["--name", "a:b"], "--name: a backend name"),
+        (["--name", "CPU"], "differs only in case from the built-in name 'cpu'"),
+        (["--name", " x"], "surrounding spaces"),
+    ],
+)
+def test_usage_errors_exit_2_before_any_check_runs(args, message, capsys):
+    start = time.monotonic()
+    assert main(["check", "tests.kernels.user_backends:correct", *args, *FAST]) == EXIT_USAGE
+    assert message in capsys.readouterr().err
+    assert time.monotonic() - start < 5  # refused before any check ran
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_bad_timeout_is_a_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "tests.kernels.user_backends:correct", "--timeout", value])
+    assert exc.value.code == 2
+    assert "--timeout" in capsys.readouterr().err
+
+
+def test_a_kernel_named_like_a_builtin_in_another_case_is_registered_under_a_user_name(pdb, tmp_path, capsys):
+    (tmp_path / "mine.py").write_text(
+        "from tests.kernels.user_backends import correct\n\ndef CPU(atoms, grid, *, radius, cutoff):\n"
+        "    return correct(atoms, grid, radius=radius, cutoff=cutoff)\n"
+    )
+    assert main(["check", f"{tmp_path / 'mine.py'}:CPU", pdb, *FAST, "--no-gradients"]) == 0
+    assert "backend 'user_CPU'" in capsys.readouterr().out
