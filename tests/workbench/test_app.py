@@ -672,12 +672,20 @@ def test_a_new_model_marks_the_old_comparison_and_timings_stale(make_wb):
     wb.controls.structure.value = "1pfe"
     assert len(wb.result.model) == 342
     assert wb.difference_result is None
+    # the old section and 3D scene are gone, not left on show beside the notice (issue 34):
+    # the image is hidden (an empty <img> is a broken-image icon) and the 3D scene emptied
     assert bytes(wb.difference.slice.image.value) == b""
+    assert wb.difference.slice.widget.layout.display == "none"
+    v = wb.difference.view3d
+    assert (v.model_text, v.map_bytes, v.arrows, v.focus) == ("", b"", b"", {}) and v.layout.display == "none"
+    assert "wb-stale" in wb.difference.stats.value
     stats = wb.difference.stats.value
     assert "out of date" in stats and "1ORC at 1.5 Å" in stats and "1PFE at 1.5 Å" in stats and "press compare" in stats
     assert wb.timing.rows == [] and "out of date" in wb.timing.table.value
     wb.compare()  # compared again: current
     assert wb.difference_result is not None and "1PFE at 1.5 Å" in wb.difference.stats.value
+    assert wb.difference.slice.widget.layout.display is None and v.layout.display is None
+    assert sum(line.startswith(("ATOM", "HETATM")) for line in v.model_text.splitlines()) == 342
     # any input of the comparison counts, not only the model
     wb.controls.b_global.value = 40.0
     assert wb.difference_result is None and "B 40 Å²" in wb.difference.stats.value

@@ -185,6 +185,17 @@ class View3D(anywidget.AnyWidget):
         for callback in self._pick_callbacks:
             callback(serial - 1)
 
+    def clear(self) -> None:
+        """Empty the scene: no model, map, arrows or ellipsoids (its result is out of date)."""
+        with self.hold_sync():
+            self.model_text = ""
+            self.map_bytes = b""
+            self.arrows = b""
+            self.ellipsoid_vertices = b""
+            self.ellipsoid_faces = b""
+            self.ellipsoid_chunks = []
+            self.focus = {}
+
     @property
     def arrow_array(self) -> np.ndarray:
         """``arrows`` as a float32 array of shape (M, 6)."""
