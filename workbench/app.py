@@ -149,8 +149,10 @@ class Workbench(widgets.VBox):
         self._region_note = ""
         self._timing_inputs: tuple | None = None  # comparison_inputs the timing table is for
         self._timing_label = ""
-        # structure -> its slice depths: going back to a model goes back to its sections
+        # structure -> its slice depths and 3D region: going back to a model goes back to
+        # its sections and residue; a residue key ("A/3") names another residue in another model
         self._depths_by_structure: dict[str, tuple] = {}
+        self._region_by_structure: dict[str, str] = {}
 
         tabs = widgets.Tab(
             [self.profile.widget, self.table.widget, self.difference.widget, self.timing.widget],
@@ -194,9 +196,14 @@ class Workbench(widgets.VBox):
 
     def set(self, **values) -> None:
         """Set several state traits at once with a single recompute."""
-        with self.scheduler.batch(), self.state.hold_trait_notifications():
-            for name, value in values.items():
-                setattr(self.state, name, value)
+        with self.scheduler.batch():
+            if "structure" in values:
+                # first, on its own: a new model resets the depths and region, and those
+                # given in the same call apply to the new model
+                self.state.structure = values.pop("structure")
+            with self.state.hold_trait_notifications():
+                for name, value in values.items():
+                    setattr(self.state, name, value)
 
     def flush(self, timeout: float = 120.0) -> None:
         """Run any pending recompute now and wait until the app is idle (tests, scripts)."""
@@ -307,6 +314,10 @@ class Workbench(widgets.VBox):
                 # where the person left it, if it was shown before).
                 self._depths_by_structure[change["old"]] = self.state.slice_depths
                 self.state.slice_depths = self._depths_by_structure.get(change["new"], (None, None, None))
+                # the same for the 3D region: a residue key of the old model is not the same
+                # residue of the new one (A/3 is GLN 3 in 1ORC, another residue elsewhere)
+                self._region_by_structure[change["old"]] = self.state.region
+                self.state.region = self._region_by_structure.get(change["new"], "")
             self.scheduler.changed()
 
     def _control_error(self, message: str) -> None:

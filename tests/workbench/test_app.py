@@ -566,6 +566,22 @@ def test_settings_in_the_constructor_are_applied_once_the_model_is_read(make_wb)
     assert bad.status.level == "warning" and "'Z/999' is not a residue of this model" in bad.status.message
 
 
+def test_a_new_model_does_not_keep_the_old_models_region(make_wb):
+    # Issue 34: region "A/3" (GLN 3 of 1ORC) carried over to another model, where A/3 is
+    # another residue. Each model keeps its own region, as it keeps its own sections.
+    wb = make_wb("1orc", region="A/3")
+    assert "residue A/3" in wb.scene.caption.value
+    wb.controls.structure.value = "1aki"
+    assert wb.state.region == "" and wb.controls.region.value == ""
+    assert wb.result.settings.region == "" and wb.scene.caption.value.startswith("<small>whole model")
+    assert wb.scene.view.focus == {}
+    wb.controls.region.value = "A/10"
+    wb.controls.structure.value = "1orc"  # back: its own residue again
+    assert wb.state.region == "A/3" and wb.controls.region.value == "A/3" and "residue A/3" in wb.scene.caption.value
+    wb.set(structure="1aki", region="A/12")  # a region given with the model is for that model
+    assert wb.result.settings.structure == "1aki" and wb.state.region == "A/12"
+
+
 def test_opening_distorted_at_1_angstrom_warns_nothing():
     # The reviewer saw "overflow encountered in multiply" in the notebook; the threaded
     # app (as a notebook opens it) must compute and draw every view without a warning.
