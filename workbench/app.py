@@ -97,8 +97,10 @@ class Workbench(widgets.VBox):
     scale), ``wb-profile``, ``wb-atom-table``, ``wb-diff-a``, ``wb-diff-b``,
     ``wb-diff-run``, ``wb-diff-slice``, ``wb-diff-stats``, ``wb-timing``,
     ``wb-compare-all``, ``wb-timing-all``; ``wb-stale`` marks a note that a tab's result
-    is out of date. The controls sit in collapsible sections ``wb-section`` (also
-    ``wb-section-structure|density|adps|section|3d|compute|profile|export``).
+    is out of date. The controls below the structure choice sit in one accordion
+    ``wb-sections`` (one section open at a time), sections ``wb-section`` (also
+    ``wb-section-density|adps|section|3d|compute|profile|export``); the slice axis, index and
+    depth sit under the section image in ``wb-section-bar``.
 
     Examples
     --------
@@ -131,7 +133,7 @@ class Workbench(widgets.VBox):
         self.status = StatusView()
         self.scheduler = Scheduler(self._recompute, delay=debounce, threaded=threaded, clock=clock)
         self.controls = Controls(self.state, self._control_error, self.cuda_reason, batch=self.scheduler.batch)
-        self.slice = SliceView()
+        self.slice = SliceView(tools=self.controls.section_bar)
         self.profile = ProfileView()
         self.table = AtomTableView()
         self.scene = Scene3DView(lib_path=lib_path)
@@ -159,19 +161,24 @@ class Workbench(widgets.VBox):
         )
         for i, title in enumerate(("line profile", "density at atoms", "difference", "timing")):
             tabs.set_title(i, title)
-        # slice and 3D side by side when there is room, one above the other when not
-        top = widgets.HBox([self.slice.widget, self.scene.widget], layout=widgets.Layout(flex_flow="row wrap"))
-        # Wrapping goes by the flex basis: the section (570 px) and 320 px of 3D fit beside
-        # the 350-px controls at 1280 px (a 420-px basis put the 3D view under the section).
-        self.scene.widget.layout = widgets.Layout(flex="1 1 320px", min_width="320px")
         # A section never shrinks: its image has max-width 100 %, so a squeezed column
-        # drew it at 20 × 17 px (or none) in a narrow page. Below its width the views
-        # wrap under the controls instead.
+        # drew it at 20 × 17 px (or none) in a narrow page. The slice axis and index sit
+        # under its image (SliceView's tools), where a person watches what they move.
         for view in (self.slice, self.difference.slice):
             view.widget.layout.flex = "0 0 auto"
-        views = widgets.VBox([top, tabs], layout=widgets.Layout(flex="1 1 440px", min_width="440px"))
-        body = widgets.HBox([self.controls.widget, views], layout=widgets.Layout(flex_flow="row wrap"))
-        super().__init__([self.status.widget, body, self.download])
+        self.scene.widget.layout = widgets.Layout(flex="1 1 320px", min_width="320px")
+        views = widgets.HBox(
+            [self.slice.widget, self.scene.widget], layout=widgets.Layout(flex="1 1 890px", flex_flow="row wrap")
+        )
+        # Controls beside the views when the row has room (1280-px Voilà, a 1920-px Lab);
+        # otherwise the views on top and the controls under them, never the reverse
+        # (wrap-reverse stacks the wrapped lines upwards; flex-end aligns items at the top).
+        body = widgets.HBox(
+            [self.controls.widget, views],
+            layout=widgets.Layout(flex_flow="row wrap-reverse", align_items="flex-end"),
+        )
+        body.add_class("wb-body")
+        super().__init__([self.status.widget, body, tabs, self.download])
         self.add_class("wb-app")
 
         self.status.cancel.on_click(lambda _: self.cancel())

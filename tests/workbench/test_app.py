@@ -15,6 +15,7 @@ import re
 import threading
 import warnings
 
+import ipywidgets as widgets
 import numpy as np
 import pytest
 import torch
@@ -732,18 +733,24 @@ def test_status_text_reads_as_english(make_wb):
 
 def test_controls_sit_in_collapsible_sections_and_the_section_never_shrinks(make_wb):
     wb = make_wb()
-    sections = wb.controls.sections
+    c = wb.controls
+    sections = c.sections
     assert list(sections) == [
-        "structure", "density", "ADPs and radiation", "section", "3D view and gradients", "compute",
-        "profile and atom table", "export",
+        "density", "model file, ADPs and radiation", "section colours and contours", "3D view and gradients",
+        "compute", "profile and atom table", "export",
     ]  # fmt: skip
-    opened = [t for t, acc in sections.items() if acc.selected_index == 0]
-    assert opened == ["structure", "density", "section"]
-    held = [w for acc in sections.values() for w in acc.children[0].children]
+    # one accordion, one section open at a time (issue 34: open sections made the panel
+    # 1,030-1,410 px tall); density open at start
+    assert list(c.accordion.children) == list(sections.values()) and c.accordion.selected_index == 0
+    assert c.widget.children == (c.structure, c.accordion)
+    held = [w for box in sections.values() for w in box.children]
+    held += [w for box in held if isinstance(box, widgets.HBox) for w in box.children]
+    held += list(c.section_bar.children)  # under the section image
     for name in [
-        *wb.controls.bound, "profile_a", "profile_b", "path", "upload", "slice_index", "backend_reason", "export_model",
+        *c.bound, "profile_a", "profile_b", "path", "upload", "slice_axis", "slice_index", "slice_depth",
+        "backend_reason", "export_model", "export_map",
     ]:  # fmt: skip
-        assert getattr(wb.controls, name) in held, f"{name} is in no control section"
+        assert getattr(c, name) in held, f"{name} is in no control section"
     # an image with max-width 100 % in a shrinking flex item was drawn at 20×17 px (issue 19)
     assert wb.slice.widget.layout.flex == "0 0 auto" and wb.difference.slice.widget.layout.flex == "0 0 auto"
 

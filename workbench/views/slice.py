@@ -69,9 +69,19 @@ class SliceView:
     last : workbench.compute.SectionImage or None
         What was drawn last (the resampled raster and its contour lines).
     widget : ipywidgets.VBox
+        The image, then ``tools`` (controls shown right under the image, e.g. the slice
+        slider), then the caption.
     """
 
-    def __init__(self, *, cmap: str = "viridis", title: str = "ρ", css: str = "wb-slice", symmetric: bool = False):
+    def __init__(
+        self,
+        *,
+        cmap: str = "viridis",
+        title: str = "ρ",
+        css: str = "wb-slice",
+        symmetric: bool = False,
+        tools: widgets.Widget | None = None,
+    ):
         self.symmetric = symmetric  # a difference map: colour range centred on 0
         self.fig = new_figure(*_FIGSIZE)
         self.ax = self.fig.add_subplot()
@@ -116,7 +126,8 @@ class SliceView:
         self.caption.add_class(f"{css}-caption")
         # as wide as the image: a long caption wraps instead of widening the column and
         # pushing the 3D view below the slice even on a wide page
-        self.widget = widgets.VBox([self.image, self.caption], layout=widgets.Layout(width=f"{width + 10}px"))
+        parts = [self.image, self.caption] if tools is None else [self.image, tools, self.caption]
+        self.widget = widgets.VBox(parts, layout=widgets.Layout(width=f"{width + 10}px"))
         self.n_updates = 0
         self.last = None
         self._layout_key = None

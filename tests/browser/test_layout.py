@@ -1,0 +1,121 @@
+"""The quickstart in JupyterLab with its file browser open (Lab's default) on three laptop and
+desktop screens (issue 34): the section and the 3D view both on screen without scrolling,
+the controls fitting the screen, and no control's label cut short.
+
+One page, run once, resized to each size in turn. Screenshots go to ``artifacts/screenshots/``
+(``WORKBENCH_SCREENSHOTS``); the test prints the folder.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.browser.conftest import OfflinePage
+from tests.browser.pages import SCREENSHOTS, WorkbenchUI, screenshot
+
+pytestmark = pytest.mark.browser
+
+SIZES = [(1366, 768), (1440, 900), (1920, 1080)]
+
+
+@pytest.fixture(scope="module")
+def lab(browser, lab_server):
+    op = OfflinePage(browser, width=1366, height=768)
+    page = op.page
+    page.goto(lab_server.url)
+    page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
+    page.evaluate("async () => { await window.jupyterapp.restored; }")
+    page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
+    page.wait_for_function(
+        """() => {
+            const w = window.jupyterapp.shell.currentWidget;
+            const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+            return k && k.status === 'idle';
+        }""",
+        timeout=90_000,
+    )
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.wait_for_selector(".wb-status", timeout=90_000)
+    ui = WorkbenchUI(page)
+    ui.wait_ready()
+    ui.wait_canvas_drawn()
+    yield op, ui
+    op.close()
+
+
+def _notebook_viewport(ui: WorkbenchUI) -> dict[str, float]:
+    """The box of the notebook's scrolled area: what a person sees of the notebook."""
+    return ui.page.evaluate(
+        """() => {
+            const app = document.querySelector('.wb-app');
+            let el = app.parentElement;
+            while (el && !(el.scrollHeight > el.clientHeight + 1 && /(auto|scroll)/.test(getComputedStyle(el).overflowY))) {
+                el = el.parentElement;
+            }
+            const r = (el || document.documentElement).getBoundingClientRect();
+            return {x: r.x, y: r.y, right: r.right, bottom: Math.min(r.bottom, window.innerHeight),
+                    width: r.width, height: Math.min(r.bottom, window.innerHeight) - r.y};
+        }"""
+    )
+
+
+def _scroll_app_to_top(ui: WorkbenchUI) -> None:
+    ui.page.evaluate("() => document.querySelector('.wb-app').scrollIntoView({block: 'start'})")
+    ui.page.wait_for_timeout(400)
+
+
+def _inside(box: dict, area: dict) -> bool:
+    return (
+        box["width"] > 0
+        and box["x"] >= area["x"] - 1
+        and box["y"] >= area["y"] - 1
+        and box["right"] <= area["right"] + 1
+        and box["bottom"] <= area["bottom"] + 1
+    )
+
+
+def _cut_labels(ui: WorkbenchUI) -> list[str]:
+    """Buttons (toggle buttons included) and control labels of the app cut short ("elec…")."""
+    return ui.page.evaluate(
+        """() => [...document.querySelectorAll('.wb-app button, .wb-app .widget-label')]
+            .filter(b => b.offsetParent !== null && b.scrollWidth > b.clientWidth + 1)
+            .map(b => `${b.textContent.trim()} (${b.scrollWidth} > ${b.clientWidth} px)`)"""
+    )
+
+
+@pytest.mark.parametrize("width,height", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+def test_section_3d_view_and_controls_fit_the_screen(lab, width, height):
+    op, ui = lab
+    op.page.set_viewport_size({"width": width, "height": height})
+    op.page.wait_for_timeout(800)
+    assert op.page.locator(".jp-DirListing").first.is_visible(), "the file browser should be open (Lab's default)"
+    _scroll_app_to_top(ui)
+    ui.wait_canvas_drawn()
+    area = _notebook_viewport(ui)
+    shot = screenshot(op.page, f"layout_lab_{width}x{height}")
+    print(f"\nscreenshots in {SCREENSHOTS} ({shot.name}); notebook area {area}")
+    boxes = {"section": ui.box(".wb-slice"), "3D view": ui.box(".wb-view3d canvas")}
+    for name, b in boxes.items():
+        print(f"{width}x{height} {name}: {b}")
+        assert b["width"] > 300 and b["height"] > 250, f"{name} is too small at {width}×{height}: {b}"
+        assert _inside(b, area), f"{name} is not fully on screen at {width}×{height}: {b}, notebook area {area}"
+    # the slice slider sits under the section, on screen with it
+    assert _inside(ui.box(".wb-slice-index"), area), (ui.box(".wb-slice-index"), area)
+    # the controls panel fits the screen with any one section open (one open at a time)
+    headers = op.page.locator(".wb-sections .jupyter-widget-Collapse-header")
+    n = headers.count()
+    assert n >= 7
+    for i in list(range(1, n)) + [0]:
+        headers.nth(i).click()
+        op.page.wait_for_timeout(150)
+        op.page.evaluate("() => document.querySelector('.wb-controls').scrollIntoView({block: 'start'})")
+        op.page.wait_for_timeout(150)
+        panel = ui.box(".wb-controls")
+        title = headers.nth(i).inner_text().strip()
+        assert panel["height"] <= area["height"], f"controls with '{title}' open are {panel['height']:.0f} px tall"
+        assert _inside(panel, area), f"controls with '{title}' open: {panel}, notebook area {area}"
+        assert _cut_labels(ui) == [], f"labels cut short with '{title}' open at {width}×{height}"
+        assert ui.controls_overflow() == [], title
+    assert op.page.locator(".wb-bfactor").first.is_visible(), "density should be open again"
+    screenshot(op.page.locator(".wb-controls"), f"layout_lab_{width}x{height}_controls")
+    _scroll_app_to_top(ui)
