@@ -143,6 +143,7 @@ class Workbench(widgets.VBox):
         self.result: Result | None = None
         self.difference_result = None
         self.n_applied = 0
+        self.picked_atom: int | None = None  # the atom labelled in 3D (pick_atom)
         self.n_stale = 0
         self._applied_generation = -1
         self._upload_dir: str | None = None
@@ -287,9 +288,10 @@ class Workbench(widgets.VBox):
         return path
 
     def pick_atom(self, index: int) -> None:
-        """Select atom ``index`` (a click on it in the 3D view or on its atom-table row): its
-        residue becomes the 3D region, and the line profile runs from the last picked
-        endpoint to it."""
+        """Select atom ``index`` (a click on it in the 3D view or on its atom-table row): a
+        label at the atom gives its name, B (B_eq), occupancy, ρ and |∇|; its residue
+        becomes the 3D region, the line profile runs from the last picked endpoint to it,
+        and the atom table shows its row highlighted."""
         r = self.result
         if r is None:
             return
@@ -299,6 +301,10 @@ class Workbench(widgets.VBox):
             self.status.set("error", f"error: {exc}")
             return
         last = self.state.profile_atoms[1]
+        self.picked_atom = index
+        # labelled at once from the result on show; the recompute for the new region and
+        # profile labels it again with its own values
+        self._show_pick(r)
         self.set(region=region, profile_atoms=(last, index) if last != index else self.state.profile_atoms)
 
     def to_py3dmol(self, width: int = 640, height: int = 480):
@@ -396,6 +402,7 @@ class Workbench(widgets.VBox):
         new_model = self._model_version != r.atoms_key[0]
         if new_model:
             self._model_version = r.atoms_key[0]
+            self.picked_atom = None  # an index of the old model
             n = len(r.model)
             residues = compute.residue_keys(r.model)
             self.controls.set_regions([(label, key) for key, label in residues])
@@ -447,7 +454,7 @@ class Workbench(widgets.VBox):
                 sort=s.table_sort,
                 ascending=s.table_ascending,
                 target_source=r.target_source,
-                picked=s.profile_atoms,
+                picked=(*s.profile_atoms, *([] if self.picked_atom is None else [self.picked_atom])),
                 units=s.units,
             )
         else:
@@ -461,8 +468,17 @@ class Workbench(widgets.VBox):
             self._scene_time = now
             # the sticks depend on the positions only (model, distortion), not on B
             self.scene.update(r, model_key=(r.atoms_key[0], r.atoms_key[2]), map_key=r.map_key)
+        self._show_pick(r)
         self.timing.update(r.timings, backend=r.backend, device=s.device, grid_shape=r.grid.shape, n_atoms=len(r.model))
         self._report(r)
+
+    def _show_pick(self, r: Result) -> None:
+        """Label the picked atom with ``r``'s values (or clear the label: nothing picked)."""
+        i = self.picked_atom
+        pick = None
+        if i is not None and i < len(r.model):
+            pick = compute.atom_pick(r.atoms, i, rho=r.atom_rho, gradient=r.gradient, units=r.settings.units)
+        self.scene.show_pick(pick)
 
     def _draw_section(self, settings, sec, near, mean: float, sigma: float, model) -> None:
         self.slice.update(

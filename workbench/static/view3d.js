@@ -95,6 +95,7 @@ async function render({ model, el }) {
   let isoShapes = [];
   let arrowShapes = [];
   let ellipsoidShapes = [];
+  let label = null;
 
   function drawIsosurface() {
     for (const shape of isoShapes) viewer.removeShape(shape);
@@ -151,6 +152,27 @@ async function render({ model, el }) {
     }
     el.dataset.ellipsoidTriangles = String(triangles);
     model.set("n_ellipsoid_triangles", triangles);
+  }
+
+  // The picked atom's label, at the atom, in front of everything.
+  function drawLabel() {
+    if (label) viewer.removeLabel(label);
+    label = null;
+    const lines = model.get("label_lines") || [];
+    const xyz = model.get("label_xyz") || [];
+    if (lines.length && xyz.length === 3) {
+      label = viewer.addLabel(lines.join("\n"), {
+        position: { x: xyz[0], y: xyz[1], z: xyz[2] },
+        inFront: true,
+        fontSize: 12,
+        fontColor: "black",
+        backgroundColor: "#fffbe6",
+        backgroundOpacity: 0.9,
+        borderColor: "#e0a000",
+        borderThickness: 1,
+      });
+    }
+    el.dataset.label = lines.join(" · ");
   }
 
   function styleModel() {
@@ -241,6 +263,7 @@ async function render({ model, el }) {
       if (what.has("iso")) drawIsosurface();
       if (what.has("arrows")) drawArrows();
       if (what.has("ellipsoids")) drawEllipsoids();
+      if (what.has("label") || what.has("model")) drawLabel();
       finish();
     } catch (err) {
       report(`3D view: ${err.message || err}`);
@@ -277,6 +300,8 @@ async function render({ model, el }) {
     ["change:ellipsoid_vertices", mark("ellipsoids")],
     ["change:ellipsoid_chunks", mark("ellipsoids")],
     ["change:zoom_key", mark("zoom")],
+    ["change:label_lines", mark("label")],
+    ["change:label_xyz", mark("label")],
   ];
   for (const [event, fn] of handlers) model.on(event, fn);
   return () => {
