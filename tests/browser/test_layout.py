@@ -8,6 +8,9 @@ One page, run once, resized to each size in turn. Screenshots go to ``artifacts/
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 
 from tests.browser.conftest import OfflinePage
@@ -119,3 +122,77 @@ def test_section_3d_view_and_controls_fit_the_screen(lab, width, height):
     assert op.page.locator(".wb-bfactor").first.is_visible(), "density should be open again"
     screenshot(op.page.locator(".wb-controls"), f"layout_lab_{width}x{height}_controls")
     _scroll_app_to_top(ui)
+
+
+def test_picking_an_atom_labels_it_and_shows_its_table_row(lab):
+    op, ui = lab
+    op.page.set_viewport_size({"width": 1440, "height": 900})
+    # the table sorted by atom index: its first rows are atoms 0, 1, …, and an atom picked
+    # near the middle of the molecule lies beyond them
+    ui.reveal(".wb-table-sort")
+    op.page.locator(".wb-table-sort select").select_option(label="index")
+    ui.wait_ready()
+    if not op.page.locator(".wb-table-asc input").is_checked():
+        op.page.locator(".wb-table-asc input").check()
+        ui.wait_ready()
+    _scroll_app_to_top(ui)
+    ui.open_tab("density at atoms")
+    op.page.wait_for_selector(".wb-atom-table tr[data-atom='0']", timeout=30_000)
+    shown = {
+        int(a)
+        for a in op.page.locator(".wb-atom-table tr[data-atom]").evaluate_all("rs => rs.map(r => r.dataset.atom)")
+    }
+    assert 0 < len(shown) <= 27 and 0 in shown, shown
+    ui.wait_canvas_drawn()
+    canvas = op.page.locator(".wb-view3d canvas").first
+    box = canvas.bounding_box()
+    # scan outwards from the centre until a click picks an atom beyond the table's first rows
+    picked = None
+    for r in range(0, 150, 6):
+        for k in range(8 if r else 1):
+            angle = k * np.pi / 4
+            before = op.page.evaluate("() => document.querySelector('.wb-view3d').dataset.label || ''")
+            canvas.click(
+                position={"x": box["width"] / 2 + r * np.cos(angle), "y": box["height"] / 2 + r * np.sin(angle)}
+            )
+            op.page.wait_for_timeout(250)
+            label = op.page.evaluate("() => document.querySelector('.wb-view3d').dataset.label || ''")
+            if label and label != before and int(label.split()[0].lstrip("#")) not in shown:
+                picked = int(label.split()[0].lstrip("#"))
+                break
+        if picked is not None:
+            break
+    assert picked is not None, "no click on an atom beyond the table's first rows picked one"
+    ui.wait_ready()
+    op.page.wait_for_function(
+        "(i) => (document.querySelector('.wb-view3d').dataset.label || '').startsWith(`#${i} `)", arg=picked
+    )
+    label = op.page.evaluate("() => document.querySelector('.wb-view3d').dataset.label")
+    print(f"\nlabel of the picked atom: {label}")
+    # name and residue, B, occupancy, ρ at the atom, gradient norm
+    assert re.match(r"#\d+ [A-Z0-9]+/[A-Z0-9]+ -?\d+\S*/\S+ · ", label), label
+    assert re.search(r"\bB(_eq)? \d+\.\d Å²", label) and "occupancy" in label, label
+    assert re.search(r"ρ -?\d", label) and ("|∇|" in label or "no gradient" in label), label
+    assert label.split(" · ")[0] in op.page.locator(".wb-picked-atom").inner_text()
+    # the label is drawn: its pale yellow box is in the canvas
+    ui.wait_canvas_drawn()
+    png = ui.canvas_png()
+    shot = screenshot(op.page.locator(".wb-view3d"), "lab_view3d_picked_label")
+    assert _label_pixels(png) > 300, f"no label box drawn in the 3D canvas ({shot})"
+    # the atom table shows its row, highlighted, though it is not among the first rows
+    row = op.page.locator(f".wb-atom-table tr.wb-picked[data-atom='{picked}']")
+    row.wait_for(state="visible", timeout=30_000)
+    screenshot(op.page.locator(".wb-app .widget-tab").first, "lab_table_picked_row")
+    ui.open_tab("line profile")
+
+
+def _label_pixels(png: bytes) -> int:
+    """Pixels of the label's background (#fffbe6 at 90 % over white)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    return int(((r >= 250) & (g >= 244) & (g <= 253) & (b >= 220) & (b <= 240)).sum())

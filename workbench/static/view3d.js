@@ -95,7 +95,7 @@ async function render({ model, el }) {
   let isoShapes = [];
   let arrowShapes = [];
   let ellipsoidShapes = [];
-  let label = null;
+  let labels = [];
 
   function drawIsosurface() {
     for (const shape of isoShapes) viewer.removeShape(shape);
@@ -154,22 +154,32 @@ async function render({ model, el }) {
     model.set("n_ellipsoid_triangles", triangles);
   }
 
-  // The picked atom's label, at the atom, in front of everything.
+  // The picked atom's label, at the atom, in front of everything: one 3Dmol label per
+  // line (a label draws one line), stacked by a screen offset, and extending towards the
+  // middle of the canvas so that it is not cut at the edge.
   function drawLabel() {
-    if (label) viewer.removeLabel(label);
-    label = null;
+    for (const l of labels) viewer.removeLabel(l);
+    labels = [];
     const lines = model.get("label_lines") || [];
     const xyz = model.get("label_xyz") || [];
     if (lines.length && xyz.length === 3) {
-      label = viewer.addLabel(lines.join("\n"), {
-        position: { x: xyz[0], y: xyz[1], z: xyz[2] },
-        inFront: true,
-        fontSize: 12,
-        fontColor: "black",
-        backgroundColor: "#fffbe6",
-        backgroundOpacity: 0.9,
-        borderColor: "#e0a000",
-        borderThickness: 1,
+      const position = { x: xyz[0], y: xyz[1], z: xyz[2] };
+      const screen = viewer.modelToScreen(position);
+      const rect = box.getBoundingClientRect();
+      const right = screen && screen.x - rect.left > rect.width / 2;
+      lines.forEach((text, i) => {
+        labels.push(
+          viewer.addLabel(text, {
+            position,
+            inFront: true,
+            fontSize: 11,
+            fontColor: "black",
+            backgroundColor: "#fffbe6",
+            backgroundOpacity: 0.9,
+            alignment: right ? "topRight" : "topLeft",
+            screenOffset: $3Dmol.Vector2 ? new $3Dmol.Vector2(right ? -6 : 6, -6 - 17 * i) : { x: right ? -6 : 6, y: -6 - 17 * i },
+          }),
+        );
       });
     }
     el.dataset.label = lines.join(" · ");
