@@ -94,7 +94,8 @@ class Workbench(widgets.VBox):
     ``wb-export-model`` (download to the browser), ``wb-export-note``, ``wb-download`` (the download widget); views
     ``wb-slice`` (the section PNG), ``wb-slice-caption``, ``wb-view3d`` (the 3Dmol.js
     widget; its canvas sits in ``wb-view3d-canvas``), ``wb-view3d-caption`` (arrow
-    scale), ``wb-profile``, ``wb-atom-table``, ``wb-diff-a``, ``wb-diff-b``,
+    scale), ``wb-picked-atom`` (the picked atom's label as text; the 3D widget's
+    ``data-label`` holds the same), ``wb-profile``, ``wb-atom-table``, ``wb-diff-a``, ``wb-diff-b``,
     ``wb-diff-run``, ``wb-diff-slice``, ``wb-diff-stats``, ``wb-timing``,
     ``wb-compare-all``, ``wb-timing-all``; ``wb-stale`` marks a note that a tab's result
     is out of date. The controls below the structure choice sit in one accordion

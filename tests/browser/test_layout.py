@@ -120,6 +120,11 @@ def test_section_3d_view_and_controls_fit_the_screen(lab, width, height):
         assert _cut_labels(ui) == [], f"labels cut short with '{title}' open at {width}×{height}"
         assert ui.controls_overflow() == [], title
     assert op.page.locator(".wb-bfactor").first.is_visible(), "density should be open again"
+    # the views' tabs: no button cut short either ("compare all ba…")
+    for title in ("line profile", "density at atoms", "difference", "timing"):
+        ui.open_tab(title)
+        assert _cut_labels(ui) == [], f"labels cut short in the '{title}' tab at {width}×{height}"
+    ui.open_tab("line profile")
     screenshot(op.page.locator(".wb-controls"), f"layout_lab_{width}x{height}_controls")
     _scroll_app_to_top(ui)
 
