@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 import tempfile
@@ -387,10 +388,12 @@ class Workbench(widgets.VBox):
         except WorkbenchError as exc:
             if generation == self.scheduler.generation:
                 self.status.set("error", f"error: {exc}")
+                self._mark_views_stale(settings)
         except Exception as exc:  # noqa: BLE001 - no traceback in the notebook: log it, say what to do
             log.error("workbench recompute failed:\n%s", traceback.format_exc())
             if generation == self.scheduler.generation:
                 self.status.set("error", f"error: {_friendly(exc)}")
+                self._mark_views_stale(settings)
 
     def _apply(self, r: Result, generation: int, check) -> None:
         check()
@@ -491,6 +494,20 @@ class Workbench(widgets.VBox):
             scale=settings.slice_scale,
             units=settings.units,
         )
+
+    def _mark_views_stale(self, failed) -> None:
+        """The settings ``failed`` could not be computed: the section and 3D view keep the
+        last result (a typo in a path wipes nothing) and say that it is not for the settings shown."""
+        r = self.result
+        if r is None:
+            return
+        note = (
+            f"<span class='wb-stale'><b>out of date:</b> this shows {html.escape(compute.inputs_label(r.settings))}; "
+            f"{html.escape(compute.inputs_label(failed))} could not be computed (see the status line)</span><br>"
+        )
+        for caption in (self.slice.caption, self.scene.caption):
+            if "wb-stale" not in caption.value:
+                caption.value = note + caption.value
 
     def _drop_stale(self, r: Result) -> None:
         """Clear (and say so) the views whose result belongs to other settings than ``r``'s."""

@@ -253,8 +253,16 @@ def test_truncated_file_reports_an_error_and_keeps_the_last_result(make_wb, tmp_
     assert "truncated.cif.gz" in wb.status.message and "Choose another file or a bundled example" in wb.status.message
     assert "Traceback" not in wb.status.message
     assert wb.result is good  # nothing half-computed replaced the views
+    # … which say that they are not for the settings shown (issue 34: stale views)
+    for caption in (wb.slice.caption.value, wb.scene.caption.value):
+        assert (
+            "wb-stale" in caption
+            and "out of date" in caption
+            and "truncated.cif.gz at 1.5 Å could not be computed" in caption
+        )
     wb.controls.structure.value = "1orc"
     assert wb.status.level == "idle" and len(wb.result.model) == 559
+    assert "wb-stale" not in wb.slice.caption.value and "wb-stale" not in wb.scene.caption.value
 
 
 @pytest.mark.parametrize(
