@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 import tempfile
@@ -94,11 +95,14 @@ class Workbench(widgets.VBox):
     ``wb-export-model`` (download to the browser), ``wb-export-note``, ``wb-download`` (the download widget); views
     ``wb-slice`` (the section PNG), ``wb-slice-caption``, ``wb-view3d`` (the 3Dmol.js
     widget; its canvas sits in ``wb-view3d-canvas``), ``wb-view3d-caption`` (arrow
-    scale), ``wb-profile``, ``wb-atom-table``, ``wb-diff-a``, ``wb-diff-b``,
+    scale), ``wb-picked-atom`` (the picked atom's label as text; the 3D widget's
+    ``data-label`` holds the same), ``wb-profile``, ``wb-atom-table``, ``wb-diff-a``, ``wb-diff-b``,
     ``wb-diff-run``, ``wb-diff-slice``, ``wb-diff-stats``, ``wb-timing``,
     ``wb-compare-all``, ``wb-timing-all``; ``wb-stale`` marks a note that a tab's result
-    is out of date. The controls sit in collapsible sections ``wb-section`` (also
-    ``wb-section-structure|density|adps|section|3d|compute|profile|export``).
+    is out of date. The controls below the structure choice sit in one accordion
+    ``wb-sections`` (one section open at a time), sections ``wb-section`` (also
+    ``wb-section-density|adps|section|3d|compute|profile|export``); the slice axis, index and
+    depth sit under the section image in ``wb-section-bar``.
 
     Examples
     --------
@@ -131,7 +135,7 @@ class Workbench(widgets.VBox):
         self.status = StatusView()
         self.scheduler = Scheduler(self._recompute, delay=debounce, threaded=threaded, clock=clock)
         self.controls = Controls(self.state, self._control_error, self.cuda_reason, batch=self.scheduler.batch)
-        self.slice = SliceView()
+        self.slice = SliceView(tools=self.controls.section_bar)
         self.profile = ProfileView()
         self.table = AtomTableView()
         self.scene = Scene3DView(lib_path=lib_path)
@@ -141,6 +145,7 @@ class Workbench(widgets.VBox):
         self.result: Result | None = None
         self.difference_result = None
         self.n_applied = 0
+        self.picked_atom: int | None = None  # the atom labelled in 3D (pick_atom)
         self.n_stale = 0
         self._applied_generation = -1
         self._upload_dir: str | None = None
@@ -149,27 +154,34 @@ class Workbench(widgets.VBox):
         self._region_note = ""
         self._timing_inputs: tuple | None = None  # comparison_inputs the timing table is for
         self._timing_label = ""
-        # structure -> its slice depths: going back to a model goes back to its sections
+        # structure -> its slice depths and 3D region: going back to a model goes back to
+        # its sections and residue; a residue key ("A/3") names another residue in another model
         self._depths_by_structure: dict[str, tuple] = {}
+        self._region_by_structure: dict[str, str] = {}
 
         tabs = widgets.Tab(
             [self.profile.widget, self.table.widget, self.difference.widget, self.timing.widget],
         )
         for i, title in enumerate(("line profile", "density at atoms", "difference", "timing")):
             tabs.set_title(i, title)
-        # slice and 3D side by side when there is room, one above the other when not
-        top = widgets.HBox([self.slice.widget, self.scene.widget], layout=widgets.Layout(flex_flow="row wrap"))
-        # Wrapping goes by the flex basis: the section (570 px) and 320 px of 3D fit beside
-        # the 350-px controls at 1280 px (a 420-px basis put the 3D view under the section).
-        self.scene.widget.layout = widgets.Layout(flex="1 1 320px", min_width="320px")
         # A section never shrinks: its image has max-width 100 %, so a squeezed column
-        # drew it at 20 × 17 px (or none) in a narrow page. Below its width the views
-        # wrap under the controls instead.
+        # drew it at 20 × 17 px (or none) in a narrow page. The slice axis and index sit
+        # under its image (SliceView's tools), where a person watches what they move.
         for view in (self.slice, self.difference.slice):
             view.widget.layout.flex = "0 0 auto"
-        views = widgets.VBox([top, tabs], layout=widgets.Layout(flex="1 1 440px", min_width="440px"))
-        body = widgets.HBox([self.controls.widget, views], layout=widgets.Layout(flex_flow="row wrap"))
-        super().__init__([self.status.widget, body, self.download])
+        self.scene.widget.layout = widgets.Layout(flex="1 1 320px", min_width="320px")
+        views = widgets.HBox(
+            [self.slice.widget, self.scene.widget], layout=widgets.Layout(flex="1 1 890px", flex_flow="row wrap")
+        )
+        # Controls beside the views when the row has room (1280-px Voilà, a 1920-px Lab);
+        # otherwise the views on top and the controls under them, never the reverse
+        # (wrap-reverse stacks the wrapped lines upwards; flex-end aligns items at the top).
+        body = widgets.HBox(
+            [self.controls.widget, views],
+            layout=widgets.Layout(flex_flow="row wrap-reverse", align_items="flex-end"),
+        )
+        body.add_class("wb-body")
+        super().__init__([self.status.widget, body, tabs, self.download])
         self.add_class("wb-app")
 
         self.status.cancel.on_click(lambda _: self.cancel())
@@ -194,9 +206,14 @@ class Workbench(widgets.VBox):
 
     def set(self, **values) -> None:
         """Set several state traits at once with a single recompute."""
-        with self.scheduler.batch(), self.state.hold_trait_notifications():
-            for name, value in values.items():
-                setattr(self.state, name, value)
+        with self.scheduler.batch():
+            if "structure" in values:
+                # first, on its own: a new model resets the depths and region, and those
+                # given in the same call apply to the new model
+                self.state.structure = values.pop("structure")
+            with self.state.hold_trait_notifications():
+                for name, value in values.items():
+                    setattr(self.state, name, value)
 
     def flush(self, timeout: float = 120.0) -> None:
         """Run any pending recompute now and wait until the app is idle (tests, scripts)."""
@@ -273,9 +290,10 @@ class Workbench(widgets.VBox):
         return path
 
     def pick_atom(self, index: int) -> None:
-        """Select atom ``index`` (a click on it in the 3D view or on its atom-table row): its
-        residue becomes the 3D region, and the line profile runs from the last picked
-        endpoint to it."""
+        """Select atom ``index`` (a click on it in the 3D view or on its atom-table row): a
+        label at the atom gives its name, B (B_eq), occupancy, ρ and |∇|; its residue
+        becomes the 3D region, the line profile runs from the last picked endpoint to it,
+        and the atom table shows its row highlighted."""
         r = self.result
         if r is None:
             return
@@ -285,6 +303,10 @@ class Workbench(widgets.VBox):
             self.status.set("error", f"error: {exc}")
             return
         last = self.state.profile_atoms[1]
+        self.picked_atom = index
+        # labelled at once from the result on show; the recompute for the new region and
+        # profile labels it again with its own values
+        self._show_pick(r)
         self.set(region=region, profile_atoms=(last, index) if last != index else self.state.profile_atoms)
 
     def to_py3dmol(self, width: int = 640, height: int = 480):
@@ -307,6 +329,10 @@ class Workbench(widgets.VBox):
                 # where the person left it, if it was shown before).
                 self._depths_by_structure[change["old"]] = self.state.slice_depths
                 self.state.slice_depths = self._depths_by_structure.get(change["new"], (None, None, None))
+                # the same for the 3D region: a residue key of the old model is not the same
+                # residue of the new one (A/3 is GLN 3 in 1ORC, another residue elsewhere)
+                self._region_by_structure[change["old"]] = self.state.region
+                self.state.region = self._region_by_structure.get(change["new"], "")
             self.scheduler.changed()
 
     def _control_error(self, message: str) -> None:
@@ -362,10 +388,12 @@ class Workbench(widgets.VBox):
         except WorkbenchError as exc:
             if generation == self.scheduler.generation:
                 self.status.set("error", f"error: {exc}")
+                self._mark_views_stale(settings)
         except Exception as exc:  # noqa: BLE001 - no traceback in the notebook: log it, say what to do
             log.error("workbench recompute failed:\n%s", traceback.format_exc())
             if generation == self.scheduler.generation:
                 self.status.set("error", f"error: {_friendly(exc)}")
+                self._mark_views_stale(settings)
 
     def _apply(self, r: Result, generation: int, check) -> None:
         check()
@@ -378,6 +406,7 @@ class Workbench(widgets.VBox):
         new_model = self._model_version != r.atoms_key[0]
         if new_model:
             self._model_version = r.atoms_key[0]
+            self.picked_atom = None  # an index of the old model
             n = len(r.model)
             residues = compute.residue_keys(r.model)
             self.controls.set_regions([(label, key) for key, label in residues])
@@ -429,7 +458,7 @@ class Workbench(widgets.VBox):
                 sort=s.table_sort,
                 ascending=s.table_ascending,
                 target_source=r.target_source,
-                picked=s.profile_atoms,
+                picked=(*s.profile_atoms, *([] if self.picked_atom is None else [self.picked_atom])),
                 units=s.units,
             )
         else:
@@ -443,8 +472,17 @@ class Workbench(widgets.VBox):
             self._scene_time = now
             # the sticks depend on the positions only (model, distortion), not on B
             self.scene.update(r, model_key=(r.atoms_key[0], r.atoms_key[2]), map_key=r.map_key)
+        self._show_pick(r)
         self.timing.update(r.timings, backend=r.backend, device=s.device, grid_shape=r.grid.shape, n_atoms=len(r.model))
         self._report(r)
+
+    def _show_pick(self, r: Result) -> None:
+        """Label the picked atom with ``r``'s values (or clear the label: nothing picked)."""
+        i = self.picked_atom
+        pick = None
+        if i is not None and i < len(r.model):
+            pick = compute.atom_pick(r.atoms, i, rho=r.atom_rho, gradient=r.gradient, units=r.settings.units)
+        self.scene.show_pick(pick)
 
     def _draw_section(self, settings, sec, near, mean: float, sigma: float, model) -> None:
         self.slice.update(
@@ -456,6 +494,20 @@ class Workbench(widgets.VBox):
             scale=settings.slice_scale,
             units=settings.units,
         )
+
+    def _mark_views_stale(self, failed) -> None:
+        """The settings ``failed`` could not be computed: the section and 3D view keep the
+        last result (a typo in a path wipes nothing) and say that it is not for the settings shown."""
+        r = self.result
+        if r is None:
+            return
+        note = (
+            f"<span class='wb-stale'><b>out of date:</b> this shows {html.escape(compute.inputs_label(r.settings))}; "
+            f"{html.escape(compute.inputs_label(failed))} could not be computed (see the status line)</span><br>"
+        )
+        for caption in (self.slice.caption, self.scene.caption):
+            if "wb-stale" not in caption.value:
+                caption.value = note + caption.value
 
     def _drop_stale(self, r: Result) -> None:
         """Clear (and say so) the views whose result belongs to other settings than ``r``'s."""

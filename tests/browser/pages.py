@@ -155,8 +155,9 @@ class WorkbenchUI:
         target = self.page.locator(css).first
         if target.is_visible():
             return
-        section = self.page.locator(f".wb-section:has({css})").first
-        section.locator(".jupyter-widget-Collapse-header, .p-Collapse-header").first.click()
+        # the accordion's item (header + contents) around the section that holds ``css``
+        item = self.page.locator(f".jupyter-widget-Collapse:has(.wb-section {css})").last
+        item.locator(".jupyter-widget-Collapse-header").first.click()
         target.wait_for(state="visible", timeout=10_000)
 
     def type_into_readout(self, css: str, text: str) -> None:

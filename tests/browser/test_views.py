@@ -219,6 +219,12 @@ def test_difference_tab_is_marked_stale_after_a_model_change(app):
     assert "out of date" not in stats and "within" in stats, stats
     assert image_stats(op.page.locator(".wb-diff-slice").screenshot())["colours"] > 10
     screenshot(op.page.locator(".wb-app .widget-tab").first, "views_difference_current")
+    atoms_3d = (
+        "() => { const m = document.querySelector('.wb-diff-3d-canvas').wbViewer.getModel(); "
+        "return m ? m.selectedAtoms({}).length : 0; }"
+    )
+    op.page.wait_for_function(f"() => ({atoms_3d})() > 0", timeout=30_000)
+    atoms_1orc = op.page.evaluate(atoms_3d)
     op.page.locator(".wb-structure select").select_option("1pfe")
     op.page.wait_for_function("(old) => document.querySelector('.wb-status').textContent.trim() !== old", arg=model)
     ui.wait_ready()
@@ -230,6 +236,17 @@ def test_difference_tab_is_marked_stale_after_a_model_change(app):
     src = op.page.evaluate("() => document.querySelector('.wb-diff-slice').getAttribute('src') || ''")
     natural = op.page.evaluate("() => document.querySelector('.wb-diff-slice').naturalWidth")
     assert natural == 0 or src == "", "the old difference section is still drawn"
+    # Issue 34: neither a broken-image icon where the section was nor the old model in 3D;
+    # the stale notice is what shows
+    op.page.wait_for_function("() => !document.querySelector('.wb-diff-slice').checkVisibility()", timeout=30_000)
+    broken = op.page.evaluate(
+        "() => [...document.querySelectorAll('.wb-app img')].filter(i => i.checkVisibility() && !i.naturalWidth).length"
+    )
+    assert broken == 0, f"{broken} visible images without a picture (broken-image icons)"
+    assert op.page.locator(".wb-diff-stats .wb-stale").is_visible()
+    assert not op.page.locator(".wb-diff-3d").is_visible(), "the old comparison's 3D view is still on show"
+    op.page.wait_for_function(f"() => ({atoms_3d})() === 0", timeout=30_000)
+    screenshot(op.page.locator(".wb-app .widget-tab").first, "views_difference_stale_cleared")
     # compared again: current, for the new model
     op.page.locator(".wb-diff-run").click()
     op.page.wait_for_function(
@@ -237,6 +254,9 @@ def test_difference_tab_is_marked_stale_after_a_model_change(app):
         "!/out of date/.test(document.querySelector('.wb-diff-stats').textContent)",
         timeout=120_000,
     )
+    assert op.page.locator(".wb-diff-slice").is_visible() and op.page.locator(".wb-diff-3d").is_visible()
+    # the new model's sticks (3Dmol keeps one altloc of 1PFE's 342 atoms), not 1ORC's
+    op.page.wait_for_function(f"(old) => ({atoms_3d})() > 0 && ({atoms_3d})() !== old", arg=atoms_1orc, timeout=30_000)
     ui.open_tab(TABS[0])
 
 

@@ -15,6 +15,7 @@ import re
 import threading
 import warnings
 
+import ipywidgets as widgets
 import numpy as np
 import pytest
 import torch
@@ -253,8 +254,16 @@ def test_truncated_file_reports_an_error_and_keeps_the_last_result(make_wb, tmp_
     assert "truncated.cif.gz" in wb.status.message and "Choose another file or a bundled example" in wb.status.message
     assert "Traceback" not in wb.status.message
     assert wb.result is good  # nothing half-computed replaced the views
+    # … which say that they are not for the settings shown (issue 34: stale views)
+    for caption in (wb.slice.caption.value, wb.scene.caption.value):
+        assert (
+            "wb-stale" in caption
+            and "out of date" in caption
+            and "truncated.cif.gz at 1.5 Å could not be computed" in caption
+        )
     wb.controls.structure.value = "1orc"
     assert wb.status.level == "idle" and len(wb.result.model) == 559
+    assert "wb-stale" not in wb.slice.caption.value and "wb-stale" not in wb.scene.caption.value
 
 
 @pytest.mark.parametrize(
@@ -567,6 +576,22 @@ def test_settings_in_the_constructor_are_applied_once_the_model_is_read(make_wb)
     assert bad.status.level == "warning" and "'Z/999' is not a residue of this model" in bad.status.message
 
 
+def test_a_new_model_does_not_keep_the_old_models_region(make_wb):
+    # Issue 34: region "A/3" (GLN 3 of 1ORC) carried over to another model, where A/3 is
+    # another residue. Each model keeps its own region, as it keeps its own sections.
+    wb = make_wb("1orc", region="A/3")
+    assert "residue A/3" in wb.scene.caption.value
+    wb.controls.structure.value = "1aki"
+    assert wb.state.region == "" and wb.controls.region.value == ""
+    assert wb.result.settings.region == "" and wb.scene.caption.value.startswith("<small>whole model")
+    assert wb.scene.view.focus == {}
+    wb.controls.region.value = "A/10"
+    wb.controls.structure.value = "1orc"  # back: its own residue again
+    assert wb.state.region == "A/3" and wb.controls.region.value == "A/3" and "residue A/3" in wb.scene.caption.value
+    wb.set(structure="1aki", region="A/12")  # a region given with the model is for that model
+    assert wb.result.settings.structure == "1aki" and wb.state.region == "A/12"
+
+
 def test_opening_distorted_at_1_angstrom_warns_nothing():
     # The reviewer saw "overflow encountered in multiply" in the notebook; the threaded
     # app (as a notebook opens it) must compute and draw every view without a warning.
@@ -673,12 +698,20 @@ def test_a_new_model_marks_the_old_comparison_and_timings_stale(make_wb):
     wb.controls.structure.value = "1pfe"
     assert len(wb.result.model) == 342
     assert wb.difference_result is None
+    # the old section and 3D scene are gone, not left on show beside the notice (issue 34):
+    # the image is hidden (an empty <img> is a broken-image icon) and the 3D scene emptied
     assert bytes(wb.difference.slice.image.value) == b""
+    assert wb.difference.slice.widget.layout.display == "none"
+    v = wb.difference.view3d
+    assert (v.model_text, v.map_bytes, v.arrows, v.focus) == ("", b"", b"", {}) and v.layout.display == "none"
+    assert "wb-stale" in wb.difference.stats.value
     stats = wb.difference.stats.value
     assert "out of date" in stats and "1ORC at 1.5 Å" in stats and "1PFE at 1.5 Å" in stats and "press compare" in stats
     assert wb.timing.rows == [] and "out of date" in wb.timing.table.value
     wb.compare()  # compared again: current
     assert wb.difference_result is not None and "1PFE at 1.5 Å" in wb.difference.stats.value
+    assert wb.difference.slice.widget.layout.display is None and v.layout.display is None
+    assert sum(line.startswith(("ATOM", "HETATM")) for line in v.model_text.splitlines()) == 342
     # any input of the comparison counts, not only the model
     wb.controls.b_global.value = 40.0
     assert wb.difference_result is None and "B 40 Å²" in wb.difference.stats.value
@@ -709,18 +742,24 @@ def test_status_text_reads_as_english(make_wb):
 
 def test_controls_sit_in_collapsible_sections_and_the_section_never_shrinks(make_wb):
     wb = make_wb()
-    sections = wb.controls.sections
+    c = wb.controls
+    sections = c.sections
     assert list(sections) == [
-        "structure", "density", "ADPs and radiation", "section", "3D view and gradients", "compute",
-        "profile and atom table", "export",
+        "density", "model file, ADPs and radiation", "section colours and contours", "3D view and gradients",
+        "compute", "profile and atom table", "export",
     ]  # fmt: skip
-    opened = [t for t, acc in sections.items() if acc.selected_index == 0]
-    assert opened == ["structure", "density", "section"]
-    held = [w for acc in sections.values() for w in acc.children[0].children]
+    # one accordion, one section open at a time (issue 34: open sections made the panel
+    # 1,030-1,410 px tall); density open at start
+    assert list(c.accordion.children) == list(sections.values()) and c.accordion.selected_index == 0
+    assert c.widget.children == (c.structure, c.accordion)
+    held = [w for box in sections.values() for w in box.children]
+    held += [w for box in held if isinstance(box, widgets.HBox) for w in box.children]
+    held += list(c.section_bar.children)  # under the section image
     for name in [
-        *wb.controls.bound, "profile_a", "profile_b", "path", "upload", "slice_index", "backend_reason", "export_model",
+        *c.bound, "profile_a", "profile_b", "path", "upload", "slice_axis", "slice_index", "slice_depth",
+        "backend_reason", "export_model", "export_map",
     ]:  # fmt: skip
-        assert getattr(wb.controls, name) in held, f"{name} is in no control section"
+        assert getattr(c, name) in held, f"{name} is in no control section"
     # an image with max-width 100 % in a shrinking flex item was drawn at 20×17 px (issue 19)
     assert wb.slice.widget.layout.flex == "0 0 auto" and wb.difference.slice.widget.layout.flex == "0 0 auto"
 

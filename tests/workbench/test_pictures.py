@@ -359,6 +359,42 @@ def test_picking_an_atom_in_3d_selects_its_residue_and_a_profile_endpoint(make_w
     assert serials == list(range(1, len(labels) + 1))
 
 
+def test_a_picked_atom_is_labelled_in_3d_and_shown_in_the_atom_table(make_wb):
+    # Issue 34: a pick showed no label, and the atom table listed only its first 25 rows.
+    from kernels.density.adp import U_TO_B
+
+    wb = make_wb("1pfe", distort_amplitude=0.3, gradient_kind="density")
+    r = wb.result
+    aniso = r.atoms.aniso.numpy()
+    order = list(wb.table.order)
+    # an anisotropic atom far down the table
+    k = next(int(i) for i in order[100:] if aniso[i])
+    assert f"data-atom='{k}'" not in wb.table.html.value
+    wb.scene.view._handle_custom_msg({"type": "pick", "serial": k + 1}, [])
+    r = wb.result
+    view = wb.scene.view
+    assert view.label_xyz == pytest.approx(r.atoms.xyz[k].tolist())
+    name, adp, values = view.label_lines
+    assert name == f"#{k} {r.model.atoms.labels[k]}"
+    b_eq = float(r.atoms.u_aniso[k, :3].mean()) * U_TO_B
+    assert f"B_eq {b_eq:.1f} Å²" in adp and f"occupancy {float(r.atoms.occ[k]):.2f}" in adp
+    grad = float(np.linalg.norm(r.gradient.grad[k]))
+    assert f"ρ {r.atom_rho[k]:.3g} e/Å³" in values and f"|∇| {grad:.3g} {r.gradient.units} (density)" in values
+    assert grad > 0 and "picked:" in wb.scene.picked.value
+    # the table shows and highlights its row, after the first 25, and a click on it is accepted
+    assert f"<tr data-atom='{k}' class='wb-picked'>" in wb.table.html.value and k in wb.table.html.rows
+    assert "wb-gap" in wb.table.html.value
+    # the label follows the values: a new B changes ρ at the atom
+    wb.controls.b_offset.value = 20.0
+    assert wb.scene.view.label_lines[2] != values and f"ρ {wb.result.atom_rho[k]:.3g}" in wb.scene.view.label_lines[2]
+    # an isotropic atom says B, not B_eq
+    wb.controls.adp.value = "isotropic"
+    assert wb.scene.view.label_lines[1].startswith(f"B {float(wb.result.atoms.b_iso[k]):.1f} Å²")
+    # another model: the label (an index of the old one) is gone
+    wb.controls.structure.value = "1orc"
+    assert wb.scene.view.label_lines == [] and wb.scene.picked.value == ""
+
+
 def test_export_map_writes_a_ccp4_map_on_the_server(make_wb, tmp_path):
     wb = make_wb()
     out = wb.export_map(tmp_path / "m.ccp4")

@@ -55,6 +55,10 @@ def test_difference_view_marks_voxels_over_tolerance_on_the_section_and_in_3d(ma
     assert wb.difference.n_marked == int(plane.sum())
     marks = wb.difference.slice.markers.get_offsets()
     assert len(marks) == wb.difference.n_marked
+    # the caption counts what the marks are: voxels over tolerance, not atoms near the plane
+    caption = wb.difference.slice.caption.value
+    n = wb.difference.n_marked
+    assert f"+ {n} voxel{'s' * (n != 1)} over tolerance here" in caption and "atoms within" not in caption, caption
     assert wb.difference.view3d.map_bytes and wb.difference.view3d.iso_level == 0.5
     # its own CSS class: page tests find the main scene's ".wb-view3d" alone
     assert wb.difference.view3d.css_class == "wb-diff-3d" and "wb-view3d" not in wb.difference.view3d._dom_classes

@@ -74,7 +74,9 @@ def over_uv(over: torch.Tensor, sec: Section) -> np.ndarray:
 def over_marks(diff: DifferenceResult, size: float = 6.0, colour: str = "#000000") -> AtomMarks:
     """Marks of the over-tolerance voxels on ``diff.section`` for the slice view (dots of ``size`` points²)."""
     uv = over_uv(diff.over, diff.section)
-    return AtomMarks(uv=uv, sizes=np.full(len(uv), size), colours=[colour] * len(uv))
+    return AtomMarks(
+        uv=uv, sizes=np.full(len(uv), size), colours=[colour] * len(uv), noun="voxel", where="over tolerance here"
+    )
 
 
 def over_volume(diff: DifferenceResult, padding: float = 3.0) -> RegionVolume:

@@ -285,7 +285,7 @@ def render_section(
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class AtomMarks:
-    """Marks of the atoms near a section plane.
+    """Marks on a section plane (the atoms near it, or voxels of a difference over tolerance).
 
     Attributes
     ----------
@@ -294,11 +294,17 @@ class AtomMarks:
         Largest on the plane, shrinking with the distance from it.
     colours : list of str
         One colour per mark, by element.
+    noun : str
+        What one mark is, singular ("atom", "voxel"): the caption counts marks by it.
+    where : str
+        Which of them are marked ("within 1 Å of the plane", "over tolerance"), for the caption.
     """
 
     uv: np.ndarray
     sizes: np.ndarray
     colours: list
+    noun: str = "atom"
+    where: str = "within 1 Å of the plane"
 
 
 def atom_marks(near, elements, tolerance: float = 1.0, size: float = 40.0) -> AtomMarks:
@@ -312,4 +318,9 @@ def atom_marks(near, elements, tolerance: float = 1.0, size: float = 40.0) -> At
     frac = np.clip(np.asarray(dist, float) / max(tolerance, 1e-9), 0.0, 1.0)
     sizes = size * (1.0 - 0.75 * frac)
     colours = [ELEMENT_COLOURS.get(str(elements[i]).strip().capitalize(), _OTHER_COLOUR) for i in idx]
-    return AtomMarks(uv=np.asarray(uv, float).reshape(-1, 2), sizes=sizes, colours=colours)
+    return AtomMarks(
+        uv=np.asarray(uv, float).reshape(-1, 2),
+        sizes=sizes,
+        colours=colours,
+        where=f"within {tolerance:g} Å of the plane",
+    )

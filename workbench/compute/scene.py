@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from kernels import AtomSet, GridSpec, Model
-from kernels.density.adp import u_matrix
+from kernels.density.adp import U_TO_B, u_matrix
 from workbench.compute.atoms import region_atoms
 from workbench.compute.errors import WorkbenchError
 from workbench.compute.export import map_ccp4_bytes
@@ -31,6 +31,8 @@ from workbench.compute.maps import GradientResult
 from workbench.compute.text import count
 
 __all__ = [
+    "AtomPick",
+    "atom_pick",
     "ARROW_MAX_LENGTH",
     "ARROW_MIN_LENGTH",
     "ARROW_SCALE",
@@ -288,6 +290,93 @@ def residue_of_atom(model: Model, index: int) -> str:
     if not 0 <= index < len(model):
         raise WorkbenchError(f"atom {index} is not in the model (0 … {len(model) - 1})")
     return _residue_key(model.atoms.labels[index])
+
+
+@dataclasses.dataclass(frozen=True)
+class AtomPick:
+    """What the 3D view says about a picked atom (its label at the atom).
+
+    Attributes
+    ----------
+    index : int
+        The atom's index in the model.
+    xyz : tuple of 3 float
+        Its position as drawn (distortion applied), Å.
+    name : str
+        ``"A/PHE 14/CA"``: chain, residue, atom (and altloc).
+    b : float
+        Its B in Å²; for an anisotropic atom B_eq = 8π²·U_eq, with U_eq the mean of U's diagonal.
+    anisotropic : bool
+        Whether ``b`` is a B_eq from an anisotropic U.
+    occupancy : float
+    rho : float or None
+        ρ at the atom (tricubic), in ``units``; None when not computed.
+    units : str
+        The unit of ``rho``.
+    gradient_norm : float or None
+        |∂loss/∂xyz| of the atom, in ``gradient_units``; None without a gradient.
+    gradient_kind, gradient_units : str
+        Which loss the gradient is of (``"planarity"``, ``"density"``) and its unit.
+    """
+
+    index: int
+    xyz: tuple
+    name: str
+    b: float
+    anisotropic: bool
+    occupancy: float
+    rho: float | None
+    units: str
+    gradient_norm: float | None
+    gradient_kind: str
+    gradient_units: str
+
+    def lines(self) -> list[str]:
+        """The label's lines: the name, then B/occupancy, then ρ and |∇|."""
+        b = f"B_eq {self.b:.1f} Å² (U_eq {self.b / U_TO_B:.4f} Å²)" if self.anisotropic else f"B {self.b:.1f} Å²"
+        rho = f"ρ {self.rho:.3g} {self.units}" if self.rho is not None else "ρ not computed"
+        grad = (
+            f"|∇| {self.gradient_norm:.3g} {self.gradient_units} ({self.gradient_kind})"
+            if self.gradient_norm is not None
+            else "no gradient"
+        )
+        return [f"#{self.index} {self.name}", f"{b}, occupancy {self.occupancy:.2f}", f"{rho}, {grad}"]
+
+    def text(self) -> str:
+        """The label as one line."""
+        return " · ".join(self.lines())
+
+
+def atom_pick(
+    atoms: AtomSet, index: int, *, rho=None, gradient: GradientResult | None = None, units: str = "e/Å³"
+) -> AtomPick:
+    """Describe atom ``index`` of ``atoms`` (as splatted) for its label in the 3D view.
+
+    ``rho`` is ρ at every atom (shape (N,), :attr:`Result.atom_rho`) or None; ``gradient``
+    gives |∇| of the atom. Raises WorkbenchError for an index outside the atoms.
+    """
+    n = len(atoms)
+    if not 0 <= index < n:
+        raise WorkbenchError(f"atom {index} is not in the model (0 … {n - 1})")
+    aniso = atoms.aniso is not None and bool(atoms.aniso[index])
+    if aniso:
+        b = float(atoms.u_aniso[index, :3].double().mean()) * U_TO_B
+    else:
+        b = float(atoms.b_iso[index])
+    grad = None if gradient is None else float(np.linalg.norm(np.asarray(gradient.grad)[index]))
+    return AtomPick(
+        index=index,
+        xyz=tuple(float(v) for v in atoms.xyz[index]),
+        name=str(atoms.labels[index]) if len(atoms.labels) > index else f"atom {index}",
+        b=b,
+        anisotropic=aniso,
+        occupancy=float(atoms.occ[index]),
+        rho=None if rho is None else float(rho[index]),
+        units=units,
+        gradient_norm=grad,
+        gradient_kind="" if gradient is None else gradient.kind,
+        gradient_units="" if gradient is None else gradient.units,
+    )
 
 
 def focus_selection(model: Model, region: str) -> dict:

@@ -95,6 +95,7 @@ async function render({ model, el }) {
   let isoShapes = [];
   let arrowShapes = [];
   let ellipsoidShapes = [];
+  let labels = [];
 
   function drawIsosurface() {
     for (const shape of isoShapes) viewer.removeShape(shape);
@@ -151,6 +152,37 @@ async function render({ model, el }) {
     }
     el.dataset.ellipsoidTriangles = String(triangles);
     model.set("n_ellipsoid_triangles", triangles);
+  }
+
+  // The picked atom's label, at the atom, in front of everything: one 3Dmol label per
+  // line (a label draws one line), stacked by a screen offset, and extending towards the
+  // middle of the canvas so that it is not cut at the edge.
+  function drawLabel() {
+    for (const l of labels) viewer.removeLabel(l);
+    labels = [];
+    const lines = model.get("label_lines") || [];
+    const xyz = model.get("label_xyz") || [];
+    if (lines.length && xyz.length === 3) {
+      const position = { x: xyz[0], y: xyz[1], z: xyz[2] };
+      const screen = viewer.modelToScreen(position);
+      const rect = box.getBoundingClientRect();
+      const right = screen && screen.x - rect.left > rect.width / 2;
+      lines.forEach((text, i) => {
+        labels.push(
+          viewer.addLabel(text, {
+            position,
+            inFront: true,
+            fontSize: 11,
+            fontColor: "black",
+            backgroundColor: "#fffbe6",
+            backgroundOpacity: 0.9,
+            alignment: right ? "topRight" : "topLeft",
+            screenOffset: $3Dmol.Vector2 ? new $3Dmol.Vector2(right ? -6 : 6, -6 - 17 * i) : { x: right ? -6 : 6, y: -6 - 17 * i },
+          }),
+        );
+      });
+    }
+    el.dataset.label = lines.join(" · ");
   }
 
   function styleModel() {
@@ -241,6 +273,7 @@ async function render({ model, el }) {
       if (what.has("iso")) drawIsosurface();
       if (what.has("arrows")) drawArrows();
       if (what.has("ellipsoids")) drawEllipsoids();
+      if (what.has("label") || what.has("model")) drawLabel();
       finish();
     } catch (err) {
       report(`3D view: ${err.message || err}`);
@@ -277,6 +310,8 @@ async function render({ model, el }) {
     ["change:ellipsoid_vertices", mark("ellipsoids")],
     ["change:ellipsoid_chunks", mark("ellipsoids")],
     ["change:zoom_key", mark("zoom")],
+    ["change:label_lines", mark("label")],
+    ["change:label_xyz", mark("label")],
   ];
   for (const [event, fn] of handlers) model.on(event, fn);
   return () => {

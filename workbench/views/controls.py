@@ -41,6 +41,10 @@ _SELECTS_MODE = {
     "density_cutoff": ("radius_mode", "auto"),
 }
 _STYLE = {"description_width": "110px"}
+# Toggle buttons: label and buttons on one line (ipywidgets puts the label above the
+# buttons otherwise), in the panel's width.
+_TOGGLE_STYLE = {"description_width": "80px"}
+_TOGGLE_LAYOUT = {"display": "flex", "align_items": "center", "flex": "0 0 auto"}
 _RADIATION_LABELS = {"xray": "X-ray", "electron": "electron", "neutron": "neutron"}
 # Narrower than the panel less a section's padding (2 × 15 px) and border: a control as
 # wide as its box (its readout at the very edge) makes the panel scroll sideways when a
@@ -120,7 +124,8 @@ class Controls:
             options=ADP_MODES,
             description="ADP",
             tooltips=("atoms with ANISOU splat their U tensor", "every atom at its isotropic B"),
-            style={"button_width": "95px", **_STYLE},
+            style={"button_width": "95px", **_TOGGLE_STYLE},
+            layout=_TOGGLE_LAYOUT,
         )
         self.radiation = w.ToggleButtons(
             options=[(_RADIATION_LABELS[r], r) for r in RADIATIONS],
@@ -130,15 +135,24 @@ class Controls:
                 "electron form factors (International Tables C 4.3.2.2): electrostatic potential (Å⁻²; 1 Å⁻² = 47.88 V)",
                 "neutron scattering lengths: a scattering-length density (fm/Å³; hydrogen is negative)",
             ),
-            style={"button_width": "63px", **_STYLE},
+            style={"button_width": "76px", "description_width": "70px"},
+            layout=_TOGGLE_LAYOUT,
         )
-        self.b_mode = w.ToggleButtons(options=B_MODES, description="B-factor", style={"button_width": "70px", **_STYLE})
+        self.b_mode = w.ToggleButtons(
+            options=B_MODES,
+            description="B-factor",
+            style={"button_width": "70px", **_TOGGLE_STYLE},
+            layout=_TOGGLE_LAYOUT,
+        )
         self.b_global = _slider(w.FloatSlider, "b_global", "global B (Å²)")
         self.b_offset = _slider(w.FloatSlider, "b_offset", "B offset (Å²)")
         self.blur = _slider(w.FloatSlider, "blur", "blur (Å²)")
         self.blur.tooltip = "extra B on every atom in the splat (U + blur/8π² on anisotropic atoms), as gemmi's blur"
         self.radius_mode = w.ToggleButtons(
-            options=("auto", "radius"), description="cutoff", style={"button_width": "70px", **_STYLE}
+            options=("auto", "radius"),
+            description="cutoff",
+            style={"button_width": "70px", **_TOGGLE_STYLE},
+            layout=_TOGGLE_LAYOUT,
         )
         self.radius = _slider(w.FloatSlider, "radius", "radius (Å)")
         lo, hi, _ = RANGES["density_cutoff"]
@@ -163,18 +177,25 @@ class Controls:
         self.backend = w.Dropdown(options=("auto",), description="backend", style=_STYLE, layout=_LAYOUT)
         self.backend_reason = w.HTML()
         self._backends_for_device(state.device)
+        # These two sit in one row under the section image (section_bar): narrow labels.
         self.slice_axis = w.ToggleButtons(
-            options=SLICE_AXES, description="slice ⟂", style={"button_width": "40px", **_STYLE}
+            options=SLICE_AXES,
+            description="slice ⟂",
+            style={"button_width": "34px", "description_width": "50px"},
+            layout=_TOGGLE_LAYOUT,
         )
         # One step of the slider is one section of the current grid; the position it sets
         # is a depth in Å (state.slice_depths), which a new grid keeps.
-        self.slice_index = w.IntSlider(min=0, max=0, description="slice index", style=_STYLE, layout=_LAYOUT)
+        self.slice_index = w.IntSlider(
+            min=0, max=0, description="index", style={"description_width": "40px"}, layout={"width": "250px"}
+        )
         self.slice_depth = w.HTML()
         self.slice_scale = w.ToggleButtons(
             options=SLICE_SCALES,
             description="colour scale",
             tooltips=("this section's own range", "the whole map's range (compare sections)"),
-            style={"button_width": "70px", **_STYLE},
+            style={"button_width": "70px", **_TOGGLE_STYLE},
+            layout=_TOGGLE_LAYOUT,
         )
         self.contour_sigmas = w.Text(
             value=format_sigmas(state.contour_sigmas),
@@ -191,7 +212,10 @@ class Controls:
             min=0, max=RANGES["distort_seed"][1], description="seed", style=_STYLE, layout=_LAYOUT
         )
         self.gradient_kind = w.ToggleButtons(
-            options=GRADIENT_KINDS, description="arrows", style={"button_width": "80px", **_STYLE}
+            options=GRADIENT_KINDS,
+            description="arrows",
+            style={"button_width": "80px", **_TOGGLE_STYLE},
+            layout=_TOGGLE_LAYOUT,
         )
         self.region = w.Dropdown(options=[("whole model", "")], description="3D region", style=_STYLE, layout=_LAYOUT)
         self.region_padding = _slider(w.FloatSlider, "region_padding", "region pad (Å)")
@@ -200,11 +224,9 @@ class Controls:
         a, b = state.profile_atoms
         top = max(state.n_atoms - 1, a, b)
         self.profile_a = w.BoundedIntText(
-            value=a, min=0, max=top, description="profile from atom", style=_STYLE, layout=_LAYOUT
+            value=a, min=0, max=top, description="from atom", style=_STYLE, layout=_LAYOUT
         )
-        self.profile_b = w.BoundedIntText(
-            value=b, min=0, max=top, description="profile to atom", style=_STYLE, layout=_LAYOUT
-        )
+        self.profile_b = w.BoundedIntText(value=b, min=0, max=top, description="to atom", style=_STYLE, layout=_LAYOUT)
         self.profile_names = w.HTML()
         self.target_map = w.Text(
             placeholder="empty: undistorted model",
@@ -433,7 +455,7 @@ class Controls:
         # Only a model with ANISOU has two ADP maps to choose between.
         has = self.state.has_anisou
         self.adp.disabled = not has
-        self.adp.layout.display = None if has else "none"
+        self.adp.layout.display = "flex" if has else "none"
 
     def _units_from_state(self, change) -> None:
         self.density_cutoff.description = f"ρ cutoff ({density_units(change['new'])})"
@@ -507,74 +529,50 @@ class Controls:
 
     def _layout(self) -> widgets.Widget:
         w = widgets
-        # (title, open at start, widgets): what a first look needs is open (model, density,
-        # grid, section); the rest folds away so that at 1280×800 the open controls and the
-        # pictures fit on one screen and the views keep the page's width.
+        # (title, CSS name, widgets): one accordion, one section open at a time, so the panel is
+        # never taller than its headers and the tallest section (it fits a 1366×768 laptop
+        # screen in JupyterLab). A new control group (a "relax" section, say) is one more
+        # entry here. The structure choice stays above the sections; the slice axis and
+        # index sit under the section image (:attr:`section_bar`), where a person watches
+        # what they move.
         sections = [
-            ("structure", True, [self.structure, self.path, self.upload]),
-            (
-                "density",
-                True,
-                [
-                    self.b_mode,
-                    self.b_global,
-                    self.b_offset,
-                    self.radius_mode,
-                    self.radius,
-                    self.density_cutoff,
-                    self.spacing,
-                    self.grid_shape,
-                ],
-            ),
-            # folded: the first look (1ORC, X-rays) needs none of them, and the open sections
-            # must leave the section slider on a 1280×800 screen
-            ("ADPs and radiation", False, [self.adp, self.radiation, self.blur]),
-            (
-                "section",
-                True,
-                [self.slice_axis, self.slice_index, self.slice_depth, self.slice_scale, self.contour_sigmas],
-            ),
-            (
-                "3D view and gradients",
-                False,
-                [
-                    self.iso_sigma,
-                    self.region,
-                    self.region_padding,
-                    self.ellipsoids,
-                    self.gradient_kind,
-                    self.distort_amplitude,
-                    self.distort_seed,
-                    self.target_map,
-                ],
-            ),  # fmt: skip
-            ("compute", False, [self.device, self.device_reason, self.backend, self.backend_reason]),
-            (
-                "profile and atom table",
-                False,
-                [self.profile_a, self.profile_b, self.profile_names, self.table_sort, self.table_ascending],
-            ),
-            (
-                "export",
-                False,
-                [
-                    self.export_path,
-                    w.HBox([self.export_map, self.export_gradients]),
-                    self.export_model,
-                    self.export_note,
-                ],
-            ),
-        ]
-        self.sections: dict[str, widgets.Accordion] = {}
-        boxes = []
-        for title, is_open, items in sections:
-            # one Accordion per section: each opens and closes on its own
-            acc = w.Accordion(children=[w.VBox(items)], titles=(title,), selected_index=0 if is_open else None)
-            acc.add_class("wb-section")
-            acc.add_class(f"wb-section-{title.split()[0].lower()}")
-            self.sections[title] = acc
-            boxes.append(acc)
+            ("density", "density", [
+                self.b_mode, self.b_global, self.b_offset, self.radius_mode, self.radius, self.density_cutoff,
+                self.spacing, self.grid_shape,
+            ]),
+            ("model file, ADPs and radiation", "adps", [self.path, self.upload, self.adp, self.radiation, self.blur]),
+            ("section colours and contours", "section", [self.slice_scale, self.contour_sigmas]),
+            ("3D view and gradients", "3d", [
+                self.iso_sigma, self.region, self.region_padding, self.ellipsoids, self.gradient_kind,
+                self.distort_amplitude, self.distort_seed, self.target_map,
+            ]),
+            ("compute", "compute", [self.device, self.device_reason, self.backend, self.backend_reason]),
+            ("profile and atom table", "profile", [
+                self.profile_a, self.profile_b, self.profile_names, self.table_sort, self.table_ascending,
+            ]),
+            ("export", "export", [
+                self.export_path, w.HBox([self.export_map, self.export_gradients]), self.export_model,
+                self.export_note,
+            ]),
+        ]  # fmt: skip
+        self.sections: dict[str, widgets.VBox] = {}
+        for title, css, items in sections:
+            box = w.VBox(items)
+            box.add_class("wb-section")
+            box.add_class(f"wb-section-{css}")
+            self.sections[title] = box
+        self.accordion = w.Accordion(
+            children=list(self.sections.values()), titles=tuple(self.sections), selected_index=0
+        )
+        self.accordion.add_class("wb-sections")
+        self.section_bar = w.HBox(
+            [self.slice_axis, self.slice_index, self.slice_depth], layout=w.Layout(align_items="center")
+        )
+        self.section_bar.add_class("wb-section-bar")
         # never squeezed by the views beside it (a narrow notebook cuts the sliders otherwise)
-        panel = w.VBox(boxes, layout=w.Layout(width="350px", min_width="350px", flex="0 0 350px", overflow="visible"))
+        panel = w.VBox(
+            [self.structure, self.accordion],
+            layout=w.Layout(width="350px", min_width="350px", flex="0 0 350px", overflow="visible"),
+        )
         panel.add_class("wb-controls")
         return panel

@@ -87,7 +87,7 @@ class DifferenceView:
         """Redraw the section of ``diff`` (after the slice moved; the statistics stay), over-tolerance voxels marked."""
         marks = over_marks(diff, colour=_OVER_COLOUR)
         self.n_marked = len(marks.uv)
-        over = f"; black dots: {self.n_marked} voxels over tolerance here ({diff.maps.n_over} in the map)"
+        over = f" (black dots; {diff.maps.n_over} in the map)"
         self.slice.update(
             diff.section, marks=marks, note=f"; A = {diff.a}, B = {diff.b}, for {diff.label}{over}", units=diff.units
         )
@@ -95,6 +95,7 @@ class DifferenceView:
     def _show_3d(self, diff: DifferenceResult, model) -> None:
         n_over = diff.maps.n_over
         vol = over_volume(diff)
+        self.view3d.layout.display = None  # shown again after stale()
         with self.view3d.hold_sync():
             if model is not None:
                 self.view3d.model_text = model_pdb(model, diff.xyz)
@@ -113,11 +114,13 @@ class DifferenceView:
     def stale(self, label: str, now: str) -> None:
         """The shown comparison was for ``label``, the views are now for ``now``: clear it and say so."""
         self.last = None
-        self.view3d.map_bytes = b""
+        self.n_marked = 0
+        # Nothing of the old comparison stays on show: no section (hidden, not an empty
+        # image: that is a broken-image icon), no old model or mesh in 3D.
+        self.slice.clear()
+        self.view3d.clear()
+        self.view3d.layout.display = "none"
         self.caption3d.value = ""
-        with self.slice.image.hold_sync():
-            self.slice.image.value = b""
-            self.slice.caption.value = ""
         self.stats.value = (
             f"<span class='wb-stale'><b>out of date:</b> the last comparison was for {html.escape(label)}; "
             f"the views now show {html.escape(now)} — press compare to recompute</span>"

@@ -69,9 +69,19 @@ class SliceView:
     last : workbench.compute.SectionImage or None
         What was drawn last (the resampled raster and its contour lines).
     widget : ipywidgets.VBox
+        The image, then ``tools`` (controls shown right under the image, e.g. the slice
+        slider), then the caption.
     """
 
-    def __init__(self, *, cmap: str = "viridis", title: str = "ρ", css: str = "wb-slice", symmetric: bool = False):
+    def __init__(
+        self,
+        *,
+        cmap: str = "viridis",
+        title: str = "ρ",
+        css: str = "wb-slice",
+        symmetric: bool = False,
+        tools: widgets.Widget | None = None,
+    ):
         self.symmetric = symmetric  # a difference map: colour range centred on 0
         self.fig = new_figure(*_FIGSIZE)
         self.ax = self.fig.add_subplot()
@@ -116,7 +126,8 @@ class SliceView:
         self.caption.add_class(f"{css}-caption")
         # as wide as the image: a long caption wraps instead of widening the column and
         # pushing the 3D view below the slice even on a wide page
-        self.widget = widgets.VBox([self.image, self.caption], layout=widgets.Layout(width=f"{width + 10}px"))
+        parts = [self.image, self.caption] if tools is None else [self.image, tools, self.caption]
+        self.widget = widgets.VBox(parts, layout=widgets.Layout(width=f"{width + 10}px"))
         self.n_updates = 0
         self.last = None
         self._layout_key = None
@@ -196,16 +207,17 @@ class SliceView:
             self.markers.set_sizes(marks.sizes)
             self.markers.set_edgecolors(marks.colours)
             self.markers.set_facecolors(marks.colours)
-            n_near = len(marks.uv)
+            marked = f"{count(len(marks.uv), marks.noun)} {marks.where}"
         elif near_uv is not None and len(near_uv):
             self.markers.set_offsets(near_uv)
             self.markers.set_sizes([20.0])
             self.markers.set_edgecolors([(1.0, 1.0, 1.0, 0.6)])
             self.markers.set_facecolors([(1.0, 1.0, 1.0, 0.6)])
-            n_near = len(near_uv)
+            marked = f"{count(len(near_uv), 'atom')} within 1 Å of the plane"
         else:
             self.markers.set_offsets(np.zeros((0, 2)))
-            n_near = 0
+            what = (marks.noun, marks.where) if marks is not None else ("atom", "within 1 Å of the plane")
+            marked = f"{count(0, what[0])} {what[1]}"
         data = self._render(geometry, (lo, hi))
         n_u, n_v = sec.values.shape
         angle = axis_labels(sec)[2]
@@ -219,7 +231,7 @@ class SliceView:
         else:
             contour_text = ""
         ny, nx = img.values.shape
-        n_text = count(n_near, "atom")
+        self.widget.layout.display = None  # shown again after clear()
         with self.image.hold_sync():
             self.image.value = data
             self.caption.value = (
@@ -227,10 +239,22 @@ class SliceView:
                 f"{n_u}×{n_v} voxels shown tricubic-interpolated on {nx}×{ny} pixels of {img.pixel:.3f} Å{angle}; "
                 f"ρ here {vmin:.3g} … {vmax:.3g} {units}, map {mmin:.3g} … {mmax:.3g}; "
                 f"colour bar {lo:.3g} … {hi:.3g} {units} (rounded out from {span}){contour_text}; "
-                f"+ {n_text} within 1 Å of the plane{note}</small>"
+                f"+ {marked}{note}</small>"
             )
         self.n_updates += 1
         return data
+
+    def clear(self) -> None:
+        """Hide the section and drop its image (its result is out of date).
+
+        Hidden rather than emptied: an ``<img>`` without data shows the browser's
+        broken-image icon. :meth:`update` shows it again.
+        """
+        self.last = None
+        self.widget.layout.display = "none"
+        with self.image.hold_sync():
+            self.image.value = b""
+            self.caption.value = ""
 
     def _geometry(self, sec: Section) -> tuple:
         """Set the axes' limits and labels for ``sec``'s face; return the key of that layout.

@@ -81,8 +81,9 @@ class AtomTableView:
     ) -> np.ndarray:
         """Sort and draw; returns the atom indices in table order (all atoms, not only shown rows).
 
-        ``picked`` atoms (the profile's endpoints) are highlighted; the ρ columns are headed
-        with ``units`` (fm/Å³ for a neutron map).
+        ``picked`` atoms (the profile's endpoints, the atom picked last) are highlighted and
+        always shown: after the first ``rows`` rows when they are not among them. The ρ columns
+        are headed with ``units`` (fm/Å³ for a neutron map).
         """
         rho = np.asarray(rho, float)
         target = np.asarray(target, float)
@@ -92,21 +93,28 @@ class AtomTableView:
         head = "".join(
             f"<th>{names[c]}{' ▲' if c == sort and ascending else ' ▼' if c == sort else ''}</th>" for c in COLUMNS
         )
-        picked = {int(i) for i in picked}
+        picked = [int(i) for i in dict.fromkeys(picked) if 0 <= int(i) < len(rho)]
         body = []
         shown = [int(i) for i in order[: self.rows]]
-        for i in shown:
+        # the picked atoms are always on show: after the first rows, in table order, if not among them
+        rank = np.empty(len(order), int)
+        rank[order] = np.arange(len(order))
+        extra = sorted((i for i in picked if i not in shown), key=lambda i: rank[i])
+        for i in shown + extra:
+            if extra and i == extra[0]:
+                body.append("<tr class='wb-gap'><td colspan='5'>⋯ the picked atoms:</td></tr>")
             cls = " class='wb-picked'" if i in picked else ""
             body.append(
                 f"<tr data-atom='{i}'{cls}><td>{i}</td><td>{html.escape(str(labels[i]))}</td><td>{rho[i]:.3f}</td>"
                 f"<td>{target[i]:.3f}</td><td>{ratio[i]:.3f}</td></tr>"
             )
+        shown += extra
         head = head.replace("<th>#</th>", "<th>#</th><th>atom</th>")
         self.html.rows = set(shown)
         self.html.value = (
             f"{_STYLE}<small>density at {count(len(rho), 'atom')} (tricubic, Catmull-Rom); target: "
             f"{html.escape(target_source)}; first {count(min(self.rows, len(rho)), 'row')} sorted by "
-            f"{names[sort]}; click a row: its residue becomes the 3D region, and the line profile "
+            f"{names[sort]}{', then the picked atoms' if extra else ''}; click a row: its residue becomes the 3D region, and the line profile "
             "runs to it from the last atom picked</small>"
             f"<table class='wb-atom-table-body'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
         )

@@ -19,7 +19,10 @@ class TimingView:
     def __init__(self):
         self.current = widgets.HTML()
         self.current.add_class("wb-timing")
-        self.compare = widgets.Button(description="compare all backends", icon="clock-o")
+        # wide enough for its label (the default 148 px cut it to "compare all ba…")
+        self.compare = widgets.Button(
+            description="compare all backends", icon="clock-o", layout=widgets.Layout(width="auto")
+        )
         self.compare.add_class("wb-compare-all")
         self.table = widgets.HTML()
         self.table.add_class("wb-timing-all")

@@ -14,6 +14,7 @@ offline use and CI; the library itself is never part of this repository.
 
 from __future__ import annotations
 
+import html
 import os
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from workbench.compute import (
     ARROW_MAX_LENGTH,
     ARROW_MIN_LENGTH,
     ARROW_SCALE,
+    AtomPick,
     RegionVolume,
     Result,
     WorkbenchError,
@@ -123,6 +125,10 @@ class View3D(anywidget.AnyWidget):
     view_sphere : list of 4 float
         ``[cx, cy, cz, radius]`` Å: the camera is centred there and zoomed so the sphere
         fills the canvas's shorter side; re-applied when ``zoom_key`` changes.
+    label_lines : list of str
+        A label drawn at ``label_xyz`` (the picked atom), one entry per line; empty for none.
+    label_xyz : list of 3 float
+        Where the label points, Å.
     js_error : str
         Set by the browser when 3Dmol.js could not load or draw.
     n_arrows_drawn : int
@@ -161,6 +167,8 @@ class View3D(anywidget.AnyWidget):
     view_sphere = traitlets.List(traitlets.Float(), default_value=[]).tag(sync=True)
     zoom_key = traitlets.Int(0).tag(sync=True)
     height = traitlets.Int(420).tag(sync=True)
+    label_lines = traitlets.List(traitlets.Unicode(), default_value=[]).tag(sync=True)
+    label_xyz = traitlets.List(traitlets.Float(), default_value=[]).tag(sync=True)
     js_error = traitlets.Unicode("").tag(sync=True)
     n_rendered = traitlets.Int(0).tag(sync=True)
     n_arrows_drawn = traitlets.Int(0).tag(sync=True)
@@ -185,6 +193,19 @@ class View3D(anywidget.AnyWidget):
         for callback in self._pick_callbacks:
             callback(serial - 1)
 
+    def clear(self) -> None:
+        """Empty the scene: no model, map, arrows or ellipsoids (its result is out of date)."""
+        with self.hold_sync():
+            self.model_text = ""
+            self.map_bytes = b""
+            self.arrows = b""
+            self.ellipsoid_vertices = b""
+            self.ellipsoid_faces = b""
+            self.ellipsoid_chunks = []
+            self.focus = {}
+            self.label_lines = []
+            self.label_xyz = []
+
     @property
     def arrow_array(self) -> np.ndarray:
         """``arrows`` as a float32 array of shape (M, 6)."""
@@ -208,13 +229,20 @@ class Scene3DView:
         Å of arrow per unit of gradient (0 when no arrows).
     ellipsoids : workbench.compute.Ellipsoids or None
         The ADP ellipsoids drawn (None when the ``ellipsoids`` setting is off).
+    picked : ipywidgets.HTML
+        The picked atom's label as text (CSS ``wb-picked-atom``); the same is drawn at the atom.
+    pick : workbench.compute.AtomPick or None
+        The picked atom shown.
     """
 
     def __init__(self, *, lib_path=None):
         self.view = View3D(lib_path=lib_path)
         self.caption = widgets.HTML()
         self.caption.add_class("wb-view3d-caption")
-        self.widget = widgets.VBox([self.view, self.caption])
+        self.picked = widgets.HTML()
+        self.picked.add_class("wb-picked-atom")
+        self.pick: AtomPick | None = None
+        self.widget = widgets.VBox([self.view, self.picked, self.caption])
         self.arrow_scale = 0.0
         self.ellipsoids = None
         self._keys: dict[str, object] = {}
@@ -279,6 +307,14 @@ class Scene3DView:
             f"{result.iso_level:.3f} {s.units}; click an atom: region = its residue, profile to it from the last one "
             f"picked; {arrows.caption}{_ellipsoid_caption(self.ellipsoids)}</small>"
         )
+
+    def show_pick(self, pick: AtomPick | None) -> None:
+        """Label the picked atom in 3D (name, B, occupancy, ρ, |∇|) and under the view; None clears it."""
+        self.pick = pick
+        with self.view.hold_sync():
+            self.view.label_lines = pick.lines() if pick else []
+            self.view.label_xyz = list(pick.xyz) if pick else []
+        self.picked.value = f"<small><b>picked:</b> {html.escape(pick.text())}</small>" if pick else ""
 
     def to_py3dmol(self, width: int = 640, height: int = 480):
         """A py3Dmol view of the current scene (model, isosurface, ellipsoids, arrows; for static use and export)."""
