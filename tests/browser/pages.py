@@ -59,6 +59,30 @@ def images_differ(a: bytes, b: bytes) -> float:
     return float((np.abs(x - y).sum(axis=-1) > 12).mean())
 
 
+def open_lab(page, url: str, *, run_quickstart: bool = True) -> None:
+    """Open JupyterLab at ``url`` (``workbench lab`` opens the quickstart) and wait until it is
+    restored; with ``run_quickstart``, Run All once its kernel is idle and wait for the app."""
+    page.goto(url)
+    page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
+    page.evaluate("async () => { await window.jupyterapp.restored; }")
+    page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
+    if not run_quickstart:
+        return
+    # Run All from the menu is flaky; the command is what the menu runs, once the kernel is up.
+    page.wait_for_function(
+        """() => {
+            const w = window.jupyterapp.shell.currentWidget;
+            const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+            return k && k.status === 'idle';
+        }""",
+        timeout=90_000,
+    )
+    title = page.evaluate("() => window.jupyterapp.shell.currentWidget.title.label")
+    assert title == "01_quickstart.ipynb", f"workbench lab opened {title!r}, not the quickstart"
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.wait_for_selector(".wb-status", timeout=90_000)
+
+
 class WorkbenchUI:
     """The workbench as seen in ``page`` (a Playwright page showing one Workbench)."""
 

@@ -95,6 +95,7 @@ def test_ellipsoids_are_drawn_in_the_3d_canvas(app):
 def test_isotropic_adps_draw_spheres_and_a_new_map(app):
     op, ui = app
     before = ui.status()[0]
+    ui.reveal(".wb-adp")  # one control section is open at a time: the 3D one was
     _button(op, ".wb-adp", "isotropic").click()
     op.page.wait_for_function(
         "() => /0 anisotropic/.test(document.querySelector('.wb-view3d-caption').textContent)", timeout=60_000
@@ -116,6 +117,7 @@ def test_isotropic_adps_draw_spheres_and_a_new_map(app):
 def test_neutron_radiation_labels_the_map_in_fm_per_cubic_angstrom(app):
     op, ui = app
     slice_before = ui.slice_png()
+    ui.reveal(".wb-radiation")
     _button(op, ".wb-radiation", "neutron").click()
     op.page.wait_for_function(
         "() => /fm\\/Å³/.test(document.querySelector('.wb-slice-caption').textContent)", timeout=60_000

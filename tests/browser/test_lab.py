@@ -20,6 +20,7 @@ from tests.browser.pages import (
     image_stats,
     images_differ,
     median_latency,
+    open_lab,
     screenshot,
     summary,
 )
@@ -31,23 +32,7 @@ pytestmark = pytest.mark.browser
 def lab(browser, lab_server):
     op = OfflinePage(browser)
     page = op.page
-    page.goto(lab_server.url)
-    page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
-    page.evaluate("async () => { await window.jupyterapp.restored; }")
-    page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
-    # Run All from the menu is flaky; the command is what the menu runs, once the kernel is up.
-    page.wait_for_function(
-        """() => {
-            const w = window.jupyterapp.shell.currentWidget;
-            const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
-            return k && k.status === 'idle';
-        }""",
-        timeout=90_000,
-    )
-    title = page.evaluate("() => window.jupyterapp.shell.currentWidget.title.label")
-    assert title == "01_quickstart.ipynb", f"workbench lab opened {title!r}, not the quickstart"
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    page.wait_for_selector(".wb-status", timeout=90_000)
+    open_lab(page, lab_server.url)
     ui = WorkbenchUI(page)
     yield op, ui
     op.close()

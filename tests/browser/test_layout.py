@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.browser.conftest import OfflinePage
-from tests.browser.pages import SCREENSHOTS, WorkbenchUI, screenshot
+from tests.browser.pages import SCREENSHOTS, WorkbenchUI, open_lab, screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -25,20 +25,7 @@ SIZES = [(1366, 768), (1440, 900), (1920, 1080)]
 def lab(browser, lab_server):
     op = OfflinePage(browser, width=1366, height=768)
     page = op.page
-    page.goto(lab_server.url)
-    page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
-    page.evaluate("async () => { await window.jupyterapp.restored; }")
-    page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
-    page.wait_for_function(
-        """() => {
-            const w = window.jupyterapp.shell.currentWidget;
-            const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
-            return k && k.status === 'idle';
-        }""",
-        timeout=90_000,
-    )
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    page.wait_for_selector(".wb-status", timeout=90_000)
+    open_lab(page, lab_server.url)
     ui = WorkbenchUI(page)
     ui.wait_ready()
     ui.wait_canvas_drawn()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.browser.conftest import ROOT, OfflinePage
-from tests.browser.pages import screenshot
+from tests.browser.pages import open_lab, screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -25,10 +25,7 @@ RUN_TIMEOUT_MS = 600_000
 def lab(browser, lab_server):
     op = OfflinePage(browser, width=1440, height=900)
     page = op.page
-    page.goto(lab_server.url)
-    page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
-    page.evaluate("async () => { await window.jupyterapp.restored; }")
-    page.wait_for_selector(".jp-NotebookPanel", timeout=60_000)
+    open_lab(page, lab_server.url, run_quickstart=False)
     # the quickstart opens at start: close it (and its kernel) so that each test opens its own
     page.evaluate(_CLOSE)
     yield op
