@@ -128,6 +128,7 @@ def test_a_slow_view_gets_the_latest_frame_and_no_queue():
 def test_relax_moves_the_atoms_the_views_show(make_wb):
     wb = make_wb(distort_amplitude=0.3, gradient_kind="density")
     before = wb.result
+    section_png, n_sections = wb.slice.image.value, wb.slice.n_updates
     wb.start_relax(steps=15, lr=0.05, lam=0.1)  # synchronous workbench: runs to the end here
     after = wb.result
     assert wb.relax_frame is not None and wb.relax_frame.step == 14
@@ -138,6 +139,7 @@ def test_relax_moves_the_atoms_the_views_show(make_wb):
     assert "relax step 15" in wb.timing.current.value and "splat forward+backward" in wb.timing.current.value
     assert "relax finished after 15 steps" in wb.relax.progress.value
     assert wb.scene.view.model_text != ""  # the sticks were sent again with the new positions
+    assert wb.slice.n_updates == n_sections + 15 and wb.slice.image.value != section_png  # the section follows
     # a changed setting goes back to the settings' own result
     wb.state.iso_sigma = 2.0
     assert wb.relax_frame is None
@@ -151,3 +153,26 @@ def test_relax_before_anything_is_computed_says_so():
         assert "nothing computed yet to relax" in wb.status.message
     finally:
         wb.close()
+
+
+def test_a_slow_3d_view_in_the_workbench_draws_the_newest_step_one_at_a_time(make_wb):
+    wb = make_wb(distort_amplitude=0.3, debounce=0.01)
+    wb.flush()
+    in_flight, most, drawn = [0], [0], []
+    update = wb.scene.update
+
+    def slow_update(result, **keys):  # a browser that takes 0.2 s per frame
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        time.sleep(0.2)
+        update(result, **keys)
+        drawn.append(keys["model_key"][-1])
+        in_flight[0] -= 1
+
+    wb.scene.update = slow_update
+    wb.start_relax(steps=60)
+    wb.flush()
+    assert most[0] == 1
+    assert drawn[-1] == 59 and wb.relax_frame.step == 59  # the last step is what stays on screen
+    assert len(drawn) < 60 and drawn == sorted(drawn)
+    assert wb._frames.n_dropped == 60 - len(drawn)
