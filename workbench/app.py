@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import logging
 import os
@@ -430,24 +429,8 @@ class Workbench(widgets.VBox):
         # recompute of a changed setting, which runs on the same worker after it: none covers a newer result
         r, steps, run, dropped_before, frame = item
         s = r.settings
-        rho = frame.rho.cpu()
-        mean, sigma, lo, hi = compute.map_statistics(rho)
-        sec = compute.section(rho, r.grid, s.axis, r.section.index, (lo, hi))
-        near = compute.atoms_near_section(frame.xyz, r.grid, sec)
-        self._draw_section(s, sec, near, mean, sigma, r.model)
-        shown = dataclasses.replace(
-            r,
-            atoms=r.atoms.replace(xyz=frame.xyz),
-            rho=rho,
-            mean=mean,
-            sigma=sigma,
-            section=sec,
-            near=near,
-            gradient=frame.density_gradient if s.gradient_kind == "density" else frame.planarity_gradient,
-            timings=frame.timings,
-            atoms_key=(*r.atoms_key, "relax", run, frame.step),
-            map_key=("relax", run, frame.step),
-        )
+        shown = compute.frame_result(r, frame, key=(run, frame.step))
+        self._draw_section(s, shown.section, shown.near, shown.mean, shown.sigma, r.model)
         view = self.scene.view
         before = view.n_rendered
         self.scene.update(shown, model_key=shown.atoms_key, map_key=shown.map_key)

@@ -24,10 +24,21 @@ import torch
 import kernels
 from kernels import AtomSet, GridSpec
 from workbench.compute.errors import WorkbenchError, sentence
-from workbench.compute.maps import GradientResult, _compute_atoms, _sync
+from workbench.compute.maps import GradientResult, _compute_atoms, _sync, map_statistics
+from workbench.compute.pipeline import Result
+from workbench.compute.sections import atoms_near_section, section
 from workbench.state import Settings, density_units, op_backend
 
-__all__ = ["RELAX_RANGES", "RelaxFrame", "RelaxProblem", "Relaxation", "relax_problem", "rmsd", "run_relaxation"]
+__all__ = [
+    "RELAX_RANGES",
+    "RelaxFrame",
+    "RelaxProblem",
+    "Relaxation",
+    "frame_result",
+    "relax_problem",
+    "rmsd",
+    "run_relaxation",
+]
 
 #: name -> (min, max, default) of the relax control's settings: steps, Adam's lr (Å), λ.
 RELAX_RANGES: dict[str, tuple[float, float, float]] = {
@@ -285,3 +296,29 @@ def run_relaxation(
             raise WorkbenchError(f"the fit diverged at step {frame.step} (loss {frame.loss}): lower the step size")
         emit(frame)
     return done
+
+
+def frame_result(result: Result, frame: RelaxFrame, *, key: tuple) -> Result:
+    """What the views draw for ``frame`` of a run started from ``result``: ``result`` with the frame's
+    positions, map (its statistics, and the same section index cut from it), timings and the gradient of
+    the settings' ``gradient_kind``; ``key`` (run, step) makes its ``atoms_key`` and ``map_key`` unique.
+
+    The tricubic samples and the line profile stay ``result``'s (they are not recomputed per step).
+    """
+    s = result.settings
+    rho = frame.rho.cpu()
+    mean, sigma, lo, hi = map_statistics(rho)
+    sec = section(rho, result.grid, s.axis, result.section.index, (lo, hi))
+    return dataclasses.replace(
+        result,
+        atoms=result.atoms.replace(xyz=frame.xyz),
+        rho=rho,
+        mean=mean,
+        sigma=sigma,
+        section=sec,
+        near=atoms_near_section(frame.xyz, result.grid, sec),
+        gradient=frame.density_gradient if s.gradient_kind == "density" else frame.planarity_gradient,
+        timings=frame.timings,
+        atoms_key=(*result.atoms_key, "relax", *key),
+        map_key=("relax", *key),
+    )
