@@ -6,6 +6,7 @@ import html
 import logging
 import os
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -16,13 +17,14 @@ import kernels
 from workbench import compute
 from workbench.compute import Cancelled, Pipeline, Result, WorkbenchError
 from workbench.compute.text import count
-from workbench.scheduler import Scheduler
+from workbench.scheduler import LatestOnly, Scheduler
 from workbench.state import INPUTS, WorkbenchState, backend_choices, cuda_unavailable_reason
 from workbench.views import (
     AtomTableView,
     DifferenceView,
     Download,
     ProfileView,
+    RelaxView,
     Scene3DView,
     SliceView,
     StatusView,
@@ -40,6 +42,9 @@ _INPUTS = list(INPUTS)
 
 # Seconds between 3D scene updates while a drag is still sending newer settings.
 _SCENE_INTERVAL = 1.0
+# Longest a relax frame waits for the browser to draw the one before (a page that never
+# answers, or none at all, must not stall the drawing of later frames).
+_RENDER_WAIT = 2.0
 # Models above this many atoms open with the first residue as 3D region, not the whole model.
 _WHOLE_MODEL_ATOMS = 5000
 
@@ -101,8 +106,10 @@ class Workbench(widgets.VBox):
     ``wb-compare-all``, ``wb-timing-all``; ``wb-stale`` marks a note that a tab's result
     is out of date. The controls below the structure choice sit in one accordion
     ``wb-sections`` (one section open at a time), sections ``wb-section`` (also
-    ``wb-section-density|adps|section|3d|compute|profile|export``); the slice axis, index and
-    depth sit under the section image in ``wb-section-bar``.
+    ``wb-section-density|adps|section|3d|compute|profile|export|relax``); the slice axis, index and
+    depth sit under the section image in ``wb-section-bar``. The relax section holds
+    ``wb-relax-steps``, ``wb-relax-lr``, ``wb-relax-lambda``, ``wb-relax-start``, ``wb-relax-stop`` and
+    ``wb-relax-progress`` (:meth:`start_relax`).
 
     Examples
     --------
@@ -142,6 +149,12 @@ class Workbench(widgets.VBox):
         self.difference = DifferenceView(lib_path=lib_path)
         self.timing = TimingView()
         self.download = Download()
+        self.relax = RelaxView()
+        self.controls.add_section("relax", "relax", self.relax.widget)
+        self.relax_frame = None  # the RelaxFrame the views show (None: they show the settings' result)
+        self._relax_stop: threading.Event | None = None
+        self._relax_runs = 0
+        self._frames = LatestOnly(self._show_frame, threaded=self.scheduler.threaded)
         self.result: Result | None = None
         self.difference_result = None
         self.n_applied = 0
@@ -191,6 +204,8 @@ class Workbench(widgets.VBox):
         self.controls.export_gradients.on_click(lambda _: self._export("gradients"))
         self.controls.export_model.on_click(lambda _: self._export("model"))
         self.controls.upload.observe(self._uploaded, names="value")
+        self.relax.start.on_click(lambda _: self.start_relax())
+        self.relax.stop.on_click(lambda _: self.stop_relax())
         self.scene.view.on_pick(self.pick_atom)
         self.table.on_pick(self.pick_atom)
 
@@ -229,7 +244,9 @@ class Workbench(widgets.VBox):
 
     def close(self) -> None:
         """Stop the worker thread and close every widget of the app."""
+        self.stop_relax()
         self.scheduler.close()
+        self._frames.close()
 
         def close_tree(w):
             for child in getattr(w, "children", ()):
@@ -239,6 +256,35 @@ class Workbench(widgets.VBox):
         for child in self.children:
             close_tree(child)
         super().close()
+
+    def start_relax(self, steps: int | None = None, lr: float | None = None, lam: float | None = None) -> None:
+        """Fit the atoms shown to ρ_target on the workbench's device and backend (:mod:`workbench.compute.relax`).
+
+        Starts from the current result's atoms (the distorted model when a distortion is set) against its
+        ρ_target (the loaded target map, or the map of the undistorted model), with the splat's settings.
+        Runs on the worker thread; each step's frame (positions, map, both gradients, timings) goes to the
+        views through :class:`~workbench.scheduler.LatestOnly`: the views show the newest step and skip
+        those they are too slow for. :meth:`stop_relax`, or a change of any setting (which recomputes from
+        the settings), ends the run within one step. Arguments left out come from the relax control.
+        """
+        if self._relax_stop is not None and not self._relax_stop.is_set():
+            return  # one run at a time
+        for widget, value in ((self.relax.steps, steps), (self.relax.lr, lr), (self.relax.lam, lam)):
+            if value is not None:
+                widget.value = value
+        r = self.result
+        if r is None:
+            self.status.set("error", "error: nothing computed yet to relax: wait for the status line to say ready")
+            return
+        stop = self._relax_stop = threading.Event()
+        self.relax.running(True)
+        args = (r, int(self.relax.steps.value), float(self.relax.lr.value), float(self.relax.lam.value), stop)
+        self.scheduler.submit(lambda: self._relax_job(*args))
+
+    def stop_relax(self) -> None:
+        """End a relax run after the step it is in (the views keep its last frame)."""
+        if self._relax_stop is not None:
+            self._relax_stop.set()
 
     def refresh_backends(self) -> None:
         """Offer the backends runnable now in the backend and compare lists (after :func:`kernels.register_backend`
@@ -321,6 +367,7 @@ class Workbench(widgets.VBox):
         return self.result
 
     def _changed(self, change) -> None:
+        self.stop_relax()  # the views follow the settings again
         with self.scheduler.batch():
             if change["name"] in ("region", "structure") and change["new"]:
                 self._region_note = ""  # the person chose again: the note about a bad region is old
@@ -334,6 +381,71 @@ class Workbench(widgets.VBox):
                 self._region_by_structure[change["old"]] = self.state.region
                 self.state.region = self._region_by_structure.get(change["new"], "")
             self.scheduler.changed()
+
+    def _relax_job(self, r: Result, steps: int, lr: float, lam: float, stop: threading.Event) -> None:
+        self.status.set("busy", f"relax: {steps} steps of Adam (lr {lr:g} Å, λ {lam:g}) on {r.settings.device} …")
+        first = last = None
+        self._relax_runs += 1
+        run = self._relax_runs
+        dropped_before = self._frames.n_dropped
+
+        def emit(frame):
+            nonlocal first, last
+            first = first or frame
+            last = frame
+            self._frames.put((r, steps, run, dropped_before, frame))
+
+        try:
+            if stop.is_set():
+                raise compute.Cancelled()
+            planes = r.planes if r.planes is not None else compute.find_planes(r.model)
+            problem = compute.relax_problem(r.atoms, r.grid, r.target, planes, r.settings, reference=r.model.atoms.xyz)
+            done = compute.run_relaxation(compute.Relaxation(problem, lr=lr, lam=lam), steps, stop=stop, emit=emit)
+            self._frames.wait_idle()
+            how = "stopped" if done < steps else "finished"
+            message = f"relax {how} after {count(done, 'step')}"
+            if first is not None and last.rmsd is not None:
+                message += f": RMSD to the model {first.rmsd:.3f} → {last.rmsd:.3f} Å"
+            if done:
+                message += f", L {first.loss:.4g} → {last.loss:.4g}; changing a setting recomputes from the settings"
+            self.relax.done(message)
+            self.status.set("idle", message)
+        except compute.Cancelled:
+            self.relax.done("relax stopped before its first step")
+        except (WorkbenchError, ValueError) as exc:
+            self.relax.done(f"relax failed: {exc}")
+            self.status.set("error", f"error: relax: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the notebook gets a sentence, the log the traceback
+            log.error("workbench relax failed:\n%s", traceback.format_exc())
+            self.relax.done(f"relax failed: {_friendly(exc)}")
+            self.status.set("error", f"error: relax: {_friendly(exc)}")
+        finally:
+            stop.set()
+            self.relax.running(False)
+
+    def _show_frame(self, item) -> None:
+        """Draw one relax frame: atoms and arrows in 3D, the section, the step's timings."""
+        # every frame of a run is drawn or dropped before the job ends (wait_idle), so before the
+        # recompute of a changed setting, which runs on the same worker after it: none covers a newer result
+        r, steps, run, dropped_before, frame = item
+        s = r.settings
+        shown = compute.frame_result(r, frame, key=(run, frame.step))
+        self._draw_section(s, shown.section, shown.near, shown.mean, shown.sigma, r.model)
+        view = self.scene.view
+        before = view.n_rendered
+        self.scene.update(shown, model_key=shown.atoms_key, map_key=shown.map_key)
+        self.timing.update_step(
+            frame.timings, step=frame.step, backend=frame.density_gradient.backend, device=s.device,
+            grid_shape=r.grid.shape, n_atoms=len(r.model),
+        )  # fmt: skip
+        self.relax.show(frame, steps, self._frames.n_dropped - dropped_before)
+        self.relax_frame = frame
+        self.result = shown  # export and pick see the positions shown
+        if before > 0:
+            # a browser draws this view: one update in flight, so wait until it has drawn this one
+            deadline = time.monotonic() + _RENDER_WAIT
+            while view.n_rendered == before and time.monotonic() < deadline:
+                time.sleep(0.01)
 
     def _control_error(self, message: str) -> None:
         self.status.set("error", message)
@@ -399,6 +511,7 @@ class Workbench(widgets.VBox):
         check()
         s = r.settings
         self.result = r
+        self.relax_frame = None
         self._applied_generation = generation
         self.n_applied += 1
         shape = "×".join(str(n) for n in r.grid.shape)

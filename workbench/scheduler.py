@@ -18,9 +18,29 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["Debouncer", "Scheduler"]
+__all__ = ["Debouncer", "LatestOnly", "Scheduler"]
 
 log = logging.getLogger("workbench")
+
+
+def _wait_while(cond: threading.Condition, busy: Callable[[], object], timeout: float) -> bool:
+    """With ``cond`` held, wait while ``busy()`` is true; False if it still is after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while busy():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        cond.wait(min(left, 0.05))
+    return True
+
+
+def _stop_thread(owner) -> None:
+    """Set ``owner._stop`` under ``owner._cond``, wake its thread and join it (if it has one)."""
+    with owner._cond:
+        owner._stop = True
+        owner._cond.notify_all()
+    if owner._thread is not None:
+        owner._thread.join(timeout=5)
 
 
 class Debouncer:
@@ -137,6 +157,11 @@ class Scheduler:
             self._thread = threading.Thread(target=self._loop, name="workbench-recompute", daemon=True)
             self._thread.start()
 
+    @property
+    def threaded(self) -> bool:
+        """Work runs on the worker thread (False: synchronous, or run by :meth:`poll`/:meth:`flush`)."""
+        return self._thread is not None
+
     # ------------------------------------------------------------------ producer side (main thread)
 
     @contextlib.contextmanager
@@ -199,23 +224,15 @@ class Scheduler:
                     self.debouncer.force()
                 self.poll()
             raise RuntimeError("the workbench kept changing its own settings: 100 recomputes in one flush")
-        deadline = time.monotonic() + timeout
         with self._cond:
             self.debouncer.force()
             self._cond.notify_all()
-            while self.debouncer.pending or self._busy or self._jobs:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"the workbench did not finish within {timeout:g} s")
-                self._cond.wait(min(left, 0.05))
+            if not _wait_while(self._cond, lambda: self.debouncer.pending or self._busy or self._jobs, timeout):
+                raise TimeoutError(f"the workbench did not finish within {timeout:g} s")
 
     def close(self) -> None:
         """Stop the worker thread."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        _stop_thread(self)
 
     # ------------------------------------------------------------------ worker side
 
@@ -251,3 +268,79 @@ class Scheduler:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+
+class LatestOnly:
+    """Hands the newest of a stream of items to a slow consumer: at most one ``show`` in flight.
+
+    :meth:`put` never waits: it replaces the item not yet shown (counted in ``n_dropped``) and
+    wakes the drawing thread. The drawing thread shows the newest item, one at a time, so when
+    the consumer (a browser re-rendering the 3D view) is slower than the producer (the fit loop),
+    no queue builds up and the view is at most one item behind the newest.
+
+    Parameters
+    ----------
+    show : callable(item)
+        Draws one item; errors are logged, never raised into the producer.
+    threaded : bool
+        With ``False`` (tests, scripts) :meth:`put` shows the item in the caller's thread.
+    """
+
+    def __init__(self, show: Callable[[object], None], *, threaded: bool = True):
+        self.show = show
+        self.n_put = 0
+        self.n_shown = 0
+        self.n_dropped = 0
+        self._pending: list = []  # at most one item
+        self._busy = False
+        self._stop = False
+        self._cond = threading.Condition()
+        self._thread = None
+        if threaded:
+            self._thread = threading.Thread(target=self._loop, name="workbench-draw", daemon=True)
+            self._thread.start()
+
+    def put(self, item) -> None:
+        """Offer ``item``; an item still waiting is dropped for it."""
+        with self._cond:
+            self.n_put += 1
+            if self._pending:
+                self.n_dropped += 1
+            self._pending[:] = [item]
+            self._cond.notify_all()
+        if self._thread is None:
+            self._drain()
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until every item offered is shown or dropped; False on timeout."""
+        with self._cond:
+            return _wait_while(self._cond, lambda: self._pending or self._busy, timeout)
+
+    def close(self) -> None:
+        """Stop the drawing thread (an item still waiting is not shown)."""
+        _stop_thread(self)
+
+    def _drain(self) -> None:
+        with self._cond:
+            if not self._pending:
+                return
+            item = self._pending.pop()
+            self._busy = True
+        try:
+            self.show(item)
+            self.n_shown += 1
+        except Exception:  # the producer must keep running; the drawing error goes to the log
+            log.exception("workbench drawing: unhandled error")
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._pending:
+                    self._cond.wait()
+                if self._stop:
+                    return
+            self._drain()

@@ -190,3 +190,16 @@ def voila_server(browser, tmp_path_factory):
     server = Server("app", tmp_path_factory.mktemp("voila"), [])
     yield server
     server.stop()
+
+
+def open_workbench(browser, server: Server, width: int, height: int):
+    """A page on ``server``'s app, once it is ready and its 3D canvas drawn: ``(OfflinePage, WorkbenchUI)``."""
+    from tests.browser.pages import WorkbenchUI
+
+    op = OfflinePage(browser, width=width, height=height)
+    op.page.goto(server.url, timeout=180_000)
+    op.page.wait_for_selector(".wb-status", timeout=120_000)
+    ui = WorkbenchUI(op.page)
+    ui.wait_ready()
+    ui.wait_canvas_drawn()
+    return op, ui

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.browser.conftest import OfflinePage
+from tests.browser.conftest import open_workbench
 from tests.browser.pages import WorkbenchUI, image_stats, images_differ, screenshot
 
 pytestmark = pytest.mark.browser
@@ -19,12 +19,7 @@ TRIANGLES_PER_ELLIPSOID = 80  # workbench.compute.unit_sphere(1)
 
 @pytest.fixture(scope="module")
 def app(browser, voila_server):
-    op = OfflinePage(browser, width=1280, height=900)
-    op.page.goto(voila_server.url, timeout=180_000)
-    op.page.wait_for_selector(".wb-status", timeout=120_000)
-    ui = WorkbenchUI(op.page)
-    ui.wait_ready()
-    ui.wait_canvas_drawn()
+    op, ui = open_workbench(browser, voila_server, 1280, 900)
     yield op, ui
     op.close()
 

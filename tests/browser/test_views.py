@@ -16,7 +16,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.browser.conftest import OfflinePage
+from tests.browser.conftest import open_workbench
 from tests.browser.pages import SCREENSHOTS, WorkbenchUI, image_stats, percentiles, screenshot
 
 pytestmark = pytest.mark.browser
@@ -30,12 +30,7 @@ RESULTS: dict[str, dict] = {}
 
 @pytest.fixture(scope="module")
 def app(browser, voila_server):
-    op = OfflinePage(browser, width=WIDTH, height=HEIGHT)
-    op.page.goto(voila_server.url, timeout=180_000)
-    op.page.wait_for_selector(".wb-status", timeout=120_000)
-    ui = WorkbenchUI(op.page)
-    ui.wait_ready()
-    ui.wait_canvas_drawn()
+    op, ui = open_workbench(browser, voila_server, WIDTH, HEIGHT)
     yield op, ui
     op.close()
     if RESULTS:

@@ -65,7 +65,7 @@ def user_folder(tmp_path_factory) -> Path:
 
 
 def test_notebooks_are_stripped_and_shipped():
-    """Committed notebooks carry no outputs or execution counts, and the six are all there."""
+    """Committed notebooks carry no outputs or execution counts, and the seven are all there."""
     assert NAMES == [
         "01_quickstart.ipynb",
         "02_how_a_map_arises.ipynb",
@@ -73,6 +73,7 @@ def test_notebooks_are_stripped_and_shipped():
         "04_kernel_debugging.ipynb",
         "05_benchmarks.ipynb",
         "06_ensembles.ipynb",
+        "07_fit_loop.ipynb",
     ], NAMES
     for name in NAMES:
         nb = nbformat.read(NOTEBOOKS / name, as_version=4)

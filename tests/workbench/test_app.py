@@ -746,7 +746,7 @@ def test_controls_sit_in_collapsible_sections_and_the_section_never_shrinks(make
     sections = c.sections
     assert list(sections) == [
         "density", "model file, ADPs and radiation", "section colours and contours", "3D view and gradients",
-        "compute", "profile and atom table", "export",
+        "compute", "profile and atom table", "export", "relax",
     ]  # fmt: skip
     # one accordion, one section open at a time (issue 34: open sections made the panel
     # 1,030-1,410 px tall); density open at start
@@ -760,6 +760,7 @@ def test_controls_sit_in_collapsible_sections_and_the_section_never_shrinks(make
         "backend_reason", "export_model", "export_map",
     ]:  # fmt: skip
         assert getattr(c, name) in held, f"{name} is in no control section"
+    assert c.sections["relax"].children == (wb.relax.widget,)
     # an image with max-width 100 % in a shrinking flex item was drawn at 20×17 px (issue 19)
     assert wb.slice.widget.layout.flex == "0 0 auto" and wb.difference.slice.widget.layout.flex == "0 0 auto"
 

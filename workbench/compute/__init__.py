@@ -14,6 +14,7 @@ One module per stage, each importing only the stages before it:
 - :mod:`~workbench.compute.sections` — map → a section in Å, the atoms near it
 - :mod:`~workbench.compute.render` — a section → a smooth raster in Å, σ contours, atom marks
 - :mod:`~workbench.compute.pipeline` — :class:`Pipeline` and its :class:`Result`
+- :mod:`~workbench.compute.relax` — the fit loop of the relax control (one step at a time)
 - :mod:`~workbench.compute.comparison` — one backend against another
 - :mod:`~workbench.compute.export` — CCP4 bytes, PDB text, gradient CSV
 - :mod:`~workbench.compute.scene` — the 3D view's map box, volume, arrows, ADP ellipsoids and focus
@@ -63,6 +64,16 @@ from workbench.compute.maps import (
     tricubic_sampler,
 )
 from workbench.compute.pipeline import Pipeline, Result
+from workbench.compute.relax import (
+    RELAX_RANGES,
+    Relaxation,
+    RelaxFrame,
+    RelaxProblem,
+    frame_result,
+    relax_problem,
+    rmsd,
+    run_relaxation,
+)
 from workbench.compute.render import (
     ELEMENT_COLOURS,
     SECTION_PIXELS,
@@ -125,6 +136,14 @@ from workbench.compute.sections import (
 from workbench.compute.text import count, ordinal
 
 __all__ = [
+    "RELAX_RANGES",
+    "RelaxFrame",
+    "RelaxProblem",
+    "Relaxation",
+    "frame_result",
+    "relax_problem",
+    "rmsd",
+    "run_relaxation",
     "count",
     "ordinal",
     "ARROW_MAX_LENGTH",

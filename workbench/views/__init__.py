@@ -7,6 +7,7 @@ Every view builds its widgets and marks once and updates them in place (inside
 from workbench.views.difference import DifferenceView
 from workbench.views.download import Download
 from workbench.views.profile import ProfileView
+from workbench.views.relax import RelaxView
 from workbench.views.slice import SliceView
 from workbench.views.status import StatusView
 from workbench.views.table import AtomTableView
@@ -18,6 +19,7 @@ __all__ = [
     "DifferenceView",
     "Download",
     "ProfileView",
+    "RelaxView",
     "Scene3DView",
     "SliceView",
     "StatusView",

@@ -576,3 +576,12 @@ class Controls:
         )
         panel.add_class("wb-controls")
         return panel
+
+    def add_section(self, title: str, css: str, widget: widgets.Widget) -> None:
+        """Append ``widget`` to the accordion as one more section (CSS ``wb-section wb-section-<css>``)."""
+        box = widgets.VBox([widget])
+        box.add_class("wb-section")
+        box.add_class(f"wb-section-{css}")
+        self.sections[title] = box
+        self.accordion.children = list(self.sections.values())
+        self.accordion.titles = tuple(self.sections)

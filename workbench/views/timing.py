@@ -44,6 +44,15 @@ class TimingView:
             f"<table>{cells}</table>"
         )
 
+    def update_step(self, timings: dict[str, float], *, step: int, backend: str, device: str, grid_shape, n_atoms: int):
+        """Show one relax step's breakdown (seconds; :attr:`workbench.compute.RelaxFrame.timings`)."""
+        cells = "".join(f"<tr><td>{html.escape(k)}</td><td>{v * 1e3:.2f} ms</td></tr>" for k, v in timings.items())
+        shape = "×".join(str(n) for n in grid_shape)
+        self.current.value = (
+            f"<b>relax step {step + 1}: {html.escape(backend)} on {html.escape(device)}</b>, {count(n_atoms, 'atom')}, "
+            f"grid {shape} (the step shown; the first steps include compilation)<table>{cells}</table>"
+        )
+
     def stale(self, label: str, now: str) -> None:
         """The backend table was timed for ``label``; the views now show ``now``: clear it and say so."""
         self.rows = []

@@ -1,0 +1,324 @@
+"""The fit loop behind the workbench's "relax" control: a state → one step, no widgets.
+
+The loss is ``benchmarks/bench_loop.py``'s (issue 33):
+
+    L(x) = V·Σ_voxels (ρ_calc(x) − ρ_target)² + λ·NLL_planarity(x)
+
+with V the voxel volume, ρ_calc the splat of the atoms at positions x (the workbench's radius,
+cutoff, blur, device and backend), ρ_target the map the density-fit arrows use (a loaded map,
+or the map of the undistorted model) and the planarity NLL of the model's planes. One step
+evaluates both terms and their gradients separately (so each can be drawn and timed), adds them
+as ∇L = ∇fit + λ·∇NLL, and lets Adam move x by about ``lr`` Å.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+import kernels
+from kernels import AtomSet, GridSpec
+from workbench.compute.errors import WorkbenchError, sentence
+from workbench.compute.maps import GradientResult, _compute_atoms, _sync, map_statistics
+from workbench.compute.pipeline import Result
+from workbench.compute.sections import atoms_near_section, section
+from workbench.state import Settings, density_units, op_backend
+
+__all__ = [
+    "RELAX_RANGES",
+    "RelaxFrame",
+    "RelaxProblem",
+    "Relaxation",
+    "frame_result",
+    "relax_problem",
+    "rmsd",
+    "run_relaxation",
+]
+
+#: name -> (min, max, default) of the relax control's settings: steps, Adam's lr (Å), λ.
+RELAX_RANGES: dict[str, tuple[float, float, float]] = {
+    "steps": (1, 10000, 50),
+    "lr": (0.001, 0.5, 0.05),
+    "lam": (0.0, 100.0, 0.1),
+}
+
+
+def rmsd(xyz: torch.Tensor, reference: torch.Tensor) -> float:
+    """Root-mean-square distance (Å) between positions ``xyz`` and ``reference``, both (N, 3)."""
+    d = (xyz.detach().double().cpu() - reference.detach().double().cpu()).pow(2).sum(dim=-1)
+    return float(d.mean().sqrt())
+
+
+@dataclasses.dataclass(eq=False)
+class RelaxProblem:
+    """What the loop fits: start atoms, grid, target map and planes, all on the compute device.
+
+    Attributes
+    ----------
+    atoms : kernels.AtomSet
+        N atoms at the start positions, on ``device`` in the density backend's dtype (float64 for
+        ``reference``, else float32).
+    grid : kernels.GridSpec
+    target : torch.Tensor, shape grid.shape
+        ρ_target on ``device`` in ``atoms.dtype``.
+    planes : kernels.PlaneSet
+        The model's planar groups on ``device``.
+    reference : torch.Tensor or None, shape (N, 3)
+        Positions the RMSD is measured against (the model as read), CPU.
+    radius, cutoff, blur : float or None
+        :func:`kernels.splat_density`'s arguments (the workbench's settings).
+    density_backend, planarity_backend : str
+        Resolved backend names.
+    device : torch.device
+    """
+
+    atoms: AtomSet
+    grid: GridSpec
+    target: torch.Tensor
+    planes: object
+    reference: torch.Tensor | None
+    radius: float | None
+    cutoff: float
+    blur: float
+    density_backend: str
+    planarity_backend: str
+    device: torch.device
+
+
+def relax_problem(
+    atoms: AtomSet,
+    grid: GridSpec,
+    target: torch.Tensor,
+    planes,
+    settings: Settings,
+    *,
+    reference: torch.Tensor | None = None,
+) -> RelaxProblem:
+    """A :class:`RelaxProblem` on the device and backend of ``settings``.
+
+    Parameters
+    ----------
+    atoms : kernels.AtomSet
+        Start (N atoms, any device and dtype), e.g. the workbench's distorted atoms.
+    grid : kernels.GridSpec
+    target : torch.Tensor, shape grid.shape
+        ρ_target (e.g. :attr:`workbench.compute.Result.target`).
+    planes : kernels.PlaneSet
+        :func:`workbench.compute.find_planes` of the model.
+    settings : Settings
+        Device, backend, radius mode and radius, cutoff and blur of the splat.
+    reference : torch.Tensor, optional, shape (N, 3)
+        Positions to measure the RMSD against.
+
+    Raises
+    ------
+    WorkbenchError
+        The backend cannot run here, or ``target`` is not on ``grid``.
+    """
+    if tuple(target.shape) != tuple(grid.shape):
+        raise WorkbenchError(f"ρ_target has shape {tuple(target.shape)}, the grid {tuple(grid.shape)}: recompute first")
+    device = torch.device(settings.device)
+    name, catoms = _compute_atoms(atoms, device, settings.backend, "density")
+    try:
+        p_name = kernels.resolve_backend("planarity", device, op_backend("planarity", settings.backend))
+    except kernels.BackendError as exc:
+        raise WorkbenchError(f"planarity backend on {device}: {sentence(exc)} Choose backend 'auto'.") from exc
+    return RelaxProblem(
+        atoms=catoms,
+        grid=grid,
+        target=target.detach().to(device, catoms.dtype),
+        planes=planes.to(device),
+        reference=None if reference is None else reference.detach().double().cpu(),
+        radius=settings.radius_arg,
+        cutoff=settings.density_cutoff,
+        blur=settings.blur,
+        density_backend=name,
+        planarity_backend=p_name,
+        device=device,
+    )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RelaxFrame:
+    """The loop's state at the start of one step: positions, their map, both gradients, the losses.
+
+    Everything describes the positions ``xyz`` (the map, the gradients and the losses are theirs);
+    the step's update then moved the atoms on.
+
+    Attributes
+    ----------
+    step : int
+        0-based index of the step.
+    xyz : torch.Tensor, shape (N, 3), float64, CPU
+    rho : torch.Tensor, shape grid.shape
+        ρ_calc(xyz), detached, on the compute device.
+    loss, fit, planarity : float
+        L, V·Σ(ρ − ρ_target)² and the planarity NLL (L = fit + λ·planarity).
+    rmsd : float or None
+        Å to the problem's reference positions.
+    density_gradient, planarity_gradient : GradientResult
+        Per-atom gradients for the arrows: of ½‖ρ − ρ_target‖² (the workbench's density-fit arrows,
+        = ∇fit / 2V) and of the NLL.
+    timings : dict of str to float
+        Seconds: ``splat forward+backward``, ``planarity forward+backward``, ``update`` (Adam) and
+        ``step`` (all three, with building the atoms).
+    """
+
+    step: int
+    xyz: torch.Tensor
+    rho: torch.Tensor
+    loss: float
+    fit: float
+    planarity: float
+    rmsd: float | None
+    density_gradient: GradientResult
+    planarity_gradient: GradientResult
+    timings: dict[str, float]
+
+
+class Relaxation:
+    """Adam over the positions of a :class:`RelaxProblem`; :meth:`step` runs one step.
+
+    Parameters
+    ----------
+    problem : RelaxProblem
+    lr : float
+        Adam's step size, Å (its largest move per coordinate and step is about ``lr``).
+    lam : float
+        λ ≥ 0, the weight of the planarity NLL.
+
+    Raises
+    ------
+    ValueError
+        ``lr`` or ``lam`` outside :data:`RELAX_RANGES`.
+    """
+
+    def __init__(self, problem: RelaxProblem, *, lr: float = 0.05, lam: float = 0.1):
+        for name, value in (("lr", lr), ("lam", lam)):
+            lo, hi, _ = RELAX_RANGES[name]
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise ValueError(f"relax {name} must be a number in [{lo:g}, {hi:g}], got {value!r}")
+            if not lo <= value <= hi:
+                raise ValueError(f"relax {name} must lie in [{lo:g}, {hi:g}], got {value!r}")
+        self.problem = problem
+        self.lr, self.lam = float(lr), float(lam)
+        self.x = problem.atoms.xyz.detach().clone().requires_grad_(True)
+        self.optimizer = torch.optim.Adam([self.x], lr=self.lr)
+        self.n_steps = 0
+
+    @property
+    def xyz(self) -> torch.Tensor:
+        """The current positions (after the last update), (N, 3) float64 CPU."""
+        return self.x.detach().double().cpu()
+
+    def step(self) -> RelaxFrame:
+        """Evaluate L and ∇L at the current positions, update them, and return the frame of those positions."""
+        p, x = self.problem, self.x
+        volume = p.grid.voxel_volume
+        _sync(p.device)
+        t0 = time.perf_counter()
+        moved = p.atoms.replace(xyz=x)  # a few µs: no value read, labels shared
+        rho = kernels.splat_density(
+            moved, p.grid, radius=p.radius, cutoff=p.cutoff, backend=p.density_backend, blur=p.blur
+        )
+        fit = ((rho - p.target) ** 2).sum() * volume
+        (g_fit,) = torch.autograd.grad(fit, x)
+        _sync(p.device)
+        t1 = time.perf_counter()
+        nll = kernels.planarity_nll(x, p.planes, backend=p.planarity_backend)
+        (g_nll,) = torch.autograd.grad(nll, x)
+        _sync(p.device)
+        t2 = time.perf_counter()
+        xyz = x.detach().double().cpu()  # the positions this frame describes, before the update
+        x.grad = g_fit + self.lam * g_nll
+        self.optimizer.step()
+        _sync(p.device)
+        t3 = time.perf_counter()
+        fit_v, nll_v = float(fit.detach()), float(nll.detach())
+        units = density_units(p.atoms.radiation)
+        common = dict(backend=p.density_backend, forward_s=t1 - t0, backward_s=0.0)
+        frame = RelaxFrame(
+            step=self.n_steps,
+            xyz=xyz,
+            rho=rho.detach(),
+            loss=fit_v + self.lam * nll_v,
+            fit=fit_v,
+            planarity=nll_v,
+            rmsd=None if p.reference is None else rmsd(xyz, p.reference),
+            density_gradient=GradientResult(
+                kind="density",
+                loss=fit_v / (2 * volume),
+                grad=(g_fit / (2 * volume)).detach().to("cpu", torch.float64).numpy(),
+                units=f"({units})²/Å",
+                **common,
+            ),
+            planarity_gradient=GradientResult(
+                kind="planarity",
+                loss=nll_v,
+                grad=g_nll.detach().to("cpu", torch.float64).numpy(),
+                units="1/Å",
+                backend=p.planarity_backend,
+                forward_s=t2 - t1,
+                backward_s=0.0,
+            ),
+            timings={
+                "splat forward+backward": t1 - t0,
+                "planarity forward+backward": t2 - t1,
+                "update": t3 - t2,
+                "step": t3 - t0,
+            },
+        )
+        self.n_steps += 1
+        return frame
+
+
+def run_relaxation(
+    relaxation: Relaxation, n_steps: int, *, stop: threading.Event, emit: Callable[[RelaxFrame], None]
+) -> int:
+    """Run up to ``n_steps`` steps, handing each frame to ``emit``; return the steps run.
+
+    ``stop`` is read before every step, so a stop set during a step ends the run when that step
+    is done: it takes effect within one step. ``emit`` must not block on drawing (the workbench
+    gives it a :class:`workbench.scheduler.LatestOnly`, which keeps only the newest frame).
+    """
+    done = 0
+    for _ in range(int(n_steps)):
+        if stop.is_set():
+            break
+        frame = relaxation.step()
+        done += 1
+        if not math.isfinite(frame.loss):
+            raise WorkbenchError(f"the fit diverged at step {frame.step} (loss {frame.loss}): lower the step size")
+        emit(frame)
+    return done
+
+
+def frame_result(result: Result, frame: RelaxFrame, *, key: tuple) -> Result:
+    """What the views draw for ``frame`` of a run started from ``result``: ``result`` with the frame's
+    positions, map (its statistics, and the same section index cut from it), timings and the gradient of
+    the settings' ``gradient_kind``; ``key`` (run, step) makes its ``atoms_key`` and ``map_key`` unique.
+
+    The tricubic samples and the line profile stay ``result``'s (they are not recomputed per step).
+    """
+    s = result.settings
+    rho = frame.rho.cpu()
+    mean, sigma, lo, hi = map_statistics(rho)
+    sec = section(rho, result.grid, s.axis, result.section.index, (lo, hi))
+    return dataclasses.replace(
+        result,
+        atoms=result.atoms.replace(xyz=frame.xyz),
+        rho=rho,
+        mean=mean,
+        sigma=sigma,
+        section=sec,
+        near=atoms_near_section(frame.xyz, result.grid, sec),
+        gradient=frame.density_gradient if s.gradient_kind == "density" else frame.planarity_gradient,
+        timings=frame.timings,
+        atoms_key=(*result.atoms_key, "relax", *key),
+        map_key=("relax", *key),
+    )
