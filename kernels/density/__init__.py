@@ -120,20 +120,23 @@ def _peak_density_host(atoms: AtomSet) -> np.ndarray:
         b_iso, occ = _host_array(atoms.b_iso), _host_array(atoms.occ)
         if atoms.u_aniso is not None:
             u, flag = _host_array(atoms.u_aniso), atoms.aniso.numpy()
-    scale = (4 * math.pi) / (b + b_iso[:, None])
-    peaks = (a * (scale * np.sqrt(scale))).sum(axis=1) * occ
-    if atoms.u_aniso is not None and flag.any():
-        # det(U + c·I) from U's characteristic polynomial: c³ + tr·c² + m₂·c + det, per term width c.
-        ua = u[flag]
-        u11, u22, u33, u12, u13, u23 = ua.T
-        tr = u11 + u22 + u33
-        m2 = u11 * u22 + u11 * u33 + u22 * u33 - u12 * u12 - u13 * u13 - u23 * u23
-        det = u11 * (u22 * u33 - u23 * u23) - u12 * (u12 * u33 - u23 * u13) + u13 * (u12 * u23 - u22 * u13)
-        c = b[flag] / U_TO_B
-        det_m = c**3 + tr[:, None] * c**2 + m2[:, None] * c + det[:, None]
-        # a U that is not positive definite has no peak; the kernel refuses it, not this warning
-        det_m = np.clip(det_m, 1e-300, None)
-        peaks[flag] = (a[flag] * (2 * math.pi) ** -1.5 / np.sqrt(det_m)).sum(axis=1) * occ[flag]
+    # An atom with no peak (B ≤ 0, a U that is not positive definite) divides by zero here: the
+    # kernels refuse it with its name, so the warning this estimate serves stays quiet about it.
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        scale = (4 * math.pi) / (b + b_iso[:, None])
+        peaks = (a * (scale * np.sqrt(scale))).sum(axis=1) * occ
+        if atoms.u_aniso is not None and flag.any():
+            # det(U + c·I) from U's characteristic polynomial: c³ + tr·c² + m₂·c + det, per term width c.
+            ua = u[flag]
+            u11, u22, u33, u12, u13, u23 = ua.T
+            tr = u11 + u22 + u33
+            m2 = u11 * u22 + u11 * u33 + u22 * u33 - u12 * u12 - u13 * u13 - u23 * u23
+            det = u11 * (u22 * u33 - u23 * u23) - u12 * (u12 * u33 - u23 * u13) + u13 * (u12 * u23 - u22 * u13)
+            c = b[flag] / U_TO_B
+            det_m = c**3 + tr[:, None] * c**2 + m2[:, None] * c + det[:, None]
+            # a U that is not positive definite has no peak; the kernel refuses it, not this warning
+            det_m = np.clip(det_m, 1e-300, None)
+            peaks[flag] = (a[flag] * (2 * math.pi) ** -1.5 / np.sqrt(det_m)).sum(axis=1) * occ[flag]
     return peaks
 
 

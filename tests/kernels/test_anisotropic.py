@@ -329,6 +329,24 @@ def test_a_non_positive_definite_u_reaching_the_reference_is_an_error_not_nan():
         kernels.splat_density(bad, grid, backend="reference")
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize(
+    "row", [[0.05, 0.05, 0.0, 0.0, 0.0, 0.0], [0.05, 0.05, 0.05, 0.2, 0.0, 0.0]], ids=["singular", "indefinite"]
+)
+def test_a_u_without_a_peak_is_one_clear_error_and_no_numpy_warning(backend, dtype, row):
+    """The peak-density estimate behind the cutoff warning meets the bad U first: it stays quiet."""
+    atoms = _tilted_atoms(5.0)
+    u = atoms.u_aniso.clone()
+    u[2] = torch.tensor(row, dtype=u.dtype)
+    bad = atoms.replace(u_aniso=u, _validate=False).to("cpu", dtype)
+    grid = kernels.GridSpec.for_spacing(kernels.Cell.from_parameters(20.0, 20.0, 20.0), 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(ValueError, match=r"C3 \(index 2\) has an anisotropic U that is not positive definite"):
+            kernels.splat_density(bad, grid, backend=backend)
+
+
 def test_a_registered_backend_without_anisotropic_capability_is_not_handed_anisotropic_atoms():
     def isotropic_only(atoms, grid, *, radius=None, cutoff=1e-5):
         return kernels.splat_density(atoms, grid, backend="reference", radius=radius, cutoff=cutoff)
