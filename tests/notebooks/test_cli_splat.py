@@ -139,7 +139,7 @@ def test_the_workbench_says_which_model_it_shows(twenty_models):
     "args, text",
     [
         ([str(DATA / "3o5r.cif.gz"), "--on-bad-adp", "iso"], "not positive definite"),
-        (["--cutoff", "3.5"], "is below the cutoff"),
+        (["--cutoff", "3.5"], "is below the grid spacing"),
     ],
     ids=["on-bad-adp-iso", "cutoff-above-peaks"],
 )
