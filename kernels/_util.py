@@ -156,3 +156,47 @@ def file_problem(path: str | os.PathLike) -> str | None:
         return "a pipe (FIFO), not a regular file (save what it gives to a file first)"
     kind = next((name for test, name in kinds.items() if test(mode)), "a special file")
     return f"{kind}, not a regular file"
+
+
+_launcher_watched = False
+
+
+def end_with_launcher() -> None:
+    """Make this process end (SIGTERM) when the process that started it dies; once per process.
+
+    torchrun starts each rank in a session of its own, so a SIGKILL of torchrun reaches no rank,
+    and the ranks would run on, waiting on each other's collectives until the group's timeout.
+    Linux: ``prctl(PR_SET_PDEATHSIG)``; elsewhere a daemon thread that polls the parent's pid
+    every second. A parent that died before this call is seen at once (the process was
+    re-parented). Called by ``splat_ensemble(process_group=...)`` in a rank torchrun started and
+    by ``workbench ensemble``.
+    """
+    global _launcher_watched
+    if _launcher_watched:
+        return
+    _launcher_watched = True
+    import signal
+    import sys
+    import threading
+    import time
+
+    parent = os.getppid()
+    armed = False
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            armed = ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0) == 0  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+    if armed:
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="end-with-launcher", daemon=True).start()

@@ -220,51 +220,19 @@ def _read_trajectory(path: Path, topology: Path, md_b: float, radiation: str) ->
     return Frames(atoms, xyz, b, torch.ones((f, n), dtype=torch.float64), cell, "P 1", tuple(notes))
 
 
-def _end_with_parent() -> None:
-    """Make this process end (SIGTERM) when its parent dies.
-
-    torchrun starts each rank in a session of its own, so a SIGKILL of torchrun reaches no rank, and
-    the ranks would run on (and wait on each other's collectives until the group's timeout). Linux:
-    ``prctl(PR_SET_PDEATHSIG)``; elsewhere a daemon thread that polls the parent's pid every second.
-    A parent that died before this call is seen at once (this process was re-parented).
-    """
-    import signal
-    import sys
-    import threading
-
-    parent = os.getppid()
-    armed = False
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            armed = ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0) == 0  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            armed = False
-    if os.getppid() != parent:
-        os.kill(os.getpid(), signal.SIGTERM)
-    if armed:
-        return
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
-
-
 def _distributed(device: str):
     """(process group or None, rank, world size, device) — the group only under torchrun.
 
-    Each rank ends when its launcher dies (:func:`_end_with_parent`).
+    Each rank ends when its launcher dies (:func:`kernels._util.end_with_launcher`).
     """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "RANK" not in os.environ:
         return None, 0, 1, device
     import torch
     import torch.distributed as dist
 
-    _end_with_parent()
+    from kernels._util import end_with_launcher
+
+    end_with_launcher()
 
     if device == "cuda":
         local = int(os.environ.get("LOCAL_RANK", "0"))

@@ -22,11 +22,13 @@ the map gradient through unchanged, so each rank's input gradients hold its own 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from kernels._util import end_with_launcher
 from kernels.crystal import AtomSet, GridError, GridSpec, _free_memory, _size, _Tiled
 from kernels.density.adp import first_bad_adp, with_blur
 from kernels.density.radius import DEFAULT_CUTOFF
@@ -78,6 +80,8 @@ def _check_group(process_group) -> None:
         )
     if dist.get_rank(process_group) < 0:
         raise ValueError("this process is not a member of process_group; every rank of the group must call")
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank torchrun started: end with it (a SIGKILL reaches no rank)
+        end_with_launcher()
 
 
 _agreed: set[tuple] = set()
@@ -323,6 +327,8 @@ def splat_ensemble(
         rows and zeros elsewhere (and of ``atoms.b_iso``/``atoms.occ``, its frames' part): the
         sum over ranks (:func:`sum_gradients_over_ranks`) is the single-process gradient.
         ``reduce="none"``: each rank returns only its own frames' maps (no communication).
+        In a rank torchrun started, the first such call makes the process end with torchrun
+        (:func:`kernels._util.end_with_launcher`), which a SIGKILL of torchrun would not reach.
 
     Returns
     -------

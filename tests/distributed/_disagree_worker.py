@@ -7,6 +7,8 @@
 - ``omit``: rank 1 leaves ``process_group`` out; rank 0 passes it (group timeout 10 s).
 - ``parent``: set up as ``workbench ensemble`` does, write this rank's pid, then sleep (the test
   kills torchrun with SIGKILL and watches the ranks end).
+- ``library``: the same after one ``splat_ensemble(process_group=...)`` call, as a user's own
+  script under torchrun makes it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ def main(mode: str, out: Path) -> None:
 
         _, rank, _, _ = _distributed("cpu")
         (out / f"pid{rank}.txt").write_text(str(os.getpid()))
+        time.sleep(600)
+        return
+    if mode == "library":
+        dist.init_process_group("gloo")
+        atoms, xyz, grid = _inputs(4)
+        kernels.splat_ensemble(atoms, xyz, grid, backend="reference", process_group=dist.group.WORLD)
+        (out / f"pid{dist.get_rank()}.txt").write_text(str(os.getpid()))
         time.sleep(600)
         return
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=10))

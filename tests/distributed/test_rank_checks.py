@@ -76,9 +76,10 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to see the ranks")
-def test_ranks_end_when_torchrun_is_killed(tmp_path):
+@pytest.mark.parametrize("mode", ["parent", "library"], ids=["workbench-ensemble", "user-script"])
+def test_ranks_end_when_torchrun_is_killed(tmp_path, mode):
     launcher = subprocess.Popen(
-        _command("parent", tmp_path), cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        _command(mode, tmp_path), cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     pids: list[int] = []
     try:
