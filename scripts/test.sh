@@ -12,7 +12,7 @@ echo "==> ruff"
 "$PY" -m ruff check kernels workbench tests benchmarks
 echo "==> pytest"
 set +e
-"$PY" -m pytest -p no:cacheprovider "${@:-tests}"
+"$PY" -m pytest -p no:cacheprovider --durations=15 "${@:-tests}"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then
