@@ -8,6 +8,7 @@ matrices; :class:`GridSpec` says where each voxel of a map sits.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 import math
@@ -457,8 +458,9 @@ class _LazySequence(Sequence):
 
     __slots__ = ()
 
+    @abc.abstractmethod
     def _item(self, index: int):
-        raise NotImplementedError
+        """Item ``index`` (0 ≤ index < len), made on demand."""
 
     def __getitem__(self, index):
         if isinstance(index, slice):
