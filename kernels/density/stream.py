@@ -194,24 +194,45 @@ def _bar(progress, total, desc: str, process_group):
     return progress_bar(total, desc=desc, unit="frames", enabled=shown)
 
 
-def _chunks(stream: _Stream, prefetch, bar):
-    """``(first, chunk)`` of ``stream``, counted on ``bar``; read one ahead on a thread when ``prefetch``.
+def _chunks(stream: _Stream, prefetch, bar, device: torch.device, dtype: torch.dtype):
+    """``(first, chunk)`` of ``stream`` on ``device`` in ``dtype``, counted on ``bar``; read one ahead when ``prefetch``.
 
-    Close it (``contextlib.closing``) so that the thread ends even while an exception's traceback
-    still holds the consumer's frame.
-
-    ``prefetch`` None: on unless the frames are one tensor (whose slices cost nothing to make).
+    ``prefetch`` None: on unless the frames are one tensor (whose slices cost nothing to make). For a
+    GPU the reading side also pins each chunk, and the copy runs on a stream of its own, so it
+    overlaps the previous chunk's kernels. Close it (``contextlib.closing``) so that the reading
+    thread ends even while an exception's traceback still holds the consumer's frame.
     """
     if prefetch is None:
         prefetch = not stream.from_tensor
-    feed = _Prefetch(iter(stream)) if prefetch else None
+    items = _pinned(iter(stream), device)
+    feed = _Prefetch(items) if prefetch else None
+    copy = torch.cuda.Stream(device) if device.type == "cuda" else None
     try:
-        for first, c in feed if feed is not None else stream:
-            yield first, c
+        for first, c in feed if feed is not None else items:
+            yield first, _moved(c, device, dtype, copy)
             bar.update(c.shape[0])
     finally:
         if feed is not None:
             feed.close()
+
+
+def _pinned(items, device: torch.device):
+    for first, c in items:
+        if device.type == "cuda" and c.device.type == "cpu":
+            c = c.pin_memory()  # page-locked, so that the copy to the GPU is asynchronous
+        yield first, c
+
+
+def _moved(c: torch.Tensor, device: torch.device, dtype: torch.dtype, copy) -> torch.Tensor:
+    """``c`` on ``device`` in ``dtype``; a pinned host chunk is copied on the stream ``copy``, which the current one waits for."""
+    if copy is None or c.device.type != "cpu":
+        return c.to(device=device, dtype=dtype)
+    with torch.cuda.stream(copy):
+        out = c.to(device=device, dtype=dtype, non_blocking=True)
+    current = torch.cuda.current_stream(device)
+    current.wait_stream(copy)
+    out.record_stream(current)  # allocated on ``copy``, used on ``current``: not reused before that is done
+    return out
 
 
 def _open(frames, n: int, chunk, process_group, grid: GridSpec, device: torch.device) -> _Stream:
@@ -274,10 +295,9 @@ def splat_stream(
     with (
         _bar(progress, stream.mine, "splat_ensemble", process_group) as bar,
         torch.no_grad(),
-        closing(_chunks(stream, prefetch, bar)) as chunks,
+        closing(_chunks(stream, prefetch, bar, atoms.device, atoms.dtype)) as chunks,
     ):
         for _, c in chunks:
-            c = c.to(device=atoms.device, dtype=atoms.dtype)
             f = c.shape[0]
             w = None if weight is None else torch.full((f,), weight, dtype=atoms.dtype, device=atoms.device)
             part, small = _sum_frames(atoms, c, plan, w, None, None, None, 0, f, None, warn_small=not warned)
@@ -410,11 +430,11 @@ def ensemble_gradients(
     warned = False
     with (
         _bar(progress, stream.mine, "ensemble_gradients", process_group) as bar,
-        closing(_chunks(stream, prefetch, bar)) as chunks,
+        closing(_chunks(stream, prefetch, bar, atoms.device, atoms.dtype)) as chunks,
     ):
         for first, c in chunks:
             f = c.shape[0]
-            x = c.to(device=atoms.device, dtype=atoms.dtype).requires_grad_("xyz" in wrt)
+            x = c.detach().requires_grad_("xyz" in wrt)  # a tensor of its own: the caller's chunk stays as it is
             b = const.b_iso.expand(f, n).clone().requires_grad_() if "b_iso" in wrt else None
             o = const.occ.expand(f, n).clone().requires_grad_() if "occ" in wrt else None
             w = None if weight == 1.0 else torch.full((f,), weight, dtype=atoms.dtype, device=atoms.device)

@@ -101,6 +101,11 @@ def test_weighted_gradients_scale_and_tensor_chunks_keep_autograd():
     )
     assert sorted(parts) == [0, 4, 8]
     assert_kernel_close(torch.cat([parts[k] for k in sorted(parts)]), whole.grad)
+    chunks = list(xyz.split(5))
+    again = []
+    kernels.ensemble_gradients(atoms, chunks, grid, upstream, out=lambda s, e, g: again.append(g["xyz"]), weights=0.25)
+    assert not any(c.requires_grad for c in chunks)  # the caller's chunks are left as they were
+    assert_kernel_close(torch.cat(again), whole.grad)
 
 
 @pytest.fixture(scope="module")
