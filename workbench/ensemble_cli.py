@@ -1,8 +1,10 @@
 """``workbench ensemble``: the density map of many frames of one model, over the ranks torchrun starts.
 
-:data:`DESCRIPTION` (the subcommand's help) says what it does; :func:`read_frames` reads the
-frames, :func:`run` splats them with :func:`kernels.splat_ensemble` and writes the map with
-:func:`kernels.write_map`.
+:data:`DESCRIPTION` (the subcommand's help) says what it does; :func:`read_frames` reads every
+frame of a file whole, :func:`run` splats a multi-model file's frames so, streams a trajectory's
+through :func:`kernels.frames_from` (each rank its own share, chunk by chunk), both with
+:func:`kernels.splat_ensemble`, shows progress (:class:`PlainProgress` where stderr is not a
+terminal) and writes the map with :func:`kernels.write_map`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Frames", "read_frames", "add_parser", "EnsembleError"]
+__all__ = ["Frames", "read_frames", "add_parser", "EnsembleError", "PlainProgress"]
 
 #: ``workbench ensemble --help``'s description (plain text).
 DESCRIPTION = """\
@@ -176,14 +178,16 @@ def _read_models(path: Path, adp: str, radiation: str) -> Frames:
 def _open_trajectory(path: Path, topology: Path, md_b: float, radiation: str):
     """A trajectory's universe, atoms, cell and notes, from its topology and first frame.
 
-    Reads the first frame, and the last frame's box only (one frame each): the map takes the first
-    frame's cell, and a box that differs at the end is noted.
+    Reads the first and the last frame only: the map takes the first frame's cell, and a box that
+    differs in the last frame is noted.
 
     Returns
     -------
     (MDAnalysis.Universe, kernels.AtomSet, kernels.Cell, list of str)
         The atoms are at the first frame's positions, B ``md_b`` and occupancy 1 (float64, CPU).
     """
+    import warnings
+
     import numpy as np
     import torch
 
@@ -212,10 +216,10 @@ def _open_trajectory(path: Path, topology: Path, md_b: float, radiation: str):
             f"{topology}: the topology gives no element for some atoms; use a topology with elements "
             "(e.g. a PDB with columns 77-78 filled)"
         )
-    last = len(u.trajectory) - 1
-    box_last = _box(u.trajectory[last], path)
-    first = u.trajectory[0]
-    box = _box(first, path)
+    with warnings.catch_warnings():  # MDAnalysis's notice of a future change in its DCD reader: not the user's concern
+        warnings.simplefilter("ignore", DeprecationWarning)
+        box_last = _box(u.trajectory[len(u.trajectory) - 1], path)
+        box = _box(u.trajectory[0], path)
     cell = kernels.Cell.from_parameters(*box)
     notes = [f"trajectory without B-factors: B = {md_b:g} Å² for every atom"]
     if np.abs(box_last - box).max() > 1e-3 * box[:3].max():

@@ -68,7 +68,9 @@ def test_ctrl_c_exits_130_and_leaves_no_map(tmp_path):
     top, dcd = write_dcd(tmp_path, 20_000, seed=2)
     out = tmp_path / "map.ccp4"
     out.write_bytes(b"an earlier map")  # an interrupted run must leave it as it was
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     cmd = [sys.executable, "-m", "workbench", "ensemble", str(dcd), "--topology", str(top), "--chunk", "1"]
     proc = subprocess.Popen(
         [*cmd, "--spacing", "0.4", "--backend", "cpu", "--out", str(out)],
