@@ -186,8 +186,6 @@ def _open_trajectory(path: Path, topology: Path, md_b: float, radiation: str):
     (MDAnalysis.Universe, kernels.AtomSet, kernels.Cell, list of str)
         The atoms are at the first frame's positions, B ``md_b`` and occupancy 1 (float64, CPU).
     """
-    import warnings
-
     import numpy as np
     import torch
 
@@ -216,10 +214,8 @@ def _open_trajectory(path: Path, topology: Path, md_b: float, radiation: str):
             f"{topology}: the topology gives no element for some atoms; use a topology with elements "
             "(e.g. a PDB with columns 77-78 filled)"
         )
-    with warnings.catch_warnings():  # MDAnalysis's notice of a future change in its DCD reader: not the user's concern
-        warnings.simplefilter("ignore", DeprecationWarning)
-        box_last = _box(u.trajectory[len(u.trajectory) - 1], path)
-        box = _box(u.trajectory[0], path)
+    box_last = _box(u.trajectory[len(u.trajectory) - 1], path)
+    box = _box(u.trajectory[0], path)
     cell = kernels.Cell.from_parameters(*box)
     notes = [f"trajectory without B-factors: B = {md_b:g} Å² for every atom"]
     if np.abs(box_last - box).max() > 1e-3 * box[:3].max():
@@ -297,10 +293,12 @@ class PlainProgress:
     ----------
     stream : text file
         Where the lines go (``sys.stderr`` in the CLI).
+    whose : str
+        Whose frames are counted, said after the count (e.g. ``" of rank 0's share"``).
     """
 
-    def __init__(self, stream):
-        self.stream = stream
+    def __init__(self, stream, whose: str = ""):
+        self.stream, self.whose = stream, whose
         self.start = time.perf_counter()
         self.said_at: float | None = None
         self.said_tenth = -1
@@ -318,24 +316,27 @@ class PlainProgress:
         rate = done / elapsed if elapsed > 0 else 0.0
         if total:
             left = f"ETA {_duration((total - done) / rate)}" if rate > 0 and not end else f"in {_duration(elapsed)}"
-            text = f"{done}/{total} frames ({100.0 * done / total:.0f} %), {rate:.1f} frames/s, {left}"
+            text = f"{done}/{total} frames{self.whose} ({100.0 * done / total:.0f} %), {rate:.1f} frames/s, {left}"
         else:
-            text = f"{done} frames, {rate:.1f} frames/s, in {_duration(elapsed)}"
+            text = f"{done} frames{self.whose}, {rate:.1f} frames/s, in {_duration(elapsed)}"
         print(f"progress  {text}", file=self.stream, flush=True)
 
 
-def _progress(args: argparse.Namespace, rank: int):
-    """What :func:`kernels.splat_ensemble` gets as ``progress=``: a bar on a terminal, plain lines otherwise."""
+def _progress(args: argparse.Namespace, rank: int, world: int):
+    """What :func:`kernels.splat_ensemble` gets as ``progress=``: a bar on a terminal, plain lines
+    otherwise; rank 0 counts its own share (the ranks read theirs at the same pace)."""
     import sys
 
     if rank != 0 or args.no_progress:
         return None
-    return True if sys.stderr.isatty() else PlainProgress(sys.stderr)
+    return True if sys.stderr.isatty() else PlainProgress(sys.stderr, " of rank 0's share" if world > 1 else "")
 
 
 def run(args: argparse.Namespace) -> int:
     """The ``ensemble`` subcommand (see :func:`add_parser`); returns the exit status."""
+    import contextlib
     import sys
+    import warnings
 
     import torch
 
@@ -361,6 +362,12 @@ def run(args: argparse.Namespace) -> int:
     group, rank, world, device = _distributed(args.device)
     say = print if rank == 0 else (lambda *a, **k: None)
     dtype = torch.float64 if backend == "reference" else torch.float32
+    if args.topology is not None:
+        # MDAnalysis's notices of future changes (its DCD reader's, at every read) are not the user's
+        # concern; imported first, since its import puts its own filter for them first
+        with contextlib.suppress(ImportError):
+            import MDAnalysis  # noqa: F401
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"MDAnalysis\b")
     interrupted = False
     try:
         start = time.perf_counter()
@@ -395,7 +402,7 @@ def run(args: argparse.Namespace) -> int:
                 f"ranks   {world} ({'nccl' if device.startswith('cuda') else 'gloo'}); rank 0 {what} frames {lo}–{hi - 1}"
             )
         common = dict(radius=args.radius, cutoff=args.cutoff, backend=backend, process_group=group, blur=args.blur)
-        progress = _progress(args, rank)
+        progress = _progress(args, rank, world)
         start = time.perf_counter()
         if frames is None:
             # streaming: the atoms' own B and occupancy in every frame; each rank reads only its share
