@@ -17,6 +17,9 @@ the frames; ``reduce="sum"`` maps are then combined by one ``all_reduce`` whose 
 the map gradient through unchanged, so each rank's input gradients hold its own frames' rows
 (zeros elsewhere) and their sum over ranks is the single-process gradient
 (:func:`sum_gradients_over_ranks`).
+
+Frames that are not one tensor (an iterable of chunks, a :class:`kernels.FrameSource`) go to
+:mod:`kernels.density.stream`, which sums chunk by chunk with :func:`_sum_frames` as this module does.
 """
 
 from __future__ import annotations
@@ -318,8 +321,15 @@ def splat_ensemble(
         The N atoms every frame shares: their IT92 coefficients, and their B and occupancy where
         ``b_iso``/``occ`` are not given. ``atoms.xyz`` is not used. Its device and dtype pick the
         backend as for :func:`kernels.splat_density`.
-    xyz : torch.Tensor, shape (F, N, 3)
-        Positions in Å of every frame, F ≥ 1; the atoms' dtype and device. May require grad.
+    xyz : torch.Tensor (F, N, 3), iterable of (F_chunk, N, 3) tensors, or kernels.FrameSource
+        The frames. A tensor: positions in Å of every frame, F ≥ 1, the atoms' dtype and device;
+        may require grad. Streamed frames (a generator or any iterable of chunks, uneven sizes
+        allowed, or a :class:`kernels.FrameSource` from :func:`kernels.frames_from`): each chunk is
+        moved to the atoms' device and dtype, splatted and dropped, so at most three chunks (the
+        one splatted, the one prefetched, the one being read) and the map exist at once. They take
+        ``reduce="sum"`` only, no per-frame ``b_iso``/``occ``/``u_aniso`` (every frame uses the
+        atoms' own), ``weights`` as one number for every frame (e.g. 1/F), and the map carries no
+        autograd graph: the per-frame gradients come from :func:`kernels.ensemble_gradients`.
     grid : GridSpec
         Whole-cell grid (every backend) or box grid (``reference`` only).
     weights : torch.Tensor or sequence of float, shape (F,), optional
@@ -358,6 +368,23 @@ def splat_ensemble(
         ``reduce="none"``: each rank returns only its own frames' maps (no communication).
         In a rank torchrun started, the first such call makes the process end with torchrun
         (:func:`kernels._util.end_with_launcher`), which a SIGKILL of torchrun would not reach.
+        Streamed frames (streaming mode): each rank reads only its own share, a FrameSource's
+        :meth:`~kernels.FrameSource.share` or, for an iterable, whatever this rank's iterable
+        yields (uneven counts allowed, a rank may have none). The ranks check that they agree on
+        N, the grid shape and a FrameSource's F before reading, sum their frame counts (F ≥ 1 in
+        all) and their maps with one ``all_reduce`` each; every rank returns the full map.
+    chunk : int, optional
+        Frames per backend call (≥ 1). Default: for a host tensor ``CHUNK_ATOM_FRAMES`` atom-frames,
+        for a GPU tensor all frames in one call; streamed chunks are split into pieces of at most
+        ``chunk`` frames (a FrameSource reads ``chunk`` frames at a time).
+    progress : bool or callable, optional
+        None/False: nothing shown. True: a bar with frames/s and an ETA (``tqdm.auto`` when tqdm is
+        importable, an ipywidgets bar in a notebook; else one stderr line), on rank 0 only under a
+        process group. A callable: ``progress(done, total)`` after every backend call, on every
+        rank, counting this rank's frames (``total`` None for an iterable).
+    prefetch : bool, optional
+        Read the next chunk of streamed frames on a thread while this one is splatted (default:
+        on for streamed frames; tensors are not prefetched).
 
     Returns
     -------
@@ -371,9 +398,12 @@ def splat_ensemble(
     Raises
     ------
     TypeError
-        ``atoms`` is not an AtomSet, or ``xyz``/``b_iso``/``occ`` not tensors.
+        ``atoms`` is not an AtomSet, ``xyz`` neither a tensor, an iterable nor a FrameSource (or a
+        chunk of it not a tensor), or ``b_iso``/``occ`` not tensors; ``chunk`` not an int.
     ValueError
-        A shape other than (F, N, 3), (F, N) or (F,); F = 0; N not ``len(atoms)``; a dtype or
+        Streamed frames with ``reduce="none"``, per-frame ``b_iso``/``occ``/``u_aniso`` or per-frame
+        weights, a chunk of another shape or one that requires grad (naming the chunk), no frames
+        at all; a shape other than (F, N, 3), (F, N) or (F,); F = 0; N not ``len(atoms)``; a dtype or
         device other than the atoms'; an unknown ``reduce``; non-finite weights, or (CPU tensors)
         a non-finite position, B ≤ 0 or occupancy outside [0, 1] — naming the frame and atom;
         ``radius``/``cutoff``/``blur``/``radius_rule`` refused as :func:`kernels.splat_density`

@@ -161,6 +161,10 @@ class FrameSource:
     def __len__(self) -> int:
         return self.n_frames
 
+    def __iter__(self):
+        """Every chunk, as :meth:`chunks` gives them."""
+        return self.chunks()
+
     @property
     def chunk(self) -> int:
         return self._chunk
