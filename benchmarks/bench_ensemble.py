@@ -532,7 +532,7 @@ def stream_one_gpu_case(name: str, device: torch.device, args) -> dict:
     grid = GridSpec.for_spacing(cell, args.spacing)
     atoms = a.to(device, torch.float32)
     w = torch.randn(grid.shape, generator=torch.Generator().manual_seed(1)).to(device)
-    chunk = args.stream_chunk or max(1, kernels.DEFAULT_CHUNK_BYTES // (12 * len(atoms)))
+    chunk = args.stream_chunk or (16 if args.smoke else max(1, kernels.DEFAULT_CHUNK_BYTES // (12 * len(atoms))))
     res: dict = {"case": f"{name}, {n_frames} frames streamed in chunks of {chunk}", "frames": n_frames,
                  "chunk": chunk, "atoms": len(atoms), "grid": list(grid.shape),
                  "source": "perturbed_chunks: xyz + N(0, sigma²) made on the device per chunk, seeded"}  # fmt: skip
@@ -694,7 +694,7 @@ def stream_distributed_case(args) -> tuple[dict, dict]:
                      "frames": n_frames, "atoms": len(atoms), "grid": list(grid.shape), "backend": dist.get_backend(),
                      "dcd_bytes": dcd.stat().st_size, "dcd_write_s": time.perf_counter() - t0,
                      "file": "written just before: read from the page cache, not the disk"}  # fmt: skip
-        source = kernels.frames_from(dcd, top, chunk=args.stream_chunk)
+        source = kernels.frames_from(dcd, top, chunk=args.stream_chunk or (8 if args.smoke else None))
         res["chunk"] = source.chunk
         if rank == 0:
             print(f"\n== stream {res['case']} ({res['backend']}), chunk {source.chunk}, grid {grid.shape}", flush=True)

@@ -401,14 +401,14 @@ def run(args: argparse.Namespace) -> int:
             say(
                 f"ranks   {world} ({'nccl' if device.startswith('cuda') else 'gloo'}); rank 0 {what} frames {lo}–{hi - 1}"
             )
-        common = dict(radius=args.radius, cutoff=args.cutoff, backend=backend, process_group=group, blur=args.blur)
-        progress = _progress(args, rank, world)
+        common = dict(
+            radius=args.radius, cutoff=args.cutoff, backend=backend, process_group=group, blur=args.blur,
+            chunk=args.chunk, progress=_progress(args, rank, world),
+        )  # fmt: skip
         start = time.perf_counter()
         if frames is None:
             # streaming: the atoms' own B and occupancy in every frame; each rank reads only its share
-            rho = kernels.splat_ensemble(
-                atoms, source, grid, reduce="sum", chunk=args.chunk, progress=progress, **common
-            )
+            rho = kernels.splat_ensemble(atoms, source, grid, reduce="sum", **common)
             if not args.sum:
                 rho = rho / f
         else:
@@ -512,8 +512,8 @@ def add_parser(sub, positive) -> None:
         "--chunk",
         type=_positive_int("--chunk"),
         default=None,
-        help="frames of a trajectory read and splatted at a time, per rank (default: as many as fit in "
-        "kernels.DEFAULT_CHUNK_BYTES of positions)",
+        help="frames read and splatted at a time, per rank (default: a trajectory's as many as fit in "
+        "kernels.DEFAULT_CHUNK_BYTES of positions; a multi-model file's as splat_ensemble splits them)",
     )
     ep.add_argument(
         "--no-progress",

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import kernels
-from tests.distributed._frames import write_dcd
+from tests.distributed._frames import write_dcd, write_models
 from tests.distributed.test_torchrun import ROOT, _close, _torchrun
 from workbench.cli import main as workbench_main
 from workbench.ensemble_cli import read_frames
@@ -122,3 +122,20 @@ def test_streamed_under_torchrun_each_rank_reads_its_share(tmp_path):
     assert "/5 frames" not in proc.stderr and "DCDReader" not in proc.stderr, proc.stderr
     rho, grid = kernels.read_map(out)
     _close(rho.double(), _in_memory_mean(top, dcd, grid).double(), "map streamed by 2 ranks vs one process")
+
+
+def test_multi_model_file_read_whole_with_progress(tmp_path, capsys):
+    models = write_models(tmp_path / "models.pdb", 5, seed=1)
+    out = tmp_path / "models.ccp4"
+    assert workbench_main(["ensemble", str(models), "--spacing", "1.0", "--chunk", "2", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "frames 0–4 (read whole" in captured.out, captured.out
+    lines = [line for line in captured.err.splitlines() if line.startswith("progress  ")]
+    assert lines[0].startswith("progress  2/5 frames (40 %)") and lines[-1].startswith("progress  5/5 frames (100 %)")
+    frames = read_frames(models)  # each model's own B and occupancy
+    rho, grid = kernels.read_map(out)
+    want = kernels.splat_ensemble(
+        frames.atoms.to(dtype=torch.float32), frames.xyz.float(), grid, b_iso=frames.b_iso.float(),
+        occ=frames.occ.float(), weights=[0.2] * 5,
+    )  # fmt: skip
+    _close(rho.double(), want.double(), "multi-model mean in chunks of 2")
