@@ -293,4 +293,6 @@ def test_streaming_many_frames_keeps_the_peak_memory_bounded():
     peak = json.loads(proc.stdout.strip().splitlines()[-1])
     held = frames * peak["n"] * 3 * 4 / 1024  # KiB of positions alone, were every frame held at once
     growth = peak["after_kib"] - peak["before_kib"]
-    assert growth < 0.25 * held, f"peak RSS grew by {growth} KiB streaming {frames} frames ({held:.0f} KiB of positions)"
+    assert growth < 0.25 * held, (
+        f"peak RSS grew by {growth} KiB streaming {frames} frames ({held:.0f} KiB of positions)"
+    )
