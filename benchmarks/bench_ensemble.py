@@ -38,6 +38,22 @@ same 1,024 frames of 3wip (CPU: 1aki, 11 frames, so the split is uneven), and
   beside it); and the ranks' position gradients summed over the ranks equal the single-device
   gradient (relative L2 ≤ 1e-6).
 
+Streaming (``--stream-gpu``), issue 37 (JSON per mode into ``--out-dir``, default ``$OUT``, else
+``benchmarks/results``):
+
+- one device: 10⁶ frames of 1aki and 10⁵ of 3wip from :func:`perturbed_chunks` (made on the
+  device, seeded: the source costs next to nothing, timed alone beside), 256 MiB chunks,
+  ``splat_ensemble(reduce="sum")`` forward, and forward then :func:`kernels.ensemble_gradients`
+  (the streamed backward, a second pass); wall clock of the whole stream, peak device memory
+  (``torch.cuda.max_memory_allocated``), host RSS sampled every 5 ms beyond its level before;
+  against the in-memory rate of the same run (1aki 8,192 frames, 3wip 1,024, one call); the
+  streamed map and gradients against one tensor call (uneven chunks);
+- under torchrun: rank 0 writes a DCD of 50,000 frames of 3wip (10.3 GB, a block of distinct
+  frames repeated; then read from the page cache); rank 0 alone streams it (one GPU), then every
+  rank its share, forward and forward+backward, the slowest rank's wall clock; decoding alone
+  (``FrameSource.chunks`` without a splat); one all-reduce of the map (its own JSON); and the
+  model T(W) = F/(W·r₁) + t_ar of ``docs/scaling.md`` against the measured time.
+
 Writes JSON (rank 0) and prints a table. ``--smoke``: one rep of everything on tiny inputs, then
 a check of the JSON's layout (nonzero exit on a problem).
 
@@ -46,6 +62,8 @@ Usage::
     python benchmarks/bench_ensemble.py [--out X.json]
     torchrun --nproc_per_node 2 benchmarks/bench_ensemble.py --distributed [--out X.json]
     python benchmarks/bench_ensemble.py --device cpu --smoke
+    python benchmarks/bench_ensemble.py --stream-gpu [--out-dir DIR]
+    torchrun --nproc_per_node 2 benchmarks/bench_ensemble.py --stream-gpu [--out-dir DIR]
 """
 
 from __future__ import annotations
