@@ -138,6 +138,21 @@ def _ensemble(atoms, frames, grid, **kw):
     return kernels.splat_ensemble(atoms, frames, grid, reduce="sum", **kw)
 
 
+def _fwd_and_fwd_bwd(atoms, x: torch.Tensor, grid, w, **kw):
+    """(forward, forward+backward) of the ensemble of frames ``x`` (requiring grad), as callables:
+    the map under ``no_grad``, and ``(map * w).sum().backward()`` into ``x.grad``."""
+
+    def fwd():
+        with torch.no_grad():
+            return _ensemble(atoms, x, grid, **kw)
+
+    def fwd_bwd():
+        x.grad = None
+        (_ensemble(atoms, x, grid, **kw) * w).sum().backward()
+
+    return fwd, fwd_bwd
+
+
 def ratio_case(device: torch.device, args, deadline: E.Deadline) -> dict:
     """64 frames of 1aki, forward+backward, against one frame's eager forward+backward."""
     n_frames = 2 if args.smoke else (args.frames_1aki if device.type == "cuda" else args.frames_1aki_cpu)
@@ -150,13 +165,7 @@ def ratio_case(device: torch.device, args, deadline: E.Deadline) -> dict:
     atoms_one = AtomSet(one, atoms.b_iso, atoms.occ, atoms.a, atoms.b, _validate=False)
     atoms_one_all = AtomSet(one, b1, o1, atoms.a, atoms.b, _validate=False)
 
-    def ens_fwd():
-        with torch.no_grad():
-            return _ensemble(atoms, x, grid)
-
-    def ens_fwd_bwd():
-        x.grad = None
-        (_ensemble(atoms, x, grid) * w).sum().backward()
+    ens_fwd, ens_fwd_bwd = _fwd_and_fwd_bwd(atoms, x, grid, w)
 
     def one_fwd_bwd(at=atoms_one, leaves=(one,)):
         for t in leaves:
@@ -283,27 +292,33 @@ def throughput_case(device: torch.device, args, deadline: E.Deadline) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 
+def _timed(fn, device: torch.device, dist=None) -> float:
+    """Seconds of one call of ``fn`` (barrier first under torchrun; the slowest rank's time)."""
+    if dist is not None:
+        dist.barrier()
+    E._sync(device)
+    t0 = time.perf_counter()
+    fn()
+    E._sync(device)
+    t = time.perf_counter() - t0
+    if dist is not None:
+        tt = torch.tensor([t], dtype=torch.float64, device=device)
+        dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+        t = float(tt)
+    return t
+
+
 def _wall_stats(fn, device: torch.device, reps: int, dist=None) -> dict:
     """Per call: (barrier), wall clock to the end of the call synchronised; the slowest rank's."""
     E.warm_up(fn, device, calls=2, seconds=0.0)
-    times = []
-    for _ in range(reps):
-        if dist is not None:
-            dist.barrier()
-        E._sync(device)
-        t0 = time.perf_counter()
-        fn()
-        E._sync(device)
-        t = torch.tensor([(time.perf_counter() - t0) * 1e3], dtype=torch.float64, device=device)
-        if dist is not None:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        times.append(float(t))
-    t = sorted(times)
+    t = sorted(_timed(fn, device, dist) * 1e3 for _ in range(reps))
     return {"median_ms": statistics.median(t), "p10_ms": t[(len(t) - 1) // 10], "p90_ms": t[(9 * len(t)) // 10],
             "reps": len(t), "method": "barrier, wall clock to the synchronised end of the call, slowest rank"}  # fmt: skip
 
 
-def distributed_case(args) -> dict:
+def _join_ranks(args, timeout_s: float) -> tuple[int, int, torch.device]:
+    """(rank, world size, device) after joining torchrun's process group: NCCL on the GPU
+    ``LOCAL_RANK`` names, gloo on CPU processes (``--device cpu`` or no GPU)."""
     import datetime as dt
 
     import torch.distributed as dist
@@ -314,8 +329,16 @@ def distributed_case(args) -> dict:
     if cuda:
         torch.cuda.set_device(local)
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=dt.timedelta(seconds=180),
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=dt.timedelta(seconds=timeout_s),
                             device_id=device if cuda else None)  # fmt: skip
+    return rank, world, device
+
+
+def distributed_case(args) -> dict:
+    import torch.distributed as dist
+
+    rank, world, device = _join_ranks(args, timeout_s=180)
+    cuda = device.type == "cuda"
     group = dist.group.WORLD
     try:
         small = args.smoke or not cuda
@@ -331,21 +354,8 @@ def distributed_case(args) -> dict:
         x1 = frames.clone().requires_grad_()
         xd = frames.clone().requires_grad_()
 
-        def one_fwd():
-            with torch.no_grad():
-                return _ensemble(atoms, x1, grid)
-
-        def one_fwd_bwd():
-            x1.grad = None
-            (_ensemble(atoms, x1, grid) * w).sum().backward()
-
-        def d_fwd():
-            with torch.no_grad():
-                return _ensemble(atoms, xd, grid, process_group=group)
-
-        def d_fwd_bwd():
-            xd.grad = None
-            (_ensemble(atoms, xd, grid, process_group=group) * w).sum().backward()
+        one_fwd, one_fwd_bwd = _fwd_and_fwd_bwd(atoms, x1, grid, w)
+        d_fwd, d_fwd_bwd = _fwd_and_fwd_bwd(atoms, xd, grid, w, process_group=group)
 
         # correctness first (before any timing): map and summed gradients against one device
         ref_map = one_fwd()
@@ -483,22 +493,6 @@ class _GradSink:
         self.frames += stop - start
 
 
-def _timed(fn, device: torch.device, dist=None) -> float:
-    """Seconds of one call of ``fn`` (barrier first under torchrun; the slowest rank's time)."""
-    if dist is not None:
-        dist.barrier()
-    E._sync(device)
-    t0 = time.perf_counter()
-    fn()
-    E._sync(device)
-    t = time.perf_counter() - t0
-    if dist is not None:
-        tt = torch.tensor([t], dtype=torch.float64, device=device)
-        dist.all_reduce(tt, op=dist.ReduceOp.MAX)
-        t = float(tt)
-    return t
-
-
 def _stream_fwd_bwd(atoms, frames_fn, grid, w, device, **kw):
     """Forward (the summed map) then the streamed backward of ``(rho * w).sum()``: a new frames
     iterable from ``frames_fn()`` for each pass. Returns (map, gradient sink)."""
@@ -526,15 +520,7 @@ def stream_check(atoms, grid, w, device, args) -> dict:
 
 def _in_memory_rates(atoms, a: AtomSet, grid, w, n_mem: int, device, args) -> dict:
     """Frames per second of ``n_mem`` frames held in memory, all in one call (as throughput_case)."""
-    x = frames_of(a, n_mem, args.sigma).to(device).requires_grad_()
-
-    def fwd():
-        with torch.no_grad():
-            return _ensemble(atoms, x, grid)
-
-    def fwd_bwd():
-        x.grad = None
-        (_ensemble(atoms, x, grid) * w).sum().backward()
+    fwd, fwd_bwd = _fwd_and_fwd_bwd(atoms, frames_of(a, n_mem, args.sigma).to(device).requires_grad_(), grid, w)
 
     reps = 1 if args.smoke else 5
     stats = {"fwd": E.eager_stats(fwd, device, reps), "fwd_bwd": E.eager_stats(fwd_bwd, device, reps)}
@@ -673,20 +659,12 @@ def stream_distributed_case(args) -> tuple[dict, dict]:
     """torchrun: 3wip streamed from a DCD on one GPU (rank 0 alone) and on every rank, forward and
     the streamed backward; decoding alone; one map's all-reduce. Returns (stream, all-reduce) records
     (rank 0; empty on the others)."""
-    import datetime as dt
     import shutil
     import tempfile
 
     import torch.distributed as dist
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    cuda = args.device != "cpu" and torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(local)
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=dt.timedelta(seconds=600),
-                            device_id=device if cuda else None)  # fmt: skip
+    rank, world, device = _join_ranks(args, timeout_s=600)  # rank 0 writes the DCD while the others wait
     group = dist.group.WORLD
     folder = None
     try:
@@ -775,16 +753,11 @@ def stream_distributed_case(args) -> tuple[dict, dict]:
 
 def all_reduce_case(grid: GridSpec, device: torch.device, dist) -> dict:
     """The time of one ``all_reduce`` (SUM) of a float32 map of ``grid``: barrier, then wall clock to
-    its synchronised end, the slowest rank's, median over :data:`ALL_REDUCE_REPS` after 5 warm-up calls."""
+    its synchronised end, the slowest rank's, median over :data:`ALL_REDUCE_REPS` after 2 warm-up calls."""
     buf = torch.ones(grid.shape, dtype=torch.float32, device=device)
-    for _ in range(5):
-        dist.all_reduce(buf)
-    times = sorted(_timed(lambda: dist.all_reduce(buf), device, dist) * 1e3 for _ in range(ALL_REDUCE_REPS))
+    stats = _wall_stats(lambda: dist.all_reduce(buf), device, ALL_REDUCE_REPS, dist)
     return {"case": f"all_reduce of one {grid.shape[0]}×{grid.shape[1]}×{grid.shape[2]} float32 map",
-            "map_bytes": buf.numel() * 4, "ranks": dist.get_world_size(), "backend": dist.get_backend(),
-            "median_ms": statistics.median(times), "p10_ms": times[(len(times) - 1) // 10],
-            "p90_ms": times[(9 * len(times)) // 10], "reps": len(times),
-            "method": "barrier, wall clock to the synchronised end of the call, slowest rank"}  # fmt: skip
+            "map_bytes": buf.numel() * 4, "ranks": dist.get_world_size(), "backend": dist.get_backend(), **stats}  # fmt: skip
 
 
 def stream_gpu_main(args, device: torch.device) -> int:

@@ -464,13 +464,9 @@ def _positive_int(what: str):
     """An argparse type: a whole number ≥ 1 (frames)."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number of frames ≥ 1, got {text!r}") from None
-        if value < 1:
+        if not (text.strip().isdigit() and int(text) >= 1):  # digits only: no sign, point or exponent
             raise argparse.ArgumentTypeError(f"must be a whole number of frames ≥ 1, got {text!r}")
-        return value
+        return int(text)
 
     parse.__name__ = what
     parse.unit = "frames"
