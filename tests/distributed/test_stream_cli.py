@@ -139,3 +139,13 @@ def test_multi_model_file_read_whole_with_progress(tmp_path, capsys):
         occ=frames.occ.float(), weights=[0.2] * 5,
     )  # fmt: skip
     _close(rho.double(), want.double(), "multi-model mean in chunks of 2")
+
+
+def test_truncated_trajectory_is_one_line_and_no_map(tmp_path, capsys):
+    top, dcd = write_dcd(tmp_path, 12, seed=3)
+    dcd.write_bytes(dcd.read_bytes()[:-50])  # the last frame cut off, as by a run that stopped writing
+    out = tmp_path / "cut.ccp4"
+    assert workbench_main(["ensemble", str(dcd), "--topology", str(top), "--spacing", "1.0", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "error: " in err and "truncated" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["top.pdb", "traj.dcd"]
