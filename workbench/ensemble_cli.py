@@ -368,13 +368,14 @@ def run(args: argparse.Namespace) -> int:
         with contextlib.suppress(ImportError):
             import MDAnalysis  # noqa: F401
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"MDAnalysis\b")
-    interrupted = False
+    interrupted, source = False, None
     try:
         start = time.perf_counter()
         try:
             if args.topology is not None:
-                frames, source = None, None
-                _, atoms, cell, notes = _open_trajectory(path, Path(args.topology), args.md_b, args.radiation)
+                frames = None
+                universe, atoms, cell, notes = _open_trajectory(path, Path(args.topology), args.md_b, args.radiation)
+                universe.trajectory.close()  # the frames are read through frames_from
                 source = kernels.frames_from(path, args.topology, chunk=args.chunk, dtype=dtype)
                 f, n, spacegroup = source.n_frames, source.n_atoms, "P 1"
             else:
@@ -452,6 +453,8 @@ def run(args: argparse.Namespace) -> int:
     except (kernels.BackendError, kernels.GridError, ValueError) as exc:
         return _error(f"{exc}", EXIT_FAILURE) if rank == 0 else EXIT_FAILURE
     finally:
+        if source is not None:
+            source.close()
         if group is not None:
             import torch.distributed as dist
 
