@@ -785,6 +785,8 @@ def stream_gpu_main(args, device: torch.device) -> int:
             records[f"allreduce_{tag}_{world}ranks_{date}.json"] = {**head, "cases": [ar]}
     else:
         cases = []
+        records = {f"stream_{tag}_1device_{date}.json": {**head, "cases": cases}}
+        out_dir.mkdir(parents=True, exist_ok=True)
         for name in args.stream_structures:
             try:
                 cases.append(stream_one_gpu_case(name, device, args))
@@ -792,7 +794,8 @@ def stream_gpu_main(args, device: torch.device) -> int:
                 cases.append({"case": name, **E.error_record(exc)})
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        records = {f"stream_{tag}_1device_{date}.json": {**head, "cases": cases}}
+            for fname, rec in records.items():  # after every case: a run stopped later keeps it
+                (out_dir / fname).write_text(json.dumps(rec, indent=2) + "\n")
     out_dir.mkdir(parents=True, exist_ok=True)
     problems = []
     for fname, rec in records.items():
@@ -885,7 +888,7 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="one rep on tiny inputs, then check the JSON")
     ap.add_argument("--stream-gpu", action="store_true",
                     help="issue 37's streaming modes: one device (generator), or under torchrun (DCD, all-reduce)")  # fmt: skip
-    ap.add_argument("--stream-structures", nargs="+", default=["1aki", "3wip"], choices=["1aki", "3wip"])
+    ap.add_argument("--stream-structures", nargs="+", default=["3wip", "1aki"], choices=["1aki", "3wip"])
     ap.add_argument("--stream-frames", type=int, default=None, help="frames streamed (default: the issue's)")
     ap.add_argument("--stream-chunk", type=int, default=None, help="frames per chunk (default: the 256 MiB cap)")
     ap.add_argument("--stream-dir", type=Path, default=None, help="folder for the DCD (default: the temp folder)")
