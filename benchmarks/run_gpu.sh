@@ -21,7 +21,7 @@
 #   stream     issue 37, bench_ensemble.py --stream-gpu: one GPU streams 10^6 frames of 1AKI and 10^5 of 3WIP
 #              from a generator (forward, forward + the streamed backward, peak memory, against the
 #              in-memory rate); with 2 or more GPUs, torchrun on 2 streams 3WIP from a DCD it writes (one
-#              GPU against two, decoding alone) and times one map's all-reduce. About 5 minutes on 2 H200s.
+#              GPU against two, decoding alone) and times one map's all-reduce. Sized for about 5 minutes on 2 H200s (each run stops at 270 s).
 #   aniso      bench_aniso_gpu.py: anisotropic against isotropic atoms (1PFE, 3O5R, 3WIP synthetic U)
 #   determinism  issue 36: tests/kernels/test_density_deterministic.py (10 calls bitwise, permuted atoms),
 #              bench_atomics.py (atomic-add throughput, the splat's fractions of it) and bench_eager.py's
