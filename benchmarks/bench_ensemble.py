@@ -664,6 +664,10 @@ def stream_distributed_case(args) -> tuple[dict, dict]:
 
     import torch.distributed as dist
 
+    try:  # every rank, before any collective: none may wait on a rank that failed alone
+        import MDAnalysis  # noqa: F401
+    except ImportError:
+        raise RuntimeError("streaming from a DCD needs MDAnalysis (the [md] extra) on every rank") from None
     rank, world, device = _join_ranks(args, timeout_s=600)  # rank 0 writes the DCD while the others wait
     group = dist.group.WORLD
     folder = None
@@ -674,18 +678,21 @@ def stream_distributed_case(args) -> tuple[dict, dict]:
         grid = GridSpec.for_spacing(cell, args.spacing)
         atoms = a.to(device, torch.float32)
         w = torch.randn(grid.shape, generator=torch.Generator().manual_seed(1)).to(device)
-        # one folder for all ranks (one host): rank 0 makes it and writes the files
-        names = [None]
-        if rank == 0:
-            folder = Path(tempfile.mkdtemp(prefix="bench_stream_", dir=args.stream_dir))
-            names = [str(folder)]
-        dist.broadcast_object_list(names, src=0)
-        folder = Path(names[0])
-        dcd, top = folder / "frames.dcd", folder / "top.pdb"
+        # one folder for all ranks (one host): rank 0 makes it and writes the files, then tells the others
         t0 = time.perf_counter()
+        told = [None, None]  # (folder, why rank 0 failed)
         if rank == 0:
-            write_dcd(dcd, top, a, cell, n_frames, args.sigma)
-        dist.barrier()
+            try:
+                folder = Path(tempfile.mkdtemp(prefix="bench_stream_", dir=args.stream_dir))
+                write_dcd(folder / "frames.dcd", folder / "top.pdb", a, cell, n_frames, args.sigma)
+                told = [str(folder), None]
+            except Exception as exc:  # said to every rank, which all stop here
+                told = [None, f"rank 0 could not write the DCD: {type(exc).__name__}: {exc}"]
+        dist.broadcast_object_list(told, src=0)
+        if told[1]:
+            raise RuntimeError(told[1])
+        folder = Path(told[0])
+        dcd, top = folder / "frames.dcd", folder / "top.pdb"
         res: dict = {"case": f"{name}, {n_frames} frames from a DCD over {world} ranks", "ranks": world,
                      "frames": n_frames, "atoms": len(atoms), "grid": list(grid.shape), "backend": dist.get_backend(),
                      "dcd_bytes": dcd.stat().st_size, "dcd_write_s": time.perf_counter() - t0,
@@ -774,10 +781,11 @@ def stream_gpu_main(args, device: torch.device) -> int:
         world = os.environ["WORLD_SIZE"]
         try:
             stream, ar = stream_distributed_case(args)
-        except Exception as exc:
+        except Exception as exc:  # rank 0 records it; the others end without one, not killing rank 0 first
             stream, ar = {"case": "stream from a DCD", **E.error_record(exc)}, {}
             if int(os.environ["RANK"]) != 0:
-                raise
+                print(f"rank {os.environ['RANK']}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                return 0
         if int(os.environ["RANK"]) != 0:
             return 0
         records = {f"stream_{tag}_{world}ranks_{date}.json": {**head, "cases": [stream]}}
