@@ -64,6 +64,7 @@ Usage::
     python benchmarks/bench_ensemble.py --device cpu --smoke
     python benchmarks/bench_ensemble.py --stream-gpu [--out-dir DIR]
     torchrun --nproc_per_node 2 benchmarks/bench_ensemble.py --stream-gpu [--out-dir DIR]
+    OMP_NUM_THREADS=2 python benchmarks/bench_ensemble.py --stream-cpu 10000   # issue 37's CPU figure
 """
 
 from __future__ import annotations
@@ -898,10 +899,20 @@ def main(argv=None) -> int:
                     help="issue 37's streaming modes: one device (generator), or under torchrun (DCD, all-reduce)")  # fmt: skip
     ap.add_argument("--stream-structures", nargs="+", default=["3wip", "1aki"], choices=["1aki", "3wip"])
     ap.add_argument("--stream-frames", type=int, default=None, help="frames streamed (default: the issue's)")
-    ap.add_argument("--stream-chunk", type=int, default=None, help="frames per chunk (default: the 256 MiB cap)")
+    ap.add_argument("--stream-chunk", type=int, default=None,
+                    help="frames per chunk (default: --stream-gpu the 256 MiB cap, --stream-cpu 1024)")  # fmt: skip
     ap.add_argument("--stream-dir", type=Path, default=None, help="folder for the DCD (default: the temp folder)")
     ap.add_argument("--out-dir", type=Path, default=None, help="--stream-gpu JSON folder (default $OUT, else results)")
+    ap.add_argument(
+        "--stream-cpu",
+        type=int,
+        default=None,
+        metavar="F",
+        help="only: F frames of 1aki streamed from a DCD on the CPU against the in-memory rate (issue 37; 10000)",
+    )
     args = ap.parse_args(argv)
+    if args.stream_cpu is not None:
+        return stream_cpu_main(args)
     if args.smoke:
         args.reps, args.spacing = 1, 2.0
         args.n_atoms = args.n_atoms or 40
@@ -968,6 +979,30 @@ def main(argv=None) -> int:
             print("SCHEMA:", p)
         print("smoke:", "ok" if not problems else f"{len(problems)} problems")
     return 1 if problems and (args.smoke or not parts) else 0
+
+
+def stream_cpu_main(args) -> int:
+    """``--stream-cpu F``: :mod:`benchmarks._stream_cpu`'s measurement, written to ``ensemble_stream_cpu_<date>.json``."""
+    from benchmarks._stream_cpu import print_stream, stream_cpu
+
+    threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
+    spacing = 1.0 if args.smoke else args.spacing  # the CPU kernel is slow at 2 Å (few voxels per atom)
+    date = datetime.date.today().isoformat()
+    rec = stream_cpu(args.stream_cpu, spacing, args.sigma, args.stream_chunk or 1024, threads=threads)
+    result = {
+        "benchmark": "kernels.splat_ensemble of a DCD streamed on the CPU",
+        "date": date,
+        "env": E.environment(),
+        **rec,
+    }
+    out = (
+        args.out or ROOT / "benchmarks" / "results" / f"ensemble_stream_cpu_{'smoke_' if args.smoke else ''}{date}.json"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print_stream(rec)
+    print(f"wrote {out}")
+    return 0 if rec["stream_vs_memory"] is not None else 1
 
 
 if __name__ == "__main__":

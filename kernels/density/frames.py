@@ -152,10 +152,12 @@ class FrameSource:
 
     @property
     def n_frames(self) -> int:
+        """F, the frames of this source (``stop - start``)."""
         return self.stop - self.start
 
     @property
     def n_atoms(self) -> int:
+        """N, the atoms of every frame."""
         return self._reader.n_atoms
 
     def __len__(self) -> int:
@@ -167,6 +169,7 @@ class FrameSource:
 
     @property
     def chunk(self) -> int:
+        """Frames per chunk of :meth:`chunks` (≥ 1; setting it checks the value)."""
         return self._chunk
 
     @chunk.setter

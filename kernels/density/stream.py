@@ -19,6 +19,7 @@ import os
 import queue
 import threading
 from collections.abc import Iterable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +197,9 @@ def _bar(progress, total, desc: str, process_group):
 def _chunks(stream: _Stream, prefetch, bar):
     """``(first, chunk)`` of ``stream``, counted on ``bar``; read one ahead on a thread when ``prefetch``.
 
+    Close it (``contextlib.closing``) so that the thread ends even while an exception's traceback
+    still holds the consumer's frame.
+
     ``prefetch`` None: on unless the frames are one tensor (whose slices cost nothing to make).
     """
     if prefetch is None:
@@ -210,10 +214,19 @@ def _chunks(stream: _Stream, prefetch, bar):
             feed.close()
 
 
-def _agree(process_group, stream: _Stream, n: int, grid: GridSpec, device: torch.device) -> None:
-    """The ranks' check of N, the grid and (when known up front) F; an iterable's F is checked as -1."""
+def _open(frames, n: int, chunk, process_group, grid: GridSpec, device: torch.device) -> _Stream:
+    """This rank's :class:`_Stream` of ``frames``, after the ranks' check of N, the grid and F.
+
+    An iterable's F is not known up front: it is checked as -1 (a FrameSource on one rank and an
+    iterable on another disagree).
+    """
+    chunk = None if chunk is None else whole_chunk(chunk)
+    if process_group is None:
+        return _Stream(frames, n, chunk, None, device)
     _check_group(process_group)
+    stream = _Stream(frames, n, chunk, process_group, device)
     _check_ranks_agree(process_group, -1 if stream.total is None else stream.total, n, grid, device)
+    return stream
 
 
 def _all_frames(process_group, count: int, device: torch.device) -> int:
@@ -256,12 +269,14 @@ def splat_stream(
     _streaming_only(b_iso, occ, u_aniso, reduce)
     weight = None if weights is None else _real_weight(weights)
     plan = _plan(atoms, grid, backend, radius, cutoff, blur, radius_rule)
-    stream = _Stream(frames, n, None if chunk is None else whole_chunk(chunk), process_group, atoms.device)
-    if process_group is not None:
-        _agree(process_group, stream, n, grid, atoms.device)
+    stream = _open(frames, n, chunk, process_group, grid, atoms.device)
     out, done, warned = None, 0, False
-    with _bar(progress, stream.mine, "splat_ensemble", process_group) as bar, torch.no_grad():
-        for _, c in _chunks(stream, prefetch, bar):
+    with (
+        _bar(progress, stream.mine, "splat_ensemble", process_group) as bar,
+        torch.no_grad(),
+        closing(_chunks(stream, prefetch, bar)) as chunks,
+    ):
+        for _, c in chunks:
             c = c.to(device=atoms.device, dtype=atoms.dtype)
             f = c.shape[0]
             w = None if weight is None else torch.full((f,), weight, dtype=atoms.dtype, device=atoms.device)
@@ -386,17 +401,18 @@ def ensemble_gradients(
         shape = tuple(map_grad.shape) if isinstance(map_grad, torch.Tensor) else type(map_grad).__name__
         raise ValueError(f"map_grad must be a tensor of the grid's shape {tuple(grid.shape)} (∂L/∂ρ), got {shape}")
     map_grad = map_grad.detach().to(device=atoms.device, dtype=plan.dtype)
-    stream = _Stream(frames, n, None if chunk is None else whole_chunk(chunk), process_group, atoms.device)
-    if process_group is not None:
-        _agree(process_group, stream, n, grid, atoms.device)
+    stream = _open(frames, n, chunk, process_group, grid, atoms.device)
     write, path = _writer(out, stream, n, wrt, plan.dtype, process_group)
     const = atoms.replace(
         b_iso=atoms.b_iso.detach(), occ=atoms.occ.detach(),
         u_aniso=None if atoms.u_aniso is None else atoms.u_aniso.detach(), _validate=False,
     )  # fmt: skip
     warned = False
-    with _bar(progress, stream.mine, "ensemble_gradients", process_group) as bar:
-        for first, c in _chunks(stream, prefetch, bar):
+    with (
+        _bar(progress, stream.mine, "ensemble_gradients", process_group) as bar,
+        closing(_chunks(stream, prefetch, bar)) as chunks,
+    ):
+        for first, c in chunks:
             f = c.shape[0]
             x = c.to(device=atoms.device, dtype=atoms.dtype).requires_grad_("xyz" in wrt)
             b = const.b_iso.expand(f, n).clone().requires_grad_() if "b_iso" in wrt else None

@@ -225,6 +225,8 @@ def test_streamed_inputs_that_cannot_be_taken_are_refused(trajectory, tmp_path):
         kernels.splat_ensemble(atoms, iter([xyz[:2], xyz[2:4, :6]]), grid)
     with pytest.raises(ValueError, match="chunk 0 requires grad.* kernels.ensemble_gradients"):
         kernels.splat_ensemble(atoms, [xyz.clone().requires_grad_()], grid)
+    with pytest.raises(ValueError, match="torch.distributed is not initialised"):
+        kernels.splat_ensemble(atoms, kernels.frames_from(dcd, top), grid, process_group=object())
     with pytest.raises(ValueError, match="held no frames"):
         kernels.splat_ensemble(atoms, iter([]), grid)
     with pytest.raises(TypeError, match="torch.from_numpy"):
@@ -255,6 +257,12 @@ def test_a_failing_source_stops_the_prefetch_thread():
     bad = iter([xyz[:2], xyz[2:4, :3], xyz[4:]])  # the consumer fails: the reading thread must end too
     with pytest.raises(ValueError, match="chunk 1 has shape"):
         kernels.splat_ensemble(atoms, bad, grid, prefetch=True)
+    assert not [t for t in threading.enumerate() if t.name == "kernels-prefetch"]
+    nan = xyz[2:4].clone()
+    nan[1, 3, 0] = float("nan")
+    with pytest.raises(ValueError, match="frame 1: atom .* non-finite position") as caught:  # raised by the splat
+        kernels.splat_ensemble(atoms, iter([xyz[:2], nan, xyz[4:], xyz[4:]]), grid, prefetch=True)
+    assert caught.traceback  # the traceback (and the consumer's frame) is still alive here
     assert not [t for t in threading.enumerate() if t.name == "kernels-prefetch"]
 
 
