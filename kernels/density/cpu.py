@@ -17,7 +17,7 @@ preparation and the map's slabs; the backward likewise) and no multi-threaded to
 loops run on torch's own OpenMP threads where the extension shares torch's OpenMP runtime
 (checked at import, see ``_openmp_is_torchs``), else on the extension's helper threads; a team
 member kept off its core by another process sends the next calls to the helpers, whose loops
-never wait for a thread to arrive (``TorchTeam`` and ``HelperPool`` in ``scatter.cpp``).
+never wait for a thread to arrive (``TorchTeam`` and ``HelperPool`` in ``thread_pool.cpp``).
 """
 
 from __future__ import annotations
