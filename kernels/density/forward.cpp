@@ -3,6 +3,10 @@
 // through their factor tables or, where those could leave double's range, an exp per voxel).
 #include "slabs.hpp"
 
+#if defined(__linux__)
+#include <sys/mman.h>  // madvise
+#endif
+
 namespace {
 
 // One slab [x0, x1) of the map: the segments that reach it are found through the x-sorted

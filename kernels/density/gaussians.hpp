@@ -7,35 +7,16 @@
 #include "scatter.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <math.h>  // sqrtf/ceilf/floorf: libstdc++'s std:: float overloads do not inline into the AVX2 clone
 #include <cstdint>
 #include <cstring>
-#include <exception>
-#include <stdexcept>
 #include <limits>
 #include <memory>
 #include <new>
-#include <condition_variable>
-#include <functional>
-#include <mutex>
-#include <thread>
+#include <stdexcept>
 #include <vector>
-#ifndef KERNELS_NO_OPENMP
-#include <omp.h>
-#if defined(__unix__) || defined(__APPLE__)
-#include <dlfcn.h>  // dladdr: which OpenMP runtime this module calls
-#endif
-#endif
-#if defined(__unix__) || defined(__APPLE__)
-#include <pthread.h>  // pthread_atfork
-#endif
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #if defined(_OPENMP)
 #define KERNELS_SIMD _Pragma("omp simd")
