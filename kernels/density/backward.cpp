@@ -51,29 +51,43 @@ void gather_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t fir
     gather_atoms_w<8>(in, atoms, first, last, grad, S, use64, saved, gxyz, gb, gocc);
 }
 
-// n_maps maps as in splat(): atom i reads the upstream map grad + (i / (n_atoms / n_maps))·voxels.
-void gather(const Inputs& in, const float* grad, int64_t n_maps, int n_threads, bool use64, bool wide,
-            RowIntervals* saved, double* gxyz, double* gb, double* gocc, Timings& tm) {
-    auto t0 = Clock::now();
-    std::vector<AtomP> atoms;
+// Both backward drivers: every atom prepared, one scratch per worker sized for the largest box.
+void prepare_gather(const Inputs& in, int n_threads, std::vector<AtomP>& atoms, std::vector<Scratch>& scratch) {
     int64_t box[3];
     prepare_all(in, atoms, n_threads, box);
-    std::vector<Scratch> scratch(n_threads);
+    scratch.resize(n_threads);
     for (Scratch& S : scratch) size_scratch(S, box[0], box[1], box[2]);
-    tm.prepare = seconds_since(t0);
-    if (saved)
-        for (int64_t i = 0; i < in.n_atoms; ++i) tm.rows_reused += saved->off[i] >= 0;
-    t0 = Clock::now();
-    const int64_t per = 32;
+}
+
+// The atoms of each map in chunks of `per`, one task each (a chunk never spans two maps):
+// fn(first, last, upstream map of the chunk's frame, worker). Sets tm.tasks.
+template <class F>
+void for_atom_chunks(const Inputs& in, const float* grad, int64_t n_maps, int64_t per, int n_threads, Timings& tm,
+                     F&& fn) {
     const int64_t per_map = in.n_atoms / n_maps;
-    const int64_t chunks = (per_map + per - 1) / per;  // tasks of one map (a task never spans two)
+    const int64_t chunks = (per_map + per - 1) / per;
     const int64_t voxels = in.g.n[0] * in.g.n[1] * in.g.n[2];
     tm.tasks = chunks * n_maps;
     parallel_for(tm.tasks, n_threads, [&](int64_t t, int worker) {
         const int64_t m = t / chunks, c = t % chunks;
         const int64_t first = m * per_map + c * per;
-        gather_atoms(in, atoms, first, std::min((m + 1) * per_map, first + per), grad + m * voxels, scratch[worker],
-                     use64, wide, saved, gxyz, gb, gocc);
+        fn(first, std::min((m + 1) * per_map, first + per), grad + m * voxels, worker);
+    });
+}
+
+// n_maps maps as in splat(): atom i reads the upstream map grad + (i / (n_atoms / n_maps))·voxels.
+void gather(const Inputs& in, const float* grad, int64_t n_maps, int n_threads, bool use64, bool wide,
+            RowIntervals* saved, double* gxyz, double* gb, double* gocc, Timings& tm) {
+    auto t0 = Clock::now();
+    std::vector<AtomP> atoms;
+    std::vector<Scratch> scratch;
+    prepare_gather(in, n_threads, atoms, scratch);
+    tm.prepare = seconds_since(t0);
+    if (saved)
+        for (int64_t i = 0; i < in.n_atoms; ++i) tm.rows_reused += saved->off[i] >= 0;
+    t0 = Clock::now();
+    for_atom_chunks(in, grad, n_maps, 32, n_threads, tm, [&](int64_t first, int64_t last, const float* g, int worker) {
+        gather_atoms(in, atoms, first, last, g, scratch[worker], use64, wide, saved, gxyz, gb, gocc);
     });
     tm.compute = seconds_since(t0);
 }
@@ -161,22 +175,12 @@ void gather_aniso(const Inputs& in_, const float* grad, int64_t n_maps, int n_th
     std::vector<AnisoTerms> terms(in.n_atoms);
     in.terms = terms.data();
     std::vector<AtomP> atoms;
-    int64_t box[3];
-    prepare_all(in, atoms, n_threads, box);
-    std::vector<Scratch> scratch(n_threads);
-    for (Scratch& S : scratch) size_scratch(S, box[0], box[1], box[2]);
+    std::vector<Scratch> scratch;
+    prepare_gather(in, n_threads, atoms, scratch);
     tm.prepare = seconds_since(t0);
     t0 = Clock::now();
-    const int64_t per = 16;
-    const int64_t per_map = in.n_atoms / n_maps;
-    const int64_t chunks = (per_map + per - 1) / per;  // tasks of one map (a task never spans two)
-    const int64_t voxels = in.g.n[0] * in.g.n[1] * in.g.n[2];
-    tm.tasks = chunks * n_maps;
-    parallel_for(tm.tasks, n_threads, [&](int64_t t, int worker) {
-        const int64_t m = t / chunks, c = t % chunks;
-        const int64_t first = m * per_map + c * per;
-        gather_aniso_atoms(in, atoms, first, std::min((m + 1) * per_map, first + per), grad + m * voxels,
-                           scratch[worker], use64, gfrac, gocc, gu, gb);
+    for_atom_chunks(in, grad, n_maps, 16, n_threads, tm, [&](int64_t first, int64_t last, const float* g, int worker) {
+        gather_aniso_atoms(in, atoms, first, last, g, scratch[worker], use64, gfrac, gocc, gu, gb);
     });
     tm.compute = seconds_since(t0);
 }
