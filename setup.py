@@ -3,7 +3,7 @@
 Every ``kernels/**/_*.cpp`` is a thin nanobind binding and becomes an extension module next
 to its source (``kernels/density/_scatter.cpp`` -> ``kernels.density._scatter``), linked with
 the algorithm sources of its directory (the ``*.cpp`` files without a leading underscore,
-e.g. ``kernels/density/scatter.cpp``) and with nanobind's runtime library, which is compiled
+e.g. ``kernels/density/forward.cpp``) and with nanobind's runtime library, which is compiled
 once from nanobind's ``nb_combined.cpp`` and shared by every module. Building needs a C++17
 compiler and the ``nanobind`` package, nothing else: no torch, no network. OpenMP is used when
 the compiler supports ``-fopenmp``; otherwise the sources fall back to ``std::thread``.

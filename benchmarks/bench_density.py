@@ -10,8 +10,8 @@ of each per round, ``--repeats`` rounds, so background load slows all alike), ti
                    zeroed; only that call, not its grid zeroing)
 - ``torch``        a plain torch ``index_add_`` splat of the same voxels (float32), written here
 - ``cpu fwd slabs K``  with ``--slab-variants K ...`` (more than one thread): the forward with K
-                   map slabs per thread (the private ``kernels.density.cpu._splat_cpu`` with
-                   ``_KernelOptions(slabs_per_thread=K)``; the same maps bitwise)
+                   map slabs per thread (under the private plan hook
+                   ``kernels.density.cpu._plan_hook(slabs_per_thread=K)``; the same maps bitwise)
 
 and report medians with ratios to gemmi, and each map's relative L2 error against gemmi's map
 at cutoff 1e-7 and against the float64 reference (``backend="reference"``) at cutoff 1e-7.
@@ -133,8 +133,8 @@ def _bench_structure(name: str, args) -> list[dict]:
         return out
 
     def run_fwd_slabs(per_thread: int):
-        options = density_cpu._KernelOptions(slabs_per_thread=per_thread)
-        return density_cpu._splat_cpu(atoms, grid, options=options)
+        with density_cpu._plan_hook(slabs_per_thread=per_thread):
+            return density_cpu.splat_cpu(atoms, grid)
 
     def run_gemmi():
         dc.initialize_grid()  # not timed: allocate and zero, as in gemmi's own use

@@ -6,7 +6,7 @@ Gaussian term, and the backward gathers per-term moments and carries them to xyz
 (anisotropic atoms) and b_iso (isotropic atoms) in C++, with no torch op around the kernel.
 
 The work happens in the C++ extension ``kernels.density._scatter`` (built at install
-time; the algorithm is ``scatter.cpp``, its nanobind bindings ``_scatter.cpp``). This
+time; the algorithm's files are listed in ``scatter.hpp``, its nanobind bindings are ``_scatter.cpp``). This
 module checks the inputs, casts them to float32 (warning once per dtype), derives the
 per-atom quantities the kernel needs, and wraps forward (scatter) and backward (gather) in
 a ``torch.autograd.Function``.
@@ -15,13 +15,15 @@ The result is bitwise identical run to run and for any number of threads; the th
 count follows ``torch.get_num_threads()``. One call runs two parallel loops (the atoms'
 preparation and the map's slabs; the backward likewise) and no multi-threaded torch op. The
 loops run on torch's own OpenMP threads where the extension shares torch's OpenMP runtime
-(checked at import, see ``_openmp_is_torchs``), else on the extension's helper threads; a team
+(checked at the first kernel call, see ``_openmp_is_torchs``), else on the extension's helper threads; a team
 member kept off its core by another process sends the next calls to the helpers, whose loops
-never wait for a thread to arrive (``TorchTeam`` and ``HelperPool`` in ``scatter.cpp``).
+never wait for a thread to arrive (``TorchTeam`` and ``HelperPool`` in ``thread_pool.cpp``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import os
 import re
@@ -68,56 +70,114 @@ def _openmp_is_torchs() -> bool:
     return {os.path.realpath(p) for p in mapped} == {os.path.realpath(ours)}
 
 
-_scatter.set_shared_openmp(_openmp_is_torchs())
+_openmp_checked = False
+
+
+def _kernel():
+    """The C++ extension, told at its first parallel call whether it shares torch's OpenMP runtime.
+
+    Every call that runs the kernel's parallel loops goes through here, so importing this module runs
+    nothing: the check (which reads ``/proc/self/maps``) runs once, at the first such call.
+    """
+    global _openmp_checked
+    if not _openmp_checked:
+        _scatter.set_shared_openmp(_openmp_is_torchs())
+        _openmp_checked = True
+    return _scatter
+
 
 _OP = "splat_density"
 # Cell kinds as the C++ kernel takes them: which axis stays separable.
 _KIND = {"orthogonal": 0, "hexagonal": 0, "monoclinic": 1, "triclinic": 2}
 
 
-@dataclasses.dataclass(frozen=True)
-class _KernelOptions:
-    """How the C++ kernel runs one splat and its backward; every choice gives bitwise the same results.
+# The C++ kernel's private plan, by call: keyword arguments of kernels.density._scatter's splat, gather
+# and gather_aniso (their docstrings say what each does). keep_rows is this module's: whether a forward
+# that will be differentiated keeps its row intervals for the backward.
+_PLAN_FIELDS = {
+    "splat": ("slabs_per_thread", "force_int64", "float_rows", "slab_times"),
+    "gather": ("force_int64", "float_rows", "lanes"),
+    "gather_aniso": ("force_int64",),
+}
+_PLAN_KEYS = frozenset(k for keys in _PLAN_FIELDS.values() for k in keys) | {"keep_rows"}
 
-    The defaults are what :func:`splat_cpu` runs. The others exist so that tests can compare a
-    fast path with the plain one it must match, and benchmarks can vary the partition.
 
-    Attributes
+@dataclasses.dataclass
+class _Plan:
+    """A private plan (:func:`_plan_hook`) and what the calls under it did."""
+
+    fields: dict
+    forward: list = dataclasses.field(default_factory=list)  # the forward's timing dicts
+    backward: list = dataclasses.field(default_factory=list)  # the backward's timing dicts
+
+    def args(self, call: str) -> dict:
+        return {k: v for k, v in self.fields.items() if k in _PLAN_FIELDS[call]}
+
+
+_PLAN: contextvars.ContextVar[_Plan | None] = contextvars.ContextVar("kernels_density_cpu_plan", default=None)
+
+
+@contextlib.contextmanager
+def _plan_hook(**fields):
+    """For tests and benchmarks only: run the CPU splats inside the block under a private plan.
+
+    The one way to vary how the C++ kernel runs and to read what it did; users never need it, and
+    every plan gives bitwise the same maps and gradients. Each splat started inside the block (and its
+    backward, which keeps its forward's plan wherever it runs) passes ``fields`` to the kernel.
+
+    Parameters
     ----------
-    force_int64 : bool
-        64-bit voxel indices on any map (otherwise only from 2**31 voxels).
-    keep_rows : bool
-        When a gradient is wanted, the forward keeps its row intervals for the backward
-        (4 bytes per row, ~10 MB on 3WIP); False makes the backward solve for them again.
-    float_rows : bool
-        Row intervals of the lane path from the float pass (every row it cannot trust is
-        settled in double); False: from the double pass only.
-    lanes : int
-        Lane blocks of the backward: 0 lets the kernel pick (16 on CPUs that run its AVX-512
-        clone, 8 elsewhere), 8 forces 8-lane blocks.
-    slabs_per_thread : int
-        x slabs of the map in the forward. 0: one slab at one thread; at T threads slabs of
-        decreasing work (each 1/(2T) of what is left, down to 1/(16T), 1/(2T) for an anisotropic
-        set), taken by whichever thread is free, so a thread slowed by another process on its core
-        holds the others up by at most a small slab; their count is capped where the edges' cost
-        would pass 6 % of the work (each edge splits the atoms that cross it, and each piece
-        repeats its atom's set-up): at two threads 1AKI gets 2 slabs, 5H73 4 and 3WIP 10 at
-        0.667 Å, never fewer than T. k > 0: k slabs of equal work per thread (at one thread too,
-        which is how benchmarks time the cost of an edge).
-    slab_times : bool
-        Record each forward slab's worker and start, zeroed and end times (``"slabs"`` in the
-        forward's timing dict; see :func:`_splat_cpu`).
+    **fields
+        Any of:
+
+        - ``slabs_per_thread`` (int, forward): 0 (default): one slab at one thread; at T threads
+          slabs of decreasing work (each 1/(2T) of what is left, down to 1/(16T), 1/(2T) for an
+          anisotropic set), their count capped where the edges' cost would pass 6 % of the work, never
+          fewer than T. k > 0: k slabs of equal work per thread (at one thread too: how benchmarks time
+          the cost of an edge).
+        - ``force_int64`` (bool): 64-bit voxel indices on any map (otherwise from 2**31 voxels).
+        - ``float_rows`` (bool): row intervals of the lane path from the float pass, every row it
+          cannot trust settled in double (default True); False: from the double pass only.
+        - ``lanes`` (int, isotropic backward): 0 (default) lets the kernel pick (16 on CPUs that run
+          its AVX-512 clone, else 8); 8 forces 8-lane blocks.
+        - ``slab_times`` (bool, forward): record each slab's worker and its start, zeroed and end
+          times (``"slabs"`` in the forward's timing dict).
+        - ``keep_rows`` (bool): a forward that will be differentiated keeps its row intervals for
+          the backward (default True, 4 bytes per row); False makes the backward solve for them.
+
+    Yields
+    ------
+    _Plan
+        ``.forward`` and ``.backward`` receive one timing dict per kernel call of the block: phase
+        times in s (``"prepare"``, ``"partition"``, ``"compute"``), ``"tasks"``, ``"index"``
+        (``"int32"``/``"int64"``), ``"rows_reused"`` (backward: atoms whose rows came from the
+        forward), ``"exp_visits"`` (anisotropic forward: (atom, slab) visits that took an exp per
+        voxel instead of the factor tables) and, with ``slab_times``, ``"slabs"``: (worker, start,
+        zeroed, end) per map slab, in s from the start of the compute phase.
+
+    Raises
+    ------
+    TypeError
+        A field that is not one of these.
     """
+    unknown = set(fields) - _PLAN_KEYS
+    if unknown:
+        raise TypeError(f"unknown plan fields {sorted(unknown)}; the fields are {sorted(_PLAN_KEYS)}")
+    plan = _Plan(dict(fields))
+    token = _PLAN.set(plan)
+    try:
+        yield plan
+    finally:
+        _PLAN.reset(token)
 
-    force_int64: bool = False
-    keep_rows: bool = True
-    float_rows: bool = True
-    lanes: int = 0
-    slabs_per_thread: int = 0
-    slab_times: bool = False
+
+def _plan_args(plan: _Plan | None, call: str) -> dict:
+    return {} if plan is None else plan.args(call)
 
 
-_DEFAULT_OPTIONS = _KernelOptions()
+def _record(plan: _Plan | None, where: str, info) -> None:
+    if plan is not None and info is not None:
+        getattr(plan, where).append(info)
 
 
 def cutoff_radius_cpu(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cutoff: float = DEFAULT_CUTOFF):
@@ -148,7 +208,7 @@ def cutoff_radius_cpu(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cut
     wb = b.detach().to(torch.float64).contiguous()
     out = torch.empty(bb.shape[0], dtype=torch.float64)
     if bb.shape[0]:
-        _scatter.cutoff_radii(out, bb, aa, wb, float(cutoff), n_threads=torch.get_num_threads())
+        _kernel().cutoff_radii(out, bb, aa, wb, float(cutoff), n_threads=torch.get_num_threads())
     return out
 
 
@@ -173,8 +233,9 @@ def _fractional(xyz: torch.Tensor, grid: GridSpec) -> torch.Tensor:
     return (xyz.detach().to(torch.float64) @ grid.cell.frac.T).contiguous()
 
 
-def _run_forward(out, xyz, frac, b_iso, occ, a, b, grid, radii, cutoff, options, keep_rows):
-    """The C++ forward into ``out`` ((nx, ny, nz) or (F, nx, ny, nz) float32, C-contiguous).
+def _run_forward(out, xyz, frac, b_iso, occ, a, b, grid, radii, cutoff, plan, keep_rows):
+    """The C++ forward into ``out`` ((nx, ny, nz) or (F, nx, ny, nz) float32, C-contiguous), under
+    ``plan`` (a :class:`_Plan` or None).
 
     Returns (cell, timing dict, kept rows or None, frac, (b_iso, occ, a, b) as the kernel read them).
     """
@@ -182,21 +243,19 @@ def _run_forward(out, xyz, frac, b_iso, occ, a, b, grid, radii, cutoff, options,
         frac = _fractional(xyz, grid)
     b_iso, occ, a, b = (t.detach().contiguous() for t in (b_iso, occ, a, b))  # float32, read as they are
     cell = _kernel_cell(grid)
-    info, rows = _scatter.splat(
+    info, rows = _kernel().splat(
         out,
         cell,
         _kernel_atoms(frac, radii, cutoff, b_iso, occ, a, b),
         n_threads=torch.get_num_threads(),
-        slabs_per_thread=options.slabs_per_thread,
-        force_int64=options.force_int64,
-        float_rows=options.float_rows,
         keep_rows=keep_rows,
-        slab_times=options.slab_times,
+        **_plan_args(plan, "splat"),
     )
+    _record(plan, "forward", info)
     return cell, info, rows, frac, (b_iso, occ, a, b)
 
 
-def _gather(grad_out, cell, katoms, options, rows):
+def _gather(grad_out, cell, katoms, plan, rows):
     """The C++ isotropic backward: ((gxyz, gb_iso, gocc) float32, timing dict or None).
 
     ``rows``: the forward's row intervals, or None to solve for them again (bitwise the same).
@@ -209,23 +268,14 @@ def _gather(grad_out, cell, katoms, options, rows):
     gocc = torch.empty(n, dtype=torch.float32)
     info = None
     if n:
-        info = _scatter.gather(
-            g,
-            cell,
-            katoms,
-            gxyz,
-            gb,
-            gocc,
-            rows=rows,
-            n_threads=torch.get_num_threads(),
-            force_int64=options.force_int64,
-            float_rows=options.float_rows,
-            lanes=options.lanes,
+        info = _kernel().gather(
+            g, cell, katoms, gxyz, gb, gocc, rows=rows, n_threads=torch.get_num_threads(), **_plan_args(plan, "gather")
         )
+        _record(plan, "backward", info)
     return (gxyz, gb, gocc), info
 
 
-def _gather_aniso(grad_out, cell, katoms, frac_matrix, options):
+def _gather_aniso(grad_out, cell, katoms, frac_matrix, plan):
     """The C++ anisotropic backward: ((gxyz, gb_iso, gocc, gu) float32, timing dict or None)."""
     n = len(katoms)
     g = grad_out.detach().to(torch.float32).contiguous()
@@ -236,7 +286,7 @@ def _gather_aniso(grad_out, cell, katoms, frac_matrix, options):
     gu = torch.empty((n, 6), dtype=torch.float32)
     info = None
     if n:
-        info = _scatter.gather_aniso(
+        info = _kernel().gather_aniso(
             g,
             cell,
             katoms,
@@ -246,8 +296,9 @@ def _gather_aniso(grad_out, cell, katoms, frac_matrix, options):
             gu,
             gb,
             n_threads=torch.get_num_threads(),
-            force_int64=options.force_int64,
+            **_plan_args(plan, "gather_aniso"),
         )
+        _record(plan, "backward", info)
     return (gxyz, gb, gocc, gu), info
 
 
@@ -257,28 +308,25 @@ class _SplatFunction(torch.autograd.Function):
     ``frac``: (N, 3) float64 fractional positions of ``xyz`` (:func:`_fractional`'s product), or
     None to form them here. ``radii``: (N,) float64 cutoff radii in Å, or None for per-atom radii
     from ``cutoff`` (gemmi's rule, computed inside the kernel as :func:`cutoff_radius_cpu` computes
-    them). ``options``: a :class:`_KernelOptions`. ``timings``: None, or a list that receives the
-    forward's timing dict. ``n_frames``: 0 for one map of shape ``grid.shape``; F ≥ 1 for F maps
+    them). ``plan``: the :class:`_Plan` of :func:`_plan_hook` the call runs under, or None; the backward
+    runs under the forward's. ``n_frames``: 0 for one map of shape ``grid.shape``; F ≥ 1 for F maps
     (F, nx, ny, nz) of F equal frames of the atoms (frame-major).
     """
 
     @staticmethod
-    def forward(ctx, xyz, b_iso, occ, a, b, grid, radii, cutoff, options, timings, frac=None, n_frames=0):
+    def forward(ctx, xyz, b_iso, occ, a, b, grid, radii, cutoff, plan, frac=None, n_frames=0):
         shape = grid.shape if n_frames == 0 else (n_frames, *grid.shape)
         # uninitialised (the kernel writes every voxel); storage of a freed map of this size when
         # there is one, already paged in
         out = _scatter.empty_maps(list(shape))
-        keep = options.keep_rows and any(ctx.needs_input_grad[:3])
-        cell, info, rows, frac, (b_iso, occ, a, b) = _run_forward(
-            out, xyz, frac, b_iso, occ, a, b, grid, radii, cutoff, options, keep
+        keep = (plan is None or plan.fields.get("keep_rows", True)) and any(ctx.needs_input_grad[:3])
+        cell, _, rows, frac, (b_iso, occ, a, b) = _run_forward(
+            out, xyz, frac, b_iso, occ, a, b, grid, radii, cutoff, plan, keep
         )
-        if timings is not None:
-            timings.append(info)
         ctx.cell = cell
         ctx.cutoff = cutoff
-        ctx.options = options
+        ctx.plan = plan
         ctx.rows = rows  # opaque: the forward's row intervals, freed with ctx
-        ctx.info = info
         ctx.save_for_backward(frac, radii, b_iso, occ, a, b)
         return out
 
@@ -287,21 +335,13 @@ class _SplatFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         frac, radii, b_iso, occ, a, b = ctx.saved_tensors
         katoms = _kernel_atoms(frac, radii, ctx.cutoff, b_iso, occ, a, b)
-        (gxyz, gb, gocc), ctx.backward_info = _gather(grad_out, ctx.cell, katoms, ctx.options, ctx.rows)
+        gxyz, gb, gocc = _gather(grad_out, ctx.cell, katoms, ctx.plan, ctx.rows)[0]
         want = ctx.needs_input_grad
         return (
             gxyz if want[0] else None,
             gb if want[1] else None,
             gocc if want[2] else None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
+            *([None] * 8),
         )
 
 
@@ -324,7 +364,7 @@ def _aniso_radii(u_aniso, aniso_u8, b_iso, a, b, radiation: str, cutoff: float, 
     """
     out = torch.empty(len(b_iso), dtype=torch.float64)
     if len(out):
-        _scatter.cutoff_radii_aniso(
+        _kernel().cutoff_radii_aniso(
             out,
             u_aniso,
             aniso_u8,
@@ -355,7 +395,7 @@ def _check_adp(u_aniso: torch.Tensor, aniso_u8: torch.Tensor, atoms: AtomSet) ->
         raise ValueError(f"atom {atoms.labels[idx]} (index {idx}) {what}")
 
 
-def _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options):
+def _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, plan):
     """The C++ anisotropic forward into ``out``; returns (cell, timing dict, the kernel's atom set)."""
     if frac is None:
         frac = _fractional(xyz, grid)
@@ -364,16 +404,10 @@ def _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid
         frac, b_iso, occ, a, b, radii=radii.contiguous(), cutoff=0.0, u_aniso=u_aniso, aniso=aniso_u8
     )
     cell = _kernel_cell(grid)
-    info, _ = _scatter.splat(
-        out,
-        cell,
-        katoms,
-        n_threads=torch.get_num_threads(),
-        slabs_per_thread=options.slabs_per_thread,
-        force_int64=options.force_int64,
-        keep_rows=False,
-        slab_times=options.slab_times,
+    info, _ = _kernel().splat(
+        out, cell, katoms, n_threads=torch.get_num_threads(), keep_rows=False, **_plan_args(plan, "splat")
     )
+    _record(plan, "forward", info)
     return cell, info, katoms
 
 
@@ -381,39 +415,34 @@ class _AnisoSplatFunction(torch.autograd.Function):
     """float32 map(s) of an anisotropic set; backward is the C++ gather of each term's moments.
 
     Inputs: ``xyz`` (N, 3), ``b_iso`` (N,), ``occ`` (N,), ``u_aniso`` (N, 6), float32; ``aniso_u8``
-    (N,) uint8; ``a``, ``b`` (N, 5) float32; ``grid``, ``radii`` ((N,) float64 Å), ``options``,
-    ``timings``, ``frac``, ``n_frames`` as for :class:`_SplatFunction`. The kernel forms each atom's
+    (N,) uint8; ``a``, ``b`` (N, 5) float32; ``grid``, ``radii`` ((N,) float64 Å), ``plan``,
+    ``frac``, ``n_frames`` as for :class:`_SplatFunction`. The kernel forms each atom's
     effective U (B/8π²·I for isotropic atoms), so the gradients reach ``u_aniso`` of anisotropic atoms
     and ``b_iso`` of the others (zero elsewhere).
     """
 
     @staticmethod
-    def forward(ctx, xyz, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options, timings, frac=None, n_frames=0):
+    def forward(ctx, xyz, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, plan, frac=None, n_frames=0):
         shape = grid.shape if n_frames == 0 else (n_frames, *grid.shape)
         out = _scatter.empty_maps(list(shape))  # the kernel writes every voxel
-        cell, info, katoms = _run_forward_aniso(
-            out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options
-        )
-        if timings is not None:
-            timings.append(info)
+        cell, _, katoms = _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, plan)
         ctx.cell = cell
         ctx.katoms = katoms  # holds the arrays the kernel read, for the backward
         ctx.frac_matrix = grid.cell.frac.contiguous()
-        ctx.options = options
+        ctx.plan = plan
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        grads, ctx.backward_info = _gather_aniso(grad_out, ctx.cell, ctx.katoms, ctx.frac_matrix, ctx.options)
-        gxyz, gb, gocc, gu = grads
+        gxyz, gb, gocc, gu = _gather_aniso(grad_out, ctx.cell, ctx.katoms, ctx.frac_matrix, ctx.plan)[0]
         want = ctx.needs_input_grad
         return (
             gxyz if want[0] else None,
             gb if want[1] else None,
             gocc if want[2] else None,
             gu if want[3] else None,
-            *([None] * 9),
+            *([None] * 8),
         )
 
 
@@ -570,26 +599,18 @@ def _splat_cpu(
     radius: float | None = None,
     cutoff: float = DEFAULT_CUTOFF,
     radius_rule: str = "gemmi",
-    options: _KernelOptions = _DEFAULT_OPTIONS,
-    timings: list | None = None,
     n_frames: int = 0,
     out: torch.Tensor | None = None,
     grad_of: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """:func:`splat_cpu` with the kernel's private options, for tests and benchmarks.
+    """:func:`splat_cpu` and :func:`splat_frames_cpu` in one, and the compiled op's backward.
+
+    The kernel runs under the plan of an enclosing :func:`_plan_hook` (tests and benchmarks), if any.
 
     Parameters
     ----------
     atoms, grid, radius, cutoff, radius_rule, out
         As for :func:`splat_cpu`.
-    options : _KernelOptions
-        How the kernel runs the forward and its backward (bitwise the same results for any).
-    timings : list, optional
-        Receives the forward's timing dict: phase times in s (``"prepare"``, ``"partition"``,
-        ``"compute"``), ``"tasks"``, ``"index"`` (``"int32"``/``"int64"``), ``"exp_visits"``
-        (anisotropic sets: (atom, slab) visits that took the exp per voxel instead of the factor
-        tables, see :func:`splat_cpu`) and, with ``options.slab_times``, ``"slabs"``: (worker,
-        start, zeroed, end) per map slab.
     n_frames : int
         0: one map of all atoms. F ≥ 1: F maps of F equal frames (:func:`splat_frames_cpu`).
     grad_of : torch.Tensor, optional
@@ -603,6 +624,7 @@ def _splat_cpu(
     torch.Tensor, shape grid.shape (n_frames 0) or (n_frames, *grid.shape), float32
         As for :func:`splat_cpu` (a tuple of gradients with ``grad_of``).
     """
+    plan = _PLAN.get()
     if not grid.is_whole_cell:
         raise GridError("the cpu density backend splats whole-cell grids only; use backend='reference' for a box")
     if atoms.device.type != "cpu":
@@ -647,15 +669,11 @@ def _splat_cpu(
                 u_aniso=u_aniso.detach(),
                 aniso=aniso_u8,
             )
-            return _gather_aniso(grad_of, _kernel_cell(grid), katoms, grid.cell.frac.contiguous(), options)[0]
+            return _gather_aniso(grad_of, _kernel_cell(grid), katoms, grid.cell.frac.contiguous(), plan)[0]
         if out is not None:
-            _, info, _ = _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options)
-            if timings is not None:
-                timings.append(info)
+            _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, plan)
             return out
-        return _AnisoSplatFunction.apply(
-            xyz, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, options, timings, frac, n_frames
-        )
+        return _AnisoSplatFunction.apply(xyz, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, plan, frac, n_frames)
     if radius is not None:
         radii, cutoff = atom_radii(atoms, radius, cutoff), 0.0  # the kernel reads the radii, not the cutoff
     elif atoms.radiation == "neutron":
@@ -668,10 +686,8 @@ def _splat_cpu(
     if grad_of is not None:
         frac = _fractional(xyz, grid) if frac is None else frac
         katoms = _kernel_atoms(frac, radii, float(cutoff), *(t.detach().contiguous() for t in (b_iso, occ, a, b)))
-        return _gather(grad_of, _kernel_cell(grid), katoms, options, None)[0]
+        return _gather(grad_of, _kernel_cell(grid), katoms, plan, None)[0]
     if out is not None:
-        _, info, _, _, _ = _run_forward(out, xyz, frac, b_iso, occ, a, b, grid, radii, float(cutoff), options, False)
-        if timings is not None:
-            timings.append(info)
+        _run_forward(out, xyz, frac, b_iso, occ, a, b, grid, radii, float(cutoff), plan, False)
         return out
-    return _SplatFunction.apply(xyz, b_iso, occ, a, b, grid, radii, float(cutoff), options, timings, frac, n_frames)
+    return _SplatFunction.apply(xyz, b_iso, occ, a, b, grid, radii, float(cutoff), plan, frac, n_frames)

@@ -1,10 +1,53 @@
 // Separable Gaussian density splat on a periodic whole-cell grid (and the anisotropic one, from
-// per-atom factor tables), its gradient, and gemmi's per-atom cutoff radius (CPU, C++17; parallel
-// loops on torch's OpenMP threads where the runtime is shared, else on a std::thread pool; OpenMP
-// simd pragmas where built with it). Free of Python: the bindings
-// live in _scatter.cpp, the algorithm in scatter.cpp (its header comment says how it works).
+// per-atom factor tables), its gradient, and gemmi's per-atom cutoff radius (CPU, C++17).
 //
-// Arrays are C-contiguous and owned by the caller; every function writes only its outputs.
+// Plain C++17, free of Python: the entry points are declared here, and _scatter.cpp binds them
+// (shapes, dtypes and contiguity are checked there). Arrays are C-contiguous and owned by the
+// caller; every function writes only its outputs.
+//
+// Files, by concern:
+//   gaussians.hpp     build configuration, exp(x) for x <= 0, cell geometry, gemmi's cutoff radius,
+//                     an atom's box and row intervals, scratch, the scalar row loops
+//   isotropic.hpp     lane-blocked rows and process_atom: one isotropic atom, forward or backward
+//   anisotropic.hpp   anisotropic atoms: effective U, terms, radii, the exp-per-voxel path
+//   aniso_tables.hpp  anisotropic atoms through factor tables (forward and backward)
+//   slabs.hpp         the inputs, every atom's preparation, the forward's slab schedule
+//   thread_pool.hpp   the parallel loop (thread_pool.cpp: torch's OpenMP team or the helper pool)
+//   forward.cpp       splat()                  backward.cpp  gather(), gather_aniso()
+//   radii.cpp         cutoff radii, fractional(), the U check, build_info()
+//   map_buffers.hpp   storage of the maps the binding hands to Python
+//
+// Forward (splat): every atom's density is built separably from small per-atom tables
+// (KERNELS.md): r² = dᵀGd over the fractional offset d splits into a part over one
+// coupled pair of axes and a part over the remaining axis —
+//   orthogonal / hexagonal (only G12 couples x,y): 2-D table over (x,y) × 1-D table over z,
+//   monoclinic (only G13 couples x,z):              1-D table over y × 2-D table over (x,z),
+//   triclinic (all three couple):                   the full exponent per voxel.
+// Every factor is exp(−α·q) with q ≥ 0 (a positive-definite form), so nothing overflows.
+// The innermost loop runs over the fastest map axis z, over exactly the voxels of the row
+// inside the sphere, and adds Σ_k c_k·T_k[z] (5 Gaussians) to the map.
+//
+// Partitioned scatter: the map is cut into slabs along x (the slowest axis), each slab is
+// one task owned by one thread, so no two threads ever write the same voxel (no atomics).
+// The x-ranges of the atoms' boxes ("segments", split where they wrap around the cell) are
+// counting-sorted by their first x plane; a slab walks only the segments that can reach
+// it, in that one global order. Each voxel therefore receives its contributions in the
+// same order whatever the number of threads or slabs: results are bitwise reproducible.
+//
+// Anisotropic atoms (a set with U): no per-axis tables factor a general Gaussian into factors ≤ 1;
+// the forward and the backward multiply per-atom factor tables in double (aniso_tables.hpp), atoms
+// whose factors could leave double's range take one exp per voxel and term of the quadratic exponent
+// along the row (anisotropic.hpp); the sphere, the slabs, the atom order and so the determinism are
+// the separable path's.
+//
+// Backward (gather): for each atom, Σ over its voxels of upstream-gradient × ∂ρ/∂parameter,
+// with the same tables and the same voxel set. Atoms are independent tasks; each atom's
+// sums are formed by one thread in a fixed order (deterministic for any thread count).
+//
+// Threads: torch's intra-op OpenMP threads where this module shares torch's OpenMP runtime
+// (TorchTeam, thread_pool.cpp), else, and for a while after a team member came late, a pool of std::threads that the
+// caller never waits to arrive (HelperPool). Built without OpenMP (macro KERNELS_NO_OPENMP): the
+// pool only, and no simd pragmas.
 #pragma once
 
 #include <cstdint>
@@ -90,7 +133,7 @@ struct RowIntervals {
 //
 // An anisotropic set (atoms.u_aniso set) takes every atom through its effective U: per voxel and
 // Gaussian term one multiply-add of double factors, walked down each plane's rows from per-atom
-// tables (an exp per voxel and term for atoms whose factors could leave double's range; scatter.cpp
+// tables (an exp per voxel and term for atoms whose factors could leave double's range; aniso_tables.hpp
 // says why), over the same sphere of voxels, slabs and atom order, so it is as deterministic as the
 // separable path.
 //
@@ -144,7 +187,7 @@ void cutoff_radii(int64_t n, const double* b_iso, const double* a, const double*
 const char* openmp_library();
 
 // Whether that runtime is the one torch's CPU ops run on: only then may the parallel loops run on
-// the calling thread's OpenMP team, i.e. on torch's intra-op threads (TorchTeam in scatter.cpp).
+// the calling thread's OpenMP team, i.e. on torch's intra-op threads (TorchTeam in thread_pool.cpp).
 // Off until the caller has checked; without OpenMP it stays off.
 void set_shared_openmp(bool shared);
 bool shared_openmp();

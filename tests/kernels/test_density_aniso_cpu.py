@@ -438,15 +438,11 @@ def test_large_u_sphere_bigger_than_the_cell():
 
 
 @pytest.mark.parametrize(
-    "options",
-    [
-        density_cpu._KernelOptions(force_int64=True),
-        density_cpu._KernelOptions(slabs_per_thread=3),
-        density_cpu._KernelOptions(float_rows=False),
-    ],
+    "plan",
+    [{"force_int64": True}, {"slabs_per_thread": 3}, {"float_rows": False}],
     ids=["int64-index", "3-slabs-per-thread", "double-row-intervals"],
 )
-def test_kernel_options_give_bitwise_the_same_results(options):
+def test_kernel_plans_give_bitwise_the_same_results(plan):
     # 64-bit voxel indices, another slab partition and the double-only row-interval pass: the same
     # voxels summed in the same order, so the same bits (maps and every gradient)
     grid = _grid("monoclinic")
@@ -456,10 +452,11 @@ def test_kernel_options_give_bitwise_the_same_results(options):
     torch.set_num_threads(2)
     try:
         results = []
-        for opt in (density_cpu._DEFAULT_OPTIONS, options):
+        for fields in ({}, plan):
             leaf = leaf_atoms(atoms, F32)
-            out = density_cpu._splat_cpu(leaf, grid, options=opt)
-            out.backward(upstream)
+            with density_cpu._plan_hook(**fields):
+                out = density_cpu.splat_cpu(leaf, grid)
+                out.backward(upstream)
             results.append([out.detach()] + [getattr(leaf, n).grad for n in _GRAD_FIELDS])
     finally:
         torch.set_num_threads(before)
@@ -489,9 +486,9 @@ def _sharp_and_broad(grid: GridSpec, seed: int) -> tuple[AtomSet, AtomSet, AtomS
 
 def _exp_visits(atoms: AtomSet, grid: GridSpec, **kw) -> int:
     """(atom, slab) visits of the forward that took the exp per voxel instead of the factor tables."""
-    timings = []
-    density_cpu._splat_cpu(atoms.to(dtype=F32), grid, timings=timings, **kw)
-    return timings[0]["exp_visits"]
+    with density_cpu._plan_hook() as record:
+        density_cpu.splat_cpu(atoms.to(dtype=F32), grid, **kw)
+    return record.forward[0]["exp_visits"]
 
 
 @pytest.mark.parametrize("kind", ["hexagonal", "monoclinic", "triclinic"])
@@ -561,16 +558,13 @@ def test_factor_tables_are_bitwise_the_same_for_any_slab_partition():
     maps = []
     before = torch.get_num_threads()
     try:
-        for threads, options in (
-            (1, density_cpu._DEFAULT_OPTIONS),
-            (2, density_cpu._KernelOptions(slabs_per_thread=9)),
-            (2, density_cpu._DEFAULT_OPTIONS),
-        ):
+        for threads, plan in ((1, {}), (2, {"slabs_per_thread": 9}), (2, {})):
             torch.set_num_threads(threads)
-            maps.append(
-                [density_cpu._splat_cpu(a.to(dtype=F32), grid, radius=4.0, options=options) for a in (both, broad)]
-                + [density_cpu._splat_cpu(wide.to(dtype=F32), grid, radius=6.0, options=options)]
-            )
+            with density_cpu._plan_hook(**plan):
+                maps.append(
+                    [density_cpu.splat_cpu(a.to(dtype=F32), grid, radius=4.0) for a in (both, broad)]
+                    + [density_cpu.splat_cpu(wide.to(dtype=F32), grid, radius=6.0)]
+                )
     finally:
         torch.set_num_threads(before)
     for other in maps[1:]:

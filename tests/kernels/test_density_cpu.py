@@ -236,15 +236,16 @@ def test_radius_rule_matches_torch_version():
         density_cpu.cutoff_radius_cpu(a.b_iso, a.a, a.b, -1.0)
 
 
-def _run_with_threads(n: int, atoms: AtomSet, grid: GridSpec, upstream: torch.Tensor, **options):
-    """Map and gradients (xyz, b_iso, occ) at ``n`` threads; ``options``: the kernel's
-    private :class:`~kernels.density.cpu._KernelOptions` (none: the public path)."""
+def _run_with_threads(n: int, atoms: AtomSet, grid: GridSpec, upstream: torch.Tensor, **plan):
+    """Map and gradients (xyz, b_iso, occ) at ``n`` threads; ``plan``: the kernel's private
+    plan (:func:`~kernels.density.cpu._plan_hook`; none: the public path)."""
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
         leaf = _leaf(atoms, torch.float32)
-        if options:
-            out = density_cpu._splat_cpu(leaf, grid, options=density_cpu._KernelOptions(**options))
+        if plan:
+            with density_cpu._plan_hook(**plan):
+                out = density_cpu.splat_cpu(leaf, grid)
         else:
             out = kernels.splat_density(leaf, grid, backend="cpu")
         out.backward(upstream)
@@ -268,7 +269,7 @@ def test_radii_from_the_cutoff_inside_the_kernel(cutoff):
         leaf = _leaf(atoms, torch.float32)
         if given:
             out = density_cpu._SplatFunction.apply(
-                leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, cutoff, density_cpu._KernelOptions(), None
+                leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, cutoff, None
             )
         else:
             out = kernels.splat_density(leaf, grid, backend="cpu", cutoff=cutoff)
@@ -324,17 +325,16 @@ def test_slab_count_does_not_change_results(kind):
             assert torch.equal(a, b), (per_thread, threads)
 
 
-def _forward_slabs(atoms: AtomSet, grid: GridSpec, threads: int, **options) -> int:
+def _forward_slabs(atoms: AtomSet, grid: GridSpec, threads: int, **plan) -> int:
     """How many slabs one forward of ``atoms`` cut the map into at ``threads`` threads."""
-    info: list = []
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        with torch.no_grad():
-            density_cpu._splat_cpu(atoms, grid, options=density_cpu._KernelOptions(**options), timings=info)
+        with torch.no_grad(), density_cpu._plan_hook(**plan) as record:
+            density_cpu.splat_cpu(atoms, grid)
     finally:
         torch.set_num_threads(previous)
-    return info[0]["tasks"]
+    return record.forward[0]["tasks"]
 
 
 def test_default_slab_count_follows_the_cost_of_splitting_atoms():
@@ -383,15 +383,16 @@ def test_backward_reuses_forward_rows(kind):
     atoms, grid, upstream = _big_cell_case(kind, 50, seed=4, grad_seed=6)
     kept = _run_with_threads(2, atoms, grid, upstream)
     leaf = _leaf(atoms, torch.float32)
-    out = kernels.splat_density(leaf, grid, backend="cpu")
-    assert out.grad_fn.rows is not None
-    out.backward(upstream)
-    assert out.grad_fn.backward_info["rows_reused"] > 25  # most atoms take the lane path
+    with density_cpu._plan_hook() as record:  # the default plan, recorded
+        out = kernels.splat_density(leaf, grid, backend="cpu")
+        assert out.grad_fn.rows is not None
+        out.backward(upstream)
+    assert record.backward[0]["rows_reused"] > 25  # most atoms take the lane path
     for got, want in zip((out.detach(), leaf.xyz.grad, leaf.b_iso.grad, leaf.occ.grad), kept):
         assert torch.equal(got, want)
     solved = _run_with_threads(2, atoms, grid, upstream, keep_rows=False)
-    options = density_cpu._KernelOptions(keep_rows=False)
-    out = density_cpu._splat_cpu(_leaf(atoms, torch.float32), grid, options=options)
+    with density_cpu._plan_hook(keep_rows=False):
+        out = density_cpu.splat_cpu(_leaf(atoms, torch.float32), grid)
     assert out.grad_fn.rows is None
     for a, b in zip(kept, solved):
         assert torch.equal(a, b)
@@ -412,10 +413,10 @@ def test_int64_index_path():
         assert torch.equal(a, b)
     # and the kernel reports which index type it ran with
     leaf = _leaf(atoms, torch.float32)
-    out = density_cpu._splat_cpu(leaf, grid, options=density_cpu._KernelOptions(force_int64=True))
-    assert out.grad_fn.info["index"] == "int64"
-    out = kernels.splat_density(leaf, grid, backend="cpu")
-    assert out.grad_fn.info["index"] == "int32"
+    for plan, index in (({"force_int64": True}, "int64"), ({}, "int32")):
+        with density_cpu._plan_hook(**plan) as record:
+            kernels.splat_density(leaf, grid, backend="cpu").backward(upstream)
+        assert [info["index"] for info in record.forward + record.backward] == [index, index], plan
 
 
 # Cells for the float interval pass: voxels of ~0.6 Å, the lane path for every atom.
@@ -488,13 +489,13 @@ def test_float_row_intervals_near_lattice_points(kind):
 
     def run(threads: int, float_rows: bool):
         # keep_rows=False: the backward solves the rows too
-        options = density_cpu._KernelOptions(keep_rows=False, float_rows=float_rows)
+        plan = density_cpu._Plan({"keep_rows": False, "float_rows": float_rows})
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
             leaf = _leaf(atoms, torch.float32)
             out = density_cpu._SplatFunction.apply(
-                leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, 1e-5, options, None
+                leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, 1e-5, plan
             )
             out.backward(upstream)
             return out.detach(), leaf.xyz.grad, leaf.b_iso.grad, leaf.occ.grad
@@ -517,7 +518,7 @@ def test_float_row_intervals_near_lattice_points(kind):
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs the system g++ to build the std::thread variant")
 def test_no_openmp_build_gives_identical_maps(tmp_path):
     # Build the same sources with -DKERNELS_NO_OPENMP (what setup.py does where the compiler
-    # has no OpenMP), import the module and compare with the installed OpenMP build. The three
+    # has no OpenMP), import the module and compare with the installed OpenMP build. The
     # translation units compile in parallel; nanobind's runtime at -O0 (it only converts arguments).
     import nanobind
 
@@ -530,9 +531,8 @@ def test_no_openmp_build_gives_identical_maps(tmp_path):
     ]
     common = ["g++", "-c", "-fPIC", "-std=c++17", "-pthread", "-DKERNELS_NO_OPENMP", *includes]
     ours = ["-O1", "-fno-math-errno", "-Wall", "-Werror"]
-    units = {
-        "scatter.o": [*ours, str(here / "scatter.cpp")],
-        "_scatter.o": [*ours, str(here / "_scatter.cpp")],
+    units = {f"{src.stem}.o": [*ours, str(src)] for src in sorted(here.glob("*.cpp"))}
+    units |= {
         "nanobind.o": ["-O0", "-fno-strict-aliasing", "-DNB_COMPACT_ASSERTIONS", str(nb_src / "nb_combined.cpp")],
     }
     jobs = [
@@ -759,13 +759,41 @@ def test_concurrent_calls_from_host_threads_agree():
             assert torch.equal(a, b)
 
 
+def test_importing_the_cpu_backend_runs_nothing_until_its_first_call():
+    # Importing kernels.density.cpu only defines things: whether the kernel shares torch's OpenMP
+    # runtime (read from /proc/self/maps) is decided at the first kernel call, and then as before.
+    script = textwrap.dedent(
+        """
+        import builtins, torch
+        opened = []
+        real_open = builtins.open
+        def recording_open(file, *args, **kwargs):
+            opened.append(str(file))
+            return real_open(file, *args, **kwargs)
+        builtins.open = recording_open
+        from kernels.crystal import AtomSet, Cell, GridSpec
+        from kernels.density import cpu
+        assert "/proc/self/maps" not in opened, opened
+        assert not cpu._scatter.build_info()["shared_openmp"]
+        atoms = AtomSet.from_elements(["C"], [[1.0, 2.0, 3.0]], [20.0]).to(dtype=torch.float32)
+        grid = GridSpec(Cell.from_parameters(10, 10, 10, 90, 90, 90), (16, 16, 16))
+        cpu.splat_cpu(atoms, grid)
+        builtins.open = real_open
+        assert cpu._scatter.build_info()["shared_openmp"] == cpu._openmp_is_torchs()
+        """
+    )
+    root = Path(kernels.__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
 def test_torchs_openmp_threads_and_the_kernels_own_give_the_same_results():
     # Where the extension's OpenMP runtime is torch's (with pip's torch on Linux both name
     # libgomp.so.1, and `import torch` loads torch's first), the parallel loops run on torch's
     # intra-op threads, awake right after the caller's torch ops; otherwise on the kernel's own
     # threads. The map and every gradient are bitwise the same either way (isotropic and
     # anisotropic paths, 2 threads).
-    info = density_cpu._scatter.build_info()
+    info = density_cpu._kernel().build_info()
     bundled = Path(torch.__file__).parent / "lib" / "libgomp.so.1"  # pip's Linux wheels of torch
     if sys.platform.startswith("linux") and info["openmp_library"] and bundled.exists():
         assert info["shared_openmp"], info
