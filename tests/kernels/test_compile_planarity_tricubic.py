@@ -112,8 +112,8 @@ def test_compiled_tricubic_loop_matches_eager(backend, dtype, device, method):
 def test_custom_ops_pass_opcheck(backend):
     # Schema, fake (meta) implementations against the real ones, autograd registration and
     # AOT dispatch, as torch.library checks them.
-    from kernels.planarity import _planarity_op
-    from kernels.tricubic import _tricubic_op
+    from kernels.planarity import _compiled_handle, _planarity_op
+    from kernels.tricubic import _compiled_params, _tricubic_op
 
     dtype = torch.float64 if backend == "cpu" else torch.float32
     # Triton runs on CUDA tensors where a GPU is present (in the interpreter, on CPU tensors).
@@ -121,12 +121,14 @@ def test_custom_ops_pass_opcheck(backend):
     planes = kernels.PlaneSet.from_lists([[0, 1, 2, 3], [2, 3, 4, 5, 6]], sigma=[[0.02] * 4, [0.03] * 5], n_atoms=8)
     g = torch.Generator().manual_seed(5)
     xyz = torch.randn(8, 3, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_(True)
-    torch.library.opcheck(_planarity_op, (xyz, planes.index, planes.sigma, backend))
+    torch.library.opcheck(_planarity_op, (xyz, _compiled_handle(planes._token, str(xyz.device), backend)))
     cell = kernels.Cell.from_parameters(12.0, 13.0, 14.0)
     grid = kernels.GridSpec(cell, (6, 7, 8))
     rho = torch.randn(grid.shape, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_(True)
     pts = (torch.rand(9, 3, generator=g, dtype=torch.float64) * 12).to(device, dtype).requires_grad_(True)
-    args = (rho, pts, cell.frac, list(grid.sampling), list(grid.origin), "catmull-rom", True, 0.0, backend)
+    lattice = torch.tensor([*grid.sampling, *grid.origin], dtype=torch.float64)
+    handle = _compiled_params(cell.frac, lattice, str(rho.device))
+    args = (rho, pts, handle, "catmull-rom", True, 0.0, backend)
     torch.library.opcheck(_tricubic_op, args)
 
 
