@@ -211,6 +211,65 @@ def test_cuda_graph_replay_equals_eager_tricubic():
         assert_kernel_close(grad_rho.cpu(), re.grad.cpu())  # float32 atomics: order varies
 
 
+def _reduce_overhead_matches_eager(loss_fn, leaves: list[torch.Tensor], calls: int = 4) -> None:
+    """``torch.compile(loss_fn, mode="reduce-overhead")``: warm-up, recording, then CUDA graph replays,
+    each from a new ``leaves`` value, give eager's loss and gradients (float32: to 2e-6 of the largest)."""
+    compiled = torch.compile(loss_fn, fullgraph=True, mode="reduce-overhead")
+    g = torch.Generator(device="cuda").manual_seed(9)
+    base = [t.detach().clone() for t in leaves]
+    for _ in range(calls):  # the calls after the first two replay the recorded graph
+        inputs = [(b + 0.05 * torch.randn(b.shape, generator=g, device="cuda")).requires_grad_(True) for b in base]
+        torch.compiler.cudagraph_mark_step_begin()
+        loss = compiled(*inputs)
+        grads = torch.autograd.grad(loss, inputs)
+        got = (loss.detach().clone(), [gr.clone() for gr in grads])
+        eager_inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+        eager = loss_fn(*eager_inputs)
+        want = (eager.detach(), torch.autograd.grad(eager, eager_inputs))
+        _close(got[0], want[0], torch.float32)
+        for a, b in zip(got[1], want[1]):
+            _close(a, b, torch.float32)
+
+
+@requires_cuda
+def test_reduce_overhead_replays_planarity_and_matches_eager():
+    # A PlaneSet never called eagerly: its device tables are made while the compiled step is traced,
+    # not during CUDA graph trees' warm-up, whose allocations land in the graph's pool (torch used to
+    # refuse the graph: "Detected 2 tensor(s) in the cudagraph pool not tracked as outputs").
+    m = model("1aki")
+    planes = kernels.find_planes(m)
+    torch._dynamo.reset()
+    _reduce_overhead_matches_eager(lambda x: 0.5 * kernels.planarity_nll(x, planes), [m.atoms.xyz.float().cuda()])
+
+
+@requires_cuda
+def test_reduce_overhead_replays_a_fitting_step_with_planarity_and_matches_eager():
+    m = model("1orc")
+    atoms = m.atoms.to("cuda", torch.float32)
+    grid = kernels.GridSpec.for_spacing(m.cell, 1.0)
+    planes = kernels.find_planes(m)
+    with torch.no_grad():
+        target = kernels.splat_density(atoms, grid)
+
+    def loss(x):
+        rho = kernels.splat_density(atoms.replace(xyz=x), grid)
+        return ((rho - target) ** 2).sum() * grid.voxel_volume + 0.1 * kernels.planarity_nll(x, planes)
+
+    torch._dynamo.reset()
+    _reduce_overhead_matches_eager(loss, [atoms.xyz])
+
+
+@requires_cuda
+def test_reduce_overhead_replays_tricubic_and_matches_eager():
+    m = model("1aki")
+    grid = kernels.GridSpec.for_spacing(m.cell, 0.9)  # a grid no eager call has used
+    g = torch.Generator(device="cuda").manual_seed(6)
+    rho = torch.randn(grid.shape, generator=g, device="cuda")
+    pts = ((torch.rand(5000, 3, generator=g, device="cuda", dtype=torch.float64)) @ m.cell.orth.T.cuda()).float()
+    torch._dynamo.reset()
+    _reduce_overhead_matches_eager(lambda r, p: kernels.tricubic_sample(r, grid, p).square().sum(), [rho, pts])
+
+
 # --------------------------------------------------------------------------- the eager path
 
 
