@@ -108,6 +108,24 @@ def test_compiled_tricubic_loop_matches_eager(backend, dtype, device, method):
             _close(a, b, dtype)
 
 
+@pytest.mark.parametrize(("backend", "dtype", "device"), CASES, ids=CASE_IDS)
+def test_one_compiled_function_samples_grids_of_several_shapes(backend, dtype, device):
+    # The second grid makes dynamo trace again, and ints that changed between traces become
+    # symbolic: the grid must still reach the compiled op as values it can make parameters from.
+    cell = kernels.Cell.from_parameters(21.0, 25.0, 29.0, 80.0, 100.0, 95.0)
+    g = torch.Generator().manual_seed(8)
+    pts = (torch.rand(30, 3, generator=g, dtype=torch.float64) @ cell.orth.T).to(device=device, dtype=dtype)
+
+    def sample(rho, grid):
+        return kernels.tricubic_sample(rho, grid, pts, backend=backend)
+
+    compiled = torch.compile(sample, fullgraph=True)
+    for shape in [(11, 13, 15), (12, 14, 16), (10, 10, 10)]:
+        grid = kernels.GridSpec(cell, shape)
+        rho = torch.randn(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+        _close(compiled(rho, grid), sample(rho, grid), dtype)
+
+
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_custom_ops_pass_opcheck(backend):
     # Schema, fake (meta) implementations against the real ones, autograd registration and
