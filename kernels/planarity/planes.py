@@ -206,6 +206,18 @@ class PlaneSet:
             skipped_details=tuple(skipped_details),
         )
 
+    def __getstate__(self) -> dict:
+        # The token and the cached device tables belong to this process: a copy or an unpickled set
+        # gets its own token (another process's counter may have given the same one to another set).
+        state = dict(self.__dict__)
+        del state["_token"]
+        state["_cache"] = {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _token=f"planes{next(_tokens)}")
+        _live[self._token] = self
+
     def __len__(self) -> int:
         return len(self.kinds)
 

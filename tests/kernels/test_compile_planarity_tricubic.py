@@ -70,6 +70,25 @@ def test_compiled_planarity_loop_matches_eager(backend, dtype, device):
         assert gc.dtype == dtype and gc.device.type == device
 
 
+def test_a_copied_or_unpickled_plane_set_names_itself_to_compiled_code():
+    # Compiled code reaches a PlaneSet through its token: a copy (or a set unpickled in another
+    # process, whose own counter may have made the same token) must get its own, registered.
+    import copy
+    import pickle
+
+    from kernels.planarity.planes import live_plane_set
+
+    planes = kernels.PlaneSet.from_lists([[0, 1, 2, 3], [2, 3, 4]], n_atoms=5)
+    planes.weight(torch.float32)  # something in the cache, which is not carried over
+    for other in (copy.deepcopy(planes), pickle.loads(pickle.dumps(planes))):
+        assert other._token != planes._token and live_plane_set(other._token) is other
+        assert other._cache == {} and torch.equal(other.index, planes.index)
+    xyz = torch.randn(5, 3, dtype=torch.float64)
+    compiled = torch.compile(lambda x, p: kernels.planarity_nll(x, p, backend="cpu"), fullgraph=True)
+    other = pickle.loads(pickle.dumps(planes))
+    _close(compiled(xyz, other), kernels.planarity_nll(xyz, planes, backend="cpu"), torch.float64)
+
+
 def _tricubic_loop(step, rho0: torch.Tensor, pts0: torch.Tensor, n: int = 3):
     rho = rho0.clone().requires_grad_(True)
     pts = pts0.clone().requires_grad_(True)
