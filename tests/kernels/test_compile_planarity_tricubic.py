@@ -252,6 +252,9 @@ def _reduce_overhead_matches_eager(loss_fn, leaves: list[torch.Tensor], calls: i
     """``torch.compile(loss_fn, mode="reduce-overhead")`` as a fitting loop calls it: the same leaves,
     moved in place between steps, ``.backward()``, and a new step marked. Warm-up, recording, then
     CUDA graph replays give eager's loss and gradients (float32: to 2e-6 of the largest)."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     compiled = torch.compile(loss_fn, fullgraph=True, mode="reduce-overhead")
     g = torch.Generator(device="cuda").manual_seed(9)
     base = [t.detach().clone() for t in leaves]
@@ -273,6 +276,8 @@ def _reduce_overhead_matches_eager(loss_fn, leaves: list[torch.Tensor], calls: i
         _close(got_loss, eager.detach(), torch.float32)
         for a, b in zip(got, eager_leaves):
             _close(a, b.grad, torch.float32)
+    # Inductor runs a graph it will not capture (a CPU tensor in it, say) without CUDA graphs.
+    assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled step ran without CUDA graphs"
 
 
 @requires_cuda
