@@ -24,7 +24,8 @@
 #              density part with --deterministic (peers as for eager)
 #   loop       bench_loop.py: the fitting loop on the GPU, eager (every structure, the ensemble,
 #              L-BFGS) and compiled / reduce-overhead (Adam), in three runs of at most 9 minutes
-#   loopcheck  issue 33's GPU check in about 3 minutes: the CUDA tests that reduce-overhead replays
+#   loopcheck  issue 33's GPU check, about 3 minutes after the C++ build (which takes 1.5 more on the H200
+#              host the first time): the CUDA tests that reduce-overhead replays
 #              (planarity, a fitting step, tricubic) match eager, then bench_loop.py on 1aki and
 #              3wip, iso and U, eager / compiled / reduce-overhead, step against its parts (interleaved),
 #              building the atoms, compiled and replayed gradients against eager (--check-grads)
