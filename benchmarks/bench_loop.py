@@ -196,8 +196,31 @@ def _stats(ms: list[float]) -> dict:
     return {"median": statistics.median(ms), "p10": q[0], "p90": q[-1], "n": len(ms)}
 
 
-def _parts(p: dict, case: dict, leaves, timer: _Timer, reps: int) -> dict:
-    """Each part of a step timed alone on the same inputs (median ms), and building the atoms."""
+def _build_us(build, batches: int = 5, calls: int = 200) -> float:
+    """Median µs of one ``build()``, timed on the host over batches of calls.
+
+    Building the atoms issues no device work and reads no value (tests/kernels/test_loop.py), so
+    ``perf_counter`` over many calls measures it; a CUDA-event pair around a single call would add
+    the events' own few µs to a 5 µs call.
+    """
+    per_call = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            build()
+        per_call.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(per_call)
+
+
+def _parts(p: dict, case: dict, leaves, timer: _Timer, reps: int, step) -> dict:
+    """The parts of a step, each timed alone on the same inputs, interleaved with whole steps.
+
+    Each of ``reps`` rounds times one whole ``step()`` (the case's own loop), then the splat and map
+    loss forward+backward, the planarity forward+backward and the optimiser's update, one call each:
+    the step and its parts meet the same host load, which on a shared host drifts by 2× within a
+    minute (the H200 record of 2026-11-28 timed the parts after the steps: the same planarity call took
+    0.19 ms in one case and 0.41 ms in the next). Medians in ms; ``build`` in µs (:func:`_build_us`).
+    """
     atoms, planes, grid, target = p["atoms"], p["planes"], p["grid"], p["target"]
     x, b, occ, u = leaves
     volume, lam = grid.voxel_volume, case["lambda"]
@@ -234,32 +257,38 @@ def _parts(p: dict, case: dict, leaves, timer: _Timer, reps: int) -> dict:
 
     trainable = [t for t in leaves if t is not None and t.requires_grad]
     opt = _optimizer("adam", leaves, case["params"], case["lr"]) if case["optimizer"] == "adam" else None
-    out = {"build": None}
-    for name, fn in (("density", density), ("planarity", planarity), ("build", build)):
-        if fn is None:
-            continue
+    saved = [t.detach().clone() for t in trainable]
+    unit_grads = [torch.ones_like(t) * 1e-3 for t in trainable]
+
+    def update():
+        opt.step()
+
+    def clear():
         for t in trainable:
             t.grad = None
-        for _ in range(3):
-            fn()
-        ms = []
-        for _ in range(reps):
-            for t in trainable:
-                t.grad = None
-            ms.append(timer(fn))
-        out[name] = statistics.median(ms)
+
+    def give_grads():
+        for t, g in zip(trainable, unit_grads):
+            t.grad = g
+
+    timed = [("step", step, None), ("density", density, clear), ("planarity", planarity, clear)]
     if opt is not None:
-        saved = [t.detach().clone() for t in trainable]
-        for t in trainable:
-            t.grad = torch.ones_like(t) * 1e-3
-        for _ in range(3):
-            opt.step()
-        out["optimizer"] = statistics.median(timer(opt.step) for _ in range(reps))
-        with torch.no_grad():
-            for t, s in zip(trainable, saved):
-                t.copy_(s)
-    else:
-        out["optimizer"] = 0.0
+        timed.append(("optimizer", update, give_grads))
+    ms: dict[str, list[float]] = {name: [] for name, _, _ in timed}
+    for r in range(3 + reps):  # 3 warm-up rounds
+        for name, fn, before in timed:
+            if before is not None:
+                before()
+            t = timer(fn)
+            if r >= 3:
+                ms[name].append(t)
+    with torch.no_grad():
+        for t, s in zip(trainable, saved):
+            t.copy_(s)
+    clear()
+    out = {name: statistics.median(v) for name, v in ms.items()}
+    out.setdefault("optimizer", 0.0)
+    out["build"] = None if build is None else _build_us(build) * 1e-3  # ms, as the others
     out["sum"] = out["density"] + out["planarity"] + out["optimizer"]
     return out
 
@@ -296,6 +325,11 @@ def _run_case(p: dict, case: dict, device: torch.device, args) -> dict:
         return loss
 
     losses, rmsd, step_ms, evals_per_step = [], [_rmsd(leaves[0], truth)], [], []
+
+    def adam_step():
+        losses.append(closure().detach().clone())  # a CUDA graph replay reuses its output
+        opt.step()
+
     first_ms = None
     t_case = time.perf_counter()
     for i in range(case["steps"]):
@@ -303,11 +337,6 @@ def _run_case(p: dict, case: dict, device: torch.device, args) -> dict:
         if case["optimizer"] == "lbfgs":
             ms = timer(lambda: losses.append(opt.step(closure).detach().clone()))
         else:
-
-            def adam_step():
-                losses.append(closure().detach().clone())  # a CUDA graph replay reuses its output
-                opt.step()
-
             ms = timer(adam_step)
         evals_per_step.append(evals[0] - before)
         rmsd.append(_rmsd(leaves[0], truth))
@@ -318,29 +347,65 @@ def _run_case(p: dict, case: dict, device: torch.device, args) -> dict:
         if time.perf_counter() - t_case > args.case_seconds and i >= args.warmup + 3:
             break
     rmsd = [float(r) for r in rmsd]
-    losses = [float(v) for v in losses]
+    steps_run = len(losses)
+    loss_values = [float(v) for v in losses]  # the interleaved steps below append to losses
     out = dict(case)
     out.update(
         n_atoms=len(p["atoms"]),
         grid=list(p["grid"].shape),
-        steps_run=len(losses),
+        steps_run=steps_run,
         first_step_ms=first_ms,
         step_ms=_stats(step_ms),
         evals_per_step=evals_per_step,
         rmsd=rmsd,
-        loss=losses,
+        loss=loss_values,
         first_step_below_goal=next((i for i, r in enumerate(rmsd) if r < RMSD_GOAL), None),
     )
     if case["optimizer"] == "lbfgs" and step_ms:
         total_evals = sum(evals_per_step[args.warmup :]) if len(evals_per_step) > args.warmup else 0
         out["eval_ms"] = sum(step_ms) / total_evals if total_evals else None
     if mode == "eager" and case["optimizer"] == "adam":
-        parts = _parts(p, case, _leaves(p, case["params"], n_frames), timer, args.reps)
+        parts = _parts(p, case, _leaves(p, case["params"], n_frames), timer, args.reps, adam_step)
         out["parts_ms"] = parts
-        med = out["step_ms"]["median"]
-        out["step_over_parts"] = med / parts["sum"] if med and parts["sum"] else None
+        out["step_over_parts"] = parts["step"] / parts["sum"] if parts["sum"] else None
         out["target_step_over_parts"] = STEP_OVER_PARTS
+    if mode != "eager" and args.check_grads:
+        out["grad_check"] = _grad_check(p, case, fn, mode == "reduce-overhead")
     return out
+
+
+GRAD_RTOL = 1e-5  # compiled against eager, relative to the largest eager value (as tests/kernels/test_loop.py)
+
+
+def _grad_check(p: dict, case: dict, compiled, cuda_graphs: bool, calls: int = 3) -> dict:
+    """The compiled loss and gradients against eager's, from the start positions.
+
+    The compiled function is called ``calls`` times after the case's steps (with reduce-overhead every
+    call after the first two is a CUDA graph replay), each from the same start; the last call's
+    values are compared. ``ok``: the loss within ``GRAD_RTOL`` relative, and each gradient within
+    ``GRAD_RTOL`` × its largest eager element.
+    """
+    n_frames = case.get("frames")
+    eager = _ensemble_loss_fn(p, case["lambda"], n_frames) if n_frames else _loss_fn(p, case["build"], case["lambda"])
+    leaves = _leaves(p, case["params"], n_frames)
+    trainable = [t for t in leaves if t is not None and t.requires_grad]
+
+    def value_and_grads(fn, mark: bool):
+        if mark:
+            torch.compiler.cudagraph_mark_step_begin()
+        for t in trainable:
+            t.grad = None
+        loss = fn(*leaves)
+        loss.backward()
+        return float(loss.detach()), [t.grad.detach().clone() for t in trainable]
+
+    want_loss, want = value_and_grads(eager, False)
+    for _ in range(calls):
+        got_loss, got = value_and_grads(compiled, cuda_graphs)
+    loss_err = abs(got_loss - want_loss) / max(abs(want_loss), 1e-30)
+    grad_err = [float((g - w).abs().max()) / max(float(w.abs().max()), 1e-30) for g, w in zip(got, want)]
+    ok = loss_err <= GRAD_RTOL and all(e <= GRAD_RTOL for e in grad_err)
+    return {"calls": calls, "loss_rel_err": loss_err, "grad_rel_err": grad_err, "rtol": GRAD_RTOL, "ok": ok}
 
 
 def _cases(args, device: torch.device) -> list[dict]:
@@ -435,6 +500,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ensemble", type=int, default=16, help="frames of the ensemble case (0: none)")
     ap.add_argument("--ensemble-structure", default="1aki")
     ap.add_argument("--smoke", action="store_true", help="1orc, 2 Å grid, few steps: a check that runs in seconds")
+    ap.add_argument(
+        "--check-grads",
+        action="store_true",
+        help="compare each compiled case's loss and gradients (the last of 3 calls: a CUDA graph replay with "
+        "reduce-overhead) with eager's; a mismatch is printed as FAILED and the run exits with status 1",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
@@ -465,6 +536,7 @@ def main(argv=None) -> int:
         "cases": [],
     }
     problems: dict = {}
+    failed: list[str] = []
     for case in _cases(args, device):
         key = (case["structure"], case["adp"])
         label = " ".join(str(case[k]) for k in ("structure", "adp", "mode", "build", "optimizer"))
@@ -477,6 +549,7 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - a case that fails is recorded with its error, the others still run
             result = dict(case, error=f"{type(exc).__name__}: {exc}")
             print(f"{label}: FAILED {result['error']}", flush=True)
+            failed.append(f"{label}: {result['error'].splitlines()[0]}")
             record["cases"].append(result)
             _write(out_path, record)
             continue
@@ -487,19 +560,28 @@ def main(argv=None) -> int:
         if "parts_ms" in result:
             pm = result["parts_ms"]
             line += (
-                f", parts {pm['sum']:.3f} = density {pm['density']:.3f} + planarity {pm['planarity']:.3f}"
+                f"; interleaved: step {pm['step']:.3f}, parts {pm['sum']:.3f} = density {pm['density']:.3f} + planarity {pm['planarity']:.3f}"
                 f" + update {pm['optimizer']:.3f}"
                 + ("" if pm["build"] is None else f" (build {pm['build'] * 1e3:.1f} µs)")
                 + f", ratio {result['step_over_parts']:.2f}"
             )
+        if "grad_check" in result:
+            gc = result["grad_check"]
+            verdict = "ok" if gc["ok"] else "FAILED"
+            if not gc["ok"]:
+                failed.append(f"{label}: compiled gradients differ from eager's ({gc})")
+            line += f", gradients vs eager {verdict} (max rel. err {max(gc['grad_rel_err'], default=0.0):.1e})"
         line += f", RMSD {result['rmsd'][0]:.3f} → {result['rmsd'][-1]:.3f} Å in {result['steps_run']} steps"
         if result["first_step_below_goal"] is not None:
             line += f" (< {RMSD_GOAL} Å at step {result['first_step_below_goal']})"
         print(line, flush=True)
     record["load_average_end"] = os.getloadavg()
+    record["failed"] = failed
     _write(out_path, record)
     print(f"wrote {out_path}")
-    return 0
+    for line in failed:
+        print(f"FAILED {line}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

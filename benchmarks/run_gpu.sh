@@ -28,6 +28,11 @@
 #              density part with --deterministic (peers as for eager)
 #   loop       bench_loop.py: the fitting loop on the GPU, eager (every structure, the ensemble,
 #              L-BFGS) and compiled / reduce-overhead (Adam), in three runs of at most 9 minutes
+#   loopcheck  issue 33's GPU check, about 3 minutes after the C++ build (which takes 1.5 more on the H200
+#              host the first time): the CUDA tests that reduce-overhead replays
+#              (planarity, a fitting step, tricubic) match eager, then bench_loop.py on 1aki and
+#              3wip, iso and U, eager / compiled / reduce-overhead, step against its parts (interleaved),
+#              building the atoms, compiled and replayed gradients against eager (--check-grads)
 # Files are named <op>_<gpu>_<date> (GPU parts) and <op>_<gpu>host_<date> (CPU parts), <gpu> from
 # nvidia-smi (h100, h200, a100, ... or "gpu"). device.txt records the GPU, CPU and versions.
 set -o pipefail
@@ -136,6 +141,15 @@ if has loop; then
             > "$DIR/loop_cuda_${gpu}_${day}_compiled_$adp.log" 2>&1
         summary+=("loop compiled $adp rc=$?")
     done
+fi
+if has loopcheck; then
+    timeout -k 10 50 python3 -m pytest tests/kernels/test_compile_planarity_tricubic.py -k reduce_overhead \
+        -v -p no:cacheprovider -o addopts="-ra" > "$DIR/tests_loop_${gpu}_$day.log" 2>&1
+    summary+=("reduce-overhead tests rc=$? (124: timed out): $(tail -n 1 "$DIR/tests_loop_${gpu}_$day.log")")
+    timeout -k 10 120 python3 benchmarks/bench_loop.py --device cuda --structures 1aki 3wip --adp iso aniso \
+        --modes eager compiled reduce-overhead --optimizers adam --ensemble 0 --steps 12 --reps 10 \
+        --case-seconds 3 --check-grads --out "$DIR/loop_cuda_${gpu}_$day.json" > "$DIR/loop_cuda_${gpu}_$day.log" 2>&1
+    summary+=("loop bench rc=$? (1: a case failed, 124: timed out; the JSON keeps what was measured)")
 fi
 if has probe; then
     OMP_NUM_THREADS=2 python3 benchmarks/cpu_phase_probe.py --structures 5h73 3wip --threads 1 2 --rounds 12 \

@@ -7,13 +7,18 @@ float64 reference, a C++ CPU path and a Triton GPU path.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from kernels._util import assume_constant_result, to_float32
 from kernels.dispatch import get_backend
-from kernels.planarity.planes import DEFAULT_SIGMA, PLANE_DEFINITIONS, PlaneSet, check_inputs, find_planes
+from kernels.planarity.planes import (
+    DEFAULT_SIGMA,
+    PLANE_DEFINITIONS,
+    PlaneSet,
+    check_inputs,
+    find_planes,
+    live_plane_set,
+)
 
 __all__ = ["DEFAULT_SIGMA", "PLANE_DEFINITIONS", "PlaneSet", "find_planes", "planarity_nll"]
 
@@ -64,14 +69,45 @@ def planarity_nll(xyz: torch.Tensor, planes: PlaneSet, *, backend: str = "auto")
 # host time to every call, and the eager path is where that time is counted. Under
 # torch.compile the public function calls the custom ops below instead, which dynamo puts in
 # the graph as single nodes (their fake implementations give the output shapes), so
-# ``torch.compile(fullgraph=True)`` compiles a loop that calls planarity_nll. The ops take the
-# PlaneSet's own tensors, so the graph has no Python object in it; the device tables are
-# built from them on the first run and kept while the index tensor lives.
+# ``torch.compile(fullgraph=True)`` compiles a loop that calls planarity_nll.
+#
+# The ops take ``xyz`` and an int, the handle of the PlaneSet's tables on xyz's device, never the
+# PlaneSet's own (CPU) tensors. The tables are made while dynamo traces the call
+# (:func:`_compiled_handle`, which dynamo runs instead of tracing, like
+# ``torch.compiler.assume_constant_result``), before any compiled code runs. So nothing an op
+# keeps is allocated while ``mode="reduce-overhead"`` routes allocations to its CUDA graph's
+# private pool: CUDA graph trees refuse to replay when a tensor made during warm-up or capture
+# outlives the graph without being one of its outputs. A compiled Triton call takes its
+# scratch (the ticket, zeroed, and the partial sums) as temporaries of the call, so a replay
+# zeroes the ticket too.
+
+# handle -> (PlaneSet, backend, device tables): the PlaneSet for "cpu", the Triton plan for
+# "triton". Kept for the process: a compiled graph may run again as long as it lives.
+_compiled: list[tuple] = []
+_handles: dict[tuple, int] = {}
 
 
 @assume_constant_result
 def _backend_name(device_type: str, backend: str) -> str:
     return get_backend("planarity", device_type, backend)[0]
+
+
+@assume_constant_result
+def _compiled_handle(token: str, device: str, backend: str) -> int:
+    """The handle of the tables of the PlaneSet ``token`` on ``device`` for ``backend``, made on the first call."""
+    key = (token, device, backend)
+    handle = _handles.get(key)
+    if handle is None:
+        planes = live_plane_set(token)
+        if backend == "cpu":
+            tables = planes
+        else:
+            from kernels.planarity.triton import _plan
+
+            tables = _plan(planes, torch.device(device), None)
+        handle = _handles[key] = len(_compiled)
+        _compiled.append((planes, backend, tables))
+    return handle
 
 
 def _compiled_planarity_nll(xyz: torch.Tensor, planes: PlaneSet, backend: str) -> torch.Tensor:
@@ -84,91 +120,63 @@ def _compiled_planarity_nll(xyz: torch.Tensor, planes: PlaneSet, backend: str) -
         xyz = to_float32(xyz, "planarity_nll")
     if len(planes) == 0:
         return (xyz * 0.0).sum() + planes.constant
-    loss, _ = _planarity_op(xyz.contiguous(), planes.index, planes.sigma, name)
+    handle = _compiled_handle(planes._token, str(xyz.device), name)
+    loss, _ = _planarity_op(xyz.contiguous(), handle)
     return loss
 
 
-# id(index tensor) -> (weak reference to it, PlaneSet); tensors cannot be WeakKeyDictionary
-# keys (their == is elementwise), so a dead or reused id is told apart by the reference.
-_op_planes: dict[int, tuple[weakref.ref, PlaneSet]] = {}
-
-
-def _planes_of(index: torch.Tensor, sigma: torch.Tensor, n_atoms: int) -> PlaneSet:
-    """A PlaneSet over ``index``/``sigma`` (padding: σ = inf), the same object while both live."""
-    hit = _op_planes.get(id(index))
-    if hit is not None and hit[0]() is index and hit[1].sigma is sigma and hit[1].n_atoms == n_atoms:
-        return hit[1]
-    for key in [key for key, (ref, _) in _op_planes.items() if ref() is None]:
-        del _op_planes[key]
-    p = index.shape[0]
-    planes = PlaneSet(
-        index=index,
-        sigma=sigma,
-        size=torch.isfinite(sigma).sum(dim=1).to(torch.int32).cpu(),
-        kinds=("plane",) * p,
-        where=("",) * p,
-        n_atoms=n_atoms,
-    )
-    _op_planes[id(index)] = (weakref.ref(index), planes)
-    return planes
-
-
-def _table_dtype(xyz_dtype: torch.dtype, backend: str) -> torch.dtype:
-    return xyz_dtype if backend == "cpu" else torch.float32
+def _table_shape(handle: int, xyz_dtype: torch.dtype) -> tuple[int, torch.dtype]:
+    planes, backend, _ = _compiled[handle]
+    p, k = planes.index.shape
+    return p * k + p * 3, xyz_dtype if backend == "cpu" else torch.float32
 
 
 @torch.library.custom_op("kernels::planarity_nll", mutates_args=())
-def _planarity_op(
-    xyz: torch.Tensor, index: torch.Tensor, sigma: torch.Tensor, backend: str
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _planarity_op(xyz: torch.Tensor, handle: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(loss, table)``: the NLL and the (P·K + P·3,) coefficients and normals of the fit."""
-    planes = _planes_of(index, sigma, xyz.shape[0])
+    _, backend, tables = _compiled[handle]
     if backend == "cpu":
         from kernels.planarity.cpu import fit_table
 
-        return fit_table(xyz, planes)
-    from kernels.planarity.triton import _forward, _plan
+        return fit_table(xyz, tables)
+    from kernels.planarity.triton import _call_scratch, _forward
 
-    return _forward(xyz, _plan(planes, xyz.device, None), True)
+    return _forward(xyz, tables, True, _call_scratch(tables))
 
 
 @_planarity_op.register_fake
-def _(xyz, index, sigma, backend):
-    p, k = index.shape
-    dtype = _table_dtype(xyz.dtype, backend)
-    return xyz.new_empty((), dtype=dtype), xyz.new_empty((p * k + p * 3,), dtype=dtype)
+def _(xyz, handle):
+    size, dtype = _table_shape(handle, xyz.dtype)
+    return xyz.new_empty((), dtype=dtype), xyz.new_empty((size,), dtype=dtype)
 
 
 @torch.library.custom_op("kernels::planarity_nll_backward", mutates_args=())
-def _planarity_backward_op(
-    table: torch.Tensor, grad_out: torch.Tensor, index: torch.Tensor, sigma: torch.Tensor, n_atoms: int, backend: str
-) -> torch.Tensor:
+def _planarity_backward_op(table: torch.Tensor, grad_out: torch.Tensor, handle: int) -> torch.Tensor:
     """∂NLL/∂xyz, shape (n_atoms, 3), from the forward's table."""
-    planes = _planes_of(index, sigma, n_atoms)
+    planes, backend, tables = _compiled[handle]
     if backend == "cpu":
         from kernels.planarity.cpu import scatter_table
 
-        return scatter_table(table, grad_out, planes)
-    from kernels.planarity.triton import _backward, _plan
+        return scatter_table(table, grad_out, tables)
+    from kernels.planarity.triton import _backward
 
-    return _backward(table, grad_out, _plan(planes, table.device, None))
+    return _backward(table, grad_out, tables)
 
 
 @_planarity_backward_op.register_fake
-def _(table, grad_out, index, sigma, n_atoms, backend):
-    return table.new_empty((n_atoms, 3))
+def _(table, grad_out, handle):
+    return table.new_empty((_compiled[handle][0].n_atoms, 3))
 
 
 def _setup(ctx, inputs, output):
-    xyz, index, sigma, backend = inputs
     ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(output[1], index, sigma)
-    ctx.n_atoms, ctx.backend = xyz.shape[0], backend
+    ctx.save_for_backward(output[1])
+    ctx.handle = inputs[1]
 
 
 def _backward(ctx, grad_loss, _grad_table):
-    table, index, sigma = ctx.saved_tensors
-    return _planarity_backward_op(table, grad_loss, index, sigma, ctx.n_atoms, ctx.backend), None, None, None
+    (table,) = ctx.saved_tensors
+    return _planarity_backward_op(table, grad_loss, ctx.handle), None
 
 
 _planarity_op.register_autograd(_backward, setup_context=_setup)

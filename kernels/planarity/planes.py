@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import os
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,6 +66,11 @@ PLANE_DEFINITIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 _WATER = frozenset({"HOH", "WAT", "DOD", "H2O"})
 
+_tokens = itertools.count()
+# token -> the PlaneSet that holds it, while it lives: how a compiled graph, which can hold only
+# plain values, names a PlaneSet (kernels.planarity's torch.compile path).
+_live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class PlaneSet:
@@ -107,6 +114,10 @@ class PlaneSet:
     skipped: dict[str, int] = dataclasses.field(default_factory=dict)
     skipped_details: tuple[str, ...] = ()
     _cache: dict = dataclasses.field(default_factory=dict, repr=False)
+    # Unique for the process (never reused, unlike id()); a copy made by dataclasses.replace gets its own.
+    # A str: torch.compile keeps strings as constants, where an int that differs between two traces of
+    # one function would become a symbolic input.
+    _token: str = dataclasses.field(default_factory=lambda: f"planes{next(_tokens)}", init=False, repr=False)
 
     def __post_init__(self):
         p = len(self.kinds)
@@ -117,6 +128,7 @@ class PlaneSet:
             )
         if tuple(self.size.shape) != (p,) or len(self.where) != p:
             raise ValueError(f"PlaneSet needs size (P,) and where of length P = {p}")
+        _live[self._token] = self
 
     @classmethod
     def from_lists(
@@ -193,6 +205,18 @@ class PlaneSet:
             skipped=dict(skipped or {}),
             skipped_details=tuple(skipped_details),
         )
+
+    def __getstate__(self) -> dict:
+        # The token and the cached device tables belong to this process: a copy or an unpickled set
+        # gets its own token (another process's counter may have given the same one to another set).
+        state = dict(self.__dict__)
+        del state["_token"]
+        state["_cache"] = {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _token=f"planes{next(_tokens)}")
+        _live[self._token] = self
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -489,6 +513,11 @@ def _read_monomer_library(path, names: list[str]):
         # An environment variable left over from another setup should not stop plane finding.
         warn_once(("planarity-monlib", str(path)), message + ", or unset it; using the built-in planes only")
         return None
+
+
+def live_plane_set(token: str) -> PlaneSet:
+    """The live PlaneSet whose ``_token`` is ``token`` (KeyError when it is gone)."""
+    return _live[token]
 
 
 def check_inputs(xyz, planes) -> None:

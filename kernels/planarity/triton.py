@@ -330,9 +330,27 @@ def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0
 
 
-def _forward(xyz: torch.Tensor, plan: _Plan, with_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One forward launch: the loss, and the table the backward needs when ``with_grad``."""
-    stream, count, partial = plan.stream_scratch()
+def _call_scratch(plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ticket, partials)`` made for one call: a zeroed (1,) int32 ticket and (n_programs,) float32.
+
+    For calls inside a compiled graph: they die with the call, so nothing outlives a CUDA graph's
+    warm-up or capture in its private pool, and a replay zeroes the ticket again (one memset).
+    """
+    return (
+        torch.zeros(1, dtype=torch.int32, device=plan.device),
+        torch.empty(plan.n_programs, dtype=torch.float32, device=plan.device),
+    )
+
+
+def _forward(
+    xyz: torch.Tensor, plan: _Plan, with_grad: bool, scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward launch: the loss, and the table the backward needs when ``with_grad``.
+
+    ``scratch``: the ``(ticket, partials)`` to use (:func:`_call_scratch`); None takes the plan's
+    own for the current stream, kept between calls (eager calls: no allocation, no memset).
+    """
+    count, partial = plan.stream_scratch()[1:] if scratch is None else scratch
     loss = torch.empty((), dtype=torch.float32, device=plan.device)
     table = torch.empty(plan.table_size, dtype=torch.float32, device=plan.device) if with_grad else None
     _fwd_launch(

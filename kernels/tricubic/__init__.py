@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import warnings
-import weakref
 
 import torch
 
@@ -165,11 +164,36 @@ def tricubic_sample(
 # ``torch.compile(fullgraph=True)`` compiles a loop that calls tricubic_sample. The bounded-mode
 # warning needs the count of points outside on the host (a sync, a graph break), so a compiled
 # call does not issue it; the values and gradients are the same.
+#
+# The ops take the map, the points and an int, the handle of the grid's parameters on the map's
+# device, never a CPU tensor. The parameters are made while dynamo traces the call
+# (:func:`_compiled_params`, which dynamo runs instead of tracing), before any compiled code runs:
+# nothing an op keeps is allocated inside a CUDA graph's private pool (``mode="reduce-overhead"``).
+
+_compiled: list[torch.Tensor] = []  # handle -> the 15 grid parameters; kept while compiled graphs may run
+_handles: dict[tuple, int] = {}
 
 
 @assume_constant_result
 def _backend_name(device_type: str, backend: str) -> str:
     return get_backend("tricubic", device_type, backend)[0]
+
+
+@assume_constant_result
+def _compiled_params(frac: torch.Tensor, lattice: torch.Tensor, device: str) -> int:
+    """The handle of the grid parameters (``grid_parameters``) on ``device``, made on the first call.
+
+    ``frac`` is the cell's (3, 3) fractionalisation matrix and ``lattice`` the grid's sampling then
+    its origin, (6,) float64. Both come in as tensors: a tensor reaches this function as its value,
+    where ints that differ between two traces of one function would become symbolic and could not.
+    """
+    params = torch.cat([frac.detach().to(torch.float64).reshape(9).cpu(), lattice.to(torch.float64).cpu()])
+    key = (tuple(params.tolist()), device)
+    handle = _handles.get(key)
+    if handle is None:
+        handle = _handles[key] = len(_compiled)
+        _compiled.append(params.to(device))
+    return handle
 
 
 def _compiled_tricubic(rho, grid, points, method, mode, fill_value, backend):
@@ -184,31 +208,10 @@ def _compiled_tricubic(rho, grid, points, method, mode, fill_value, backend):
         from kernels.tricubic.cpu import _prepare
     lead = points.shape[:-1]
     rho, flat = _prepare(rho, points)
-    # The grid goes in as its parts (no cache lookup here: a guard on a cache dict would
-    # recompile the graph whenever the cache changed); the op makes the parameters once.
-    frac = grid.cell.frac
-    out = _tricubic_op(rho, flat, frac, list(grid.sampling), list(grid.origin), method, mode == "periodic",
-                       fill_value, name)  # fmt: skip
+    lattice = torch.tensor([*grid.sampling, *grid.origin], dtype=torch.float64)
+    handle = _compiled_params(grid.cell.frac, lattice, str(rho.device))
+    out = _tricubic_op(rho, flat, handle, method, mode == "periodic", fill_value, name)
     return out.reshape(lead)
-
-
-# id(frac tensor) -> (weak reference to it, {(sampling, origin, device): parameters})
-_op_params: dict[int, tuple[weakref.ref, dict]] = {}
-
-
-def _params_of(frac: torch.Tensor, sampling, origin, device: torch.device) -> torch.Tensor:
-    """The 15 grid parameters (see ``grid_parameters``) on ``device``, made once per grid."""
-    hit = _op_params.get(id(frac))
-    if hit is None or hit[0]() is not frac:
-        for key in [key for key, (ref, _) in _op_params.items() if ref() is None]:
-            del _op_params[key]
-        hit = _op_params[id(frac)] = (weakref.ref(frac), {})
-    key = (tuple(sampling), tuple(origin), device)
-    params = hit[1].get(key)
-    if params is None:
-        rest = torch.tensor([*sampling, *origin], dtype=torch.float64)
-        params = hit[1][key] = torch.cat([frac.detach().to(torch.float64).reshape(9).cpu(), rest]).to(device)
-    return params
 
 
 def _backend_module(name: str):
@@ -230,53 +233,51 @@ def _method_arg(name: str, method: str):
 
 @torch.library.custom_op("kernels::tricubic_sample", mutates_args=())
 def _tricubic_op(
-    rho: torch.Tensor, points: torch.Tensor, frac: torch.Tensor, sampling: list[int], origin: list[int], method: str,
-    periodic: bool, fill_value: float, backend: str,
-) -> torch.Tensor:  # fmt: skip
+    rho: torch.Tensor, points: torch.Tensor, handle: int, method: str, periodic: bool, fill_value: float, backend: str
+) -> torch.Tensor:
     """Values at ``points`` (N, 3) of the prepared map (see the backends' ``_prepare``)."""
-    params = _params_of(frac, sampling, origin, rho.device)
+    params = _compiled[handle]
     return _backend_module(backend)._forward(rho, points, params, _method_arg(backend, method), periodic, fill_value)
 
 
 @_tricubic_op.register_fake
-def _(rho, points, frac, sampling, origin, method, periodic, fill_value, backend):
+def _(rho, points, handle, method, periodic, fill_value, backend):
     return points.new_empty(points.shape[:1], dtype=rho.dtype)
 
 
 @torch.library.custom_op("kernels::tricubic_sample_backward", mutates_args=())
 def _tricubic_backward_op(
-    rho: torch.Tensor, points: torch.Tensor, frac: torch.Tensor, sampling: list[int], origin: list[int],
-    grad_out: torch.Tensor, method: str, periodic: bool, need_rho: bool, need_points: bool, backend: str,
+    rho: torch.Tensor, points: torch.Tensor, handle: int, grad_out: torch.Tensor, method: str, periodic: bool,
+    need_rho: bool, need_points: bool, backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(grad_rho, grad_points)``; one not asked for is an empty (0,) tensor."""
-    params = _params_of(frac, sampling, origin, rho.device)
     grad_rho, grad_points = _backend_module(backend)._backward(
-        rho, points, params, grad_out, _method_arg(backend, method), periodic, need_rho, need_points
+        rho, points, _compiled[handle], grad_out, _method_arg(backend, method), periodic, need_rho, need_points
     )
     empty = rho.new_empty((0,))
     return grad_rho if need_rho else empty, grad_points if need_points else empty
 
 
 @_tricubic_backward_op.register_fake
-def _(rho, points, frac, sampling, origin, grad_out, method, periodic, need_rho, need_points, backend):
+def _(rho, points, handle, grad_out, method, periodic, need_rho, need_points, backend):
     empty = rho.new_empty((0,))
     return rho.new_empty(rho.shape) if need_rho else empty, points.new_empty(points.shape) if need_points else empty
 
 
 def _setup(ctx, inputs, output):
-    rho, points, frac, sampling, origin, method, periodic, _, backend = inputs
-    ctx.save_for_backward(rho, points, frac)
-    ctx.args = (sampling, origin, method, periodic, backend)
+    rho, points, handle, method, periodic, _, backend = inputs
+    ctx.save_for_backward(rho, points)
+    ctx.args = (handle, method, periodic, backend)
 
 
 def _backward(ctx, grad_out):
-    rho, points, frac = ctx.saved_tensors
-    sampling, origin, method, periodic, backend = ctx.args
+    rho, points = ctx.saved_tensors
+    handle, method, periodic, backend = ctx.args
     need_rho, need_points = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     grad_rho, grad_points = _tricubic_backward_op(
-        rho, points, frac, sampling, origin, grad_out, method, periodic, need_rho, need_points, backend
+        rho, points, handle, grad_out, method, periodic, need_rho, need_points, backend
     )
-    return (grad_rho if need_rho else None, grad_points if need_points else None) + (None,) * 7
+    return (grad_rho if need_rho else None, grad_points if need_points else None) + (None,) * 5
 
 
 _tricubic_op.register_autograd(_backward, setup_context=_setup)

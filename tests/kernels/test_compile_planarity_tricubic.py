@@ -70,6 +70,25 @@ def test_compiled_planarity_loop_matches_eager(backend, dtype, device):
         assert gc.dtype == dtype and gc.device.type == device
 
 
+def test_a_copied_or_unpickled_plane_set_names_itself_to_compiled_code():
+    # Compiled code reaches a PlaneSet through its token: a copy (or a set unpickled in another
+    # process, whose own counter may have made the same token) must get its own, registered.
+    import copy
+    import pickle
+
+    from kernels.planarity.planes import live_plane_set
+
+    planes = kernels.PlaneSet.from_lists([[0, 1, 2, 3], [2, 3, 4]], n_atoms=5)
+    planes.weight(torch.float32)  # something in the cache, which is not carried over
+    for other in (copy.deepcopy(planes), pickle.loads(pickle.dumps(planes))):
+        assert other._token != planes._token and live_plane_set(other._token) is other
+        assert other._cache == {} and torch.equal(other.index, planes.index)
+    xyz = torch.randn(5, 3, dtype=torch.float64)
+    compiled = torch.compile(lambda x, p: kernels.planarity_nll(x, p, backend="cpu"), fullgraph=True)
+    other = pickle.loads(pickle.dumps(planes))
+    _close(compiled(xyz, other), kernels.planarity_nll(xyz, planes, backend="cpu"), torch.float64)
+
+
 def _tricubic_loop(step, rho0: torch.Tensor, pts0: torch.Tensor, n: int = 3):
     rho = rho0.clone().requires_grad_(True)
     pts = pts0.clone().requires_grad_(True)
@@ -108,12 +127,30 @@ def test_compiled_tricubic_loop_matches_eager(backend, dtype, device, method):
             _close(a, b, dtype)
 
 
+@pytest.mark.parametrize(("backend", "dtype", "device"), CASES, ids=CASE_IDS)
+def test_one_compiled_function_samples_grids_of_several_shapes(backend, dtype, device):
+    # The second grid makes dynamo trace again, and ints that changed between traces become
+    # symbolic: the grid must still reach the compiled op as values it can make parameters from.
+    cell = kernels.Cell.from_parameters(21.0, 25.0, 29.0, 80.0, 100.0, 95.0)
+    g = torch.Generator().manual_seed(8)
+    pts = (torch.rand(30, 3, generator=g, dtype=torch.float64) @ cell.orth.T).to(device=device, dtype=dtype)
+
+    def sample(rho, grid):
+        return kernels.tricubic_sample(rho, grid, pts, backend=backend)
+
+    compiled = torch.compile(sample, fullgraph=True)
+    for shape in [(11, 13, 15), (12, 14, 16), (10, 10, 10)]:
+        grid = kernels.GridSpec(cell, shape)
+        rho = torch.randn(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+        _close(compiled(rho, grid), sample(rho, grid), dtype)
+
+
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_custom_ops_pass_opcheck(backend):
     # Schema, fake (meta) implementations against the real ones, autograd registration and
     # AOT dispatch, as torch.library checks them.
-    from kernels.planarity import _planarity_op
-    from kernels.tricubic import _tricubic_op
+    from kernels.planarity import _compiled_handle, _planarity_op
+    from kernels.tricubic import _compiled_params, _tricubic_op
 
     dtype = torch.float64 if backend == "cpu" else torch.float32
     # Triton runs on CUDA tensors where a GPU is present (in the interpreter, on CPU tensors).
@@ -121,12 +158,14 @@ def test_custom_ops_pass_opcheck(backend):
     planes = kernels.PlaneSet.from_lists([[0, 1, 2, 3], [2, 3, 4, 5, 6]], sigma=[[0.02] * 4, [0.03] * 5], n_atoms=8)
     g = torch.Generator().manual_seed(5)
     xyz = torch.randn(8, 3, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_(True)
-    torch.library.opcheck(_planarity_op, (xyz, planes.index, planes.sigma, backend))
+    torch.library.opcheck(_planarity_op, (xyz, _compiled_handle(planes._token, str(xyz.device), backend)))
     cell = kernels.Cell.from_parameters(12.0, 13.0, 14.0)
     grid = kernels.GridSpec(cell, (6, 7, 8))
     rho = torch.randn(grid.shape, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_(True)
     pts = (torch.rand(9, 3, generator=g, dtype=torch.float64) * 12).to(device, dtype).requires_grad_(True)
-    args = (rho, pts, cell.frac, list(grid.sampling), list(grid.origin), "catmull-rom", True, 0.0, backend)
+    lattice = torch.tensor([*grid.sampling, *grid.origin], dtype=torch.float64)
+    handle = _compiled_params(cell.frac, lattice, str(rho.device))
+    args = (rho, pts, handle, "catmull-rom", True, 0.0, backend)
     torch.library.opcheck(_tricubic_op, args)
 
 
@@ -207,6 +246,60 @@ def test_cuda_graph_replay_equals_eager_tricubic():
         assert torch.equal(out, eager.detach())
         assert torch.equal(grad_pts, pe.grad)
         assert_kernel_close(grad_rho.cpu(), re.grad.cpu())  # float32 atomics: order varies
+
+
+def _reduce_overhead_matches_eager(loss_fn, leaves: list[torch.Tensor], calls: int = 4) -> None:
+    """``torch.compile(loss_fn, mode="reduce-overhead")`` as a fitting loop calls it: the same leaves,
+    moved in place between steps, ``.backward()``, and a new step marked. Warm-up, recording, then
+    CUDA graph replays give eager's loss and gradients (float32: to 2e-6 of the largest)."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    compiled = torch.compile(loss_fn, fullgraph=True, mode="reduce-overhead")
+    g = torch.Generator(device="cuda").manual_seed(9)
+    base = [t.detach().clone() for t in leaves]
+    leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
+    for _ in range(calls):  # the calls after the first two replay the recorded graph
+        with torch.no_grad():
+            for leaf, b in zip(leaves, base):
+                leaf.copy_(b + 0.05 * torch.randn(b.shape, generator=g, device="cuda"))
+            eager_leaves = [leaf.detach().clone().requires_grad_(True) for leaf in leaves]
+        torch.compiler.cudagraph_mark_step_begin()
+        for leaf in leaves:
+            leaf.grad = None
+        loss = compiled(*leaves)
+        loss.backward()
+        got_loss, got = loss.detach().clone(), [leaf.grad.clone() for leaf in leaves]
+        del loss
+        eager = loss_fn(*eager_leaves)
+        eager.backward()
+        _close(got_loss, eager.detach(), torch.float32)
+        for a, b in zip(got, eager_leaves):
+            _close(a, b.grad, torch.float32)
+    # Inductor runs a graph it will not capture (a CPU tensor in it, say) without CUDA graphs.
+    assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled step ran without CUDA graphs"
+
+
+@requires_cuda
+def test_reduce_overhead_replays_planarity_and_matches_eager():
+    # A PlaneSet never called eagerly: its device tables are made while the compiled step is traced,
+    # not during CUDA graph trees' warm-up, whose allocations land in the graph's pool (torch used to
+    # refuse the graph: "Detected 2 tensor(s) in the cudagraph pool not tracked as outputs").
+    m = model("1aki")
+    planes = kernels.find_planes(m)
+    torch._dynamo.reset()
+    _reduce_overhead_matches_eager(lambda x: 0.5 * kernels.planarity_nll(x, planes), [m.atoms.xyz.float().cuda()])
+
+
+@requires_cuda
+def test_reduce_overhead_replays_tricubic_and_matches_eager():
+    m = model("1aki")
+    grid = kernels.GridSpec.for_spacing(m.cell, 0.9)  # a grid no eager call has used
+    g = torch.Generator(device="cuda").manual_seed(6)
+    rho = torch.randn(grid.shape, generator=g, device="cuda")
+    pts = ((torch.rand(5000, 3, generator=g, device="cuda", dtype=torch.float64)) @ m.cell.orth.T.cuda()).float()
+    torch._dynamo.reset()
+    _reduce_overhead_matches_eager(lambda r, p: kernels.tricubic_sample(r, grid, p).square().sum(), [rho, pts])
 
 
 # --------------------------------------------------------------------------- the eager path
