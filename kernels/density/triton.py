@@ -78,8 +78,10 @@ import triton
 import triton.language as tl
 
 from kernels._launch import FastLauncher, ceil_div
+from kernels._opdef import OpDef, eager_function, register
 from kernels._util import positive_number, to_float32
 from kernels.crystal import AtomSet, Cell, GridError, GridSpec
+from kernels.density.ops import grid_of
 from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES, cutoff_radius
 from kernels.dispatch import BackendError, triton_interpreted
 
@@ -2132,30 +2134,65 @@ def _backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii, n_frames: int):
     return g_xyz, g_b, g_occ
 
 
-class _SplatTriton(torch.autograd.Function):
-    """Forward and backward launches; ``rest`` = (a, b, plan, n_frames, shape), not differentiable."""
+def _float32_contiguous(grad: torch.Tensor) -> torch.Tensor:
+    """The upstream map gradient as the backward kernels read it, without a call when it already is."""
+    if grad.dtype != torch.float32:
+        grad = grad.to(torch.float32)
+    if not grad.is_contiguous():
+        grad = grad.contiguous()
+    return grad
 
-    @staticmethod
-    def forward(ctx, xyz, b_iso, occ, rest):
-        a, b, plan, n_frames, shape = rest
-        out, radii = _forward(plan, xyz, b_iso, occ, a, b, n_frames, shape)
-        ctx.save_for_backward(xyz, b_iso, occ)
-        ctx.rest = (a, b, radii, plan, n_frames)
-        return out
 
-    @staticmethod
-    def backward(ctx, grad):
-        need = ctx.needs_input_grad
-        if not (need[0] or need[1] or need[2]):
-            return None, None, None, None
-        xyz, b_iso, occ = ctx.saved_tensors
-        a, b, radii, plan, n_frames = ctx.rest
-        if grad.dtype != torch.float32:
-            grad = grad.to(torch.float32)
-        if not grad.is_contiguous():
-            grad = grad.contiguous()
-        g_xyz, g_b, g_occ = _backward(plan, grad, xyz, b_iso, occ, a, b, radii, n_frames)
-        return g_xyz if need[0] else None, g_b if need[1] else None, g_occ if need[2] else None, None
+# --------------------------------------------------------------------------- the ops, defined once
+#
+# Each OpDef below is the whole op: launcher, backward and output shapes. The eager autograd Function and
+# the torch.library op (kernels.density.ops registers it, for torch.compile) are both built from it. The call
+# state is (plan, n_frames, shape) — shape the result's, grid.shape or (n_frames, *grid.shape) — and for the
+# anisotropic op also (rule, neutron).
+
+
+def _iso_call(inputs, params):
+    cell, shape, radius, cutoff, n_frames = params
+    plan = _plan(grid_of(cell, shape), radius, cutoff, inputs[0].device)
+    return plan, n_frames, plan.shape if n_frames == 1 else (n_frames, *plan.shape)
+
+
+def _iso_forward(call, xyz, b_iso, occ, a, b):
+    plan, n_frames, shape = call
+    if xyz.shape[0] == 0:
+        return torch.zeros(shape, dtype=torch.float32, device=xyz.device), b_iso
+    # A fixed radius writes no radii: b_iso is passed as the (unwritten) pointer and returned in their place.
+    return _forward(plan, xyz, b_iso, occ, a, b, n_frames, shape)
+
+
+def _iso_backward(call, grad, xyz, b_iso, occ, a, b, radii):
+    plan, n_frames, _ = call
+    if xyz.shape[0] == 0:
+        return torch.zeros_like(xyz), torch.zeros_like(b_iso), torch.zeros_like(occ)
+    radii = radii if plan.per_atom else b_iso
+    return _backward(plan, _float32_contiguous(grad), xyz, b_iso, occ, a, b, radii, n_frames)
+
+
+def _map_fake(xyz, shape, n_frames, radius):
+    """The map and radii of a forward, as empty tensors: (shape or (n_frames, *shape)), (N,) or (0,)."""
+    out_shape = tuple(shape) if n_frames == 1 else (n_frames, *shape)
+    n = xyz.shape[0] if radius is None else 0
+    return xyz.new_empty(out_shape, dtype=torch.float32), xyz.new_empty((n,), dtype=torch.float32)
+
+
+SPLAT_OP = OpDef(
+    name="kernels::density_triton",
+    inputs=("Tensor xyz", "Tensor b_iso", "Tensor occ", "Tensor a", "Tensor b"),
+    params=("float[] cell", "int[] shape", "float? radius", "float cutoff", "int n_frames"),
+    grads=(0, 1, 2),
+    saved=1,
+    call=_iso_call,
+    forward=_iso_forward,
+    backward=_iso_backward,
+    fake=lambda xyz, b_iso, occ, a, b, cell, shape, radius, cutoff, n_frames: _map_fake(xyz, shape, n_frames, radius),
+)
+_SplatTriton = eager_function(SPLAT_OP)
+register(SPLAT_OP)
 
 
 def _aniso_rule(plan: _Plan, radius_rule: str) -> int:
@@ -2228,38 +2265,45 @@ def _backward_aniso(plan: _Plan, grad, xyz, u, aniso, b_iso, occ, a, b, radii, n
     return g_xyz, g_u, g_b, g_occ
 
 
-class _SplatAnisoTriton(torch.autograd.Function):
-    """Anisotropic forward and backward launches; ``rest`` = (aniso, a, b, plan, n_frames, rule, neutron, shape)."""
+def _aniso_call(inputs, params):
+    cell, shape, radius, cutoff, n_frames, radius_rule, neutron = params
+    plan, n_frames, shape = _iso_call(inputs, (cell, shape, radius, cutoff, n_frames))
+    return plan, n_frames, shape, _aniso_rule(plan, radius_rule), neutron
 
-    @staticmethod
-    def forward(ctx, xyz, u, b_iso, occ, rest):
-        aniso, a, b, plan, n_frames, rule, neutron, shape = rest
-        out, radii = _forward_aniso(plan, xyz, u, aniso, b_iso, occ, a, b, n_frames, rule, neutron, shape)
-        ctx.save_for_backward(xyz, u, b_iso, occ)
-        ctx.rest = (aniso, a, b, radii, plan, n_frames, rule, neutron)
-        return out
 
-    @staticmethod
-    def backward(ctx, grad):
-        need = ctx.needs_input_grad
-        if not any(need[:4]):
-            return None, None, None, None, None
-        xyz, u, b_iso, occ = ctx.saved_tensors
-        aniso, a, b, radii, plan, n_frames, rule, neutron = ctx.rest
-        if grad.dtype != torch.float32:
-            grad = grad.to(torch.float32)
-        if not grad.is_contiguous():
-            grad = grad.contiguous()
-        g_xyz, g_u, g_b, g_occ = _backward_aniso(
-            plan, grad, xyz, u, aniso, b_iso, occ, a, b, radii, n_frames, rule, neutron
-        )
-        return (
-            g_xyz if need[0] else None,
-            g_u if need[1] else None,
-            g_b if need[2] else None,
-            g_occ if need[3] else None,
-            None,
-        )
+def _aniso_forward(call, xyz, u, aniso, b_iso, occ, a, b):
+    plan, n_frames, shape, rule, neutron = call
+    if xyz.shape[0] == 0:
+        return torch.zeros(shape, dtype=torch.float32, device=xyz.device), b_iso
+    return _forward_aniso(plan, xyz, u, aniso, b_iso, occ, a, b, n_frames, rule, neutron, shape)
+
+
+def _aniso_backward(call, grad, xyz, u, aniso, b_iso, occ, a, b, radii):
+    plan, n_frames, _, rule, neutron = call
+    if xyz.shape[0] == 0:
+        return torch.zeros_like(xyz), torch.zeros_like(u), torch.zeros_like(b_iso), torch.zeros_like(occ)
+    radii = radii if rule else b_iso
+    grad = _float32_contiguous(grad)
+    return _backward_aniso(plan, grad, xyz, u, aniso, b_iso, occ, a, b, radii, n_frames, rule, neutron)
+
+
+#: The anisotropic kernels (anisotropic sets, and isotropic neutron sets with a zero ``u`` and no atom
+#: flagged in ``aniso``, as :func:`_kernel_inputs_aniso` gives them).
+SPLAT_ANISO_OP = OpDef(
+    name="kernels::density_triton_aniso",
+    inputs=("Tensor xyz", "Tensor u_aniso", "Tensor aniso", "Tensor b_iso", "Tensor occ", "Tensor a", "Tensor b"),
+    params=SPLAT_OP.params + ("str radius_rule", "bool neutron"),
+    grads=(0, 1, 3, 4),
+    saved=1,
+    call=_aniso_call,
+    forward=_aniso_forward,
+    backward=_aniso_backward,
+    fake=lambda xyz, u, aniso, b_iso, occ, a, b, cell, shape, radius, cutoff, n_frames, rule, neutron: _map_fake(
+        xyz, shape, n_frames, radius
+    ),
+)
+_SplatAnisoTriton = eager_function(SPLAT_ANISO_OP)
+register(SPLAT_ANISO_OP)
 
 
 # --------------------------------------------------------------------------- public
@@ -2365,26 +2409,34 @@ def _splat(atoms: AtomSet, plan: _Plan, n_frames: int | None = None, radius_rule
     """
     if atoms.u_aniso is not None or atoms.radiation == "neutron":
         return _splat_aniso(atoms, plan, n_frames, radius_rule)
-    op = "splat_triton"
-    # float64 positions go to the kernel as they are: it wraps them into the cell in float64, so the
-    # float32 offsets it works with are exact, and masks non-finite atoms, within the splat launch.
-    xyz = atoms.xyz
-    if xyz.dtype != torch.float64:
-        xyz = _as_kernel_input(xyz, op)
-    elif not xyz.is_contiguous():
-        xyz = xyz.contiguous()
-    b_iso = _as_kernel_input(atoms.b_iso, op)
-    occ = _as_kernel_input(atoms.occ, op)
-    a = _as_kernel_input(atoms.a, op)
-    b = _as_kernel_input(atoms.b, op)
+    xyz, b_iso, occ, a, b = _kernel_inputs(atoms)
     shape = plan.shape if n_frames is None else (n_frames, *plan.shape)
     n_frames = n_frames or 1
-    if xyz.shape[0] == 0:
-        return torch.zeros(shape, dtype=torch.float32, device=xyz.device)
+    call = (plan, n_frames, shape)
     if torch.is_grad_enabled() and (xyz.requires_grad or b_iso.requires_grad or occ.requires_grad):
-        return _SplatTriton.apply(xyz, b_iso, occ, (a, b, plan, n_frames, shape))
+        return _SplatTriton.apply(call, xyz, b_iso, occ, a, b)
     # no autograd node to build (its apply alone costs ~15 µs of host time)
-    return _forward(plan, xyz, b_iso, occ, a, b, n_frames, shape)[0]
+    return _iso_forward(call, xyz, b_iso, occ, a, b)[0]
+
+
+def _kernel_xyz(atoms: AtomSet) -> torch.Tensor:
+    """Positions as the kernels read them: float64 positions as they are (contiguous), the rest float32.
+
+    The kernels wrap float64 positions into the cell in float64, so the float32 offsets they work with are
+    exact, and mask non-finite atoms, within the splat launch.
+    """
+    xyz = atoms.xyz
+    if xyz.dtype != torch.float64:
+        return _as_kernel_input(xyz, "splat_triton")
+    return xyz if xyz.is_contiguous() else xyz.contiguous()
+
+
+def _kernel_inputs(atoms: AtomSet):
+    """(xyz, b_iso, occ, a, b) as the isotropic kernels read them (:func:`_kernel_xyz`; the rest float32)."""
+    op = "splat_triton"
+    b_iso = _as_kernel_input(atoms.b_iso, op)
+    occ = _as_kernel_input(atoms.occ, op)
+    return _kernel_xyz(atoms), b_iso, occ, _as_kernel_input(atoms.a, op), _as_kernel_input(atoms.b, op)
 
 
 def _kernel_inputs_aniso(atoms: AtomSet):
@@ -2395,11 +2447,7 @@ def _kernel_inputs_aniso(atoms: AtomSet):
     the kernel and its gradient goes to b_iso, as for the isotropic atoms of a mixed set.
     """
     op = "splat_triton"
-    xyz = atoms.xyz
-    if xyz.dtype != torch.float64:
-        xyz = _as_kernel_input(xyz, op)
-    elif not xyz.is_contiguous():
-        xyz = xyz.contiguous()
+    xyz = _kernel_xyz(atoms)
     if atoms.u_aniso is not None:
         u = _as_kernel_input(atoms.u_aniso, op)
         aniso = atoms.aniso if atoms.aniso.is_contiguous() else atoms.aniso.contiguous()
@@ -2415,14 +2463,11 @@ def _splat_aniso(atoms: AtomSet, plan: _Plan, n_frames: int | None, radius_rule:
     xyz, u, aniso, b_iso, occ, a, b = _kernel_inputs_aniso(atoms)
     shape = plan.shape if n_frames is None else (n_frames, *plan.shape)
     n_frames = n_frames or 1
-    if xyz.shape[0] == 0:
-        return torch.zeros(shape, dtype=torch.float32, device=xyz.device)
-    rule = _aniso_rule(plan, radius_rule)
-    neutron = atoms.radiation == "neutron"
+    call = (plan, n_frames, shape, _aniso_rule(plan, radius_rule), atoms.radiation == "neutron")
     wants = xyz.requires_grad or b_iso.requires_grad or occ.requires_grad or u.requires_grad
     if torch.is_grad_enabled() and wants:
-        return _SplatAnisoTriton.apply(xyz, u, b_iso, occ, (aniso, a, b, plan, n_frames, rule, neutron, shape))
-    return _forward_aniso(plan, xyz, u, aniso, b_iso, occ, a, b, n_frames, rule, neutron, shape)[0]
+        return _SplatAnisoTriton.apply(call, xyz, u, aniso, b_iso, occ, a, b)
+    return _aniso_forward(call, xyz, u, aniso, b_iso, occ, a, b)[0]
 
 
 def splat_frames_triton(
