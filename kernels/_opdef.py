@@ -128,7 +128,9 @@ def register(op: OpDef):
     outs = "Tensor" if n_saved == 0 else f"({', '.join(['Tensor'] * (1 + n_saved))})"
     saved_schema = [f"Tensor saved{k}" for k in range(n_saved)]
     schema = f"({', '.join((*op.inputs, *op.params))}) -> {outs}"
-    b_schema = f"({', '.join(('Tensor grad', *op.inputs, *saved_schema, *op.params))}) -> ({', '.join(['Tensor'] * n_grads)})"
+    b_schema = (
+        f"({', '.join(('Tensor grad', *op.inputs, *saved_schema, *op.params))}) -> ({', '.join(['Tensor'] * n_grads)})"
+    )
     namespace, name = op.name.split("::")
 
     def impl(*args):

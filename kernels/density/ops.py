@@ -142,7 +142,10 @@ CPU_ANISO_OP = OpDef(
     backward=_cpu_aniso_backward,
     fake=lambda xyz, u, aniso, b_iso, occ, a, b, cell, shape, *_: (xyz.new_empty(tuple(shape), dtype=torch.float32),),
     fake_grads=lambda xyz, u, aniso, b_iso, occ, a, b, *_: (
-        torch.empty_like(xyz), _no_u_grad(u, b_iso), torch.empty_like(b_iso), torch.empty_like(occ)
+        torch.empty_like(xyz),
+        _no_u_grad(u, b_iso),
+        torch.empty_like(b_iso),
+        torch.empty_like(occ),
     ),
 )
 
