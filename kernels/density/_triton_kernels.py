@@ -388,6 +388,78 @@ def _separable_row(r, off_y, h11, in_xz, gmin, r2lim, lim, VEC: tl.constexpr):
 
 
 @triton.jit
+def _fwd_term(a_ptr, b_ptr, ia, valid, b_iso, occ, k: tl.constexpr):
+    """Gaussian k's amplitude at the atom's occupancy and its exponent in log2 units, (ATOMS, 1, 1)."""
+    amp, al, _bk = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, k)
+    return (amp * occ)[:, None, None], (al * 1.4426950408889634)[:, None, None]
+
+
+@triton.jit
+def _bwd_term(a_ptr, b_ptr, ia, valid, b_iso, k: tl.constexpr):
+    """Gaussian k's weights in the backward's sums, (ATOMS, 1, 1) each: c (unit-occupancy amplitude),
+    c·α, c·α/B_k, 1.5·c/B_k, and the exponent α in log2 units."""
+    c, al, w = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, k)
+    ca = (c * al)[:, None, None]
+    cab = (c * al / w)[:, None, None]
+    cb = (c * 1.5 / w)[:, None, None]
+    return c[:, None, None], ca, cab, cb, (al * 1.4426950408889634)[:, None, None]
+
+
+@triton.jit
+def _exp2_each(be0, be1, be2, be3, be4, q):
+    """2^(−be_k·q) for each Gaussian k."""
+    return tl.exp2(-be0 * q), tl.exp2(-be1 * q), tl.exp2(-be2 * q), tl.exp2(-be3 * q), tl.exp2(-be4 * q)
+
+
+@triton.jit
+def _exp2_terms(c0, c1, c2, c3, c4, be0, be1, be2, be3, be4, q):
+    """c_k·2^(−be_k·q) for each Gaussian k."""
+    return (
+        c0 * tl.exp2(-be0 * q),
+        c1 * tl.exp2(-be1 * q),
+        c2 * tl.exp2(-be2 * q),
+        c3 * tl.exp2(-be3 * q),
+        c4 * tl.exp2(-be4 * q),
+    )
+
+
+@triton.jit
+def _sum_of_products(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4, c0, c1, c2, c3, c4):
+    """Σ_k a_k·b_k·c_k over the five Gaussians."""
+    return a0 * b0 * c0 + a1 * b1 * c1 + a2 * b2 * c2 + a3 * b3 * c3 + a4 * b4 * c4
+
+
+@triton.jit
+def _dot5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
+    """Σ_k a_k·b_k over the five Gaussians."""
+    return a0 * b0 + a1 * b1 + a2 * b2 + a3 * b3 + a4 * b4
+
+
+@triton.jit
+def _store_position_grad(gxyz_ptr, p_ptr, ia, valid, gcx, gcy, gcz, TO32: tl.constexpr):
+    """∂L/∂xyz = mᵀ·∂L/∂centre (centre = m·xyz, m = diag(n)·frac), stored in the gradient's dtype.
+
+    ``TO32``: m rounded to float32 before the products (the isotropic backward's float32 sums).
+    """
+    m00 = tl.load(p_ptr + 23)
+    m01 = tl.load(p_ptr + 24)
+    m02 = tl.load(p_ptr + 25)
+    m10 = tl.load(p_ptr + 26)
+    m11 = tl.load(p_ptr + 27)
+    m12 = tl.load(p_ptr + 28)
+    m20 = tl.load(p_ptr + 29)
+    m21 = tl.load(p_ptr + 30)
+    m22 = tl.load(p_ptr + 31)
+    if TO32:
+        m00, m01, m02 = m00.to(tl.float32), m01.to(tl.float32), m02.to(tl.float32)
+        m10, m11, m12 = m10.to(tl.float32), m11.to(tl.float32), m12.to(tl.float32)
+        m20, m21, m22 = m20.to(tl.float32), m21.to(tl.float32), m22.to(tl.float32)
+    tl.store(gxyz_ptr + ia * 3 + 0, m00 * gcx + m10 * gcy + m20 * gcz, mask=valid)
+    tl.store(gxyz_ptr + ia * 3 + 1, m01 * gcx + m11 * gcy + m21 * gcz, mask=valid)
+    tl.store(gxyz_ptr + ia * 3 + 2, m02 * gcx + m12 * gcy + m22 * gcz, mask=valid)
+
+
+@triton.jit
 def _exp2_sum(c0, c1, c2, c3, c4, be0, be1, be2, be3, be4, q):
     """Σ_k c_k·2^(−be_k·q) over the five Gaussians (be_k = α_k·log2 e), broadcast over q's and the c_k's shapes."""
     return (
@@ -577,22 +649,11 @@ def _splat_fwd_kernel(
     if FIXED:
         scale = _fixed_scale(fix_ptr, fix_shift)
     lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
-    amp0, al0, _b0 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 0)
-    amp1, al1, _b1 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 1)
-    amp2, al2, _b2 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 2)
-    amp3, al3, _b3 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 3)
-    amp4, al4, _b4 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 4)
-    # (ATOMS, 1, 1): per-atom scalars broadcast over the tile.
-    amp0 = (amp0 * occ)[:, None, None]
-    amp1 = (amp1 * occ)[:, None, None]
-    amp2 = (amp2 * occ)[:, None, None]
-    amp3 = (amp3 * occ)[:, None, None]
-    amp4 = (amp4 * occ)[:, None, None]
-    be0 = (al0 * 1.4426950408889634)[:, None, None]
-    be1 = (al1 * 1.4426950408889634)[:, None, None]
-    be2 = (al2 * 1.4426950408889634)[:, None, None]
-    be3 = (al3 * 1.4426950408889634)[:, None, None]
-    be4 = (al4 * 1.4426950408889634)[:, None, None]
+    amp0, be0 = _fwd_term(a_ptr, b_ptr, ia, valid, b_iso, occ, 0)
+    amp1, be1 = _fwd_term(a_ptr, b_ptr, ia, valid, b_iso, occ, 1)
+    amp2, be2 = _fwd_term(a_ptr, b_ptr, ia, valid, b_iso, occ, 2)
+    amp3, be3 = _fwd_term(a_ptr, b_ptr, ia, valid, b_iso, occ, 3)
+    amp4, be4 = _fwd_term(a_ptr, b_ptr, ia, valid, b_iso, occ, 4)
     # Group masks and row spans test lower bounds of r² against R² widened by 0.1 %, far above float32
     # rounding (~1e-6 relative), so a group or row holding a voxel with r² < R² is never masked off.
     r2lim_a = r2max * 1.001  # (ATOMS,)
@@ -655,11 +716,7 @@ def _splat_fwd_kernel(
                 q0xy = h00 * dx * dx  # (ATOMS, BP, 1)
                 lxy = 2.0 * h01 * dx
             if SEPARABLE or ZSEP:
-                e0 = amp0 * tl.exp2(-be0 * q_lane)
-                e1 = amp1 * tl.exp2(-be1 * q_lane)
-                e2 = amp2 * tl.exp2(-be2 * q_lane)
-                e3 = amp3 * tl.exp2(-be3 * q_lane)
-                e4 = amp4 * tl.exp2(-be4 * q_lane)
+                e0, e1, e2, e3, e4 = _exp2_terms(amp0, amp1, amp2, amp3, amp4, be0, be1, be2, be3, be4, q_lane)
             r, r_end, iy, r_lo, r_hi = _tile_row_walk(
                 pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
                 iy0, ny, n_rows, BP, BQ, SEPARABLE,
@@ -748,36 +805,11 @@ def _splat_bwd_kernel(
     lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
     # Unit-occupancy amplitudes c_k and the weights of the three sums the gradients need:
     # u0 = Σ c_k e_k (ρ/occ), u1 = Σ c_k α_k e_k (−∂(ρ/occ)/∂r²), u2 = Σ c_k (α_k r² − 3/2)/B_k e_k (∂(ρ/occ)/∂B).
-    c0, al0, w0 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 0)
-    c1, al1, w1 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 1)
-    c2, al2, w2 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 2)
-    c3, al3, w3 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 3)
-    c4, al4, w4 = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, 4)
-    ca0 = (c0 * al0)[:, None, None]
-    ca1 = (c1 * al1)[:, None, None]
-    ca2 = (c2 * al2)[:, None, None]
-    ca3 = (c3 * al3)[:, None, None]
-    ca4 = (c4 * al4)[:, None, None]
-    cab0 = (c0 * al0 / w0)[:, None, None]
-    cab1 = (c1 * al1 / w1)[:, None, None]
-    cab2 = (c2 * al2 / w2)[:, None, None]
-    cab3 = (c3 * al3 / w3)[:, None, None]
-    cab4 = (c4 * al4 / w4)[:, None, None]
-    cb0 = (c0 * 1.5 / w0)[:, None, None]
-    cb1 = (c1 * 1.5 / w1)[:, None, None]
-    cb2 = (c2 * 1.5 / w2)[:, None, None]
-    cb3 = (c3 * 1.5 / w3)[:, None, None]
-    cb4 = (c4 * 1.5 / w4)[:, None, None]
-    c0 = c0[:, None, None]
-    c1 = c1[:, None, None]
-    c2 = c2[:, None, None]
-    c3 = c3[:, None, None]
-    c4 = c4[:, None, None]
-    be0 = (al0 * 1.4426950408889634)[:, None, None]
-    be1 = (al1 * 1.4426950408889634)[:, None, None]
-    be2 = (al2 * 1.4426950408889634)[:, None, None]
-    be3 = (al3 * 1.4426950408889634)[:, None, None]
-    be4 = (al4 * 1.4426950408889634)[:, None, None]
+    c0, ca0, cab0, cb0, be0 = _bwd_term(a_ptr, b_ptr, ia, valid, b_iso, 0)
+    c1, ca1, cab1, cb1, be1 = _bwd_term(a_ptr, b_ptr, ia, valid, b_iso, 1)
+    c2, ca2, cab2, cb2, be2 = _bwd_term(a_ptr, b_ptr, ia, valid, b_iso, 2)
+    c3, ca3, cab3, cb3, be3 = _bwd_term(a_ptr, b_ptr, ia, valid, b_iso, 3)
+    c4, ca4, cab4, cb4, be4 = _bwd_term(a_ptr, b_ptr, ia, valid, b_iso, 4)
     # Group masks and row spans test lower bounds of r² against R² widened by 0.1 %, far above float32
     # rounding (~1e-6 relative), so a group or row holding a voxel with r² < R² is never masked off.
     r2lim_a = r2max * 1.001  # (ATOMS,)
@@ -846,26 +878,12 @@ def _splat_bwd_kernel(
             if SEPARABLE:
                 # e_k = x_k(x, z)·y_k(row): sum g·y_k (and ·dy, ·qy) over the rows first, then fold in
                 # the x_k and the coefficients once per tile (20 instead of ~40 flops per voxel).
-                x0 = tl.exp2(-be0 * qxz)
-                x1 = tl.exp2(-be1 * qxz)
-                x2 = tl.exp2(-be2 * qxz)
-                x3 = tl.exp2(-be3 * qxz)
-                x4 = tl.exp2(-be4 * qxz)
-                t0 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ_rows g·y_k
-                t1 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                t2 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                t3 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                t4 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                yd0 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ_rows g·y_k·dy
-                yd1 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                yd2 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                yd3 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                yd4 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                v0 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)  # Σ_rows g·y_k·qy
-                v1 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                v2 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                v3 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-                v4 = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+                x0, x1, x2, x3, x4 = _exp2_each(be0, be1, be2, be3, be4, qxz)
+                # Σ_rows g·y_k (t_k), g·y_k·dy (yd_k) and g·y_k·qy (v_k), per lane
+                z = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+                t0, t1, t2, t3, t4, yd0, yd1, yd2, yd3, yd4, v0, v1, v2, v3, v4 = (
+                    z, z, z, z, z, z, z, z, z, z, z, z, z, z, z,
+                )  # fmt: skip
                 r, r_end, iy, r_lo, r_hi = _tile_row_walk(
                     pc, qc, cntx, cntz, qxz, qxz, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
                     iy0, ny, n_rows, BP, BQ, SEPARABLE,
@@ -902,9 +920,9 @@ def _splat_bwd_kernel(
                     iy += 1
                     iy = tl.where(iy == ny, 0, iy)
                     r += 2
-                tile_o = c0 * x0 * t0 + c1 * x1 * t1 + c2 * x2 * t2 + c3 * x3 * t3 + c4 * x4 * t4
-                hh = ca0 * x0 * t0 + ca1 * x1 * t1 + ca2 * x2 * t2 + ca3 * x3 * t3 + ca4 * x4 * t4
-                tile_y = ca0 * x0 * yd0 + ca1 * x1 * yd1 + ca2 * x2 * yd2 + ca3 * x3 * yd3 + ca4 * x4 * yd4
+                tile_o = _sum_of_products(c0, c1, c2, c3, c4, x0, x1, x2, x3, x4, t0, t1, t2, t3, t4)
+                hh = _sum_of_products(ca0, ca1, ca2, ca3, ca4, x0, x1, x2, x3, x4, t0, t1, t2, t3, t4)
+                tile_y = _sum_of_products(ca0, ca1, ca2, ca3, ca4, x0, x1, x2, x3, x4, yd0, yd1, yd2, yd3, yd4)
                 tile_b = (
                     x0 * (cab0 * (qxz * t0 + v0) - cb0 * t0)
                     + x1 * (cab1 * (qxz * t1 + v1) - cb1 * t1)
@@ -927,11 +945,7 @@ def _splat_bwd_kernel(
                     dy = r.to(tl.float32) - off_y3
                     qy = h11 * dy * dy
                     r2 = qxz + dy * lin + qy
-                    e0 = tl.exp2(-be0 * r2)
-                    e1 = tl.exp2(-be1 * r2)
-                    e2 = tl.exp2(-be2 * r2)
-                    e3 = tl.exp2(-be3 * r2)
-                    e4 = tl.exp2(-be4 * r2)
+                    e0, e1, e2, e3, e4 = _exp2_each(be0, be1, be2, be3, be4, r2)
                     if VEC:
                         gmin = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22)
                         hit = tl.max_constancy(gmin < r2lim, [1, 1, 4])
@@ -943,10 +957,10 @@ def _splat_bwd_kernel(
                     g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
                     if VEC:
                         g = tl.where(r2 < r2max, g, 0.0)
-                    u0 = c0 * e0 + c1 * e1 + c2 * e2 + c3 * e3 + c4 * e4
-                    u1 = ca0 * e0 + ca1 * e1 + ca2 * e2 + ca3 * e3 + ca4 * e4
-                    u2 = r2 * (cab0 * e0 + cab1 * e1 + cab2 * e2 + cab3 * e3 + cab4 * e4) - (
-                        cb0 * e0 + cb1 * e1 + cb2 * e2 + cb3 * e3 + cb4 * e4
+                    u0 = _dot5(c0, c1, c2, c3, c4, e0, e1, e2, e3, e4)
+                    u1 = _dot5(ca0, ca1, ca2, ca3, ca4, e0, e1, e2, e3, e4)
+                    u2 = r2 * _dot5(cab0, cab1, cab2, cab3, cab4, e0, e1, e2, e3, e4) - _dot5(
+                        cb0, cb1, cb2, cb3, cb4, e0, e1, e2, e3, e4
                     )
                     gh = g * u1
                     acc_o += g * u0
@@ -975,17 +989,6 @@ def _splat_bwd_kernel(
     gcx = 2.0 * (h00 * s_x + h01 * s_y + h02 * s_z)
     gcy = 2.0 * (h01 * s_x + h11 * s_y + h12 * s_z)
     gcz = 2.0 * (h02 * s_x + h12 * s_y + h22 * s_z)
-    m00 = tl.load(p_ptr + 23).to(tl.float32)
-    m01 = tl.load(p_ptr + 24).to(tl.float32)
-    m02 = tl.load(p_ptr + 25).to(tl.float32)
-    m10 = tl.load(p_ptr + 26).to(tl.float32)
-    m11 = tl.load(p_ptr + 27).to(tl.float32)
-    m12 = tl.load(p_ptr + 28).to(tl.float32)
-    m20 = tl.load(p_ptr + 29).to(tl.float32)
-    m21 = tl.load(p_ptr + 30).to(tl.float32)
-    m22 = tl.load(p_ptr + 31).to(tl.float32)
-    tl.store(gxyz_ptr + ia * 3 + 0, m00 * gcx + m10 * gcy + m20 * gcz, mask=valid)
-    tl.store(gxyz_ptr + ia * 3 + 1, m01 * gcx + m11 * gcy + m21 * gcz, mask=valid)
-    tl.store(gxyz_ptr + ia * 3 + 2, m02 * gcx + m12 * gcy + m22 * gcz, mask=valid)
+    _store_position_grad(gxyz_ptr, p_ptr, ia, valid, gcx, gcy, gcz, True)
     tl.store(gb_ptr + ia, s_b, mask=valid)
     tl.store(gocc_ptr + ia, s_o, mask=valid)
