@@ -10,16 +10,26 @@ z-separable, full exponent), isotropic and anisotropic (mixed) atoms and an isot
 per-atom and fixed radius, float32 and float64 atoms, one map and two frames; each stores the map
 and the gradients of ``sum(w · map)`` with respect to xyz, B, occupancy and U.
 
+``ptx`` (run without ``TRITON_INTERPRET``; no GPU needed) compiles every kernel in a set of
+constexpr variants for sm_90 and stores, per variant, a hash of its PTX instructions as a multiset
+(register numbers and labels normalised, debug lines dropped) and their count: equal hashes mean the
+compiler emitted the same instructions, so a restructuring of the source kept the GPU code.
+
 Usage::
 
     TRITON_INTERPRET=1 PYTHONPATH=/path/to/before python scripts/triton_bitwise.py save before.pt
     TRITON_INTERPRET=1 PYTHONPATH=. python scripts/triton_bitwise.py save after.pt
     python scripts/triton_bitwise.py compare before.pt after.pt
+    PYTHONPATH=/path/to/before python scripts/triton_bitwise.py ptx before.json   # and after.json
+    python scripts/triton_bitwise.py compare before.json after.json
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import re
 import sys
 import warnings
 
@@ -113,7 +123,69 @@ def _frames_case(name: str, atoms, grid) -> dict[str, torch.Tensor]:
     return out
 
 
+# Pointer and scalar types of the kernels' arguments, for compiling them without a launch.
+_SIGNATURE = {
+    "xyz_ptr": "*fp32", "u_ptr": "*fp32", "flag_ptr": "*u8", "b_iso_ptr": "*fp32", "occ_ptr": "*fp32",
+    "a_ptr": "*fp32", "b_ptr": "*fp32", "radius_ptr": "*fp32", "p_ptr": "*fp64", "n_atoms": "i32",
+    "atoms_per_frame": "i32", "out_ptr": "*fp32", "grad_ptr": "*fp32", "gxyz_ptr": "*fp32", "gu_ptr": "*fp32",
+    "gb_ptr": "*fp32", "gocc_ptr": "*fp32", "fix_ptr": "*i64", "fix_shift": "i32",
+}  # fmt: skip
+
+
+def _variants():
+    """(kernel, constexprs) pairs: each kernel's cell paths, z layouts and modes."""
+    from kernels.density import triton as T
+
+    for fn in (T._splat_fwd_kernel, T._splat_bwd_kernel):
+        for separable in (True, False):
+            for vec in (True, False):
+                const = dict(ATOMS=1, BP=16, BQ=8, SEPARABLE=separable, PER_ATOM_RADIUS=True, INDEX64=not vec,
+                             VEC=vec, FRAMES=not vec)  # fmt: skip
+                if "FIXED" in fn.arg_names:
+                    for zsep, fixed in ((not separable, False), (False, True)):
+                        yield fn, dict(const, ZSEP=zsep, FIXED=fixed)
+                else:
+                    yield fn, const
+    for fn in (T._aniso_fwd_kernel, T._aniso_bwd_kernel):
+        for rule, neutron, vec, separable in ((1, False, True, True), (2, False, False, False), (1, True, True, False)):
+            const = dict(ATOMS=1, BP=8, BQ=8, RULE=rule, NEUTRON=neutron, INDEX64=rule == 2, VEC=vec,
+                         FRAMES=not vec, SEPARABLE=separable)  # fmt: skip
+            if "FIXED" in fn.arg_names:
+                const["FIXED"] = False
+            yield fn, const
+
+
+def ptx(path: str) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    out = {}
+    for fn, const in _variants():
+        sig = {n: "constexpr" if n in const else _SIGNATURE[n] for n in fn.arg_names}
+        src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+        lines = [line.split("//")[0].strip() for line in kernel.asm["ptx"].splitlines()]
+        lines = [line for line in lines if line and not line.startswith((".loc", ".file", "$L__tmp"))]
+        start = next(i for i, line in enumerate(lines) if ".entry" in line)
+        body = lines[start : start + lines[start:].index("}") + 1]
+        ops = sorted(re.sub(r"%[a-z]+\d+", "R", re.sub(r"\$L__\w+", "L", line)) for line in body)
+        key = fn.__name__ + "/" + ",".join(f"{k}={int(v)}" for k, v in const.items())
+        out[key] = [hashlib.sha1("\n".join(ops).encode()).hexdigest(), len(body)]
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"{len(out)} kernel variants -> {path}")
+
+
 def compare(before: str, after: str) -> int:
+    if before.endswith(".json"):
+        with open(before) as f, open(after) as g:
+            a, b = json.load(f), json.load(g)
+        bad = [k for k in a if a[k] != b.get(k)] + [k for k in b if k not in a]
+        for k in bad:
+            print(f"DIFFERS {k}: {a.get(k)} -> {b.get(k)}")
+        print(f"{len(a) - len(bad)} of {len(a)} kernel variants emit the same instructions")
+        return 1 if bad else 0
     a, b = torch.load(before), torch.load(after)
     if set(a) != set(b):
         print(f"different cases: only before {sorted(set(a) - set(b))}, only after {sorted(set(b) - set(a))}")
@@ -140,12 +212,17 @@ def main(argv=None) -> int:
     s = sub.add_parser("save", help="store the maps and gradients of this tree's kernels")
     s.add_argument("path")
     s.add_argument("--deterministic", action="store_true", help="the fixed-point forward (bitwise on a GPU too)")
+    x = sub.add_parser("ptx", help="store each kernel variant's sm_90 instructions (hash and count) as JSON")
+    x.add_argument("path")
     c = sub.add_parser("compare", help="compare two stores bit for bit (exit 1 on any difference)")
     c.add_argument("before")
     c.add_argument("after")
     args = parser.parse_args(argv)
     if args.command == "save":
         save(args.path, args.deterministic)
+        return 0
+    if args.command == "ptx":
+        ptx(args.path)
         return 0
     return compare(args.before, args.after)
 

@@ -1,34 +1,30 @@
 """The density splat as ``torch.library`` custom ops, for ``torch.compile`` and graph tracing.
 
-``splat_density`` calls these only while ``torch.compiler.is_compiling()``: an eager call goes
-straight to the backend's autograd Function, because the custom-op dispatcher (schema parsing,
-the generated autograd node, fake-tensor bookkeeping) adds tens of µs of host time per call,
-several times the GPU work of a small model. Inside a compiled graph that cost is paid once at
-trace time, and the ops give the compiler what it needs: a schema, output shapes without running
-the kernel (``register_fake``) and the backward (``register_autograd``).
+Each op is one :class:`kernels._opdef.OpDef` — launcher, backward and output shapes written once — from
+which both the eager autograd Function and the custom ops are built: the Triton ops' definitions live
+beside their launchers (``kernels.density.triton``, which registers them when imported), the CPU ops'
+here. ``splat_density`` calls the ops only while ``torch.compiler.is_compiling()``: an eager call applies
+the backend's autograd Function directly, because the custom-op dispatcher (schema parsing, the
+generated autograd node, fake-tensor bookkeeping) adds tens of µs of host time per call, several times
+the GPU work of a small model. Inside a compiled graph that cost is paid once at trace time.
 
-Ops (namespace ``kernels``):
+Ops (namespace ``kernels``; each ``X`` has its backward ``X_backward(grad, *inputs, *saved, *params)``):
 
 ``density_triton(xyz, b_iso, occ, a, b, cell, shape, radius, cutoff, n_frames) -> (map, radii)``
     The Triton forward: the map (``shape``, or (n_frames, *shape)) and each atom's radius as the
     forward computed it ((N,) float32; (0,) with a fixed radius), saved for the backward.
-``density_triton_backward(grad, xyz, b_iso, occ, a, b, radii, ...) -> (g_xyz, g_b_iso, g_occ)``
-    The Triton backward, one launch.
 ``density_triton_aniso(xyz, u_aniso, aniso, b_iso, occ, a, b, cell, shape, radius, cutoff, n_frames, radius_rule, neutron) -> (map, radii)``
     The Triton anisotropic forward (anisotropic sets, and isotropic neutron sets with a zero ``u_aniso``
-    and no atom flagged in ``aniso``, as ``triton._kernel_inputs_aniso`` gives them); radii as for
-    ``density_triton``.
-``density_triton_aniso_backward(grad, xyz, u_aniso, aniso, b_iso, occ, a, b, radii, ...) -> (g_xyz, g_u_aniso, g_b_iso, g_occ)``
-    Its backward, one launch.
+    and no atom flagged in ``aniso``, as ``triton._kernel_inputs_aniso`` gives them); radii as above.
 ``density_cpu(xyz, b_iso, occ, a, b, cell, shape, radius, cutoff) -> map``
-    :func:`kernels.density.cpu.splat_cpu`, wrapped.
-``density_cpu_backward(grad, xyz, b_iso, occ, a, b, cell, shape, radius, cutoff) -> (g_xyz, g_b_iso, g_occ)``
-    The gradients of ``splat_cpu``: its C++ backward alone, which solves for the row intervals the
-    eager forward would have kept (they cannot cross an op boundary), without running the forward
-    again (``_splat_cpu(grad_of=)``).
+    :func:`kernels.density.cpu.splat_cpu`. Its backward is the C++ backward alone, which solves for the
+    row intervals the eager forward keeps (a host object no op output can carry), without running the
+    forward again (``_splat_cpu(grad_of=)``).
+``density_cpu_aniso(xyz, u_aniso, aniso, b_iso, occ, a, b, cell, shape, radius, cutoff, radiation, radius_rule) -> map``
+    The same for anisotropic and neutron sets (``u_aniso``/``aniso`` None for an isotropic set).
 
 ``cell`` is the six cell parameters (Å, degrees) and ``shape`` the whole-cell grid's shape: plain
-values a graph can hold, from which the ops rebuild the grid (cached).
+values a graph can hold, from which the ops rebuild the grid (:func:`grid_of`, cached).
 """
 
 from __future__ import annotations
