@@ -84,7 +84,8 @@ def eager_function(op: OpDef) -> type[torch.autograd.Function]:
     """The autograd Function of ``op`` for eager calls: ``Fn.apply(state, *inputs) -> result``.
 
     ``state`` is what ``op.call`` would return (the caller builds it). The backward returns None for
-    inputs that need no gradient, and computes nothing when none does.
+    inputs that need no gradient, and computes nothing when none does. Not twice differentiable: a
+    backward with ``create_graph=True`` raises.
     """
     n_in = len(op.inputs)
     grads = op.grads
@@ -95,17 +96,27 @@ def eager_function(op: OpDef) -> type[torch.autograd.Function]:
         @staticmethod
         def forward(ctx, state, *inputs):
             result, *saved = forward(state, *inputs)
-            ctx.save_for_backward(*inputs, *saved)
+            # The differentiable inputs through save_for_backward (autograd checks they are not modified in
+            # place before the backward); the rest as they are (each saved tensor costs host time).
+            ctx.save_for_backward(*[inputs[i] for i in grads])
             ctx.state = state
+            ctx.rest = (inputs, saved)
             return result
 
         @staticmethod
-        @torch.autograd.function.once_differentiable
         def backward(ctx, grad):
+            # Not twice differentiable: the backward launches kernels autograd cannot see. Checked here
+            # rather than with once_differentiable, whose wrapper costs tens of µs of host time per call.
+            if torch.is_grad_enabled():
+                raise RuntimeError(f"{op.name} is not twice differentiable (backward with create_graph=True)")
             need = ctx.needs_input_grad
             if not any(need[i + 1] for i in grads):
                 return none
-            g = backward(ctx.state, grad, *ctx.saved_tensors)
+            inputs, saved = ctx.rest
+            inputs = list(inputs)
+            for i, t in zip(grads, ctx.saved_tensors):
+                inputs[i] = t
+            g = backward(ctx.state, grad, *inputs, *saved)
             out = list(none)
             for k, i in enumerate(grads):
                 if need[i + 1]:
