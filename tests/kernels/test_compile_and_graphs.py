@@ -481,3 +481,16 @@ def test_backends_without_an_op_refuse_under_compile_saying_why(backend):
         assert repr(backend) in message or "reference density backend" in message, message
     finally:
         kernels.unregister_backend("density", "mine")
+
+
+def test_a_second_order_backward_raises_instead_of_dropping_terms():
+    """The kernels' backward is invisible to autograd: with create_graph=True it would return first-order
+    gradients with no graph behind them (a Hessian-vector product of zero, silently). It raises instead."""
+    base = _atoms("cuda" if torch.cuda.is_available() else "cpu")
+    x = base.xyz.clone().requires_grad_(True)
+    rho = kernels.splat_density(base.replace(xyz=x), GRID, backend="triton")
+    with pytest.raises(RuntimeError, match="not twice differentiable"):
+        torch.autograd.grad((rho * rho).sum(), x, create_graph=True)
+    rho = kernels.splat_density(base.replace(xyz=x), GRID, backend="triton")
+    (g,) = torch.autograd.grad((rho * rho).sum(), x)  # first order: unchanged
+    assert float(g.abs().max()) > 0
