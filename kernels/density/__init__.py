@@ -398,7 +398,9 @@ def splat_density(
     -----
     Under ``torch.compile`` the ``cpu`` and ``triton`` backends run as ``torch.library`` custom
     ops (``kernels.density.ops``), so a loop of splats compiles with ``fullgraph=True``; eager
-    calls go to the backends directly.
+    calls apply the same definitions' autograd Functions directly. A registered backend (and
+    ``reference``) has no op: compiled without ``fullgraph`` its call runs eagerly at a graph
+    break; under ``fullgraph=True`` it raises :class:`kernels.BackendError` saying why.
     """
     radius, cutoff, blur = _splat_arguments(radius, cutoff, blur, radius_rule, grid)
     if blur != 0.0:
