@@ -1,5 +1,10 @@
 """Triton density splat: forward (scatter) and backward (gather), float32 maps.
 
+This module holds the plans, launchers and op definitions; the kernels are in
+``kernels.density._triton_kernels`` (isotropic, and the device helpers both sets share) and
+``kernels.density._triton_aniso_kernels``. Each op is one :class:`kernels._opdef.OpDef`, from which
+the eager autograd Function here and the ``torch.library`` op ``torch.compile`` traces are built.
+
 Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was measured):
 
 - One program per atom on a GPU (``ATOMS`` atoms per program, a constexpr: the
@@ -48,7 +53,7 @@ Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was
   gradients, without a host check.
 - Anisotropic sets (``u_aniso``) and neutron sets take their own pair of kernels (``_aniso_fwd_kernel``,
   ``_aniso_bwd_kernel``) with the same launch shape, tiles, row spans, z groups and float64 wrap; the
-  isotropic kernels above are untouched by them. Each program forms its atoms' U as
+  isotropic kernels are untouched by them. Each program forms its atoms' U as
   ``kernels.density.adp.effective_u`` does (so a mixed set is exact), and per form-factor term
   M_k = U + b_k/8π²·I, det M_k and M_k⁻¹ (adjugate), the quadratic form in voxel steps and the cutoff
   radius (gemmi's rule at B_max, the exact sphere along U's major axis, or the neutron closed form).
