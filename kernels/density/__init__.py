@@ -17,7 +17,7 @@ from kernels.crystal import AtomSet, GridError, GridSpec
 from kernels.density.adp import U_TO_B, first_bad_adp, with_blur
 from kernels.density.positions import check_finite
 from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES, atom_cutoff_radii, cutoff_radius
-from kernels.dispatch import BackendError, get_backend, registered_backends, resolve_backend
+from kernels.dispatch import AUTO_ORDER, BackendError, get_backend, registered_backends, resolve_backend
 
 __all__ = [
     "splat_density",
@@ -485,8 +485,8 @@ def _splat_compiling(atoms: AtomSet, grid: GridSpec, radius, cutoff, backend: st
     """
     from kernels.density.ops import splat_density_op
 
-    if backend == "auto":
-        backend = "triton" if atoms.xyz.device.type == "cuda" else "cpu"
+    if backend == "auto":  # the dispatch table's first choice for the device (both have ops)
+        backend = AUTO_ORDER[atoms.device.type][0]
     if backend not in _COMPILED_BACKENDS:
         raise BackendError(_not_compiled(backend, atoms.device))
     if not grid.is_whole_cell:
