@@ -17,7 +17,7 @@ from kernels.crystal import AtomSet, GridError, GridSpec
 from kernels.density.adp import U_TO_B, first_bad_adp, with_blur
 from kernels.density.positions import check_finite
 from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES, atom_cutoff_radii, cutoff_radius
-from kernels.dispatch import get_backend
+from kernels.dispatch import AUTO_ORDER, BackendError, get_backend, registered_backends, resolve_backend
 
 __all__ = [
     "splat_density",
@@ -398,7 +398,9 @@ def splat_density(
     -----
     Under ``torch.compile`` the ``cpu`` and ``triton`` backends run as ``torch.library`` custom
     ops (``kernels.density.ops``), so a loop of splats compiles with ``fullgraph=True``; eager
-    calls go to the backends directly.
+    calls apply the same definitions' autograd Functions directly. A registered backend (and
+    ``reference``) has no op: compiled without ``fullgraph`` its call runs eagerly at a graph
+    break; under ``fullgraph=True`` it raises :class:`kernels.BackendError` saying why.
     """
     radius, cutoff, blur = _splat_arguments(radius, cutoff, blur, radius_rule, grid)
     if blur != 0.0:
@@ -476,17 +478,46 @@ def _check_blurred(blurred: AtomSet, blur: float, frame_size: int | None = None,
 def _splat_compiling(atoms: AtomSet, grid: GridSpec, radius, cutoff, backend: str, radius_rule: str) -> torch.Tensor:
     """:func:`splat_density` inside ``torch.compile``: the backend's custom op (``kernels.density.ops``).
 
-    Eager calls never come here: the ops' dispatch costs host time a direct call does not. What the eager
-    path checks on the host with values read back (the memory query, the peak-density warning) is left
-    out of the graph; the arguments came through :func:`_splat_arguments` at trace time.
+    The ops are built from the same definitions as the eager autograd Functions (:mod:`kernels._opdef`);
+    eager calls skip the ops' dispatch, which costs host time a direct call does not. What the eager path
+    checks on the host with values read back (the memory query, the peak-density warning) is left out of
+    the graph; the arguments came through :func:`_splat_arguments` at trace time.
     """
     from kernels.density.ops import splat_density_op
 
-    if backend == "auto":
-        backend = "triton" if atoms.xyz.device.type == "cuda" else "cpu"
+    if backend == "auto":  # the dispatch table's first choice for the device (both have ops)
+        backend = AUTO_ORDER[atoms.device.type][0]
+    if backend not in _COMPILED_BACKENDS:
+        raise BackendError(_not_compiled(backend, atoms.device))
     if not grid.is_whole_cell:
         raise GridError(
             f"the {backend} density backend splats whole-cell grids only; use backend='reference' for a box"
         )
     extra = {} if atoms.u_aniso is None else {"radius_rule": radius_rule}
     return splat_density_op(atoms, grid, backend, radius, cutoff, **extra)
+
+
+# The backends with torch.library ops (their definitions in kernels.density.triton and kernels.density.ops).
+_COMPILED_BACKENDS = ("cpu", "triton")
+
+
+def _not_compiled(backend: str, device: torch.device) -> str:
+    """Why ``backend`` cannot run under ``torch.compile``, and what to do instead."""
+    if backend in registered_backends("density"):
+        return (
+            f"density backend {backend!r} is a registered Python function, not a torch.library op, so "
+            "splat_density does not put it in a compiled graph (the compiler would trace through its own "
+            "code, whose host reads and kernel launches break or freeze the graph): without fullgraph the "
+            "call runs eagerly at a graph break, and torch.compile(fullgraph=True) cannot take it. Call "
+            f"splat_density(..., backend={backend!r}) outside the fullgraph function, compile with "
+            "backend='cpu' or 'triton', or define your function as an op (kernels._opdef.OpDef, register) "
+            "and call that op inside the compiled code"
+        )
+    if backend == "reference":
+        return (
+            "the float64 reference density backend runs eagerly only (it reads values back to check them): "
+            "without fullgraph the call runs eagerly at a graph break, and torch.compile(fullgraph=True) "
+            "cannot take it; call it outside the fullgraph function, or compile with backend='cpu' or 'triton'"
+        )
+    resolve_backend("density", device, backend)  # an unknown name: the eager call's error
+    return f"density backend {backend!r} has no torch.library op; use backend='cpu' or 'triton' under torch.compile"

@@ -448,3 +448,49 @@ def test_ceil_div_is_the_program_count_triton_computes():
     for n in (0, 1, 2, 31, 32, 33, 1079, 17146, 2**31 + 5):
         for d in (1, 2, 4, 32, 128, 1024):
             assert _launch.ceil_div(n, d) == triton.cdiv(n, d) == -(-n // d)
+
+
+@pytest.mark.parametrize("backend", ["mine", "reference"])
+def test_backends_without_an_op_refuse_under_compile_saying_why(backend):
+    """A registered Python backend (and the reference) has no torch.library op. Compiled without
+    fullgraph, the call breaks the graph and runs eagerly; with fullgraph=True it fails with the
+    kernels.BackendError naming the backend, why, and what to do (inside dynamo's own error), instead of
+    tracing into the backend."""
+
+    def mine(atoms, grid, *, radius=None, cutoff=1e-5):
+        return torch.zeros(grid.shape, dtype=torch.float32)
+
+    kernels.register_backend("density", "mine", mine, devices=("cpu",))
+    try:
+        base = _atoms("cpu")
+        assert float(kernels.splat_density(base, GRID, backend="mine").abs().sum()) == 0  # eager: runs
+
+        def run(xyz):
+            return kernels.splat_density(base.replace(xyz=xyz), GRID, backend=backend).sum()
+
+        torch._dynamo.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = torch.compile(run, backend="aot_eager")(base.xyz.clone())
+            assert_kernel_close(compiled, run(base.xyz.clone()))
+        torch._dynamo.reset()
+        with pytest.raises(Exception) as info:
+            torch.compile(run, fullgraph=True, backend="aot_eager")(base.xyz.clone())
+        message = str(info.value)
+        assert "BackendError" in message and "fullgraph" in message and "outside" in message, message
+        assert repr(backend) in message or "reference density backend" in message, message
+    finally:
+        kernels.unregister_backend("density", "mine")
+
+
+def test_a_second_order_backward_raises_instead_of_dropping_terms():
+    """The kernels' backward is invisible to autograd: with create_graph=True it would return first-order
+    gradients with no graph behind them (a Hessian-vector product of zero, silently). It raises instead."""
+    base = _atoms("cuda" if torch.cuda.is_available() else "cpu")
+    x = base.xyz.clone().requires_grad_(True)
+    rho = kernels.splat_density(base.replace(xyz=x), GRID, backend="triton")
+    with pytest.raises(RuntimeError, match="not twice differentiable"):
+        torch.autograd.grad((rho * rho).sum(), x, create_graph=True)
+    rho = kernels.splat_density(base.replace(xyz=x), GRID, backend="triton")
+    (g,) = torch.autograd.grad((rho * rho).sum(), x)  # first order: unchanged
+    assert float(g.abs().max()) > 0
