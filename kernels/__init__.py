@@ -3,7 +3,9 @@
 Read a model (:func:`read_model`), pick a grid (:class:`GridSpec`), splat its density
 (:func:`splat_density`), add the symmetry mates (:func:`symmetrize`) and write the map
 (:func:`write_map`). Many frames of the same atoms (an ensemble, an MD trajectory) go through
-:func:`splat_ensemble` in one call, optionally split over ``torch.distributed`` ranks. Every
+:func:`splat_ensemble` in one call, optionally split over ``torch.distributed`` ranks; frames of
+any number stream from a file (:func:`frames_from`) or an iterable, with :func:`ensemble_gradients`
+for their per-frame gradients. Every
 function takes torch tensors; the device of the atoms picks CPU or GPU, and ``backend=`` picks
 the implementation (see :mod:`kernels.dispatch`).
 Your own density kernel joins them with :func:`register_backend` and is judged as ours
@@ -35,6 +37,8 @@ from kernels.density import (
     splat_density,
 )
 from kernels.density.ensemble import frame_share, splat_ensemble, sum_gradients_over_ranks
+from kernels.density.frames import DEFAULT_CHUNK_BYTES, FrameSource, frames_from
+from kernels.density.stream import ensemble_gradients
 from kernels.dispatch import (
     BackendCapabilities,
     BackendError,
@@ -56,8 +60,10 @@ __all__ = [
     "Cell",
     "Check",
     "CheckReport",
+    "DEFAULT_CHUNK_BYTES",
     "DEFAULT_CUTOFF",
     "VOLTS_PER_INVERSE_SQUARE_ANGSTROM",
+    "FrameSource",
     "GridError",
     "GridSpec",
     "Model",
@@ -72,8 +78,10 @@ __all__ = [
     "density_unit",
     "example_structure",
     "find_planes",
+    "ensemble_gradients",
     "form_factor_coefficients",
     "frame_share",
+    "frames_from",
     "peak_density",
     "planarity_nll",
     "read_map",

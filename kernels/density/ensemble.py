@@ -17,13 +17,17 @@ the frames; ``reduce="sum"`` maps are then combined by one ``all_reduce`` whose 
 the map gradient through unchanged, so each rank's input gradients hold its own frames' rows
 (zeros elsewhere) and their sum over ranks is the single-process gradient
 (:func:`sum_gradients_over_ranks`).
+
+Frames that are not one tensor (an iterable of chunks, a :class:`kernels.FrameSource`) go to
+:mod:`kernels.density.stream`, which sums chunk by chunk with :func:`_sum_frames` as this module does.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -122,6 +126,15 @@ def _check_ranks_agree(process_group, n_frames: int, n: int, grid: GridSpec, dev
             "same atoms, full frames and grid (F is the total number of frames; each rank splats its share)"
         )
     _agreed.add(key)
+
+
+def _rank(process_group) -> int:
+    """This process's rank in ``process_group`` (0 without one)."""
+    if process_group is None:
+        return 0
+    import torch.distributed as dist
+
+    return dist.get_rank(process_group)
 
 
 def _warn_if_distributed(n_frames: int) -> None:
@@ -224,6 +237,22 @@ def _as_weights(weights, n_frames: int, atoms: AtomSet) -> torch.Tensor:
     return w
 
 
+def _real_weight(weights) -> float:
+    """The one weight of every streamed frame: a finite real number (per-frame weights need the F up front)."""
+    from kernels._util import _real_scalar
+
+    try:
+        w = _real_scalar(weights, "weights", "", "one number for every frame")
+    except ValueError:
+        raise ValueError(
+            f"weights with streamed frames (an iterable or a FrameSource) must be one number for every frame "
+            f"(e.g. 1/F for the mean), got {type(weights).__name__}; per-frame weights need the frames as one tensor"
+        ) from None
+    if not math.isfinite(w):
+        raise ValueError(f"weights must be finite, got {w}")
+    return w
+
+
 class _AllReduceSum(torch.autograd.Function):
     """Sum of each rank's map over ``group``; the backward passes the map gradient through unchanged.
 
@@ -277,6 +306,9 @@ def splat_ensemble(
     process_group=None,
     blur: float = 0.0,
     radius_rule: str = "gemmi",
+    chunk: int | None = None,
+    progress=None,
+    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """Electron density of F frames of the same atoms: their weighted sum, or one map per frame.
 
@@ -289,8 +321,15 @@ def splat_ensemble(
         The N atoms every frame shares: their IT92 coefficients, and their B and occupancy where
         ``b_iso``/``occ`` are not given. ``atoms.xyz`` is not used. Its device and dtype pick the
         backend as for :func:`kernels.splat_density`.
-    xyz : torch.Tensor, shape (F, N, 3)
-        Positions in Å of every frame, F ≥ 1; the atoms' dtype and device. May require grad.
+    xyz : torch.Tensor (F, N, 3), iterable of (F_chunk, N, 3) tensors, or kernels.FrameSource
+        The frames. A tensor: positions in Å of every frame, F ≥ 1, the atoms' dtype and device;
+        may require grad. Streamed frames (a generator or any iterable of chunks, uneven sizes
+        allowed, or a :class:`kernels.FrameSource` from :func:`kernels.frames_from`): each chunk is
+        moved to the atoms' device and dtype, splatted and dropped, so at most three chunks (the
+        one splatted, the one prefetched, the one being read) and the map exist at once. They take
+        ``reduce="sum"`` only, no per-frame ``b_iso``/``occ``/``u_aniso`` (every frame uses the
+        atoms' own), ``weights`` as one number for every frame (e.g. 1/F), and the map carries no
+        autograd graph: the per-frame gradients come from :func:`kernels.ensemble_gradients`.
     grid : GridSpec
         Whole-cell grid (every backend) or box grid (``reference`` only).
     weights : torch.Tensor or sequence of float, shape (F,), optional
@@ -329,6 +368,23 @@ def splat_ensemble(
         ``reduce="none"``: each rank returns only its own frames' maps (no communication).
         In a rank torchrun started, the first such call makes the process end with torchrun
         (:func:`kernels._util.end_with_launcher`), which a SIGKILL of torchrun would not reach.
+        Streamed frames (streaming mode): each rank reads only its own share, a FrameSource's
+        :meth:`~kernels.FrameSource.share` or, for an iterable, whatever this rank's iterable
+        yields (uneven counts allowed, a rank may have none). The ranks check that they agree on
+        N, the grid shape and a FrameSource's F before reading, sum their frame counts (F ≥ 1 in
+        all) and their maps with one ``all_reduce`` each; every rank returns the full map.
+    chunk : int, optional
+        Frames per backend call (≥ 1). Default: for a host tensor ``CHUNK_ATOM_FRAMES`` atom-frames,
+        for a GPU tensor all frames in one call; streamed chunks are split into pieces of at most
+        ``chunk`` frames (a FrameSource reads ``chunk`` frames at a time).
+    progress : bool or callable, optional
+        None/False: nothing shown. True: a bar with frames/s and an ETA (``tqdm.auto`` when tqdm is
+        importable, an ipywidgets bar in a notebook; else one stderr line), on rank 0 only under a
+        process group. A callable: ``progress(done, total)`` after every backend call, on every
+        rank, counting this rank's frames (``total`` None for an iterable).
+    prefetch : bool, optional
+        Read the next chunk of streamed frames on a thread while this one is splatted (default:
+        on for streamed frames; tensors are not prefetched).
 
     Returns
     -------
@@ -342,9 +398,12 @@ def splat_ensemble(
     Raises
     ------
     TypeError
-        ``atoms`` is not an AtomSet, or ``xyz``/``b_iso``/``occ`` not tensors.
+        ``atoms`` is not an AtomSet, ``xyz`` neither a tensor, an iterable nor a FrameSource (or a
+        chunk of it not a tensor), or ``b_iso``/``occ`` not tensors; ``chunk`` not an int.
     ValueError
-        A shape other than (F, N, 3), (F, N) or (F,); F = 0; N not ``len(atoms)``; a dtype or
+        Streamed frames with ``reduce="none"``, per-frame ``b_iso``/``occ``/``u_aniso`` or per-frame
+        weights, a chunk of another shape or one that requires grad (naming the chunk), no frames
+        at all; a shape other than (F, N, 3), (F, N) or (F,); F = 0; N not ``len(atoms)``; a dtype or
         device other than the atoms'; an unknown ``reduce``; non-finite weights, or (CPU tensors)
         a non-finite position, B ≤ 0 or occupancy outside [0, 1] — naming the frame and atom;
         ``radius``/``cutoff``/``blur``/``radius_rule`` refused as :func:`kernels.splat_density`
@@ -368,7 +427,19 @@ def splat_ensemble(
         raise TypeError(f"atoms must be a kernels.AtomSet, got {type(atoms).__name__}")
     n = len(atoms)
     if not isinstance(xyz, torch.Tensor):
-        raise TypeError(f"xyz must be a torch.Tensor of shape (F, {n}, 3) (frames, atoms, Å), got {type(xyz).__name__}")
+        if isinstance(xyz, np.ndarray) or not isinstance(xyz, Iterable):
+            raise TypeError(
+                f"xyz must be a torch.Tensor of shape (F, {n}, 3) (frames, atoms, Å), an iterable of such tensors "
+                f"(chunks of frames) or a kernels.FrameSource, got {type(xyz).__name__}"
+                + ("; convert an array with torch.from_numpy" if isinstance(xyz, np.ndarray) else "")
+            )
+        from kernels.density.stream import splat_stream
+
+        return splat_stream(
+            atoms, xyz, grid, weights=weights, b_iso=b_iso, occ=occ, u_aniso=u_aniso, reduce=reduce, radius=radius,
+            cutoff=cutoff, backend=backend, process_group=process_group, blur=blur, radius_rule=radius_rule,
+            chunk=chunk, progress=progress, prefetch=prefetch,
+        )  # fmt: skip
     if xyz.ndim != 3 or xyz.shape[1:] != (n, 3):
         hint = (
             f"; the atoms have {n}, so the frames must too"
@@ -394,6 +465,10 @@ def splat_ensemble(
     from kernels.density import _splat_arguments
 
     radius, cutoff, blur = _splat_arguments(radius, cutoff, blur, radius_rule, grid)
+    if chunk is not None:
+        from kernels.density.frames import whole_chunk
+
+        chunk = whole_chunk(chunk)
     w = None if weights is None else _as_weights(weights, n_frames, atoms)
     if reduce not in ("sum", "none"):
         raise ValueError(f"reduce must be 'sum' (one weighted map) or 'none' (one map per frame), got {reduce!r}")
@@ -411,31 +486,71 @@ def splat_ensemble(
     count = stop - start
     if count == 0:
         return _no_frames(atoms, xyz, b_iso, occ, w, grid, dtype, reduce, process_group, u_aniso)
-    grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (xyz, b_iso, occ, w, u_aniso, atoms.b_iso, atoms.occ, atoms.u_aniso)
-    )
     host = atoms.device.type == "cpu"
-    # host sums go in chunks of frames: the kernel's per-atom state (~450 B) then never exists for all F·N at once
-    per_chunk = max(1, CHUNK_ATOM_FRAMES // max(n, 1)) if host and reduce == "sum" else count
     if reduce == "none":  # checked while no F·N-atom tensor exists yet, so a refusal allocates nothing
+        grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad
+            for t in (xyz, b_iso, occ, w, u_aniso, atoms.b_iso, atoms.occ, atoms.u_aniso)
+        )
         _require_frames_memory(grid, count, dtype, atoms.device, grad)
-    else:
-        grad_bytes = _grad_bytes_per_atom(atoms, b_iso, radius, cutoff, grid) if grad and host else 0
-        _require_sum_memory(grid, count, n, min(per_chunk, count), dtype, atoms.device, grad_bytes, name)
-    if host:
-        _check_values(atoms, xyz, b_iso, occ, n, u_aniso, per_chunk)
-    extra = {} if atoms.u_aniso is None else {"radius_rule": radius_rule}
-    if reduce == "none":
+        if host:
+            _check_values(atoms, xyz, b_iso, occ, n, u_aniso, count)
+        extra = {} if atoms.u_aniso is None else {"radius_rule": radius_rule}
         frames = _checked_frames(atoms, xyz, b_iso, occ, u_aniso, start, stop, blur, radius, cutoff, grid, radius_rule)
         frames = _weighted(frames, w, start, stop, n)
         _, per_frame = get_backend("density_frames", atoms.device, name)
         return per_frame(frames, grid, n_frames=count, radius=radius, cutoff=cutoff, **extra)
+    plan = _Plan(grid, name, single, dtype, radius, cutoff, blur, radius_rule)
+    from kernels._progress import progress_bar
+
+    shown = progress if callable(progress) else bool(progress) and _rank(process_group) == 0
+    with progress_bar(count, desc="splat_ensemble", enabled=shown) as bar:
+        out, _ = _sum_frames(atoms, xyz, plan, w, b_iso, occ, u_aniso, start, stop, chunk, bar=bar)
+    if process_group is not None:
+        out = _AllReduceSum.apply(out, process_group)
+    return out
+
+
+class _Plan(NamedTuple):
+    """What every backend call of one ensemble shares: the grid, the backend and the validated splat arguments."""
+
+    grid: GridSpec
+    name: str
+    single: Callable
+    dtype: torch.dtype
+    radius: float | None
+    cutoff: float
+    blur: float
+    radius_rule: str
+
+
+def _sum_frames(
+    atoms, xyz, plan: _Plan, w, b_iso, occ, u_aniso, start: int, stop: int, chunk, warn_small=True, bar=None
+):
+    """Σ over frames ``start..stop`` of ``w[f]``·map_f, one backend call per ``chunk`` frames; (map, small?).
+
+    ``chunk`` None: the host takes ``CHUNK_ATOM_FRAMES`` atom-frames per call (the kernel's per-atom state,
+    ~450 B, then never exists for all F·N at once), a GPU all frames in one call. The second value says
+    whether atoms below the grid spacing were found (warned about when ``warn_small``). ``bar``: a
+    :func:`kernels._progress.progress_bar` told of every call's frames.
+    """
+    n, count, grid, dtype = len(atoms), stop - start, plan.grid, plan.dtype
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (xyz, b_iso, occ, w, u_aniso, atoms.b_iso, atoms.occ, atoms.u_aniso)
+    )
+    host = atoms.device.type == "cpu"
+    per_chunk = chunk or (max(1, CHUNK_ATOM_FRAMES // max(n, 1)) if host else count)
+    grad_bytes = _grad_bytes_per_atom(atoms, b_iso, plan.radius, plan.cutoff, grid) if grad and host else 0
+    _require_sum_memory(grid, count, n, min(per_chunk, count), dtype, atoms.device, grad_bytes, plan.name)
+    if host:
+        _check_values(atoms, xyz, b_iso, occ, n, u_aniso, per_chunk)
+    extra = {} if atoms.u_aniso is None else {"radius_rule": plan.radius_rule}
     out, bound = None, 0.0
     small = []  # what each chunk's check of atoms below the grid spacing found
     for lo in range(start, stop, per_chunk):
         hi = min(stop, lo + per_chunk)
         frames = _checked_frames(
-            atoms, xyz, b_iso, occ, u_aniso, lo, hi, blur, radius, cutoff, grid, radius_rule, small
+            atoms, xyz, b_iso, occ, u_aniso, lo, hi, plan.blur, plan.radius, plan.cutoff, grid, plan.radius_rule, small
         )
         if host and w is not None:  # the largest value the weighted map could reach: every atom on one voxel
             from kernels.density import _peak_density_host
@@ -443,7 +558,7 @@ def splat_ensemble(
             peaks = np.abs(_peak_density_host(frames)).reshape(hi - lo, n).sum(axis=1)
             with np.errstate(over="ignore"):  # beyond float64 is beyond any map's range: inf says so
                 bound += float(peaks @ np.abs(w[lo:hi].detach().to(torch.float64).numpy()))
-        part = single(_weighted(frames, w, lo, hi, n), grid, radius=radius, cutoff=cutoff, **extra)
+        part = plan.single(_weighted(frames, w, lo, hi, n), grid, radius=plan.radius, cutoff=plan.cutoff, **extra)
         del frames
         if out is None:
             out = part
@@ -452,7 +567,9 @@ def splat_ensemble(
         else:
             out.add_(part)
         del part
-    if small:
+        if bar is not None:
+            bar.update(hi - lo)
+    if small and warn_small:
         from kernels.density import _warn_small
 
         first, first_lo = small[0]
@@ -460,7 +577,7 @@ def splat_ensemble(
         _warn_small(
             _flatten(atoms, xyz, b_iso, occ, first_lo, first_lo + 1 + idx // n, u_aniso),
             (idx, sum(f[1] for f, _ in small), r, peak),
-            cutoff,
+            plan.cutoff,
             grid,
             n,
             first_lo,
@@ -471,9 +588,7 @@ def splat_ensemble(
             f"its values could reach {bound:.3g}, beyond {torch.finfo(out.dtype).max:.3g}; scale the weights down "
             "(a weighted mean has weights summing to 1)"
         )
-    if process_group is not None:
-        out = _AllReduceSum.apply(out, process_group)
-    return out
+    return out, bool(small)
 
 
 #: Atom-frames per call of the CPU backend in a sum: bounds the kernel's per-atom state to ~120 MB.

@@ -60,3 +60,27 @@ def write_models(
     lines.append("END")
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def write_trajectory(folder: Path, n_models: int, seed: int = 0) -> tuple[Path, Path, Path]:
+    """``(models, topology, dcd)``: :func:`write_models` in ``folder``, its first model as a topology, its frames as a DCD.
+
+    The DCD (written with MDAnalysis, the [md] extra) holds every model's positions in float32 and
+    :data:`CELL` as its box.
+    """
+    import MDAnalysis
+
+    models = write_models(folder / "models.pdb", n_models, seed=seed)
+    top = folder / "top.pdb"
+    top.write_text(
+        "".join(line + "\n" for line in models.read_text().splitlines() if not line.startswith("ENDMDL")).split(
+            "MODEL        2"
+        )[0]
+    )
+    u = MDAnalysis.Universe(str(models))  # every MODEL a frame
+    dcd = folder / "traj.dcd"
+    with MDAnalysis.Writer(str(dcd), len(u.atoms)) as writer:
+        for ts in u.trajectory:
+            ts.dimensions = CELL  # MDAnalysis reads no box from a CRYST1 outside the MODEL blocks
+            writer.write(u.atoms)
+    return models, top, dcd

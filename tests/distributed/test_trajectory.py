@@ -10,29 +10,14 @@ from __future__ import annotations
 import torch
 
 import kernels
-from tests.distributed._frames import CELL, write_models
+from tests.distributed._frames import CELL, write_models, write_trajectory
 from tests.helpers import assert_close
 from workbench.cli import main as workbench_main
 from workbench.ensemble_cli import read_frames
 
 
 def _dcd(tmp_path):
-    import MDAnalysis  # the [md] extra, part of the test extra
-
-    models = write_models(tmp_path / "models.pdb", 4, seed=3)
-    top = tmp_path / "top.pdb"
-    top.write_text(
-        "".join(line + "\n" for line in models.read_text().splitlines() if not line.startswith("ENDMDL")).split(
-            "MODEL        2"
-        )[0]
-    )
-    u = MDAnalysis.Universe(str(models))  # every MODEL a frame
-    dcd = tmp_path / "traj.dcd"
-    with MDAnalysis.Writer(str(dcd), len(u.atoms)) as writer:
-        for ts in u.trajectory:
-            ts.dimensions = CELL  # MDAnalysis reads no box from a CRYST1 outside the MODEL blocks
-            writer.write(u.atoms)
-    return models, top, dcd
+    return write_trajectory(tmp_path, 4, seed=3)
 
 
 def test_trajectory_frames_and_map(tmp_path, capsys):

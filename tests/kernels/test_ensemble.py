@@ -226,7 +226,7 @@ def _bad_calls():
         ("xyz-n", (atoms, xyz[:, :5], grid), {}, ValueError, "the atoms have 7, so the frames must too"),
         ("no-frames", (atoms, xyz[:0], grid), {}, ValueError, "holds no frames"),
         ("xyz-dtype", (f32, xyz, grid), {}, ValueError, r"xyz is torch.float64 .* atoms are torch.float32"),
-        ("xyz-list", (atoms, xyz.tolist(), grid), {}, TypeError, "xyz must be a torch.Tensor"),
+        ("xyz-list", (atoms, xyz.tolist(), grid), {}, TypeError, "chunk 0 is a list, not a torch.Tensor"),
         ("b-shape", (atoms, xyz, grid), {"b_iso": b_f[0]}, ValueError, r"b_iso must have shape \(3, 7\)"),
         ("occ-dtype", (atoms, xyz, grid), {"occ": occ_f.float()}, ValueError, "occ is torch.float32"),
         ("w-shape", (atoms, xyz, grid), {"weights": w[:2]}, ValueError, r"weights must have shape \(3,\)"),

@@ -1,0 +1,343 @@
+"""Frames read from a file chunk by chunk: :func:`frames_from` opens it, :class:`FrameSource` reads it.
+
+An MD trajectory (DCD, XTC, TRR, NetCDF, … with its topology) is read through MDAnalysis, the
+optional ``[md]`` extra, whose slicing reads only the frames asked for; a multi-model PDB/mmCIF
+(every model a frame) is read through gemmi, whole, at open. :func:`kernels.splat_ensemble` and
+:func:`kernels.ensemble_gradients` take a :class:`FrameSource` as their frames and hold only a
+few chunks of it at a time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "FrameSource", "frames_from"]
+
+#: Default cap on one chunk's positions, in bytes (the chunk is the most frames under it, at least one).
+DEFAULT_CHUNK_BYTES = 256 << 20
+
+_MODEL_SUFFIXES = (".pdb", ".ent", ".cif", ".mmcif", ".pdb.gz", ".ent.gz", ".cif.gz", ".mmcif.gz")
+
+
+class _Trajectory:
+    """An MDAnalysis Universe of ``topology`` and ``path``: frames are read on demand."""
+
+    def __init__(self, path: Path, topology: Path):
+        try:
+            import MDAnalysis
+        except ImportError:
+            raise ImportError(
+                "reading an MD trajectory needs MDAnalysis: pip install 'density-workbench[md]' (or MDAnalysis)"
+            ) from None
+        import warnings
+
+        with warnings.catch_warnings():  # MDAnalysis warns about every guessed attribute of a PDB topology
+            warnings.simplefilter("ignore")
+            try:
+                self.universe = MDAnalysis.Universe(str(topology), str(path))
+            except Exception as exc:  # MDAnalysis raises many types for unreadable input
+                raise ValueError(
+                    f"MDAnalysis cannot read the trajectory {path} with the topology {topology}: {exc}. "
+                    "The topology must describe the trajectory's atoms (same number, same order)"
+                ) from exc
+        self.n_frames = len(self.universe.trajectory)
+        self.n_atoms = len(self.universe.atoms)
+        _check_dcd_length(self.universe.trajectory, path, self.n_frames)
+
+    def read(self, lo: int, hi: int, out: np.ndarray, path: Path) -> None:
+        k = -1
+        try:
+            for k, ts in enumerate(self.universe.trajectory[lo:hi]):
+                out[k] = ts.positions
+        except Exception as exc:
+            raise ValueError(
+                f"{path}: frame {lo + k + 1} of {self.n_frames} cannot be read ({type(exc).__name__}: {exc}); "
+                "the trajectory may be truncated or damaged: read fewer frames (stop=) or rewrite it"
+            ) from exc
+        if k + 1 != hi - lo:
+            raise ValueError(
+                f"{path}: the trajectory ended after frame {lo + k + 1} although its header counts {self.n_frames}; "
+                "it is truncated: read fewer frames (stop=) or rewrite it"
+            )
+
+    def close(self) -> None:
+        self.universe.trajectory.close()
+
+
+def _check_dcd_length(reader, path: Path, n_frames: int) -> None:
+    """ValueError when a DCD's size is not its header plus whole frames (MDAnalysis drops a cut-off frame silently)."""
+    f = getattr(reader, "_file", None)
+    sizes = [getattr(f, name, None) for name in ("_header_size", "_firstframesize", "_framesize")]
+    if not path.suffix.lower() == ".dcd" or None in sizes or n_frames < 1:
+        return
+    header, first, frame = sizes
+    rest = os.path.getsize(path) - header - first - (n_frames - 1) * frame
+    if rest != 0:
+        raise ValueError(
+            f"{path}: the DCD file holds {n_frames} whole frames and {rest} more bytes of a frame cut off "
+            f"({frame} bytes each); it is truncated (a run that stopped while writing?): rewrite it, or copy the "
+            f"first {n_frames} frames out with MDAnalysis"
+        )
+
+
+class _Models:
+    """Every model of a PDB/mmCIF file (gemmi), atoms in ``kernels.read_model``'s order; read whole at open."""
+
+    def __init__(self, path: Path):
+        import gemmi
+
+        try:
+            st = gemmi.read_structure(str(path))
+        except Exception as exc:  # gemmi raises RuntimeError/ValueError for unreadable files
+            raise ValueError(f"gemmi cannot read {path} as a model file: {exc}") from exc
+        st.merge_chain_parts()
+        self.positions = []
+        for index, model in enumerate(st):
+            pos = np.array(
+                [atom.pos.tolist() for chain in model for res in chain for atom in res], dtype=np.float64
+            ).reshape(-1, 3)
+            if self.positions and len(pos) != len(self.positions[0]):
+                raise ValueError(
+                    f"{path}: model {index + 1} of {len(st)} has {len(pos)} atoms but model 1 has "
+                    f"{len(self.positions[0])}: the frames of an ensemble must be the same atoms in the same order"
+                )
+            self.positions.append(pos)
+        if not self.positions or len(self.positions[0]) == 0:
+            raise ValueError(f"{path} holds no atoms")
+        self.n_frames = len(self.positions)
+        self.n_atoms = len(self.positions[0])
+
+    def read(self, lo: int, hi: int, out: np.ndarray, path: Path) -> None:
+        for k in range(lo, hi):
+            out[k - lo] = self.positions[k]
+
+    def close(self) -> None:
+        self.positions = []
+
+
+class FrameSource:
+    """Frames ``[start, stop)`` of a trajectory or multi-model file, read chunk by chunk on demand.
+
+    Made by :func:`frames_from`; pass it as the frames of :func:`kernels.splat_ensemble` or
+    :func:`kernels.ensemble_gradients`. It holds no positions itself (a multi-model file's models
+    excepted: gemmi reads those whole); every :meth:`chunks` call reads the frames again.
+
+    Attributes
+    ----------
+    path : pathlib.Path
+        The trajectory (or model file).
+    topology : pathlib.Path or None
+        Its topology (None for a model file).
+    n_frames : int
+        F, the frames of this source (``stop - start``).
+    n_atoms : int
+        N, the atoms of every frame.
+    chunk : int
+        Frames per chunk (≥ 1); settable. Default: the most frames whose positions fit in
+        :data:`DEFAULT_CHUNK_BYTES` (256 MiB), at least one.
+    start, stop : int
+        The frames of the file this source covers (0-based, ``stop`` excluded).
+    dtype : torch.dtype
+        dtype of the chunks (float32 or float64).
+    """
+
+    def __init__(self, reader, path: Path, topology: Path | None, start: int, stop: int, chunk, dtype):
+        self._reader, self.path, self.topology, self.dtype = reader, path, topology, dtype
+        self.start, self.stop = start, stop
+        self.chunk = _chunk_size(chunk, reader.n_atoms, dtype)
+
+    @property
+    def n_frames(self) -> int:
+        """F, the frames of this source (``stop - start``)."""
+        return self.stop - self.start
+
+    @property
+    def n_atoms(self) -> int:
+        """N, the atoms of every frame."""
+        return self._reader.n_atoms
+
+    def __len__(self) -> int:
+        return self.n_frames
+
+    def __iter__(self):
+        """Every chunk, as :meth:`chunks` gives them."""
+        return self.chunks()
+
+    @property
+    def chunk(self) -> int:
+        """Frames per chunk of :meth:`chunks` (≥ 1; setting it checks the value)."""
+        return self._chunk
+
+    @chunk.setter
+    def chunk(self, value) -> None:
+        self._chunk = _chunk_size(value, self._reader.n_atoms, self.dtype)
+
+    def __repr__(self) -> str:
+        top = f", topology={str(self.topology)!r}" if self.topology else ""
+        return (
+            f"FrameSource({str(self.path)!r}{top}, frames {self.start}..{self.stop} ({self.n_frames}), "
+            f"{self.n_atoms} atoms, chunk={self.chunk})"
+        )
+
+    def chunks(self, start: int = 0, stop: int | None = None):
+        """Yield the frames ``[start, stop)`` of this source as CPU tensors, :attr:`chunk` frames at a time.
+
+        Parameters
+        ----------
+        start, stop : int
+            Frames of this source (0-based, relative to :attr:`start`); default all.
+
+        Yields
+        ------
+        torch.Tensor, shape (F_chunk, N, 3)
+            Positions in Å, dtype :attr:`dtype`, each chunk a fresh tensor (the last may be shorter).
+
+        Raises
+        ------
+        ValueError
+            ``start``/``stop`` outside ``0 ≤ start ≤ stop ≤ n_frames``; a frame that cannot be read
+            (a truncated or damaged trajectory), naming it.
+        """
+        stop = self.n_frames if stop is None else stop
+        _check_range(start, stop, self.n_frames, f"{self.path} (frames {self.start}..{self.stop})", empty=True)
+        np_dtype = np.float32 if self.dtype == torch.float32 else np.float64
+        for lo in range(start, stop, self.chunk):
+            hi = min(stop, lo + self.chunk)
+            out = np.empty((hi - lo, self.n_atoms, 3), dtype=np_dtype)
+            self._reader.read(self.start + lo, self.start + hi, out, self.path)
+            yield torch.from_numpy(out)
+
+    def share(self, process_group=None) -> FrameSource:
+        """This rank's contiguous share of the frames (:func:`kernels.frame_share`), as a FrameSource.
+
+        It reads the same file through the same reader; None gives a view of every frame.
+        """
+        from kernels.density.ensemble import frame_share
+
+        lo, hi = frame_share(self.n_frames, process_group)
+        return FrameSource(
+            self._reader, self.path, self.topology, self.start + lo, self.start + hi, self.chunk, self.dtype
+        )
+
+    def close(self) -> None:
+        """Close the file (a share closes the file of the source it came from too)."""
+        self._reader.close()
+
+    def __enter__(self) -> FrameSource:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _chunk_size(chunk, n_atoms: int, dtype: torch.dtype) -> int:
+    if chunk is None:
+        itemsize = 4 if dtype == torch.float32 else 8
+        return max(1, DEFAULT_CHUNK_BYTES // (3 * itemsize * max(n_atoms, 1)))
+    return whole_chunk(chunk)
+
+
+def whole_chunk(chunk) -> int:
+    """``chunk`` as an int ≥ 1 (TypeError/ValueError otherwise)."""
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)):
+        raise TypeError(f"chunk must be a whole number of frames (≥ 1) or None, got {chunk!r}")
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1 frame, got {chunk}")
+    return int(chunk)
+
+
+def _check_range(start, stop, n_frames: int, what: str, empty: bool) -> None:
+    """TypeError/ValueError unless ``0 ≤ start < stop ≤ n_frames`` (``start == stop`` too when ``empty``)."""
+    for name, value in (("start", start), ("stop", stop)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} must be a frame index (int), got {value!r}")
+    if not (0 <= start <= stop <= n_frames and (empty or start < stop)):
+        raise ValueError(
+            f"frames start={start}, stop={stop} are outside {what}, which has {n_frames} frames: "
+            f"give 0 ≤ start {'≤' if empty else '<'} stop ≤ {n_frames}"
+        )
+
+
+def frames_from(
+    path,
+    topology=None,
+    *,
+    chunk: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    start: int = 0,
+    stop: int | None = None,
+) -> FrameSource:
+    """Open a trajectory (with its topology) or a multi-model PDB/mmCIF as a :class:`FrameSource`.
+
+    An MD trajectory is opened through MDAnalysis, which reads only its header here (frame and
+    atom counts); the frames are read chunk by chunk when the source is iterated. A model file
+    (every MODEL a frame, atoms in :func:`kernels.read_model`'s order) is read whole by gemmi.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The trajectory (DCD, XTC, TRR, NetCDF, … anything MDAnalysis reads with a topology), or,
+        without ``topology``, a multi-model ``.pdb``/``.cif`` (optionally ``.gz``).
+    topology : str or os.PathLike, optional
+        The trajectory's topology (PDB, PSF, GRO, PRMTOP, …); its atoms are the frames' atoms.
+    chunk : int, optional
+        Frames per chunk (≥ 1); default the most frames whose positions fit in
+        :data:`DEFAULT_CHUNK_BYTES` (256 MiB).
+    dtype : torch.dtype
+        float32 (default; what trajectories store) or float64.
+    start, stop : int
+        Use only frames ``[start, stop)`` of the file (0-based; default every frame).
+
+    Returns
+    -------
+    FrameSource
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` or ``topology`` does not exist.
+    ImportError
+        A trajectory needs MDAnalysis (``pip install 'density-workbench[md]'``).
+    ValueError
+        The files cannot be read together (the topology's atom count differs from the
+        trajectory's, a truncated DCD), a model file's models have different atom counts,
+        ``chunk`` < 1, or ``start``/``stop`` outside the file's frames; each naming the numbers.
+    TypeError
+        ``chunk``/``start``/``stop`` not whole numbers, or a dtype other than float32/float64.
+
+    Examples
+    --------
+    >>> src = frames_from("run.dcd", "system.psf", chunk=1000)  # doctest: +SKIP
+    >>> rho = kernels.splat_ensemble(atoms, src, grid, progress=True)  # doctest: +SKIP
+    """
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    path = _existing(path, "trajectory" if topology is not None else "model file")
+    if topology is not None:
+        reader = _Trajectory(path, _existing(topology, "topology"))
+    elif path.name.lower().endswith(_MODEL_SUFFIXES):
+        reader = _Models(path)
+    else:
+        raise ValueError(
+            f"{path} is not a PDB/mmCIF model file, so it needs its topology: frames_from({str(path)!r}, "
+            "topology='system.psf' (or .pdb, .gro, .prmtop, …))"
+        )
+    n = reader.n_frames
+    stop = n if stop is None else stop
+    if n == 0:
+        raise ValueError(f"{path} holds no frames")
+    _check_range(start, stop, n, str(path), empty=False)
+    return FrameSource(reader, path, None if topology is None else Path(topology), start, stop, chunk, dtype)
+
+
+def _existing(path, what: str) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"the {what} must be a path (str or os.PathLike), got {type(path).__name__}")
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"the {what} {p} does not exist (or is not a file)")
+    return p

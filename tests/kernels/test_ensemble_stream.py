@@ -1,0 +1,311 @@
+"""Streamed ensembles: frames from an iterable or a file, chunk by chunk, equal to the tensor path.
+
+Every backend here (reference in float64, cpu, triton under TRITON_INTERPRET on small inputs):
+the streamed map equals the tensor path's map, and :func:`kernels.ensemble_gradients` equals the
+autograd gradients of the tensor path, with uneven chunks, a generator and a DCD read through
+:func:`kernels.frames_from`. Bad inputs are refused saying what to do; a subprocess checks that
+streaming many frames keeps the peak memory bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import kernels
+from tests.distributed._frames import CELL, write_trajectory
+from tests.helpers import assert_close, assert_kernel_close
+from tests.kernels.test_ensemble import BACKENDS, _device, _system
+
+ROOT = Path(__file__).resolve().parents[2]
+UNEVEN = (3, 1, 4, 2)  # chunk sizes of the 10 frames of these tests
+
+
+def _inputs(backend: str, frames: int = 10):
+    dtype = torch.float64 if backend == "reference" else torch.float32
+    atoms, grid, xyz, *_ = _system(dtype, frames=frames, device=_device(backend))
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    return atoms, grid, xyz, upstream.to(device=xyz.device, dtype=dtype)
+
+
+def _close(out, ref, backend: str) -> None:
+    if backend == "reference":  # float64: only the order of the chunks' sums differs
+        assert_close(out, ref, atol=1e-12 * float(ref.abs().max()), rtol=1e-12)
+    else:
+        assert_kernel_close(out, ref)
+
+
+def _uneven(xyz):
+    """A generator of ``xyz`` in chunks of UNEVEN frames (on the CPU, as a reader would give them)."""
+    return (c.cpu() for c in xyz.split(list(UNEVEN)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("weights", [None, 0.1])
+def test_streamed_map_equals_the_tensor_map(backend, weights):
+    atoms, grid, xyz, _ = _inputs(backend)
+    want = kernels.splat_ensemble(
+        atoms, xyz, grid, backend=backend, weights=None if weights is None else [weights] * 10
+    )
+    got = kernels.splat_ensemble(atoms, _uneven(xyz), grid, backend=backend, weights=weights)
+    assert got.shape == tuple(grid.shape) and got.dtype == want.dtype and not got.requires_grad
+    _close(got, want, backend)
+    again = kernels.splat_ensemble(atoms, list(xyz.split(4)), grid, backend=backend, weights=weights, chunk=3)
+    _close(again, want, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_streamed_gradients_equal_autograd_of_the_tensor_path(backend):
+    atoms, grid, xyz, upstream = _inputs(backend)
+    n = len(atoms)
+    x = xyz.clone().requires_grad_()
+    b = atoms.b_iso.expand(10, n).clone().requires_grad_()
+    o = atoms.occ.expand(10, n).clone().requires_grad_()
+    rho = kernels.splat_ensemble(atoms, x, grid, b_iso=b, occ=o, backend=backend)
+    (rho * upstream).sum().backward()
+
+    seen = []
+
+    def keep(start, stop, grads):
+        seen.append((start, stop, {k: v.detach().clone() for k, v in grads.items()}))
+
+    wrt = ("xyz", "b_iso", "occ")
+    assert kernels.ensemble_gradients(atoms, _uneven(xyz), grid, upstream, out=keep, wrt=wrt, backend=backend) is None
+    assert [(s, e) for s, e, _ in seen] == [(0, 3), (3, 4), (4, 8), (8, 10)]
+    for name, want in zip(wrt, (x.grad, b.grad, o.grad)):
+        got = torch.cat([g[name] for _, _, g in seen])
+        assert got.shape == want.shape and got.device == xyz.device
+        _close(got, want, backend)
+
+
+def test_weighted_gradients_scale_and_tensor_chunks_keep_autograd():
+    atoms, grid, xyz, upstream = _inputs("cpu")
+    x = xyz.clone().requires_grad_()
+    rho = kernels.splat_ensemble(atoms, x, grid, weights=[0.25] * 10, backend="cpu", chunk=3)  # 4 calls, one graph
+    (rho * upstream).sum().backward()
+    whole = xyz.clone().requires_grad_()
+    (kernels.splat_ensemble(atoms, whole, grid, weights=[0.25] * 10, backend="cpu") * upstream).sum().backward()
+    assert_kernel_close(rho, kernels.splat_ensemble(atoms, xyz, grid, weights=[0.25] * 10, backend="cpu"))
+    assert_kernel_close(x.grad, whole.grad)
+    parts = {}
+    kernels.ensemble_gradients(
+        atoms, xyz, grid, upstream, out=lambda s, e, g: parts.update({s: g["xyz"]}), weights=0.25, chunk=4
+    )
+    assert sorted(parts) == [0, 4, 8]
+    assert_kernel_close(torch.cat([parts[k] for k in sorted(parts)]), whole.grad)
+    chunks = list(xyz.split(5))
+    again = []
+    kernels.ensemble_gradients(atoms, chunks, grid, upstream, out=lambda s, e, g: again.append(g["xyz"]), weights=0.25)
+    assert not any(c.requires_grad for c in chunks)  # the caller's chunks are left as they were
+    assert_kernel_close(torch.cat(again), whole.grad)
+
+
+@pytest.fixture(scope="module")
+def trajectory(tmp_path_factory):
+    return write_trajectory(tmp_path_factory.mktemp("traj"), 7, seed=2)
+
+
+def _dcd_atoms(top: Path, dtype=torch.float32) -> kernels.AtomSet:
+    return kernels.read_model(top).atoms.to("cpu", dtype)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_a_dcd_streams_through_frames_from(trajectory, tmp_path, backend):
+    models, top, dcd = trajectory
+    dtype = torch.float64 if backend == "reference" else torch.float32
+    atoms = _dcd_atoms(top, dtype)
+    src = kernels.frames_from(dcd, top, chunk=3, dtype=dtype)
+    assert (src.n_frames, src.n_atoms, src.chunk) == (7, 9, 3)
+    chunks = list(src.chunks())
+    assert [c.shape[0] for c in chunks] == [3, 3, 1] and chunks[0].dtype == dtype
+    xyz = torch.cat(chunks)
+    pdb = kernels.frames_from(models)  # every MODEL a frame, read by gemmi
+    assert pdb.n_frames == 7 and pdb.topology is None
+    assert_close(xyz, torch.cat(list(pdb.chunks())).to(dtype), atol=1e-3)  # the PDB's 3 decimals through float32
+    assert_close(torch.cat(list(src.chunks(2, 5))), xyz[2:5], atol=0)
+
+    grid = kernels.GridSpec.for_spacing(kernels.Cell.from_parameters(*CELL), 1.0)
+    want = kernels.splat_ensemble(atoms, xyz, grid, backend=backend)
+    _close(kernels.splat_ensemble(atoms, src, grid, backend=backend), want, backend)
+    _close(kernels.splat_ensemble(atoms, src, grid, backend=backend, chunk=2, prefetch=False), want, backend)
+
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    x = xyz.clone().requires_grad_()
+    o = atoms.occ.expand(7, 9).clone().requires_grad_()
+    (kernels.splat_ensemble(atoms, x, grid, occ=o, backend=backend) * upstream).sum().backward()
+    path = kernels.ensemble_gradients(
+        atoms, src, grid, upstream, out=tmp_path / "g.npy", wrt=("xyz", "occ"), backend=backend
+    )
+    assert path == tmp_path / "g.npy"
+    _close(torch.from_numpy(np.load(path)), x.grad, backend)
+    _close(torch.from_numpy(np.load(tmp_path / "g_occ.npy")), o.grad, backend)
+
+    part = kernels.frames_from(dcd, top, start=2, stop=6)
+    assert part.n_frames == 4 and torch.equal(torch.cat(list(part.chunks())), xyz[2:6].float())
+
+
+def test_progress_counts_frames_and_shows_a_bar(trajectory, capsys):
+    _, top, dcd = trajectory
+    atoms = _dcd_atoms(top)
+    grid = kernels.GridSpec.for_spacing(kernels.Cell.from_parameters(*CELL), 1.5)
+    seen = []
+    kernels.splat_ensemble(
+        atoms, kernels.frames_from(dcd, top, chunk=2), grid, progress=lambda d, t: seen.append((d, t))
+    )
+    assert seen == [(2, 7), (4, 7), (6, 7), (7, 7)]
+    seen.clear()
+    xyz = torch.cat(list(kernels.frames_from(dcd, top).chunks()))
+    kernels.splat_ensemble(atoms, xyz, grid, chunk=3, progress=lambda d, t: seen.append((d, t)))  # tensor path too
+    assert seen == [(3, 7), (6, 7), (7, 7)]
+    seen.clear()
+    kernels.splat_ensemble(atoms, iter([xyz[:5], xyz[5:]]), grid, progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(5, None), (7, None)]  # an iterable's length is not known up front
+    capsys.readouterr()
+    kernels.splat_ensemble(atoms, kernels.frames_from(dcd, top), grid, progress=True)
+    assert "7/7" in capsys.readouterr().err
+
+
+def test_bad_files_and_ranges_say_what_is_wrong(trajectory, tmp_path):
+    models, top, dcd = trajectory
+    with pytest.raises(FileNotFoundError, match="the trajectory .*missing.dcd does not exist"):
+        kernels.frames_from(tmp_path / "missing.dcd", top)
+    with pytest.raises(FileNotFoundError, match="the topology .*nope.pdb does not exist"):
+        kernels.frames_from(dcd, tmp_path / "nope.pdb")
+    with pytest.raises(ValueError, match="needs its topology"):
+        kernels.frames_from(dcd)
+    cut = tmp_path / "cut.dcd"  # a run that stopped while writing its last frame
+    cut.write_bytes(dcd.read_bytes()[:-50])
+    with pytest.raises(ValueError, match="holds 6 whole frames and .* more bytes .* truncated"):
+        kernels.frames_from(cut, top)
+    short = tmp_path / "short.pdb"  # one atom fewer than the trajectory
+    lines = top.read_text().splitlines()
+    short.write_text("\n".join(line for i, line in enumerate(lines) if i != 3) + "\n")
+    with pytest.raises(ValueError, match="(?s)MDAnalysis cannot read .*same number of atoms"):
+        kernels.frames_from(dcd, short)
+    for kwargs, error, match in [
+        ({"chunk": 0}, ValueError, "chunk must be at least 1 frame, got 0"),
+        ({"chunk": -3}, ValueError, "chunk must be at least 1 frame"),
+        ({"chunk": 2.5}, TypeError, "chunk must be a whole number"),
+        ({"stop": 8}, ValueError, r"start=0, stop=8 are outside .* which has 7 frames: give 0 ≤ start < stop ≤ 7"),
+        ({"start": 5, "stop": 5}, ValueError, "which has 7 frames"),
+        ({"start": -1}, ValueError, "which has 7 frames"),
+        ({"dtype": torch.float16}, TypeError, "dtype must be torch.float32 or torch.float64"),
+    ]:
+        with pytest.raises(error, match=match):
+            kernels.frames_from(dcd, top, **kwargs)
+    src = kernels.frames_from(dcd, top)
+    with pytest.raises(ValueError, match="chunk must be at least 1"):
+        src.chunk = 0
+    with pytest.raises(ValueError, match="start=3, stop=9 are outside"):
+        next(src.chunks(3, 9))
+    uneven = tmp_path / "uneven.pdb"  # model 2 lacks its last atom
+    text = models.read_text().split("ENDMDL")
+    text[1] = "\n".join(text[1].splitlines()[:-1]) + "\n"
+    uneven.write_text("ENDMDL".join(text))
+    with pytest.raises(ValueError, match="model 2 of 7 has 8 atoms but model 1 has 9"):
+        kernels.frames_from(uneven)
+
+
+def test_streamed_inputs_that_cannot_be_taken_are_refused(trajectory, tmp_path):
+    atoms, grid, xyz, upstream = _inputs("cpu")
+    _, top, dcd = trajectory
+    cases = [
+        ({"reduce": "none"}, ValueError, "reduce='none' needs every frame's map at once"),
+        ({"b_iso": xyz[..., 0]}, ValueError, "b_iso= .* is not taken with streamed frames"),
+        ({"weights": [0.1] * 10}, ValueError, "must be one number for every frame"),
+        ({"chunk": 0}, ValueError, "chunk must be at least 1 frame"),
+    ]
+    for kwargs, error, match in cases:
+        with pytest.raises(error, match=match):
+            kernels.splat_ensemble(atoms, _uneven(xyz), grid, **kwargs)
+    with pytest.raises(ValueError, match=r"chunk 1 has shape \(2, 6, 3\); every chunk must be \(F_chunk, 7, 3\)"):
+        kernels.splat_ensemble(atoms, iter([xyz[:2], xyz[2:4, :6]]), grid)
+    with pytest.raises(ValueError, match="chunk 0 requires grad.* kernels.ensemble_gradients"):
+        kernels.splat_ensemble(atoms, [xyz.clone().requires_grad_()], grid)
+    with pytest.raises(ValueError, match="torch.distributed is not initialised"):
+        kernels.splat_ensemble(atoms, kernels.frames_from(dcd, top), grid, process_group=object())
+    with pytest.raises(ValueError, match="held no frames"):
+        kernels.splat_ensemble(atoms, iter([]), grid)
+    with pytest.raises(TypeError, match="torch.from_numpy"):
+        kernels.splat_ensemble(atoms, xyz.numpy(), grid)
+    with pytest.raises(ValueError, match="the frames have 9 atoms .* but the atoms have 7"):
+        kernels.splat_ensemble(atoms, kernels.frames_from(dcd, top), grid)
+    with pytest.raises(ValueError, match="needs the number of frames up front"):
+        kernels.ensemble_gradients(atoms, _uneven(xyz), grid, upstream, out=tmp_path / "g.npy")
+    with pytest.raises(ValueError, match="must end in .npy"):
+        kernels.ensemble_gradients(atoms, xyz, grid, upstream, out=tmp_path / "g.bin")
+    with pytest.raises(ValueError, match=r"map_grad must be a tensor of the grid's shape"):
+        kernels.ensemble_gradients(atoms, xyz, grid, upstream[:2], out=print)
+    with pytest.raises(ValueError, match="wrt must name some of"):
+        kernels.ensemble_gradients(atoms, xyz, grid, upstream, out=print, wrt=("xyz", "u"))
+    assert not (tmp_path / "g.npy").exists()
+
+
+def test_a_failing_source_stops_the_prefetch_thread():
+    atoms, grid, xyz, _ = _inputs("cpu")
+
+    def frames():
+        yield xyz[:3]
+        yield xyz[3:6]
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        kernels.splat_ensemble(atoms, frames(), grid, prefetch=True)
+    bad = iter([xyz[:2], xyz[2:4, :3], xyz[4:]])  # the consumer fails: the reading thread must end too
+    with pytest.raises(ValueError, match="chunk 1 has shape"):
+        kernels.splat_ensemble(atoms, bad, grid, prefetch=True)
+    assert not [t for t in threading.enumerate() if t.name == "kernels-prefetch"]
+    nan = xyz[2:4].clone()
+    nan[1, 3, 0] = float("nan")
+    with pytest.raises(ValueError, match="frame 1: atom .* non-finite position") as caught:  # raised by the splat
+        kernels.splat_ensemble(atoms, iter([xyz[:2], nan, xyz[4:], xyz[4:]]), grid, prefetch=True)
+    assert caught.traceback  # the traceback (and the consumer's frame) is still alive here
+    assert not [t for t in threading.enumerate() if t.name == "kernels-prefetch"]
+
+
+_PEAK = """
+import json, resource, sys, torch, kernels
+m = kernels.read_model(kernels.example_structure("1aki"))
+atoms = m.atoms.to("cpu", torch.float32)
+grid = kernels.GridSpec.for_spacing(m.cell, 1.5)
+n, frames, chunk = len(atoms), int(sys.argv[1]), int(sys.argv[2])
+
+def gen(count):
+    g = torch.Generator().manual_seed(0)
+    for lo in range(0, count, chunk):
+        yield atoms.xyz[None] + 0.1 * torch.randn((min(chunk, count - lo), n, 3), generator=g)
+
+kernels.splat_ensemble(atoms, gen(20 * chunk), grid, radius=1.0)  # the buffers of a chunk, the allocator settled
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+kernels.splat_ensemble(atoms, gen(frames), grid, radius=1.0)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"before_kib": before, "after_kib": after, "n": n}))
+"""
+
+
+def test_streaming_many_frames_keeps_the_peak_memory_bounded():
+    """2,000 frames of 1AKI (1,079 atoms) in chunks of 20: the peak grows by far less than the frames' positions."""
+    frames = 2000
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK, str(frames), "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    peak = json.loads(proc.stdout.strip().splitlines()[-1])
+    held = frames * peak["n"] * 3 * 4 / 1024  # KiB of positions alone, were every frame held at once
+    growth = peak["after_kib"] - peak["before_kib"]
+    assert growth < 0.25 * held, (
+        f"peak RSS grew by {growth} KiB streaming {frames} frames ({held:.0f} KiB of positions)"
+    )
