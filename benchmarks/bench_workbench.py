@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         "--omp-wait-policy",
         default="passive",
         choices=["passive", "active", "default"],
-        help="OMP_WAIT_POLICY before torch loads (default passive, what `import workbench` sets; "
+        help="OMP_WAIT_POLICY before torch loads (default passive, what `workbench lab` and `app` give their server; "
         "'default' leaves OpenMP's own policy)",
     )
     parser.add_argument("--out", help="JSON path (default benchmarks/results/workbench_<device>_<date>.json)")

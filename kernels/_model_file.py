@@ -19,7 +19,17 @@ import zlib
 
 import numpy as np
 
-from kernels.crystal import MAX_MODEL_BYTES, _size
+from kernels._util import format_size
+
+#: The most text (bytes after decompressing) :func:`kernels.read_model` reads unless ``max_bytes`` says more.
+MAX_MODEL_BYTES = 2 * 2**30
+
+
+class ModelError(ValueError):
+    """A model file cannot be turned into atoms: the message names the file and the problem."""
+
+
+ModelError.__module__ = "kernels.crystal"  # where users import it from (defined here, below every module raising it)
 
 # One decimal number as PDB and mmCIF write them: optional sign, digits with at most one
 # point, optional exponent; mmCIF may append a standard uncertainty in parentheses.
@@ -53,8 +63,6 @@ _CRYST1_FIELDS = (("a", 7, 15), ("b", 16, 24), ("c", 25, 33), ("alpha", 34, 40),
 
 
 def _fail(message: str):
-    from kernels.crystal import ModelError
-
     raise ModelError(message)
 
 
@@ -76,7 +84,7 @@ _MAX_DEFLATE_RATIO = 1032
 
 def _too_big(where: str, what: str, max_bytes: int) -> None:
     _fail(
-        f"{where}: {what}, more than the limit of {_size(max_bytes)} (max_bytes={max_bytes}) that a model file "
+        f"{where}: {what}, more than the limit of {format_size(max_bytes)} (max_bytes={max_bytes}) that a model file "
         "may hold: is this the right file? To read it anyway pass a larger max_bytes"
     )
 
@@ -170,7 +178,7 @@ def _check_blocks(raw, where: str, is_cif: bool, max_bytes: int, compressed: boo
             break
         n_blocks += 1
         if total + len(block) > max_bytes:
-            _too_big(where, f"the text{inside} goes on past {_size(max_bytes)}", max_bytes)
+            _too_big(where, f"the text{inside} goes on past {format_size(max_bytes)}", max_bytes)
         binary = block.translate(None, _TEXT_BYTES)
         if binary:
             offset = total + block.index(binary[:1])
@@ -183,7 +191,7 @@ def _check_blocks(raw, where: str, is_cif: bool, max_bytes: int, compressed: boo
         blank_run += leading
         if blank_run > _MAX_BLANK_RUN:
             _fail(
-                f"{where}: more than {_size(_MAX_BLANK_RUN)} of blank text (spaces and newlines) in a row, ending "
+                f"{where}: more than {format_size(_MAX_BLANK_RUN)} of blank text (spaces and newlines) in a row, ending "
                 f"past offset {total + len(block)}{inside}: no PDB or mmCIF file holds that; is this the right file?"
             )
         if not blank:
@@ -196,9 +204,9 @@ def _check_blocks(raw, where: str, is_cif: bool, max_bytes: int, compressed: boo
         if n_blocks == 1:
             # Sizes are refused after the first block's checks, which name binary content better.
             if size_on_disk > max_bytes and not compressed:
-                _too_big(where, f"the file holds {_size(size_on_disk)}", max_bytes)
+                _too_big(where, f"the file holds {format_size(size_on_disk)}", max_bytes)
             if isize > max_bytes:
-                _too_big(where, f"its gzip trailer records {_size(isize)} of text", max_bytes)
+                _too_big(where, f"its gzip trailer records {format_size(isize)} of text", max_bytes)
         elif head and not head_checked:
             # A second block: the file is long, so its start is checked now (a one-block file is
             # checked whole by the caller).
@@ -248,7 +256,7 @@ def check_format(data: bytes, is_cif: bool, where: str, compressed: bool, whole:
             "not PDB: rename the file to .cif"
         )
     if not looks_pdb:
-        first = f" in its first {_size(len(head))}" if len(head) < len(data) or not whole else ""
+        first = f" in its first {format_size(len(head))}" if len(head) < len(data) or not whole else ""
         _fail(
             f"{where}: not a PDB file{inside}: none of its lines{first} is a PDB record (ATOM, HETATM, CRYST1, "
             "HEADER …)"

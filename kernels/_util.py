@@ -200,3 +200,8 @@ def end_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="end-with-launcher", daemon=True).start()
+
+
+def format_size(n_bytes: float) -> str:
+    """A byte count for a message: GiB from 1 GiB, MiB below."""
+    return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels._util import file_problem
-from kernels.crystal import Cell, GridError, GridSpec, _size
+from kernels._util import file_problem, format_size
+from kernels.crystal import Cell, GridError, GridSpec
 
 __all__ = ["write_map", "read_map"]
 
@@ -293,8 +293,8 @@ def read_map(path: str | os.PathLike, *, max_bytes: int = MAX_MAP_BYTES) -> tupl
         if data_bytes > max_bytes:
             nc, nr, ns = hdr["shape"]
             raise ValueError(
-                f"{path}: the header describes {nc}×{nr}×{ns} values of mode {hdr['mode']}, {_size(data_bytes)} of "
-                f"data, more than the limit of {_size(max_bytes)} (max_bytes={max_bytes}): is the header right? To "
+                f"{path}: the header describes {nc}×{nr}×{ns} values of mode {hdr['mode']}, {format_size(data_bytes)} of "
+                f"data, more than the limit of {format_size(max_bytes)} (max_bytes={max_bytes}): is the header right? To "
                 "read it anyway pass a larger max_bytes"
             )
         size = _stream_size(path, hdr["expected"]) if path.suffix == ".gz" else path.stat().st_size

@@ -5,18 +5,6 @@ name or a model path; the 1ORC example by default); display it as the last expre
 of a notebook cell.
 """
 
-import os as _os
-import sys as _sys
-
-# The views are drawn by a Python thread right after each OpenMP splat. With OpenMP's
-# default (active) waiting, the splat's idle threads spin and starve that thread on a
-# small machine, about tripling the slider-to-image latency on two cores (the figures
-# are in benchmarks/README.md, "Workbench").
-# OpenMP reads the variable when torch loads it, so this only applies when the
-# workbench is imported first, and never overrides a value the user set.
-if "torch" not in _sys.modules:
-    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 __all__ = ["Workbench", "WorkbenchError", "WorkbenchState"]
 
 # Imported on first use: the command line (``workbench --help``, ``workbench splat``) imports

@@ -22,6 +22,19 @@ import warnings
 from importlib import resources
 from pathlib import Path
 
+from workbench._cli_shared import (
+    _UNITS_TEXT,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    _check_out,
+    _error,
+    _map_summary,
+    _positive,
+    add_grid_options,
+    add_radiation_options,
+)
+
 __all__ = ["main", "install_notebooks", "notebook_dir", "shipped_notebooks_dir", "QUICKSTART", "NOTEBOOK_DIR_ENV"]
 
 #: ``workbench --help``'s description (plain text: argparse prints it as written).
@@ -44,53 +57,6 @@ NOTEBOOK_DIR_ENV = "WORKBENCH_NOTEBOOK_DIR"
 _DEFAULT_NOTEBOOK_DIR = Path("~/density-workbench/notebooks")
 
 
-#: Exit statuses: 0 success, 2 a usage error (arguments; nothing was computed), 1 any other failure.
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-
-
-def _error(message: str, status: int) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return status
-
-
-def _positive(what: str, unit: str):
-    """An argparse type: one finite number > 0 in ``unit`` (``nan``, ``inf``, ``0``, ``-2`` are usage errors).
-
-    Validated here, locally, because the command line sees only strings. The parser carries
-    ``unit``, which the option's help must name (tests/notebooks/test_cli_help.py checks it).
-    """
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number of {unit}, got {text!r}") from None
-        if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"must be a positive finite number of {unit}, got {text!r}")
-        return value
-
-    parse.__name__ = what  # argparse names the type in its messages
-    parse.unit = unit
-    return parse
-
-
-def _non_negative(what: str, unit: str):
-    """An argparse type: one finite number ≥ 0 in ``unit`` (``nan``, ``inf``, ``-2`` are usage errors)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number of {unit}, got {text!r}") from None
-        if not (math.isfinite(value) and value >= 0):
-            raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0 of {unit}, got {text!r}")
-        return value
-
-    parse.__name__ = what
-    parse.unit = unit
-    return parse
-
-
 def _port(text: str) -> int:
     try:
         port = int(text)
@@ -99,19 +65,6 @@ def _port(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"a port is a whole number in 1-65535, got {text!r}")
     return port
-
-
-def _check_out(out: Path) -> str | None:
-    """Why the map cannot be written to ``out`` (checked before any work), or None."""
-    if out.is_dir():
-        return f"--out {out} is a folder; give a file name such as {out / 'map.ccp4'}"
-    folder = out.parent if str(out.parent) else Path(".")
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "does not exist"
-        return f"--out {out}: the folder {folder} {what}; create it or choose another --out"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"--out {out}: the folder {folder} is not writable; choose another --out"
-    return None
 
 
 def _splat(args: argparse.Namespace) -> int:
@@ -240,17 +193,6 @@ def _models_in(path: Path) -> str:
     return f"{path} holds {_count(n, 'model')}; choose --model 1 to {n}" if n else f"{path} holds no models"
 
 
-def _map_summary(rho, grid, radiation: str) -> str:
-    """Maximum and integral of a map in its unit (and the potential in V for electrons)."""
-    import kernels
-
-    unit = kernels.density_unit(radiation)
-    peak = float(rho.max())
-    volts = f" ({peak * kernels.VOLTS_PER_INVERSE_SQUARE_ANGSTROM:.1f} V)" if radiation == "electron" else ""
-    total = float(rho.sum()) * grid.voxel_volume
-    return f"max {peak:.3f} {unit}{volts}, {total:.1f} {kernels.density_integral_unit(radiation)}"
-
-
 class _OneLineWarnings:
     """Shows each warning of a command once, as one line on stderr without the source location.
 
@@ -274,14 +216,6 @@ class _OneLineWarnings:
         return any(note in text for text in self.shown)
 
 
-#: What the maps' numbers mean, in every subcommand's description that writes a map.
-_UNITS_TEXT = (
-    "Map units: e/Å³ for X-rays; Å⁻² for electrons (electron form factors are lengths\n"
-    "in Å; 1 Å⁻² is 47.88 V of electrostatic potential); fm/Å³ for neutrons."
-)
-_BACKENDS = ["auto", "reference", "cpu", "triton"]
-
-
 def _model_number(text: str) -> int:
     try:
         n = int(text)
@@ -290,56 +224,6 @@ def _model_number(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"a model number is a whole number from 1 (1 = the first), got {text!r}")
     return n
-
-
-def add_grid_options(parser: argparse.ArgumentParser) -> None:
-    """--spacing and --radius | --cutoff, as ``splat`` and ``ensemble`` take them."""
-    parser.add_argument(
-        "--spacing", type=_positive("--spacing", "Å"), default=0.667, help="grid spacing in Å (default 0.667)"
-    )
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
-        "--radius",
-        type=_positive("--radius", "Å"),
-        help="one cutoff radius in Å for every atom (default: each atom's own radius, from --cutoff)",
-    )
-    group.add_argument(
-        "--cutoff",
-        type=_positive("--cutoff", "the map's unit"),
-        default=1e-5,
-        help="each atom's radius is where its density falls to this level, in the map's unit: e/Å³ X-rays, "
-        "Å⁻² electrons, fm/Å³ neutrons (default 1e-5)",
-    )
-
-
-def add_radiation_options(parser: argparse.ArgumentParser) -> None:
-    """--radiation, --blur, --backend and --device, as ``splat`` and ``ensemble`` take them."""
-    parser.add_argument(
-        "--radiation",
-        default="xray",
-        choices=["xray", "electron", "neutron"],
-        help="form factors: X-ray (IT92; map in e/Å³), electron (IT C 4.3.2.2; map in Å⁻²) or neutron "
-        "scattering lengths (map in fm/Å³) (default xray)",
-    )
-    parser.add_argument(
-        "--blur",
-        type=_non_negative("--blur", "Å²"),
-        default=0.0,
-        help="extra B in Å² on every atom, U + blur/8π² on anisotropic ones, as gemmi's blur (default 0)",
-    )
-    parser.add_argument(
-        "--backend",
-        default="auto",
-        choices=_BACKENDS,
-        help="density kernel: reference (float64 torch, slow, the truth), cpu (C++/OpenMP), triton (CUDA GPU); "
-        "auto takes cpu on --device cpu and triton on --device cuda (default auto)",
-    )
-    parser.add_argument(
-        "--device",
-        default="cpu",
-        choices=["cpu", "cuda"],
-        help="where the kernel runs: cpu, or cuda for the first visible NVIDIA GPU (default cpu)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -643,14 +527,30 @@ def _free_port(start: int) -> int:
     raise OSError(f"no free port on 127.0.0.1 in {start}–{start + 99}; choose one with --port")
 
 
+def server_environment(token: str) -> dict[str, str]:
+    """The environment of the server ``lab`` and ``app`` start (its notebook kernels inherit it).
+
+    ``JUPYTER_TOKEN`` is the token (kept out of the server's argv). ``OMP_WAIT_POLICY`` is
+    ``PASSIVE`` unless the user's environment sets it: the views are drawn by a Python thread
+    right after each OpenMP splat, and with OpenMP's default (active) waiting the splat's idle
+    threads spin and starve that thread on a small machine, about tripling the slider-to-image
+    latency on two cores (benchmarks/README.md, "Workbench"). OpenMP reads the variable once,
+    when ``import torch`` loads it, so it is set here, in the environment of every process that
+    will draw views, before any of them starts; importing ``workbench`` sets nothing.
+    """
+    env = dict(os.environ, JUPYTER_TOKEN=token)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
 def _serve(cmd: list[str], url: str, token: str) -> int:
-    """Run a server command with the token in its environment (not its argv) and wait for it.
+    """Run a server command in :func:`server_environment` and wait for it.
 
     SIGTERM and SIGHUP sent to this process (a service manager, a closed terminal, a test
     harness) are passed on to the server, which then shuts its kernels down before it
     exits; without that the server and its kernels would outlive this process.
     """
-    env = dict(os.environ, JUPYTER_TOKEN=token)
+    env = server_environment(token)
     print(f"open       {url}", flush=True)
     print("stop with  Ctrl-C", flush=True)
     try:

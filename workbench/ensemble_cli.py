@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
 
     import kernels
     from kernels._util import file_problem
-    from workbench.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, _check_out, _error, _map_summary
+    from workbench._cli_shared import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, _check_out, _error, _map_summary
 
     path = Path(args.frames)
     for p, what in ((path, "frames"), (Path(args.topology) if args.topology else None, "topology")):
@@ -329,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub, positive) -> None:
     """Register ``ensemble`` on the ``workbench`` subparsers ``sub``; ``positive`` builds number types."""
-    from workbench.cli import _UNITS_TEXT, add_grid_options, add_radiation_options
+    from workbench._cli_shared import _UNITS_TEXT, add_grid_options, add_radiation_options
 
     ep = sub.add_parser(
         "ensemble",

@@ -9,9 +9,13 @@ float64 fractional coordinate says, not after a float32 rounding of its Cartesia
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from kernels.crystal import AtomSet, Cell
+if TYPE_CHECKING:  # names for the annotations only: kernels.atoms imports this module where an atom is not finite
+    from kernels.atoms import AtomSet
+    from kernels.cell import Cell
 
 __all__ = ["check_finite", "positions_in_cell", "NEAR_CELL"]
 

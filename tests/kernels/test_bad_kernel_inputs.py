@@ -554,29 +554,29 @@ def test_symmetrize_peak_within_its_stated_bound():
 
 
 def test_symmetrize_refuses_what_does_not_fit(monkeypatch):
-    import kernels.crystal
+    import kernels.grid
     from kernels.symmetry import symmetrize_peak_bytes
 
     cell = Cell.from_parameters(30.0, 30.0, 30.0, 90.0, 90.0, 90.0)
     grid = GridSpec.for_spacing(cell, 1.0, "P 21 21 21")
     need = symmetrize_peak_bytes(grid, torch.float32)
-    monkeypatch.setattr(kernels.crystal, "_free_memory", lambda device: int(need / 0.8) - 1)
+    monkeypatch.setattr(kernels.grid, "_free_memory", lambda device: int(need / 0.8) - 1)
     with pytest.raises(kernels.GridError, match=r"needs .* MiB \(output and temporaries\)"):
         kernels.symmetrize(torch.zeros(grid.shape), grid, "P 21 21 21")
-    monkeypatch.setattr(kernels.crystal, "_free_memory", lambda device: int(need / 0.8) + 64)
+    monkeypatch.setattr(kernels.grid, "_free_memory", lambda device: int(need / 0.8) + 64)
     kernels.symmetrize(torch.zeros(grid.shape), grid, "P 21 21 21")
 
 
 def test_reference_splat_checks_its_real_peak(monkeypatch):
     """The reference's temporaries (one chunk, and what autograd keeps) count, not only two maps."""
-    import kernels.crystal
+    import kernels.grid
     from kernels.density.reference import reference_peak_bytes
 
     grid = GridSpec(_cell(), (40, 48, 56))
     atoms = _atoms()
     two_maps = 2 * grid.n_voxels * 8
     # room for two maps and a little more: enough without a gradient, not with one at radius 8 Å
-    monkeypatch.setattr(kernels.crystal, "_free_memory", lambda device: int(2 * two_maps / 0.8))
+    monkeypatch.setattr(kernels.grid, "_free_memory", lambda device: int(2 * two_maps / 0.8))
     kernels.splat_density(atoms, grid, radius=3.0, backend="reference")
     with pytest.raises(kernels.GridError, match=r"iB of temporaries\) but only"):
         kernels.splat_density(atoms, grid, radius=8.0, backend="reference")
@@ -590,7 +590,7 @@ def test_reference_splat_checks_its_real_peak(monkeypatch):
     with_grad = reference_peak_bytes(grid.n_voxels, entries, largest, grad=True)
     assert with_grad > without
     free = (without + with_grad) / 2 / 0.8
-    monkeypatch.setattr(kernels.crystal, "_free_memory", lambda device: int(free))
+    monkeypatch.setattr(kernels.grid, "_free_memory", lambda device: int(free))
     kernels.splat_density(atoms, grid, radius=3.0, backend="reference")
     grad_atoms = atoms.replace(xyz=atoms.xyz.clone().requires_grad_(True))
     with pytest.raises(kernels.GridError, match="temporaries"):

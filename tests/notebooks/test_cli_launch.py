@@ -7,6 +7,7 @@ import json
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -85,3 +86,21 @@ def test_sigterm_stops_lab_with_its_server_and_kernels(tmp_path):
             if p is not None and p.is_running():
                 p.kill()
         proc.wait()
+
+
+_REPORT_ENV = (
+    "import os, sys\n"
+    "sys.exit(0 if (os.environ.get('OMP_WAIT_POLICY'), os.environ.get('JUPYTER_TOKEN')) == tuple(sys.argv[1:]) else 3)"
+)
+
+
+def test_the_server_and_its_kernels_start_with_passive_openmp_waiting(monkeypatch, capsys):
+    """The launcher gives the process it starts OMP_WAIT_POLICY=PASSIVE (before that process loads torch),
+    keeps a value the user set, and importing workbench sets nothing (tests/packaging/test_import_graph.py)."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    cmd = [sys.executable, "-c", _REPORT_ENV]
+    assert cli._serve([*cmd, "PASSIVE", "tok"], "http://127.0.0.1:1/", "tok") == 0
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert cli._serve([*cmd, "ACTIVE", "tok"], "http://127.0.0.1:1/", "tok") == 0
+    assert cli._serve([*cmd, "PASSIVE", "tok"], "http://127.0.0.1:1/", "tok") == 3  # the check can fail
+    assert "open       http://127.0.0.1:1/" in capsys.readouterr().out

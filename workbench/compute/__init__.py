@@ -13,7 +13,8 @@ One module per stage, each importing only the stages before it:
 - :mod:`~workbench.compute.maps` — atoms → maps, gradients, tricubic samples, timings
 - :mod:`~workbench.compute.sections` — map → a section in Å, the atoms near it
 - :mod:`~workbench.compute.render` — a section → a smooth raster in Å, σ contours, atom marks
-- :mod:`~workbench.compute.pipeline` — :class:`Pipeline` and its :class:`Result`
+- :mod:`~workbench.compute.pipeline` — :class:`Pipeline`, its :class:`Result`, and :data:`STAGES`
+  (what each stage reads: the one declaration its cache key is made from)
 - :mod:`~workbench.compute.relax` — the fit loop of the relax control (one step at a time)
 - :mod:`~workbench.compute.comparison` — one backend against another
 - :mod:`~workbench.compute.export` — CCP4 bytes, PDB text, gradient CSV
@@ -63,7 +64,7 @@ from workbench.compute.maps import (
     time_backends,
     tricubic_sampler,
 )
-from workbench.compute.pipeline import Pipeline, Result
+from workbench.compute.pipeline import APPLIES, STAGES, Pipeline, Result, Stage
 from workbench.compute.relax import (
     RELAX_RANGES,
     Relaxation,
@@ -158,6 +159,8 @@ __all__ = [
     "MAX_ARROWS",
     "MAX_VIEW_VOXELS",
     "SECTION_PIXELS",
+    "APPLIES",
+    "STAGES",
     "VIEW_MARGIN",
     "VIEW_VOXELS",
     "Arrows",
@@ -174,6 +177,7 @@ __all__ = [
     "Result",
     "Section",
     "SectionImage",
+    "Stage",
     "WorkbenchError",
     "adp_ellipsoids",
     "arrow_bytes",

@@ -13,7 +13,7 @@ import torch
 
 import kernels
 from kernels import AtomSet, GridSpec, Model
-from workbench.compute.atoms import load_model, model_atoms, prepare_atoms
+from workbench.compute.atoms import distortion, load_model, model_atoms, prepare_atoms
 from workbench.compute.errors import WorkbenchError, sentence
 from workbench.compute.maps import (
     GradientResult,
@@ -29,7 +29,7 @@ from workbench.compute.maps import (
 from workbench.compute.sections import Section, atoms_near_section, central_depth, section, section_index
 from workbench.state import Settings
 
-__all__ = ["Pipeline", "Result"]
+__all__ = ["APPLIES", "STAGES", "Pipeline", "Result", "Stage"]
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -62,8 +62,9 @@ class Result:
     timings : dict of str to float
         Seconds per kernel stage.
     atoms_key, map_key : tuple
-        Cache keys: equal keys mean equal atoms / an equal map. ``atoms_key`` is
-        ``(model version, B key, distortion key, ADP/radiation key)``.
+        Cache keys (:meth:`Pipeline.key`): equal keys mean equal atoms / an equal map. ``atoms_key``
+        is ``(model version, key of the undistorted atoms, key of the positions, key of the model's
+        atoms)``: its first item changes with the model, its third with the positions.
     """
 
     settings: Settings
@@ -95,12 +96,82 @@ class Result:
         return self.mean + self.settings.iso_sigma * self.sigma
 
 
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One memoised step of the :class:`Pipeline`: what it reads, and so its cache key.
+
+    Attributes
+    ----------
+    fields : tuple of str
+        The :class:`~workbench.state.Settings` fields the step reads.
+    after : tuple of str
+        The stages whose results it takes (``"rho"`` and ``"target"`` name whichever stage
+        gives the map and ρ_target under the settings: see :meth:`Pipeline.resolve`).
+    file : str or None
+        A field naming a file the step reads; the file's modification time joins the key.
+    """
+
+    fields: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    file: str | None = None
+
+
+# What a density splat reads (workbench.compute.density_map and density_fit_gradient).
+_SPLAT_FIELDS = ("radius_mode", "radius", "density_cutoff", "device", "backend", "blur")
+
+#: Every stage and what it reads: the one declaration the cache keys are made from. A stage's key
+#: is its name, the values of its fields and the keys of the stages it comes after, so equal keys
+#: mean equal results, and changing a field recomputes exactly the stages that read it (directly
+#: or through ``after``). The model is the exception: it is identified by its load, as a file read
+#: again may have changed.
+STAGES: dict[str, Stage] = {
+    "model": Stage(("structure",)),
+    "grid": Stage(("spacing",), ("model",)),
+    # the model's tensors with the ADP mode and radiation's form factors
+    "model_atoms": Stage(("adp", "radiation"), ("model",)),
+    # the model's positions, randomly displaced
+    "positions": Stage(("distort_amplitude", "distort_seed"), ("model",)),
+    # the atoms with the B settings, at the model's positions (ρ_target is their map)
+    "undistorted": Stage(("b_mode", "b_global", "b_offset"), ("model_atoms",)),
+    "atoms": Stage((), ("undistorted", "positions")),
+    # the model map (a splat), or the map and its ½‖ρ − ρ_target‖² gradient: "rho" is one of them
+    "map": Stage(_SPLAT_FIELDS, ("atoms", "grid")),
+    "fit": Stage(_SPLAT_FIELDS, ("atoms", "grid", "target")),
+    # ρ_target from a map file ("target" is this, or "map" of the undistorted atoms)
+    "target_map": Stage(("target_map", "device"), ("grid",), file="target_map"),
+    "stats": Stage((), ("rho",)),
+    "rho_cpu": Stage((), ("rho",)),
+    # the depth of the model's middle along the slice axis (from its atoms and cell)
+    "middle": Stage(("slice_axis",), ("model",)),
+    "planes": Stage((), ("model",)),
+    "planarity": Stage(("device", "backend"), ("positions", "planes")),
+    "atom_rho": Stage(("backend",), ("rho", "target", "positions")),
+    "profile": Stage(("profile_atoms", "backend"), ("rho", "positions")),
+}
+
+#: A field whose value cannot change any result under the other settings (and the model) counts as
+#: None in the keys, so changing it recomputes nothing: the B of the modes that do not use it, the
+#: radius rule not chosen, the seed of no displacement, the ADP mode of a model without ANISOU.
+APPLIES: dict[str, Callable[[Settings, Model], bool]] = {
+    "adp": lambda s, model: model.atoms.u_aniso is not None,
+    "b_global": lambda s, model: s.b_mode == "global",
+    "b_offset": lambda s, model: s.b_mode == "offset",
+    "radius": lambda s, model: s.radius_mode == "radius",
+    "density_cutoff": lambda s, model: s.radius_mode == "auto",
+    "distort_seed": lambda s, model: s.distort_amplitude > 0,
+}
+
+# The stages whose results are maps: kept in a small LRU cache (a slider moved back finds its map).
+_MAPS = ("map", "fit")
+
+
 class Pipeline:
     """Runs the computations for a :class:`Settings` snapshot, memoising every stage.
 
-    Stages are keyed on exactly the settings they read, so a change recomputes only
-    what depends on it. ``check`` is called between stages and raises :class:`Cancelled`
-    to abandon work for settings that are already out of date.
+    Stages are keyed on exactly the settings they read (:data:`STAGES`), so a change recomputes
+    only what depends on it. The section and the atoms near it are cut on every run (what a
+    drag changes; cheap). ``check`` is called between stages and raises :class:`Cancelled` to
+    abandon work for settings that are already out of date.
     """
 
     def __init__(self, memory_models: dict[str, Model] | None = None, splat_cache: int = 6):
@@ -109,40 +180,60 @@ class Pipeline:
         self._versions: collections.Counter = collections.Counter()
         self._splats: collections.OrderedDict = collections.OrderedDict()
         self._splat_cache = splat_cache
+        #: The stages the last :meth:`run` computed, in order (the others came from the caches).
+        self.computed: list[str] = []
+
+    @staticmethod
+    def resolve(name: str, settings: Settings) -> tuple[str, Settings]:
+        """The stage ``name`` stands for under ``settings``, and the settings it runs with.
+
+        ``"rho"`` is ``"fit"`` when the gradient is the density fit's, else ``"map"``; ``"target"``
+        is ``"target_map"`` when a map file is given, else ``"map"`` of the undistorted atoms.
+        """
+        if name == "rho":
+            return ("fit" if settings.gradient_kind == "density" else "map"), settings
+        if name == "target":
+            if settings.target_map:
+                return "target_map", settings
+            return "map", dataclasses.replace(settings, distort_amplitude=0.0)
+        return name, settings
+
+    def key(self, name: str, settings: Settings, model: Model) -> tuple:
+        """The cache key of stage ``name`` under ``settings`` (for ``model``, the loaded one), from :data:`STAGES`."""
+        name, settings = self.resolve(name, settings)
+        if name == "model":
+            return ("model", self._versions["model"])
+        stage = STAGES[name]
+        values = tuple(
+            getattr(settings, f) if f not in APPLIES or APPLIES[f](settings, model) else None for f in stage.fields
+        )
+        if stage.file is not None:
+            values += (_mtime(getattr(settings, stage.file)),)
+        return (name, values, tuple(self.key(after, settings, model) for after in stage.after))
 
     def _stage(self, name: str, key, fn: Callable):
-        hit = self._memo.get(name)
-        if hit is not None and hit[0] == key:
-            return hit[1]
+        if name in _MAPS:
+            if key in self._splats:
+                self._splats.move_to_end(key)
+                return self._splats[key]
+        else:
+            hit = self._memo.get(name)
+            if hit is not None and hit[0] == key:
+                return hit[1]
         value = fn()
-        self._memo[name] = (key, value)
-        self._versions[name] += 1  # keys of later stages use this, never id() (ids are reused)
+        self.computed.append(name)
+        self._versions[name] += 1
+        if name in _MAPS:
+            self._splats[key] = value
+            while len(self._splats) > self._splat_cache:
+                self._splats.popitem(last=False)
+        else:
+            self._memo[name] = (key, value)
         return value
 
     def model(self, structure: str) -> Model:
         """The model of the ``structure`` setting (memoised)."""
         return self._stage("model", structure, lambda: load_model(self.memory_models.get(structure, structure)))
-
-    def grid(self, model: Model, spacing: float) -> GridSpec:
-        """The whole-cell grid for ``spacing`` (gemmi's sizing, compatible with the space group)."""
-        try:
-            return self._stage(
-                "grid",
-                (self._versions["model"], spacing),
-                lambda: GridSpec.for_spacing(model.cell, spacing, model.spacegroup),
-            )
-        except kernels.GridError as exc:
-            raise WorkbenchError(f"{exc}; choose another spacing") from exc
-
-    def _splat(self, key, fn):
-        if key in self._splats:
-            self._splats.move_to_end(key)
-            return self._splats[key]
-        value = fn()
-        self._splats[key] = value
-        while len(self._splats) > self._splat_cache:
-            self._splats.popitem(last=False)
-        return value
 
     def clear(self) -> None:
         """Forget every memoised stage (the next run recomputes everything)."""
@@ -167,75 +258,78 @@ class Pipeline:
         notes: list[str] = []
         unavailable: dict[str, str] = {}
         timings: dict[str, float] = {}
+        self.computed = []
         progress(0, total, f"reading {settings.structure}")
         model = self.model(settings.structure)
         notes.extend(model.notes)
-        grid = self.grid(model, settings.spacing)
+
+        def key(name: str, s: Settings = settings) -> tuple:
+            return self.key(name, s, model)
+
+        try:
+            grid = self._stage(
+                "grid", key("grid"), lambda: GridSpec.for_spacing(model.cell, settings.spacing, model.spacegroup)
+            )
+        except kernels.GridError as exc:
+            raise WorkbenchError(f"{exc}; choose another spacing") from exc
         check()
 
-        mv = self._versions["model"]
-        b_key = (
-            settings.b_mode,
-            settings.b_global if settings.b_mode == "global" else None,
-            settings.b_offset if settings.b_mode == "offset" else None,
+        read = self._stage(
+            "model_atoms", key("model_atoms"), lambda: model_atoms(model, settings.adp, settings.radiation)
         )
-        d_key = (settings.distort_amplitude, settings.distort_seed) if settings.distort_amplitude > 0 else None
-        # ADP mode and radiation: which tensors and coefficients every later stage starts from
-        a_key = (settings.adp if model.atoms.u_aniso is not None else "isotropic", settings.radiation)
-        read = self._stage("model_atoms", (mv, a_key), lambda: model_atoms(model, settings.adp, settings.radiation))
-        atoms = self._stage("atoms", (mv, a_key, b_key, d_key), lambda: prepare_atoms(model, settings, base=read))
         undistorted = self._stage(
-            "atoms0", (mv, a_key, b_key), lambda: prepare_atoms(model, settings, distorted=False, base=read)
+            "undistorted", key("undistorted"), lambda: prepare_atoms(model, settings, distorted=False, base=read)
         )
-        r_key = (settings.radius_arg, settings.density_cutoff if settings.radius_mode == "auto" else None)
-        base = (mv, grid.shape, r_key, settings.device, settings.backend, a_key, b_key, settings.blur)
+        xyz = self._stage(
+            "positions",
+            key("positions"),
+            lambda: (
+                model.atoms.xyz
+                if settings.distort_amplitude == 0
+                else model.atoms.xyz + distortion(len(model), settings.distort_amplitude, settings.distort_seed)
+            ),
+        )
+        atoms = self._stage("atoms", key("atoms"), lambda: undistorted.replace(xyz=xyz))
 
         progress(1, total, "splatting the model map")
         want_fit = settings.gradient_kind == "density"
         gradient = None
         if want_fit:
-            target, target_source, target_key = self._target(grid, undistorted, settings, base)
+            target, target_source = self._target(grid, undistorted, settings, key)
             check()
-            rho_key = ("fit", *base, d_key, target_key)
-            gradient, rho = self._splat(rho_key, lambda: density_fit_gradient(atoms, grid, target, settings))
+            gradient, rho = self._stage("fit", key("fit"), lambda: density_fit_gradient(atoms, grid, target, settings))
             backend = gradient.backend
             timings["density forward"] = gradient.forward_s
             timings["density backward"] = gradient.backward_s
         else:
-            rho_key = ("rho", *base, d_key)
-            rho, backend, seconds = self._splat(rho_key, lambda: density_map(atoms, grid, settings))
+            rho, backend, seconds = self._stage("map", key("map"), lambda: density_map(atoms, grid, settings))
             timings["density forward"] = seconds
         check()
 
         progress(2, total, "map statistics and the section")
-        mean, sigma, lo, hi = self._stage("stats", rho_key, lambda: map_statistics(rho))
+        mean, sigma, lo, hi = self._stage("stats", key("stats"), lambda: map_statistics(rho))
         # The section is what a slider drag changes: cut it where the map lives (only the section crosses
         # to the host) and show it before the slower stages and before the whole map is copied.
         # The section is kept as a depth in Å, so a new grid cuts it at the same place.
         depth = settings.slice_depth
         if depth is None:
-            depth = self._stage(
-                "middle", (mv, settings.axis), lambda: central_depth(model.atoms.xyz, grid, settings.axis)
-            )
+            # central_depth reads only the grid's cell, the model's
+            depth = self._stage("middle", key("middle"), lambda: central_depth(model.atoms.xyz, grid, settings.axis))
         sec = section(rho, grid, settings.axis, section_index(grid, settings.axis, depth), (lo, hi))
         near = atoms_near_section(atoms.xyz, grid, sec)
         check()
         on_section(sec, near, mean, sigma)
-        rho_cpu = self._stage("rho_cpu", rho_key, lambda: rho.detach().cpu())
+        rho_cpu = self._stage("rho_cpu", key("rho_cpu"), lambda: rho.detach().cpu())
         if not want_fit:
-            target, target_source, target_key = self._target(grid, undistorted, settings, base)
+            target, target_source = self._target(grid, undistorted, settings, key)
         check()
 
         progress(3, total, "planarity")
         planes = None
         if not want_fit:
             try:
-                planes = self._stage("planes", mv, lambda: find_planes(model))
-                gradient = self._stage(
-                    "planarity",
-                    (mv, d_key, settings.device, settings.backend),
-                    lambda: planarity_gradient(atoms.xyz, planes, settings),
-                )
+                planes = self._stage("planes", key("planes"), lambda: find_planes(model))
+                gradient = self._stage("planarity", key("planarity"), lambda: planarity_gradient(xyz, planes, settings))
                 timings["planarity forward"] = gradient.forward_s
                 timings["planarity backward"] = gradient.backward_s
             except WorkbenchError as exc:
@@ -248,10 +342,10 @@ class Pipeline:
             start = time.perf_counter()
             atom_rho, atom_target = self._stage(
                 "atom_rho",
-                (rho_key, target_key),
+                key("atom_rho"),
                 lambda: (
-                    density_at_points(rho, grid, atoms.xyz, backend=settings.backend),
-                    density_at_points(target.to(rho.device), grid, atoms.xyz, backend=settings.backend),
+                    density_at_points(rho, grid, xyz, backend=settings.backend),
+                    density_at_points(target.to(rho.device), grid, xyz, backend=settings.backend),
                 ),
             )
             timings["tricubic at atoms"] = time.perf_counter() - start
@@ -263,8 +357,8 @@ class Pipeline:
                 raise WorkbenchError(f"profile atoms {i}, {j} outside [0, {n - 1}]: pick two atoms of this model")
             profile = self._stage(
                 "profile",
-                (rho_key, i, j),
-                lambda: line_profile(rho, grid, atoms.xyz[i].numpy(), atoms.xyz[j].numpy(), backend=settings.backend),
+                key("profile"),
+                lambda: line_profile(rho, grid, xyz[i].numpy(), xyz[j].numpy(), backend=settings.backend),
             )
         except WorkbenchError as exc:
             unavailable["tricubic"] = str(exc)
@@ -290,21 +384,22 @@ class Pipeline:
             notes=notes,
             unavailable=unavailable,
             planes=planes,
-            atoms_key=(mv, b_key, d_key, a_key),
-            map_key=rho_key,
+            atoms_key=(self._versions["model"], key("undistorted"), key("positions"), key("model_atoms")),
+            map_key=key("rho"),
         )
 
-    def _target(self, grid, undistorted, settings, base):
-        """ρ_target, where it came from and its cache key: a loaded map or the undistorted model's map."""
+    def _target(self, grid, undistorted, settings, key):
+        """ρ_target and where it came from: a loaded map, or the map of the undistorted atoms.
+
+        The latter is stage ``"map"`` under the settings without displacement: the model map
+        itself when nothing is displaced (one splat for both).
+        """
         if settings.target_map:
             path = Path(settings.target_map).expanduser()
-            mtime = path.stat().st_mtime if path.exists() else None
-            key = ("map", str(path), mtime, grid.shape, settings.device)
-            rho_t, source = self._stage("target_map", key, lambda: self._load_target(path, grid, settings.device))
-            return rho_t, source, key
-        key = ("rho", *base, None)
-        rho0, _, _ = self._splat(key, lambda: density_map(undistorted, grid, settings))
-        return rho0.detach(), "map of the undistorted model", key
+            return self._stage("target_map", key("target"), lambda: self._load_target(path, grid, settings.device))
+        plain = self.resolve("target", settings)[1]
+        rho0, _, _ = self._stage("map", key("target"), lambda: density_map(undistorted, grid, plain))
+        return rho0.detach(), "map of the undistorted model"
 
     @staticmethod
     def _load_target(path: Path, grid: GridSpec, device: str):
@@ -327,3 +422,11 @@ class Pipeline:
         mode = "periodic" if tgrid.is_whole_cell else "bounded"
         vals = sample(rho_t, tgrid, pts, method="catmull-rom", mode=mode, fill_value=0.0)
         return vals.reshape(grid.shape).to(device), f"{path.name} (resampled from {tgrid.shape})"
+
+
+def _mtime(path: str) -> float | None:
+    """The modification time of the file ``path`` names (None: no path, or no such file)."""
+    if not path:
+        return None
+    p = Path(path).expanduser()
+    return p.stat().st_mtime if p.exists() else None
