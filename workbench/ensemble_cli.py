@@ -1,8 +1,10 @@
 """``workbench ensemble``: the density map of many frames of one model, over the ranks torchrun starts.
 
-:data:`DESCRIPTION` (the subcommand's help) says what it does; :func:`read_frames` reads the
-frames, :func:`run` splats them with :func:`kernels.splat_ensemble` and writes the map with
-:func:`kernels.write_map`.
+:data:`DESCRIPTION` (the subcommand's help) says what it does; :func:`read_frames` reads every
+frame of a file whole, :func:`run` splats a multi-model file's frames so, streams a trajectory's
+through :func:`kernels.frames_from` (each rank its own share, chunk by chunk), both with
+:func:`kernels.splat_ensemble`, shows progress (:class:`PlainProgress` where stderr is not a
+terminal) and writes the map with :func:`kernels.write_map`.
 """
 
 from __future__ import annotations
@@ -14,17 +16,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Frames", "read_frames", "add_parser", "EnsembleError"]
+__all__ = ["Frames", "read_frames", "add_parser", "EnsembleError", "PlainProgress"]
 
 #: ``workbench ensemble --help``'s description (plain text).
 DESCRIPTION = """\
 One density map of many frames of one model, over the ranks torchrun starts.
 
 Frames come from a multi-model PDB/mmCIF (every model is a frame; gemmi reads them) or from an
-MD trajectory with its topology (MDAnalysis, the optional [md] extra). Every rank reads the
-frames once and splats its contiguous share; the maps are summed by one all_reduce and rank 0
-prints the progress and writes the map. Run alone it is one process; under torchrun it joins
-the process group itself (gloo for --device cpu, NCCL for --device cuda, one GPU per rank)."""
+MD trajectory with its topology (MDAnalysis, the optional [md] extra). A trajectory is streamed:
+each rank reads only its contiguous share of the frames, --chunk frames at a time, so memory
+stays bounded however long it is (every atom has B --md-b and occupancy 1). A multi-model file
+is read whole (each model keeps its own B, occupancy and ANISOU) and every rank splats its
+share. The ranks' maps are summed by one all_reduce; rank 0 shows the progress and writes the
+map (complete or not at all: Ctrl-C exits with status 130 and leaves no file). Run alone it is
+one process; under torchrun it joins the process group itself (gloo for --device cpu, NCCL for
+--device cuda, one GPU per rank)."""
 
 #: B in Å² given to every atom of an MD trajectory (trajectories carry no B).
 DEFAULT_MD_B = 20.0
@@ -169,7 +175,17 @@ def _read_models(path: Path, adp: str, radiation: str) -> Frames:
     )
 
 
-def _read_trajectory(path: Path, topology: Path, md_b: float, radiation: str) -> Frames:
+def _open_trajectory(path: Path, topology: Path, md_b: float, radiation: str):
+    """A trajectory's universe, atoms, cell and notes, from its topology and first frame.
+
+    Reads the first and the last frame only: the map takes the first frame's cell, and a box that
+    differs in the last frame is noted.
+
+    Returns
+    -------
+    (MDAnalysis.Universe, kernels.AtomSet, kernels.Cell, list of str)
+        The atoms are at the first frame's positions, B ``md_b`` and occupancy 1 (float64, CPU).
+    """
     import numpy as np
     import torch
 
@@ -198,23 +214,45 @@ def _read_trajectory(path: Path, topology: Path, md_b: float, radiation: str) ->
             f"{topology}: the topology gives no element for some atoms; use a topology with elements "
             "(e.g. a PDB with columns 77-78 filled)"
         )
-    positions, boxes = [], []
-    for ts in u.trajectory:
-        if ts.dimensions is None or not np.all(np.asarray(ts.dimensions[:3]) > 0):
-            raise EnsembleError(f"{path}: frame {ts.frame} has no periodic box; the map needs a unit cell")
-        positions.append(ag.positions.astype(np.float64))
-        boxes.append(np.asarray(ts.dimensions, dtype=np.float64))
-    boxes = np.asarray(boxes)
-    cell = kernels.Cell.from_parameters(*boxes[0])
+    box_last = _box(u.trajectory[len(u.trajectory) - 1], path)
+    box = _box(u.trajectory[0], path)
+    cell = kernels.Cell.from_parameters(*box)
     notes = [f"trajectory without B-factors: B = {md_b:g} Å² for every atom"]
-    if np.abs(boxes - boxes[0]).max() > 1e-3 * boxes[0, :3].max():
+    if np.abs(box_last - box).max() > 1e-3 * box[:3].max():
         notes.append("the box changes along the trajectory; the map uses the first frame's cell")
     labels = tuple(kernels.AtomLabel(str(a.segid), str(a.resname), int(a.resid), "", str(a.name), "") for a in ag)
-    xyz = torch.tensor(np.asarray(positions), dtype=torch.float64)
+    xyz = torch.tensor(ag.positions.astype(np.float64))
     try:
-        atoms = kernels.AtomSet.from_elements(elements, xyz[0], md_b, 1.0, labels=labels, radiation=radiation)
+        atoms = kernels.AtomSet.from_elements(elements, xyz, md_b, 1.0, labels=labels, radiation=radiation)
     except ValueError as exc:
         raise EnsembleError(f"{topology}: {exc}") from exc
+    return u, atoms, cell, notes
+
+
+def _box(ts, path: Path):
+    """The box (a, b, c, α, β, γ) of one MDAnalysis timestep; EnsembleError when it has none."""
+    import numpy as np
+
+    if ts.dimensions is None or not np.all(np.asarray(ts.dimensions[:3]) > 0):
+        raise EnsembleError(f"{path}: frame {ts.frame} has no periodic box; the map needs a unit cell")
+    return np.asarray(ts.dimensions, dtype=np.float64)
+
+
+def _read_trajectory(path: Path, topology: Path, md_b: float, radiation: str) -> Frames:
+    import numpy as np
+    import torch
+
+    u, atoms, cell, notes = _open_trajectory(path, topology, md_b, radiation)
+    ag = u.atoms
+    positions, boxes = [], []
+    for ts in u.trajectory:
+        boxes.append(_box(ts, path))
+        positions.append(ag.positions.astype(np.float64))
+    boxes = np.asarray(boxes)
+    changes = "the box changes along the trajectory; the map uses the first frame's cell"
+    if changes not in notes and np.abs(boxes - boxes[0]).max() > 1e-3 * boxes[0, :3].max():
+        notes.append(changes)
+    xyz = torch.tensor(np.asarray(positions), dtype=torch.float64)
     f, n = xyz.shape[:2]
     b = torch.full((f, n), float(md_b), dtype=torch.float64)
     return Frames(atoms, xyz, b, torch.ones((f, n), dtype=torch.float64), cell, "P 1", tuple(notes))
@@ -243,8 +281,63 @@ def _distributed(device: str):
     return dist.group.WORLD, dist.get_rank(), dist.get_world_size(), device
 
 
+class PlainProgress:
+    """Progress as a few plain lines on a stream that is not a terminal (a log file, a pipe).
+
+    A callable ``progress(done, total)`` as :func:`kernels.splat_ensemble` takes it. It writes
+    ``progress  done/total frames (p %), r frames/s, ETA t`` at the first call, then each time
+    another tenth of the frames is done (at most one line a second), and at the end: a log gets
+    about a dozen lines, not a bar rewritten with carriage returns.
+
+    Parameters
+    ----------
+    stream : text file
+        Where the lines go (``sys.stderr`` in the CLI).
+    whose : str
+        Whose frames are counted, said after the count (e.g. ``" of rank 0's share"``).
+    """
+
+    def __init__(self, stream, whose: str = ""):
+        self.stream, self.whose = stream, whose
+        self.start = time.perf_counter()
+        self.said_at: float | None = None
+        self.said_tenth = -1
+
+    def __call__(self, done: int, total: int | None) -> None:
+        from kernels._progress import _duration
+
+        now = time.perf_counter()
+        tenth = 10 * done // total if total else self.said_tenth + 1
+        end = total is not None and done >= total
+        if not (self.said_at is None or end or (tenth > self.said_tenth and now - self.said_at >= 1.0)):
+            return
+        self.said_at, self.said_tenth = now, tenth
+        elapsed = now - self.start
+        rate = done / elapsed if elapsed > 0 else 0.0
+        if total:
+            left = f"ETA {_duration((total - done) / rate)}" if rate > 0 and not end else f"in {_duration(elapsed)}"
+            text = f"{done}/{total} frames{self.whose} ({100.0 * done / total:.0f} %), {rate:.1f} frames/s, {left}"
+        else:
+            text = f"{done} frames{self.whose}, {rate:.1f} frames/s, in {_duration(elapsed)}"
+        print(f"progress  {text}", file=self.stream, flush=True)
+
+
+def _progress(args: argparse.Namespace, rank: int, world: int):
+    """What :func:`kernels.splat_ensemble` gets as ``progress=``: a bar on a terminal, plain lines
+    otherwise; rank 0 counts its own share (the ranks read theirs at the same pace)."""
+    import sys
+
+    if rank != 0 or args.no_progress:
+        return None
+    return True if sys.stderr.isatty() else PlainProgress(sys.stderr, " of rank 0's share" if world > 1 else "")
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``ensemble`` subcommand (see :func:`add_parser`); returns the exit status."""
+    import contextlib
+    import sys
+    import warnings
+
     import torch
 
     import kernels
@@ -268,39 +361,73 @@ def run(args: argparse.Namespace) -> int:
 
     group, rank, world, device = _distributed(args.device)
     say = print if rank == 0 else (lambda *a, **k: None)
+    dtype = torch.float64 if backend == "reference" else torch.float32
+    if args.topology is not None:
+        # MDAnalysis's notices of future changes (its DCD reader's, at every read) are not the user's
+        # concern; imported first, since its import puts its own filter for them first
+        with contextlib.suppress(ImportError):
+            import MDAnalysis  # noqa: F401
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"MDAnalysis\b")
+    interrupted, source = False, None
     try:
         start = time.perf_counter()
         try:
-            frames = read_frames(path, args.topology, args.md_b, adp=args.adp, radiation=args.radiation)
+            if args.topology is not None:
+                frames = None
+                universe, atoms, cell, notes = _open_trajectory(path, Path(args.topology), args.md_b, args.radiation)
+                universe.trajectory.close()  # the frames are read through frames_from
+                source = kernels.frames_from(path, args.topology, chunk=args.chunk, dtype=dtype)
+                f, n, spacegroup = source.n_frames, source.n_atoms, "P 1"
+            else:
+                frames = read_frames(path, adp=args.adp, radiation=args.radiation)
+                atoms, cell, notes, spacegroup = frames.atoms, frames.cell, frames.notes, frames.spacegroup
+                f, n = frames.xyz.shape[:2]
         except (kernels.ModelError, EnsembleError) as exc:
             return _error(f"{exc}", EXIT_FAILURE) if rank == 0 else EXIT_FAILURE
-        f, n = frames.xyz.shape[:2]
-        say(f"frames  {f} of {n} atoms from {path} ({time.perf_counter() - start:.2f} s)", flush=True)
-        for note in frames.notes:
+        how = (
+            f"streamed in chunks of ≤ {source.chunk} frames"
+            if frames is None
+            else f"read whole, {time.perf_counter() - start:.2f} s"
+        )
+        say(f"frames  {f} of {n} atoms from {path}: frames 0–{f - 1} ({how})", flush=True)
+        for note in notes:
             if not args.warned.said(note):  # a warning already said it, on stderr
                 say(f"note    {note}")
-        dtype = torch.float64 if backend == "reference" else torch.float32
-        atoms = frames.atoms.to(device, dtype)
-        xyz, b_iso, occ = (t.to(device, dtype) for t in (frames.xyz, frames.b_iso, frames.occ))
-        u_aniso = None if frames.u_aniso is None else frames.u_aniso.to(device, dtype)
-        weights = None if args.sum else torch.full((f,), 1.0 / f, dtype=dtype, device=device)
-        grid = kernels.GridSpec.for_spacing(frames.cell, args.spacing, frames.spacegroup)
+        atoms = atoms.to(device, dtype)
+        grid = kernels.GridSpec.for_spacing(cell, args.spacing, spacegroup)
         lo, hi = kernels.frame_share(f, group)
         say(f"grid    {grid.shape[0]}×{grid.shape[1]}×{grid.shape[2]} at ≤ {args.spacing:g} Å; backend {backend}")
         if group is not None:
+            what = "reads and splats" if frames is None else "splats"
             say(
-                f"ranks   {world} ({'nccl' if device.startswith('cuda') else 'gloo'}); rank 0 splats frames {lo}–{hi - 1}"
+                f"ranks   {world} ({'nccl' if device.startswith('cuda') else 'gloo'}); rank 0 {what} frames {lo}–{hi - 1}"
             )
-        start = time.perf_counter()
-        rho = kernels.splat_ensemble(
-            atoms, xyz, grid, weights=weights, b_iso=b_iso, occ=occ, u_aniso=u_aniso, radius=args.radius,
-            cutoff=args.cutoff, backend=backend, process_group=group, blur=args.blur,
+        common = dict(
+            radius=args.radius, cutoff=args.cutoff, backend=backend, process_group=group, blur=args.blur,
+            chunk=args.chunk, progress=_progress(args, rank, world),
         )  # fmt: skip
+        start = time.perf_counter()
+        if frames is None:
+            # streaming: the atoms' own B and occupancy in every frame; each rank reads only its share
+            rho = kernels.splat_ensemble(atoms, source, grid, reduce="sum", **common)
+            if not args.sum:
+                rho = rho / f
+        else:
+            rho = kernels.splat_ensemble(
+                atoms,
+                frames.xyz.to(device, dtype),
+                grid,
+                weights=None if args.sum else torch.full((f,), 1.0 / f, dtype=dtype, device=device),
+                b_iso=frames.b_iso.to(device, dtype),
+                occ=frames.occ.to(device, dtype),
+                u_aniso=None if frames.u_aniso is None else frames.u_aniso.to(device, dtype),
+                **common,
+            )
         if rho.device.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         what = "sum" if args.sum else "mean"
-        say(f"splat   {f} frames ({what}) on {world} rank(s): {elapsed * 1e3:.1f} ms, {f / elapsed:.1f} frames/s")
+        say(f"splat   {f} frames ({what}) on {world} rank(s): {elapsed:.2f} s, {f / elapsed:.1f} frames/s", flush=True)
         if rank == 0:
             electrons = float(rho.sum()) * grid.voxel_volume
             if not math.isfinite(electrons):  # read here anyway; a GPU splat is not read back to check
@@ -309,7 +436,7 @@ def run(args: argparse.Namespace) -> int:
                     f"nothing was written to {args.out}",
                     EXIT_FAILURE,
                 )
-            whose = "the mean of the frames" if weights is not None else "the sum of the frames"
+            whose = "the mean of the frames" if not args.sum else "the sum of the frames"
             say(f"map     {_map_summary(rho, grid, args.radiation)} in the cell ({whose}; no symmetry mates)")
             try:
                 out = kernels.write_map(args.out, rho, grid, "P 1", radiation=args.radiation)
@@ -317,14 +444,36 @@ def run(args: argparse.Namespace) -> int:
                 return _error(f"cannot write the map to {args.out}: {exc}", EXIT_FAILURE)
             say(f"wrote   {out}")
         return EXIT_OK
+    except KeyboardInterrupt:
+        # write_map renames a complete temporary file onto --out and removes it when interrupted
+        interrupted = True
+        if rank == 0:
+            print(f"\ninterrupted: nothing was written to {args.out}", file=sys.stderr, flush=True)
+        return 130
     except (kernels.BackendError, kernels.GridError, ValueError) as exc:
         return _error(f"{exc}", EXIT_FAILURE) if rank == 0 else EXIT_FAILURE
     finally:
+        if source is not None:
+            source.close()
         if group is not None:
             import torch.distributed as dist
 
-            dist.barrier()  # no rank exits while rank 0 still writes its map (or reports its failure)
+            if not interrupted:  # every rank got the SIGINT; a barrier would wait on ranks that left
+                dist.barrier()  # no rank exits while rank 0 still writes its map (or reports its failure)
             dist.destroy_process_group()
+
+
+def _positive_int(what: str):
+    """An argparse type: a whole number ≥ 1 (frames)."""
+
+    def parse(text: str) -> int:
+        if not (text.strip().isdigit() and int(text) >= 1):  # digits only: no sign, point or exponent
+            raise argparse.ArgumentTypeError(f"must be a whole number of frames ≥ 1, got {text!r}")
+        return int(text)
+
+    parse.__name__ = what
+    parse.unit = "frames"
+    return parse
 
 
 def add_parser(sub, positive) -> None:
@@ -358,5 +507,17 @@ def add_parser(sub, positive) -> None:
         help="keep each model's ANISOU (auto) or splat B only (iso) (default auto)",
     )
     add_radiation_options(ep)
+    ep.add_argument(
+        "--chunk",
+        type=_positive_int("--chunk"),
+        default=None,
+        help="frames read and splatted at a time, per rank (default: a trajectory's as many as fit in "
+        "kernels.DEFAULT_CHUNK_BYTES of positions; a multi-model file's as splat_ensemble splits them)",
+    )
+    ep.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress on stderr (default: a bar with frames/s and ETA on a terminal, a few plain lines otherwise)",
+    )
     ep.add_argument("--out", default="map.ccp4", help="output CCP4 map file, written by rank 0 (default map.ccp4)")
     ep.set_defaults(func=run)

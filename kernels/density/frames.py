@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "FrameSource", "frames_from"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "FrameSource", "frame_share", "frames_from"]
 
 #: Default cap on one chunk's positions, in bytes (the chunk is the most frames under it, at least one).
 DEFAULT_CHUNK_BYTES = 256 << 20
@@ -216,8 +216,6 @@ class FrameSource:
 
         It reads the same file through the same reader; None gives a view of every frame.
         """
-        from kernels.density.ensemble import frame_share
-
         lo, hi = frame_share(self.n_frames, process_group)
         return FrameSource(
             self._reader, self.path, self.topology, self.start + lo, self.start + hi, self.chunk, self.dtype
@@ -239,6 +237,37 @@ def _chunk_size(chunk, n_atoms: int, dtype: torch.dtype) -> int:
         itemsize = 4 if dtype == torch.float32 else 8
         return max(1, DEFAULT_CHUNK_BYTES // (3 * itemsize * max(n_atoms, 1)))
     return whole_chunk(chunk)
+
+
+def frame_share(n_frames: int, process_group=None) -> tuple[int, int]:
+    """The frames ``[start, stop)`` this rank splats when ``n_frames`` are split over ``process_group``.
+
+    Contiguous shares in rank order; the first ``n_frames % world_size`` ranks take one frame more,
+    so the counts differ by at most one and a rank may have none (``start == stop``).
+
+    Parameters
+    ----------
+    n_frames : int
+        F, the number of frames every rank passes.
+    process_group : torch.distributed.ProcessGroup, optional
+        None: this process splats every frame, ``(0, n_frames)``.
+
+    Returns
+    -------
+    tuple of int
+        ``(start, stop)``.
+    """
+    if process_group is None:
+        return 0, n_frames
+    import torch.distributed as dist
+
+    return _share(n_frames, dist.get_rank(process_group), dist.get_world_size(process_group))
+
+
+def _share(n_frames: int, rank: int, world: int) -> tuple[int, int]:
+    base, extra = divmod(n_frames, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
 
 
 def whole_chunk(chunk) -> int:

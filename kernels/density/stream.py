@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from kernels.crystal import AtomSet, GridError, GridSpec
-from kernels.density.ensemble import (
+from kernels.density._ensemble_parts import (
     CHUNK_ATOM_FRAMES,
     _check_group,
     _check_ranks_agree,
@@ -35,9 +35,8 @@ from kernels.density.ensemble import (
     _rank,
     _real_weight,
     _sum_frames,
-    frame_share,
 )
-from kernels.density.frames import DEFAULT_CHUNK_BYTES, FrameSource, whole_chunk
+from kernels.density.frames import DEFAULT_CHUNK_BYTES, FrameSource, frame_share, whole_chunk
 from kernels.density.radius import DEFAULT_CUTOFF
 from kernels.dispatch import get_backend
 

@@ -62,6 +62,31 @@ def write_models(
     return path
 
 
+def write_dcd(folder: Path, n_frames: int, seed: int = 0, sigma: float = 0.4) -> tuple[Path, Path]:
+    """Write ``folder/top.pdb`` (the atoms of :data:`ATOMS`, one model) and ``folder/traj.dcd``.
+
+    The DCD holds ``n_frames`` frames of :data:`ATOMS` jittered by ``sigma`` Å (seeded), each with
+    the box :data:`CELL`; MDAnalysis (the [md] extra) writes it.
+
+    Returns
+    -------
+    (topology, trajectory) : tuple of Path
+    """
+    import MDAnalysis
+
+    top = write_models(folder / "top.pdb", 1, seed=seed)
+    u = MDAnalysis.Universe(str(top))
+    rng = np.random.default_rng(seed)
+    base = np.array([a[4:] for a in ATOMS], dtype=np.float64)
+    dcd = folder / "traj.dcd"
+    with MDAnalysis.Writer(str(dcd), len(u.atoms)) as writer:
+        for _ in range(n_frames):
+            u.atoms.positions = base + rng.normal(0.0, sigma, base.shape)
+            u.trajectory.ts.dimensions = CELL
+            writer.write(u.atoms)
+    return top, dcd
+
+
 def write_trajectory(folder: Path, n_models: int, seed: int = 0) -> tuple[Path, Path, Path]:
     """``(models, topology, dcd)``: :func:`write_models` in ``folder``, its first model as a topology, its frames as a DCD.
 

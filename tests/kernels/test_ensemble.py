@@ -261,7 +261,7 @@ def test_bad_inputs_are_refused_with_what_to_do(args, kwargs, error, match):
     ],
 )
 def test_frame_shares_are_contiguous_uneven_and_may_be_empty(n_frames, world, shares):
-    from kernels.density.ensemble import _share
+    from kernels.density.frames import _share
 
     assert [_share(n_frames, r, world) for r in range(world)] == shares
     assert kernels.frame_share(n_frames) == (0, n_frames)  # no group: every frame here

@@ -295,7 +295,7 @@ def test_the_warning_counts_exactly_the_atoms_whose_radius_is_below_the_spacing(
 
 
 def test_a_sum_in_chunks_is_the_sum_in_one_call_with_its_gradients(monkeypatch):
-    from kernels.density import ensemble
+    from kernels.density import _ensemble_parts
 
     atoms, grid, xyz = _system(frames=7)
     weights = torch.linspace(0.5, 1.5, 7)
@@ -308,7 +308,7 @@ def test_a_sum_in_chunks_is_the_sum_in_one_call_with_its_gradients(monkeypatch):
         return rho.detach(), x.grad, w.grad
 
     whole = run()
-    monkeypatch.setattr(ensemble, "CHUNK_ATOM_FRAMES", 8)  # 2 frames of 4 atoms per backend call: 4 calls
+    monkeypatch.setattr(_ensemble_parts, "CHUNK_ATOM_FRAMES", 8)  # 2 frames of 4 atoms per backend call: 4 calls
     chunked = run()
     for got, want in zip(chunked, whole):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
