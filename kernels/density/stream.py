@@ -31,10 +31,13 @@ from kernels.density._ensemble_parts import (
     CHUNK_ATOM_FRAMES,
     _check_group,
     _check_ranks_agree,
+    _check_values,
+    _checked_frames,
     _Plan,
     _rank,
     _real_weight,
     _sum_frames,
+    _weighted,
 )
 from kernels.density.frames import DEFAULT_CHUNK_BYTES, FrameSource, frame_share, whole_chunk
 from kernels.density.radius import DEFAULT_CUTOFF
@@ -482,8 +485,6 @@ def _backward_only(vjp, atoms: AtomSet, c, plan: _Plan, w, wrt, map_grad, first:
     occupancy's gradient, and each gradient cast to the atoms' dtype; the chunk's host checks and its
     warning of atoms below the grid spacing are those of the forward (:func:`_sum_frames`).
     """
-    from kernels.density.ensemble import _check_values, _checked_frames, _weighted
-
     f, n = c.shape[0], len(atoms)
     if atoms.device.type == "cpu":
         _check_values(atoms, c, None, None, n, None, f)

@@ -17,7 +17,7 @@ import kernels
 from kernels.crystal import AtomSet
 from kernels.density import cpu as cpu_backend
 from kernels.density import triton as triton_backend
-from kernels.density.ensemble import _flatten, _weighted
+from kernels.density._ensemble_parts import _flatten, _weighted
 from tests.kernels.test_ensemble import TRITON_DEVICE, _system
 
 F = 3
