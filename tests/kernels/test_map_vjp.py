@@ -97,6 +97,20 @@ def test_map_vjp_is_bitwise_the_backward_of_a_forward(backend, kind, radius, rul
         assert torch.equal(g, ref), f"{name}: largest difference {float((g - ref).abs().max()):.3g}"
 
 
+@pytest.mark.parametrize("kind", ["iso", "aniso"])
+def test_triton_map_vjp_matches_the_deterministic_forward_too(kind):
+    """Under deterministic algorithms the forward takes its radii from another launch: the same radii."""
+    from tests.kernels.test_density_deterministic import deterministic
+
+    frames, grid, upstream = _chunk("triton", kind, True)
+    with deterministic():
+        want = _autograd(triton_backend.splat_triton, frames, grid, upstream)
+        got = triton_backend.map_vjp_triton(frames, grid, upstream)
+    for g, ref in zip(got, want):
+        if ref is not None:
+            assert torch.equal(g, ref)
+
+
 def test_map_vjp_of_no_atoms_is_empty():
     frames, grid, upstream = _chunk("cpu", "iso", False)
     none = frames.replace(xyz=frames.xyz[:0], b_iso=frames.b_iso[:0], occ=frames.occ[:0], a=frames.a[:0],
