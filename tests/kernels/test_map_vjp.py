@@ -183,3 +183,32 @@ def test_the_second_pass_runs_the_backward_alone(monkeypatch, backend, kind):
     assert chunks == [0, 4, 8]
     assert sum(c.calls for c in fwd) == 3, "the second pass ran a forward splat"
     assert sum(c.calls for c in bwd) == 3  # one backward per chunk
+
+
+def test_a_registered_backend_recomputes_its_forward_in_the_second_pass():
+    """A user's backend has no backward of its own to call: the second pass runs its splat with autograd."""
+    from tests.helpers import assert_kernel_close
+    from tests.kernels import user_backends as ub
+
+    calls = []
+
+    def mine(atoms, grid, *, radius, cutoff):
+        calls.append(len(atoms))
+        return ub.correct(atoms, grid, radius=radius, cutoff=cutoff)
+
+    kernels.register_backend("density", "vjp_mine", mine, devices=("cpu",))
+    try:
+        atoms, grid, xyz, *_ = _system(torch.float32, frames=5)
+        upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(4))
+        x = xyz.clone().requires_grad_()
+        (kernels.splat_ensemble(atoms, x, grid, backend="vjp_mine", weights=[0.5] * 5) * upstream).sum().backward()
+        calls.clear()
+        parts = {}
+        kernels.ensemble_gradients(
+            atoms, xyz, grid, upstream, out=lambda s, e, g: parts.update({s: g["xyz"]}), backend="vjp_mine",
+            weights=0.5, chunk=2,
+        )  # fmt: skip
+        assert calls == [2 * len(atoms), 2 * len(atoms), len(atoms)]  # one forward per chunk
+        assert_kernel_close(torch.cat([parts[s] for s in sorted(parts)]), x.grad)
+    finally:
+        kernels.unregister_backend("density", "vjp_mine")
