@@ -357,9 +357,10 @@ def ensemble_gradients(
     chunk (``map_vjp_cpu``, ``map_vjp_triton``: the backward kernel, with each atom's cutoff radius
     computed as the forward computes it) and hands the chunk's gradients on; no more than a few
     chunks of frames and gradients exist at once. They equal the autograd gradients of the tensor
-    path (``xyz.grad`` after ``(rho * map_grad).sum().backward()``): bit for bit on the CPU backend,
-    within float32 summation order on Triton (its kernels are the same; the tensor path's map sums in
-    another order). The reference backend and registered backends have no backward of their own:
+    path (``xyz.grad`` after ``(rho * map_grad).sum().backward()``) bit for bit on the cpu and triton
+    backends (each atom's gradient is its own sum over its voxels, whichever frames share a call),
+    within summation order on the others. The reference backend and registered backends have no
+    backward of their own:
     for them each chunk's splat is recomputed with autograd (a forward and a backward per chunk).
 
     Cost: every frame is read (or generated) a second time, and each chunk costs one backward of

@@ -120,23 +120,25 @@ def test_map_vjp_of_no_atoms_is_empty():
         assert g_xyz.shape == (0, 3) and g_b.shape == (0,) and g_occ.shape == (0,) and g_u is None
 
 
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
 @pytest.mark.parametrize("kind", ["iso", "aniso"])
-def test_streamed_cpu_gradients_are_bitwise_the_tensor_paths(kind):
-    """Per-frame gradients do not depend on which frames share a call: bitwise equal, weighted, with B and occupancy."""
-    atoms, grid, xyz, *_ = _system(torch.float32, frames=10)
+def test_streamed_gradients_are_bitwise_the_tensor_paths(backend, kind):
+    """An atom's gradient is its own sum over its voxels (no atomics), whichever frames share a call: the
+    streamed gradients are the tensor path's bit for bit, weighted, with B and occupancy."""
+    atoms, grid, xyz, *_ = _system(torch.float32, frames=10, device=_device(backend))
     if kind == "aniso":
         atoms = _anisotropic(atoms)
     n = len(atoms)
-    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float32)
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float32).to(xyz.device)
     x = xyz.clone().requires_grad_()
     b = atoms.b_iso.expand(10, n).clone().requires_grad_()
     o = atoms.occ.expand(10, n).clone().requires_grad_()
-    rho = kernels.splat_ensemble(atoms, x, grid, b_iso=b, occ=o, weights=[0.3] * 10, backend="cpu", blur=1.5)
+    rho = kernels.splat_ensemble(atoms, x, grid, b_iso=b, occ=o, weights=[0.3] * 10, backend=backend, blur=1.5)
     (rho * upstream).sum().backward()
     parts = {}
     kernels.ensemble_gradients(
         atoms, (c for c in xyz.split([3, 1, 4, 2])), grid, upstream, out=lambda s, e, g: parts.update({s: g}),
-        wrt=("xyz", "b_iso", "occ"), weights=0.3, backend="cpu", blur=1.5,
+        wrt=("xyz", "b_iso", "occ"), weights=0.3, backend=backend, blur=1.5,
     )  # fmt: skip
     for name, want in (("xyz", x.grad), ("b_iso", b.grad), ("occ", o.grad)):
         got = torch.cat([parts[s][name] for s in sorted(parts)])
