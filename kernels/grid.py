@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 
@@ -11,7 +12,7 @@ import torch
 from kernels._util import format_size, positive_number
 from kernels.cell import Cell
 
-__all__ = ["GridError", "GridSpec"]
+__all__ = ["GridError", "GridSpec", "grid_of"]
 
 
 class GridError(ValueError):
@@ -212,3 +213,16 @@ def _free_memory(device: torch.device) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return 1 << 40
+
+
+@functools.lru_cache(maxsize=64)
+def _grid_of(cell: tuple[float, ...], shape: tuple[int, ...]) -> GridSpec:
+    return GridSpec(Cell.from_parameters(*cell), shape)
+
+
+def grid_of(cell, shape) -> GridSpec:
+    """The whole-cell grid that six cell parameters (Å, degrees) and a shape name (cached).
+
+    Custom ops take a grid as these plain values, which a compiled graph can hold, and rebuild it here.
+    """
+    return _grid_of(tuple(cell), tuple(shape))

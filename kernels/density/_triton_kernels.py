@@ -992,3 +992,29 @@ def _splat_bwd_kernel(
     _store_position_grad(gxyz_ptr, p_ptr, ia, valid, gcx, gcy, gcz, True)
     tl.store(gb_ptr + ia, s_b, mask=valid)
     tl.store(gocc_ptr + ia, s_o, mask=valid)
+
+
+@triton.jit(do_not_specialize=("n_atoms",))
+def _splat_radii_kernel(
+    xyz_ptr,  # (N, 3) float32 or float64, Å
+    b_iso_ptr,  # (N,) float32, Å²
+    occ_ptr,  # (N,) float32
+    a_ptr,  # (N, 5) float32
+    b_ptr,  # (N, 5) float32, Å²
+    radius_ptr,  # (N,) float32, Å (written)
+    p_ptr,  # (41,) float64, the plan's constants
+    n_atoms,
+    BLOCK: tl.constexpr,
+):
+    """Each atom's cutoff radius exactly as :func:`_splat_fwd_kernel` computes and stores it for the backward.
+
+    The same inputs, masks (``ok``) and search per lane, so a backward launched on these radii gives the
+    gradients of a forward+backward bit for bit, without the splat (the streamed ensemble's second pass).
+    """
+    ia = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = ia < n_atoms
+    nx, ny, nz, _h00, _h11, _h22, _h01, _h02, _h12, _rx, _ry, _rz, _radius_all, cutoff = _plan_scalars(p_ptr)
+    _tx, _ty, _tz, _bx, _by, _bz, b_iso, _occ, ok = _atom_inputs(
+        xyz_ptr, b_iso_ptr, occ_ptr, p_ptr, ia, valid, nx, ny, nz
+    )
+    tl.store(radius_ptr + ia, _cutoff_radius(b_iso, a_ptr, b_ptr, ia, ok, cutoff, 80), mask=valid)

@@ -691,3 +691,45 @@ def _splat_cpu(
         _run_forward(out, xyz, frac, b_iso, occ, a, b, grid, radii, float(cutoff), plan, False)
         return out
     return _SplatFunction.apply(xyz, b_iso, occ, a, b, grid, radii, float(cutoff), plan, frac, n_frames)
+
+
+def map_vjp_cpu(
+    atoms: AtomSet,
+    grid: GridSpec,
+    grad: torch.Tensor,
+    *,
+    radius: float | None = None,
+    cutoff: float = DEFAULT_CUTOFF,
+    radius_rule: str = "gemmi",
+):
+    """Gradients of ``(grad · splat_cpu(atoms, grid)).sum()`` without the forward splat.
+
+    The C++ backward (the gather) reads only the kernel's atom set: it solves for the row intervals
+    the forward would have kept (the plan's ``keep_rows``) on its own, with bitwise the same
+    result. So this is bit for bit the gradients of a forward and its backward, for the cost of the
+    backward alone.
+
+    Parameters
+    ----------
+    atoms : AtomSet
+        As for :func:`splat_cpu` (their ``requires_grad`` is not read).
+    grid : GridSpec
+        Whole-cell grid.
+    grad : torch.Tensor, shape grid.shape
+        ∂L/∂map (read as float32).
+    radius, cutoff, radius_rule
+        As for :func:`splat_cpu`.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(g_xyz, g_b_iso, g_occ, g_u_aniso)``, float32: (N, 3), (N,), (N,), and (N, 6) for an
+        anisotropic set (None for an isotropic one).
+
+    Raises
+    ------
+    ValueError, kernels.GridError
+        As :func:`splat_cpu` raises for its inputs.
+    """
+    grads = _splat_cpu(atoms, grid, radius=radius, cutoff=cutoff, radius_rule=radius_rule, grad_of=grad)
+    return grads if len(grads) == 4 else (*grads, None)

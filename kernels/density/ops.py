@@ -29,24 +29,13 @@ values a graph can hold, from which the ops rebuild the grid (:func:`grid_of`, c
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from kernels._opdef import OpDef, register
-from kernels.crystal import AtomSet, Cell, GridSpec
+from kernels.crystal import AtomSet
+from kernels.grid import GridSpec, grid_of
 
-__all__ = ["splat_density_op", "grid_of"]
-
-
-@functools.lru_cache(maxsize=64)
-def _grid(cell: tuple[float, ...], shape: tuple[int, ...]) -> GridSpec:
-    return GridSpec(Cell.from_parameters(*cell), shape)
-
-
-def grid_of(cell, shape) -> GridSpec:
-    """The whole-cell grid an op's plain arguments name: six cell parameters (Å, degrees) and a shape (cached)."""
-    return _grid(tuple(cell), tuple(shape))
+__all__ = ["splat_density_op"]
 
 
 def _atoms(xyz, b_iso, occ, a, b, u_aniso=None, aniso=None, radiation="xray") -> AtomSet:

@@ -6,8 +6,9 @@ splats its chunks (:func:`kernels.density.ensemble._sum_frames`) and adds the ma
 chunk being splatted, the one prefetched and the one being read exist at once, plus the map.
 
 :func:`ensemble_gradients` is the backward of such a sum: given dL/dρ, a second pass over the
-frames recomputes each chunk's splat with autograd and hands its per-frame gradients to a callback
-or writes them into memory-mapped ``.npy`` files.
+frames runs the backend's backward alone on each chunk (its map vector-Jacobian product, no forward
+splat; the reference and registered backends recompute the chunk's splat with autograd) and hands
+its per-frame gradients to a callback or writes them into memory-mapped ``.npy`` files.
 
 Under a process group a :class:`~kernels.FrameSource` is split with :meth:`~kernels.FrameSource.share`
 (each rank reads only its share); an iterable is taken as this rank's own share.
@@ -30,10 +31,13 @@ from kernels.density._ensemble_parts import (
     CHUNK_ATOM_FRAMES,
     _check_group,
     _check_ranks_agree,
+    _check_values,
+    _checked_frames,
     _Plan,
     _rank,
     _real_weight,
     _sum_frames,
+    _weighted,
 )
 from kernels.density.frames import DEFAULT_CHUNK_BYTES, FrameSource, frame_share, whole_chunk
 from kernels.density.radius import DEFAULT_CUTOFF
@@ -348,14 +352,21 @@ def ensemble_gradients(
     For ρ = Σ_f w·map_f (what :func:`kernels.splat_ensemble` gives with ``reduce="sum"``) and a
     loss L(ρ) whose gradient ``map_grad`` = ∂L/∂ρ you have (e.g. ``torch.autograd.grad(loss, rho)``
     on the map alone), the gradient of L with respect to frame f's positions is
-    ∂L/∂xyz[f] = w·(∂map_f/∂xyz[f])ᵀ ``map_grad``: it needs only frame f and ``map_grad``. So a
-    second pass over the frames recomputes each chunk's splat with autograd, runs one backward
-    per chunk, and hands the chunk's gradients on; they equal the autograd gradients of the
-    tensor path (``xyz.grad`` after ``(rho * map_grad).sum().backward()``) within the backend's
-    summation order, and no more than a few chunks of frames and gradients exist at once.
+    ∂L/∂xyz[f] = w·(∂map_f/∂xyz[f])ᵀ ``map_grad``: it needs only frame f and ``map_grad``, not
+    the forward's map. So a second pass over the frames runs the backend's backward alone on each
+    chunk (``map_vjp_cpu``, ``map_vjp_triton``: the backward kernel, with each atom's cutoff radius
+    computed as the forward computes it) and hands the chunk's gradients on; no more than a few
+    chunks of frames and gradients exist at once. They equal the autograd gradients of the tensor
+    path (``xyz.grad`` after ``(rho * map_grad).sum().backward()``) bit for bit on the cpu and triton
+    backends (each atom's gradient is its own sum over its voxels, whichever frames share a call),
+    within summation order on the others. The reference backend and registered backends have no
+    backward of their own:
+    for them each chunk's splat is recomputed with autograd (a forward and a backward per chunk).
 
-    Cost: every frame is read (or generated) a second time, and each chunk costs one forward and
-    one backward of the backend (about the forward+backward rate of the tensor path).
+    Cost: every frame is read (or generated) a second time, and each chunk costs one backward of
+    the backend (plus, for per-atom radii on Triton, one small per-atom launch), so a streamed
+    forward and its second pass cost about what the tensor path's forward+backward costs, plus the
+    second read of the frames.
 
     Parameters
     ----------
@@ -426,6 +437,7 @@ def ensemble_gradients(
         b_iso=atoms.b_iso.detach(), occ=atoms.occ.detach(),
         u_aniso=None if atoms.u_aniso is None else atoms.u_aniso.detach(), _validate=False,
     )  # fmt: skip
+    vjp = _map_vjp(plan.name)
     warned = False
     with (
         _bar(progress, stream.mine, "ensemble_gradients", process_group) as bar,
@@ -433,21 +445,82 @@ def ensemble_gradients(
     ):
         for first, c in chunks:
             f = c.shape[0]
-            x = c.detach().requires_grad_("xyz" in wrt)  # a tensor of its own: the caller's chunk stays as it is
-            b = const.b_iso.expand(f, n).clone().requires_grad_() if "b_iso" in wrt else None
-            o = const.occ.expand(f, n).clone().requires_grad_() if "occ" in wrt else None
             w = None if weight == 1.0 else torch.full((f,), weight, dtype=atoms.dtype, device=atoms.device)
-            with torch.enable_grad():
-                rho, small = _sum_frames(const, x, plan, w, b, o, None, 0, f, None, warn_small=not warned)
-                asked = {"xyz": x, "b_iso": b, "occ": o}
-                grads = torch.autograd.grad(rho, [asked[name] for name in wrt], grad_outputs=map_grad)
+            if vjp is not None:
+                grads, small = _backward_only(vjp, const, c, plan, w, wrt, map_grad, first, warn_small=not warned)
+            else:
+                grads, small = _recomputed(const, c, plan, w, wrt, map_grad, warn_small=not warned)
             warned |= small
-            del rho, x, b, o
-            write(first, first + f, dict(zip(wrt, grads)))
+            del c
+            write(first, first + f, grads)
             del grads
     if path is not None:
         write.finish()
     return path
+
+
+#: Backends with a map vector-Jacobian product (the backward alone: ``fn(atoms, grid, grad, *, radius, cutoff,
+#: radius_rule) -> (g_xyz, g_b_iso, g_occ, g_u_aniso)``), as "module:function". The others (the reference, a
+#: registered backend) recompute each chunk's splat with autograd in the second pass.
+_MAP_VJP = {
+    "cpu": "kernels.density.cpu:map_vjp_cpu",
+    "triton": "kernels.density.triton:map_vjp_triton",
+}
+
+
+def _map_vjp(name: str):
+    """Backend ``name``'s map vector-Jacobian product, or None where the second pass recomputes the forward."""
+    path = _MAP_VJP.get(name)
+    if path is None:
+        return None
+    import importlib
+
+    module, fn = path.split(":")
+    return getattr(importlib.import_module(module), fn)
+
+
+def _backward_only(vjp, atoms: AtomSet, c, plan: _Plan, w, wrt, map_grad, first: int, warn_small: bool):
+    """(grads of chunk ``c`` by name, small?) from ``vjp`` on the chunk's flattened, weighted atoms: no forward.
+
+    The chain rule autograd applies to the tensor path's flattening is applied here: the weight to the
+    occupancy's gradient, and each gradient cast to the atoms' dtype; the chunk's host checks and its
+    warning of atoms below the grid spacing are those of the forward (:func:`_sum_frames`).
+    """
+    f, n = c.shape[0], len(atoms)
+    if atoms.device.type == "cpu":
+        _check_values(atoms, c, None, None, n, None, f)
+    found = []
+    frames = _checked_frames(
+        atoms, c, None, None, None, 0, f, plan.blur, plan.radius, plan.cutoff, plan.grid, plan.radius_rule, found
+    )
+    if found and warn_small:
+        from kernels.density import _warn_small
+
+        _warn_small(frames, found[0][0], plan.cutoff, plan.grid, n, first)
+    frames = _weighted(frames, w, 0, f, n)
+    g_xyz, g_b, g_occ, _ = vjp(
+        frames, plan.grid, map_grad, radius=plan.radius, cutoff=plan.cutoff, radius_rule=plan.radius_rule
+    )
+    del frames
+    dtype = atoms.dtype
+    grads = {"xyz": g_xyz.to(c.dtype).reshape(f, n, 3), "b_iso": g_b.to(dtype).reshape(f, n)}
+    if "occ" in wrt:
+        g_occ = g_occ.to(dtype).reshape(f, n)
+        grads["occ"] = g_occ if w is None else g_occ * w[:, None]
+    return {name: grads[name] for name in wrt}, bool(found)
+
+
+def _recomputed(atoms: AtomSet, c, plan: _Plan, w, wrt, map_grad, warn_small: bool):
+    """(grads of chunk ``c`` by name, small?) by autograd of the chunk's splat, recomputed (any backend)."""
+    f, n = c.shape[0], len(atoms)
+    x = c.detach().requires_grad_("xyz" in wrt)  # a tensor of its own: the caller's chunk stays as it is
+    b = atoms.b_iso.expand(f, n).clone().requires_grad_() if "b_iso" in wrt else None
+    o = atoms.occ.expand(f, n).clone().requires_grad_() if "occ" in wrt else None
+    with torch.enable_grad():
+        rho, small = _sum_frames(atoms, x, plan, w, b, o, None, 0, f, None, warn_small=warn_small)
+        asked = {"xyz": x, "b_iso": b, "occ": o}
+        grads = torch.autograd.grad(rho, [asked[name] for name in wrt], grad_outputs=map_grad)
+    return dict(zip(wrt, grads)), small
 
 
 class _NpyWriter:

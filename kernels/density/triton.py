@@ -97,9 +97,9 @@ from kernels.density._triton_kernels import (
     _splat_bwd_kernel,
     _splat_fwd_kernel,
 )
-from kernels.density.ops import grid_of
 from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES, cutoff_radius
 from kernels.dispatch import BackendError, triton_interpreted
+from kernels.grid import grid_of
 
 __all__ = ["splat_triton", "splat_frames_triton"]
 
@@ -784,3 +784,86 @@ def splat_frames_triton(
         )
     device, radius, cutoff = _check_call(atoms, grid, radius, cutoff, "splat_frames_triton", radius_rule)
     return _splat(atoms, _plan(grid, radius, cutoff, device), n_frames=n_frames, radius_rule=radius_rule)
+
+
+# --------------------------------------------------------------------------- the backward alone
+
+
+def map_vjp_triton(
+    atoms: AtomSet,
+    grid: GridSpec,
+    grad: torch.Tensor,
+    *,
+    radius: float | None = None,
+    cutoff: float = DEFAULT_CUTOFF,
+    radius_rule: str = "gemmi",
+):
+    """Gradients of ``(grad · splat_triton(atoms, grid)).sum()`` without the forward splat.
+
+    The backward kernel needs of the forward only each atom's cutoff radius: a fixed ``radius`` is the
+    plan's, per-atom radii come from a launch that computes them as the forward kernel does (for
+    anisotropic and neutron sets: the first launch of the deterministic forward, which computes them
+    by the same device function as the splat). So the result is bit for bit what
+    ``torch.autograd.grad`` of a forward gives, at the cost of the backward alone (and one cheap
+    per-atom launch).
+
+    Parameters
+    ----------
+    atoms : AtomSet
+        As for :func:`splat_triton` (their ``requires_grad`` is not read).
+    grid : GridSpec
+        Whole-cell grid.
+    grad : torch.Tensor, shape grid.shape
+        ∂L/∂map, on the atoms' device (read as float32).
+    radius, cutoff, radius_rule
+        As for :func:`splat_triton`.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(g_xyz, g_b_iso, g_occ, g_u_aniso)``: (N, 3) in xyz's dtype (float64 stays float64), (N,),
+        (N,), and (N, 6) for an anisotropic or neutron set (None for an isotropic X-ray or electron
+        set), float32, on the atoms' device; as :func:`splat_triton`'s backward gives them.
+    """
+    device, radius, cutoff = _check_call(atoms, grid, radius, cutoff, "map_vjp_triton", radius_rule)
+    plan = _plan(grid, radius, cutoff, device)
+    g = _float32_contiguous(grad.detach())
+    if atoms.u_aniso is not None or atoms.radiation == "neutron":
+        xyz, u, aniso, b_iso, occ, a, b = (t.detach() for t in _kernel_inputs_aniso(atoms))
+        call = (plan, 1, plan.shape, _aniso_rule(plan, radius_rule), atoms.radiation == "neutron")
+        radii = _aniso_radii_alone(plan, xyz, u, aniso, b_iso, occ, a, b, call[3], call[4])
+        g_xyz, g_u, g_b, g_occ = _aniso_backward(call, g, xyz, u, aniso, b_iso, occ, a, b, radii)
+        return g_xyz, g_b, g_occ, g_u
+    xyz, b_iso, occ, a, b = (t.detach() for t in _kernel_inputs(atoms))
+    radii = _radii_alone(plan, xyz, b_iso, occ, a, b) if plan.per_atom else b_iso
+    return (*_iso_backward((plan, 1, plan.shape), g, xyz, b_iso, occ, a, b, radii), None)
+
+
+def _radii_alone(plan: _Plan, xyz, b_iso, occ, a, b) -> torch.Tensor:
+    """(N,) float32 per-atom radii as the isotropic forward writes them (``_splat_radii_kernel``)."""
+    from kernels.density._triton_kernels import _splat_radii_kernel
+
+    n = xyz.shape[0]
+    out = torch.empty(n, dtype=torch.float32, device=xyz.device)
+    if n:
+        block = _scale_block(xyz.device)
+        _splat_radii_kernel[(ceil_div(n, block),)](xyz, b_iso, occ, a, b, out, plan.params, n, BLOCK=block, num_warps=4)
+    return out
+
+
+def _aniso_radii_alone(plan: _Plan, xyz, u, aniso, b_iso, occ, a, b, rule: int, neutron: bool) -> torch.Tensor:
+    """(N,) float32 radii as the anisotropic forward writes them: the deterministic forward's first launch
+    (its exponent goes to a scratch slot); ``b_iso`` itself under a fixed radius (rule 0: not read)."""
+    n = xyz.shape[0]
+    if not rule or not n:
+        return b_iso
+    device = xyz.device
+    radii = torch.empty(n, dtype=torch.float32, device=device)
+    fix = torch.zeros(1, dtype=torch.int64, device=device)
+    block = _scale_block(device)
+    _aniso_fixed_scale_launch(
+        (ceil_div(n, block), 1, 1), (block, rule, neutron, xyz.dtype, device.index),
+        (xyz, u, aniso.view(torch.uint8), b_iso, occ, a, b, radii, plan.params, fix, n, block, rule, neutron),
+        device, 4,
+    )  # fmt: skip
+    return radii
