@@ -1,7 +1,8 @@
-"""The torchref density splats the eager benchmark compares against, loaded from their wheels.
+"""The torchref density splats the benchmarks compare against, loaded from their wheels.
 
-Both releases are the package ``torchref``; each is installed into its own directory
-(``pip install --no-deps --target DIR torchref-X-py3-none-any.whl``) and loaded from there:
+Every release is the package ``torchref``; each is installed into its own directory
+(``pip install --no-deps --target DIR torchref-X-py3-none-any.whl``, with
+``torchref_kernels-0.1.0-…whl`` beside 0.7.0 and 0.8 for their CPU path) and loaded from there:
 
 - 0.5.3.3: ``torchref/base/kernels/separable_triton_kernel.py`` imports only torch and triton;
   it is loaded as a stand-alone module under a private name, so it never enters
@@ -21,6 +22,12 @@ Units and conventions (read from the wheels' sources): positions in Å, ``b`` th
 → Cartesian (our ``cell.orth``). 0.5.3.3 splats every atom to one radius in Å; 0.7.0 to a
 per-atom radius ``clamp(ceil_0.25(n_sigma · sqrt((max_k B_k + b) / 8π²)), 2, 7)`` Å from
 ``radius_policy.per_atom_radius_iso``.
+
+- 0.8 ("0.8.x", the repository's main at 26e407e; not on the registry, so the benchmarks are handed a
+  wheel of it): the same radius policy and Triton kernels as 0.7.0, behind the ``torch.library``
+  operators ``torch.ops.torchref.splat_{iso,aniso}_{fwd,bwd}``, whose CPU kernel is the Rust package
+  ``torchref-kernels``; see :func:`load_torchref_08`. Anisotropic atoms carry U (N, 6) as
+  U11, U22, U33, U12, U13, U23 in Å², Cartesian, as ours do.
 """
 
 from __future__ import annotations
@@ -35,6 +42,16 @@ import torch
 _SEPARABLE = "torchref/base/kernels/separable_triton_kernel.py"
 _VARIABLE = "torchref.base.electron_density.kernels.cuda.variable_radius"
 _RADIUS = "torchref.base.electron_density.radius_policy"
+#: The packages above the kernel modules, created without running their ``__init__``.
+_PACKAGES = (
+    "torchref",
+    "torchref.base",
+    "torchref.utils",
+    "torchref.base.targets",
+    "torchref.base.electron_density",
+    "torchref.base.electron_density.kernels",
+    "torchref.base.electron_density.kernels.cuda",
+)
 
 
 def _root(directory: str | Path, version: str) -> Path:
@@ -113,15 +130,7 @@ def load_torchref_070(directory: str | Path):
     before = {m.partition(".")[0] for m in sys.modules}
     added = []
     try:
-        for pkg in (
-            "torchref",
-            "torchref.base",
-            "torchref.utils",
-            "torchref.base.targets",
-            "torchref.base.electron_density",
-            "torchref.base.electron_density.kernels",
-            "torchref.base.electron_density.kernels.cuda",
-        ):
+        for pkg in _PACKAGES:
             _stub_package(pkg, root)
             added.append(pkg)
         variable = importlib.import_module(_VARIABLE)
@@ -151,16 +160,7 @@ def load_torchref_070(directory: str | Path):
 
 _CPU_SPLAT = "torchref.base.electron_density.kernels.cpu.sphere_splat"
 _OPS = "torchref.base.electron_density.ops"
-_PACKAGES_08 = (
-    "torchref",
-    "torchref.base",
-    "torchref.utils",
-    "torchref.base.targets",
-    "torchref.base.electron_density",
-    "torchref.base.electron_density.kernels",
-    "torchref.base.electron_density.kernels.cuda",
-    "torchref.base.electron_density.kernels.cpu",
-)
+_PACKAGES_08 = (*_PACKAGES, "torchref.base.electron_density.kernels.cpu")
 
 
 def park_torchref(tag: str) -> list[str]:
