@@ -274,6 +274,10 @@ def main(argv=None) -> int:
         "computed outside the timed call; equal accuracy: relative L2 against gemmi at cutoff 1e-7 at most ours",
         "conditions": {},
     }
+    if args.out is None:
+        tag = "smoke" if args.smoke else "devvm"
+        args.out = ROOT / "benchmarks" / "results" / f"peers_cpu_{tag}_{date.date()}.json"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     setups = []
     for name in args.structures:
         try:
@@ -298,13 +302,8 @@ def main(argv=None) -> int:
             _print(condition, row)
         for key, t in entry["targets"].items():
             print(f"  target 3wip {key}: {t['value']:.2f} ({t['target']}) {'pass' if t['pass'] else 'FAIL'}")
-    if args.out is None:
-        args.out = (
-            ROOT / "benchmarks" / "results" / f"peers_cpu_{'smoke' if args.smoke else 'devvm'}_{date.date()}.json"
-        )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {args.out}")
+        args.out.write_text(json.dumps(report, indent=1) + "\n")  # after each condition: a long run keeps what it has
+        print(f"wrote {args.out}", flush=True)
     if args.smoke:
         ok = all(r["peer_over_ours_p50"] for c in report["conditions"].values() for r in c["results"])
         print("smoke:", "ok" if ok and "errors" not in report else "FAILED")
