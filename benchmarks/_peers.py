@@ -353,13 +353,25 @@ def equal_accuracy_search(make, settings, accuracy, target: float) -> dict:
     -------
     dict
         ``tried`` ([setting, accuracy] pairs, in order, stopping at the first that reaches ``target``),
-        ``setting`` (the chosen one), ``accuracy`` (its), ``reached`` (whether it is ≤ ``target``).
+        ``failed`` ([setting, error] of those that raised), ``setting`` (the chosen one), ``accuracy``
+        (its), ``reached`` (whether it is ≤ ``target``), ``target``.
+
+    Raises
+    ------
+    RuntimeError
+        No setting ran.
     """
-    tried = []
+    tried, failed = [], []
     for s in settings:
-        err = float(accuracy(make(s)))
+        try:
+            err = float(accuracy(make(s)))
+        except Exception as exc:  # a setting the peer cannot run is recorded; the others still count
+            failed.append([s, f"{type(exc).__name__}: {exc}"[:300]])
+            continue
         tried.append([s, err])
         if err <= target:
-            return {"tried": tried, "setting": s, "accuracy": err, "reached": True, "target": target}
+            return {"tried": tried, "failed": failed, "setting": s, "accuracy": err, "reached": True, "target": target}
+    if not tried:
+        raise RuntimeError(f"no setting of {list(settings)} ran: {failed}")
     s, err = min(tried, key=lambda t: t[1])
-    return {"tried": tried, "setting": s, "accuracy": err, "reached": False, "target": target}
+    return {"tried": tried, "failed": failed, "setting": s, "accuracy": err, "reached": False, "target": target}
