@@ -29,6 +29,15 @@ each call, ~1 µs of host time), i.e. the fixed-point forward of docs/kernels.md
 record has its accuracy, whether two calls gave bitwise equal maps, and its ratios to ``ours`` against
 issue 36's targets (forward ≤ 1.5×, ≤ 2× on ``3wip-hiB``; forward+backward ≤ 1.3×).
 
+Part ``peers`` (issue 36 part 3, ``--parts peers``): ours against every torchref peer, the newest included
+(its repository at 26e407e, "0.8.x", ``--peer08 DIR``: the same Triton kernels as 0.7.0 behind
+``torch.ops.torchref.splat_*``), isotropic on 1aki, 5h73, 3wip and 3wip-hiB and anisotropic (synthetic U,
+``_structures.anisotropic_model``) on the first three; each peer at its default (0.5.3.3: 4 Å; 0.7.0 and
+0.8: 3σ) and at equal accuracy: the cheapest radius or σ whose relative L2 against the float64 reference
+(cutoff 1e-7) is at most ours, else the most accurate one (``_peers.equal_accuracy_search``; the JSON keeps
+every setting tried). Eager only (CUDA events, median of ``--reps``), all interleaved; targets: ≥ 2×
+forward and ≥ 1.5× forward+backward at defaults, ≥ 3× both at equal accuracy.
+
 Planarity (``kernels.planarity_nll``, 3wip's planes) and tricubic (``kernels.tricubic_sample``,
 10⁵ and 10⁷ random points in 3wip's 0.667 Å map, points and map requiring grad) the same way:
 eager, host, graph, floor.
@@ -43,6 +52,7 @@ Usage::
 
     python benchmarks/bench_eager.py --peer053 DIR053 --peer070 DIR070 [--out X.json]
         [--parts density planarity tricubic] [--reps 50] [--deterministic]
+    python benchmarks/bench_eager.py --parts peers --peer053 DIR053 --peer070 DIR070 --peer08 DIR08 [--out X.json]
     TRITON_INTERPRET=1 python benchmarks/bench_eager.py --smoke [--peer053 ...]   # CPU check, tiny inputs
 """
 
