@@ -29,6 +29,15 @@ each call, ~1 µs of host time), i.e. the fixed-point forward of docs/kernels.md
 record has its accuracy, whether two calls gave bitwise equal maps, and its ratios to ``ours`` against
 issue 36's targets (forward ≤ 1.5×, ≤ 2× on ``3wip-hiB``; forward+backward ≤ 1.3×).
 
+Part ``peers`` (issue 36 part 3, ``--parts peers``): ours against every torchref peer, the newest included
+(its repository at 26e407e, "0.8.x", ``--peer08 DIR``: the same Triton kernels as 0.7.0 behind
+``torch.ops.torchref.splat_*``), isotropic on 1aki, 5h73, 3wip and 3wip-hiB and anisotropic (synthetic U,
+``_structures.anisotropic_model``) on the first three; each peer at its default (0.5.3.3: 4 Å; 0.7.0 and
+0.8: 3σ) and at equal accuracy: the cheapest radius or σ whose relative L2 against the float64 reference
+(cutoff 1e-7) is at most ours, else the most accurate one (``_peers.equal_accuracy_search``; the JSON keeps
+every setting tried). Eager only (CUDA events, median of ``--reps``), all interleaved; targets: ≥ 2×
+forward and ≥ 1.5× forward+backward at defaults, ≥ 3× both at equal accuracy.
+
 Planarity (``kernels.planarity_nll``, 3wip's planes) and tricubic (``kernels.tricubic_sample``,
 10⁵ and 10⁷ random points in 3wip's 0.667 Å map, points and map requiring grad) the same way:
 eager, host, graph, floor.
@@ -43,6 +52,7 @@ Usage::
 
     python benchmarks/bench_eager.py --peer053 DIR053 --peer070 DIR070 [--out X.json]
         [--parts density planarity tricubic] [--reps 50] [--deterministic]
+    python benchmarks/bench_eager.py --parts peers --peer053 DIR053 --peer070 DIR070 --peer08 DIR08 [--out X.json]
     TRITON_INTERPRET=1 python benchmarks/bench_eager.py --smoke [--peer053 ...]   # CPU check, tiny inputs
 """
 
@@ -51,6 +61,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -64,7 +75,7 @@ if str(ROOT) not in sys.path:
 import kernels  # noqa: E402
 from benchmarks import _eager as E  # noqa: E402
 from benchmarks import _peers  # noqa: E402
-from benchmarks._structures import model  # noqa: E402
+from benchmarks._structures import anisotropic_model, model  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
 
 SPACING = 2.0 / 3.0
@@ -79,7 +90,7 @@ TARGETS = {
     "eager_over_floor": ("<=", 1.3),
     "host_over_floor": ("<=", 1.3),
 }
-TIME_LIMITS = {"density": 300.0, "planarity": 60.0, "tricubic": 120.0}
+TIME_LIMITS = {"density": 300.0, "planarity": 60.0, "tricubic": 120.0, "peers": 200.0}
 # Issue 36: the deterministic eager call against the default one (the high-B cell has its own bound).
 DETERMINISTIC_TARGETS = {"fwd": 1.5, "fwd_bwd": 1.3}
 DETERMINISTIC_FWD_HIGH_B = 2.0
@@ -407,6 +418,223 @@ def load_peers(args) -> dict:
     return peers
 
 
+# ----------------------------------------------------------------------------------------------
+# Part "peers" (issue 36 part 3): the newest torchref beside the older ones, isotropic and
+# anisotropic, at their defaults and at equal accuracy
+# ----------------------------------------------------------------------------------------------
+
+PEER_ISO_CASES = ("1aki", "5h73", "3wip", "3wip-hiB")
+PEER_ANISO_CASES = ("1aki", "5h73", "3wip")
+#: Issue 36's GPU eager targets against every peer: at defaults, and at equal accuracy.
+PEER_TARGETS = {"default": {"fwd": 2.0, "fwd_bwd": 1.5}, "equal_accuracy": {"fwd": 3.0, "fwd_bwd": 3.0}}
+
+
+def load_newest_peer(args, peers: dict) -> None:
+    """Add torchref 0.8 (26e407e, ``--peer08``) to ``peers``; 0.7.0, when loaded, is moved aside first
+    (the newest resolves its kernels by the name ``torchref``; 0.7.0's functions keep working)."""
+    key = "torchref 0.8 (26e407e)"
+    if not args.peer08:
+        peers[key] = {"error": "not run: no --peer08 DIR"}
+        return
+    _peers.park_torchref("070")
+    try:
+        p = _peers.load_torchref_08(args.peer08)
+        peers[key] = {"module": p["cuda"], "radius_policy": p["radius_policy"], "cpu": p["cpu"],
+                      "torchref_kernels": p["torchref_kernels"], "cpu_error": p["cpu_error"]}  # fmt: skip
+    except Exception as exc:
+        peers[key] = E.error_record(exc)
+
+
+def _first_atoms(a: AtomSet, n: int) -> AtomSet:
+    """The first ``n`` atoms of ``a`` (U and flags included)."""
+    u = None if a.u_aniso is None else a.u_aniso[:n]
+    flag = None if a.aniso is None else a.aniso[:n]
+    return AtomSet(a.xyz[:n], a.b_iso[:n], a.occ[:n], a.a[:n], a.b[:n], a.elements[:n], a.labels[:n],
+                   u_aniso=u, aniso=flag)  # fmt: skip
+
+
+def _peer_settings(pname: str) -> tuple[float, tuple, str]:
+    """(default, search values, unit) of a peer's truncation setting."""
+    if pname.startswith("torchref 0.5.3.3"):
+        return _peers.TORCHREF053_RADIUS_DEFAULT, _peers.TORCHREF053_RADII, "radius_A"
+    return _peers.TORCHREF_SIGMA_DEFAULT, _peers.TORCHREF_SIGMAS, "n_sigma"
+
+
+def _peer_call(pname: str, peer: dict, atoms: AtomSet, grid: GridSpec, setting: float, aniso: bool):
+    if pname.startswith("torchref 0.5.3.3"):
+        return _peers.torchref053_call(peer["module"], atoms, grid, radius=setting)
+    return _peers.torchref_call(peer["module"], peer["radius_policy"], atoms, grid, n_sigma=setting, aniso=aniso)
+
+
+def newest_peers_case(name: str, aniso: bool, device: torch.device, peers: dict, args, deadline: E.Deadline) -> dict:
+    """Ours and every peer (at its default and at the setting that matches our accuracy), eager, interleaved."""
+    if aniso:
+        m = anisotropic_model(name)
+        atoms64, cell = m.atoms, m.cell
+        what = f"{name}: {len(atoms64)} atoms, anisotropic ({'ANISOU' if model(name).atoms.u_aniso is not None else 'synthetic U'})"
+        if args.smoke:
+            atoms64, what = _first_atoms(atoms64, 40), what + "; smoke: first 40 atoms"
+    else:
+        atoms64, cell, what = _structure_atoms(name, args.smoke)
+    spacing = 2.0 if args.smoke else SPACING
+    grid = GridSpec.for_spacing(cell, spacing)
+    case = f"{name} {'aniso' if aniso else 'iso'}"
+    res: dict = {"case": case, "what": what, "atoms": len(atoms64), "grid": list(grid.shape), "spacing": spacing}
+    print(f"\n== peers {case}: {what}, grid {grid.shape}", flush=True)
+    ref = kernels.splat_density(atoms64.to(device), grid, backend="reference", cutoff=1e-7)
+    base = atoms64.to(device, torch.float32)
+    adp = base.u_aniso if aniso else base.b_iso
+    leaves = [base.xyz.clone().requires_grad_(), adp.clone().requires_grad_(), base.occ.clone().requires_grad_()]
+    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(0)).to(device)
+    if aniso:
+        atoms = base.replace(xyz=leaves[0], u_aniso=leaves[1], occ=leaves[2])
+    else:
+        atoms = AtomSet(*leaves, base.a, base.b, _validate=False)  # built once, as a refinement loop does
+    fwd, fwd_bwd = _fwd_and_fwd_bwd(lambda *_: kernels.splat_density(atoms, grid), leaves, upstream)
+    ours_acc = _rel_l2(fwd(), ref)
+    res["ours"] = {"rel_l2_vs_float64_reference": ours_acc}
+    impls = {"ours": (fwd, fwd_bwd)}
+    res["peers"] = {}
+    for pname, peer in peers.items():
+        if "error" in peer or (aniso and pname.startswith("torchref 0.5.3.3")):
+            res["peers"][pname] = {"error": peer.get("error", "no anisotropic splat in this release")}
+            continue
+        default, settings, unit = _peer_settings(pname)
+        try:
+
+            def make(s, pname=pname, peer=peer):
+                fn, _ = _peer_call(pname, peer, base, grid, s, aniso)
+                with torch.no_grad():
+                    return fn(base.xyz, adp, base.occ)
+
+            search = _peers.equal_accuracy_search(make, settings, lambda x: _rel_l2(x, ref), ours_acc)
+            short = pname.removesuffix(" add_isotropic_cuda_var")  # 0.7.0's key names its iso call
+            for label, s in (("default", default), ("equal_accuracy", search["setting"])):
+                fn, radius = _peer_call(pname, peer, base, grid, s, aniso)
+                pf, pfb = _fwd_and_fwd_bwd(fn, leaves, upstream)
+                rec = {unit: s, "radius": radius, "rel_l2_vs_float64_reference": _rel_l2(pf(), ref)}
+                if label == "equal_accuracy":
+                    rec["search"] = search
+                pfb()
+                res["peers"][f"{short} {label}"] = rec
+                impls[f"{short} {label}"] = (pf, pfb)
+        except Exception as exc:  # a peer that fails is a result
+            res["peers"][pname] = E.error_record(exc)
+        deadline.check()
+    if args.smoke and device.type == "cpu" and "torchref 0.8 (26e407e)" in peers:
+        res["triton_interpreter_check"] = _check_newest_triton(peers["torchref 0.8 (26e407e)"], base, adp, grid, aniso)
+    for i, what in enumerate(("fwd", "fwd_bwd")):  # eager only: the targets are eager; host and graph in "density"
+        timed = E.measure_side_by_side({n: f[i] for n, f in impls.items()}, device, args.reps, graph=False, host=False)
+        for n, stats in timed.items():
+            (res["ours"] if n == "ours" else res["peers"][n])[what] = stats
+        deadline.check()
+    res["targets"] = _newest_peer_targets(res)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+def _check_newest_triton(peer: dict, atoms: AtomSet, adp: torch.Tensor, grid: GridSpec, aniso: bool) -> dict:
+    """Off CUDA the operators dispatch to the CPU kernel; call 0.8's Triton forward directly (under
+    ``TRITON_INTERPRET=1``) at 3σ and compare it with the dispatched map, to check the GPU adapter's inputs."""
+    if "error" in peer:
+        return {"error": peer["error"]}
+    try:
+        pol, f32 = peer["radius_policy"], torch.float32
+        r = (pol.per_atom_radius_aniso(atoms.b, adp, n_sigma=3.0) if aniso
+             else pol.per_atom_radius_iso(adp, atoms.b, n_sigma=3.0))  # fmt: skip
+        frac, orth = grid.cell.frac.to(f32), grid.cell.orth.to(f32)
+        zero = torch.zeros(grid.shape, dtype=f32)
+        kern = peer["module"].aniso_fwd if aniso else peer["module"].iso_fwd
+        with torch.no_grad():
+            tri = kern(zero, atoms.xyz, adp, atoms.occ, atoms.a, atoms.b, r * r, frac, orth)
+            fn, _ = _peers.torchref_call(peer["module"], pol, atoms, grid, n_sigma=3.0, aniso=aniso)
+            disp = fn(atoms.xyz, adp, atoms.occ)
+        return {"rel_l2_triton_vs_dispatched": float((tri - disp).norm() / disp.norm())}
+    except Exception as exc:
+        return E.error_record(exc)
+
+
+def interpreter_shims(modules) -> list[str]:
+    """Let Triton's interpreter run the torchref kernels, for the CPU check of their adapters (``--smoke``).
+
+    Two things those kernels use run compiled but not interpreted (``TRITON_INTERPRET=1``):
+
+    - ``tl.extra.cuda.libdevice.{ceil,floor,round}``: the interpreter patches ``triton.language`` and its
+      ``math`` for Python execution, not ``libdevice`` ("Did you forget to add @triton.jit?"); they are
+      pointed at ``tl.math.ceil``/``floor`` and ``floor(x + 0.5)`` (libdevice rounds halves away from
+      zero: the same for the non-negative values those kernels round, but for exact halves);
+    - module-level ``tl.constexpr`` floats (``PI_SQ`` …) times a tensor stay a constexpr holding the
+      tensor, which ``tl.exp`` rejects; in each of ``modules`` they become plain floats.
+
+    Never used on a GPU. Returns what was replaced.
+    """
+    import triton.language as tl
+    from triton.language.extra.cuda import libdevice
+
+    # looked up at each call: the interpreter patches tl.math's functions only while a kernel runs
+    libdevice.ceil = lambda x: tl.math.ceil(x)
+    libdevice.floor = lambda x: tl.math.floor(x)
+    libdevice.round = lambda x: tl.math.floor(x + 0.5)
+    done = ["libdevice.ceil", "libdevice.floor", "libdevice.round"]
+    for mod in modules:
+        for k, v in list(vars(mod).items()):
+            if isinstance(v, tl.constexpr) and isinstance(v.value, float):
+                setattr(mod, k, v.value)
+                done.append(f"{mod.__name__}.{k}")
+    return done
+
+
+def _newest_peer_targets(res: dict) -> dict:
+    """Peer over ours, eager medians, against :data:`PEER_TARGETS` (each peer, setting and op)."""
+    out = {}
+    for key, p in res["peers"].items():
+        label = "equal_accuracy" if key.endswith(" equal_accuracy") else "default"
+        for what in ("fwd", "fwd_bwd"):
+            if what not in p:
+                continue
+            ratio = _ratio(_med(p[what]), _med(res["ours"].get(what, {})))
+            bound = PEER_TARGETS[label][what]
+            out[f"{key} {what}"] = {"value": ratio, "target": f">= {bound}",
+                                    "pass": None if ratio is None else ratio >= bound}  # fmt: skip
+    return out
+
+
+def run_newest_peers(rec: dict, device: torch.device, peers: dict, args, deadline: E.Deadline) -> None:
+    """Part "peers": every isotropic case, then the anisotropic ones, each case's record appended as it ends."""
+    iso = args.peer_cases or list(PEER_ISO_CASES)
+    if args.smoke:
+        iso = iso[:1]
+    aniso = [c for c in iso if c in PEER_ANISO_CASES]
+    for name, an in [(c, False) for c in iso] + [(c, True) for c in aniso]:
+        try:
+            rec["cases"].append(newest_peers_case(name, an, device, peers, args, deadline))
+        except E.PartTimeout:
+            raise
+        except Exception as exc:
+            rec["cases"].append({"case": f"{name} {'aniso' if an else 'iso'}", **E.error_record(exc)})
+        _print_newest_peers(rec["cases"][-1])
+
+
+def _print_newest_peers(c: dict) -> None:
+    if "error" in c and "ours" not in c:
+        print(f"{c['case']}: error {c['error'][:200]}", flush=True)
+        return
+    print(f"{'case':16s} {'impl':44s} {'setting':>8s} {'fwd':>8s} {'f+b':>8s}  rel. L2", flush=True)
+    for impl, r in [("ours", c["ours"])] + list(c["peers"].items()):
+        if "error" in r and "fwd" not in r:
+            print(f"{c['case']:16s} {impl[:44]:44s} error: {r['error'][:80]}")
+            continue
+        setting = r.get("n_sigma", r.get("radius_A"))
+        cells = [_fmt(_med(r.get(w, {})), "8.3f") for w in ("fwd", "fwd_bwd")]
+        print(f"{c['case']:16s} {impl[:44]:44s} {_fmt(setting, '8.2f')} {' '.join(cells)}  "
+              f"{_fmt(r.get('rel_l2_vs_float64_reference'), '9.2e')}")  # fmt: skip
+    for tname, t in c.get("targets", {}).items():
+        print(f"{'':16s}   {tname:60s} {_fmt(t['value'], '7.2f')} (target {t['target']}) {_pf(t)}")
+    if "triton_interpreter_check" in c:
+        print(f"{'':16s}   0.8 Triton forward (interpreter) vs dispatched: {c['triton_interpreter_check']}")
+
+
 def _fmt(x: float | None, spec: str = "7.3f") -> str:
     return format(x, spec) if isinstance(x, (int, float)) else " " * (int(spec.split(".")[0]) - 2) + "--"
 
@@ -447,6 +675,7 @@ def print_tables(result: dict) -> None:
 
 
 REQUIRED_CASE_KEYS = {
+    "peers": ("case", "grid", "ours", "peers", "targets"),
     "density": ("case", "grid", "ours", "floor", "peers", "targets"),
     "planarity": ("case", "planes", "ours", "floor", "targets"),
     "tricubic": ("case", "points", "ours", "floor", "targets"),
@@ -475,11 +704,11 @@ def check_schema(result: dict) -> list[str]:
                 timed.append(("ours deterministic", c["ours_deterministic"]))
             for impl, r in timed:
                 for what in ("fwd", "fwd_bwd"):
-                    for how in ("eager", "host"):
+                    for how in ("eager",) if part == "peers" else ("eager", "host"):  # peers: eager only
                         s = r.get(what, {}).get(how, {})
                         if not isinstance(s.get("median_ms"), float) or not {"p10_ms", "p90_ms", "reps"} <= set(s):
                             problems.append(f"{part}/{c.get('case')}/{impl}/{what}/{how}: {s.get('error', s)}")
-                    if "graph" not in r.get(what, {}):
+                    if part != "peers" and "graph" not in r.get(what, {}):
                         problems.append(f"{part}/{c.get('case')}/{impl}/{what}: no graph entry")
             for pname, pr in c.get("peers", {}).items():
                 if "error" not in pr and not {"fwd", "fwd_bwd", "rel_l2_vs_float64_reference"} <= set(pr):
@@ -490,10 +719,14 @@ def check_schema(result: dict) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", nargs="+", default=["density", "planarity", "tricubic"],
-                    choices=["density", "planarity", "tricubic"])  # fmt: skip
+                    choices=["density", "planarity", "tricubic", "peers"])  # fmt: skip
     ap.add_argument("--cases", nargs="+", default=list(DENSITY_CASES), help="density cases")
     ap.add_argument("--peer053", default=None, help="directory with torchref 0.5.3.3 (pip --target)")
     ap.add_argument("--peer070", default=None, help="directory with torchref 0.7.0 (pip --target)")
+    ap.add_argument("--peer08", default=None,
+                    help="directory with torchref 0.8 (26e407e) and torchref_kernels (pip --target); part peers")  # fmt: skip
+    ap.add_argument("--peer-cases", nargs="+", default=None,
+                    help="part peers: isotropic cases (default 1aki 5h73 3wip 3wip-hiB; anisotropic: the first three)")  # fmt: skip
     ap.add_argument("--reps", type=int, default=E.REPS)
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--out", type=Path, default=None)
@@ -527,8 +760,12 @@ def main(argv=None) -> int:
         "targets": {k: f"{op} {b}" for k, (op, b) in TARGETS.items()},
         "parts": {},
     }
-    peers = load_peers(args) if "density" in args.parts else {}
-    result["peers"] = {k: {kk: vv for kk, vv in v.items() if kk not in ("module", "radius_policy")}
+    peers = load_peers(args) if {"density", "peers"} & set(args.parts) else {}
+    if "peers" in args.parts:
+        load_newest_peer(args, peers)
+        if args.smoke and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+            result["interpreter_shims"] = interpreter_shims([p["module"] for p in peers.values() if "module" in p])
+    result["peers"] = {k: {kk: vv for kk, vv in v.items() if kk not in ("module", "radius_policy", "cpu")}
                        for k, v in peers.items()}  # fmt: skip
     if args.out is None:
         tag = "smoke" if args.smoke else f"{device.type}_{E.gpu_tag() if device.type == 'cuda' else 'cpu'}"
@@ -549,6 +786,8 @@ def main(argv=None) -> int:
                         except Exception as exc:
                             rec["cases"].append({"case": name, **E.error_record(exc)})
                         print(json.dumps(rec["cases"][-1].get("targets", rec["cases"][-1].get("error"))), flush=True)
+                elif part == "peers":
+                    run_newest_peers(rec, device, peers, args, deadline)
                 elif part == "planarity":
                     rec["cases"].append(planarity_case(device, args, deadline))
                 else:
