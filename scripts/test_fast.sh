@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The development tier: ruff and every test not marked `slow` or `browser`, in the environment
+# that scripts/test.sh (or scripts/start.sh) installed; nothing is installed here. About five
+# minutes on 2 cores. The full suite (CI, `bash .ci/run`) is scripts/test.sh; the GPU tier is
+# scripts/test_gpu.sh.
+#
+#   bash scripts/test_fast.sh                     # the tier over tests/
+#   bash scripts/test_fast.sh tests/kernels -k cpu   # extra arguments go to pytest
+#
+#   PYTHON=path   the interpreter (default: .venv/bin/python when there is one, else python3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then
+    PYTHON=.venv/bin/python
+fi
+PY="${PYTHON:-python3}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+echo "==> ruff"
+"$PY" -m ruff check kernels workbench tests benchmarks
+echo "==> pytest -m 'not slow and not browser'"
+set +e
+"$PY" -m pytest -m "not slow and not browser" -p no:cacheprovider -q --durations=10 "${@:-tests}"
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+    echo "pytest collected no tests: that is a failure" >&2
+    exit 1
+fi
+exit "$status"
