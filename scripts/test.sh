@@ -14,12 +14,5 @@ fi
 echo "==> ruff"
 "$PY" -m ruff check kernels workbench tests benchmarks
 echo "==> pytest"
-set +e
-"$PY" -m pytest -p no:cacheprovider --durations=15 --failures-now -n "${WORKERS:-2}" --dist loadfile "${@:-tests}"
-status=$?
-set -e
-if [ "$status" -eq 5 ]; then
-    echo "pytest collected no tests: that is a failure" >&2
-    exit 1
-fi
-exit "$status"
+source scripts/_run_pytest.sh
+run_pytest -p no:cacheprovider --durations=15 --failures-now -n "${WORKERS:-2}" --dist loadfile "${@:-tests}"

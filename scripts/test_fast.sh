@@ -18,12 +18,5 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 echo "==> ruff"
 "$PY" -m ruff check kernels workbench tests benchmarks
 echo "==> pytest -m 'not slow and not browser'"
-set +e
-"$PY" -m pytest -m "not slow and not browser" -p no:cacheprovider -q --durations=10 "${@:-tests}"
-status=$?
-set -e
-if [ "$status" -eq 5 ]; then
-    echo "pytest collected no tests: that is a failure" >&2
-    exit 1
-fi
-exit "$status"
+source scripts/_run_pytest.sh
+run_pytest -m "not slow and not browser" -p no:cacheprovider -q --durations=10 "${@:-tests}"
