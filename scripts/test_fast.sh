@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The development tier: ruff and every test not marked `slow` or `browser`, in the environment
-# that scripts/test.sh (or scripts/start.sh) installed; nothing is installed here. About five
+# that scripts/test.sh (or scripts/start.sh) installed; nothing is installed here. Aimed at five
 # minutes on 2 cores. The full suite (CI, `bash .ci/run`) is scripts/test.sh; the GPU tier is
 # scripts/test_gpu.sh.
 #
