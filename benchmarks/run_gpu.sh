@@ -5,7 +5,7 @@
 #
 # Run from the repository root. Assumes the Python dependencies (torch, triton, gemmi, the
 # workbench's widget stack, pytest, pytest-xdist) are installed; builds the C++ extensions in
-# place. Parts (default: all but probe, eager, ensemble and aniso):
+# place. Parts (default: all but eager, ensemble, aniso, determinism and loop):
 #   tests      the CUDA suite: tests/kernels and tests/workbench (the notebook and browser tests
 #              need Jupyter and Chromium and are left out)
 #   density    benchmarks/_density_cuda.py with the 3WIP variants
@@ -13,7 +13,6 @@
 #   tricubic   bench_tricubic.py (CPU rows at 2 and 1 threads)
 #   workbench  bench_workbench.py on 3WIP with the GPU
 #   cpu        bench_density.py --device cpu on the host's cores, 1 and 2 threads, 11 rounds
-#   probe      cpu_phase_probe.py on 5H73 and 3WIP at 1 and 2 threads
 #   eager      bench_eager.py: density (with the torchref peers from $PEER053 / $PEER070, each a
 #              `pip install --no-deps --target DIR` of its wheel; a peer left unset is reported as
 #              not run), planarity and tricubic, eager vs graph vs the floor
@@ -150,11 +149,6 @@ if has loopcheck; then
         --modes eager compiled reduce-overhead --optimizers adam --ensemble 0 --steps 12 --reps 10 \
         --case-seconds 3 --check-grads --out "$DIR/loop_cuda_${gpu}_$day.json" > "$DIR/loop_cuda_${gpu}_$day.log" 2>&1
     summary+=("loop bench rc=$? (1: a case failed, 124: timed out; the JSON keeps what was measured)")
-fi
-if has probe; then
-    OMP_NUM_THREADS=2 python3 benchmarks/cpu_phase_probe.py --structures 5h73 3wip --threads 1 2 --rounds 12 \
-        --out "$DIR/cpu_phase_probe_${gpu}host_$day.json" > "$DIR/cpu_phase_probe_${gpu}host_$day.log" 2>&1
-    summary+=("cpu probe rc=$?")
 fi
 for f in "$DIR"/*.log; do
     [ "$f" = "$DIR/build.log" ] && continue

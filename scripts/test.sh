@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Install everything the tests need and run them: the one test command (README, .ci/run).
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/kernels -k cpu`.
+#   WORKERS=n   pytest-xdist worker processes (default 2, CI's cores; 0 runs in this process).
+#               Each test file runs whole on one worker, so a file's module fixtures are made once.
+# The development tier (no install, no slow or browser tests) is scripts/test_fast.sh.
 set -euo pipefail
 EXTRAS="[test]"
 TRITON_SPEC="${TRITON_SPEC-triton==3.7.1}"   # the Triton interpreter runs the tests without a GPU
@@ -11,12 +14,5 @@ fi
 echo "==> ruff"
 "$PY" -m ruff check kernels workbench tests benchmarks
 echo "==> pytest"
-set +e
-"$PY" -m pytest -p no:cacheprovider --durations=15 "${@:-tests}"
-status=$?
-set -e
-if [ "$status" -eq 5 ]; then
-    echo "pytest collected no tests: that is a failure" >&2
-    exit 1
-fi
-exit "$status"
+source scripts/_run_pytest.sh
+run_pytest -p no:cacheprovider --durations=15 --failures-now -n "${WORKERS:-2}" --dist loadfile "${@:-tests}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from pathlib import Path
 
@@ -25,6 +26,19 @@ STRUCTURES = {
 }
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none is visible here")
+
+
+def free_port(first: int) -> int:
+    """The first port from ``first`` that 127.0.0.1 can bind now, in this pytest-xdist worker's own range.
+
+    Worker ``gwN`` starts its search 2,000 ports above worker ``gw(N-1)``: two workers that start
+    servers at the same moment would otherwise both find ``first`` free before either binds it.
+    """
+    from workbench.cli import _free_port
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    return _free_port(first + 2000 * index)
 
 
 def leaf_atoms(atoms: AtomSet, dtype: torch.dtype) -> AtomSet:

@@ -91,7 +91,7 @@ class Server:
     """``python -m workbench lab|app`` in a private Jupyter environment; ``url`` is the one it printed."""
 
     def __init__(self, command: str, tmp: Path, extra: list[str]):
-        from workbench.cli import _free_port
+        from tests.helpers import free_port
 
         self.log: list[str] = []
         for d in ("config", "data", "runtime", "workspaces", "settings"):
@@ -115,7 +115,7 @@ class Server:
         env.pop("JUPYTER_TOKEN", None)
         self.notebooks = tmp / "notebooks"
         args = [sys.executable, "-m", "workbench", command, "--no-browser", "--dir", str(self.notebooks)]
-        args += ["--port", str(_free_port(19000 if command == "lab" else 19500)), *extra]
+        args += ["--port", str(free_port(19000 if command == "lab" else 19500)), *extra]
         if hasattr(os, "geteuid") and os.geteuid() == 0 and command == "lab":
             args.append("--allow-root")  # CI containers run as root; Lab refuses root without it
         self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from workbench import cli
+from tests.helpers import free_port
 
 
 def lab_command(tmp_path: Path, first_port: int) -> tuple[dict[str, str], list[str]]:
@@ -24,7 +24,7 @@ def lab_command(tmp_path: Path, first_port: int) -> tuple[dict[str, str], list[s
     )
     env.pop("JUPYTER_TOKEN", None)
     args = [sys.executable, "-m", "workbench", "lab", "--no-browser", "--dir", str(tmp_path / "nb")]
-    args += ["--port", str(cli._free_port(first_port)), "--LabApp.extension_manager=readonly"]
+    args += ["--port", str(free_port(first_port)), "--LabApp.extension_manager=readonly"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         args.append("--allow-root")
     return env, args
