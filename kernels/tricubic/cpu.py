@@ -55,8 +55,8 @@ def _backward(state, grad_out, rho, points) -> tuple[torch.Tensor, torch.Tensor]
     if not grad_out.is_contiguous():
         grad_out = grad_out.contiguous()
     # C-contiguous whatever rho's layout (zeros_like would copy a Fortran-ordered map's strides).
-    grad_rho = torch.zeros(rho.shape if need_rho else (0,), dtype=rho.dtype)
-    grad_points = torch.empty(points.shape if need_points else (0,), dtype=points.dtype)
+    grad_rho = torch.zeros(rho.shape, dtype=rho.dtype) if need_rho else rho.new_empty(0)
+    grad_points = torch.empty_like(points) if need_points else points.new_empty(0)
     if points.shape[0] and (need_rho or need_points):
         _ext.backward(
             rho.detach(),

@@ -355,9 +355,10 @@ def _backward(state, grad_out, rho, points) -> tuple[torch.Tensor, torch.Tensor]
     params, method_code, periodic, _, need_rho, need_points = state
     if need_rho:
         _alert_map_gradient()
-    grad_rho = torch.zeros(rho.shape if need_rho else (0,), dtype=torch.float32, device=rho.device)
+    # A gradient not asked for is an empty (0,) tensor: no allocation, no launch.
+    grad_rho = torch.zeros(rho.shape, dtype=torch.float32, device=rho.device) if need_rho else rho.new_empty(0)
     # Every row of grad_points is written (0 outside a bounded map and at non-finite points).
-    grad_points = torch.empty(points.shape if need_points else (0,), dtype=torch.float32, device=rho.device)
+    grad_points = torch.empty(points.shape, dtype=torch.float32, device=rho.device) if need_points else rho.new_empty(0)
     n = points.shape[0]
     if n and (need_rho or need_points):
         if grad_out.dtype != torch.float32:
