@@ -198,6 +198,42 @@ def test_tricubic_ops_pass_opcheck(backend):
             torch.library.opcheck(op_backward, (up, rho.detach(), pts.detach(), *params))
 
 
+@pytest.mark.parametrize("op", ["planarity", "tricubic"])
+def test_a_registered_backend_refuses_fullgraph_compile_with_a_clear_error(op):
+    # A registered Python backend has no torch.library op: compiled with fullgraph=True the call fails
+    # with the BackendError saying why and what to do, rather than running a built-in op in its place.
+    cell = kernels.Cell.from_parameters(12.0, 13.0, 14.0)
+    grid = kernels.GridSpec(cell, (6, 7, 8))
+    planes = kernels.PlaneSet.from_lists([[0, 1, 2, 3]], n_atoms=4)
+    rho = torch.randn(grid.shape, dtype=torch.float64)
+    if op == "planarity":
+
+        def mine(xyz, planes):
+            return xyz.sum() * 0.0
+
+        def run(x):
+            return kernels.planarity_nll(x, planes, backend="mine")
+    else:
+
+        def mine(rho, grid, points, method, mode, fill_value):
+            return points.sum(-1) * 0.0
+
+        def run(x):
+            return kernels.tricubic_sample(rho, grid, x, backend="mine").sum()
+
+    kernels.register_backend(op, "mine", mine, devices=("cpu",))
+    try:
+        x = torch.randn(4, 3, dtype=torch.float64)
+        assert float(run(x)) == 0.0  # eager: the registered function runs
+        torch._dynamo.reset()
+        with pytest.raises(Exception) as info:
+            torch.compile(run, fullgraph=True, backend="aot_eager")(x)
+        message = str(info.value)
+        assert "BackendError" in message and "'mine'" in message and "outside" in message, message
+    finally:
+        kernels.unregister_backend(op, "mine")
+
+
 # --------------------------------------------------------------------------- CUDA graphs
 
 
