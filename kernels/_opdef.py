@@ -91,17 +91,24 @@ def eager_function(op: OpDef) -> type[torch.autograd.Function]:
     grads = op.grads
     forward, backward = op.forward, op.backward
     none = (None,) * (n_in + 1)
+    # Every input differentiable (planarity, tricubic): the inputs are saved_tensors as they are, which
+    # saves the host time of rebuilding the argument list on each call.
+    every = grads == tuple(range(n_in))
 
     class Function(torch.autograd.Function):
         @staticmethod
         def forward(ctx, state, *inputs):
-            result, *saved = forward(state, *inputs)
+            out = forward(state, *inputs)
             # The differentiable inputs through save_for_backward (autograd checks they are not modified in
             # place before the backward); the rest as they are (each saved tensor costs host time).
-            ctx.save_for_backward(*[inputs[i] for i in grads])
+            if every:
+                ctx.save_for_backward(*inputs)
+                ctx.rest = out[1:]
+            else:
+                ctx.save_for_backward(*[inputs[i] for i in grads])
+                ctx.rest = (inputs, out[1:])
             ctx.state = state
-            ctx.rest = (inputs, saved)
-            return result
+            return out[0]
 
         @staticmethod
         def backward(ctx, grad):
@@ -110,6 +117,11 @@ def eager_function(op: OpDef) -> type[torch.autograd.Function]:
             if torch.is_grad_enabled():
                 raise RuntimeError(f"{op.name} is not twice differentiable (backward with create_graph=True)")
             need = ctx.needs_input_grad
+            if every:
+                g = backward(ctx.state, grad, *ctx.saved_tensors, *ctx.rest)
+                if all(need[1:]):
+                    return (None, *g)
+                return (None, *(t if n else None for t, n in zip(g, need[1:])))
             if not any(need[i + 1] for i in grads):
                 return none
             inputs, saved = ctx.rest
@@ -139,9 +151,9 @@ def register(op: OpDef):
     outs = "Tensor" if n_saved == 0 else f"({', '.join(['Tensor'] * (1 + n_saved))})"
     saved_schema = [f"Tensor saved{k}" for k in range(n_saved)]
     schema = f"({', '.join((*op.inputs, *op.params))}) -> {outs}"
-    b_schema = (
-        f"({', '.join(('Tensor grad', *op.inputs, *saved_schema, *op.params))}) -> ({', '.join(['Tensor'] * n_grads)})"
-    )
+    # Likewise one gradient: "-> (Tensor)" is a plain Tensor in the schema, so a 1-tuple is unwrapped.
+    b_outs = "Tensor" if n_grads == 1 else f"({', '.join(['Tensor'] * n_grads)})"
+    b_schema = f"({', '.join(('Tensor grad', *op.inputs, *saved_schema, *op.params))}) -> {b_outs}"
     namespace, name = op.name.split("::")
 
     def impl(*args):
@@ -159,13 +171,16 @@ def register(op: OpDef):
     def impl_backward(*args):
         grad, inputs = args[0], args[1 : 1 + n_in]
         saved, params = args[1 + n_in : 1 + n_in + n_saved], args[1 + n_in + n_saved :]
-        return tuple(op.backward(op.call(inputs, params), grad, *inputs, *saved))
+        g = tuple(op.backward(op.call(inputs, params), grad, *inputs, *saved))
+        return g[0] if n_grads == 1 else g
 
     def fake_backward(*args):
         inputs, params = args[1 : 1 + n_in], args[1 + n_in + n_saved :]
         if op.fake_grads is not None:
-            return tuple(op.fake_grads(*inputs, *params))
-        return tuple(torch.empty_like(inputs[i]) for i in op.grads)
+            g = tuple(op.fake_grads(*inputs, *params))
+        else:
+            g = tuple(torch.empty_like(inputs[i]) for i in op.grads)
+        return g[0] if n_grads == 1 else g
 
     fwd = torch.library.custom_op(op.name, impl, mutates_args=(), schema=schema)
     fwd.register_fake(fake)
@@ -181,6 +196,8 @@ def register(op: OpDef):
     def backward(ctx, grad, *_saved_grads):
         tensors = ctx.saved_tensors
         g = bwd_op(grad, *tensors, *ctx.params)
+        if n_grads == 1:
+            g = (g,)
         out = [None] * (n_in + n_par)
         for k, i in enumerate(op.grads):
             if ctx.present[i]:

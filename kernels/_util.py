@@ -38,6 +38,32 @@ def assume_constant_result(fn):
     return fn
 
 
+class Handles:
+    """Host objects (device tables, plans) that compiled graphs name by an int.
+
+    A graph holds only plain values, so a custom op that needs host state takes its handle.
+    The objects are made by :meth:`get` while dynamo traces a call (from an
+    :func:`assume_constant_result` helper), before any compiled code runs, so nothing an op keeps
+    is allocated inside a CUDA graph's private pool (``mode="reduce-overhead"``). They are kept
+    for the process: a compiled graph may run again as long as it lives.
+    """
+
+    def __init__(self):
+        self._objects: list = []
+        self._keys: dict = {}
+
+    def get(self, key, make) -> int:
+        """The handle of the object for ``key`` (hashable), made by ``make()`` on the first call."""
+        handle = self._keys.get(key)
+        if handle is None:
+            handle = self._keys[key] = len(self._objects)
+            self._objects.append(make())
+        return handle
+
+    def __getitem__(self, handle: int):
+        return self._objects[handle]
+
+
 def to_float32(tensor: torch.Tensor, op: str) -> torch.Tensor:
     """``tensor`` as float32 for a float32-only kernel; warns once per (op, input dtype)."""
     if tensor.dtype == torch.float32:

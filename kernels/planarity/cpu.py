@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels._util import to_float32
+from kernels._opdef import OpDef, eager_function, register
+from kernels._util import Handles, assume_constant_result, to_float32
 from kernels.planarity import _plane_fit
-from kernels.planarity.planes import PlaneSet, check_inputs
+from kernels.planarity.planes import PlaneSet, check_inputs, live_plane_set
 
 __all__ = ["planarity_nll_cpu", "NEWTON_STEPS", "fit_table", "scatter_table"]
 
@@ -47,16 +48,39 @@ def scatter_table(table: torch.Tensor, grad_out: torch.Tensor, planes: PlaneSet)
     return grad
 
 
-class _PlanarityCPU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, xyz, planes):
-        loss, table = fit_table(xyz, planes)
-        ctx.table, ctx.planes = table, planes
-        return loss
+# --------------------------------------------------------------------------- the op, defined once
+#
+# The call state is the PlaneSet. Eager calls apply the autograd Function built from PLANARITY_CPU_OP
+# with it; compiled calls run the custom op ``kernels::planarity_cpu(xyz, planes)``, ``planes`` the
+# handle of the PlaneSet (``_HANDLES``, made from its token while dynamo traces the call).
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        return scatter_table(ctx.table, grad_out, ctx.planes), None
+_HANDLES = Handles()  # handle -> PlaneSet
+
+
+@assume_constant_result
+def _handle(token: str, device: str) -> int:
+    """The handle of the PlaneSet ``token`` (``device`` is always the CPU: the PlaneSet itself serves)."""
+    return _HANDLES.get(token, lambda: live_plane_set(token))
+
+
+def _fake(xyz, handle):
+    p, k = _HANDLES[handle].index.shape
+    return xyz.new_empty(()), xyz.new_empty((p * k + p * 3,))
+
+
+PLANARITY_CPU_OP = OpDef(
+    name="kernels::planarity_cpu",
+    inputs=("Tensor xyz",),
+    params=("int planes",),
+    grads=(0,),
+    saved=1,
+    call=lambda inputs, params: _HANDLES[params[0]],
+    forward=lambda planes, xyz: fit_table(xyz, planes),
+    backward=lambda planes, grad, xyz, table: (scatter_table(table, grad, planes),),
+    fake=_fake,
+)
+_PlanarityCPU = eager_function(PLANARITY_CPU_OP)
+register(PLANARITY_CPU_OP)
 
 
 def planarity_nll_cpu(xyz: torch.Tensor, planes: PlaneSet) -> torch.Tensor:
@@ -84,4 +108,9 @@ def planarity_nll_cpu(xyz: torch.Tensor, planes: PlaneSet) -> torch.Tensor:
         xyz = to_float32(xyz, "planarity_nll")
     if len(planes) == 0:
         return (xyz * 0.0).sum() + planes.constant
-    return _PlanarityCPU.apply(xyz.contiguous(), planes)
+    xyz = xyz.contiguous()
+    if torch.compiler.is_compiling():
+        return torch.ops.kernels.planarity_cpu(xyz, _handle(planes._token, "cpu"))[0]
+    if not (xyz.requires_grad and torch.is_grad_enabled()):  # no autograd node
+        return fit_table(xyz, planes)[0]
+    return _PlanarityCPU.apply(planes, xyz)

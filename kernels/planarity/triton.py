@@ -32,10 +32,11 @@ import triton
 import triton.language as tl
 
 from kernels._launch import FastLauncher
-from kernels._util import to_float32
+from kernels._opdef import OpDef, eager_function, register
+from kernels._util import Handles, assume_constant_result, to_float32
 from kernels.dispatch import triton_interpreted
 from kernels.planarity.cpu import NEWTON_STEPS
-from kernels.planarity.planes import PlaneSet, check_inputs
+from kernels.planarity.planes import PlaneSet, check_inputs, live_plane_set
 from kernels.planarity.reference import DEGENERATE_GAP
 
 __all__ = ["planarity_nll_triton"]
@@ -265,6 +266,8 @@ class _Plan:
     bwd_grid: tuple[int, int, int]
     fwd_meta: tuple  # the forward's constexprs after WITH_GRAD, in signature order
     scratch: dict  # stream handle (0 on the CPU) -> ((1,) int32 ticket, (n_programs,) float32 partials)
+    # Whether each call makes its own scratch (:func:`_call_scratch`): the compiled op's plans.
+    call_scratch: bool = False
 
     def stream_scratch(self) -> tuple[int, torch.Tensor, torch.Tensor]:
         """``(stream, ticket, partials)`` for the current stream of this plan's device.
@@ -342,15 +345,13 @@ def _call_scratch(plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def _forward(
-    xyz: torch.Tensor, plan: _Plan, with_grad: bool, scratch: tuple[torch.Tensor, torch.Tensor] | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _forward(plan: _Plan, xyz: torch.Tensor, with_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward launch: the loss, and the table the backward needs when ``with_grad``.
 
-    ``scratch``: the ``(ticket, partials)`` to use (:func:`_call_scratch`); None takes the plan's
-    own for the current stream, kept between calls (eager calls: no allocation, no memset).
+    The scratch (ticket, partials) is the plan's own for the current stream, kept between calls
+    (eager calls: no allocation, no memset), or made for the call when ``plan.call_scratch``.
     """
-    count, partial = plan.stream_scratch()[1:] if scratch is None else scratch
+    count, partial = _call_scratch(plan) if plan.call_scratch else plan.stream_scratch()[1:]
     loss = torch.empty((), dtype=torch.float32, device=plan.device)
     table = torch.empty(plan.table_size, dtype=torch.float32, device=plan.device) if with_grad else None
     _fwd_launch(
@@ -363,8 +364,8 @@ def _forward(
     return loss, table
 
 
-def _backward(table: torch.Tensor, grad_out: torch.Tensor, plan: _Plan) -> torch.Tensor:
-    """One backward launch: ∂NLL/∂xyz scaled by ``grad_out`` (read on the device, no sync)."""
+def _backward(plan: _Plan, grad_out: torch.Tensor, xyz: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor]:
+    """One backward launch: ``(∂NLL/∂xyz,)`` scaled by ``grad_out`` (read on the device, no sync)."""
     if grad_out.dtype != torch.float32:
         grad_out = grad_out.to(torch.float32)
     grad = torch.empty((plan.n_atoms, 3), dtype=torch.float32, device=plan.device)  # every row written
@@ -375,22 +376,44 @@ def _backward(table: torch.Tensor, grad_out: torch.Tensor, plan: _Plan) -> torch
          plan.max_degree, _BLOCK_A),
         plan.device,
     )  # fmt: skip
-    return grad
+    return (grad,)
 
 
-class _PlanarityTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, xyz, plan):
-        with_grad = ctx.needs_input_grad[0]
-        loss, table = _forward(xyz, plan, with_grad)
-        if with_grad:
-            ctx.table = table
-            ctx.plan = plan
-        return loss
+# --------------------------------------------------------------------------- the op, defined once
+#
+# The call state is the plan. Eager calls apply the autograd Function built from PLANARITY_TRITON_OP
+# with the PlaneSet's cached plan (when a gradient is wanted; otherwise one forward launch without the
+# table); compiled calls run the custom op ``kernels::planarity_triton(xyz, plan)``, ``plan`` the handle
+# of a plan made while dynamo traces the call (``_HANDLES``), whose calls make their own scratch.
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        return _backward(ctx.table, grad_out, ctx.plan), None
+_HANDLES = Handles()  # handle -> _Plan with call_scratch
+
+
+@assume_constant_result
+def _handle(token: str, device: str) -> int:
+    def make():
+        plan = _plan(live_plane_set(token), torch.device(device), None)
+        return dataclasses.replace(plan, scratch={}, call_scratch=True)
+
+    return _HANDLES.get((token, device), make)
+
+
+PLANARITY_TRITON_OP = OpDef(
+    name="kernels::planarity_triton",
+    inputs=("Tensor xyz",),
+    params=("int plan",),
+    grads=(0,),
+    saved=1,
+    call=lambda inputs, params: _HANDLES[params[0]],
+    forward=lambda plan, xyz: _forward(plan, xyz, True),
+    backward=_backward,
+    fake=lambda xyz, handle: (
+        xyz.new_empty((), dtype=torch.float32),
+        xyz.new_empty((_HANDLES[handle].table_size,), dtype=torch.float32),
+    ),
+)
+_PlanarityTriton = eager_function(PLANARITY_TRITON_OP)
+register(PLANARITY_TRITON_OP)
 
 
 def planarity_nll_triton(xyz: torch.Tensor, planes: PlaneSet) -> torch.Tensor:
@@ -429,7 +452,9 @@ def _planarity_nll_triton(xyz: torch.Tensor, planes: PlaneSet, *, block_p: int |
         xyz = xyz.contiguous()
     if len(planes) == 0:
         return (xyz * 0.0).sum() + planes.constant
+    if torch.compiler.is_compiling():
+        return torch.ops.kernels.planarity_triton(xyz, _handle(planes._token, str(xyz.device)))[0]
     plan = _plan(planes, xyz.device, block_p)
     if not (xyz.requires_grad and torch.is_grad_enabled()):  # no table, no autograd node
-        return _forward(xyz, plan, False)[0]
-    return _PlanarityTriton.apply(xyz, plan)
+        return _forward(plan, xyz, False)[0]
+    return _PlanarityTriton.apply(plan, xyz)

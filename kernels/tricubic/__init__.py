@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import torch
 
-from kernels._util import assume_constant_result, finite_number
+from kernels._opdef import OpDef
+from kernels._util import Handles, assume_constant_result, finite_number
 from kernels.crystal import GridError, GridSpec
-from kernels.dispatch import get_backend
+from kernels.dispatch import BackendError, get_backend
 from kernels.tricubic.reference import METHODS, MODES, grid_parameters, outside_mask, voxel_coordinates
 
 __all__ = ["tricubic_sample", "OutsideMapWarning", "METHODS", "MODES"]
@@ -156,22 +158,23 @@ def tricubic_sample(
     return fn(rho, grid, points, method, mode, fill_value)
 
 
-# --------------------------------------------------------------------------- torch.compile
+# --------------------------------------------------------------------------- the ops
 #
-# Eager calls go straight to the backends' autograd Functions (a custom op's dispatch would
-# add host time to each). Under torch.compile the public function calls the custom ops
-# below, single graph nodes whose fake implementations give the output shapes, so
-# ``torch.compile(fullgraph=True)`` compiles a loop that calls tricubic_sample. The bounded-mode
-# warning needs the count of points outside on the host (a sync, a graph break), so a compiled
-# call does not issue it; the values and gradients are the same.
+# Each backend defines its op once (:func:`op_def`: ``kernels::tricubic_cpu``, ``kernels::tricubic_triton``)
+# and builds its eager autograd Function from it. Eager calls apply that Function (a custom op's dispatch
+# would add host time to each); under torch.compile :func:`sample` calls the custom op instead, one graph
+# node whose fake implementation gives the output shape, so ``torch.compile(fullgraph=True)`` compiles a
+# loop that calls tricubic_sample. The bounded-mode warning needs the count of points outside on the host
+# (a sync, a graph break), so a compiled call does not issue it; the values and gradients are the same.
 #
-# The ops take the map, the points and an int, the handle of the grid's parameters on the map's
-# device, never a CPU tensor. The parameters are made while dynamo traces the call
-# (:func:`_compiled_params`, which dynamo runs instead of tracing), before any compiled code runs:
-# nothing an op keeps is allocated inside a CUDA graph's private pool (``mode="reduce-overhead"``).
+# The call state is ``(params, method, periodic, fill_value, need_rho, need_points)``: the grid's 15
+# parameters (:func:`~kernels.tricubic.reference.grid_parameters`) on the map's device, the method as the
+# backend's kernels take it (Triton: a code, C++: the name), and which gradients to compute. The op takes
+# the grid as an int, the handle of its parameters (``_GRIDS``), made while dynamo traces the call
+# (:func:`_compiled_grid`, which dynamo runs instead of tracing), before any compiled code runs: nothing
+# an op keeps is allocated inside a CUDA graph's private pool (``mode="reduce-overhead"``).
 
-_compiled: list[torch.Tensor] = []  # handle -> the 15 grid parameters; kept while compiled graphs may run
-_handles: dict[tuple, int] = {}
+_GRIDS = Handles()  # handle -> the 15 grid parameters on a device
 
 
 @assume_constant_result
@@ -180,7 +183,7 @@ def _backend_name(device_type: str, backend: str) -> str:
 
 
 @assume_constant_result
-def _compiled_params(frac: torch.Tensor, lattice: torch.Tensor, device: str) -> int:
+def _compiled_grid(frac: torch.Tensor, lattice: torch.Tensor, device: str) -> int:
     """The handle of the grid parameters (``grid_parameters``) on ``device``, made on the first call.
 
     ``frac`` is the cell's (3, 3) fractionalisation matrix and ``lattice`` the grid's sampling then
@@ -188,12 +191,7 @@ def _compiled_params(frac: torch.Tensor, lattice: torch.Tensor, device: str) -> 
     where ints that differ between two traces of one function would become symbolic and could not.
     """
     params = torch.cat([frac.detach().to(torch.float64).reshape(9).cpu(), lattice.to(torch.float64).cpu()])
-    key = (tuple(params.tolist()), device)
-    handle = _handles.get(key)
-    if handle is None:
-        handle = _handles[key] = len(_compiled)
-        _compiled.append(params.to(device))
-    return handle
+    return _GRIDS.get((tuple(params.tolist()), device), lambda: params.to(device))
 
 
 def _compiled_tricubic(rho, grid, points, method, mode, fill_value, backend):
@@ -202,82 +200,66 @@ def _compiled_tricubic(rho, grid, points, method, mode, fill_value, backend):
         from kernels.tricubic.reference import tricubic_reference
 
         return tricubic_reference(rho, grid, points, method, mode, fill_value)
+    if name == "cpu":
+        from kernels.tricubic.cpu import tricubic_cpu
+
+        return tricubic_cpu(rho, grid, points, method, mode, fill_value)
     if name == "triton":
-        from kernels.tricubic.triton import _prepare
-    else:
-        from kernels.tricubic.cpu import _prepare
-    lead = points.shape[:-1]
-    rho, flat = _prepare(rho, points)
-    lattice = torch.tensor([*grid.sampling, *grid.origin], dtype=torch.float64)
-    handle = _compiled_params(grid.cell.frac, lattice, str(rho.device))
-    out = _tricubic_op(rho, flat, handle, method, mode == "periodic", fill_value, name)
-    return out.reshape(lead)
+        from kernels.tricubic.triton import tricubic_triton
 
-
-def _backend_module(name: str):
-    if name == "triton":
-        from kernels.tricubic import triton as module
-    else:
-        from kernels.tricubic import cpu as module
-    return module
-
-
-def _method_arg(name: str, method: str):
-    """The method as the backend's kernels take it (Triton: a code, C++: the name)."""
-    if name == "triton":
-        from kernels.tricubic.triton import _METHOD_CODE
-
-        return _METHOD_CODE[method]
-    return method
-
-
-@torch.library.custom_op("kernels::tricubic_sample", mutates_args=())
-def _tricubic_op(
-    rho: torch.Tensor, points: torch.Tensor, handle: int, method: str, periodic: bool, fill_value: float, backend: str
-) -> torch.Tensor:
-    """Values at ``points`` (N, 3) of the prepared map (see the backends' ``_prepare``)."""
-    params = _compiled[handle]
-    return _backend_module(backend)._forward(rho, points, params, _method_arg(backend, method), periodic, fill_value)
-
-
-@_tricubic_op.register_fake
-def _(rho, points, handle, method, periodic, fill_value, backend):
-    return points.new_empty(points.shape[:1], dtype=rho.dtype)
-
-
-@torch.library.custom_op("kernels::tricubic_sample_backward", mutates_args=())
-def _tricubic_backward_op(
-    rho: torch.Tensor, points: torch.Tensor, handle: int, grad_out: torch.Tensor, method: str, periodic: bool,
-    need_rho: bool, need_points: bool, backend: str,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """``(grad_rho, grad_points)``; one not asked for is an empty (0,) tensor."""
-    grad_rho, grad_points = _backend_module(backend)._backward(
-        rho, points, _compiled[handle], grad_out, _method_arg(backend, method), periodic, need_rho, need_points
+        return tricubic_triton(rho, grid, points, method, mode, fill_value)
+    raise BackendError(
+        f"tricubic backend {name!r} is a registered Python function, not a torch.library op, so tricubic_sample "
+        "does not put it in a compiled graph; call it outside the compiled function, or compile with "
+        "backend='cpu' or 'triton'"
     )
-    empty = rho.new_empty((0,))
-    return grad_rho if need_rho else empty, grad_points if need_points else empty
 
 
-@_tricubic_backward_op.register_fake
-def _(rho, points, handle, grad_out, method, periodic, need_rho, need_points, backend):
-    empty = rho.new_empty((0,))
-    return rho.new_empty(rho.shape) if need_rho else empty, points.new_empty(points.shape) if need_points else empty
+def op_def(backend: str, method_arg: Callable[[str], object], forward: Callable, backward: Callable) -> OpDef:
+    """The op of one backend, ``kernels::tricubic_<backend>``.
 
+    ``tricubic_<backend>(rho, points, int grid, str method, bool periodic, float fill_value, bool need_rho,
+    bool need_points) -> values``: ``rho`` and ``points`` (N, 3) as the backend's ``_prepare`` gives them,
+    ``grid`` a handle of ``_GRIDS``, ``need_rho``/``need_points`` whether ``rho``/``points`` require a
+    gradient (a gradient not asked for is a (0,) tensor). ``forward(state, rho, points) -> (values,)`` and
+    ``backward(state, grad, rho, points) -> (grad_rho, grad_points)`` are the backend's launchers, with
+    a (0,) tensor for a gradient not asked for; ``method_arg`` turns the method's name into what
+    they take.
+    """
 
-def _setup(ctx, inputs, output):
-    rho, points, handle, method, periodic, _, backend = inputs
-    ctx.save_for_backward(rho, points)
-    ctx.args = (handle, method, periodic, backend)
+    def call(inputs, params):
+        grid, method, *rest = params
+        return (_GRIDS[grid], method_arg(method), *rest)
 
-
-def _backward(ctx, grad_out):
-    rho, points = ctx.saved_tensors
-    handle, method, periodic, backend = ctx.args
-    need_rho, need_points = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    grad_rho, grad_points = _tricubic_backward_op(
-        rho, points, handle, grad_out, method, periodic, need_rho, need_points, backend
+    return OpDef(
+        name=f"kernels::tricubic_{backend}",
+        inputs=("Tensor rho", "Tensor points"),
+        params=("int grid", "str method", "bool periodic", "float fill_value", "bool need_rho", "bool need_points"),
+        grads=(0, 1),
+        saved=0,
+        call=call,
+        forward=forward,
+        backward=backward,
+        fake=lambda rho, points, *_: (points.new_empty(points.shape[:1], dtype=rho.dtype),),
+        fake_grads=lambda rho, points, grid, method, periodic, fill_value, need_rho, need_points: (
+            rho.new_empty(rho.shape if need_rho else (0,)),
+            points.new_empty(points.shape if need_points else (0,)),
+        ),
     )
-    return (grad_rho if need_rho else None, grad_points if need_points else None) + (None,) * 5
 
 
-_tricubic_op.register_autograd(_backward, setup_context=_setup)
+def sample(op, function, forward, rho, grid, points, method, method_arg, mode, fill_value) -> torch.Tensor:
+    """A backend's values at ``points`` (N, 3), from its prepared inputs: while compiling its custom ``op``
+    (``torch.ops.kernels.tricubic_<backend>``), else its eager autograd ``function`` (``forward`` alone when
+    no gradient is wanted)."""
+    periodic = mode == "periodic"
+    grad = torch.is_grad_enabled()
+    need_rho, need_points = grad and rho.requires_grad, grad and points.requires_grad
+    if torch.compiler.is_compiling():
+        lattice = torch.tensor([*grid.sampling, *grid.origin], dtype=torch.float64)
+        handle = _compiled_grid(grid.cell.frac, lattice, str(rho.device))
+        return op(rho, points, handle, method, periodic, fill_value, need_rho, need_points)
+    state = (cached_grid_parameters(grid, rho.device), method_arg, periodic, fill_value, need_rho, need_points)
+    if need_rho or need_points:
+        return function.apply(state, rho, points)
+    return forward(state, rho, points)[0]

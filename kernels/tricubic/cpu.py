@@ -10,11 +10,11 @@ thread owns a slab of x-planes.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from kernels._opdef import eager_function, register
 from kernels._util import to_float32
 from kernels.crystal import GridSpec
-from kernels.tricubic import cached_grid_parameters
+from kernels.tricubic import op_def, sample
 
 __all__ = ["tricubic_cpu"]
 
@@ -29,8 +29,9 @@ except ImportError as exc:  # the dispatcher turns this into "cannot be imported
 _DTYPES = (torch.float32, torch.float64)
 
 
-def _forward(rho, points, params, method: str, periodic: bool, fill_value: float) -> torch.Tensor:
-    """Values at ``points`` (N, 3, ``rho``'s dtype, C-contiguous), in ``rho``'s dtype."""
+def _forward(state, rho, points) -> tuple[torch.Tensor]:
+    """``(values,)`` at ``points`` (N, 3, ``rho``'s dtype, C-contiguous), in ``rho``'s dtype."""
+    params, method, periodic, fill_value, _, _ = state
     out = torch.empty(points.shape[0], dtype=rho.dtype)
     if points.shape[0]:
         _ext.forward(
@@ -43,25 +44,26 @@ def _forward(rho, points, params, method: str, periodic: bool, fill_value: float
             fill_value=float(fill_value),
             n_threads=torch.get_num_threads(),
         )
-    return out
+    return (out,)
 
 
-def _backward(rho, points, params, grad_out, method: str, periodic: bool, need_rho: bool, need_points: bool):
-    """``(grad_rho, grad_points)``, each None unless asked for; the map gradient is deterministic."""
+def _backward(state, grad_out, rho, points) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(grad_rho, grad_points)``, each (0,) unless asked for; the map gradient is deterministic."""
+    params, method, periodic, _, need_rho, need_points = state
     if grad_out.dtype != rho.dtype:
         grad_out = grad_out.to(rho.dtype)
     if not grad_out.is_contiguous():
         grad_out = grad_out.contiguous()
     # C-contiguous whatever rho's layout (zeros_like would copy a Fortran-ordered map's strides).
-    grad_rho = torch.zeros(rho.shape, dtype=rho.dtype) if need_rho else None
-    grad_points = torch.empty_like(points) if need_points else None
+    grad_rho = torch.zeros(rho.shape, dtype=rho.dtype) if need_rho else rho.new_empty(0)
+    grad_points = torch.empty_like(points) if need_points else points.new_empty(0)
     if points.shape[0] and (need_rho or need_points):
         _ext.backward(
             rho.detach(),
             points.detach(),
             grad_out,
-            grad_points,
-            grad_rho,
+            grad_points if need_points else None,
+            grad_rho if need_rho else None,
             params,
             method=method,
             periodic=periodic,
@@ -72,22 +74,9 @@ def _backward(rho, points, params, grad_out, method: str, periodic: bool, need_r
     return grad_rho, grad_points
 
 
-class _TricubicCPU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, rho, points, params, method, periodic, fill_value):
-        out = _forward(rho, points, params, method, periodic, fill_value)
-        ctx.save_for_backward(rho, points, params)
-        ctx.method, ctx.periodic = method, periodic
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        rho, points, params = ctx.saved_tensors
-        grad_rho, grad_points = _backward(
-            rho, points, params, grad_out, ctx.method, ctx.periodic, ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        )
-        return grad_rho, grad_points, None, None, None, None
+TRICUBIC_CPU_OP = op_def("cpu", lambda method: method, _forward, _backward)
+_TricubicCPU = eager_function(TRICUBIC_CPU_OP)
+register(TRICUBIC_CPU_OP)
 
 
 def _prepare(rho: torch.Tensor, points: torch.Tensor):
@@ -139,6 +128,7 @@ def tricubic_cpu(
     """
     lead = points.shape[:-1]
     rho, flat = _prepare(rho, points)
-    params = cached_grid_parameters(grid, rho.device)
-    out = _TricubicCPU.apply(rho, flat, params, method, mode == "periodic", fill_value)
+    out = sample(
+        torch.ops.kernels.tricubic_cpu, _TricubicCPU, _forward, rho, grid, flat, method, method, mode, fill_value
+    )
     return out.reshape(lead)

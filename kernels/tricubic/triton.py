@@ -22,13 +22,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.autograd.function import once_differentiable
 
 from kernels._launch import FastLauncher, ceil_div
+from kernels._opdef import eager_function, register
 from kernels._util import to_float32
 from kernels.crystal import GridSpec
 from kernels.dispatch import triton_interpreted
-from kernels.tricubic import cached_grid_parameters
+from kernels.tricubic import op_def, sample
 
 __all__ = ["tricubic_triton"]
 
@@ -310,8 +310,9 @@ def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0
 
 
-def _forward(rho, points, params, method_code: int, periodic: bool, fill_value: float) -> torch.Tensor:
-    """Values at ``points`` (N, 3): one allocation and one launch (none for N = 0)."""
+def _forward(state, rho, points) -> tuple[torch.Tensor]:
+    """``(values,)`` at ``points`` (N, 3): one allocation and one launch (none for N = 0)."""
+    params, method_code, periodic, fill_value, _, _ = state
     n = points.shape[0]
     out = torch.empty(n, dtype=torch.float32, device=rho.device)
     if n:
@@ -324,7 +325,7 @@ def _forward(rho, points, params, method_code: int, periodic: bool, fill_value: 
             (rho, points, params, out, fill_value, n, nx, ny, nz, method_code, periodic, idx64, block),
             rho.device,
         )  # fmt: skip
-    return out
+    return (out,)
 
 
 def _alert_map_gradient() -> None:
@@ -349,13 +350,15 @@ def _alert_map_gradient() -> None:
     raise RuntimeError(msg)
 
 
-def _backward(rho, points, params, grad_out, method_code: int, periodic: bool, need_rho: bool, need_points: bool):
-    """``(grad_rho, grad_points)``, each None unless asked for: one launch for both."""
+def _backward(state, grad_out, rho, points) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(grad_rho, grad_points)``, each (0,) unless asked for: one launch for both."""
+    params, method_code, periodic, _, need_rho, need_points = state
     if need_rho:
         _alert_map_gradient()
-    grad_rho = torch.zeros(rho.shape, dtype=torch.float32, device=rho.device) if need_rho else None
+    # A gradient not asked for is an empty (0,) tensor: no allocation, no launch.
+    grad_rho = torch.zeros(rho.shape, dtype=torch.float32, device=rho.device) if need_rho else rho.new_empty(0)
     # Every row of grad_points is written (0 outside a bounded map and at non-finite points).
-    grad_points = torch.empty(points.shape, dtype=torch.float32, device=rho.device) if need_points else None
+    grad_points = torch.empty(points.shape, dtype=torch.float32, device=rho.device) if need_points else rho.new_empty(0)
     n = points.shape[0]
     if n and (need_rho or need_points):
         if grad_out.dtype != torch.float32:
@@ -378,24 +381,9 @@ def _backward(rho, points, params, grad_out, method_code: int, periodic: bool, n
     return grad_rho, grad_points
 
 
-class _TricubicTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, rho, points, params, method_code, periodic, fill_value):
-        out = _forward(rho, points, params, method_code, periodic, fill_value)
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            ctx.save_for_backward(rho, points, params)
-            ctx.method_code, ctx.periodic = method_code, periodic
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        rho, points, params = ctx.saved_tensors
-        grad_rho, grad_points = _backward(
-            rho, points, params, grad_out, ctx.method_code, ctx.periodic, ctx.needs_input_grad[0],
-            ctx.needs_input_grad[1],
-        )  # fmt: skip
-        return grad_rho, grad_points, None, None, None, None
+TRICUBIC_TRITON_OP = op_def("triton", _METHOD_CODE.__getitem__, _forward, _backward)
+_TricubicTriton = eager_function(TRICUBIC_TRITON_OP)
+register(TRICUBIC_TRITON_OP)
 
 
 def _prepare(rho: torch.Tensor, points: torch.Tensor):
@@ -440,6 +428,8 @@ def tricubic_triton(
     """
     lead = points.shape[:-1]
     rho, flat = _prepare(rho, points)
-    params = cached_grid_parameters(grid, rho.device)
-    out = _TricubicTriton.apply(rho, flat, params, _METHOD_CODE[method], mode == "periodic", float(fill_value))
+    out = sample(
+        torch.ops.kernels.tricubic_triton, _TricubicTriton, _forward, rho, grid, flat, method, _METHOD_CODE[method],
+        mode, float(fill_value),
+    )  # fmt: skip
     return out if len(lead) == 1 else out.reshape(lead)

@@ -145,28 +145,93 @@ def test_one_compiled_function_samples_grids_of_several_shapes(backend, dtype, d
         _close(compiled(rho, grid), sample(rho, grid), dtype)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "triton"])
-def test_custom_ops_pass_opcheck(backend):
-    # Schema, fake (meta) implementations against the real ones, autograd registration and
-    # AOT dispatch, as torch.library checks them.
-    from kernels.planarity import _compiled_handle, _planarity_op
-    from kernels.tricubic import _compiled_params, _tricubic_op
+def _opcheck_case(backend: str):
+    """The dtype and device to check ``backend``'s ops on, after importing the modules that register them."""
+    import importlib
 
+    importlib.import_module(f"kernels.planarity.{backend}")  # registers the ops
+    importlib.import_module(f"kernels.tricubic.{backend}")
     dtype = torch.float64 if backend == "cpu" else torch.float32
     # Triton runs on CUDA tensors where a GPU is present (in the interpreter, on CPU tensors).
     device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    return dtype, device
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_planarity_ops_pass_opcheck(backend):
+    # Schema, fake (meta) implementations against the real ones, autograd registration and
+    # AOT dispatch, as torch.library checks them, for the op and its backward op (one gradient).
+    import importlib
+
+    dtype, device = _opcheck_case(backend)
+    module = importlib.import_module(f"kernels.planarity.{backend}")
+    op, op_backward = (getattr(torch.ops.kernels, f"planarity_{backend}{end}") for end in ("", "_backward"))
     planes = kernels.PlaneSet.from_lists([[0, 1, 2, 3], [2, 3, 4, 5, 6]], sigma=[[0.02] * 4, [0.03] * 5], n_atoms=8)
     g = torch.Generator().manual_seed(5)
     xyz = torch.randn(8, 3, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_(True)
-    torch.library.opcheck(_planarity_op, (xyz, _compiled_handle(planes._token, str(xyz.device), backend)))
+    handle = module._handle(planes._token, str(xyz.device))
+    torch.library.opcheck(op, (xyz, handle))
+    loss, table = op(xyz.detach(), handle)
+    torch.library.opcheck(op_backward, (torch.full_like(loss, 0.5), xyz.detach(), table, handle))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_tricubic_ops_pass_opcheck(backend):
+    from kernels.tricubic import _compiled_grid
+
+    dtype, device = _opcheck_case(backend)
+    op, op_backward = (getattr(torch.ops.kernels, f"tricubic_{backend}{end}") for end in ("", "_backward"))
     cell = kernels.Cell.from_parameters(12.0, 13.0, 14.0)
     grid = kernels.GridSpec(cell, (6, 7, 8))
+    g = torch.Generator().manual_seed(5)
     rho = torch.randn(grid.shape, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_(True)
     pts = (torch.rand(9, 3, generator=g, dtype=torch.float64) * 12).to(device, dtype).requires_grad_(True)
     lattice = torch.tensor([*grid.sampling, *grid.origin], dtype=torch.float64)
-    handle = _compiled_params(cell.frac, lattice, str(rho.device))
-    args = (rho, pts, handle, "catmull-rom", True, 0.0, backend)
-    torch.library.opcheck(_tricubic_op, args)
+    handle = _compiled_grid(cell.frac, lattice, str(rho.device))
+    up = torch.randn(9, generator=g, dtype=torch.float64).to(device, dtype)
+    for method, periodic in [("catmull-rom", True), ("lagrange", False)]:
+        for need in [(True, True), (False, True), (True, False)]:
+            # need_rho and need_points say which inputs require a gradient (kernels.tricubic.sample passes them so).
+            params = (handle, method, periodic, 0.5, *need)
+            inputs = [t if n else t.detach() for t, n in zip((rho, pts), need)]
+            torch.library.opcheck(op, (*inputs, *params))
+            torch.library.opcheck(op_backward, (up, rho.detach(), pts.detach(), *params))
+
+
+@pytest.mark.parametrize("op", ["planarity", "tricubic"])
+def test_a_registered_backend_refuses_fullgraph_compile_with_a_clear_error(op):
+    # A registered Python backend has no torch.library op: compiled with fullgraph=True the call fails
+    # with the BackendError saying why and what to do, rather than running a built-in op in its place.
+    cell = kernels.Cell.from_parameters(12.0, 13.0, 14.0)
+    grid = kernels.GridSpec(cell, (6, 7, 8))
+    planes = kernels.PlaneSet.from_lists([[0, 1, 2, 3]], n_atoms=4)
+    rho = torch.randn(grid.shape, dtype=torch.float64)
+    if op == "planarity":
+
+        def mine(xyz, planes):
+            return xyz.sum() * 0.0
+
+        def run(x):
+            return kernels.planarity_nll(x, planes, backend="mine")
+    else:
+
+        def mine(rho, grid, points, method, mode, fill_value):
+            return points.sum(-1) * 0.0
+
+        def run(x):
+            return kernels.tricubic_sample(rho, grid, x, backend="mine").sum()
+
+    kernels.register_backend(op, "mine", mine, devices=("cpu",))
+    try:
+        x = torch.randn(4, 3, dtype=torch.float64)
+        assert float(run(x)) == 0.0  # eager: the registered function runs
+        torch._dynamo.reset()
+        with pytest.raises(Exception) as info:
+            torch.compile(run, fullgraph=True, backend="aot_eager")(x)
+        message = str(info.value)
+        assert "BackendError" in message and "'mine'" in message and "outside" in message, message
+    finally:
+        kernels.unregister_backend(op, "mine")
 
 
 # --------------------------------------------------------------------------- CUDA graphs
