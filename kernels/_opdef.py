@@ -4,9 +4,9 @@ An :class:`OpDef` holds what an op is — its launcher (``forward``), its backwa
 its outputs without running it (``fake``) and its schema — and nothing else. From it:
 
 - :func:`eager_function` builds the ``torch.autograd.Function`` eager calls apply. It bypasses
-  the dispatcher: a Python custom op costs tens of µs of host time per call (schema parsing,
-  the generated autograd node, fake-tensor bookkeeping), several times the GPU work of a small
-  model.
+  the dispatcher, whose Python kernels add host time to every call (the arguments boxed and
+  unboxed, the autograd kernel, and with a gradient the backward op's dispatch: about twice the
+  Function's forward + backward on the CPU, ``benchmarks/bench_call_overhead.py --compiled-ops``).
 - :func:`register` registers the ``torch.library`` custom ops ``name`` and ``name_backward``
   (schema, implementation, fake implementation and autograd), which ``torch.compile`` traces. A
   compiled graph calls them at every run, so they are registered with the least per-call Python
