@@ -145,8 +145,10 @@ def register(op: OpDef):
     - the forward's Autograd kernel applies an autograd Function when a gradient is needed; otherwise
       it calls the implementation itself, or, where a key below autograd takes part (fake tensors,
       functionalization, a dispatch mode), redispatches below autograd;
-    - the backward op has no Autograd kernel: it only runs inside the forward's backward, which refuses
-      ``create_graph=True`` (the dispatcher's C++ fallback passes a call straight to the implementation).
+    - the backward op has no Autograd kernel (the dispatcher's C++ fallback passes a call on to the
+      implementation): it runs inside the forward's backward, which refuses ``create_graph=True``.
+      Called by hand on inputs that require grad, its outputs carry torch's "no autograd kernel"
+      warning node, not a gradient.
 
     Each implementation is registered for every backend (``CompositeExplicitAutograd``); the outputs
     never alias the inputs (checked by ``torch.library.opcheck`` in the tests, not at every call).
@@ -235,9 +237,10 @@ def register(op: OpDef):
     # so that the implementation may be called directly. The sets seen are few: one per device and mode.
     direct = {}
     backends = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
+    grad_enabled, any_requires_grad = torch.is_grad_enabled, torch._C._any_requires_grad
 
     def autograd_kernel(keyset, *args):
-        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+        if grad_enabled() and any_requires_grad(*args):
             return Function.apply(keyset, *args)
         below = keyset & after_autograd
         bits = below.raw_repr()
