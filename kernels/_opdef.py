@@ -4,12 +4,13 @@ An :class:`OpDef` holds what an op is — its launcher (``forward``), its backwa
 its outputs without running it (``fake``) and its schema — and nothing else. From it:
 
 - :func:`eager_function` builds the ``torch.autograd.Function`` eager calls apply. It bypasses
-  the dispatcher: a Python custom op costs tens of µs of host time per call (schema parsing,
-  the generated autograd node, fake-tensor bookkeeping), several times the GPU work of a small
-  model.
+  the dispatcher, whose Python kernels add host time to every call (the arguments boxed and
+  unboxed, the autograd kernel, and with a gradient the backward op's dispatch: about twice the
+  Function's forward + backward on the CPU, ``benchmarks/bench_call_overhead.py --compiled-ops``).
 - :func:`register` registers the ``torch.library`` custom ops ``name`` and ``name_backward``
-  (with ``register_fake`` and ``register_autograd``), which ``torch.compile`` traces. Inside a
-  compiled graph the dispatch cost is paid once at trace time.
+  (schema, implementation, fake implementation and autograd), which ``torch.compile`` traces. A
+  compiled graph calls them at every run, so they are registered with the least per-call Python
+  the dispatcher allows (one pass through it; no ``torch.library.custom_op`` wrappers).
 
 Both run the same ``forward`` and ``backward`` callables, so the two paths cannot drift apart.
 
@@ -144,65 +145,128 @@ def register(op: OpDef):
 
     Forward: ``name(*inputs, *params) -> (result, *saved)``. Backward:
     ``name_backward(grad, *inputs, *saved, *params) -> grads``. Autograd of the forward calls the
-    backward op, so a compiled graph holds both.
+    backward op, so a compiled graph holds both. A single output or gradient is a plain ``Tensor``
+    in the schema, not a 1-tuple. Not twice differentiable: a backward through the forward op with
+    ``create_graph=True`` raises.
+
+    Both ops are defined with ``torch.library.Library`` (``define``, ``impl``, ``register_fake``), not
+    ``torch.library.custom_op``: inside a compiled graph the ops run at every call, and custom_op's
+    wrappers (a Python autograd layer that redispatches, then a checking wrapper around the
+    implementation) double their host cost. Here a call costs one pass through the dispatcher:
+
+    - the forward's Autograd kernel applies an autograd Function when a gradient is needed; otherwise
+      it calls the implementation itself, or, where a key below autograd takes part (fake tensors,
+      functionalization, a dispatch mode), redispatches below autograd;
+    - the backward op has no Autograd kernel (the dispatcher's C++ fallback passes a call on to the
+      implementation): it runs inside the forward's backward, which refuses ``create_graph=True``.
+      Called by hand on inputs that require grad, its outputs carry torch's "no autograd kernel"
+      warning node, not a gradient.
+
+    Each implementation is registered for every backend (``CompositeExplicitAutograd``); the outputs
+    never alias the inputs (checked by ``torch.library.opcheck`` in the tests, not at every call).
     """
     n_in, n_par, n_saved, n_grads = len(op.inputs), len(op.params), op.saved, len(op.grads)
-    # One output is a plain Tensor in the schema (the op returns it, not a 1-tuple).
+    grads = op.grads
     outs = "Tensor" if n_saved == 0 else f"({', '.join(['Tensor'] * (1 + n_saved))})"
+    b_outs = "Tensor" if n_grads == 1 else f"({', '.join(['Tensor'] * n_grads)})"
     saved_schema = [f"Tensor saved{k}" for k in range(n_saved)]
     schema = f"({', '.join((*op.inputs, *op.params))}) -> {outs}"
-    # Likewise one gradient: "-> (Tensor)" is a plain Tensor in the schema, so a 1-tuple is unwrapped.
-    b_outs = "Tensor" if n_grads == 1 else f"({', '.join(['Tensor'] * n_grads)})"
     b_schema = f"({', '.join(('Tensor grad', *op.inputs, *saved_schema, *op.params))}) -> {b_outs}"
     namespace, name = op.name.split("::")
+    call, forward, backward = op.call, op.forward, op.backward
 
     def impl(*args):
-        inputs, params = args[:n_in], args[n_in:]
-        result, *saved = op.forward(op.call(inputs, params), *inputs)
-        # An op's outputs may not alias its inputs: a placeholder input passed back is returned empty.
+        inputs = args[:n_in]
+        result, *saved = forward(call(inputs, args[n_in:]), *inputs)
         if not n_saved:
             return result
+        # An op's outputs may not alias its inputs: a placeholder input passed back is returned empty.
         return (result, *(t.new_empty(0) if any(t is i for i in inputs) else t for t in saved))
+
+    def impl_backward(*args):
+        inputs = args[1 : 1 + n_in]
+        g = backward(call(inputs, args[1 + n_in + n_saved :]), args[0], *args[1 : 1 + n_in + n_saved])
+        return g[0] if n_grads == 1 else tuple(g)
 
     def fake(*args):
         out = op.fake(*args)
-        return out if n_saved else out[0]
-
-    def impl_backward(*args):
-        grad, inputs = args[0], args[1 : 1 + n_in]
-        saved, params = args[1 + n_in : 1 + n_in + n_saved], args[1 + n_in + n_saved :]
-        g = tuple(op.backward(op.call(inputs, params), grad, *inputs, *saved))
-        return g[0] if n_grads == 1 else g
+        return tuple(out) if n_saved else out[0]
 
     def fake_backward(*args):
         inputs, params = args[1 : 1 + n_in], args[1 + n_in + n_saved :]
         if op.fake_grads is not None:
             g = tuple(op.fake_grads(*inputs, *params))
         else:
-            g = tuple(torch.empty_like(inputs[i]) for i in op.grads)
+            g = tuple(torch.empty_like(inputs[i]) for i in grads)
         return g[0] if n_grads == 1 else g
 
-    fwd = torch.library.custom_op(op.name, impl, mutates_args=(), schema=schema)
-    fwd.register_fake(fake)
-    bwd = torch.library.custom_op(f"{op.name}_backward", impl_backward, mutates_args=(), schema=b_schema)
-    bwd.register_fake(fake_backward)
-    bwd_op = getattr(getattr(torch.ops, namespace), f"{name}_backward")
+    lib = torch.library.Library(namespace, "FRAGMENT")
+    _LIBRARIES.append(lib)
+    b_name = f"{name}_backward"
+    for op_name, op_schema, op_impl, op_fake in (
+        (name, schema, impl, fake),
+        (b_name, b_schema, impl_backward, fake_backward),
+    ):
+        lib.define(op_name + op_schema, tags=(torch.Tag.pt2_compliant_tag,))
+        lib.impl(op_name, op_impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{namespace}::{op_name}", op_fake, lib=lib)
+    ops = getattr(torch.ops, namespace)
+    fwd_op, bwd_op = getattr(ops, name).default, getattr(ops, b_name).default
 
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[:n_in], *(output[1:] if n_saved else ()))
-        ctx.params = inputs[n_in:]
-        ctx.present = [t is not None for t in inputs[:n_in]]
+    redispatch = fwd_op._handle.redispatch_boxed
+    after_autograd = torch._C._after_autograd_keyset
+    below_autograd = torch._C._AutoDispatchBelowAutograd
+    none = (None,) * (1 + n_in + n_par)
 
-    def backward(ctx, grad, *_saved_grads):
-        tensors = ctx.saved_tensors
-        g = bwd_op(grad, *tensors, *ctx.params)
-        if n_grads == 1:
-            g = (g,)
-        out = [None] * (n_in + n_par)
-        for k, i in enumerate(op.grads):
-            if ctx.present[i]:
-                out[i] = g[k]
-        return tuple(out)
+    class Function(torch.autograd.Function):
+        """The forward op's autograd: ``apply(keyset, *inputs, *params)``, the backward through ``bwd_op``."""
 
-    fwd.register_autograd(backward, setup_context=setup_context)
-    return fwd
+        @staticmethod
+        def forward(ctx, keyset, *args):
+            with below_autograd():
+                output = redispatch(keyset & after_autograd, *args)
+            ctx.save_for_backward(*args[:n_in], *(output[1:] if n_saved else ()))
+            ctx.params = args[n_in:]
+            return output
+
+        @staticmethod
+        def backward(ctx, grad, *_saved_grads):
+            # The backward op has no autograd of its own (see register's docstring).
+            if torch.is_grad_enabled():
+                raise RuntimeError(f"{op.name} is not twice differentiable (backward with create_graph=True)")
+            g = bwd_op(grad, *ctx.saved_tensors, *ctx.params)
+            if n_grads == 1:
+                g = (g,)
+            need = ctx.needs_input_grad
+            out = list(none)
+            for k, i in enumerate(grads):
+                if need[1 + i]:
+                    out[1 + i] = g[k]
+            return tuple(out)
+
+    Function.__name__ = Function.__qualname__ = name.title().replace("_", "") + "OpFunction"
+    # Per dispatch key set below autograd (as raw bits): whether a backend kernel is all that runs below,
+    # so that the implementation may be called directly. The sets seen are few: one per device and mode.
+    direct = {}
+    backends = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
+    grad_enabled, any_requires_grad = torch.is_grad_enabled, torch._C._any_requires_grad
+
+    def autograd_kernel(keyset, *args):
+        if grad_enabled() and any_requires_grad(*args):
+            return Function.apply(keyset, *args)
+        below = keyset & after_autograd
+        bits = below.raw_repr()
+        plain = direct.get(bits)
+        if plain is None:
+            # ADInplaceOrView falls through for a functional op; any other key ranks above the backends.
+            top = below.remove(torch._C.DispatchKey.ADInplaceOrView).highestPriorityTypeId()
+            plain = direct[bits] = top in backends
+        with below_autograd():
+            return impl(*args) if plain else redispatch(below, *args)
+
+    lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+    return fwd_op
+
+
+#: The libraries that hold the registered ops (an op is deregistered when its library is collected).
+_LIBRARIES: list[torch.library.Library] = []

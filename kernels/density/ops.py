@@ -4,9 +4,9 @@ Each op is one :class:`kernels._opdef.OpDef` — launcher, backward and output s
 which both the eager autograd Function and the custom ops are built: the Triton ops' definitions live
 beside their launchers (``kernels.density.triton``, which registers them when imported), the CPU ops'
 here. ``splat_density`` calls the ops only while ``torch.compiler.is_compiling()``: an eager call applies
-the backend's autograd Function directly, because the custom-op dispatcher (schema parsing, the
-generated autograd node, fake-tensor bookkeeping) adds tens of µs of host time per call, several times
-the GPU work of a small model. Inside a compiled graph that cost is paid once at trace time.
+the backend's autograd Function directly, because the dispatcher's Python kernels add host time to every
+call. A compiled graph calls the ops at every run; :func:`kernels._opdef.register` keeps that cost to one
+pass through the dispatcher per call.
 
 Ops (namespace ``kernels``; each ``X`` has its backward ``X_backward(grad, *inputs, *saved, *params)``):
 

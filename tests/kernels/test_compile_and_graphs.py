@@ -113,6 +113,54 @@ def test_custom_ops_pass_opcheck():
             )
 
 
+def test_compiled_op_calls_reach_the_implementation_without_torch_library_wrappers(monkeypatch):
+    """A compiled graph calls its ops at every run: each call goes from the dispatcher to our implementation.
+
+    ``torch.library.custom_op`` puts a Python autograd layer, a redispatch and a checking wrapper
+    (``torch/_library``) between them, which cost host time at every call of the compiled step.
+    """
+    import traceback
+
+    from kernels.density import cpu
+
+    stacks = []
+
+    def recording(real):
+        def call(*args, **kwargs):
+            stacks.append([f"{f.filename}:{f.name}".replace("\\", "/") for f in traceback.extract_stack()])
+            return real(*args, **kwargs)
+
+        return call
+
+    for name in ("splat_cpu", "_splat_cpu"):  # the op's forward and backward call these at run time
+        monkeypatch.setattr(cpu, name, recording(getattr(cpu, name)))
+    base = _atoms("cpu")
+    w = torch.randn(GRID.shape, generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _value_and_grads(torch.compile(_loop(base, GRID, w, "cpu", steps=1), fullgraph=True), base)
+    assert any("_opdef.py" in f for s in stacks for f in s), "the compiled step did not run the op"
+    for stack in stacks:
+        assert not [f for f in stack if "torch/_library/" in f], stack
+        # Nor an autograd Function of the op's own: the compiled graph's autograd is the graph's.
+        assert not [f for f in stack if f.endswith("_opdef.py:forward")], stack
+
+
+def test_custom_op_backward_refuses_create_graph():
+    """The ops are not twice differentiable: a backward with create_graph=True says so."""
+    from kernels.density import ops  # noqa: F401  (registers the ops)
+
+    base = _atoms("cpu")
+    leaves = [t.clone().requires_grad_(True) for t in (base.xyz, base.b_iso, base.occ)]
+    out = torch.ops.kernels.density_cpu(*leaves, base.a, base.b, list(CELL.parameters), list(GRID.shape), None, 1e-5)
+    with pytest.raises(RuntimeError, match="kernels::density_cpu is not twice differentiable"):
+        torch.autograd.grad(out.sum(), leaves, create_graph=True)
+    # Without create_graph the same backward runs (the gradient of the map's sum is the occupancy's).
+    g = torch.autograd.grad(out.sum(), leaves)
+    assert float(g[2].abs().max()) > 0
+
+
 def test_eager_calls_do_not_go_through_the_custom_ops(monkeypatch):
     """The ops' dispatch costs host time: eager splat_density calls the backends directly."""
     from kernels.density import ops
