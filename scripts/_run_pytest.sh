@@ -1,14 +1,19 @@
 # Shared by scripts/test.sh and scripts/test_fast.sh; sourced, not run.
-# run_pytest ARGS...: "$PY" -m pytest ARGS, then exit with its status, where collecting no tests
-# (pytest's 5) is a failure too.
-run_pytest() {
+# pytest_status ARGS...: "$PY" -m pytest ARGS and its status, where collecting no tests (pytest's 5)
+# counts as a failure (1). run_pytest ARGS...: the same, then exit with that status.
+pytest_status() {
     set +e
     "$PY" -m pytest "$@"
     local status=$?
     set -e
     if [ "$status" -eq 5 ]; then
         echo "pytest collected no tests: that is a failure" >&2
-        exit 1
+        status=1
     fi
+    return "$status"
+}
+run_pytest() {
+    local status=0
+    pytest_status "$@" || status=$?
     exit "$status"
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the tests need and run them: the one test command (README, .ci/run).
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/kernels -k cpu`.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/kernels -k cpu` (one run); without
+# them every test runs: all but the browser tests over WORKERS processes, then the browser tests alone.
 #   WORKERS=n   pytest-xdist worker processes (default 2, CI's cores; 0 runs in this process).
 #               Each test file runs whole on one worker, so a file's module fixtures are made once.
 # The development tier (no install, no slow or browser tests) is scripts/test_fast.sh.
@@ -15,4 +16,14 @@ echo "==> ruff"
 "$PY" -m ruff check kernels workbench tests benchmarks
 echo "==> pytest"
 source scripts/_run_pytest.sh
-run_pytest -p no:cacheprovider --durations=15 --failures-now -n "${WORKERS:-2}" --dist loadfile "${@:-tests}"
+common=(-p no:cacheprovider --durations=15 --failures-now)
+if [ "$#" -gt 0 ]; then
+    run_pytest "${common[@]}" -n "${WORKERS:-2}" --dist loadfile "$@"
+fi
+# The browser tests time the workbench as a user feels it (Chromium, the kernel and the splat share
+# the cores): they run after the others, alone, so no other test process competes for the cores.
+status=0
+pytest_status "${common[@]}" -n "${WORKERS:-2}" --dist loadfile -m "not browser" tests || status=$?
+echo "==> pytest -m browser (alone: its tests time what a user sees)"
+pytest_status "${common[@]}" -m browser tests || status=$?
+exit "$status"
