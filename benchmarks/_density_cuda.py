@@ -107,7 +107,7 @@ def _bench(fn, graph: bool) -> float:
 def _case(name: str, spacing: float, with_torch: bool = True, gemmi_repeats: int = 3) -> dict:
     import kernels
     from kernels.crystal import AtomSet, GridSpec
-    from kernels.density.triton import _radii_device, splat_triton
+    from kernels.density.triton import _kernel_inputs, _plan, _radii_alone, splat_triton
 
     m = model(name)
     grid = GridSpec.for_spacing(m.cell, spacing)
@@ -138,8 +138,10 @@ def _case(name: str, spacing: float, with_torch: bool = True, gemmi_repeats: int
     res["triton_fwd_bwd_ms"] = _bench(fwd_bwd, graph=False)
     res["triton_fwd_graph_ms"] = _bench(fwd, graph=True)
     res["triton_fwd_bwd_graph_ms"] = _bench(fwd_bwd, graph=True)
-    radii = _radii_device(base.b_iso, base.a, base.b, kernels.DEFAULT_CUTOFF)
-    res["radius_kernel_ms"] = _bench(lambda: _radii_device(base.b_iso, base.a, base.b, 1e-5), graph=True)
+    inputs = _kernel_inputs(base)
+    radii = _radii_alone(_plan(grid, None, kernels.DEFAULT_CUTOFF, base.device), *inputs)
+    plan_1e5 = _plan(grid, None, 1e-5, base.device)
+    res["radius_kernel_ms"] = _bench(lambda: _radii_alone(plan_1e5, *inputs), graph=True)
     res["zero_map_ms"] = _bench(lambda: torch.zeros(grid.n_voxels, device="cuda"), graph=True)
     res["triton_rel_l2_second_call"] = _rel_l2(fwd(), ref7)
 

@@ -202,9 +202,7 @@ def structure_case(name: str, device: torch.device, reps: int, smoke: bool, rate
     atoms64, cell, what = _structure_atoms(name, smoke)
     grid = GridSpec.for_spacing(cell, 2.0 if smoke else SPACING)
     atoms = atoms64.to(device, torch.float32)
-    radii = T._radii_device(
-        atoms.b_iso.contiguous(), atoms.a.contiguous(), atoms.b.contiguous(), kernels.DEFAULT_CUTOFF
-    )
+    radii = T._radii_alone(T._plan(grid, None, kernels.DEFAULT_CUTOFF, device), *T._kernel_inputs(atoms))
     contributions, groups = count_contributions(atoms, grid, radii)
     map_bytes = math.prod(grid.shape) * 4
     where = "l2" if map_bytes < L2_BYTES else "hbm"

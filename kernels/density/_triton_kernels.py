@@ -122,24 +122,6 @@ def _radius_search(bb, amp0, ex0, amp1, ex1, amp2, ex2, amp3, ex3, amp4, ex4, va
     return tl.maximum(radius, 0.0)
 
 
-@triton.jit
-def _radius_kernel(
-    b_iso_ptr,  # (N,) float32, Å²
-    a_ptr,  # (N, 5) float32
-    b_ptr,  # (N, 5) float32, Å²
-    out_ptr,  # (N,) float32, Å (written)
-    n_atoms,
-    cutoff,  # float, e/Å³
-    MAX_STEPS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    # The splat's forward computes the same radii itself; this kernel serves tests and benchmarks.
-    ia = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    valid = ia < n_atoms
-    bb = tl.load(b_iso_ptr + ia, mask=valid, other=1.0)
-    tl.store(out_ptr + ia, _cutoff_radius(bb, a_ptr, b_ptr, ia, valid, cutoff, MAX_STEPS), mask=valid)
-
-
 _FIX_ARGS = ("xyz_ptr", "b_iso_ptr", "occ_ptr", "a_ptr", "b_ptr", "radius_ptr", "p_ptr", "fix_ptr")
 
 

@@ -93,7 +93,6 @@ from kernels.density._triton_aniso_kernels import (
 from kernels.density._triton_kernels import (
     _fixed_scale_kernel,
     _fixed_to_float_kernel,
-    _radius_kernel,
     _splat_bwd_kernel,
     _splat_fwd_kernel,
 )
@@ -293,15 +292,6 @@ def _plan(grid: GridSpec, radius: float | None, cutoff: float, device: torch.dev
             _plans.clear()
         plan = _plans[key] = _Plan.build(grid, radius, cutoff, device)
     return plan
-
-
-def _radii_device(b_iso: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cutoff: float) -> torch.Tensor:
-    """Per-atom cutoff radii in Å, shape (N,), float32, on the atoms' device (gemmi's rule)."""
-    n = b_iso.shape[0]
-    out = torch.empty(n, dtype=torch.float32, device=b_iso.device)
-    block = 128 if not triton_interpreted() else 1024
-    _radius_kernel[(ceil_div(n, block),)](b_iso, a, b, out, n, cutoff, MAX_STEPS=80, BLOCK=block, num_warps=4)
-    return out
 
 
 # One launcher per kernel (kernels._launch): after the first call of a specialisation its compiled kernel
@@ -840,7 +830,10 @@ def map_vjp_triton(
 
 
 def _radii_alone(plan: _Plan, xyz, b_iso, occ, a, b) -> torch.Tensor:
-    """(N,) float32 per-atom radii as the isotropic forward writes them (``_splat_radii_kernel``)."""
+    """(N,) float32 per-atom radii as the isotropic forward writes them (``_splat_radii_kernel``).
+
+    The inputs as :func:`_kernel_inputs` gives them; the plan's cutoff (``_plan(grid, None, cutoff, device)``).
+    """
     from kernels.density._triton_kernels import _splat_radii_kernel
 
     n = xyz.shape[0]

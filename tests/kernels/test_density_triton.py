@@ -24,7 +24,7 @@ import kernels
 from kernels.crystal import AtomSet, Cell, GridSpec
 from kernels.density import triton as triton_splat
 from kernels.density.reference import splat_reference
-from kernels.density.triton import _radii_device, splat_triton
+from kernels.density.triton import _kernel_inputs, _plan, _radii_alone, splat_triton
 from tests.helpers import assert_close, assert_kernel_close, model, requires_cuda
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -203,10 +203,11 @@ def test_device_radius_rule_matches_cutoff_radius():
     m = model("1orc")
     cell = Cell.from_parameters(*CELLS["orthogonal"])
     syn = synthetic(cell, MIXED * 4, seed=9, b_range=(0.5, 400.0))
-    for atoms in (m.atoms, syn):
+    for atoms, atoms_cell in ((m.atoms, m.cell), (syn, cell)):
+        grid = GridSpec(atoms_cell, (24, 24, 24))
         for cutoff in (1e-5, 1e-3, 1e-7):
             at = atoms.to(DEVICE, torch.float32)
-            got = _radii_device(at.b_iso, at.a, at.b, cutoff).double()
+            got = _radii_alone(_plan(grid, None, cutoff, torch.device(DEVICE)), *_kernel_inputs(at)).double()
             want = kernels.cutoff_radius(atoms.b_iso, atoms.a, atoms.b, cutoff).to(DEVICE)
             err = float((got - want).abs().max())
             assert err < 1e-4, f"cutoff {cutoff}: max |Δr| = {err} Å"
