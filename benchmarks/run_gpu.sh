@@ -17,10 +17,11 @@
 #              `pip install --no-deps --target DIR` of its wheel; a peer left unset is reported as
 #              not run), planarity and tricubic, eager vs graph vs the floor
 #   ensemble   bench_ensemble.py on one GPU; with 2 or more GPUs also the torchrun (NCCL) run on 2
-#   stream     issue 37, bench_ensemble.py --stream-gpu: one GPU streams 10^6 frames of 1AKI and 10^5 of 3WIP
-#              from a generator (forward, forward + the streamed backward, peak memory, against the
-#              in-memory rate); with 2 or more GPUs, torchrun on 2 streams 3WIP from a DCD it writes (one
-#              GPU against two, decoding alone) and times one map's all-reduce. Sized for about 5 minutes on 2 H200s (each run stops at 270 s).
+#   stream     issue 37, bench_ensemble.py --stream-gpu on one GPU: 10^6 frames of 1AKI and 10^5 of 3WIP
+#              streamed from a generator (forward, forward + the streamed backward, peak memory, against
+#              the in-memory rate); stops at 270 s
+#   stream2    issue 37 under torchrun on 2 GPUs (needs 2 visible): 3WIP streamed from a DCD it writes (one
+#              GPU against two, decoding alone) and one map's all-reduce; stops at 270 s
 #   aniso      bench_aniso_gpu.py: anisotropic against isotropic atoms (1PFE, 3O5R, 3WIP synthetic U)
 #   determinism  issue 36: tests/kernels/test_density_deterministic.py (10 calls bitwise, permuted atoms),
 #              bench_atomics.py (atomic-add throughput, the splat's fractions of it) and bench_eager.py's
@@ -58,6 +59,8 @@ python3 setup.py -q build_ext --inplace > "$DIR/build.log" 2>&1 || { tail -n 20 
 } > "$DIR/device.txt" 2>&1
 cat "$DIR/device.txt"
 has() { [[ " $PARTS " == *" $1 "* ]]; }
+# GPUs this process may use (CUDA_VISIBLE_DEVICES honoured, which nvidia-smi ignores)
+visible_gpus() { python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0; }
 summary=()
 if has tests; then
     python3 -m pytest tests/kernels tests/workbench -q -p no:cacheprovider -n 6 -o addopts="-ra" \
@@ -101,7 +104,7 @@ if has ensemble; then
     timeout 480 python3 benchmarks/bench_ensemble.py --out "$DIR/ensemble_cuda_${gpu}_$day.json" \
         > "$DIR/ensemble_cuda_${gpu}_$day.log" 2>&1
     summary+=("ensemble rc=$?")
-    if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+    if [ "$(visible_gpus)" -ge 2 ]; then
         timeout 480 python3 -m torch.distributed.run --standalone --nproc_per_node 2 benchmarks/bench_ensemble.py --distributed \
             --out "$DIR/ensemble_cuda_${gpu}x2_$day.json" > "$DIR/ensemble_cuda_${gpu}x2_$day.log" 2>&1
         summary+=("ensemble 2 GPUs rc=$?")
@@ -111,10 +114,14 @@ if has stream; then
     timeout 270 python3 benchmarks/bench_ensemble.py --stream-gpu --out-dir "$DIR" \
         > "$DIR/stream_cuda_${gpu}_$day.log" 2>&1
     summary+=("stream 1 GPU rc=$?")
-    if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+fi
+if has stream2; then
+    if [ "$(visible_gpus)" -ge 2 ]; then
         timeout 270 python3 -m torch.distributed.run --standalone --nproc_per_node 2 benchmarks/bench_ensemble.py \
             --stream-gpu --out-dir "$DIR" > "$DIR/stream_cuda_${gpu}x2_$day.log" 2>&1
         summary+=("stream 2 GPUs rc=$?")
+    else
+        summary+=("stream 2 GPUs: not run, $(visible_gpus) GPU visible")
     fi
 fi
 if has aniso; then
