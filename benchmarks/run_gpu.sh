@@ -30,9 +30,12 @@
 #              L-BFGS) and compiled / reduce-overhead (Adam), in three runs of at most 9 minutes
 #   gputier    scripts/test_gpu.sh: the GPU test tier (pytest -m gpu), failures printed as they happen
 #   peers      issue 36 part 3: bench_eager.py --parts peers with torchref 0.5.3.3, 0.7.0 and the 0.8 build, each
-#              installed from .whl/ (torchref*.whl, torchref_kernels*.whl) into a --target folder under /tmp
+#              installed from .whl/peers/ (torchref*.whl, torchref_kernels*.whl) into a --target folder under /tmp
 #   ab         issue 35's before/after: $BEFORE (an exported older checkout, built here) against this tree,
-#              scripts/triton_bitwise.py (deterministic maps, bit for bit) and benchmarks/density_ab.py
+#              benchmarks/density_ab.py (eager, side by side in one run)
+#   bitwise    scripts/triton_bitwise.py on the GPU: $BEFORE's and this tree's deterministic maps and
+#              gradients, bit for bit. Slow: every kernel variant compiles cold in each tree (over 7 minutes
+#              on an H200 host), so the interpreter and PTX-hash checks of that script are the usual route
 #   streamvjp  issue 37's second pass: bench_stream_vjp.py (backward alone against recomputing the forward)
 #   loopcheck  issue 33's GPU check, about 3 minutes after the C++ build (which takes 1.5 more on the H200
 #              host the first time): the CUDA tests that reduce-overhead replays
@@ -169,10 +172,10 @@ if has gputier; then
 fi
 if has peers; then
     for p in 053:torchref-0.5.3.3 070:torchref-0.7.0 08:torchref-0.8.0.dev0+g26e407e; do
-        python3 -m pip install -q --no-deps --no-index --target "/tmp/peer${p%%:*}" ".whl/${p#*:}-py3-none-any.whl"
+        python3 -m pip install -q --no-deps --no-index --target "/tmp/peer${p%%:*}" ".whl/peers/${p#*:}-py3-none-any.whl"
     done
     for d in /tmp/peer070 /tmp/peer08; do
-        python3 -m pip install -q --no-deps --no-index --target "$d" .whl/torchref_kernels-*.whl
+        python3 -m pip install -q --no-deps --no-index --target "$d" .whl/peers/torchref_kernels-*.whl
     done
     timeout 300 python3 benchmarks/bench_eager.py --parts peers --peer053 /tmp/peer053 --peer070 /tmp/peer070 \
         --peer08 /tmp/peer08 --out "$DIR/peers_cuda_${gpu}_$day.json" > "$DIR/peers_cuda_${gpu}_$day.log" 2>&1
@@ -180,13 +183,16 @@ if has peers; then
 fi
 if has ab; then
     (cd "${BEFORE:?ab needs BEFORE=an older checkout}" && python3 setup.py -q build_ext --inplace) > "$DIR/build_before.log" 2>&1
-    { PYTHONPATH="$BEFORE:${PYTHONPATH#"$PWD:"}" python3 scripts/triton_bitwise.py save --deterministic /tmp/bitwise_before.pt &&
-      python3 scripts/triton_bitwise.py save --deterministic /tmp/bitwise_after.pt &&
-      python3 scripts/triton_bitwise.py compare /tmp/bitwise_before.pt /tmp/bitwise_after.pt; } > "$DIR/bitwise_cuda_${gpu}_$day.log" 2>&1
-    summary+=("triton bitwise rc=$?: $(tail -n 1 "$DIR/bitwise_cuda_${gpu}_$day.log")")
     timeout 420 python3 benchmarks/density_ab.py --before "$BEFORE" --out "$DIR/density_ab_cuda_${gpu}_$day.json" \
         > "$DIR/density_ab_cuda_${gpu}_$day.log" 2>&1
     summary+=("density a/b rc=$?")
+fi
+if has bitwise; then
+    (cd "${BEFORE:?bitwise needs BEFORE=an older checkout}" && python3 setup.py -q build_ext --inplace) > "$DIR/build_before.log" 2>&1
+    { PYTHONPATH="$BEFORE:${PYTHONPATH#"$PWD:"}" timeout 600 python3 scripts/triton_bitwise.py save --deterministic /tmp/bitwise_before.pt &&
+      timeout 600 python3 scripts/triton_bitwise.py save --deterministic /tmp/bitwise_after.pt &&
+      python3 scripts/triton_bitwise.py compare /tmp/bitwise_before.pt /tmp/bitwise_after.pt; } > "$DIR/bitwise_cuda_${gpu}_$day.log" 2>&1
+    summary+=("triton bitwise rc=$?: $(tail -n 1 "$DIR/bitwise_cuda_${gpu}_$day.log")")
 fi
 if has streamvjp; then
     timeout 180 python3 benchmarks/bench_stream_vjp.py --out-dir "$DIR" > "$DIR/stream_vjp_cuda_${gpu}_$day.log" 2>&1
