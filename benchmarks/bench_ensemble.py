@@ -42,7 +42,8 @@ Streaming (``--stream-gpu``), issue 37 (JSON per mode into ``--out-dir``, defaul
 ``benchmarks/results``):
 
 - one device: 10⁶ frames of 1aki and 10⁵ of 3wip from :func:`perturbed_chunks` (made on the
-  device, seeded: the source costs next to nothing, timed alone beside), 256 MiB chunks,
+  device, seeded: the source costs next to nothing, timed alone beside), chunks of
+  ``kernels.DEFAULT_CHUNK_BYTES`` of positions,
   ``splat_ensemble(reduce="sum")`` forward, and forward then :func:`kernels.ensemble_gradients`
   (the streamed backward, a second pass); wall clock of the whole stream, peak device memory
   (``torch.cuda.max_memory_allocated``), host RSS sampled every 5 ms beyond its level before;
@@ -479,7 +480,8 @@ def perturbed_chunks(xyz: torch.Tensor, n_frames: int, chunk: int, sigma: float,
     gen = torch.Generator(device=xyz.device).manual_seed(seed)
     for lo in range(0, n_frames, chunk):
         c = min(chunk, n_frames - lo)
-        yield xyz + sigma * torch.randn((c, *xyz.shape), generator=gen, device=xyz.device, dtype=xyz.dtype)
+        # in place: the source holds one chunk of its own, not three
+        yield torch.randn((c, *xyz.shape), generator=gen, device=xyz.device, dtype=xyz.dtype).mul_(sigma).add_(xyz)
 
 
 class _GradSink:
@@ -900,7 +902,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stream-structures", nargs="+", default=["3wip", "1aki"], choices=["1aki", "3wip"])
     ap.add_argument("--stream-frames", type=int, default=None, help="frames streamed (default: the issue's)")
     ap.add_argument("--stream-chunk", type=int, default=None,
-                    help="frames per chunk (default: --stream-gpu the 256 MiB cap, --stream-cpu 1024)")  # fmt: skip
+                    help="frames per chunk (default: --stream-gpu kernels.DEFAULT_CHUNK_BYTES, --stream-cpu 1024)")  # fmt: skip
     ap.add_argument("--stream-dir", type=Path, default=None, help="folder for the DCD (default: the temp folder)")
     ap.add_argument("--out-dir", type=Path, default=None, help="--stream-gpu JSON folder (default $OUT, else results)")
     ap.add_argument(

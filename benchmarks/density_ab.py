@@ -158,10 +158,18 @@ def _worker(tree: str) -> None:
 # --------------------------------------------------------------------------- coordinator
 
 
+def _path_with(tree: Path) -> str:
+    """``PYTHONPATH`` with ``tree`` first and no other checkout of the project (where dependencies
+    come from a ``--target`` folder on the path, that folder stays)."""
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    others = [p for p in inherited if not (Path(p) / "kernels" / "__init__.py").is_file()]
+    return os.pathsep.join([str(tree), *others])
+
+
 class _Worker:
     def __init__(self, label: str, tree: Path, threads: int):
         self.label = label
-        env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS=str(threads))
+        env = dict(os.environ, PYTHONPATH=_path_with(tree), OMP_NUM_THREADS=str(threads))
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--worker", str(tree)],
             stdin=subprocess.PIPE,

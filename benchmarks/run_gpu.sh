@@ -44,6 +44,8 @@
 #              building the atoms, compiled and replayed gradients against eager (--check-grads)
 # Files are named <op>_<gpu>_<date> (GPU parts) and <op>_<gpu>host_<date> (CPU parts), <gpu> from
 # nvidia-smi (h100, h200, a100, ... or "gpu"). device.txt records the GPU, CPU and versions.
+# BUILD=0 skips building the C++ modules in place, for parts that run only the GPU paths (stream,
+# stream2, peers, streamvjp: no module of theirs imports them).
 set -o pipefail
 DIR="${1:?usage: bash benchmarks/run_gpu.sh DIR}"
 PARTS="${PARTS:-tests density planarity tricubic workbench cpu}"
@@ -52,7 +54,9 @@ day=$(date -u +%F)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | grep -oE '[AHBL][0-9]{2,3}' | head -n 1 | tr 'A-Z' 'a-z')
 gpu="${gpu:-gpu}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=PASSIVE
-python3 setup.py -q build_ext --inplace > "$DIR/build.log" 2>&1 || { tail -n 20 "$DIR/build.log"; exit 1; }
+if [ "${BUILD:-1}" != 0 ]; then
+    python3 setup.py -q build_ext --inplace > "$DIR/build.log" 2>&1 || { tail -n 20 "$DIR/build.log"; exit 1; }
+fi
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
     python3 -c "import torch, triton, gemmi; print('torch', torch.__version__, 'triton', triton.__version__, 'gemmi', gemmi.__version__)"

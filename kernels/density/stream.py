@@ -392,7 +392,7 @@ def ensemble_gradients(
         same files (rank 0 creates them), so the path must be on a file system all ranks share.
     chunk : int, optional
         Frames per backward call (default: the source's chunk; for a tensor, the CPU backend's
-        call size or 256 MiB of positions on a GPU).
+        call size or ``DEFAULT_CHUNK_BYTES`` of positions on a GPU).
     wrt : sequence of {"xyz", "b_iso", "occ"}
         The gradients to compute: positions, and the per-frame B and occupancy of every atom
         (evaluated at the atoms' own B and occupancy).

@@ -152,6 +152,57 @@ def test_a_dcd_streams_through_frames_from(trajectory, tmp_path, backend):
     assert part.n_frames == 4 and torch.equal(torch.cat(list(part.chunks())), xyz[2:6].float())
 
 
+def _mdanalysis_frames(top: Path, dcd: Path) -> np.ndarray:
+    """Every frame of ``dcd`` through MDAnalysis's own reader, one Timestep at a time."""
+    import warnings
+
+    import MDAnalysis
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        u = MDAnalysis.Universe(str(top), str(dcd))
+    out = np.stack([ts.positions.copy() for ts in u.trajectory])
+    u.trajectory.close()
+    return out
+
+
+@pytest.mark.parametrize("box", [True, False], ids=["unit cell", "no unit cell"])
+def test_dcd_records_read_the_same_bits_as_mdanalysis(trajectory, tmp_path, box):
+    _, top, dcd = trajectory
+    if not box:  # the same frames without their unit-cell records, and the header's flag for them cleared
+        f = kernels.frames_from(dcd, top)._reader.universe.trajectory._file
+        data = dcd.read_bytes()
+        head = bytearray(data[: f._header_size])
+        head[48:52] = (0).to_bytes(4, "little")  # ICNTRL(11), "a unit cell in every frame"
+        frames = [data[f._header_size + k * f._framesize :][56 : f._framesize] for k in range(7)]
+        dcd = tmp_path / "nobox.dcd"
+        dcd.write_bytes(bytes(head) + b"".join(frames))
+    src = kernels.frames_from(dcd, top, chunk=3)
+    universe = src._reader.universe.trajectory._file
+    assert bool(universe.is_periodic) is box and universe._framesize == (56 if box else 0) + 3 * (8 + 4 * 9)
+    assert src._reader._records is not None  # read as records, not frame by frame
+    want = _mdanalysis_frames(top, dcd)
+    assert want.shape == (7, 9, 3)
+    assert torch.equal(torch.cat(list(src.chunks())), torch.from_numpy(want))
+    assert torch.equal(torch.cat(list(src.chunks(1, 6))), torch.from_numpy(want[1:6]))
+    f64 = kernels.frames_from(dcd, top, dtype=torch.float64)
+    assert torch.equal(torch.cat(list(f64.chunks())), torch.from_numpy(want).double())
+
+
+def test_a_damaged_dcd_record_names_its_frame(trajectory, tmp_path):
+    _, top, dcd = trajectory
+    f = kernels.frames_from(dcd, top)._reader.universe.trajectory._file
+    data = bytearray(dcd.read_bytes())
+    at = f._header_size + 4 * f._framesize + 56 + 4 + 4 * 9  # frame 5's X record, its closing byte count
+    data[at : at + 4] = (1234).to_bytes(4, "little")
+    bad = tmp_path / "damaged.dcd"
+    bad.write_bytes(bytes(data))
+    src = kernels.frames_from(bad, top, chunk=2)
+    assert torch.equal(torch.cat(list(src.chunks(0, 4))), torch.cat(list(kernels.frames_from(dcd, top).chunks(0, 4))))
+    with pytest.raises(ValueError, match=r"damaged.dcd: frame 5 is damaged \(a record's byte count is 1234, not 36\)"):
+        list(src.chunks())
+
+
 def test_progress_counts_frames_and_shows_a_bar(trajectory, capsys):
     _, top, dcd = trajectory
     atoms = _dcd_atoms(top)
