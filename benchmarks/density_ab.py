@@ -294,6 +294,10 @@ def _print(key: str, case: dict) -> None:
 
 
 def _commit(tree: Path) -> str | None:
+    """The tree's commit; None for a tree that is no checkout of its own (an export inside another
+    checkout would otherwise report that checkout's commit)."""
+    if not (Path(tree) / ".git").exists():
+        return None
     try:
         return subprocess.run(
             ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True

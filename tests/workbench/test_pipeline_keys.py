@@ -102,7 +102,8 @@ def _applies(field: str, settings: Settings, model) -> bool:
 def _differs(a, b, what: str = "") -> str | None:
     """Where two results differ (bitwise: the CPU kernels are deterministic, a GPU under the switch), or None when equal."""
     if isinstance(a, torch.Tensor):
-        same = isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+        # a value now on another device differs (the device setting moved it), whatever its numbers
+        same = isinstance(b, torch.Tensor) and (a.dtype, a.device) == (b.dtype, b.device) and torch.equal(a, b)
     elif isinstance(a, np.ndarray):
         same = isinstance(b, np.ndarray) and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
     elif isinstance(a, (tuple, list)):
