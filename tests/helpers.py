@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -117,3 +118,17 @@ def run_compiled(script: str, root: Path, timeout: float = 600) -> str:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
+
+
+@contextlib.contextmanager
+def deterministic(on: bool = True, *, warn_only: bool = False):
+    """``torch.use_deterministic_algorithms(on, warn_only=warn_only)`` inside, the caller's setting restored after."""
+    was, was_warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(on, warn_only=warn_only)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=was_warn_only)

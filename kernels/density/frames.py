@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -25,6 +26,42 @@ __all__ = ["DEFAULT_CHUNK_BYTES", "FrameSource", "frame_share", "frames_from"]
 DEFAULT_CHUNK_BYTES = 128 << 20
 
 _MODEL_SUFFIXES = (".pdb", ".ent", ".cif", ".mmcif", ".pdb.gz", ".ent.gz", ".cif.gz", ".mmcif.gz")
+
+
+#: Bytes of a DCD frame's unit-cell record between its two byte counts: six float64.
+_CELL_BYTES = 48
+
+
+class _DcdLayout(NamedTuple):
+    """What MDAnalysis's DCD reader found in the header: byte sizes of the header, the first frame and
+    every later frame; whether each frame holds a unit cell; the dimensions (3, or 4 for CHARMM's 4D)."""
+
+    header: int
+    first: int
+    frame: int
+    cell: bool
+    ndims: int
+
+
+def _dcd_layout(reader, path: Path) -> _DcdLayout | None:
+    """The layout of the DCD ``path`` that ``reader`` (an MDAnalysis DCDReader) opened; None for another format."""
+    f = getattr(reader, "_file", None)
+    sizes = [getattr(f, name, None) for name in ("_header_size", "_firstframesize", "_framesize", "ndims")]
+    if path.suffix.lower() != ".dcd" or None in sizes:
+        return None
+    return _DcdLayout(*sizes[:3], bool(getattr(f, "is_periodic", False)), sizes[3])
+
+
+def _check_dcd_length(layout: _DcdLayout, path: Path, n_frames: int) -> None:
+    """ValueError when a DCD's size is not its header plus whole frames (MDAnalysis drops a cut-off frame silently)."""
+    header, first, frame = layout.header, layout.first, layout.frame
+    rest = os.path.getsize(path) - header - first - (n_frames - 1) * frame
+    if rest != 0:
+        raise ValueError(
+            f"{path}: the DCD file holds {n_frames} whole frames and {rest} more bytes of a frame cut off "
+            f"({frame} bytes each); it is truncated (a run that stopped while writing?): rewrite it, or copy the "
+            f"first {n_frames} frames out with MDAnalysis"
+        )
 
 
 class _Trajectory:
@@ -50,8 +87,11 @@ class _Trajectory:
                 ) from exc
         self.n_frames = len(self.universe.trajectory)
         self.n_atoms = len(self.universe.atoms)
-        _check_dcd_length(self.universe.trajectory, path, self.n_frames)
-        self._records = _DcdRecords.open(self.universe.trajectory, path, self.n_frames, self.n_atoms)
+        layout = _dcd_layout(self.universe.trajectory, path)
+        self._records = None
+        if layout is not None and self.n_frames >= 1:
+            _check_dcd_length(layout, path, self.n_frames)
+            self._records = _DcdRecords.open(layout, path, self.n_frames, self.n_atoms)
 
     def read(self, lo: int, hi: int, out: np.ndarray, path: Path) -> None:
         if self._records is not None:
@@ -87,35 +127,33 @@ class _DcdRecords:
     """
 
     def __init__(self, path: Path, header: int, n_frames: int, n_atoms: int, cell: bool, order: str):
-        fields = [("cell0", order + "i4"), ("cell", "V48"), ("cell1", order + "i4")] if cell else []
+        fields = [("cell0", order + "i4"), ("cell", f"V{_CELL_BYTES}"), ("cell1", order + "i4")] if cell else []
         for axis in "xyz":
             fields += [(axis + "0", order + "i4"), (axis, order + "f4", (n_atoms,)), (axis + "1", order + "i4")]
         self._cell, self._marker = cell, 4 * n_atoms
         self._map = np.memmap(path, dtype=np.dtype(fields), mode="r", offset=header, shape=(n_frames,))
 
     @classmethod
-    def open(cls, trajectory, path: Path, n_frames: int, n_atoms: int) -> _DcdRecords | None:
-        """The records of ``trajectory``'s DCD file, or None where its layout is another (MDAnalysis reads those)."""
-        f = getattr(trajectory, "_file", None)
-        sizes = [getattr(f, name, None) for name in ("_header_size", "_firstframesize", "_framesize", "ndims")]
-        if path.suffix.lower() != ".dcd" or None in sizes or n_frames < 1 or n_atoms < 1:
+    def open(cls, layout: _DcdLayout, path: Path, n_frames: int, n_atoms: int) -> _DcdRecords | None:
+        """The records of the DCD ``path`` of ``layout``, or None where its frames are laid out otherwise
+        (fixed atoms, four dimensions: MDAnalysis reads those)."""
+        cell_record = 8 + _CELL_BYTES if layout.cell else 0
+        if n_atoms < 1 or layout.ndims != 3 or layout.first != layout.frame:
             return None
-        header, first, frame, ndims = sizes
-        cell = bool(getattr(f, "is_periodic", False))
-        if ndims != 3 or first != frame or frame != (56 if cell else 0) + 3 * (8 + 4 * n_atoms):
+        if layout.frame != cell_record + 3 * (8 + 4 * n_atoms):
             return None
         with open(path, "rb") as fh:
-            fh.seek(header + (56 if cell else 0))
+            fh.seek(layout.header + cell_record)
             marker = fh.read(4)
         for order in "<>":
             if len(marker) == 4 and int(np.frombuffer(marker, dtype=order + "i4")[0]) == 4 * n_atoms:
-                return cls(path, header, n_frames, n_atoms, cell, order)
+                return cls(path, layout.header, n_frames, n_atoms, layout.cell, order)
         return None
 
     def read(self, lo: int, hi: int, out: np.ndarray, path: Path) -> None:
         """Frames ``lo..hi`` (0-based, ``hi`` excluded) into ``out`` of shape (hi − lo, N, 3)."""
         records = self._map[lo:hi]
-        markers = [("cell0", 48), ("cell1", 48)] if self._cell else []
+        markers = [("cell0", _CELL_BYTES), ("cell1", _CELL_BYTES)] if self._cell else []
         markers += [(axis + end, self._marker) for axis in "xyz" for end in "01"]
         for name, size in markers:
             bad = np.flatnonzero(records[name] != size)
@@ -126,22 +164,6 @@ class _DcdRecords:
                 )
         for k, axis in enumerate("xyz"):
             out[:, :, k] = records[axis]
-
-
-def _check_dcd_length(reader, path: Path, n_frames: int) -> None:
-    """ValueError when a DCD's size is not its header plus whole frames (MDAnalysis drops a cut-off frame silently)."""
-    f = getattr(reader, "_file", None)
-    sizes = [getattr(f, name, None) for name in ("_header_size", "_firstframesize", "_framesize")]
-    if not path.suffix.lower() == ".dcd" or None in sizes or n_frames < 1:
-        return
-    header, first, frame = sizes
-    rest = os.path.getsize(path) - header - first - (n_frames - 1) * frame
-    if rest != 0:
-        raise ValueError(
-            f"{path}: the DCD file holds {n_frames} whole frames and {rest} more bytes of a frame cut off "
-            f"({frame} bytes each); it is truncated (a run that stopped while writing?): rewrite it, or copy the "
-            f"first {n_frames} frames out with MDAnalysis"
-        )
 
 
 class _Models:

@@ -10,7 +10,6 @@ The CUDA tests repeat each call 10 times on real structures.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import textwrap
 from pathlib import Path
@@ -22,7 +21,7 @@ import kernels
 from kernels.crystal import AtomSet, Cell, GridSpec
 from kernels.density import triton as triton_splat
 from kernels.density.reference import splat_reference
-from tests.helpers import assert_kernel_close, model, requires_cuda, run_compiled
+from tests.helpers import assert_kernel_close, deterministic, model, requires_cuda, run_compiled
 from tests.kernels.test_density_aniso_triton import CELLS, ELEMENTS, _leaves, check_against_reference
 from tests.kernels.test_density_aniso_triton import synthetic as aniso_synthetic
 from tests.kernels.test_density_triton import MIXED
@@ -30,17 +29,6 @@ from tests.kernels.test_density_triton import synthetic as iso_synthetic
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@contextlib.contextmanager
-def deterministic(on: bool = True):
-    """``torch.use_deterministic_algorithms(on)`` inside, the caller's setting restored after."""
-    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(on)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(was, warn_only=warn_only)
 
 
 def _run(atoms: AtomSet, grid: GridSpec, w: torch.Tensor, *, n_frames=None, radius=None):

@@ -100,7 +100,7 @@ def test_map_vjp_is_bitwise_the_backward_of_a_forward(backend, kind, radius, rul
 @pytest.mark.parametrize("kind", ["iso", "aniso"])
 def test_triton_map_vjp_matches_the_deterministic_forward_too(kind):
     """Under deterministic algorithms the forward takes its radii from another launch: the same radii."""
-    from tests.kernels.test_density_deterministic import deterministic
+    from tests.helpers import deterministic
 
     frames, grid, upstream = _chunk("triton", kind, True)
     with deterministic():

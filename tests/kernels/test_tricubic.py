@@ -15,7 +15,7 @@ import torch
 import kernels
 from kernels.tricubic import OutsideMapWarning
 from kernels.tricubic.reference import tricubic_reference
-from tests.helpers import assert_close, assert_kernel_close, gemmi_density, model, requires_cuda
+from tests.helpers import assert_close, assert_kernel_close, deterministic, gemmi_density, model, requires_cuda
 
 METHODS = ("catmull-rom", "lagrange")
 MODES = ("periodic", "bounded")
@@ -297,9 +297,7 @@ def test_triton_map_gradient_honours_the_deterministic_switch():
     rho, grid = real_map("1aki")
     pts = random_points(grid.cell, 50, seed=13).float().to(DEVICE["triton"])
     rho = rho.to(DEVICE["triton"])
-    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    try:
-        torch.use_deterministic_algorithms(True)
+    with deterministic():
         p = pts.clone().requires_grad_()
         fast("triton", rho, grid, p).sum().backward()
         assert p.grad is not None
@@ -310,8 +308,6 @@ def test_triton_map_gradient_honours_the_deterministic_switch():
         with pytest.warns(UserWarning, match="does not have a deterministic implementation"):
             fast("triton", r, grid, pts).sum().backward()
         assert r.grad is not None
-    finally:
-        torch.use_deterministic_algorithms(was, warn_only=warn_only)
 
 
 def test_batch_shape_empty_and_nonfinite_points():

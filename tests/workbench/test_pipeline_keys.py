@@ -4,7 +4,6 @@ fresh pipeline computes. Real pipeline, real kernels, on 1PFE (342 atoms, with A
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import warnings
 
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 import kernels
+from tests.helpers import deterministic
 from workbench.compute import Pipeline
 from workbench.compute.pipeline import APPLIES, STAGES
 from workbench.state import Settings, WorkbenchState, cuda_unavailable_reason
@@ -133,18 +133,6 @@ def _stage_values(pipeline: Pipeline, settings: Settings) -> dict[str, object]:
     return values
 
 
-@contextlib.contextmanager
-def _deterministic(on: bool):
-    """``torch.use_deterministic_algorithms(True, warn_only=True)`` inside the block when ``on``, restored after."""
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    if on:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-
-
 @pytest.mark.parametrize(("field", "case"), list(_cases()))
 def test_changing_a_field_recomputes_the_stages_that_read_it_and_nothing_else(field, case, target_file):
     start, value = _variations(str(target_file))[field][case]
@@ -155,7 +143,7 @@ def test_changing_a_field_recomputes_the_stages_that_read_it_and_nothing_else(fi
     # bitwise comparison of a cached and a fresh run: a GPU map adds with float32 atomics in any order
     # unless torch's deterministic switch is on (the kernels honour it), so it is on for a GPU run
     on_gpu = "cuda" in (base.device, changed.device)
-    with warnings.catch_warnings(), _deterministic(on_gpu):
+    with warnings.catch_warnings(), deterministic(on_gpu, warn_only=True):
         warnings.simplefilter("ignore")
         pipeline.run(base)
         ran_before = set(pipeline.computed)  # the first run computes every stage it runs
