@@ -309,6 +309,66 @@ def measure(fn: Callable[[], object], device: torch.device, reps: int = REPS, gr
     return out if graph else {**out, "graph": {"error": "not requested"}}
 
 
+def kernel_profile(
+    fn: Callable[[], object], device: torch.device, calls: int = 20, top: int = 4, host_top: int = 0
+) -> dict | None:
+    """What the GPU does during one call of ``fn``: the work behind an eager time.
+
+    ``fn`` is warmed up, then called ``calls`` times under ``torch.profiler`` (CPU and CUDA activity).
+    Every device-side event (kernels, memsets, copies) is counted; divided by ``calls`` they give the
+    kernels launched per call and their summed device time per call. An eager time far above that sum is
+    host- or launch-bound: the GPU waits on Python, the dispatcher and the launches, not on the kernels.
+
+    Parameters
+    ----------
+    fn : callable
+        One call as the user makes it (no arguments).
+    device : torch.device
+        Only CUDA is profiled; any other device returns None.
+    calls, top, host_top : int
+        Profiled calls, and how many device events and host (CPU) events to name, largest summed time
+        first (host events by their self CPU time: the dispatcher's and Python's share of the call).
+
+    Returns
+    -------
+    dict or None
+        ``{"calls", "device_events_per_call", "device_ms_per_call", "wall_ms_per_call", "top": [{"name",
+        "per_call", "ms_per_call"}, ...], "host_top": [...]}``; ``wall_ms_per_call`` is the profiled loop's wall time over
+        ``calls`` (profiling adds host time, so it is only read against ``device_ms_per_call``).
+    """
+    if device.type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    warm_up(fn, device, calls=3, seconds=0.0)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize(device)
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    rows, host = [], []
+    for ev in prof.key_averages():
+        if ev.device_type != DeviceType.CUDA:
+            host.append((ev.self_cpu_time_total / 1e3 / calls, ev.count / calls, ev.key))
+            continue
+        us = getattr(ev, "self_device_time_total", None)
+        if us is None:
+            us = ev.self_cuda_time_total
+        rows.append((us / 1e3 / calls, ev.count / calls, ev.key))
+    rows.sort(reverse=True)
+    host.sort(reverse=True)
+    return {
+        "calls": calls,
+        "device_events_per_call": sum(r[1] for r in rows),
+        "device_ms_per_call": sum(r[0] for r in rows),
+        "wall_ms_per_call": wall_ms / calls,
+        "top": [{"name": k[:120], "per_call": n, "ms_per_call": ms} for ms, n, k in rows[:top]],
+        "host_top": [{"name": k[:120], "per_call": n, "self_ms_per_call": ms} for ms, n, k in host[:host_top]],
+    }
+
+
 def _sync_after_error(device: torch.device) -> None:
     """Synchronise after a failed call (a CUDA error surfaces here rather than in the next measurement)."""
     try:

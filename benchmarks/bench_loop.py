@@ -41,11 +41,14 @@ The JSON goes to ``benchmarks/results/loop_<device>_<date>.json`` unless ``--out
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
+import io
 import json
 import math
 import os
 import platform
+import pstats
 import statistics
 import sys
 import time
@@ -59,6 +62,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import kernels  # noqa: E402
+from benchmarks import _eager as E  # noqa: E402
 from benchmarks._structures import anisotropic_model, model  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
 
@@ -369,8 +373,36 @@ def _run_case(p: dict, case: dict, device: torch.device, args) -> dict:
         out["parts_ms"] = parts
         out["step_over_parts"] = parts["step"] / parts["sum"] if parts["sum"] else None
         out["target_step_over_parts"] = STEP_OVER_PARTS
+    if args.profile and case["optimizer"] == "adam":
+        out["profile"] = _step_profile(adam_step, device)
     if mode != "eager" and args.check_grads:
         out["grad_check"] = _grad_check(p, case, fn, mode == "reduce-overhead")
+    return out
+
+
+def _step_profile(step, device: torch.device, steps: int = 20, top: int = 15) -> dict:
+    """Where a step's time goes: the GPU's work per step against the host's (``--profile``).
+
+    ``device``: on CUDA, :func:`benchmarks._eager.kernel_profile` of ``steps`` steps (kernels per step, their
+    summed device time, the largest kernels and host-side ops). On every device, a cProfile of ``steps`` more
+    steps: the ``top`` Python functions by their own time per step, and the step's wall time under the profiler.
+    """
+    out = {"device": E.kernel_profile(step, device, calls=steps, top=6, host_top=top)}
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    pr.disable()
+    st = pstats.Stats(pr, stream=io.StringIO())
+    rows = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]  # (cc, nc, tottime, cumtime, callers)
+    out["python_top"] = [
+        {"function": f"{Path(f).name}:{line}({name})", "calls_per_step": nc / steps,
+         "self_ms_per_step": tt * 1e3 / steps, "cumulative_ms_per_step": ct * 1e3 / steps}
+        for (f, line, name), (cc, nc, tt, ct, _) in rows
+    ]  # fmt: skip
+    out["python_total_ms_per_step"] = st.total_tt * 1e3 / steps
     return out
 
 
@@ -506,6 +538,11 @@ def main(argv=None) -> int:
         help="compare each compiled case's loss and gradients (the last of 3 calls: a CUDA graph replay with "
         "reduce-overhead) with eager's; a mismatch is printed as FAILED and the run exits with status 1",
     )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="Adam cases: also profile 20 steps (GPU kernels and host ops per step; Python functions)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
@@ -571,6 +608,12 @@ def main(argv=None) -> int:
             if not gc["ok"]:
                 failed.append(f"{label}: compiled gradients differ from eager's ({gc})")
             line += f", gradients vs eager {verdict} (max rel. err {max(gc['grad_rel_err'], default=0.0):.1e})"
+        if "profile" in result:
+            dev = result["profile"]["device"]
+            if dev:
+                line += (f"; profiled: {dev['device_events_per_call']:.0f} GPU events, {dev['device_ms_per_call']:.3f} ms"
+                         f" on the GPU of {dev['wall_ms_per_call']:.3f} ms per step")  # fmt: skip
+            line += f"; Python {result['profile']['python_total_ms_per_step']:.3f} ms per step under cProfile"
         line += f", RMSD {result['rmsd'][0]:.3f} → {result['rmsd'][-1]:.3f} Å in {result['steps_run']} steps"
         if result["first_step_below_goal"] is not None:
             line += f" (< {RMSD_GOAL} Å at step {result['first_step_below_goal']})"

@@ -28,6 +28,8 @@
 #              density part with --deterministic (peers as for eager)
 #   loop       bench_loop.py: the fitting loop on the GPU, eager (every structure, the ensemble,
 #              L-BFGS) and compiled / reduce-overhead (Adam), in three runs of at most 9 minutes
+#   loopprof   issue 33's profile: bench_loop.py --profile on 1aki and 3wip, iso and U, atoms.replace, eager /
+#              compiled / reduce-overhead: GPU kernels and host ops per step, the Python functions (cProfile)
 #   gputier    scripts/test_gpu.sh: the GPU test tier (pytest -m gpu), failures printed as they happen
 #   peers      issue 36 part 3: bench_eager.py --parts peers with torchref 0.5.3.3, 0.7.0 and the 0.8 build, each
 #              installed from .whl/peers/ (torchref*.whl, torchref_kernels*.whl) into a --target folder under /tmp
@@ -170,6 +172,12 @@ if has loopcheck; then
         --case-seconds 3 --check-grads --out "$DIR/loop_cuda_${gpu}_$day.json" > "$DIR/loop_cuda_${gpu}_$day.log" 2>&1
     summary+=("loop bench rc=$? (1: a case failed, 124: timed out; the JSON keeps what was measured)")
 fi
+if has loopprof; then
+    timeout -k 10 200 python3 benchmarks/bench_loop.py --device cuda --structures 1aki 3wip --adp iso aniso \
+        --modes eager compiled reduce-overhead --optimizers adam --builds replace --ensemble 0 --steps 12 --reps 10 \
+        --case-seconds 3 --profile --out "$DIR/loop_profile_cuda_${gpu}_$day.json" > "$DIR/loop_profile_cuda_${gpu}_$day.log" 2>&1
+    summary+=("loop profile rc=$?")
+fi
 if has gputier; then
     LOG="$DIR/tests_gpu_tier_${gpu}_$day.log" timeout 540 bash scripts/test_gpu.sh > /dev/null 2>&1
     summary+=("gpu tier rc=$?: $(tail -n 1 "$DIR/tests_gpu_tier_${gpu}_$day.log")")
@@ -182,7 +190,7 @@ if has peers; then
         python3 -m pip install -q --no-deps --no-index --target "$d" .whl/peers/torchref_kernels-*.whl
     done
     timeout 300 python3 benchmarks/bench_eager.py --parts peers --peer053 /tmp/peer053 --peer070 /tmp/peer070 \
-        --peer08 /tmp/peer08 --out "$DIR/peers_cuda_${gpu}_$day.json" > "$DIR/peers_cuda_${gpu}_$day.log" 2>&1
+        --peer08 /tmp/peer08 --profile --out "$DIR/peers_cuda_${gpu}_$day.json" > "$DIR/peers_cuda_${gpu}_$day.log" 2>&1
     summary+=("peers rc=$?")
 fi
 if has ab; then

@@ -125,6 +125,30 @@ class _NumberedLabels(_LazySequence):
         return (self._n,)
 
 
+class _Picked(_LazySequence):
+    """Items ``rows`` of ``base``, in that order: the symbols and labels of :meth:`AtomSet.select`.
+
+    Lazy when ``base`` is: selecting from an AtomSet built without labels costs no per-atom Python work.
+    A concrete ``base`` (a tuple) is indexed at once, which is as cheap as keeping the rows.
+    """
+
+    __slots__ = ("_base", "_rows")
+
+    def __init__(self, base: Sequence, rows: list[int]):
+        self._base, self._rows = base, rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def _item(self, index: int):
+        return self._base[self._rows[index]]
+
+
+def _pick(base: Sequence, rows: list[int]) -> Sequence:
+    """``base``'s items ``rows``: a lazy :class:`_Picked` of a lazy sequence, else a tuple."""
+    return _Picked(base, rows) if isinstance(base, _LazySequence) else tuple(base[i] for i in rows)
+
+
 _TENSOR_FIELDS = ("xyz", "b_iso", "occ", "a", "b")
 _FIELDS = ("xyz", "b_iso", "occ", "a", "b", "elements", "labels", "u_aniso", "aniso", "radiation")
 
@@ -443,8 +467,8 @@ class AtomSet:
         tensors = {name: getattr(self, name)[dev_idx] for name in names}
         return AtomSet(
             **tensors,
-            elements=tuple(self.elements[i] for i in sel),
-            labels=tuple(self.labels[i] for i in sel),
+            elements=_pick(self.elements, sel),
+            labels=_pick(self.labels, sel),
             radiation=self.radiation,
             _validate=False,
         )

@@ -99,6 +99,8 @@ def _step_search(amp: torch.Tensor, expo: torch.Tensor, bb: torch.Tensor, cutoff
     y1, dy = value_and_slope(x1)
     for _ in range(_MAX_STEPS):  # move past a maximum (only with addends; kept for fidelity)
         up = dy > 0
+        if not _maybe_any(up):  # an atom not rising stays put: every later step would change nothing
+            break
         x1 = torch.where(up, x1 + 1.0, x1)
         y1n, dyn = value_and_slope(x1)
         y1, dy = torch.where(up, y1n, y1), torch.where(up, dyn, dy)
