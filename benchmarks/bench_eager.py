@@ -254,6 +254,15 @@ def _measure_impls(impls: dict, device: torch.device, reps: int, deadline: E.Dea
     return out
 
 
+def _profiles(impls: dict) -> dict:
+    """``{name: {"fwd": profile, "fwd_bwd": profile}}`` (:func:`benchmarks._eager.kernel_profile`, CUDA) for
+    ``{name: (fwd, fwd_bwd)}``: the GPU work behind each eager time (``--profile``)."""
+    device = torch.device("cuda")
+    return {
+        n: {what: E.kernel_profile(f[i], device) for i, what in enumerate(("fwd", "fwd_bwd"))} for n, f in impls.items()
+    }
+
+
 def _split_floors(timed: dict) -> dict:
     """The floors' entries of :func:`_measure_impls`'s result, removed from it, as ``{kind: {...}}``."""
     return {name.split(" ", 1)[1]: timed.pop(name) for name in [n for n in timed if n.startswith("floor ")]}
@@ -339,6 +348,8 @@ def density_case(name: str, device: torch.device, peers: dict, args, deadline: E
     if args.deterministic:
         targets.update(_deterministic_targets(name, res["ours"], res["ours_deterministic"]))
     res["targets"] = targets
+    if device.type == "cuda" and args.profile:
+        res["profile"] = _profiles({n: f for n, f in impls.items() if n.startswith("ours") or n == "floor function"})
     del ref
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -536,10 +547,7 @@ def newest_peers_case(name: str, aniso: bool, device: torch.device, peers: dict,
         deadline.check()
     res["targets"] = _newest_peer_targets(res)
     if device.type == "cuda" and args.profile:
-        res["profile"] = {
-            n: {what: E.kernel_profile(f[i], device) for i, what in enumerate(("fwd", "fwd_bwd"))}
-            for n, f in impls.items() if n != "floor custom_op"
-        }  # fmt: skip
+        res["profile"] = _profiles({n: f for n, f in impls.items() if n != "floor custom_op"})
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return res
@@ -655,14 +663,19 @@ def _print_newest_peers(c: dict) -> None:
     for tname, t in c.get("targets", {}).items():
         exc = " (ours at the floor: the exception)" if t.get("at_floor") else ""
         print(f"{'':16s}   {tname:60s} {_fmt(t['value'], '7.2f')} (target {t['target']}) {_pf(t)}{exc}")
+    _print_profiles(c, 16)
+    if "triton_interpreter_check" in c:
+        print(f"{'':16s}   0.8 Triton forward (interpreter) vs dispatched: {c['triton_interpreter_check']}")
+
+
+def _print_profiles(c: dict, indent: int) -> None:
+    """The ``--profile`` lines of case ``c``: GPU events and their device time per call, the largest three."""
     for impl, prof in c.get("profile", {}).items():
         for what, pr in prof.items():
             if pr:
                 top = "; ".join(f"{r['name'][:40]} {r['ms_per_call']:.3f}" for r in pr["top"][:3])
-                print(f"{'':16s}   profile {impl[:40]:40s} {what:7s} {pr['device_events_per_call']:5.1f} events "
+                print(f"{'':{indent}s}   profile {impl[:40]:40s} {what:7s} {pr['device_events_per_call']:5.1f} events "
                       f"{pr['device_ms_per_call']:7.3f} ms on the GPU per call: {top}")  # fmt: skip
-    if "triton_interpreter_check" in c:
-        print(f"{'':16s}   0.8 Triton forward (interpreter) vs dispatched: {c['triton_interpreter_check']}")
 
 
 def _fmt(x: float | None, spec: str = "7.3f") -> str:
@@ -700,6 +713,7 @@ def print_tables(result: dict) -> None:
                 if isinstance(t, dict) and "target" in t:
                     best = f" best peer: {t['best_peer']}" if t.get("best_peer") else ""
                     print(f"{'':24s}   {tname:40s} {_fmt(t['value'], '7.2f')} (target {t['target']}) {_pf(t)}{best}")
+            _print_profiles(c, 24)
         if result["parts"][part].get("error"):
             print(f"  {part} stopped: {result['parts'][part]['error']}")
 

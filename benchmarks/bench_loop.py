@@ -13,7 +13,8 @@ evaluations). Per case:
 - **atoms rebuilt every step**, both ways users write it: ``AtomSet(x, b, occ, a, b_coef, …)`` from
   tensors (``build=constructor``, no labels passed) and ``atoms.replace(xyz=x)`` (``build=replace``);
 - **modes**: ``eager``; ``compiled`` (``torch.compile(loss, fullgraph=True)``); ``reduce-overhead``
-  (``torch.compile(loss, fullgraph=True, mode="reduce-overhead")``, CUDA only: CUDA graphs);
+  (``torch.compile(loss, fullgraph=True, mode="reduce-overhead")``, CUDA only: CUDA graphs; the optimiser's
+  tensors marked with ``torch._dynamo.mark_static_address``, so replays do not copy them in);
 - **structures**: 1aki, 3wip and 3wip-hiB (every B scaled to a maximum of 250 Å², as
   ``bench_eager.py`` builds it), each isotropic (``iso``) and with U (``aniso``: the entry's ANISOU or
   the synthetic U of ``benchmarks/_structures.anisotropic_model``); ``--ensemble F`` adds an F-frame
@@ -314,6 +315,10 @@ def _run_case(p: dict, case: dict, device: torch.device, args) -> dict:
         torch._dynamo.reset()
         fn = torch.compile(fn, fullgraph=True, mode="reduce-overhead")
     leaves = _leaves(p, case["params"], n_frames)
+    if mode == "reduce-overhead":  # the optimiser updates them in place: the graphs need not copy them in
+        for t in leaves:
+            if t is not None and t.requires_grad:
+                torch._dynamo.mark_static_address(t)
     opt = _optimizer(case["optimizer"], leaves, case["params"], case["lr"])
     truth = p["atoms"].xyz
     timer = _Timer(device)

@@ -1,19 +1,35 @@
-"""Eager against ``torch.compile(fullgraph=True)``: the fitting loop's loss and gradient, timed interleaved.
+"""The fitting loop's whole step, eager against compiled, timed interleaved on the same host load.
 
 ``bench_loop.py`` times each mode in its own run of steps, minutes apart; on a shared host the load
-drifts between them. Here the same loss (``splat_density`` of ``atoms.replace(xyz=x)``, the map's
-squared difference, λ·``planarity_nll``) runs forward and backward eagerly and compiled, one call of
-each in turn, so both meet the same load; the medians and their ratio are printed and written to
-JSON.
+drifts between them by more than the difference asked about. Here every way of running the step has
+its own copy of the start positions and its own Adam, and one step of each runs in turn, round after
+round, so all meet the same load. A step is what a user's loop does: ``opt.zero_grad()``, the loss
+(``splat_density`` of ``atoms.replace(xyz=x)``, the map's squared difference, λ·``planarity_nll``),
+``loss.backward()``, ``opt.step()``. The ways (``--modes``):
+
+- ``eager``: as written;
+- ``compiled``: the loss under ``torch.compile(fullgraph=True)``, the rest eager;
+- ``compiled-step``: the same, and the optimiser's step under ``torch.compile`` too (PyTorch's advice for
+  a compiled loop: the eager Adam's host time is a large part of a small model's step);
+- ``reduce-overhead``: the loss under ``torch.compile(fullgraph=True, mode="reduce-overhead")`` (CUDA
+  graphs; CUDA only), the positions marked with ``torch._dynamo.mark_static_address`` (Adam updates them
+  in place, so their address never changes and the graph need not copy them in on every replay).
+
+Timing: on the GPU CUDA events around each step and a synchronisation after it, so host gaps between
+launches count; on the CPU ``time.perf_counter``. Medians, p10 and p90 after warm-up, and each mode's
+median over eager's (issue 33: compiled ≤ 1, reduce-overhead < 1 on the GPU). The positions after the
+timed steps are compared with eager's, which took the same number of steps from the same start.
 
 Usage::
 
-    python benchmarks/loop_compile_ab.py --structures 1aki --adp iso aniso --reps 40 --threads 2 --out X.json
+    python benchmarks/loop_compile_ab.py --device cuda --structures 1aki 3wip --adp iso aniso --out X.json
+    python benchmarks/loop_compile_ab.py --device cpu --threads 2 --structures 1aki --out X.json
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -32,55 +48,124 @@ import kernels  # noqa: E402
 from benchmarks._structures import anisotropic_model, model  # noqa: E402
 from kernels.crystal import GridSpec  # noqa: E402
 
+MODES = ("eager", "compiled", "compiled-step", "reduce-overhead")
+LAMBDA = 0.1
+LR = 0.02  # Å, Adam's step
+SHIFT = 0.5  # Å RMS distortion of the start
+HIGH_B = 250.0  # Å², the largest B of a "-hiB" structure (3wip-hiB: the large high-B cell)
 
-def _measure(name: str, adp: str, device: torch.device, spacing: float, reps: int) -> dict:
-    m = anisotropic_model(name) if adp == "aniso" else model(name)
+
+def _problem(name: str, adp: str, device: torch.device, spacing: float):
+    base = name.removesuffix("-hiB")
+    m = anisotropic_model(base) if adp == "aniso" else model(base)
     atoms = m.atoms if adp == "aniso" else m.atoms.replace(u_aniso=None, aniso=None)
+    if name.endswith("-hiB"):  # every B (and U) scaled to a largest B of HIGH_B, as bench_eager.py builds it
+        scale = HIGH_B / float(atoms.b_iso.max())
+        u = None if atoms.u_aniso is None else atoms.u_aniso * scale
+        atoms = atoms.replace(b_iso=atoms.b_iso * scale, u_aniso=u)
     atoms = atoms.to(device, torch.float32)
     grid = GridSpec.for_spacing(m.cell, spacing)
     planes = kernels.find_planes(m)
     with torch.no_grad():
         target = kernels.splat_density(atoms, grid)
+    g = torch.Generator().manual_seed(0)
+    shift = torch.randn(atoms.xyz.shape, generator=g, dtype=torch.float64) * (SHIFT / 3**0.5)
+    start = (atoms.xyz.double().cpu() + shift).to(device, torch.float32)
     volume = grid.voxel_volume
 
     def loss(x):
         rho = kernels.splat_density(atoms.replace(xyz=x), grid)
-        return ((rho - target) ** 2).sum() * volume + 0.1 * kernels.planarity_nll(x, planes)
+        return ((rho - target) ** 2).sum() * volume + LAMBDA * kernels.planarity_nll(x, planes)
 
-    torch._dynamo.reset()
-    compiled = torch.compile(loss, fullgraph=True)
-    x = (atoms.xyz + 0.1).requires_grad_(True)
+    return atoms, grid, start, loss
 
-    def call(fn):
-        x.grad = None
+
+def _stepper(mode: str, loss, start: torch.Tensor):
+    """(step, x): one step of the loop run the way ``mode`` says, and its positions (a fresh leaf)."""
+    x = start.clone().requires_grad_(True)
+    opt = torch.optim.Adam([x], lr=LR)
+    update = opt.step
+    if mode == "eager":
+        fn = loss
+    elif mode in ("compiled", "compiled-step"):
+        fn = torch.compile(loss, fullgraph=True)
+        if mode == "compiled-step":
+            update = torch.compile(opt.step)
+    elif mode == "reduce-overhead":
+        torch._dynamo.mark_static_address(x)
+        fn = torch.compile(loss, fullgraph=True, mode="reduce-overhead")
+    else:
+        raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
+    cuda_graphs = mode == "reduce-overhead"
+
+    def step():
+        if cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        opt.zero_grad(set_to_none=True)
         fn(x).backward()
+        update()
+
+    return step, x
+
+
+def _timer(device: torch.device):
+    if device.type == "cuda":
+
+        def ms(fn) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end)
+
+        return ms
+
+    def ms_cpu(fn) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    return ms_cpu
+
+
+def _stats(ms: list[float]) -> dict:
+    q = statistics.quantiles(ms, n=10)
+    return {"median": statistics.median(ms), "p10": q[0], "p90": q[-1], "n": len(ms)}
+
+
+def measure(name: str, adp: str, device: torch.device, modes, spacing: float, reps: int, warmup: int) -> dict:
+    """One structure: every mode's step, interleaved; see the module docstring."""
+    atoms, grid, start, loss = _problem(name, adp, device, spacing)
+    torch._dynamo.reset()
+    timer = _timer(device)
+    steppers, first_s = {}, {}
+    for mode in modes:
+        step, x = _stepper(mode, loss, start)
+        t0 = time.perf_counter()
+        step()  # compiles
         if device.type == "cuda":
             torch.cuda.synchronize()
-
-    t0 = time.perf_counter()
-    call(compiled)
-    first = time.perf_counter() - t0
-    for _ in range(3):
-        call(loss)
-        call(compiled)
-    eager_ms, compiled_ms = [], []
-    for _ in range(reps):
-        for fn, out in ((loss, eager_ms), (compiled, compiled_ms)):
-            t0 = time.perf_counter()
-            call(fn)
-            out.append((time.perf_counter() - t0) * 1e3)
-    e, c = statistics.median(eager_ms), statistics.median(compiled_ms)
-    return {
-        "structure": name,
-        "adp": adp,
-        "n_atoms": len(atoms),
-        "grid": list(grid.shape),
-        "eager_ms": e,
-        "compiled_ms": c,
-        "compiled_over_eager": c / e,
-        "compile_s": first,
-        "reps": reps,
-    }
+        first_s[mode] = time.perf_counter() - t0
+        steppers[mode] = (step, x)
+    times: dict = {mode: [] for mode in modes}
+    for r in range(warmup + reps):
+        order = modes[r % len(modes) :] + modes[: r % len(modes)]  # who goes first rotates
+        for mode in order:
+            t = timer(steppers[mode][0])
+            if r >= warmup:
+                times[mode].append(t)
+    row = {"structure": name, "adp": adp, "n_atoms": len(atoms), "grid": list(grid.shape), "reps": reps}
+    row["step_ms"] = {mode: _stats(v) for mode, v in times.items()}
+    row["first_step_s"] = first_s
+    eager = row["step_ms"].get("eager", {}).get("median")
+    row["over_eager"] = {m: s["median"] / eager for m, s in row["step_ms"].items() if eager and m != "eager"}
+    if "eager" in steppers:
+        ref = steppers["eager"][1].detach()
+        row["positions_vs_eager_max_abs_A"] = {
+            m: float((x.detach() - ref).abs().max()) for m, (_, x) in steppers.items() if m != "eager"
+        }
+    return row
 
 
 def main(argv=None) -> int:
@@ -88,27 +173,40 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--structures", nargs="+", default=["1aki"])
     ap.add_argument("--adp", nargs="+", choices=("iso", "aniso"), default=["iso", "aniso"])
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=None, help="default: all (reduce-overhead: CUDA)")
     ap.add_argument("--spacing", type=float, default=2.0 / 3.0)
-    ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--reps", type=int, default=40, help="timed steps of each mode")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed rounds after the first (compiling) step")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
+    modes = list(args.modes or [m for m in MODES if m != "reduce-overhead" or device.type == "cuda"])
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
-    record = {"command": " ".join(sys.argv), "torch": torch.__version__, "load_average_start": os.getloadavg()}
-    rows = []
+    record = {
+        "benchmark": "loop_compile_ab",
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "torch": torch.__version__,
+        "command": " ".join(sys.argv),
+        "load_average_start": os.getloadavg(),
+        "rows": [],
+    }
     for name in args.structures:
         for adp in args.adp:
-            row = _measure(name, adp, device, args.spacing, args.reps)
-            rows.append(row)
-            print(
-                f"{name} {adp}: eager {row['eager_ms']:.2f} ms, compiled {row['compiled_ms']:.2f} ms "
-                f"(×{row['compiled_over_eager']:.2f}; compile {row['compile_s']:.1f} s)",
-                flush=True,
+            row = measure(name, adp, device, modes, args.spacing, args.reps, args.warmup)
+            record["rows"].append(row)
+            cells = ", ".join(
+                f"{m} {s['median']:.3f} ms" + (f" (×{row['over_eager'][m]:.2f})" if m in row["over_eager"] else "")
+                for m, s in row["step_ms"].items()
             )
-    record.update(rows=rows, load_average_end=os.getloadavg())
+            print(f"{name} {adp}: {cells}", flush=True)
+            if args.out:
+                args.out.write_text(json.dumps(record, indent=1))
+    record["load_average_end"] = os.getloadavg()
     if args.out:
         args.out.write_text(json.dumps(record, indent=1))
     return 0

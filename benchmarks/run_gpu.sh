@@ -30,6 +30,10 @@
 #              L-BFGS) and compiled / reduce-overhead (Adam), in three runs of at most 9 minutes
 #   loopprof   issue 33's profile: bench_loop.py --profile on 1aki and 3wip, iso and U, atoms.replace, eager /
 #              compiled / reduce-overhead: GPU kernels and host ops per step, the Python functions (cProfile)
+#   detprof    issue 36's deterministic misses with their profile: bench_eager.py --parts density --deterministic
+#              --profile (no peers): ours, ours deterministic and the floor, and the GPU work of each call
+#   loopab     issue 33's compiled-against-eager target: loop_compile_ab.py, the whole step eager / compiled /
+#              compiled loss and optimiser / reduce-overhead, interleaved, on 1aki, 3wip and 3wip-hiB, iso and U
 #   gputier    scripts/test_gpu.sh: the GPU test tier (pytest -m gpu), failures printed as they happen
 #   peers      issue 36 part 3: bench_eager.py --parts peers with torchref 0.5.3.3, 0.7.0 and the 0.8 build, each
 #              installed from .whl/peers/ (torchref*.whl, torchref_kernels*.whl) into a --target folder under /tmp
@@ -177,6 +181,16 @@ if has loopprof; then
         --modes eager compiled reduce-overhead --optimizers adam --builds replace --ensemble 0 --steps 12 --reps 10 \
         --case-seconds 3 --profile --out "$DIR/loop_profile_cuda_${gpu}_$day.json" > "$DIR/loop_profile_cuda_${gpu}_$day.log" 2>&1
     summary+=("loop profile rc=$?")
+fi
+if has detprof; then
+    timeout -k 10 300 python3 benchmarks/bench_eager.py --parts density --deterministic --profile --reps 30 \
+        --out "$DIR/eager_deterministic_profile_cuda_${gpu}_$day.json" > "$DIR/eager_deterministic_profile_cuda_${gpu}_$day.log" 2>&1
+    summary+=("deterministic profile rc=$?")
+fi
+if has loopab; then
+    timeout -k 10 300 python3 benchmarks/loop_compile_ab.py --device cuda --structures 1aki 3wip 3wip-hiB \
+        --adp iso aniso --reps 40 --out "$DIR/loop_ab_cuda_${gpu}_$day.json" > "$DIR/loop_ab_cuda_${gpu}_$day.log" 2>&1
+    summary+=("loop a/b rc=$?")
 fi
 if has gputier; then
     LOG="$DIR/tests_gpu_tier_${gpu}_$day.log" timeout 540 bash scripts/test_gpu.sh > /dev/null 2>&1
