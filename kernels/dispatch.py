@@ -318,8 +318,27 @@ def _why_not(op: str, backend: str, device: torch.device) -> str | None:
     try:
         _load(op, backend)
     except ImportError as exc:
-        return f"the {backend} backend for {op} cannot be imported ({exc})"
+        return _CANNOT_IMPORT.format(backend=backend, op=op) + f" ({exc})"
     return None
+
+
+_CANNOT_IMPORT = "the {backend} backend for {op} cannot be imported"
+
+
+def _warn_fallback(op: str, device: torch.device, chosen: str, broken: list[str]) -> None:
+    """Warn (once per op and device type) that ``backend="auto"`` fell back past a fast backend that
+    would run here but cannot be imported: a missing compiled module or Triton makes every call slower,
+    which a log line alone would hide."""
+    import warnings
+
+    warnings.warn(
+        f"{op} on {device.type}: backend='auto' runs the slower {chosen!r} backend because "
+        + "; ".join(broken)
+        + ". Reinstall the package so that its C++ modules are built (pip install -e ., or python setup.py "
+        "build_ext --inplace in a checkout) and Triton is importable; kernels.available_backends() lists what runs",
+        RuntimeWarning,
+        stacklevel=5,  # _warn_fallback, resolve_backend, get_backend, the op's public function, its caller
+    )
 
 
 def _load(op: str, backend: str) -> Callable:
@@ -447,7 +466,7 @@ def resolve_backend(op: str, device: str | torch.device, backend: str = "auto") 
         if why is not None:
             raise BackendError(why)
         return backend
-    reasons = []
+    reasons, broken = [], []
     for name in AUTO_ORDER.get(device.type, ("reference",)):
         why = _why_not(op, name, device)
         if why is None:
@@ -455,8 +474,12 @@ def resolve_backend(op: str, device: str | torch.device, backend: str = "auto") 
             if key not in _announced:
                 _announced.add(key)
                 log.info("%s on %s: backend=auto chose %r", op, device.type, name)
+                if broken:
+                    _warn_fallback(op, device, name, broken)
             return name
         reasons.append(f"{name}: {why}")
+        if why.startswith(_CANNOT_IMPORT.format(backend=name, op=op)):
+            broken.append(why)
     raise BackendError(f"no backend can run {op} on {device}: " + "; ".join(reasons))
 
 

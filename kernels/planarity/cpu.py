@@ -16,14 +16,7 @@ from kernels._util import Handles, assume_constant_result, to_float32
 from kernels.planarity import _plane_fit
 from kernels.planarity.planes import PlaneSet, check_inputs, live_plane_set
 
-__all__ = ["planarity_nll_cpu", "NEWTON_STEPS", "fit_table", "scatter_table"]
-
-NEWTON_STEPS = 6
-"""Newton steps (in ``plane_fit.cpp`` and the Triton kernel) for the smallest root of the
-characteristic cubic of the trace-normalised covariance. The start, max(−2, −q/p), is a
-lower bound within λ0/p of the root for a near-planar group, so 2–3 steps reach machine
-precision; 6 also cover groups far from planar (start at −2, quadratic convergence from
-the left). The power step that follows squares what error is left."""
+__all__ = ["planarity_nll_cpu", "fit_table", "scatter_table"]
 
 
 def fit_table(xyz: torch.Tensor, planes: PlaneSet) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,7 @@ namespace {
 
 // Must match kernels.planarity.reference.DEGENERATE_GAP and the Triton kernel.
 constexpr double kDegenerateGap = 1e-5;
-// Must match kernels.planarity.cpu.NEWTON_STEPS (see there for why 6).
+// Must match kernels.planarity.planes.NEWTON_STEPS (see there for why 6).
 constexpr int kNewtonSteps = 6;
 
 // Unit eigenvector of the smallest eigenvalue of the symmetric PSD matrix c (upper

@@ -22,10 +22,17 @@ import torch
 
 from kernels._util import positive_number, warn_once
 
-__all__ = ["PlaneSet", "find_planes", "check_inputs", "PLANE_DEFINITIONS", "DEFAULT_SIGMA"]
+__all__ = ["PlaneSet", "find_planes", "check_inputs", "PLANE_DEFINITIONS", "DEFAULT_SIGMA", "NEWTON_STEPS"]
 
 DEFAULT_SIGMA = 0.02
 """Default σ (Å) of an atom's distance from its plane."""
+
+NEWTON_STEPS = 6
+"""Newton steps (in ``plane_fit.cpp`` and the Triton kernel) for the smallest root of the
+characteristic cubic of the trace-normalised covariance. The start, max(−2, −q/p), is a
+lower bound within λ0/p of the root for a near-planar group, so 2–3 steps reach machine
+precision; 6 also cover groups far from planar (start at −2, quadratic convergence from
+the left). The power step that follows squares what error is left."""
 
 # A C(i)–N(i+1) distance up to this (Å) counts as a peptide bond (1.33 Å ideal; 2.0 Å
 # keeps badly refined links and rejects chain breaks, which are ≥ 2.5 Å apart).

@@ -35,8 +35,7 @@ from kernels._launch import FastLauncher
 from kernels._opdef import OpDef, eager_function, register
 from kernels._util import Handles, assume_constant_result, to_float32
 from kernels.dispatch import triton_interpreted
-from kernels.planarity.cpu import NEWTON_STEPS
-from kernels.planarity.planes import PlaneSet, check_inputs, live_plane_set
+from kernels.planarity.planes import NEWTON_STEPS, PlaneSet, check_inputs, live_plane_set
 from kernels.planarity.reference import DEGENERATE_GAP
 
 __all__ = ["planarity_nll_triton"]
