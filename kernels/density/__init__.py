@@ -41,7 +41,9 @@ MAX_BOX_VOXELS = 1 << 27
 def _check_radius_extent(radius: float, grid: GridSpec) -> None:
     """GridError when a fixed ``radius`` makes each atom's box span more than MAX_BOX_VOXELS voxels."""
     per_angstrom = [r * m for r, m in zip(grid.cell.reciprocal_lengths, grid.sampling)]  # voxels per Å
-    box = math.prod(2 * math.ceil(radius * k) + 1 for k in per_angstrom)
+    box = 1
+    for k in per_angstrom:  # a loop, not math.prod over a generator: torch.compile traces this with the call
+        box *= 2 * math.ceil(radius * k) + 1
     if box > MAX_BOX_VOXELS:
         # the largest radius whose box stays within the limit (a cube of side 2·R·k + 1 per axis)
         r_max = (MAX_BOX_VOXELS ** (1 / 3) - 1) / (2 * max(per_angstrom))
@@ -364,7 +366,9 @@ def splat_density(
     blur : float
         Extra B in Å² added to every atom (gemmi's ``blur``): ``b_iso + blur`` for isotropic atoms,
         ``U + blur/(8π²)·I`` for anisotropic ones; it widens the radii too. Negative values sharpen,
-        as long as every atom stays a Gaussian (B > 0, U positive definite).
+        as long as every atom stays a Gaussian (B > 0, U positive definite): eager CPU calls name an
+        atom that does not (ValueError); on a GPU and under ``torch.compile``, where that check would
+        read values back, such an atom adds nothing.
     radius_rule : {"gemmi", "eigen"}
         The cutoff radius of anisotropic atoms when ``radius`` is None: ``gemmi`` (the isotropic
         rule at 8π² × the largest diagonal element of U; gemmi's maps voxel for voxel) or ``eigen``
@@ -441,7 +445,8 @@ _HOST_CHECKED = ("cpu", "reference")
 def _blurred(atoms: AtomSet, blur: float) -> AtomSet:
     """``atoms`` with ``blur`` Å² added to every atom (:func:`kernels.density.adp.with_blur`), checked."""
     blurred = with_blur(atoms, blur)
-    _check_blurred(blurred, blur)
+    if not torch.compiler.is_compiling():  # a host read; compiled, the kernels see what eager would refuse
+        _check_blurred(blurred, blur)
     return blurred
 
 

@@ -542,3 +542,67 @@ def test_a_second_order_backward_raises_instead_of_dropping_terms():
     rho = kernels.splat_density(base.replace(xyz=x), GRID, backend="triton")
     (g,) = torch.autograd.grad((rho * rho).sum(), x)  # first order: unchanged
     assert float(g.abs().max()) > 0
+
+
+def _aniso_atoms() -> AtomSet:
+    base = _atoms("cpu")
+    u = torch.tensor([[0.30, 0.20, 0.25, 0.05, -0.02, 0.01]]).repeat(len(base), 1)
+    return base.replace(u_aniso=u, aniso=torch.tensor([True, False, True, True]))
+
+
+# Every keyword of splat_density that a compiled loss may pass, each with a value other than its
+# default: a host check that dynamo cannot trace (a generator, a host read) fails the fullgraph compile.
+SPLAT_KEYWORDS = [
+    ("radius", {"radius": 2.5}, False),
+    ("cutoff", {"cutoff": 1e-4}, False),
+    ("blur", {"blur": 6.0}, False),
+    ("blur negative", {"blur": -5.0}, False),
+    ("radius_rule eigen", {"radius_rule": "eigen"}, True),
+    ("radius and U", {"radius": 2.0}, True),
+    ("backend", {"backend": "cpu"}, False),
+]
+
+
+@pytest.mark.parametrize("kwargs,aniso", [(k, a) for _, k, a in SPLAT_KEYWORDS], ids=[n for n, _, _ in SPLAT_KEYWORDS])
+def test_every_splat_keyword_compiles_with_fullgraph(kwargs, aniso):
+    base = _aniso_atoms() if aniso else _atoms("cpu")
+    w = torch.randn(GRID.shape, generator=torch.Generator().manual_seed(1))
+
+    def loss(xyz):
+        return (kernels.splat_density(base.replace(xyz=xyz), GRID, **kwargs) * w).sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x = base.xyz.clone().requires_grad_(True)
+        want = loss(x)
+        (want_g,) = torch.autograd.grad(want, x)
+        torch._dynamo.reset()
+        x = base.xyz.clone().requires_grad_(True)
+        got = torch.compile(loss, fullgraph=True, backend="aot_eager")(x)
+        (got_g,) = torch.autograd.grad(got, x)
+    assert abs(float(got) - float(want)) <= 1e-5 * abs(float(want)) + 1e-6
+    assert float(want_g.abs().max()) > 0
+    assert_kernel_close(got_g, want_g)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"method": "lagrange"}, {"mode": "bounded"}, {"mode": "bounded", "fill_value": 0.5}]
+)
+def test_every_tricubic_keyword_compiles_with_fullgraph(kwargs):
+    rho = torch.randn(GRID.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    pts = torch.rand(50, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 30.0 - 2.0
+
+    def loss(p):
+        return kernels.tricubic_sample(rho, GRID, p, **kwargs).square().sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = pts.clone().requires_grad_(True)
+        want = loss(p)
+        (want_g,) = torch.autograd.grad(want, p)
+        torch._dynamo.reset()
+        p = pts.clone().requires_grad_(True)
+        got = torch.compile(loss, fullgraph=True, backend="aot_eager")(p)
+        (got_g,) = torch.autograd.grad(got, p)
+    assert abs(float(got) - float(want)) <= 1e-9 * abs(float(want)) + 1e-12
+    assert_kernel_close(got_g, want_g)
