@@ -7,6 +7,8 @@ e.g. ``kernels/density/forward.cpp``) and with nanobind's runtime library, which
 once from nanobind's ``nb_combined.cpp`` and shared by every module. Building needs a C++17
 compiler and the ``nanobind`` package, nothing else: no torch, no network. OpenMP is used when
 the compiler supports ``-fopenmp``; otherwise the sources fall back to ``std::thread``.
+
+The sources of a module compile in parallel, one compiler process per core (``MAX_JOBS=n`` caps it).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -52,6 +55,34 @@ def _extensions() -> list[Extension]:
         name = ".".join(rel.with_suffix("").parts)
         exts.append(Extension(name, sources, include_dirs=NB_INCLUDES, depends=depends, language="c++"))
     return exts
+
+
+def _jobs() -> int:
+    """Compiler processes at once: ``MAX_JOBS`` if set (a positive integer), else the usable cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    env = os.environ.get("MAX_JOBS", "").strip()
+    if not env:
+        return cores
+    if not env.isdigit() or int(env) < 1:
+        raise SystemExit(f"density-workbench: MAX_JOBS must be a positive integer, got {env!r}")
+    return int(env)
+
+
+def _compile_in_parallel(compiler, jobs: int) -> None:
+    """Make ``compiler.compile`` run one compiler process per source, ``jobs`` at a time.
+
+    distutils compiles a module's sources one after another; each compile is a subprocess, so threads
+    overlap them. The objects come back in the sources' order, as the serial call returns them.
+    """
+    serial = compiler.compile
+
+    def compile(sources, *args, **kwargs):
+        if jobs <= 1 or len(sources) <= 1:
+            return serial(sources, *args, **kwargs)
+        with ThreadPoolExecutor(min(jobs, len(sources))) as pool:
+            return [obj for objs in pool.map(lambda src: serial([src], *args, **kwargs), sources) for obj in objs]
+
+    compiler.compile = compile
 
 
 class BuildExt(build_ext):
@@ -106,6 +137,7 @@ class BuildExt(build_ext):
             omp = ["-fopenmp"]
             link = [] if sys.platform == "darwin" else ["-Wl,--gc-sections"]
         use_omp = self._accepts(omp)
+        _compile_in_parallel(self.compiler, _jobs())
         try:
             nb_objects = self._nanobind_objects(msvc)
             for ext in self.extensions:

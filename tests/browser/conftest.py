@@ -185,7 +185,10 @@ def lab_server(browser, tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="module")
+# One Voilà server for the session (a start is 8–11 s on a 2-core machine): every page load runs the app
+# in a kernel of its own, which closes with the page. Lab stays one per module: a second page on the same
+# Lab restores the first one's notebooks and their running kernels.
+@pytest.fixture(scope="session")
 def voila_server(browser, tmp_path_factory):
     server = Server("app", tmp_path_factory.mktemp("voila"), [])
     yield server

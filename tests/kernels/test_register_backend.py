@@ -413,18 +413,19 @@ def test_a_kernel_that_exits_in_the_first_call_process_fails_first_call(register
 def test_a_kernel_that_never_returns_fails_at_the_timeout_naming_the_check(register, model):
     register("stuck", ub.never_returns, devices=("cpu",))
     start = time.monotonic()
-    report = check("stuck", model, isolate=True, timeout=20)
-    assert time.monotonic() - start < 60  # the child process is stopped at the timeout
+    report = check("stuck", model, isolate=True, timeout=10)
+    assert time.monotonic() - start < 40  # the child process is stopped at the timeout
     assert not report.ok and report.status("runs") == "fail", str(report)
-    assert "still running after 20 s" in report["runs"][0].summary
+    assert "still running after 10 s" in report["runs"][0].summary
 
 
 def test_a_timeout_in_the_first_call_check_stops_its_new_process_too(register, model, tmp_path, monkeypatch):
     pid_file = tmp_path / "pid"
     monkeypatch.setenv("USER_BACKENDS_PID_FILE", str(pid_file))
     register("stuck_fresh", ub.never_returns_in_a_new_process, devices=("cpu",), capabilities={"gradients": False})
-    report = check("stuck_fresh", model, isolate=True, fresh_process=True, timeout=60)
-    assert report.status("first call") == "fail" and "still running after 60 s" in report["first call"][0].summary
+    # the timeout leaves the child time to import and pass the reference check on a loaded 2-core machine
+    report = check("stuck_fresh", model, isolate=True, fresh_process=True, timeout=30)
+    assert report.status("first call") == "fail" and "still running after 30 s" in report["first call"][0].summary
     assert report.status("reference") == "pass"  # the checks before it are kept
     pid = int(pid_file.read_text())
     stat = Path(f"/proc/{pid}/stat")
