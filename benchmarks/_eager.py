@@ -104,14 +104,14 @@ def eager_stats(fn: Callable[[], object], device: torch.device, reps: int = REPS
     """
     if warmup:
         warm_up(fn, device)
-    times = [_eager_call_ms(fn, device) for _ in range(reps)]
+    times = [eager_call_ms(fn, device) for _ in range(reps)]
     return {**summary(times), "method": _EAGER_METHOD[device.type == "cuda"]}
 
 
 _EAGER_METHOD = {True: "CUDA events around each call, synchronised after each", False: "wall clock per call (CPU)"}
 
 
-def _eager_call_ms(fn: Callable[[], object], device: torch.device) -> float:
+def eager_call_ms(fn: Callable[[], object], device: torch.device) -> float:
     """One call of ``fn``: CUDA events around it, synchronised after (CPU: wall clock), in ms."""
     if device.type != "cuda":
         t0 = time.perf_counter()
@@ -256,7 +256,7 @@ def measure_side_by_side(
             out[name] = {key: error_record(exc) for key in ("eager", "host", "graph")}
             _sync_after_error(device)
     sleep = _sleep_cycles(device, busy_ms)
-    timers = {"eager": (lambda fn: _eager_call_ms(fn, device), _EAGER_METHOD[device.type == "cuda"])}
+    timers = {"eager": (lambda fn: eager_call_ms(fn, device), _EAGER_METHOD[device.type == "cuda"])}
     if host:
         timers["host"] = (lambda fn: _host_call_ms(fn, device, sleep), _host_method(device, busy_ms, block))
     settle = settle if len(live) > 1 else 0  # one callable: nothing to settle from

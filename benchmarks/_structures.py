@@ -22,6 +22,17 @@ STRUCTURES: dict[str, Path] = {
 }
 
 
+#: The largest B (Å²) of a structure's high-B variant (``"3wip-hiB"``): the large high-B cell of the benchmarks.
+HIGH_B = 250.0
+
+
+def with_high_b(atoms: kernels.AtomSet) -> tuple[kernels.AtomSet, float]:
+    """``atoms`` with every B (and U) scaled so that the largest B is :data:`HIGH_B`, and the scale."""
+    scale = HIGH_B / float(atoms.b_iso.max())
+    u = None if atoms.u_aniso is None else atoms.u_aniso * scale
+    return atoms.replace(b_iso=atoms.b_iso * scale, u_aniso=u), scale
+
+
 @functools.cache
 def model(name: str) -> kernels.Model:
     """The structure ``name`` read with default options, ANISOU kept (cached: do not modify).

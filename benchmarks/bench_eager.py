@@ -75,12 +75,11 @@ if str(ROOT) not in sys.path:
 import kernels  # noqa: E402
 from benchmarks import _eager as E  # noqa: E402
 from benchmarks import _peers  # noqa: E402
-from benchmarks._structures import anisotropic_model, model  # noqa: E402
+from benchmarks._structures import anisotropic_model, model, with_high_b  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
 
 SPACING = 2.0 / 3.0
 DENSITY_CASES = ("1aki", "5h73", "3wip", "3wip-hiB")
-HIGH_B = 250.0
 TRICUBIC_POINTS = (10**5, 10**7)
 PEER053_RADIUS = 4.0
 PEER070_SIGMAS = 3.0
@@ -125,8 +124,7 @@ def _structure_atoms(name: str, smoke: bool) -> tuple[AtomSet, kernels.Cell, str
     a = m.atoms
     what = f"{base}: {len(a)} atoms as deposited"
     if name.endswith("-hiB"):
-        scale = HIGH_B / float(a.b_iso.max())
-        a = AtomSet(a.xyz, a.b_iso * scale, a.occ, a.a, a.b, a.elements, a.labels)
+        a, scale = with_high_b(a)
         what = f"{base} with every B scaled by {scale:.3f} (B {float(a.b_iso.min()):.1f}-{float(a.b_iso.max()):.1f} Å²)"
     if smoke:
         n = 40
@@ -254,10 +252,9 @@ def _measure_impls(impls: dict, device: torch.device, reps: int, deadline: E.Dea
     return out
 
 
-def _profiles(impls: dict) -> dict:
+def _profiles(impls: dict, device: torch.device) -> dict:
     """``{name: {"fwd": profile, "fwd_bwd": profile}}`` (:func:`benchmarks._eager.kernel_profile`, CUDA) for
     ``{name: (fwd, fwd_bwd)}``: the GPU work behind each eager time (``--profile``)."""
-    device = torch.device("cuda")
     return {
         n: {what: E.kernel_profile(f[i], device) for i, what in enumerate(("fwd", "fwd_bwd"))} for n, f in impls.items()
     }
@@ -349,7 +346,9 @@ def density_case(name: str, device: torch.device, peers: dict, args, deadline: E
         targets.update(_deterministic_targets(name, res["ours"], res["ours_deterministic"]))
     res["targets"] = targets
     if device.type == "cuda" and args.profile:
-        res["profile"] = _profiles({n: f for n, f in impls.items() if n.startswith("ours") or n == "floor function"})
+        res["profile"] = _profiles(
+            {n: f for n, f in impls.items() if n.startswith("ours") or n == "floor function"}, device
+        )
     del ref
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -547,7 +546,7 @@ def newest_peers_case(name: str, aniso: bool, device: torch.device, peers: dict,
         deadline.check()
     res["targets"] = _newest_peer_targets(res)
     if device.type == "cuda" and args.profile:
-        res["profile"] = _profiles({n: f for n, f in impls.items() if n != "floor custom_op"})
+        res["profile"] = _profiles({n: f for n, f in impls.items() if n != "floor custom_op"}, device)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return res

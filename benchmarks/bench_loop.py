@@ -64,11 +64,10 @@ if str(ROOT) not in sys.path:
 
 import kernels  # noqa: E402
 from benchmarks import _eager as E  # noqa: E402
-from benchmarks._structures import anisotropic_model, model  # noqa: E402
+from benchmarks._structures import anisotropic_model, model, with_high_b  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
 
 SPACING = 2.0 / 3.0
-HIGH_B = 250.0
 STRUCTURES = ("1aki", "3wip", "3wip-hiB")
 BUILDS = ("constructor", "replace")
 STEP_OVER_PARTS = 1.15  # issue 33's target for the step against the sum of its parts
@@ -84,9 +83,7 @@ def _problem(name: str, adp: str, device: torch.device, args) -> dict:
     m = anisotropic_model(base) if adp == "aniso" else model(base)
     atoms = m.atoms if adp == "aniso" else m.atoms.replace(u_aniso=None, aniso=None)
     if name.endswith("-hiB"):
-        scale = HIGH_B / float(atoms.b_iso.max())
-        u = None if atoms.u_aniso is None else atoms.u_aniso * scale
-        atoms = atoms.replace(b_iso=atoms.b_iso * scale, u_aniso=u)
+        atoms, _ = with_high_b(atoms)
     atoms = atoms.check().to(device, torch.float32)
     if args.map:
         target, grid = kernels.read_map(args.map)
@@ -175,25 +172,6 @@ def _rmsd(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- timing
 
 
-class _Timer:
-    """Milliseconds of ``fn()``: CUDA events and a synchronisation after the call on a GPU, else perf_counter."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def __call__(self, fn) -> float:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end)
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-
-
 def _stats(ms: list[float]) -> dict:
     if not ms:
         return {"median": None, "p10": None, "p90": None, "n": 0}
@@ -217,7 +195,7 @@ def _build_us(build, batches: int = 5, calls: int = 200) -> float:
     return statistics.median(per_call)
 
 
-def _parts(p: dict, case: dict, leaves, timer: _Timer, reps: int, step) -> dict:
+def _parts(p: dict, case: dict, leaves, timer, reps: int, step) -> dict:
     """The parts of a step, each timed alone on the same inputs, interleaved with whole steps.
 
     Each of ``reps`` rounds times one whole ``step()`` (the case's own loop), then the splat and map
@@ -321,7 +299,10 @@ def _run_case(p: dict, case: dict, device: torch.device, args) -> dict:
                 torch._dynamo.mark_static_address(t)
     opt = _optimizer(case["optimizer"], leaves, case["params"], case["lr"])
     truth = p["atoms"].xyz
-    timer = _Timer(device)
+
+    def timer(fn) -> float:  # ms: CUDA events around fn() and a synchronisation after it, or wall clock
+        return E.eager_call_ms(fn, device)
+
     evals = [0]
 
     def closure():

@@ -45,24 +45,22 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import kernels  # noqa: E402
-from benchmarks._structures import anisotropic_model, model  # noqa: E402
+from benchmarks import _eager as E  # noqa: E402
+from benchmarks._structures import anisotropic_model, model, with_high_b  # noqa: E402
 from kernels.crystal import GridSpec  # noqa: E402
 
 MODES = ("eager", "compiled", "compiled-step", "reduce-overhead")
 LAMBDA = 0.1
 LR = 0.02  # Å, Adam's step
 SHIFT = 0.5  # Å RMS distortion of the start
-HIGH_B = 250.0  # Å², the largest B of a "-hiB" structure (3wip-hiB: the large high-B cell)
 
 
 def _problem(name: str, adp: str, device: torch.device, spacing: float):
     base = name.removesuffix("-hiB")
     m = anisotropic_model(base) if adp == "aniso" else model(base)
     atoms = m.atoms if adp == "aniso" else m.atoms.replace(u_aniso=None, aniso=None)
-    if name.endswith("-hiB"):  # every B (and U) scaled to a largest B of HIGH_B, as bench_eager.py builds it
-        scale = HIGH_B / float(atoms.b_iso.max())
-        u = None if atoms.u_aniso is None else atoms.u_aniso * scale
-        atoms = atoms.replace(b_iso=atoms.b_iso * scale, u_aniso=u)
+    if name.endswith("-hiB"):
+        atoms, _ = with_high_b(atoms)
     atoms = atoms.to(device, torch.float32)
     grid = GridSpec.for_spacing(m.cell, spacing)
     planes = kernels.find_planes(m)
@@ -108,27 +106,6 @@ def _stepper(mode: str, loss, start: torch.Tensor):
     return step, x
 
 
-def _timer(device: torch.device):
-    if device.type == "cuda":
-
-        def ms(fn) -> float:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end)
-
-        return ms
-
-    def ms_cpu(fn) -> float:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-
-    return ms_cpu
-
-
 def _stats(ms: list[float]) -> dict:
     q = statistics.quantiles(ms, n=10)
     return {"median": statistics.median(ms), "p10": q[0], "p90": q[-1], "n": len(ms)}
@@ -138,7 +115,6 @@ def measure(name: str, adp: str, device: torch.device, modes, spacing: float, re
     """One structure: every mode's step, interleaved; see the module docstring."""
     atoms, grid, start, loss = _problem(name, adp, device, spacing)
     torch._dynamo.reset()
-    timer = _timer(device)
     steppers, first_s = {}, {}
     for mode in modes:
         step, x = _stepper(mode, loss, start)
@@ -152,7 +128,7 @@ def measure(name: str, adp: str, device: torch.device, modes, spacing: float, re
     for r in range(warmup + reps):
         order = modes[r % len(modes) :] + modes[: r % len(modes)]  # who goes first rotates
         for mode in order:
-            t = timer(steppers[mode][0])
+            t = E.eager_call_ms(steppers[mode][0], device)
             if r >= warmup:
                 times[mode].append(t)
     row = {"structure": name, "adp": adp, "n_atoms": len(atoms), "grid": list(grid.shape), "reps": reps}
