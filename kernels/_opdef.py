@@ -136,8 +136,8 @@ def eager_function(op: OpDef) -> type[torch.autograd.Function]:
                     out[i + 1] = g[k]
             return tuple(out)
 
-    Function.__name__ = Function.__qualname__ = op.name.split("::")[1].title().replace("_", "") + "Function"
-    return Function
+    # Named at creation, so that its graph nodes are named after the op (``DensityCpuBackward``).
+    return type(_camel(op.name.split("::")[1]), (Function,), {"__doc__": Function.__doc__})
 
 
 def register(op: OpDef):
@@ -244,7 +244,7 @@ def register(op: OpDef):
                     out[1 + i] = g[k]
             return tuple(out)
 
-    Function.__name__ = Function.__qualname__ = name.title().replace("_", "") + "OpFunction"
+    Function = type(_camel(name) + "Op", (Function,), {"__doc__": Function.__doc__})
     # Per dispatch key set below autograd (as raw bits): whether a backend kernel is all that runs below,
     # so that the implementation may be called directly. The sets seen are few: one per device and mode.
     direct = {}
@@ -266,6 +266,10 @@ def register(op: OpDef):
 
     lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
     return fwd_op
+
+
+def _camel(name: str) -> str:
+    return name.title().replace("_", "")
 
 
 #: The libraries that hold the registered ops (an op is deregistered when its library is collected).

@@ -8,8 +8,8 @@ Gaussian term, and the backward gathers per-term moments and carries them to xyz
 The work happens in the C++ extension ``kernels.density._scatter`` (built at install
 time; the algorithm's files are listed in ``scatter.hpp``, its nanobind bindings are ``_scatter.cpp``). This
 module checks the inputs, casts them to float32 (warning once per dtype), derives the
-per-atom quantities the kernel needs, and wraps forward (scatter) and backward (gather) in
-a ``torch.autograd.Function``.
+per-atom quantities the kernel needs, and defines each op once (:data:`CPU_OP`, :data:`CPU_ANISO_OP`):
+the eager autograd Function and the ``torch.library`` op are both built from that definition.
 
 The result is bitwise identical run to run and for any number of threads; the thread
 count follows ``torch.get_num_threads()``. One call runs two parallel loops (the atoms'
@@ -30,12 +30,14 @@ import re
 
 import torch
 
+from kernels._opdef import OpDef, eager_function, register
 from kernels._util import positive_number, to_float32
 from kernels.crystal import AtomSet, GridError, GridSpec
 from kernels.density.adp import first_bad_adp
 from kernels.density.positions import NEAR_CELL, positions_in_cell
 from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES, _closed_form, _precalculate
 from kernels.density.reference import atom_radii
+from kernels.grid import grid_of
 
 try:
     from kernels.density import _scatter
@@ -222,10 +224,70 @@ def _kernel_cell(grid: GridSpec):
     return _scatter.Cell(cell.metric.contiguous(), cell.orth.contiguous(), cell.reciprocal_lengths, _KIND[cell.kind])
 
 
-def _kernel_atoms(frac, radii, cutoff: float, b_iso, occ, a, b):
-    """The kernel's atom set: frac, radii float64; b_iso, occ, a, b float32 (all C-contiguous);
-    radii None: each atom's radius from ``cutoff`` inside the kernel."""
-    return _scatter.Atoms(frac, b_iso, occ, a, b, radii=radii, cutoff=cutoff)
+def _f32(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each tensor as the kernel reads it: detached, float32, C-contiguous (no copy when it already is)."""
+    return tuple(t.detach().to(torch.float32).contiguous() for t in tensors)
+
+
+@dataclasses.dataclass(eq=False)
+class _CpuSplat:
+    """The host state of one CPU splat: what the ops' ``forward`` and ``backward`` take besides tensors.
+
+    Built by :func:`_prepare` (eager calls) or by the ops' ``call`` (compiled calls), from the atoms'
+    checked and cast values.
+
+    Attributes
+    ----------
+    grid : GridSpec
+        Whole-cell grid.
+    frac : torch.Tensor, shape (N, 3), float64
+        Fractional positions of the atoms as the kernel reads them (near the cell).
+    radii : torch.Tensor or None
+        (N,) float64 cutoff radii in Å; None: each atom's radius from ``cutoff`` inside the kernel
+        (isotropic X-ray and electron atoms, gemmi's rule).
+    cutoff : float
+        The cutoff the kernel reads (0 where ``radii`` are given).
+    aniso_u8 : torch.Tensor or None
+        (N,) uint8 flags of anisotropic atoms for the anisotropic kernel; None for the isotropic one.
+    n_frames : int
+        0: one map of ``grid.shape``; F ≥ 1: F maps (F, *grid.shape) of F equal frames (frame-major).
+    plan : _Plan or None
+        The private plan of an enclosing :func:`_plan_hook`; the backward runs under the forward's.
+    keep_rows : bool
+        The isotropic forward keeps its row intervals in ``rows`` for the backward (4 bytes a row).
+    out : torch.Tensor or None
+        The map to write into instead of a new one (``splat_cpu(out=)``).
+    rows : object
+        Set by the isotropic forward when ``keep_rows``: its row intervals (opaque, freed with the state);
+        None makes the backward solve for them, bitwise the same.
+    """
+
+    grid: GridSpec
+    frac: torch.Tensor
+    radii: torch.Tensor | None
+    cutoff: float
+    aniso_u8: torch.Tensor | None = None
+    n_frames: int = 0
+    plan: _Plan | None = None
+    keep_rows: bool = False
+    out: torch.Tensor | None = None
+    rows: object = None
+
+    def shape(self) -> list[int]:
+        return list(self.grid.shape) if self.n_frames == 0 else [self.n_frames, *self.grid.shape]
+
+    def atoms(self, b_iso, occ, a, b, u_aniso=None):
+        """The kernel's atom set (C++ ``Atoms``) of these per-atom values (float32, contiguous)."""
+        if self.aniso_u8 is None:
+            return _scatter.Atoms(self.frac, b_iso, occ, a, b, radii=self.radii, cutoff=self.cutoff)
+        return _scatter.Atoms(
+            self.frac, b_iso, occ, a, b, radii=self.radii, cutoff=0.0, u_aniso=u_aniso, aniso=self.aniso_u8
+        )
+
+    def new_map(self) -> torch.Tensor:
+        # uninitialised (the kernel writes every voxel); storage of a freed map of this size when there
+        # is one, already paged in
+        return self.out if self.out is not None else _scatter.empty_maps(self.shape())
 
 
 def _fractional(xyz: torch.Tensor, grid: GridSpec) -> torch.Tensor:
@@ -233,116 +295,119 @@ def _fractional(xyz: torch.Tensor, grid: GridSpec) -> torch.Tensor:
     return (xyz.detach().to(torch.float64) @ grid.cell.frac.T).contiguous()
 
 
-def _run_forward(out, xyz, frac, b_iso, occ, a, b, grid, radii, cutoff, plan, keep_rows):
-    """The C++ forward into ``out`` ((nx, ny, nz) or (F, nx, ny, nz) float32, C-contiguous), under
-    ``plan`` (a :class:`_Plan` or None).
-
-    Returns (cell, timing dict, kept rows or None, frac, (b_iso, occ, a, b) as the kernel read them).
-    """
-    if frac is None:
-        frac = _fractional(xyz, grid)
-    b_iso, occ, a, b = (t.detach().contiguous() for t in (b_iso, occ, a, b))  # float32, read as they are
-    cell = _kernel_cell(grid)
+def _splat(call: _CpuSplat, katoms) -> torch.Tensor:
+    """The C++ forward (either kernel) of ``katoms`` into a new map (or ``call.out``); keeps the rows asked for."""
+    out = call.new_map()
+    keep = call.keep_rows and call.aniso_u8 is None
     info, rows = _kernel().splat(
-        out,
-        cell,
-        _kernel_atoms(frac, radii, cutoff, b_iso, occ, a, b),
-        n_threads=torch.get_num_threads(),
-        keep_rows=keep_rows,
-        **_plan_args(plan, "splat"),
-    )
-    _record(plan, "forward", info)
-    return cell, info, rows, frac, (b_iso, occ, a, b)
+        out, _kernel_cell(call.grid), katoms, n_threads=torch.get_num_threads(), keep_rows=keep,
+        **_plan_args(call.plan, "splat"),
+    )  # fmt: skip
+    _record(call.plan, "forward", info)
+    call.rows = rows
+    return out
 
 
-def _gather(grad_out, cell, katoms, plan, rows):
-    """The C++ isotropic backward: ((gxyz, gb_iso, gocc) float32, timing dict or None).
+def _gradients(n: int, *widths: int) -> list[torch.Tensor]:
+    """float32 gradient buffers, (n,) or (n, width) each: the kernels write every entry (float64 sums,
+    rounded once)."""
+    return [torch.empty((n, w) if w else n, dtype=torch.float32) for w in widths]
 
-    ``rows``: the forward's row intervals, or None to solve for them again (bitwise the same).
-    """
-    n = len(katoms)
-    g = grad_out.detach().to(torch.float32).contiguous()
-    # the kernel writes every atom's entries: sums in float64, rounded once to float32
-    gxyz = torch.empty((n, 3), dtype=torch.float32)
-    gb = torch.empty(n, dtype=torch.float32)
-    gocc = torch.empty(n, dtype=torch.float32)
-    info = None
-    if n:
+
+def _gather(grad_out, call: _CpuSplat, katoms):
+    """The C++ isotropic backward: (gxyz, gb_iso, gocc), float32."""
+    gxyz, gb, gocc = out = _gradients(len(katoms), 3, 0, 0)
+    if len(katoms):
+        g = grad_out.detach().to(torch.float32).contiguous()
         info = _kernel().gather(
-            g, cell, katoms, gxyz, gb, gocc, rows=rows, n_threads=torch.get_num_threads(), **_plan_args(plan, "gather")
-        )
-        _record(plan, "backward", info)
-    return (gxyz, gb, gocc), info
+            g, _kernel_cell(call.grid), katoms, gxyz, gb, gocc, rows=call.rows, n_threads=torch.get_num_threads(),
+            **_plan_args(call.plan, "gather"),
+        )  # fmt: skip
+        _record(call.plan, "backward", info)
+    return tuple(out)
 
 
-def _gather_aniso(grad_out, cell, katoms, frac_matrix, plan):
-    """The C++ anisotropic backward: ((gxyz, gb_iso, gocc, gu) float32, timing dict or None)."""
-    n = len(katoms)
-    g = grad_out.detach().to(torch.float32).contiguous()
-    # the kernel writes every atom's entries: sums in float64, rounded once to float32
-    gxyz = torch.empty((n, 3), dtype=torch.float32)
-    gb = torch.empty(n, dtype=torch.float32)
-    gocc = torch.empty(n, dtype=torch.float32)
-    gu = torch.empty((n, 6), dtype=torch.float32)
-    info = None
-    if n:
+def _gather_aniso(grad_out, call: _CpuSplat, katoms):
+    """The C++ anisotropic backward: (gxyz, gu, gb_iso, gocc), float32."""
+    gxyz, gu, gb, gocc = out = _gradients(len(katoms), 3, 6, 0, 0)
+    if len(katoms):
+        g = grad_out.detach().to(torch.float32).contiguous()
         info = _kernel().gather_aniso(
-            g,
-            cell,
-            katoms,
-            frac_matrix,
-            gxyz,
-            gocc,
-            gu,
-            gb,
-            n_threads=torch.get_num_threads(),
-            **_plan_args(plan, "gather_aniso"),
-        )
-        _record(plan, "backward", info)
-    return (gxyz, gb, gocc, gu), info
+            g, _kernel_cell(call.grid), katoms, call.grid.cell.frac.contiguous(), gxyz, gocc, gu, gb,
+            n_threads=torch.get_num_threads(), **_plan_args(call.plan, "gather_aniso"),
+        )  # fmt: skip
+        _record(call.plan, "backward", info)
+    return tuple(out)
 
 
-class _SplatFunction(torch.autograd.Function):
-    """float32 map(s) from float32 atoms; backward is the C++ gather (no dense graph).
+# --------------------------------------------------------------------------- the ops, defined once
+#
+# Each OpDef is the whole op: forward, backward and output shapes. Eager calls (_splat_cpu) apply the autograd
+# Function built from it with the state _prepare gives; compiled calls run its torch.library op, whose call
+# builds that state from the op's plain arguments. Only an eager forward keeps its row intervals (the state
+# carries them to the backward); the op's backward, with a state of its own, solves for them again.
 
-    ``frac``: (N, 3) float64 fractional positions of ``xyz`` (:func:`_fractional`'s product), or
-    None to form them here. ``radii``: (N,) float64 cutoff radii in Å, or None for per-atom radii
-    from ``cutoff`` (gemmi's rule, computed inside the kernel as :func:`cutoff_radius_cpu` computes
-    them). ``plan``: the :class:`_Plan` of :func:`_plan_hook` the call runs under, or None; the backward
-    runs under the forward's. ``n_frames``: 0 for one map of shape ``grid.shape``; F ≥ 1 for F maps
-    (F, nx, ny, nz) of F equal frames of the atoms (frame-major).
-    """
 
-    @staticmethod
-    def forward(ctx, xyz, b_iso, occ, a, b, grid, radii, cutoff, plan, frac=None, n_frames=0):
-        shape = grid.shape if n_frames == 0 else (n_frames, *grid.shape)
-        # uninitialised (the kernel writes every voxel); storage of a freed map of this size when
-        # there is one, already paged in
-        out = _scatter.empty_maps(list(shape))
-        keep = (plan is None or plan.fields.get("keep_rows", True)) and any(ctx.needs_input_grad[:3])
-        cell, _, rows, frac, (b_iso, occ, a, b) = _run_forward(
-            out, xyz, frac, b_iso, occ, a, b, grid, radii, cutoff, plan, keep
-        )
-        ctx.cell = cell
-        ctx.cutoff = cutoff
-        ctx.plan = plan
-        ctx.rows = rows  # opaque: the forward's row intervals, freed with ctx
-        ctx.save_for_backward(frac, radii, b_iso, occ, a, b)
-        return out
+def _iso_forward(call: _CpuSplat, xyz, b_iso, occ, a, b):
+    return (_splat(call, call.atoms(*_f32(b_iso, occ, a, b))),)
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        frac, radii, b_iso, occ, a, b = ctx.saved_tensors
-        katoms = _kernel_atoms(frac, radii, ctx.cutoff, b_iso, occ, a, b)
-        gxyz, gb, gocc = _gather(grad_out, ctx.cell, katoms, ctx.plan, ctx.rows)[0]
-        want = ctx.needs_input_grad
-        return (
-            gxyz if want[0] else None,
-            gb if want[1] else None,
-            gocc if want[2] else None,
-            *([None] * 8),
-        )
+
+def _iso_backward(call: _CpuSplat, grad, xyz, b_iso, occ, a, b):
+    g = _gather(grad, call, call.atoms(*_f32(b_iso, occ, a, b)))
+    return tuple(t.to(v.dtype) for t, v in zip(g, (xyz, b_iso, occ)))
+
+
+def _aniso_forward(call: _CpuSplat, xyz, u_aniso, aniso, b_iso, occ, a, b):
+    return (_splat(call, call.atoms(*_f32(b_iso, occ, a, b, u_aniso))),)
+
+
+def _aniso_backward(call: _CpuSplat, grad, xyz, u_aniso, aniso, b_iso, occ, a, b):
+    g = _gather_aniso(grad, call, call.atoms(*_f32(b_iso, occ, a, b, u_aniso)))
+    # The kernel writes zero B gradients where atoms use U (their b_iso is not read).
+    return tuple(t.to(v.dtype) for t, v in zip(g, (xyz, u_aniso, b_iso, occ)))
+
+
+def _op_call(inputs, params, u_aniso=None, aniso=None):
+    """The state of a compiled call, from the op's inputs and plain arguments (it runs no grad)."""
+    xyz, b_iso, occ, a, b = inputs
+    cell, shape, radius, cutoff, radiation, radius_rule = params
+    atoms = AtomSet(xyz, b_iso, occ, a, b, (), (), u_aniso, aniso, radiation=radiation, _validate=False)
+    return _prepare(atoms, grid_of(cell, shape), radius, cutoff, radius_rule, 0, _PLAN.get(), grad=False)[0]
+
+
+def _map_fake(xyz, shape):
+    return (xyz.new_empty(tuple(shape), dtype=torch.float32),)
+
+
+_ISO_INPUTS = ("Tensor xyz", "Tensor b_iso", "Tensor occ", "Tensor a", "Tensor b")
+_PARAMS = ("float[] cell", "int[] shape", "float? radius", "float cutoff", "str radiation", "str radius_rule")
+
+CPU_OP = OpDef(
+    name="kernels::density_cpu",
+    inputs=_ISO_INPUTS,
+    params=_PARAMS,
+    grads=(0, 1, 2),
+    saved=0,
+    call=_op_call,
+    forward=_iso_forward,
+    backward=_iso_backward,
+    fake=lambda xyz, b_iso, occ, a, b, cell, shape, *_: _map_fake(xyz, shape),
+)
+CPU_ANISO_OP = OpDef(
+    name="kernels::density_cpu_aniso",
+    inputs=("Tensor xyz", "Tensor u_aniso", "Tensor aniso", *_ISO_INPUTS[1:]),
+    params=_PARAMS,
+    grads=(0, 1, 3, 4),
+    saved=0,
+    call=lambda inputs, params: _op_call((inputs[0], *inputs[3:]), params, inputs[1], inputs[2]),
+    forward=_aniso_forward,
+    backward=_aniso_backward,
+    fake=lambda xyz, u, aniso, b_iso, occ, a, b, cell, shape, *_: _map_fake(xyz, shape),
+)
+_SplatCPU = eager_function(CPU_OP)
+_AnisoSplatCPU = eager_function(CPU_ANISO_OP)
+register(CPU_OP)
+register(CPU_ANISO_OP)
 
 
 def _neutron_radii(b_iso, a, b, cutoff: float) -> torch.Tensor:
@@ -393,57 +458,6 @@ def _check_adp(u_aniso: torch.Tensor, aniso_u8: torch.Tensor, atoms: AtomSet) ->
     if bad is not None:
         idx, _count, what = bad
         raise ValueError(f"atom {atoms.labels[idx]} (index {idx}) {what}")
-
-
-def _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, plan):
-    """The C++ anisotropic forward into ``out``; returns (cell, timing dict, the kernel's atom set)."""
-    if frac is None:
-        frac = _fractional(xyz, grid)
-    b_iso, occ, u_aniso, a, b = (t.detach().contiguous() for t in (b_iso, occ, u_aniso, a, b))
-    katoms = _scatter.Atoms(
-        frac, b_iso, occ, a, b, radii=radii.contiguous(), cutoff=0.0, u_aniso=u_aniso, aniso=aniso_u8
-    )
-    cell = _kernel_cell(grid)
-    info, _ = _kernel().splat(
-        out, cell, katoms, n_threads=torch.get_num_threads(), keep_rows=False, **_plan_args(plan, "splat")
-    )
-    _record(plan, "forward", info)
-    return cell, info, katoms
-
-
-class _AnisoSplatFunction(torch.autograd.Function):
-    """float32 map(s) of an anisotropic set; backward is the C++ gather of each term's moments.
-
-    Inputs: ``xyz`` (N, 3), ``b_iso`` (N,), ``occ`` (N,), ``u_aniso`` (N, 6), float32; ``aniso_u8``
-    (N,) uint8; ``a``, ``b`` (N, 5) float32; ``grid``, ``radii`` ((N,) float64 Å), ``plan``,
-    ``frac``, ``n_frames`` as for :class:`_SplatFunction`. The kernel forms each atom's
-    effective U (B/8π²·I for isotropic atoms), so the gradients reach ``u_aniso`` of anisotropic atoms
-    and ``b_iso`` of the others (zero elsewhere).
-    """
-
-    @staticmethod
-    def forward(ctx, xyz, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, plan, frac=None, n_frames=0):
-        shape = grid.shape if n_frames == 0 else (n_frames, *grid.shape)
-        out = _scatter.empty_maps(list(shape))  # the kernel writes every voxel
-        cell, _, katoms = _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, plan)
-        ctx.cell = cell
-        ctx.katoms = katoms  # holds the arrays the kernel read, for the backward
-        ctx.frac_matrix = grid.cell.frac.contiguous()
-        ctx.plan = plan
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        gxyz, gb, gocc, gu = _gather_aniso(grad_out, ctx.cell, ctx.katoms, ctx.frac_matrix, ctx.plan)[0]
-        want = ctx.needs_input_grad
-        return (
-            gxyz if want[0] else None,
-            gb if want[1] else None,
-            gocc if want[2] else None,
-            gu if want[3] else None,
-            *([None] * 8),
-        )
 
 
 def splat_cpu(
@@ -592,47 +606,16 @@ def check_out(out, atoms: AtomSet, shape: tuple[int, ...]) -> None:
         )
 
 
-def _splat_cpu(
-    atoms: AtomSet,
-    grid: GridSpec,
-    *,
-    radius: float | None = None,
-    cutoff: float = DEFAULT_CUTOFF,
-    radius_rule: str = "gemmi",
-    n_frames: int = 0,
-    out: torch.Tensor | None = None,
-    grad_of: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """:func:`splat_cpu` and :func:`splat_frames_cpu` in one, and the compiled op's backward.
-
-    The kernel runs under the plan of an enclosing :func:`_plan_hook` (tests and benchmarks), if any.
-
-    Parameters
-    ----------
-    atoms, grid, radius, cutoff, radius_rule, out
-        As for :func:`splat_cpu`.
-    n_frames : int
-        0: one map of all atoms. F ≥ 1: F maps of F equal frames (:func:`splat_frames_cpu`).
-    grad_of : torch.Tensor, optional
-        A map gradient (``grid.shape``): return the backward's gradients of ``sum(grad_of · map)``
-        instead of the map, without running the forward (the compiled backward op's path: the C++
-        backward solves for the row intervals itself). Isotropic sets: ``(g_xyz, g_b_iso, g_occ)``;
-        anisotropic: ``(g_xyz, g_b_iso, g_occ, g_u_aniso)``; float32.
+def _prepare(atoms: AtomSet, grid: GridSpec, radius, cutoff, radius_rule: str, n_frames: int, plan, grad: bool):
+    """The state and kernel inputs of a CPU splat of ``atoms``: checks, float32 casts, fractional positions
+    near the cell, radii. ``grad``: the forward will be differentiated (it keeps its row intervals, unless the
+    plan says not to).
 
     Returns
     -------
-    torch.Tensor, shape grid.shape (n_frames 0) or (n_frames, *grid.shape), float32
-        As for :func:`splat_cpu` (a tuple of gradients with ``grad_of``).
+    (_CpuSplat, OpDef, tuple of torch.Tensor)
+        The state, the op that runs it (:data:`CPU_OP` or :data:`CPU_ANISO_OP`) and that op's inputs.
     """
-    plan = _PLAN.get()
-    if not grid.is_whole_cell:
-        raise GridError("the cpu density backend splats whole-cell grids only; use backend='reference' for a box")
-    if atoms.device.type != "cpu":
-        raise ValueError(f"splat_cpu needs CPU tensors, got {atoms.device}; use atoms.to('cpu') or backend='auto'")
-    if radius_rule not in RADIUS_RULES:
-        raise ValueError(f"radius_rule must be one of {RADIUS_RULES}, got {radius_rule!r}")
-    if out is not None:
-        check_out(out, atoms, grid.shape if n_frames == 0 else (n_frames, *grid.shape))
     frac = None
     if atoms.xyz.dtype == torch.float32:
         # frac·xyz on this thread (a parallel torch op would wake other threads for microseconds of
@@ -647,6 +630,7 @@ def _splat_cpu(
     if frac is None:
         xyz = positions_in_cell(atoms, grid.cell)  # float64 wrap: the float32 cast then keeps offsets exact
         xyz = to_float32(xyz.to(atoms.xyz.dtype), _OP)
+        frac = _fractional(xyz, grid)
     b_iso = to_float32(atoms.b_iso, _OP)
     occ = to_float32(atoms.occ, _OP)
     a = to_float32(atoms.a, _OP)
@@ -660,37 +644,71 @@ def _splat_cpu(
         else:
             u, bi, aa, bb = (t.detach().contiguous() for t in (u_aniso, b_iso, a, b))
             radii = _aniso_radii(u, aniso_u8, bi, aa, bb, atoms.radiation, _check_cutoff(cutoff), radius_rule)
-        if grad_of is not None:
-            katoms = _scatter.Atoms(
-                _fractional(xyz, grid) if frac is None else frac,
-                *(t.detach().contiguous() for t in (b_iso, occ, a, b)),
-                radii=radii.contiguous(),
-                cutoff=0.0,
-                u_aniso=u_aniso.detach(),
-                aniso=aniso_u8,
-            )
-            return _gather_aniso(grad_of, _kernel_cell(grid), katoms, grid.cell.frac.contiguous(), plan)[0]
-        if out is not None:
-            _run_forward_aniso(out, xyz, frac, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, plan)
-            return out
-        return _AnisoSplatFunction.apply(xyz, b_iso, occ, u_aniso, aniso_u8, a, b, grid, radii, plan, frac, n_frames)
+        call = _CpuSplat(grid, frac, radii.contiguous(), 0.0, aniso_u8, n_frames, plan)
+        return call, CPU_ANISO_OP, (xyz, u_aniso, atoms.aniso, b_iso, occ, a, b)
     if radius is not None:
         radii, cutoff = atom_radii(atoms, radius, cutoff), 0.0  # the kernel reads the radii, not the cutoff
     elif atoms.radiation == "neutron":
         # closed-form radii (one Gaussian), not the five-term step search the kernel runs
-        radii = _neutron_radii(b_iso, a, b, _check_cutoff(cutoff))
-        cutoff = 0.0
+        radii, cutoff = _neutron_radii(b_iso, a, b, _check_cutoff(cutoff)), 0.0
     else:
         cutoff = _check_cutoff(cutoff)
         radii = None  # the kernel derives each atom's radius from the cutoff (one pass, no extra call)
-    if grad_of is not None:
-        frac = _fractional(xyz, grid) if frac is None else frac
-        katoms = _kernel_atoms(frac, radii, float(cutoff), *(t.detach().contiguous() for t in (b_iso, occ, a, b)))
-        return _gather(grad_of, _kernel_cell(grid), katoms, plan, None)[0]
+    keep = grad and (plan is None or plan.fields.get("keep_rows", True))
+    call = _CpuSplat(grid, frac, radii, float(cutoff), None, n_frames, plan, keep)
+    return call, CPU_OP, (xyz, b_iso, occ, a, b)
+
+
+def _splat_cpu(
+    atoms: AtomSet,
+    grid: GridSpec,
+    *,
+    radius: float | None = None,
+    cutoff: float = DEFAULT_CUTOFF,
+    radius_rule: str = "gemmi",
+    n_frames: int = 0,
+    out: torch.Tensor | None = None,
+    grad_of: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`splat_cpu`, :func:`splat_frames_cpu` and :func:`map_vjp_cpu` in one.
+
+    The kernel runs under the plan of an enclosing :func:`_plan_hook` (tests and benchmarks), if any.
+
+    Parameters
+    ----------
+    atoms, grid, radius, cutoff, radius_rule, out
+        As for :func:`splat_cpu`.
+    n_frames : int
+        0: one map of all atoms. F ≥ 1: F maps of F equal frames (:func:`splat_frames_cpu`).
+    grad_of : torch.Tensor, optional
+        A map gradient (``grid.shape``): return the backward's gradients of ``sum(grad_of · map)``
+        instead of the map, without running the forward (the C++ backward solves for the row
+        intervals itself): ``(g_xyz, g_b_iso, g_occ)``, and ``g_u_aniso`` after them for an
+        anisotropic set; float32.
+
+    Returns
+    -------
+    torch.Tensor, shape grid.shape (n_frames 0) or (n_frames, *grid.shape), float32
+        As for :func:`splat_cpu` (a tuple of gradients with ``grad_of``).
+    """
+    if not grid.is_whole_cell:
+        raise GridError("the cpu density backend splats whole-cell grids only; use backend='reference' for a box")
+    if atoms.device.type != "cpu":
+        raise ValueError(f"splat_cpu needs CPU tensors, got {atoms.device}; use atoms.to('cpu') or backend='auto'")
+    if radius_rule not in RADIUS_RULES:
+        raise ValueError(f"radius_rule must be one of {RADIUS_RULES}, got {radius_rule!r}")
     if out is not None:
-        _run_forward(out, xyz, frac, b_iso, occ, a, b, grid, radii, float(cutoff), plan, False)
-        return out
-    return _SplatFunction.apply(xyz, b_iso, occ, a, b, grid, radii, float(cutoff), plan, frac, n_frames)
+        check_out(out, atoms, grid.shape if n_frames == 0 else (n_frames, *grid.shape))
+    grad = grad_of is None and out is None and torch.is_grad_enabled()
+    grad = grad and any(t is not None and t.requires_grad for t in (atoms.xyz, atoms.b_iso, atoms.occ))
+    call, op, inputs = _prepare(atoms, grid, radius, cutoff, radius_rule, n_frames, _PLAN.get(), grad)
+    if grad_of is not None:
+        g = op.backward(call, grad_of, *inputs)
+        return g if op is CPU_OP else (g[0], g[2], g[3], g[1])
+    if out is not None:
+        call.out = out
+        return op.forward(call, *inputs)[0]
+    return (_SplatCPU if op is CPU_OP else _AnisoSplatCPU).apply(call, *inputs)
 
 
 def map_vjp_cpu(

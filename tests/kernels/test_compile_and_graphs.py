@@ -92,7 +92,7 @@ def test_compiled_loop_matches_eager_triton_ops():
 
 def test_custom_ops_pass_opcheck():
     """Schema, fake (meta) implementation and autograd registration of the ops, by torch's own checker."""
-    from kernels.density import ops  # noqa: F401  (registers the ops)
+    from kernels.density import cpu, ops  # noqa: F401  (register the ops)
 
     base = _atoms("cpu")
     args = [t.clone().requires_grad_(True) for t in (base.xyz, base.b_iso, base.occ)]
@@ -101,7 +101,7 @@ def test_custom_ops_pass_opcheck():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.library.opcheck(
-            torch.ops.kernels.density_cpu.default, (*args, base.a, base.b, cell, shape, None, 1e-5), test_utils=tests
+            torch.ops.kernels.density_cpu.default, (*args, base.a, base.b, cell, shape, None, 1e-5, "xray", "gemmi"), test_utils=tests
         )
         dev = "cuda" if torch.cuda.is_available() else "cpu"
         t_args = [a.detach().to(dev).requires_grad_(True) for a in args]
@@ -132,7 +132,7 @@ def test_compiled_op_calls_reach_the_implementation_without_torch_library_wrappe
 
         return call
 
-    for name in ("splat_cpu", "_splat_cpu"):  # the op's forward and backward call these at run time
+    for name in ("_splat", "_gather"):  # the op's forward and backward call these at run time
         monkeypatch.setattr(cpu, name, recording(getattr(cpu, name)))
     base = _atoms("cpu")
     w = torch.randn(GRID.shape, generator=torch.Generator().manual_seed(0))
@@ -149,11 +149,11 @@ def test_compiled_op_calls_reach_the_implementation_without_torch_library_wrappe
 
 def test_custom_op_backward_refuses_create_graph():
     """The ops are not twice differentiable: a backward with create_graph=True says so."""
-    from kernels.density import ops  # noqa: F401  (registers the ops)
+    from kernels.density import cpu  # noqa: F401  (registers the ops)
 
     base = _atoms("cpu")
     leaves = [t.clone().requires_grad_(True) for t in (base.xyz, base.b_iso, base.occ)]
-    out = torch.ops.kernels.density_cpu(*leaves, base.a, base.b, list(CELL.parameters), list(GRID.shape), None, 1e-5)
+    out = torch.ops.kernels.density_cpu(*leaves, base.a, base.b, list(CELL.parameters), list(GRID.shape), None, 1e-5, "xray", "gemmi")
     with pytest.raises(RuntimeError, match="kernels::density_cpu is not twice differentiable"):
         torch.autograd.grad(out.sum(), leaves, create_graph=True)
     # Without create_graph the same backward runs (the gradient of the map's sum is the occupancy's).

@@ -268,9 +268,9 @@ def test_radii_from_the_cutoff_inside_the_kernel(cutoff):
     def run(given):
         leaf = _leaf(atoms, torch.float32)
         if given:
-            out = density_cpu._SplatFunction.apply(
-                leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, cutoff, None
-            )
+            frac = (leaf.xyz.detach().double() @ grid.cell.frac.T).contiguous()
+            call = density_cpu._CpuSplat(grid, frac, radii, cutoff, keep_rows=True)
+            out = density_cpu._SplatCPU.apply(call, leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b)
         else:
             out = kernels.splat_density(leaf, grid, backend="cpu", cutoff=cutoff)
         out.backward(upstream)
@@ -385,7 +385,7 @@ def test_backward_reuses_forward_rows(kind):
     leaf = _leaf(atoms, torch.float32)
     with density_cpu._plan_hook() as record:  # the default plan, recorded
         out = kernels.splat_density(leaf, grid, backend="cpu")
-        assert out.grad_fn.rows is not None
+        assert out.grad_fn.state.rows is not None
         out.backward(upstream)
     assert record.backward[0]["rows_reused"] > 25  # most atoms take the lane path
     for got, want in zip((out.detach(), leaf.xyz.grad, leaf.b_iso.grad, leaf.occ.grad), kept):
@@ -393,7 +393,7 @@ def test_backward_reuses_forward_rows(kind):
     solved = _run_with_threads(2, atoms, grid, upstream, keep_rows=False)
     with density_cpu._plan_hook(keep_rows=False):
         out = density_cpu.splat_cpu(_leaf(atoms, torch.float32), grid)
-    assert out.grad_fn.rows is None
+    assert out.grad_fn.state.rows is None
     for a, b in zip(kept, solved):
         assert torch.equal(a, b)
     _check_against_reference(atoms, grid, seed=8)
@@ -494,9 +494,8 @@ def test_float_row_intervals_near_lattice_points(kind):
         torch.set_num_threads(threads)
         try:
             leaf = _leaf(atoms, torch.float32)
-            out = density_cpu._SplatFunction.apply(
-                leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b, grid, radii, 1e-5, plan
-            )
+            call = density_cpu._CpuSplat(grid, frac, radii, 1e-5, plan=plan)
+            out = density_cpu._SplatCPU.apply(call, leaf.xyz, leaf.b_iso, leaf.occ, leaf.a, leaf.b)
             out.backward(upstream)
             return out.detach(), leaf.xyz.grad, leaf.b_iso.grad, leaf.occ.grad
         finally:

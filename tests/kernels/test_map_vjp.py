@@ -160,7 +160,7 @@ class _Counted:
 
 # (module, its forward launchers, its backward launchers)
 LAUNCHERS = {
-    "cpu": (cpu_backend, ("_run_forward", "_run_forward_aniso"), ("_gather", "_gather_aniso")),
+    "cpu": (cpu_backend, ("_splat",), ("_gather", "_gather_aniso")),
     "triton": (triton_backend, ("_forward", "_forward_aniso"), ("_backward", "_backward_aniso")),
 }
 
