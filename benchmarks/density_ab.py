@@ -15,10 +15,14 @@ structure's U, as ``benchmarks/_structures.anisotropic_model`` gives it) on a 0.
 - ``compiled_fwd`` / ``compiled_fwd_bwd``: the same two functions through
   ``torch.compile(fullgraph=True)`` (inductor).
 
-Each call is timed as wall time with a device synchronisation after it (what a user's step sees:
-host time and GPU time). The record has the medians, p10 and p90 of ``--reps`` calls per tree and
-mode, the ratios after/before (target: eager ≤ 1.1×) and compiled/eager per tree (target ≤ 1.0×),
-the compile times, and the largest difference between the two trees' maps and gradients.
+Each call is timed twice (``benchmarks/_eager.py``'s timers): ``times``, CUDA events around the call,
+synchronised after it (what a user's step sees: host and GPU time; the wall clock on a CPU); and on a
+GPU ``host_times``, the wall clock of the call alone with a 5 ms sleep kernel queued before it, so that
+its kernels wait in the queue and only its host work is timed (the part a change to how ops are defined
+or launched moves; the kernels themselves compare with ``scripts/triton_bitwise.py ptx``). The record
+has the medians, p10 and p90 of ``--reps`` calls per tree and mode, the ratios after/before (target:
+eager ≤ 1.1×) and compiled/eager per tree (target ≤ 1.0×) of each, the compile times, and the largest
+difference between the two trees' maps and gradients.
 
 Usage::
 
@@ -51,7 +55,14 @@ BLOCK = 10  # timed calls per block
 
 def _worker(tree: str) -> None:
     sys.path.insert(0, tree)
+    import importlib.util
+
     import torch
+
+    # The timers of this program's own tree (the trees' benchmarks/ may differ).
+    spec = importlib.util.spec_from_file_location("_density_ab_timing", ROOT / "benchmarks" / "_eager.py")
+    timing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timing)
 
     import kernels
     from benchmarks._structures import anisotropic_model, model
@@ -93,9 +104,7 @@ def _worker(tree: str) -> None:
         def fwd(fn):
             def call():
                 with torch.no_grad():
-                    out = fn()
-                sync(device)
-                return out
+                    return fn()
 
             return call
 
@@ -104,7 +113,6 @@ def _worker(tree: str) -> None:
                 for leaf in leaves:
                     leaf.grad = None
                 fn(*leaves).backward()
-                sync(device)
                 return [leaf.grad for leaf in leaves]
 
             return call
@@ -119,10 +127,12 @@ def _worker(tree: str) -> None:
         for mode, call in calls.items():
             t0 = time.perf_counter()
             call()  # compiles (compiled modes), caches plans and launchers
+            sync(device)
             compile_s[mode] = time.perf_counter() - t0
             for _ in range(3):
                 call()
-        cases[cmd["key"]] = {"calls": calls}
+        # The host-time sleep: longer than any call's host time, so that the GPU never waits for the host.
+        cases[cmd["key"]] = {"calls": calls, "device": device, "sleep": timing._sleep_cycles(device, 5.0)}
         return {"n_atoms": len(atoms), "grid": list(grid.shape), "first_call_s": compile_s}
 
     def results(cmd) -> str:
@@ -130,6 +140,7 @@ def _worker(tree: str) -> None:
         out = {}
         for mode, call in cases[cmd["key"]]["calls"].items():
             value = call()
+            sync(cases[cmd["key"]]["device"])
             out[mode] = [t.detach().cpu() for t in (value if isinstance(value, list) else [value])]
         torch.save(out, cmd["path"])
         return cmd["path"]
@@ -142,13 +153,14 @@ def _worker(tree: str) -> None:
             if cmd["cmd"] == "setup":
                 reply({"ok": setup(cmd)})
             elif cmd["cmd"] == "time":
-                call = cases[cmd["key"]]["calls"][cmd["mode"]]
-                ms = []
-                for _ in range(cmd["n"]):
-                    t0 = time.perf_counter()
-                    call()
-                    ms.append((time.perf_counter() - t0) * 1e3)
-                reply({"ok": ms})
+                case = cases[cmd["key"]]
+                call, device = case["calls"][cmd["mode"]], case["device"]
+                ms = [timing.eager_call_ms(call, device) for _ in range(cmd["n"])]
+                host = []
+                for _ in range(cmd["n"] if device.type == "cuda" else 0):
+                    host.append(timing._host_call_ms(call, device, case["sleep"]))
+                    sync(device)
+                reply({"ok": {"ms": ms, "host_ms": host}})
             elif cmd["cmd"] == "results":
                 reply({"ok": results(cmd)})
         except Exception as exc:  # reported to the coordinator, which records it and goes on
@@ -243,14 +255,19 @@ def run(args) -> dict:
                     print(f"{key}: setup failed {setups}", flush=True)
                     continue
                 times = {label: {m: [] for m in MODES} for label in workers}
+                host = {label: {m: [] for m in MODES} for label in workers}
                 order = list(workers)
                 for r in range(max(1, args.reps // BLOCK)):
                     for mode in MODES:
                         for label in order if r % 2 == 0 else order[::-1]:
                             got = workers[label].ask({"cmd": "time", "key": key, "mode": mode, "n": BLOCK})
-                            times[label][mode].extend(got.get("ok", []))
+                            times[label][mode].extend(got.get("ok", {}).get("ms", []))
+                            host[label][mode].extend(got.get("ok", {}).get("host_ms", []))
                 case["times"] = {label: {m: _summary(v) for m, v in t.items() if v} for label, t in times.items()}
                 case["ratios"] = _ratios(case["times"])
+                if any(v for t in host.values() for v in t.values()):
+                    case["host_times"] = {label: {m: _summary(v) for m, v in t.items() if v} for label, t in host.items()}
+                    case["host_ratios"] = _ratios(case["host_times"])
                 paths = {label: str(Path(scratch) / f"{label}.pt") for label in workers}
                 got = {
                     label: w.ask({"cmd": "results", "key": key, "path": paths[label]}) for label, w in workers.items()
@@ -291,6 +308,14 @@ def _print(key: str, case: dict) -> None:
         if m in t["before"] and m in t["after"]
     )
     print(f"{key}: {cells}", flush=True)
+    h = case.get("host_times")
+    if h:
+        cells = "  ".join(
+            f"{m}: {h['before'][m]['median_ms']:.3f} → {h['after'][m]['median_ms']:.3f} ms"
+            for m in MODES
+            if m in h["before"] and m in h["after"]
+        )
+        print(f"{key} host: {cells}", flush=True)
 
 
 def _commit(tree: Path) -> str | None:
