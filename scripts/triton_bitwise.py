@@ -12,8 +12,10 @@ and the gradients of ``sum(w · map)`` with respect to xyz, B, occupancy and U.
 
 ``ptx`` (run without ``TRITON_INTERPRET``; no GPU needed) compiles every kernel in a set of
 constexpr variants for sm_90 and stores, per variant, a hash of its PTX instructions as a multiset
-(register numbers and labels normalised, debug lines dropped) and their count: equal hashes mean the
-compiler emitted the same instructions, so a restructuring of the source kept the GPU code.
+(register numbers and labels normalised, debug lines dropped), their count, and a hash of the sm_90
+machine code ptxas makes of it (SASS, through Triton's bundled disassembler; addresses and encodings
+dropped): equal PTX multisets mean the compiler emitted the same instructions; equal SASS means the GPU
+runs the same program, so a restructuring of the source kept the speed too.
 
 Usage::
 
@@ -169,12 +171,24 @@ def ptx(path: str) -> None:
         lines = [line for line in lines if line and not line.startswith((".loc", ".file", "$L__tmp"))]
         start = next(i for i, line in enumerate(lines) if ".entry" in line)
         body = lines[start : start + lines[start:].index("}") + 1]
-        ops = sorted(re.sub(r"%[a-z]+\d+", "R", re.sub(r"\$L__\w+", "L", line)) for line in body)
+        ops = [re.sub(r"%[a-z]+\d+", "R", re.sub(r"\$L__\w+", "L", line)) for line in body]
         key = fn.__name__ + "/" + ",".join(f"{k}={int(v)}" for k, v in const.items())
-        out[key] = [hashlib.sha1("\n".join(ops).encode()).hexdigest(), len(body)]
+        out[key] = [_sha1(sorted(ops)), len(body), _sha1(_sass(kernel.asm["cubin"]))]
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
     print(f"{len(out)} kernel variants -> {path}")
+
+
+def _sass(cubin: bytes) -> list[str]:
+    """The machine instructions of a cubin (Triton's bundled disassembler), without addresses or encodings."""
+    from triton.tools.disasm import get_sass
+
+    lines = [re.sub(r"/\*[0-9a-f]{4,}\*/", "", line).strip() for line in get_sass(cubin).splitlines()]
+    return [line for line in lines if line and not line.startswith(("/*", "//", "."))]
+
+
+def _sha1(lines: list[str]) -> str:
+    return hashlib.sha1("\n".join(lines).encode()).hexdigest()
 
 
 def compare(before: str, after: str) -> int:

@@ -14,16 +14,15 @@ from kernels.density._triton_kernels import (
     _cell_coordinate,
     _fixed_exponent,
     _fixed_scale,
-    _frame_offset,
     _group_r2min,
     _plan_scalars,
     _radial_coef,
     _radius_search,
     _tile_row_walk,
     _to_fixed,
-    _vec_z_box,
-    _wrap,
-    _z_lanes,
+    _walk_setup,
+    _x_lanes,
+    _xz_lanes,
 )
 
 # --------------------------------------------------------------------------- anisotropic kernels
@@ -463,58 +462,27 @@ def _aniso_fwd_kernel(
     am2 = (am2 * occ)[:, None, None]
     am3 = (am3 * occ)[:, None, None]
     am4 = (am4 * occ)[:, None, None]
-    # Group masks and row spans test lower bounds of r² against R² widened by 0.1 %, far above float32
-    # rounding (~1e-6 relative), so a group or row holding a voxel with r² < R² is never masked off.
-    r2lim_a = r2max * 1.001
-    r2lim = r2lim_a[:, None, None]
-    r2max = r2max[:, None, None]
-    if VEC:
-        nz = nz // 4 * 4  # the host sends nz % 4 == 0: lets the axis analysis see nz and row strides divide by 4
-        loz, cntz = _vec_z_box(bz, loz, cntz)
-        inv_h22 = 1.0 / h22
-    if FRAMES:
-        fo = _frame_offset(ia, atoms_per_frame, nx, ny, nz, INDEX64)
-    n_pc = tl.cdiv(tl.max(cntx, axis=0), BP)
-    n_qc = tl.cdiv(tl.max(cntz, axis=0), BQ)
-    n_rows = tl.max(cnty, axis=0)
-    x_lo = lox.to(tl.float32) - tx
-    z_lo = loz.to(tl.float32) - tz
-    off_y = ty - loy.to(tl.float32)
-    top_y = cnty.to(tl.float32)
-    tx = tx[:, None, None]
-    tz = tz[:, None, None]
-    iy0 = _wrap(by + loy, ny)
-    off_y3 = off_y[:, None, None]
-    pp = tl.arange(0, BP)[None, :, None]
-    qq = tl.arange(0, BQ)[None, None, :]
+    (
+        nz, loz, cntz, inv_h22, fo, r2lim_a, r2lim, r2max, n_pc, n_qc, n_rows, x_lo, z_lo, off_y, top_y, tx, tz,
+        off_y3, iy0, pp, qq,
+    ) = _walk_setup(
+        ia, tx, ty, tz, by, bz, lox, loy, loz, cntx, cnty, cntz, r2max, h22, nx, ny, nz, atoms_per_frame,
+        BP, BQ, VEC, FRAMES, INDEX64,
+    )  # fmt: skip
     pc = 0
     while pc < n_pc:
-        kx = pc * BP + pp
-        ox = lox[:, None, None] + kx
-        dx = ox.to(tl.float32) - tx
-        ix = _wrap(bx[:, None, None] + ox, nx)
-        if INDEX64:
-            ix = ix.to(tl.int64)
-        in_x = kx < cntx[:, None, None]
-        if VEC:
-            lz = h02 * dx
-            q0x = h00 * dx * dx
+        dx, ix, in_x, lz, q0x = _x_lanes(pc, pp, lox, bx, tx, cntx, nx, h00, h02, BP, INDEX64)
         qc = 0
         while qc < n_qc:
-            ozg, dz, iz, in_z = _z_lanes(
-                qc, qq, loz[:, None, None], cntz[:, None, None], bz[:, None, None], tz, nz, BQ, VEC
+            ozg, dz, in_xz, qxz, base_xz = _xz_lanes(
+                qc, qq, loz, cntz, bz, tz, nz, ny, dx, ix, in_x, fo, h00, h02, h22, BQ, VEC, FRAMES
             )
-            in_xz = in_x & in_z
-            qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # metric part of r², (ATOMS, BP, BQ)
             if SEPARABLE:
                 lin = qxz  # not read
                 if VEC:
                     gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)  # x–z part of the group's r² bound
             else:
                 lin = 2.0 * (h01 * dx + h12 * dz)
-            base_xz = ix * (ny * nz) + iz
-            if FRAMES:
-                base_xz += fo
             ca0, cb0 = _column(cxx0, czz0, cxy0, cxz0, cyz0, dx, dz)
             ca1, cb1 = _column(cxx1, czz1, cxy1, cxz1, cyz1, dx, dz)
             ca2, cb2 = _column(cxx2, czz2, cxy2, cxz2, cyz2, dx, dz)
@@ -565,6 +533,39 @@ def _aniso_fwd_kernel(
                 r += 1
             qc += 1
         pc += 1
+
+
+@triton.jit
+def _store_aniso_grads(
+    gxyz_ptr, gu_ptr, gb_ptr, gocc_ptr, p_ptr, ia, valid, flag, gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23
+):
+    """The anisotropic backward's gradients from its float64 sums (:func:`_fold_grads`): ∂L/∂xyz, ∂L/∂occ,
+    ∂L/∂U of anisotropic atoms and ∂L/∂b_iso of isotropic ones (zero elsewhere)."""
+    # centre = m·xyz (m = diag(n)·frac): ∂L/∂xyz = mᵀ·∂L/∂centre.
+    m00 = tl.load(p_ptr + 23)
+    m01 = tl.load(p_ptr + 24)
+    m02 = tl.load(p_ptr + 25)
+    m10 = tl.load(p_ptr + 26)
+    m11 = tl.load(p_ptr + 27)
+    m12 = tl.load(p_ptr + 28)
+    m20 = tl.load(p_ptr + 29)
+    m21 = tl.load(p_ptr + 30)
+    m22 = tl.load(p_ptr + 31)
+    # Stores cast to each gradient's dtype (xyz's for the positions, float32 for the rest).
+    tl.store(gxyz_ptr + ia * 3 + 0, m00 * gcx + m10 * gcy + m20 * gcz, mask=valid)
+    tl.store(gxyz_ptr + ia * 3 + 1, m01 * gcx + m11 * gcy + m21 * gcz, mask=valid)
+    tl.store(gxyz_ptr + ia * 3 + 2, m02 * gcx + m12 * gcy + m22 * gcz, mask=valid)
+    tl.store(gocc_ptr + ia, go, mask=valid)
+    # ∂L/∂U = Σ_k ∂L/∂M_k = mᵀ·X·m; U12 stands for both (1, 2) and (2, 1), so its gradient is twice the entry's.
+    d11, d22, d33, d12, d13, d23 = _sandwich(x11, x22, x33, x12, x13, x23, m00, m10, m20, m01, m11, m21, m02, m12, m22)
+    # Isotropic atoms: U = B/(8π²)·I, so ∂L/∂B = tr(∂L/∂U)/(8π²); anisotropic atoms' B is not used.
+    tl.store(gb_ptr + ia, tl.where(flag, 0.0, (d11 + d22 + d33) * 0.012665147955292222), mask=valid)
+    tl.store(gu_ptr + ia * 6 + 0, tl.where(flag, d11, 0.0), mask=valid)
+    tl.store(gu_ptr + ia * 6 + 1, tl.where(flag, d22, 0.0), mask=valid)
+    tl.store(gu_ptr + ia * 6 + 2, tl.where(flag, d33, 0.0), mask=valid)
+    tl.store(gu_ptr + ia * 6 + 3, tl.where(flag, 2.0 * d12, 0.0), mask=valid)
+    tl.store(gu_ptr + ia * 6 + 4, tl.where(flag, 2.0 * d13, 0.0), mask=valid)
+    tl.store(gu_ptr + ia * 6 + 5, tl.where(flag, 2.0 * d23, 0.0), mask=valid)
 
 
 @triton.jit
@@ -641,28 +642,13 @@ def _aniso_bwd_kernel(
     cxx2, cyy2, czz2, cxy2, cxz2, cyz2 = _log2_form(n11_2, n22_2, n33_2, n12_2, n13_2, n23_2, p_ptr)
     cxx3, cyy3, czz3, cxy3, cxz3, cyz3 = _log2_form(n11_3, n22_3, n33_3, n12_3, n13_3, n23_3, p_ptr)
     cxx4, cyy4, czz4, cxy4, cxz4, cyz4 = _log2_form(n11_4, n22_4, n33_4, n12_4, n13_4, n23_4, p_ptr)
-    r2lim_a = r2max * 1.001
-    r2lim = r2lim_a[:, None, None]
-    r2max = r2max[:, None, None]
-    if VEC:
-        nz = nz // 4 * 4
-        loz, cntz = _vec_z_box(bz, loz, cntz)
-        inv_h22 = 1.0 / h22
-    if FRAMES:
-        fo = _frame_offset(ia, atoms_per_frame, nx, ny, nz, INDEX64)
-    n_pc = tl.cdiv(tl.max(cntx, axis=0), BP)
-    n_qc = tl.cdiv(tl.max(cntz, axis=0), BQ)
-    n_rows = tl.max(cnty, axis=0)
-    x_lo = lox.to(tl.float32) - tx
-    z_lo = loz.to(tl.float32) - tz
-    off_y = ty - loy.to(tl.float32)
-    top_y = cnty.to(tl.float32)
-    tx = tx[:, None, None]
-    tz = tz[:, None, None]
-    iy0 = _wrap(by + loy, ny)
-    off_y3 = off_y[:, None, None]
-    pp = tl.arange(0, BP)[None, :, None]
-    qq = tl.arange(0, BQ)[None, None, :]
+    (
+        nz, loz, cntz, inv_h22, fo, r2lim_a, r2lim, r2max, n_pc, n_qc, n_rows, x_lo, z_lo, off_y, top_y, tx, tz,
+        off_y3, iy0, pp, qq,
+    ) = _walk_setup(
+        ia, tx, ty, tz, by, bz, lox, loy, loz, cntx, cnty, cntz, r2max, h22, nx, ny, nz, atoms_per_frame,
+        BP, BQ, VEC, FRAMES, INDEX64,
+    )  # fmt: skip
     # ∂L/∂centre (voxel units), ∂L/∂occ and the voxel-space X of ∂L/∂U per atom, float64 (see _fold_grads):
     # each tile's rows are summed in lane accumulators (unit amplitude: Σ g·e_k, Σ g·e_k·dy, Σ g·e_k·dy² per
     # term) and folded in after its row loop.
@@ -675,43 +661,27 @@ def _aniso_bwd_kernel(
     am4 = au4 * occ
     pc = 0
     while pc < n_pc:
-        kx = pc * BP + pp
-        ox = lox[:, None, None] + kx
-        dx = ox.to(tl.float32) - tx
-        ix = _wrap(bx[:, None, None] + ox, nx)
-        if INDEX64:
-            ix = ix.to(tl.int64)
-        in_x = kx < cntx[:, None, None]
-        if VEC:
-            lz = h02 * dx
-            q0x = h00 * dx * dx
+        dx, ix, in_x, lz, q0x = _x_lanes(pc, pp, lox, bx, tx, cntx, nx, h00, h02, BP, INDEX64)
         qc = 0
         while qc < n_qc:
-            ozg, dz, iz, in_z = _z_lanes(
-                qc, qq, loz[:, None, None], cntz[:, None, None], bz[:, None, None], tz, nz, BQ, VEC
+            ozg, dz, in_xz, qxz, base_xz = _xz_lanes(
+                qc, qq, loz, cntz, bz, tz, nz, ny, dx, ix, in_x, fo, h00, h02, h22, BQ, VEC, FRAMES
             )
-            in_xz = in_x & in_z
-            qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz
             if SEPARABLE:
                 lin = qxz  # not read
                 if VEC:
                     gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)
             else:
                 lin = 2.0 * (h01 * dx + h12 * dz)
-            base_xz = ix * (ny * nz) + iz
-            if FRAMES:
-                base_xz += fo
             ca0, cb0 = _column(cxx0, czz0, cxy0, cxz0, cyz0, dx, dz)
             ca1, cb1 = _column(cxx1, czz1, cxy1, cxz1, cyz1, dx, dz)
             ca2, cb2 = _column(cxx2, czz2, cxy2, cxz2, cyz2, dx, dz)
             ca3, cb3 = _column(cxx3, czz3, cxy3, cxz3, cyz3, dx, dz)
             ca4, cb4 = _column(cxx4, czz4, cxy4, cxz4, cyz4, dx, dz)
             tile = tl.zeros((ATOMS, BP, BQ), dtype=tl.float64)
-            t0, ty0, tyy0 = tile, tile, tile
-            t1, ty1, tyy1 = tile, tile, tile
-            t2, ty2, tyy2 = tile, tile, tile
-            t3, ty3, tyy3 = tile, tile, tile
-            t4, ty4, tyy4 = tile, tile, tile
+            t0, ty0, tyy0, t1, ty1, tyy1, t2, ty2, tyy2, t3, ty3, tyy3, t4, ty4, tyy4 = (
+                tile, tile, tile, tile, tile, tile, tile, tile, tile, tile, tile, tile, tile, tile, tile,
+            )  # fmt: skip
             r, r_end, iy, r_lo, r_hi = _tile_row_walk(
                 pc, qc, cntx, cntz, qxz, lin, in_xz, x_lo, z_lo, r2lim_a, h00, h11, h22, h02, off_y, top_y,
                 iy0, ny, n_rows, BP, BQ, SEPARABLE,
@@ -768,28 +738,6 @@ def _aniso_bwd_kernel(
             )  # fmt: skip
             qc += 1
         pc += 1
-    # centre = m·xyz (m = diag(n)·frac): ∂L/∂xyz = mᵀ·∂L/∂centre.
-    m00 = tl.load(p_ptr + 23)
-    m01 = tl.load(p_ptr + 24)
-    m02 = tl.load(p_ptr + 25)
-    m10 = tl.load(p_ptr + 26)
-    m11 = tl.load(p_ptr + 27)
-    m12 = tl.load(p_ptr + 28)
-    m20 = tl.load(p_ptr + 29)
-    m21 = tl.load(p_ptr + 30)
-    m22 = tl.load(p_ptr + 31)
-    # Stores cast to each gradient's dtype (xyz's for the positions, float32 for the rest).
-    tl.store(gxyz_ptr + ia * 3 + 0, m00 * gcx + m10 * gcy + m20 * gcz, mask=valid)
-    tl.store(gxyz_ptr + ia * 3 + 1, m01 * gcx + m11 * gcy + m21 * gcz, mask=valid)
-    tl.store(gxyz_ptr + ia * 3 + 2, m02 * gcx + m12 * gcy + m22 * gcz, mask=valid)
-    tl.store(gocc_ptr + ia, go, mask=valid)
-    # ∂L/∂U = Σ_k ∂L/∂M_k = mᵀ·X·m; U12 stands for both (1, 2) and (2, 1), so its gradient is twice the entry's.
-    d11, d22, d33, d12, d13, d23 = _sandwich(x11, x22, x33, x12, x13, x23, m00, m10, m20, m01, m11, m21, m02, m12, m22)
-    # Isotropic atoms: U = B/(8π²)·I, so ∂L/∂B = tr(∂L/∂U)/(8π²); anisotropic atoms' B is not used.
-    tl.store(gb_ptr + ia, tl.where(flag, 0.0, (d11 + d22 + d33) * 0.012665147955292222), mask=valid)
-    tl.store(gu_ptr + ia * 6 + 0, tl.where(flag, d11, 0.0), mask=valid)
-    tl.store(gu_ptr + ia * 6 + 1, tl.where(flag, d22, 0.0), mask=valid)
-    tl.store(gu_ptr + ia * 6 + 2, tl.where(flag, d33, 0.0), mask=valid)
-    tl.store(gu_ptr + ia * 6 + 3, tl.where(flag, 2.0 * d12, 0.0), mask=valid)
-    tl.store(gu_ptr + ia * 6 + 4, tl.where(flag, 2.0 * d13, 0.0), mask=valid)
-    tl.store(gu_ptr + ia * 6 + 5, tl.where(flag, 2.0 * d23, 0.0), mask=valid)
+    _store_aniso_grads(
+        gxyz_ptr, gu_ptr, gb_ptr, gocc_ptr, p_ptr, ia, valid, flag, gcx, gcy, gcz, go, x11, x22, x33, x12, x13, x23
+    )

@@ -254,6 +254,83 @@ def _z_lanes(qc, qq, loz, cntz, bz, tz, nz, BQ: tl.constexpr, VEC: tl.constexpr)
 
 
 @triton.jit
+def _walk_setup(
+    ia, tx, ty, tz, by, bz, lox, loy, loz, cntx, cnty, cntz, r2max, h22, nx, ny, nz, atoms_per_frame,
+    BP: tl.constexpr, BQ: tl.constexpr, VEC: tl.constexpr, FRAMES: tl.constexpr, INDEX64: tl.constexpr,
+):  # fmt: skip
+    """What every splat kernel's walk over its atoms' boxes needs, from the boxes (:func:`_atom_box`).
+
+    Returns, in order:
+
+    - ``nz, loz, cntz``: the grid's z size and the z boxes, in groups of 4 with VEC (nz % 4 == 0, written
+      so that the axis analysis sees nz and the row strides divide by 4; :func:`_vec_z_box`);
+    - ``inv_h22`` (VEC; h22 otherwise, not read) and ``fo``, each atom's frame offset (FRAMES; 0 otherwise);
+    - ``r2lim_a`` (ATOMS,), ``r2lim`` and ``r2max`` (ATOMS, 1, 1): R² widened by 0.1 % for the group masks
+      and row spans (far above float32 rounding, ~1e-6 relative, so a group or row holding a voxel with
+      r² < R² is never masked off), and R²;
+    - ``n_pc, n_qc, n_rows``: x and z chunks and rows of the largest box;
+    - ``x_lo, z_lo, off_y, top_y`` (ATOMS,): the box's first dx and dz, and the row offset and count, for
+      the per-tile row spans (dy = r − off_y);
+    - ``tx, tz, off_y`` as (ATOMS, 1, 1) and ``iy0``, the wrapped grid row of box row 0 (ATOMS,), which the
+      walk steps by one per row trip (a modulo per row would cost ~30 instructions a trip);
+    - ``pp`` (1, BP, 1) and ``qq`` (1, 1, BQ): the lanes of a tile.
+    """
+    r2lim_a = r2max * 1.001
+    if VEC:
+        nz = nz // 4 * 4
+        loz, cntz = _vec_z_box(bz, loz, cntz)
+        inv_h22 = 1.0 / h22
+    else:
+        inv_h22 = h22
+    if FRAMES:
+        fo = _frame_offset(ia, atoms_per_frame, nx, ny, nz, INDEX64)
+    else:
+        fo = 0
+    n_pc = tl.cdiv(tl.max(cntx, axis=0), BP)
+    n_qc = tl.cdiv(tl.max(cntz, axis=0), BQ)
+    n_rows = tl.max(cnty, axis=0)
+    x_lo = lox.to(tl.float32) - tx
+    z_lo = loz.to(tl.float32) - tz
+    off_y = ty - loy.to(tl.float32)
+    top_y = cnty.to(tl.float32)
+    iy0 = _wrap(by + loy, ny)
+    return (
+        nz, loz, cntz, inv_h22, fo, r2lim_a, r2lim_a[:, None, None], r2max[:, None, None], n_pc, n_qc, n_rows,
+        x_lo, z_lo, off_y, top_y, tx[:, None, None], tz[:, None, None], off_y[:, None, None], iy0,
+        tl.arange(0, BP)[None, :, None], tl.arange(0, BQ)[None, None, :],
+    )  # fmt: skip
+
+
+@triton.jit
+def _x_lanes(pc, pp, lox, bx, tx, cntx, nx, h00, h02, BP: tl.constexpr, INDEX64: tl.constexpr):
+    """x lanes of chunk ``pc``, (ATOMS, BP, 1): dx, the grid index, whether the lane is in the box, and the
+    x parts of the VEC group bound (r² = h22·dz² + 2·lz·dz + q0x + y terms along the lane; not read without VEC)."""
+    kx = pc * BP + pp
+    ox = lox[:, None, None] + kx
+    dx = ox.to(tl.float32) - tx
+    ix = _wrap(bx[:, None, None] + ox, nx)
+    if INDEX64:
+        ix = ix.to(tl.int64)
+    return dx, ix, kx < cntx[:, None, None], h02 * dx, h00 * dx * dx
+
+
+@triton.jit
+def _xz_lanes(
+    qc, qq, loz, cntz, bz, tz, nz, ny, dx, ix, in_x, fo, h00, h02, h22,
+    BQ: tl.constexpr, VEC: tl.constexpr, FRAMES: tl.constexpr,
+):  # fmt: skip
+    """The tile of x lanes (:func:`_x_lanes`) and the z lanes of chunk ``qc``, (ATOMS, BP, BQ): each lane's
+    group offset (:func:`_z_lanes`), dz, whether it is in the box, the metric's x–z part of r² (Å²) and the
+    flat index of its voxel in box row 0 less the row (plus its frame's offset)."""
+    ozg, dz, iz, in_z = _z_lanes(qc, qq, loz[:, None, None], cntz[:, None, None], bz[:, None, None], tz, nz, BQ, VEC)
+    qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz
+    base_xz = ix * (ny * nz) + iz
+    if FRAMES:
+        base_xz += fo
+    return ozg, dz, in_x & in_z, qxz, base_xz
+
+
+@triton.jit
 def _group_r2min(ozg, tz, lin, q0, h22, inv_h22):
     """Lower bound of r² over a group's 4 voxels: min over real dz in [ozg − tz, ozg − tz + 3] of h22·dz² + 2·lin·dz + q0.
 
@@ -439,6 +516,45 @@ def _store_position_grad(gxyz_ptr, p_ptr, ia, valid, gcx, gcy, gcz, TO32: tl.con
     tl.store(gxyz_ptr + ia * 3 + 0, m00 * gcx + m10 * gcy + m20 * gcz, mask=valid)
     tl.store(gxyz_ptr + ia * 3 + 1, m01 * gcx + m11 * gcy + m21 * gcz, mask=valid)
     tl.store(gxyz_ptr + ia * 3 + 2, m02 * gcx + m12 * gcy + m22 * gcz, mask=valid)
+
+
+@triton.jit
+def _iso_accumulators(ATOMS: tl.constexpr, BP: tl.constexpr, BQ: tl.constexpr, SEPARABLE: tl.constexpr):
+    """The isotropic backward's five float32 sums, zero: per atom (ATOMS,) on separable cells, whose tiles
+    fold their sums in right after their row loops (no lane accumulators stay live across the row loops,
+    which hold 15 of their own); otherwise per lane (ATOMS, BP, BQ), summed once at the end."""
+    if SEPARABLE:
+        z = tl.zeros((ATOMS,), dtype=tl.float32)
+    else:
+        z = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+    return z, z, z, z, z
+
+
+@triton.jit
+def _store_iso_grads(
+    gxyz_ptr, gb_ptr, gocc_ptr, p_ptr, ia, valid, occ, acc_o, acc_x, acc_y, acc_z, acc_b,
+    h00, h11, h22, h01, h02, h12, SEPARABLE: tl.constexpr,
+):  # fmt: skip
+    """The isotropic backward's gradients from its sums (:func:`_iso_accumulators`): ∂L/∂xyz, ∂L/∂b_iso, ∂L/∂occ."""
+    if SEPARABLE:
+        s_o = acc_o
+        s_x = acc_x * occ
+        s_y = acc_y * occ
+        s_z = acc_z * occ
+        s_b = acc_b * occ
+    else:
+        s_o = tl.sum(tl.sum(acc_o, axis=2), axis=1)
+        s_x = tl.sum(tl.sum(acc_x, axis=2), axis=1) * occ
+        s_y = tl.sum(tl.sum(acc_y, axis=2), axis=1) * occ
+        s_z = tl.sum(tl.sum(acc_z, axis=2), axis=1) * occ
+        s_b = tl.sum(tl.sum(acc_b, axis=2), axis=1) * occ
+    # ∂ρ/∂centre = 2·H·d·Σ α c e (d = voxel − centre), then centre = m·xyz.
+    gcx = 2.0 * (h00 * s_x + h01 * s_y + h02 * s_z)
+    gcy = 2.0 * (h01 * s_x + h11 * s_y + h12 * s_z)
+    gcz = 2.0 * (h02 * s_x + h12 * s_y + h22 * s_z)
+    _store_position_grad(gxyz_ptr, p_ptr, ia, valid, gcx, gcy, gcz, True)
+    tl.store(gb_ptr + ia, s_b, mask=valid)
+    tl.store(gocc_ptr + ia, s_o, mask=valid)
 
 
 @triton.jit
@@ -636,58 +752,23 @@ def _splat_fwd_kernel(
     amp2, be2 = _fwd_term(a_ptr, b_ptr, ia, valid, b_iso, occ, 2)
     amp3, be3 = _fwd_term(a_ptr, b_ptr, ia, valid, b_iso, occ, 3)
     amp4, be4 = _fwd_term(a_ptr, b_ptr, ia, valid, b_iso, occ, 4)
-    # Group masks and row spans test lower bounds of r² against R² widened by 0.1 %, far above float32
-    # rounding (~1e-6 relative), so a group or row holding a voxel with r² < R² is never masked off.
-    r2lim_a = r2max * 1.001  # (ATOMS,)
-    r2lim = r2lim_a[:, None, None]
-    r2max = r2max[:, None, None]
-    if VEC:
-        nz = nz // 4 * 4  # the host sends nz % 4 == 0: lets the axis analysis see nz and row strides divide by 4
-        loz, cntz = _vec_z_box(bz, loz, cntz)
-        inv_h22 = 1.0 / h22
-    if FRAMES:
-        fo = _frame_offset(ia, atoms_per_frame, nx, ny, nz, INDEX64)
-    n_pc = tl.cdiv(tl.max(cntx, axis=0), BP)
-    n_qc = tl.cdiv(tl.max(cntz, axis=0), BQ)
-    n_rows = tl.max(cnty, axis=0)
-    # (ATOMS,) floats for the per-tile row spans: the box's first dx, dz, and dy = r − off_y.
-    x_lo = lox.to(tl.float32) - tx
-    z_lo = loz.to(tl.float32) - tz
-    off_y = ty - loy.to(tl.float32)
-    top_y = cnty.to(tl.float32)
-    tx = tx[:, None, None]
-    ty = ty[:, None, None]
-    tz = tz[:, None, None]
-    # Wrapped grid row of box row 0, (ATOMS,); the walk steps it by one per row trip (a modulo per row
-    # would cost ~30 instructions of each trip).
-    iy0 = _wrap(by + loy, ny)
-    off_y3 = off_y[:, None, None]
-    pp = tl.arange(0, BP)[None, :, None]
-    qq = tl.arange(0, BQ)[None, None, :]
+    (
+        nz, loz, cntz, inv_h22, fo, r2lim_a, r2lim, r2max, n_pc, n_qc, n_rows, x_lo, z_lo, off_y, top_y, tx, tz,
+        off_y3, iy0, pp, qq,
+    ) = _walk_setup(
+        ia, tx, ty, tz, by, bz, lox, loy, loz, cntx, cnty, cntz, r2max, h22, nx, ny, nz, atoms_per_frame,
+        BP, BQ, VEC, FRAMES, INDEX64,
+    )  # fmt: skip
     pc = 0
     while pc < n_pc:
-        kx = pc * BP + pp  # (1, BP, 1) step inside the box
-        ox = lox[:, None, None] + kx
-        dx = ox.to(tl.float32) - tx
-        ix = _wrap(bx[:, None, None] + ox, nx)
-        if INDEX64:
-            ix = ix.to(tl.int64)
-        in_x = kx < cntx[:, None, None]
-        if VEC:
-            lz = h02 * dx  # (ATOMS, BP, 1): r² = h22·dz² + 2·lz·dz + q0x (+ y terms) along the x lane
-            q0x = h00 * dx * dx
+        dx, ix, in_x, lz, q0x = _x_lanes(pc, pp, lox, bx, tx, cntx, nx, h00, h02, BP, INDEX64)
         qc = 0
         while qc < n_qc:
-            ozg, dz, iz, in_z = _z_lanes(
-                qc, qq, loz[:, None, None], cntz[:, None, None], bz[:, None, None], tz, nz, BQ, VEC
+            ozg, dz, in_xz, qxz, base_xz = _xz_lanes(
+                qc, qq, loz, cntz, bz, tz, nz, ny, dx, ix, in_x, fo, h00, h02, h22, BQ, VEC, FRAMES
             )
-            in_xz = in_x & in_z
             if VEC and SEPARABLE:
                 gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)  # x–z part of the group's r² bound
-            qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # (ATOMS, BP, BQ) Å²
-            base_xz = ix * (ny * nz) + iz
-            if FRAMES:
-                base_xz += fo
             if SEPARABLE:
                 q_lane = qxz  # E(x, z) per lane of the tile
                 lin = qxz  # not read
@@ -792,71 +873,25 @@ def _splat_bwd_kernel(
     c2, ca2, cab2, cb2, be2 = _bwd_term(a_ptr, b_ptr, ia, valid, b_iso, 2)
     c3, ca3, cab3, cb3, be3 = _bwd_term(a_ptr, b_ptr, ia, valid, b_iso, 3)
     c4, ca4, cab4, cb4, be4 = _bwd_term(a_ptr, b_ptr, ia, valid, b_iso, 4)
-    # Group masks and row spans test lower bounds of r² against R² widened by 0.1 %, far above float32
-    # rounding (~1e-6 relative), so a group or row holding a voxel with r² < R² is never masked off.
-    r2lim_a = r2max * 1.001  # (ATOMS,)
-    r2lim = r2lim_a[:, None, None]
-    r2max = r2max[:, None, None]
-    if VEC:
-        nz = nz // 4 * 4  # the host sends nz % 4 == 0: lets the axis analysis see nz and row strides divide by 4
-        loz, cntz = _vec_z_box(bz, loz, cntz)
-        inv_h22 = 1.0 / h22
-    if FRAMES:
-        fo = _frame_offset(ia, atoms_per_frame, nx, ny, nz, INDEX64)
-    n_pc = tl.cdiv(tl.max(cntx, axis=0), BP)
-    n_qc = tl.cdiv(tl.max(cntz, axis=0), BQ)
-    n_rows = tl.max(cnty, axis=0)
-    # (ATOMS,) floats for the per-tile row spans: the box's first dx, dz, and dy = r − off_y.
-    x_lo = lox.to(tl.float32) - tx
-    z_lo = loz.to(tl.float32) - tz
-    off_y = ty - loy.to(tl.float32)
-    top_y = cnty.to(tl.float32)
-    tx = tx[:, None, None]
-    ty = ty[:, None, None]
-    tz = tz[:, None, None]
-    iy0 = _wrap(by + loy, ny)  # (ATOMS,) wrapped grid row of box row 0, stepped by one per row trip
-    off_y3 = off_y[:, None, None]
-    pp = tl.arange(0, BP)[None, :, None]
-    qq = tl.arange(0, BQ)[None, None, :]
-    # Separable cells: each tile's sums are folded into per-atom sums right after its row
-    # loop, so no lane accumulators stay live across the row loops (which hold 15 of their own);
-    # otherwise lane accumulators are summed once at the end.
-    if SEPARABLE:
-        acc_o = tl.zeros((ATOMS,), dtype=tl.float32)  # Σ g·u0
-        acc_x = tl.zeros((ATOMS,), dtype=tl.float32)  # Σ g·u1·dx (voxel units)
-        acc_y = tl.zeros((ATOMS,), dtype=tl.float32)
-        acc_z = tl.zeros((ATOMS,), dtype=tl.float32)
-        acc_b = tl.zeros((ATOMS,), dtype=tl.float32)  # Σ g·u2
-    else:
-        acc_o = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-        acc_x = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-        acc_y = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-        acc_z = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
-        acc_b = tl.zeros((ATOMS, BP, BQ), dtype=tl.float32)
+    (
+        nz, loz, cntz, inv_h22, fo, r2lim_a, r2lim, r2max, n_pc, n_qc, n_rows, x_lo, z_lo, off_y, top_y, tx, tz,
+        off_y3, iy0, pp, qq,
+    ) = _walk_setup(
+        ia, tx, ty, tz, by, bz, lox, loy, loz, cntx, cnty, cntz, r2max, h22, nx, ny, nz, atoms_per_frame,
+        BP, BQ, VEC, FRAMES, INDEX64,
+    )  # fmt: skip
+    # Σ g·u0, Σ g·u1·d (voxel units, x y z), Σ g·u2
+    acc_o, acc_x, acc_y, acc_z, acc_b = _iso_accumulators(ATOMS, BP, BQ, SEPARABLE)
     pc = 0
     while pc < n_pc:
-        kx = pc * BP + pp
-        ox = lox[:, None, None] + kx
-        dx = ox.to(tl.float32) - tx
-        ix = _wrap(bx[:, None, None] + ox, nx)
-        if INDEX64:
-            ix = ix.to(tl.int64)
-        in_x = kx < cntx[:, None, None]
-        if VEC:
-            lz = h02 * dx  # (ATOMS, BP, 1): r² = h22·dz² + 2·lz·dz + q0x (+ y terms) along the x lane
-            q0x = h00 * dx * dx
+        dx, ix, in_x, lz, q0x = _x_lanes(pc, pp, lox, bx, tx, cntx, nx, h00, h02, BP, INDEX64)
         qc = 0
         while qc < n_qc:
-            ozg, dz, iz, in_z = _z_lanes(
-                qc, qq, loz[:, None, None], cntz[:, None, None], bz[:, None, None], tz, nz, BQ, VEC
+            ozg, dz, in_xz, qxz, base_xz = _xz_lanes(
+                qc, qq, loz, cntz, bz, tz, nz, ny, dx, ix, in_x, fo, h00, h02, h22, BQ, VEC, FRAMES
             )
-            in_xz = in_x & in_z
             if VEC and SEPARABLE:
                 gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)  # x–z part of the group's r² bound
-            qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz
-            base_xz = ix * (ny * nz) + iz
-            if FRAMES:
-                base_xz += fo
             if SEPARABLE:
                 # e_k = x_k(x, z)·y_k(row): sum g·y_k (and ·dy, ·qy) over the rows first, then fold in
                 # the x_k and the coefficients once per tile (20 instead of ~40 flops per voxel).
@@ -955,25 +990,10 @@ def _splat_bwd_kernel(
                     r += 1
             qc += 1
         pc += 1
-    if SEPARABLE:
-        s_o = acc_o
-        s_x = acc_x * occ
-        s_y = acc_y * occ
-        s_z = acc_z * occ
-        s_b = acc_b * occ
-    else:
-        s_o = tl.sum(tl.sum(acc_o, axis=2), axis=1)
-        s_x = tl.sum(tl.sum(acc_x, axis=2), axis=1) * occ
-        s_y = tl.sum(tl.sum(acc_y, axis=2), axis=1) * occ
-        s_z = tl.sum(tl.sum(acc_z, axis=2), axis=1) * occ
-        s_b = tl.sum(tl.sum(acc_b, axis=2), axis=1) * occ
-    # ∂ρ/∂centre = 2·H·d·Σ α c e (d = voxel − centre), then centre = m·xyz.
-    gcx = 2.0 * (h00 * s_x + h01 * s_y + h02 * s_z)
-    gcy = 2.0 * (h01 * s_x + h11 * s_y + h12 * s_z)
-    gcz = 2.0 * (h02 * s_x + h12 * s_y + h22 * s_z)
-    _store_position_grad(gxyz_ptr, p_ptr, ia, valid, gcx, gcy, gcz, True)
-    tl.store(gb_ptr + ia, s_b, mask=valid)
-    tl.store(gocc_ptr + ia, s_o, mask=valid)
+    _store_iso_grads(
+        gxyz_ptr, gb_ptr, gocc_ptr, p_ptr, ia, valid, occ, acc_o, acc_x, acc_y, acc_z, acc_b,
+        h00, h11, h22, h01, h02, h12, SEPARABLE,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=("n_atoms",))
