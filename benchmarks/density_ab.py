@@ -5,6 +5,9 @@ checkout of another commit) and after (``--after DIR``, default this checkout) e
 process of their own, both alive for the whole run, on the same device. After both have built their
 inputs and compiled their functions (in parallel), the coordinator asks them in turn for blocks of
 timed calls — before, after, after, before, … — so the host's and the GPU's drift meets both alike.
+Both workers are pinned to the same cores (the last ``--threads`` of this process's), where they take
+turns. The run's noise floor is the same program with one tree on both sides (``--before`` equal to
+``--after``): after/before ratios of such an A/A run are what chance alone gives.
 
 Per structure (1aki, 5h73, 3wip by default) and ADP model (``iso``: B only; ``aniso``: the
 structure's U, as ``benchmarks/_structures.anisotropic_model`` gives it) on a 0.667 Å grid, float32:
@@ -178,10 +181,20 @@ def _path_with(tree: Path) -> str:
     return os.pathsep.join([str(tree), *others])
 
 
+def _worker_cores(threads: int) -> set[int] | None:
+    """The cores both workers run on: the last ``threads`` this process may use, the same for both trees (they
+    take turns), so that neither meets a core the other does not (None where affinity cannot be set)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    return set(cores[-threads:]) if len(cores) > threads else None
+
+
 class _Worker:
     def __init__(self, label: str, tree: Path, threads: int):
         self.label = label
         env = dict(os.environ, PYTHONPATH=_path_with(tree), OMP_NUM_THREADS=str(threads))
+        cores = _worker_cores(threads)
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--worker", str(tree)],
             stdin=subprocess.PIPE,
@@ -189,6 +202,7 @@ class _Worker:
             text=True,
             env=env,
             cwd=str(tree),
+            preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores),
         )
 
     def send(self, cmd: dict) -> None:
@@ -238,6 +252,7 @@ def run(args) -> dict:
         "device": device,
         "torch": torch.__version__,
         "load_average_start": os.getloadavg(),
+        "worker_cores": sorted(_worker_cores(args.threads) or []),
         "cases": [],
     }
     try:
