@@ -11,6 +11,9 @@ round, so all meet the same load. A step is what a user's loop does: ``opt.zero_
 - ``compiled``: the loss under ``torch.compile(fullgraph=True)``, the rest eager;
 - ``compiled-step``: the same, and the optimiser's step under ``torch.compile`` too (PyTorch's advice for
   a compiled loop: the eager Adam's host time is a large part of a small model's step);
+- ``compiled-autograd``: the whole step (loss, ``backward()``, ``opt.step()``) in one ``torch.compile`` function
+  with ``torch._dynamo.config.compiled_autograd`` on, so the backward is compiled by dynamo too (the step's
+  gradient reset stays outside: dynamo does not trace ``Optimizer.zero_grad``);
 - ``reduce-overhead``: the loss under ``torch.compile(fullgraph=True, mode="reduce-overhead")`` (CUDA
   graphs; CUDA only), the positions marked with ``torch._dynamo.mark_static_address`` (Adam updates them
   in place, so their address never changes and the graph need not copy them in on every replay).
@@ -49,7 +52,7 @@ from benchmarks import _eager as E  # noqa: E402
 from benchmarks._structures import anisotropic_model, model, with_high_b  # noqa: E402
 from kernels.crystal import GridSpec  # noqa: E402
 
-MODES = ("eager", "compiled", "compiled-step", "reduce-overhead")
+MODES = ("eager", "compiled", "compiled-step", "compiled-autograd", "reduce-overhead")
 LAMBDA = 0.1
 LR = 0.02  # Å, Adam's step
 SHIFT = 0.5  # Å RMS distortion of the start
@@ -89,6 +92,21 @@ def _stepper(mode: str, loss, start: torch.Tensor):
         fn = torch.compile(loss, fullgraph=True)
         if mode == "compiled-step":
             update = torch.compile(opt.step)
+    elif mode == "compiled-autograd":
+
+        def whole():
+            fn(x).backward()
+            opt.step()
+
+        fn = loss
+        whole_step = torch.compile(whole)
+
+        def step():
+            x.grad = None
+            with torch._dynamo.config.patch(compiled_autograd=True):
+                whole_step()
+
+        return step, x
     elif mode == "reduce-overhead":
         torch._dynamo.mark_static_address(x)
         fn = torch.compile(loss, fullgraph=True, mode="reduce-overhead")
