@@ -153,8 +153,11 @@ def _variants():
             const = dict(ATOMS=1, BP=8, BQ=8, RULE=rule, NEUTRON=neutron, INDEX64=rule == 2, VEC=vec,
                          FRAMES=not vec, SEPARABLE=separable)  # fmt: skip
             if "FIXED" in fn.arg_names:
-                const["FIXED"] = False
-            yield fn, const
+                yield fn, dict(const, FIXED=False)
+                if not neutron:
+                    yield fn, dict(const, FIXED=True)
+            else:
+                yield fn, const
 
 
 def ptx(path: str) -> None:

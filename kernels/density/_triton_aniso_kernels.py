@@ -10,16 +10,18 @@ import triton
 import triton.language as tl
 
 from kernels.density._triton_kernels import (
+    _add_row,
     _atom_box,
     _cell_coordinate,
     _fixed_exponent,
     _fixed_scale,
     _group_r2min,
+    _load_row,
     _plan_scalars,
     _radial_coef,
     _radius_search,
+    _row_lanes,
     _tile_row_walk,
-    _to_fixed,
     _walk_setup,
     _x_lanes,
     _xz_lanes,
@@ -453,8 +455,7 @@ def _aniso_fwd_kernel(
             RULE, NEUTRON,
         )  # fmt: skip
         tl.store(radius_ptr + ia, rad, mask=valid)
-    if FIXED:
-        scale = _fixed_scale(fix_ptr, fix_shift)
+    scale = _fixed_scale(fix_ptr, fix_shift) if FIXED else 0.0  # the fixed-point scale (FIXED)
     lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
     # (ATOMS, 1, 1): per-atom amplitudes (occupancy folded in) and log2-unit coefficients of each term.
     am0 = (am0 * occ)[:, None, None]
@@ -477,12 +478,9 @@ def _aniso_fwd_kernel(
             ozg, dz, in_xz, qxz, base_xz = _xz_lanes(
                 qc, qq, loz, cntz, bz, tz, nz, ny, dx, ix, in_x, fo, h00, h02, h22, BQ, VEC, FRAMES
             )
-            if SEPARABLE:
-                lin = qxz  # not read
-                if VEC:
-                    gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)  # x–z part of the group's r² bound
-            else:
-                lin = 2.0 * (h01 * dx + h12 * dz)
+            lin = qxz if SEPARABLE else 2.0 * (h01 * dx + h12 * dz)  # r² = qxz + dy·lin + qy (separable: lin not read)
+            # x–z part of the group's r² bound (VEC, separable cells; not read otherwise)
+            gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22) if VEC and SEPARABLE else qxz
             ca0, cb0 = _column(cxx0, czz0, cxy0, cxz0, cyz0, dx, dz)
             ca1, cb1 = _column(cxx1, czz1, cxy1, cxz1, cyz1, dx, dz)
             ca2, cb2 = _column(cxx2, czz2, cxy2, cxz2, cyz2, dx, dz)
@@ -507,27 +505,11 @@ def _aniso_fwd_kernel(
                     + am3 * tl.exp2(ca3 + dy * (cb3 + cyy3 * dy))
                     + am4 * tl.exp2(ca4 + dy * (cb4 + cyy4 * dy))
                 )
-                if VEC:
-                    if SEPARABLE:
-                        hit = gmin + qy < r2lim
-                    else:
-                        gmin = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22)
-                        hit = gmin < r2lim
-                    # Constant over each group of 4 z lanes (one v4 atomic per group on sm_90); lanes outside
-                    # the sphere add an exact 0, so the voxel set stays r² < R².
-                    hit = tl.max_constancy(hit, [1, 1, 4])
-                    inside = in_xz & hit
-                    val = tl.where(r2 < r2max, val, 0.0)
-                else:
-                    inside = in_xz & (r2 < r2max)
-                if ATOMS > 1:  # one atom: the loop runs exactly its rows
-                    inside = inside & (r >= r_lo) & (r < r_hi)
-                if FIXED:
-                    # Integer adds are scalar either way: only the voxels inside the sphere take one.
-                    inside = inside & (r2 < r2max)
-                    tl.atomic_add(out_ptr + (base_xz + iy * nz), _to_fixed(val, scale), mask=inside, sem="relaxed")
-                else:
-                    tl.atomic_add(out_ptr + (base_xz + iy * nz), val, mask=inside, sem="relaxed")
+                inside = _row_lanes(
+                    r, r_lo, r_hi, r2, r2max, r2lim, in_xz, gmin, qy, ozg, tz, lz, q0x, dx, dy, h01, h12, h22, inv_h22,
+                    ATOMS, VEC, SEPARABLE,
+                )  # fmt: skip
+                _add_row(out_ptr + (base_xz + iy * nz), val, inside, r2, r2max, scale, VEC, FIXED)
                 iy += 1
                 iy = tl.where(iy == ny, 0, iy)
                 r += 1
@@ -667,12 +649,9 @@ def _aniso_bwd_kernel(
             ozg, dz, in_xz, qxz, base_xz = _xz_lanes(
                 qc, qq, loz, cntz, bz, tz, nz, ny, dx, ix, in_x, fo, h00, h02, h22, BQ, VEC, FRAMES
             )
-            if SEPARABLE:
-                lin = qxz  # not read
-                if VEC:
-                    gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)
-            else:
-                lin = 2.0 * (h01 * dx + h12 * dz)
+            lin = qxz if SEPARABLE else 2.0 * (h01 * dx + h12 * dz)  # r² = qxz + dy·lin + qy (separable: lin not read)
+            # x–z part of the group's r² bound (VEC, separable cells; not read otherwise)
+            gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22) if VEC and SEPARABLE else qxz
             ca0, cb0 = _column(cxx0, czz0, cxy0, cxz0, cyz0, dx, dz)
             ca1, cb1 = _column(cxx1, czz1, cxy1, cxz1, cyz1, dx, dz)
             ca2, cb2 = _column(cxx2, czz2, cxy2, cxz2, cyz2, dx, dz)
@@ -693,21 +672,11 @@ def _aniso_bwd_kernel(
                     r2 = qxz + qy
                 else:
                     r2 = qxz + dy * lin + qy
-                if VEC:
-                    if SEPARABLE:
-                        hit = gmin + qy < r2lim
-                    else:
-                        gmin = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22)
-                        hit = gmin < r2lim
-                    hit = tl.max_constancy(hit, [1, 1, 4])
-                    inside = in_xz & hit
-                else:
-                    inside = in_xz & (r2 < r2max)
-                if ATOMS > 1:  # one atom: the loop runs exactly its rows
-                    inside = inside & (r >= r_lo) & (r < r_hi)
-                g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
-                if VEC:
-                    g = tl.where(r2 < r2max, g, 0.0)
+                inside = _row_lanes(
+                    r, r_lo, r_hi, r2, r2max, r2lim, in_xz, gmin, qy, ozg, tz, lz, q0x, dx, dy, h01, h12, h22, inv_h22,
+                    ATOMS, VEC, SEPARABLE,
+                )  # fmt: skip
+                g = _load_row(grad_ptr + (base_xz + iy * nz), inside, r2, r2max, VEC)
                 t0, ty0, tyy0 = _row_moments(g, tl.exp2(ca0 + dy * (cb0 + cyy0 * dy)), dy, t0, ty0, tyy0)
                 t1, ty1, tyy1 = _row_moments(g, tl.exp2(ca1 + dy * (cb1 + cyy1 * dy)), dy, t1, ty1, tyy1)
                 t2, ty2, tyy2 = _row_moments(g, tl.exp2(ca2 + dy * (cb2 + cyy2 * dy)), dy, t2, ty2, tyy2)

@@ -447,6 +447,57 @@ def _separable_row(r, off_y, h11, in_xz, gmin, r2lim, lim, VEC: tl.constexpr):
 
 
 @triton.jit
+def _row_lanes(
+    r, r_lo, r_hi, r2, r2max, r2lim, in_xz, gmin, qy, ozg, tz, lz, q0x, dx, dy, h01, h12, h22, inv_h22,
+    ATOMS: tl.constexpr, VEC: tl.constexpr, SEPARABLE: tl.constexpr,
+):  # fmt: skip
+    """The lanes of row ``r`` of a tile to touch, (ATOMS, BP, BQ) bool.
+
+    Without VEC the lanes in the box and inside the sphere (r² < R²). With VEC every lane of a group of 4 z
+    lanes that may hold a voxel inside (the group's lower bound of r², :func:`_group_r2min`, below the widened
+    R²; from ``gmin`` plus the row's ``qy`` on separable cells): the mask is constant over each group, so sm_90
+    takes one vector atomic or load per group, and the caller zeroes the values of the lanes outside the sphere
+    (``r2 < r2max``), so the voxel set stays r² < R². With more than one atom a program, only the atom's rows.
+    """
+    if VEC:
+        if SEPARABLE:
+            hit = gmin + qy < r2lim
+        else:
+            hit = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22) < r2lim
+        # True by construction (hit is a function of the group's start only); Triton's axis analysis cannot see
+        # it through float ops, and its v4 lowering needs it.
+        inside = in_xz & tl.max_constancy(hit, [1, 1, 4])
+    else:
+        inside = in_xz & (r2 < r2max)
+    if ATOMS > 1:  # one atom: the loop runs exactly its rows
+        inside = inside & (r >= r_lo) & (r < r_hi)
+    return inside
+
+
+@triton.jit
+def _load_row(ptr, inside, r2, r2max, VEC: tl.constexpr):
+    """A backward's row of the upstream gradient at ``ptr`` where ``inside`` (:func:`_row_lanes`) says, 0 elsewhere
+    (the VEC lanes outside the sphere too)."""
+    g = tl.load(ptr, mask=inside, other=0.0)
+    if VEC:
+        g = tl.where(r2 < r2max, g, 0.0)
+    return g
+
+
+@triton.jit
+def _add_row(ptr, val, inside, r2, r2max, scale, VEC: tl.constexpr, FIXED: tl.constexpr):
+    """Add a forward's row of values to the map at ``ptr`` where ``inside`` (:func:`_row_lanes`) says, the VEC
+    lanes outside the sphere an exact 0: float32 atomics, or with FIXED (deterministic mode) int64 fixed-point
+    adds at ``scale``, which are scalar either way, so only the voxels inside the sphere take one."""
+    if VEC:
+        val = tl.where(r2 < r2max, val, 0.0)
+    if FIXED:
+        tl.atomic_add(ptr, _to_fixed(val, scale), mask=inside & (r2 < r2max), sem="relaxed")
+    else:
+        tl.atomic_add(ptr, val, mask=inside, sem="relaxed")
+
+
+@triton.jit
 def _fwd_term(a_ptr, b_ptr, ia, valid, b_iso, occ, k: tl.constexpr):
     """Gaussian k's amplitude at the atom's occupancy and its exponent in log2 units, (ATOMS, 1, 1)."""
     amp, al, _bk = _radial_coef(a_ptr, b_ptr, ia, valid, b_iso, k)
@@ -744,8 +795,7 @@ def _splat_fwd_kernel(
         tl.store(radius_ptr + ia, rad, mask=valid)
     else:
         rad = tl.zeros_like(tx) + radius_all
-    if FIXED:
-        scale = _fixed_scale(fix_ptr, fix_shift)
+    scale = _fixed_scale(fix_ptr, fix_shift) if FIXED else 0.0  # the fixed-point scale (FIXED)
     lox, loy, loz, cntx, cnty, cntz, r2max = _atom_box(tx, ty, tz, rad, ok, rx, ry, rz)
     amp0, be0 = _fwd_term(a_ptr, b_ptr, ia, valid, b_iso, occ, 0)
     amp1, be1 = _fwd_term(a_ptr, b_ptr, ia, valid, b_iso, occ, 1)
@@ -767,8 +817,8 @@ def _splat_fwd_kernel(
             ozg, dz, in_xz, qxz, base_xz = _xz_lanes(
                 qc, qq, loz, cntz, bz, tz, nz, ny, dx, ix, in_x, fo, h00, h02, h22, BQ, VEC, FRAMES
             )
-            if VEC and SEPARABLE:
-                gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)  # x–z part of the group's r² bound
+            # x–z part of the group's r² bound (VEC, separable cells; not read otherwise)
+            gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22) if VEC and SEPARABLE else qxz
             if SEPARABLE:
                 q_lane = qxz  # E(x, z) per lane of the tile
                 lin = qxz  # not read
@@ -797,29 +847,11 @@ def _splat_fwd_kernel(
                 else:
                     r2 = qxz + dy * lin + qy
                     val = _exp2_sum(amp0, amp1, amp2, amp3, amp4, be0, be1, be2, be3, be4, r2)
-                if VEC:
-                    # Mask constant over each group of 4 z lanes (one v4 atomic per group on sm_90), lanes
-                    # outside the sphere add an exact 0: the voxel set stays r² < R².
-                    if SEPARABLE:
-                        hit = gmin + qy < r2lim
-                    else:
-                        gmin = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22)
-                        hit = gmin < r2lim
-                    # True by construction (hit is a function of the group's start only); Triton's axis
-                    # analysis cannot see it through float ops, and its v4 lowering needs it.
-                    hit = tl.max_constancy(hit, [1, 1, 4])
-                    inside = in_xz & hit
-                    val = tl.where(r2 < r2max, val, 0.0)
-                else:
-                    inside = in_xz & (r2 < r2max)
-                if ATOMS > 1:  # one atom: the loop runs exactly its rows
-                    inside = inside & (r >= r_lo) & (r < r_hi)
-                if FIXED:
-                    # Integer adds are scalar either way: only the voxels inside the sphere take one.
-                    inside = inside & (r2 < r2max)
-                    tl.atomic_add(out_ptr + (base_xz + iy * nz), _to_fixed(val, scale), mask=inside, sem="relaxed")
-                else:
-                    tl.atomic_add(out_ptr + (base_xz + iy * nz), val, mask=inside, sem="relaxed")
+                inside = _row_lanes(
+                    r, r_lo, r_hi, r2, r2max, r2lim, in_xz, gmin, qy, ozg, tz, lz, q0x, dx, dy, h01, h12, h22, inv_h22,
+                    ATOMS, VEC, SEPARABLE,
+                )  # fmt: skip
+                _add_row(out_ptr + (base_xz + iy * nz), val, inside, r2, r2max, scale, VEC, FIXED)
                 iy += 1
                 iy = tl.where(iy == ny, 0, iy)
                 r += 1
@@ -890,8 +922,8 @@ def _splat_bwd_kernel(
             ozg, dz, in_xz, qxz, base_xz = _xz_lanes(
                 qc, qq, loz, cntz, bz, tz, nz, ny, dx, ix, in_x, fo, h00, h02, h22, BQ, VEC, FRAMES
             )
-            if VEC and SEPARABLE:
-                gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22)  # x–z part of the group's r² bound
+            # x–z part of the group's r² bound (VEC, separable cells; not read otherwise)
+            gmin = _group_r2min(ozg, tz, lz, q0x, h22, inv_h22) if VEC and SEPARABLE else qxz
             if SEPARABLE:
                 # e_k = x_k(x, z)·y_k(row): sum g·y_k (and ·dy, ·qy) over the rows first, then fold in
                 # the x_k and the coefficients once per tile (20 instead of ~40 flops per voxel).
@@ -906,8 +938,6 @@ def _splat_bwd_kernel(
                     iy0, ny, n_rows, BP, BQ, SEPARABLE,
                 )  # fmt: skip
                 lim = r2max - qxz  # a voxel is inside when qy < lim
-                if not VEC:
-                    gmin = lim  # not read
                 while r < r_end:
                     dy, qy, inside = _separable_row(r, off_y3, h11, in_xz, gmin, r2lim, lim, VEC)
                     if ATOMS > 1:  # one atom: the loop runs exactly its rows
@@ -963,17 +993,11 @@ def _splat_bwd_kernel(
                     qy = h11 * dy * dy
                     r2 = qxz + dy * lin + qy
                     e0, e1, e2, e3, e4 = _exp2_each(be0, be1, be2, be3, be4, r2)
-                    if VEC:
-                        gmin = _group_r2min(ozg, tz, lz + h12 * dy, q0x + (2.0 * h01) * dx * dy + qy, h22, inv_h22)
-                        hit = tl.max_constancy(gmin < r2lim, [1, 1, 4])
-                        inside = in_xz & hit
-                    else:
-                        inside = in_xz & (r2 < r2max)
-                    if ATOMS > 1:  # one atom: the loop runs exactly its rows
-                        inside = inside & (r >= r_lo) & (r < r_hi)
-                    g = tl.load(grad_ptr + (base_xz + iy * nz), mask=inside, other=0.0)
-                    if VEC:
-                        g = tl.where(r2 < r2max, g, 0.0)
+                    inside = _row_lanes(
+                        r, r_lo, r_hi, r2, r2max, r2lim, in_xz, gmin, qy, ozg, tz, lz, q0x, dx, dy, h01, h12, h22,
+                        inv_h22, ATOMS, VEC, False,
+                    )  # fmt: skip
+                    g = _load_row(grad_ptr + (base_xz + iy * nz), inside, r2, r2max, VEC)
                     u0 = _dot5(c0, c1, c2, c3, c4, e0, e1, e2, e3, e4)
                     u1 = _dot5(ca0, ca1, ca2, ca3, ca4, e0, e1, e2, e3, e4)
                     u2 = r2 * _dot5(cab0, cab1, cab2, cab3, cab4, e0, e1, e2, e3, e4) - _dot5(
