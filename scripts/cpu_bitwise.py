@@ -9,6 +9,9 @@ after, and compare::
     python scripts/cpu_bitwise.py --out /tmp/cpu_after.npz
     python scripts/cpu_bitwise.py --compare /tmp/cpu_before.npz /tmp/cpu_after.npz
 
+It imports the kernels of the checkout it lives in (not ``PYTHONPATH``'s): to store another checkout's results,
+run a copy of this script placed in that checkout's ``scripts/``.
+
 What it stores, for 1ORC, 1AKI, 5H73 and 3WIP (``benchmarks/_structures.py`` finds them), each at
 1 and 2 threads (``torch.set_num_threads``):
 
