@@ -31,13 +31,28 @@ from __future__ import annotations
 
 import torch
 
+from kernels._util import assume_constant_result
 from kernels.crystal import AtomSet
-from kernels.grid import GridSpec
+from kernels.grid import GridSpec, grid_of
 
 __all__ = ["splat_density_op"]
 
 
 # --------------------------------------------------------------------------- entry from splat_density
+
+
+@assume_constant_result
+def _plan_now(cell: tuple, shape: tuple, radius: float | None, cutoff: float, device: str) -> bool:
+    """Make the Triton plan of this grid (its constants, on the device) while dynamo traces the call.
+
+    The ops look their plan up at every run. Made at the first run instead, inside a CUDA graph's warm-up
+    (``mode="reduce-overhead"``), its device tensor would land in the graph's private pool and outlive the
+    graph's outputs, which torch refuses ("tensor(s) in the cudagraph pool not tracked as outputs").
+    """
+    from kernels.density import triton as tri
+
+    tri._plan(grid_of(list(cell), list(shape)), radius, cutoff, torch.device(device))
+    return True
 
 
 def splat_density_op(
@@ -72,6 +87,7 @@ def splat_density_op(
     if backend == "triton":
         from kernels.density import triton as tri
 
+        _plan_now(tuple(cell), tuple(shape), radius, cutoff, str(atoms.device))
         if aniso:
             neutron = atoms.radiation == "neutron"
             args = (cell, shape, radius, cutoff, 1, radius_rule, neutron)

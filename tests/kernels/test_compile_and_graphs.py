@@ -90,6 +90,37 @@ def test_compiled_loop_matches_eager_triton_ops():
         _check_compiled_loop(_atoms("cpu"), "triton", "aot_eager")
 
 
+def test_the_triton_plan_is_made_while_the_call_is_traced(monkeypatch):
+    """The ops find their plan made before any compiled code runs: made at the first run, inside a CUDA graph's
+    warm-up (``mode="reduce-overhead"``), its device tensor would land in the graph's pool and torch refuses
+    the graph ("tensor(s) in the cudagraph pool not tracked as outputs"; a GPU test replays such a loss)."""
+    from kernels.density import triton as tri
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    base = _atoms(device)
+    grid = GridSpec(CELL, (20, 24, 32))  # a grid no other test plans for this device
+    monkeypatch.setattr(tri, "_plans", {})
+    built, seen = [], []
+    real_build = tri._Plan.build
+    monkeypatch.setattr(tri._Plan, "build", classmethod(lambda cls, *a: built.append(a[0].shape) or real_build(*a)))
+
+    def backend(gm, example_inputs):
+        seen.append(list(built))  # what had been planned when dynamo handed over the graph
+        return gm.forward
+
+    def loss(xyz):
+        return kernels.splat_density(
+            AtomSet(xyz, base.b_iso, base.occ, base.a, base.b, _validate=False), grid, backend="triton"
+        ).sum()
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.compile(loss, fullgraph=True, backend=backend)(base.xyz.clone().requires_grad_(True)).backward()
+    assert seen and seen[0] == [grid.shape], (seen, built)
+    assert built == [grid.shape], built  # the compiled run found it
+
+
 def test_custom_ops_pass_opcheck():
     """Schema, fake (meta) implementation and autograd registration of the ops, by torch's own checker."""
     from kernels.density import cpu, ops  # noqa: F401  (register the ops)
@@ -101,7 +132,9 @@ def test_custom_ops_pass_opcheck():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.library.opcheck(
-            torch.ops.kernels.density_cpu.default, (*args, base.a, base.b, cell, shape, None, 1e-5, "xray", "gemmi"), test_utils=tests
+            torch.ops.kernels.density_cpu.default,
+            (*args, base.a, base.b, cell, shape, None, 1e-5, "xray", "gemmi"),
+            test_utils=tests,
         )
         dev = "cuda" if torch.cuda.is_available() else "cpu"
         t_args = [a.detach().to(dev).requires_grad_(True) for a in args]
@@ -153,7 +186,9 @@ def test_custom_op_backward_refuses_create_graph():
 
     base = _atoms("cpu")
     leaves = [t.clone().requires_grad_(True) for t in (base.xyz, base.b_iso, base.occ)]
-    out = torch.ops.kernels.density_cpu(*leaves, base.a, base.b, list(CELL.parameters), list(GRID.shape), None, 1e-5, "xray", "gemmi")
+    out = torch.ops.kernels.density_cpu(
+        *leaves, base.a, base.b, list(CELL.parameters), list(GRID.shape), None, 1e-5, "xray", "gemmi"
+    )
     with pytest.raises(RuntimeError, match="kernels::density_cpu is not twice differentiable"):
         torch.autograd.grad(out.sum(), leaves, create_graph=True)
     # Without create_graph the same backward runs (the gradient of the map's sum is the occupancy's).

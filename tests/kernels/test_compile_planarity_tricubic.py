@@ -367,6 +367,26 @@ def test_reduce_overhead_replays_tricubic_and_matches_eager():
     _reduce_overhead_matches_eager(lambda r, p: kernels.tricubic_sample(r, grid, p).square().sum(), [rho, pts])
 
 
+@requires_cuda
+@pytest.mark.parametrize("name, spacing, with_u", [("1orc", 1.0, False), ("1aki", 0.667, False), ("1aki", 0.8, True)])
+def test_reduce_overhead_replays_the_density_loss_and_matches_eager(name, spacing, with_u):
+    """The fitting step's density term as ``docs/kernels.md`` ("In a loop") writes it, on grids no eager call has
+    used: the atoms rebuilt from the positions leaf, the squared difference to a target map."""
+    m = model(name)
+    atoms = m.atoms.replace(u_aniso=None, aniso=None).to("cuda", torch.float32)
+    if with_u:  # every atom anisotropic, U = diag(1.5, 0.8, 1)·B/8π² tilted by small off-diagonal terms
+        iso_u = atoms.b_iso / (8 * torch.pi**2)
+        u = torch.stack([1.5 * iso_u, 0.8 * iso_u, iso_u, 0.2 * iso_u, -0.1 * iso_u, 0.05 * iso_u], dim=1)
+        atoms = atoms.replace(u_aniso=u, aniso=torch.ones(len(atoms), dtype=torch.bool, device="cuda"))
+    grid = kernels.GridSpec.for_spacing(m.cell, spacing)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    target = torch.rand(grid.shape, generator=g, device="cuda")
+    torch._dynamo.reset()
+    _reduce_overhead_matches_eager(
+        lambda x: (kernels.splat_density(atoms.replace(xyz=x), grid) - target).square().sum(), [atoms.xyz]
+    )
+
+
 # --------------------------------------------------------------------------- the eager path
 
 
