@@ -33,36 +33,71 @@ def _umask() -> int:
     return mask
 
 
-@contextlib.contextmanager
-def _removed_on_signal(tmp: str):
-    """While active, SIGTERM/SIGINT/SIGHUP whose action is the default remove ``tmp``, then end the process.
+_ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
-    Only signals left at the default action (SIG_DFL: the process ends without Python's clean-up)
-    get a handler. A signal the process ignores (SIGHUP under ``nohup``, SIGINT in a background
-    job) changes nothing, and one with a Python handler keeps it: if that handler raises (SIGINT's
-    KeyboardInterrupt), the caller's ``finally`` removes ``tmp``; if it returns, the write goes on.
-    Only in the main thread (Python delivers signals there; elsewhere the handlers cannot be set).
-    The previous handlers are restored on exit.
+
+@contextlib.contextmanager
+def _temporary_beside(target: Path, mode: int):
+    """A new file ``.<name>.*.tmp`` beside ``target`` with permissions ``mode``; yields its path.
+
+    On exit the file is removed unless it was renamed away (the caller's ``os.replace``). It is removed as well
+    when SIGTERM, SIGINT or SIGHUP ends the process while it exists:
+
+    - a signal whose action is the default (the process ends without Python's clean-up) gets a handler that
+      removes the file, then ends the process as the default action would;
+    - SIGINT under Python's own handler gets one that removes the file, then raises ``KeyboardInterrupt``;
+    - a handler of the caller's is kept (if it raises, the exit removes the file; if it returns, the write goes
+      on), and a signal the process ignores (SIGHUP under ``nohup``) changes nothing.
+
+    A signal that comes while the file is being made is handled once it exists and is known, so none finds it
+    made but not yet named. Handlers are set in the main thread only (Python runs them there); the previous
+    ones are restored on exit.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    tmp = None
+    making = True
+    pending = []
+    main = threading.current_thread() is threading.main_thread()
     previous = {}
 
     def handler(signum, frame):
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if making:  # the file may exist without its name known here yet: handle the signal when it is
+            pending.append(signum)
+            return
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if previous.get(signum) is signal.default_int_handler:
+            raise KeyboardInterrupt
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        try:
-            if signal.getsignal(sig) == signal.SIG_DFL:
-                previous[sig] = signal.signal(sig, handler)
-        except (ValueError, OSError):  # not settable here
-            pass
+    def made():
+        nonlocal making
+        making = False
+        while pending:
+            handler(pending.pop(0), None)
+
     try:
-        yield
+        for sig in _ENDING_SIGNALS if main else ():
+            with contextlib.suppress(ValueError, OSError):  # not settable here
+                if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
+                    previous[sig] = signal.signal(sig, handler)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        except BaseException:
+            made()  # no file: end or interrupt as the signals that came ask
+            raise
+        try:
+            try:
+                os.fchmod(fd, mode)  # mkstemp makes the file 0600
+            finally:
+                os.close(fd)
+            made()
+            yield tmp
+        finally:
+            with contextlib.suppress(FileNotFoundError):  # renamed into place, or removed by a handler
+                os.unlink(tmp)
+            made()  # a signal that came before the file was known (the write failing meanwhile) is handled now
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
@@ -143,22 +178,11 @@ def write_map(
             ccp4.set_header_i32(word, value)
         for word, value in zip((8, 9, 10), grid.sampling):
             ccp4.set_header_i32(word, value)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with _removed_on_signal(tmp):
-            # mkstemp makes the file 0600; a map is an ordinary output file: 0666 less the umask, or
-            # the permissions of the file it replaces.
-            mode = target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_umask()
-            os.fchmod(fd, mode)
-            os.close(fd)
-            fd = -1
-            ccp4.write_ccp4_map(tmp)
-            os.replace(tmp, target)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    # A map is an ordinary output file: 0666 less the umask, or the permissions of the file it replaces.
+    mode = target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_umask()
+    with _temporary_beside(target, mode) as tmp:
+        ccp4.write_ccp4_map(tmp)
+        os.replace(tmp, target)
     return path
 
 

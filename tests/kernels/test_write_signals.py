@@ -3,6 +3,8 @@
 A signal the process ignores (SIGHUP under ``nohup``, SIGINT in a background job) or handles in
 Python without raising must change nothing: the temporary file stays and is renamed onto the map.
 The writer is a fresh interpreter sent the signal while a write is under way (a ``.tmp`` file exists).
+And a signal that does end it the moment the temporary file is made, before the writer knows its name,
+leaves no file behind.
 """
 
 from __future__ import annotations
@@ -62,3 +64,39 @@ def test_a_signal_that_does_not_end_the_process_leaves_the_write_alone(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["map.ccp4"]
     back, grid = kernels.read_map(out)
     assert grid.shape == (400, 400, 400) and bool((back == 1).all())
+
+
+# A signal that comes the moment the temporary file exists, before write_map knows its name: sent from inside
+# mkstemp, after the file is made. SIGTERM at its default action ends the process; SIGINT raises KeyboardInterrupt.
+RACE = """
+import os, signal, sys, tempfile, torch, kernels
+from kernels.crystal import Cell, GridSpec
+sig = getattr(signal, sys.argv[2])
+real_mkstemp = tempfile.mkstemp
+
+def mkstemp(*args, **kwargs):
+    made = real_mkstemp(*args, **kwargs)
+    os.kill(os.getpid(), sig)
+    return made
+
+tempfile.mkstemp = mkstemp
+grid = GridSpec(Cell.from_parameters(10.0, 10.0, 10.0, 90.0, 90.0, 90.0), (8, 8, 8))
+try:
+    kernels.write_map(sys.argv[1], torch.ones(grid.shape), grid)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(3)
+print("wrote", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_as_the_temporary_file_is_made_leaves_no_file(tmp_path, sig):
+    out = tmp_path / "map.ccp4"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run(
+        [sys.executable, "-c", RACE, str(out), sig], capture_output=True, env=env, timeout=300, check=False
+    )
+    expected = -signal.SIGTERM if sig == "SIGTERM" else 3  # ended by the signal / KeyboardInterrupt raised
+    assert done.returncode == expected, done.stderr.decode()[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "a temporary file or a map was left"
