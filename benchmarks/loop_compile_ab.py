@@ -95,10 +95,9 @@ def _stepper(mode: str, loss, start: torch.Tensor):
     elif mode == "compiled-autograd":
 
         def whole():
-            fn(x).backward()
+            loss(x).backward()
             opt.step()
 
-        fn = loss
         whole_step = torch.compile(whole)
 
         def step():

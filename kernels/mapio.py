@@ -97,7 +97,7 @@ def _temporary_beside(target: Path, mode: int):
         finally:
             with contextlib.suppress(FileNotFoundError):  # renamed into place, or removed by a handler
                 os.unlink(tmp)
-            made()  # a signal that came before the file was known (the write failing meanwhile) is handled now
+            made()  # signals deferred while the file was unnamed end or interrupt the process here, the file gone
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
