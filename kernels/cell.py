@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Sequence
 
@@ -127,34 +126,44 @@ class Cell:
 
         return gemmi.UnitCell(*self.parameters)
 
+    def __post_init__(self):
+        # Every host value derived from the matrices is computed here, once, as a Python float: read inside
+        # a compiled function (``grid.voxel_volume`` in a loss), a property that ran torch ops on these CPU
+        # tensors would be traced into the graph, and the CPU tensors it makes would become the graph's
+        # inputs and saved outputs, which CUDA graph trees cannot hold (they are in no CUDA pool).
+        g = self.metric
+        scale = float(g.diagonal().max())
+        off = [abs(float(g[i, j])) > 1e-9 * scale for i, j in ((0, 1), (0, 2), (1, 2))]
+        if not any(off):
+            kind = "orthogonal"
+        elif off == [False, True, False]:
+            kind = "monoclinic"
+        elif off == [True, False, False]:
+            kind = "hexagonal"
+        else:
+            kind = "triclinic"
+        object.__setattr__(self, "_volume", abs(float(torch.linalg.det(self.orth))))
+        object.__setattr__(self, "_reciprocal_lengths", tuple(float(v) for v in torch.linalg.norm(self.frac, dim=1)))
+        object.__setattr__(self, "_kind", kind)
+
     @property
     def volume(self) -> float:
         """Cell volume in Å³."""
-        return abs(float(torch.linalg.det(self.orth)))
+        return self._volume
 
-    # Derived once per cell (the fast kernels ask on every call); a Cell is immutable.
-    @functools.cached_property
+    @property
     def reciprocal_lengths(self) -> tuple[float, float, float]:
         """|a*|, |b*|, |c*| in 1/Å: the inverse spacings of the lattice planes."""
-        return tuple(float(v) for v in torch.linalg.norm(self.frac, dim=1))
+        return self._reciprocal_lengths
 
-    @functools.cached_property
+    @property
     def kind(self) -> str:
         """Which metric cross terms the cell has, as the separable kernels see it.
 
         ``"orthogonal"`` (G diagonal), ``"monoclinic"`` (only G13, the a–c pair couples),
         ``"hexagonal"`` (only G12, the a–b pair couples) or ``"triclinic"`` (anything else).
         """
-        g = self.metric
-        scale = float(g.diagonal().max())
-        off = [abs(float(g[i, j])) > 1e-9 * scale for i, j in ((0, 1), (0, 2), (1, 2))]
-        if not any(off):
-            return "orthogonal"
-        if off == [False, True, False]:
-            return "monoclinic"
-        if off == [True, False, False]:
-            return "hexagonal"
-        return "triclinic"
+        return self._kind
 
     def __repr__(self) -> str:
         a, b, c, al, be, ga = self.parameters
