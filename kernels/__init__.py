@@ -5,7 +5,8 @@ Read a model (:func:`read_model`), pick a grid (:class:`GridSpec`), splat its de
 (:func:`write_map`). Many frames of the same atoms (an ensemble, an MD trajectory) go through
 :func:`splat_ensemble` in one call, optionally split over ``torch.distributed`` ranks; frames of
 any number stream from a file (:func:`frames_from`) or an iterable, with :func:`ensemble_gradients`
-for their per-frame gradients. Every
+for their per-frame gradients. A whole fitting step replays as one CUDA graph with
+:class:`kernels.fitting.Step`. Every
 function takes torch tensors; the device of the atoms picks CPU or GPU, and ``backend=`` picks
 the implementation (see :mod:`kernels.dispatch`).
 Your own density kernel joins them with :func:`register_backend` and is judged as ours
@@ -39,6 +40,7 @@ from kernels.density import (
 from kernels.density.ensemble import frame_share, splat_ensemble, sum_gradients_over_ranks
 from kernels.density.frames import DEFAULT_CHUNK_BYTES, FrameSource, frames_from
 from kernels.density.stream import ensemble_gradients
+from kernels import fitting
 from kernels.dispatch import (
     BackendCapabilities,
     BackendError,
@@ -53,6 +55,7 @@ from kernels.symmetry import symmetrize
 from kernels.tricubic import tricubic_sample
 
 __all__ = [
+    "fitting",
     "AtomLabel",
     "AtomSet",
     "BackendCapabilities",
