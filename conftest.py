@@ -11,6 +11,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The Python blocks of README.md and docs/*.md, run as written (scripts/test.sh names those files).
+from tests.docs.markdown_examples import pytest_collect_file  # noqa: E402, F401
+
 
 def pytest_addoption(parser):
     parser.addoption(
@@ -26,7 +29,7 @@ def _runs_on_gpu(item) -> bool:
     A test is in the tier when it needs CUDA (a skip mark whose reason names CUDA), lives in a
     Triton backend's module, or names CUDA, Triton or the GPU in its name or parameters.
     """
-    if "triton" in item.path.name:
+    if "triton" in item.path.name or item.path.suffix == ".md":  # the docs' blocks: their CUDA ones run there
         return True
     if any("CUDA" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")):
         return True

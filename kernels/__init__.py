@@ -13,6 +13,7 @@ Your own density kernel joins them with :func:`register_backend` and is judged a
 are with :func:`check_backend` (:mod:`kernels.checking`).
 """
 
+from kernels import fitting
 from kernels.checking import Check, CheckReport, check_backend
 from kernels.crystal import (
     AtomLabel,
@@ -40,7 +41,6 @@ from kernels.density import (
 from kernels.density.ensemble import frame_share, splat_ensemble, sum_gradients_over_ranks
 from kernels.density.frames import DEFAULT_CHUNK_BYTES, FrameSource, frames_from
 from kernels.density.stream import ensemble_gradients
-from kernels import fitting
 from kernels.dispatch import (
     BackendCapabilities,
     BackendError,

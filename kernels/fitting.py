@@ -245,9 +245,7 @@ class Step:
             names = list(terms)
             total = [None] * len(self.params)
             for k, name in enumerate(names):
-                g = torch.autograd.grad(
-                    terms[name], self.params, retain_graph=k < len(names) - 1, allow_unused=True
-                )
+                g = torch.autograd.grad(terms[name], self.params, retain_graph=k < len(names) - 1, allow_unused=True)
                 g = tuple(torch.zeros_like(p) if t is None else t for t, p in zip(g, self.params))
                 grads[name] = g
                 total = [t if acc is None else acc + t for acc, t in zip(total, g)]

@@ -23,7 +23,7 @@ fi
 # The browser tests time the workbench as a user feels it (Chromium, the kernel and the splat share
 # the cores): they run after the others, alone, so no other test process competes for the cores.
 status=0
-pytest_status "${common[@]}" -n "${WORKERS:-2}" --dist loadfile -m "not browser" tests || status=$?
+pytest_status "${common[@]}" -n "${WORKERS:-2}" --dist loadfile -m "not browser" tests README.md docs || status=$?
 echo "==> pytest -m browser (alone: its tests time what a user sees)"
 pytest_status "${common[@]}" -m browser tests || status=$?
 exit "$status"

@@ -27,4 +27,6 @@ else
     echo "    in one process (WORKERS=0, or no pytest-xdist in $PY)"
 fi
 source scripts/_run_pytest.sh
-run_pytest -m "not slow and not browser" -p no:cacheprovider -q --durations=10 "${xdist[@]}" "${@:-tests}"
+paths=("$@")
+[ "${#paths[@]}" -gt 0 ] || paths=(tests README.md docs)   # the docs' Python blocks are tests too
+run_pytest -m "not slow and not browser" -p no:cacheprovider -q --durations=10 "${xdist[@]}" "${paths[@]}"

@@ -4,7 +4,8 @@
 # Triton, gemmi, the widget stack, pytest-xdist). Builds the C++ modules in place, runs the
 # tier over pytest-xdist workers and prints each failure the moment it happens.
 #
-#   bash scripts/test_gpu.sh                 # the tier over tests/kernels, tests/workbench, tests/distributed
+#   bash scripts/test_gpu.sh                 # the tier over tests/kernels, tests/workbench, tests/distributed,
+#                                            # tests/docs and the Python blocks of README.md and docs/*.md
 #   bash scripts/test_gpu.sh -k ensemble     # extra arguments go to pytest
 #
 #   WORKERS=n   pytest-xdist workers (default: half the cores, at most 8)
@@ -23,7 +24,7 @@ if "$PY" -c "import xdist" >/dev/null 2>&1; then
 fi
 set +e
 "$PY" -m pytest -m gpu -p no:cacheprovider -q --failures-now -o addopts="-ra" "${xdist[@]}" \
-    tests/kernels tests/workbench tests/distributed "$@" 2>&1 | tee "${LOG:-/dev/null}"
+    tests/kernels tests/workbench tests/distributed tests/docs README.md docs "$@" 2>&1 | tee "${LOG:-/dev/null}"
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -eq 5 ]; then

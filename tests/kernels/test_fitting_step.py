@@ -220,7 +220,10 @@ def test_replay_sees_b_occupancy_u_and_target_changed_in_place_and_term_gradient
 
     def loss_fn():
         rho = kernels.splat_density(atoms.replace(xyz=x, b_iso=b, occ=occ, u_aniso=u), grid)
-        terms = {"fit": ((rho - target) ** 2).sum() * grid.voxel_volume, "planarity": 0.1 * kernels.planarity_nll(x, planes)}
+        terms = {
+            "fit": ((rho - target) ** 2).sum() * grid.voxel_volume,
+            "planarity": 0.1 * kernels.planarity_nll(x, planes),
+        }
         return terms, {"rho": rho}
 
     params = [x, b, occ, u]
@@ -236,7 +239,9 @@ def test_replay_sees_b_occupancy_u_and_target_changed_in_place_and_term_gradient
         x.add_(0.05)
     result = step()
     terms, aux = loss_fn()
-    torch.testing.assert_close(result.aux["rho"], aux["rho"].detach(), rtol=1e-4, atol=1e-4 * float(aux["rho"].abs().max()))
+    torch.testing.assert_close(
+        result.aux["rho"], aux["rho"].detach(), rtol=1e-4, atol=1e-4 * float(aux["rho"].abs().max())
+    )
     for name in ("fit", "planarity"):
         torch.testing.assert_close(result.terms[name], terms[name].detach(), rtol=1e-4, atol=0)
         want = torch.autograd.grad(terms[name], params, allow_unused=True)
