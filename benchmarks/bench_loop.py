@@ -14,7 +14,10 @@ evaluations). Per case:
   tensors (``build=constructor``, no labels passed) and ``atoms.replace(xyz=x)`` (``build=replace``);
 - **modes**: ``eager``; ``compiled`` (``torch.compile(loss, fullgraph=True)``); ``reduce-overhead``
   (``torch.compile(loss, fullgraph=True, mode="reduce-overhead")``, CUDA only: CUDA graphs; the optimiser's
-  tensors marked with ``torch._dynamo.mark_static_address``, so replays do not copy them in);
+  tensors marked with ``torch._dynamo.mark_static_address``, so replays do not copy them in); ``step``
+  (``kernels.fitting.Step``, CUDA only: the whole step — zero_grad, loss, backward, Adam — replayed as one
+  CUDA graph; reported beside it: the device time of the kernels an eager step of the same loss launches,
+  and the step's ratio to it, issue 44's target ≤ 1.3);
 - **structures**: 1aki, 3wip and 3wip-hiB (every B scaled to a maximum of 250 Å², as
   ``bench_eager.py`` builds it), each isotropic (``iso``) and with U (``aniso``: the entry's ANISOU or
   the synthetic U of ``benchmarks/_structures.anisotropic_model``); ``--ensemble F`` adds an F-frame
@@ -66,11 +69,13 @@ import kernels  # noqa: E402
 from benchmarks import _eager as E  # noqa: E402
 from benchmarks._structures import anisotropic_model, model, with_high_b  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
+from kernels.fitting import Step  # noqa: E402
 
 SPACING = 2.0 / 3.0
 STRUCTURES = ("1aki", "3wip", "3wip-hiB")
 BUILDS = ("constructor", "replace")
 STEP_OVER_PARTS = 1.15  # issue 33's target for the step against the sum of its parts
+STEP_OVER_KERNELS = 1.3  # issue 44's target for a replayed step against its kernels' device time
 RMSD_GOAL = 0.1  # Å
 
 
@@ -320,6 +325,14 @@ def _run_case(p: dict, case: dict, device: torch.device, args) -> dict:
         losses.append(closure().detach().clone())  # a CUDA graph replay reuses its output
         opt.step()
 
+    if mode == "step":  # the whole step replayed as one CUDA graph (kernels.fitting.Step)
+        step = Step(lambda: fn(*leaves), [t for t in leaves if t is not None and t.requires_grad], opt)
+        eager_step = adam_step  # the same loss, optimiser (now capturable) and leaves, run eagerly
+
+        def adam_step():
+            evals[0] += 1
+            losses.append(step().loss.clone())  # the graph's output: the next replay overwrites it
+
     first_ms = None
     t_case = time.perf_counter()
     for i in range(case["steps"]):
@@ -359,6 +372,16 @@ def _run_case(p: dict, case: dict, device: torch.device, args) -> dict:
         out["parts_ms"] = parts
         out["step_over_parts"] = parts["step"] / parts["sum"] if parts["sum"] else None
         out["target_step_over_parts"] = STEP_OVER_PARTS
+    if mode == "step":
+        # The target: a replayed step within 1.3x the device time of the kernels one step launches, which the
+        # profiler sums over eager steps of the same loss and optimiser (a replay runs those kernels, no others).
+        kernels_ms = E.kernel_profile(eager_step, device, calls=20)
+        out["step_mode"] = step.mode
+        out["kernels_device_ms"] = None if kernels_ms is None else kernels_ms["device_ms_per_call"]
+        out["step_over_kernels"] = (
+            out["step_ms"]["median"] / out["kernels_device_ms"] if out["kernels_device_ms"] and step_ms else None
+        )
+        out["target_step_over_kernels"] = STEP_OVER_KERNELS
     if args.profile and case["optimizer"] == "adam":
         out["profile"] = _step_profile(adam_step, device)
     if mode != "eager" and args.check_grads:
@@ -428,7 +451,7 @@ def _grad_check(p: dict, case: dict, compiled, cuda_graphs: bool, calls: int = 3
 
 def _cases(args, device: torch.device) -> list[dict]:
     params = tuple(args.params)
-    modes = [m for m in args.modes if m != "reduce-overhead" or device.type == "cuda"]
+    modes = [m for m in args.modes if m not in ("reduce-overhead", "step") or device.type == "cuda"]
     cases = []
     for name in args.structures:
         for adp in args.adp:
@@ -462,7 +485,7 @@ def _cases(args, device: torch.device) -> list[dict]:
                     )
                 )
     if args.ensemble:
-        for mode in [m for m in modes if m == "eager"]:
+        for mode in [m for m in modes if m in ("eager", "step")]:
             cases.append(
                 dict(
                     structure=args.ensemble_structure,
@@ -498,8 +521,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--modes",
         nargs="+",
-        choices=("eager", "compiled", "reduce-overhead"),
-        default=["eager", "compiled", "reduce-overhead"],
+        choices=("eager", "compiled", "reduce-overhead", "step"),
+        default=["eager", "compiled", "reduce-overhead", "step"],
     )
     ap.add_argument("--builds", nargs="+", choices=BUILDS, default=list(BUILDS))
     ap.add_argument("--optimizers", nargs="+", choices=("adam", "lbfgs"), default=["adam", "lbfgs"])
@@ -587,6 +610,11 @@ def main(argv=None) -> int:
                 f" + update {pm['optimizer']:.3f}"
                 + ("" if pm["build"] is None else f" (build {pm['build'] * 1e3:.1f} µs)")
                 + f", ratio {result['step_over_parts']:.2f}"
+            )
+        if result.get("step_over_kernels") is not None:
+            line += (
+                f"; {result['step_mode']}: kernels {result['kernels_device_ms']:.3f} ms of device time a step,"
+                f" step/kernels {result['step_over_kernels']:.2f} (target ≤ {STEP_OVER_KERNELS})"
             )
         if "grad_check" in result:
             gc = result["grad_check"]

@@ -230,6 +230,9 @@ def splat_ensemble(
     radius, cutoff, blur = _splat_arguments(radius, cutoff, blur, radius_rule, grid)
     if chunk is not None:
         chunk = whole_chunk(chunk)
+    if torch.compiler.is_compiling():
+        return _compiled_sum(atoms, xyz, grid, weights, b_iso, occ, u_aniso, reduce, radius, cutoff, backend,
+                             process_group, blur, radius_rule)  # fmt: skip
     w = None if weights is None else _as_weights(weights, n_frames, atoms)
     if reduce not in ("sum", "none"):
         raise ValueError(f"reduce must be 'sum' (one weighted map) or 'none' (one map per frame), got {reduce!r}")
@@ -270,6 +273,31 @@ def splat_ensemble(
     if process_group is not None:
         out = _AllReduceSum.apply(out, process_group)
     return out
+
+
+def _compiled_sum(
+    atoms, xyz, grid, weights, b_iso, occ, u_aniso, reduce, radius, cutoff, backend, process_group, blur, radius_rule
+) -> torch.Tensor:
+    """:func:`splat_ensemble` while ``torch.compile`` traces it: the frames flattened, one :func:`splat_density` call.
+
+    That call takes the density op (``kernels.density.ops``), so the sum compiles into the caller's graph and
+    replays under ``mode="reduce-overhead"``. What needs the host — a process group's agreement, per-frame maps,
+    the memory query, the CPU value checks — is refused or left out, as for a compiled ``splat_density``.
+    """
+    if reduce != "sum" or process_group is not None:
+        raise ValueError(
+            "under torch.compile splat_ensemble sums tensor frames on one device (reduce='sum', no process_group); "
+            "call it eagerly for per-frame maps or several ranks"
+        )
+    if weights is not None and not isinstance(weights, torch.Tensor):
+        raise TypeError("under torch.compile the weights must be a tensor of one weight per frame")
+    from kernels.density import splat_density
+    from kernels.density._ensemble_parts import _flatten, with_blur
+
+    n_frames, n = xyz.shape[0], len(atoms)
+    frames = _weighted(with_blur(_flatten(atoms, xyz, b_iso, occ, 0, n_frames, u_aniso), blur), weights, 0, n_frames, n)
+    extra = {} if atoms.u_aniso is None else {"radius_rule": radius_rule}
+    return splat_density(frames, grid, radius=radius, cutoff=cutoff, backend=backend, **extra)
 
 
 def sum_gradients_over_ranks(tensors: Sequence[torch.Tensor], process_group) -> list[torch.Tensor]:

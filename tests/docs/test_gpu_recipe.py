@@ -63,7 +63,7 @@ def test_the_docs_gpu_recipes_bring_the_rmsd_down_in_a_fresh_process(structure, 
     script.write_text(program)
     done = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
     )  # fmt: skip
     assert done.returncode == 0, f"the recipe failed:\n{done.stderr[-6000:]}"
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
