@@ -52,7 +52,7 @@ class StepResult:
     Attributes
     ----------
     loss : torch.Tensor, shape (), float32 or float64
-        The total: the sum of ``terms``.
+        The total: the sum of ``terms``, each times its weight.
     terms : dict of str to torch.Tensor
         Each named term of the loss, shape (); ``{"loss": loss}`` when the loss function returned a
         single tensor.
@@ -92,8 +92,13 @@ class Step:
         device, as a capture needs, and an eager step does the same arithmetic); a closure-based one
         (``LBFGS``) cannot be captured and is refused.
     term_grads : bool
-        Also return each term's gradient (:attr:`StepResult.grads`); the update uses their sum, the
-        same total gradient. Costs one backward pass per term over that term's part of the graph.
+        Also return each term's gradient (:attr:`StepResult.grads`); the update uses their (weighted)
+        sum, the same total gradient. Costs one backward pass per term over that term's part of the graph.
+    weights : dict of str to float, optional
+        A weight for some of the named terms (default 1): the loss is Σ weight·term, and
+        :attr:`StepResult.terms` and :attr:`StepResult.grads` hold the terms and gradients unweighted, so
+        a term weighted 0 is still reported (``{"planarity": lam}`` shows the restraint's pull at λ = 0).
+        The weights are fixed when the step is captured: change them with a new :class:`Step`.
     capture : bool or "auto"
         ``"auto"``: capture on a CUDA device, run eagerly on the CPU. ``False``: always eager (the
         same results, the host work on every step). ``True``: capture, or raise where it cannot.
@@ -131,6 +136,7 @@ class Step:
         optimizer: torch.optim.Optimizer,
         *,
         term_grads: bool = False,
+        weights: Mapping[str, float] | None = None,
         capture: bool | str = "auto",
         warmup: int = 3,
     ):
@@ -164,6 +170,11 @@ class Step:
         self.params = params
         self.optimizer = optimizer
         self.term_grads = bool(term_grads)
+        self.weights = {}
+        for name, w in (weights or {}).items():
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or w != w or abs(w) == float("inf"):
+                raise StepError(f"the weight of term {name!r} must be a finite number, got {w!r}")
+            self.weights[str(name)] = float(w)
         self.warmup = warmup
         self.n_steps = 0
         self._graph: torch.cuda.CUDAGraph | None = None
@@ -239,7 +250,13 @@ class Step:
     def _eager_step(self) -> StepResult:
         self.optimizer.zero_grad(set_to_none=True)
         terms, aux = _terms_of(self.loss_fn())
-        loss = _total(terms)
+        unknown = set(self.weights) - set(terms)
+        if unknown:
+            raise StepError(
+                f"weights name terms the loss does not return: {sorted(unknown)} (it returns {sorted(terms)})"
+            )
+        weight = [self.weights.get(name, 1.0) for name in terms]
+        loss = _total([t if w == 1.0 else w * t for t, w in zip(terms.values(), weight)])
         grads: dict[str, tuple[torch.Tensor, ...]] = {}
         if self.term_grads:
             names = list(terms)
@@ -248,6 +265,8 @@ class Step:
                 g = torch.autograd.grad(terms[name], self.params, retain_graph=k < len(names) - 1, allow_unused=True)
                 g = tuple(torch.zeros_like(p) if t is None else t for t, p in zip(g, self.params))
                 grads[name] = g
+                if weight[k] != 1.0:
+                    g = tuple(weight[k] * t for t in g)
                 total = [t if acc is None else acc + t for acc, t in zip(total, g)]
             for p, t in zip(self.params, total):
                 p.grad = t
@@ -291,8 +310,8 @@ def _terms_of(out) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     return terms, dict(aux)
 
 
-def _total(terms: dict[str, torch.Tensor]) -> torch.Tensor:
-    it = iter(terms.values())
+def _total(terms: list[torch.Tensor]) -> torch.Tensor:
+    it = iter(terms)
     total = next(it)
     for t in it:
         total = total + t

@@ -418,3 +418,24 @@ def test_the_compiled_recipe_replays_every_term_and_parameter(terms, params, opt
     got = _reduce_overhead_fit(loss_fn, leaves, make(leaves))
     for g, w, s in zip(got, want, start):  # within 5 % of how far eager moved each parameter (float32 atomics)
         torch.testing.assert_close(g, w, rtol=0, atol=1e-5 + 0.05 * float((w - s).abs().max()))
+
+
+def test_weighted_terms_are_reported_unweighted_and_a_zero_weight_term_still_shows_its_gradient():
+    atoms, grid, planes, target, start = _problem("1orc", "cpu")
+    x = start.clone().requires_grad_(True)
+
+    def loss_fn():
+        fit, _, rho = _loss(atoms, grid, planes, target, x)
+        return {"fit": fit, "planarity": kernels.planarity_nll(x, planes)}, {"rho": rho}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StepWarning)
+        result = Step(loss_fn, [x], torch.optim.SGD([x], lr=0.0), term_grads=True, weights={"planarity": 0.0})()
+        grad = x.grad.clone()
+        with pytest.raises(StepError, match="weights name terms"):
+            Step(loss_fn, [x], torch.optim.SGD([x], lr=0.0), weights={"nll": 1.0})()
+        with pytest.raises(StepError, match="finite number"):
+            Step(loss_fn, [x], torch.optim.SGD([x], lr=0.0), weights={"planarity": float("nan")})
+    assert torch.equal(result.loss, result.terms["fit"])  # planarity weighs 0
+    assert float(result.grads["planarity"][0].abs().max()) > 0  # but its pull is reported
+    torch.testing.assert_close(grad, result.grads["fit"][0])
