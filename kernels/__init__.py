@@ -2,7 +2,8 @@
 
 Read a model (:func:`read_model`), pick a grid (:class:`GridSpec`), splat its density
 (:func:`splat_density`), add the symmetry mates (:func:`symmetrize`) and write the map
-(:func:`write_map`). Many frames of the same atoms (an ensemble, an MD trajectory) go through
+(:func:`write_map`); take its structure factors (:func:`structure_factors`) and judge them by
+resolution shell (:func:`shells`, :func:`fsc`). Many frames of the same atoms (an ensemble, an MD trajectory) go through
 :func:`splat_ensemble` in one call, optionally split over ``torch.distributed`` ranks; frames of
 any number stream from a file (:func:`frames_from`) or an iterable, with :func:`ensemble_gradients`
 for their per-frame gradients. A whole fitting step replays as one CUDA graph with
@@ -51,6 +52,20 @@ from kernels.dispatch import (
 )
 from kernels.mapio import read_map, write_map
 from kernels.planarity import PlaneSet, find_planes, planarity_nll
+from kernels.reciprocal import (
+    ReflectionData,
+    ReflectionFileError,
+    RFactor,
+    ShellTable,
+    StructureFactors,
+    fsc,
+    r_factor,
+    read_structure_factors,
+    sampling_blur,
+    shells,
+    structure_factors,
+    write_structure_factors,
+)
 from kernels.symmetry import symmetrize
 from kernels.tricubic import tricubic_sample
 
@@ -72,6 +87,11 @@ __all__ = [
     "Model",
     "ModelError",
     "PlaneSet",
+    "RFactor",
+    "ReflectionData",
+    "ReflectionFileError",
+    "ShellTable",
+    "StructureFactors",
     "atom_cutoff_radii",
     "available_backends",
     "check_backend",
@@ -85,19 +105,26 @@ __all__ = [
     "form_factor_coefficients",
     "frame_share",
     "frames_from",
+    "fsc",
     "peak_density",
     "planarity_nll",
+    "r_factor",
     "read_map",
     "read_model",
+    "read_structure_factors",
     "register_backend",
     "resolve_backend",
+    "sampling_blur",
+    "shells",
     "splat_density",
     "splat_ensemble",
+    "structure_factors",
     "sum_gradients_over_ranks",
     "symmetrize",
     "tricubic_sample",
     "unregister_backend",
     "write_map",
+    "write_structure_factors",
 ]
 
 __version__ = "0.1.0"
