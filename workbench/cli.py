@@ -286,6 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_check_parser(sub, _positive)
 
+    from workbench.sf_cli import add_parser as add_sf_parser
+
+    add_sf_parser(sub, _positive)
+
     for name, helptext, default_port in (
         ("lab", "start JupyterLab on 127.0.0.1 with the quickstart notebook open", 8888),
         ("app", "serve the quickstart notebook as a standalone Voilà app on 127.0.0.1", 8866),

@@ -108,6 +108,8 @@ def read_structure_factors(
     problem = file_problem(path)
     if problem:
         raise _fail(path, problem)
+    if path.stat().st_size == 0:
+        raise _fail(path, "is empty")
     with open(path, "rb") as fh:
         head = fh.read(4)
     if head == b"MTZ ":

@@ -34,7 +34,7 @@ SUBCOMMANDS = _subparsers(cli.build_parser())
 
 
 def test_every_subcommand_is_walked():
-    assert set(SUBCOMMANDS) == {"splat", "ensemble", "check", "lab", "app"}
+    assert set(SUBCOMMANDS) == {"splat", "ensemble", "check", "sf", "lab", "app"}
 
 
 @pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
