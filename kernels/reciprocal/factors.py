@@ -199,14 +199,12 @@ def structure_factors(
     if backend == "reference":
         from kernels.reciprocal.reference import structure_factors_reference
 
-        f = structure_factors_reference(rho, grid, millers)
+        f = structure_factors_reference(rho, grid, millers, blur)
     else:
         from kernels.reciprocal.fft import structure_factors_fft
 
         if rho.dtype in (torch.float16, torch.bfloat16):
             rho = rho.float()  # torch's FFT of half precision is restricted to powers of two on CUDA
-        f = structure_factors_fft(rho, grid, millers)
+        f = structure_factors_fft(rho, grid, millers, blur)
     t = millers.on(rho.device)
-    if blur != 0.0:
-        f = f * torch.exp(t["inv_d2"] * (blur / 4)).to(f.real.dtype)
     return StructureFactors(t["hkl"], f, grid.cell, sg, d_min, t["inv_d2"])

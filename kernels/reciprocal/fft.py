@@ -15,13 +15,18 @@ from kernels.reciprocal.miller import MillerSet
 
 __all__ = ["structure_factors_fft"]
 
-_index_cache: dict = {}
+_plans: dict = {}
 
 
-def _gather_index(millers: MillerSet, grid: GridSpec, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat positions of each reflection's half-space mate in the pruned (nx, 2k_max+1, l_max+1) transform."""
-    key = (id(millers), grid.shape, str(device))
-    got = _index_cache.get(key)
+def _gather_plan(millers: MillerSet, grid: GridSpec, blur: float, dtype: torch.dtype, device: torch.device):
+    """Flat positions of each reflection's half-space mate in the pruned (nx, 2k_max+1, l_max+1) transform, and
+    the (M, 2) factors that turn the (re, im) there into F: V/N·exp(B·s²/4) and ∓ that for the conjugate.
+
+    Made once per (index set, grid, blur, dtype, device) and kept (64 plans), so a call gathers and scales in
+    two passes over the reflections.
+    """
+    key = (id(millers), grid.shape, grid.cell.parameters, blur, dtype, str(device))
+    got = _plans.get(key)
     if got is not None and got[0] is millers:
         return got[1], got[2]
     t = millers.on(device)
@@ -33,13 +38,21 @@ def _gather_index(millers: MillerSet, grid: GridSpec, device: torch.device) -> t
     hx = torch.remainder(half[:, 0], nx)
     ky = torch.remainder(half[:, 1], rows)
     flat = (hx * rows + ky) * (lmax + 1) + half[:, 2]
-    if len(_index_cache) > 64:
-        _index_cache.clear()
-    _index_cache[key] = (millers, flat, t["flipped"])
-    return flat, t["flipped"]
+    scale = (
+        grid.voxel_volume * torch.exp(t["inv_d2"] * (blur / 4))
+        if blur
+        else torch.full_like(t["inv_d2"], grid.voxel_volume)
+    )
+    # l ≥ 0 reflections take conj(R) (imaginary part negated), flipped ones R as it is
+    sign = torch.where(t["flipped"], 1.0, -1.0).to(scale.dtype)
+    factors = torch.stack((scale, scale * sign), dim=1).to(dtype)
+    if len(_plans) >= 64:
+        _plans.clear()
+    _plans[key] = (millers, flat, factors)
+    return flat, factors
 
 
-def structure_factors_fft(rho: torch.Tensor, grid: GridSpec, millers: MillerSet) -> torch.Tensor:
+def structure_factors_fft(rho: torch.Tensor, grid: GridSpec, millers: MillerSet, blur: float = 0.0) -> torch.Tensor:
     """F of every reflection of ``millers``: pruned rfft along c, then b, then a.
 
     With R(h) = Σ_x ρ(x)·exp(−2πi h·x) (what torch transforms), F(h) = V/N·R(−h) = V/N·conj(R(h)) for a
@@ -51,6 +64,8 @@ def structure_factors_fft(rho: torch.Tensor, grid: GridSpec, millers: MillerSet)
     rho : torch.Tensor, shape grid.shape, float32 or float64
     grid : GridSpec
     millers : MillerSet
+    blur : float
+        B in Å² to divide out (F·exp(B·s²/4)).
 
     Returns
     -------
@@ -63,7 +78,6 @@ def structure_factors_fft(rho: torch.Tensor, grid: GridSpec, millers: MillerSet)
     if 2 * kmax + 1 < ny:
         t = torch.cat((t[:, : kmax + 1], t[:, ny - kmax :]), dim=1)
     t = torch.fft.fft(t, dim=0)
-    flat, flipped = _gather_index(millers, grid, rho.device)
-    vals = t.reshape(-1)[flat]
-    out = torch.where(flipped, vals, vals.conj())
-    return out * grid.voxel_volume
+    flat, factors = _gather_plan(millers, grid, blur, rho.dtype, rho.device)
+    pairs = torch.view_as_real(t).reshape(-1, 2)[flat]
+    return torch.view_as_complex(pairs * factors)

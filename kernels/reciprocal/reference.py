@@ -14,7 +14,9 @@ from kernels.reciprocal.miller import MillerSet
 __all__ = ["structure_factors_reference"]
 
 
-def structure_factors_reference(rho: torch.Tensor, grid: GridSpec, millers: MillerSet) -> torch.Tensor:
+def structure_factors_reference(
+    rho: torch.Tensor, grid: GridSpec, millers: MillerSet, blur: float = 0.0
+) -> torch.Tensor:
     """F of every reflection of ``millers`` from the whole map, in float64.
 
     Parameters
@@ -23,6 +25,8 @@ def structure_factors_reference(rho: torch.Tensor, grid: GridSpec, millers: Mill
         Cast to float64 (differentiably).
     grid : GridSpec
     millers : MillerSet
+    blur : float
+        B in Å² to divide out (F·exp(B·s²/4)).
 
     Returns
     -------
@@ -32,4 +36,7 @@ def structure_factors_reference(rho: torch.Tensor, grid: GridSpec, millers: Mill
     hkl = millers.on(rho.device)["hkl"]
     n = torch.tensor(grid.shape, device=rho.device)
     idx = torch.remainder(-hkl, n)
-    return transform[idx[:, 0], idx[:, 1], idx[:, 2]] * grid.voxel_volume
+    f = transform[idx[:, 0], idx[:, 1], idx[:, 2]] * grid.voxel_volume
+    if blur:
+        f = f * torch.exp(millers.on(rho.device)["inv_d2"] * (blur / 4))
+    return f

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import torch
 
 __all__ = ["BINNINGS", "ShellTable", "shells", "fsc", "shell_index"]
@@ -20,11 +21,15 @@ __all__ = ["BINNINGS", "ShellTable", "shells", "fsc", "shell_index"]
 BINNINGS = ("count", "volume", "width")
 
 
-def _parts(f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Real and imaginary parts of complex (or real: amplitudes with phase 0) factors, as float64."""
-    if f.is_complex():
-        return f.real.to(torch.float64), f.imag.to(torch.float64)
-    return f.to(torch.float64), torch.zeros_like(f, dtype=torch.float64)
+def _parts(f: torch.Tensor, xp):
+    """Real and imaginary parts of complex (or real: amplitudes with phase 0) factors, as float64 copies."""
+    if not f.is_complex():
+        re = xp.float64(_host(f))
+        return re, re * 0
+    if xp is _NumpyOps:
+        g = _host(f)
+        return g.real.astype(np.float64), g.imag.astype(np.float64)
+    return f.real.to(torch.float64, copy=True), f.imag.to(torch.float64, copy=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +118,88 @@ class ShellTable:
 
 
 # Fine bins of the equal-count binning: shells are drawn along their cumulative count, so each shell
-# holds its share of the set to within one fine bin (1/8192 of the s³ range).
+# holds its share of the set to within one fine bin (1/8192 of the s² range).
 _FINE_BINS = 8192
+
+
+class _NumpyOps:
+    """Array operations on the host. CPU tables are computed in numpy, on the calling thread: an elementwise op
+    on 10⁵–10⁶ values takes torch's thread pool longer to start and join than to do, and far longer when the
+    pool's threads are busy elsewhere."""
+
+    sqrt, abs, arctan2, cumsum, arange = np.sqrt, np.abs, np.arctan2, np.cumsum, np.arange
+
+    @staticmethod
+    def sums(which, weights, n):
+        return np.bincount(which, weights, minlength=n)
+
+    @staticmethod
+    def counts(which, n):
+        return np.bincount(which, minlength=n)
+
+    @staticmethod
+    def right_of(edges, values):  # index i with edges[i-1] ≤ v < edges[i]
+        return np.searchsorted(edges, values, side="right")
+
+    @staticmethod
+    def to_index(x, top):
+        return np.clip(x.astype(np.int64), 0, top)
+
+    @staticmethod
+    def float64(x):
+        return x.astype(np.float64)
+
+    @staticmethod
+    def at_least(x, floor):
+        return max(x, floor)
+
+
+class _TorchOps:
+    """The same operations in torch, on the tensors' device (no host synchronisation)."""
+
+    sqrt, abs, arctan2, cumsum = torch.sqrt, torch.abs, torch.atan2, torch.cumsum
+
+    def __init__(self, device):
+        self.device = device
+
+    def arange(self, n):
+        return torch.arange(n, device=self.device)
+
+    def sums(self, which, weights, n):
+        # scatter_add_ rather than bincount: bincount checks its indices' range (a host sync on a GPU)
+        return torch.zeros(n, dtype=weights.dtype, device=self.device).scatter_add_(0, which, weights)
+
+    def counts(self, which, n):
+        return torch.zeros(n, dtype=torch.int64, device=self.device).scatter_add_(0, which, torch.ones_like(which))
+
+    @staticmethod
+    def right_of(edges, values):
+        return torch.searchsorted(edges, values, right=True)
+
+    @staticmethod
+    def to_index(x, top):
+        return x.to(torch.int64).clamp_(0, top)
+
+    @staticmethod
+    def float64(x):
+        return x.to(torch.float64, copy=True)  # a copy even of float64: callers write into it
+
+    @staticmethod
+    def at_least(x, floor):
+        return x.clamp_min(floor)
+
+
+def _ops(t: torch.Tensor):
+    return _NumpyOps if t.device.type == "cpu" else _TorchOps(t.device)
+
+
+def _host(t: torch.Tensor):
+    """A CPU tensor as a numpy array (a view), other devices' as they are."""
+    return t.detach().resolve_conj().numpy() if t.device.type == "cpu" else t.detach()
+
+
+def _tensor(x, device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
 
 
 def shell_index(inv_d2: torch.Tensor, n_shells: int, binning: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,39 +212,45 @@ def shell_index(inv_d2: torch.Tensor, n_shells: int, binning: str) -> tuple[torc
     n_shells : int
     binning : {"count", "volume", "width"}
         See :data:`BINNINGS`. The range is the set's own, from its lowest to its highest s. ``count``
-        cuts the cumulative count of 8192 fine shells of equal s³ steps, so the shells' counts are
+        cuts the cumulative count of 8192 fine shells of equal s² steps, so the shells' counts are
         equal to within one fine shell, and reflections of equal d stay together.
 
     Returns
     -------
     (torch.Tensor (M,) int64, torch.Tensor (n_shells + 1,) float64)
-        Shell of each reflection (0 = lowest resolution) and the edges, ascending in s.
+        Shell of each reflection (0 = lowest resolution) and the edges, ascending in s, on ``inv_d2``'s device.
     """
+    which, edges = _shell_index(_ops(inv_d2), _host(inv_d2), n_shells, binning)
+    return _tensor(which, inv_d2.device), _tensor(edges, inv_d2.device)
+
+
+def _shell_index(xp, inv_d2, n_shells: int, binning: str):
     if binning not in BINNINGS:
         raise ValueError(f"binning must be one of {BINNINGS}, got {binning!r}")
-    s = inv_d2.sqrt()
-    lo, hi = s.min(), s.max()
-    dev = s.device
+    lo2, hi2 = inv_d2.min(), inv_d2.max()
+    lo, hi = xp.sqrt(lo2), xp.sqrt(hi2)
     if binning == "count":
-        s3 = s * inv_d2
-        lo3, span3 = lo**3, (hi**3 - lo**3).clamp_min(1e-300)
-        fine = ((s3 - lo3) * (_FINE_BINS / span3)).to(torch.int64).clamp_(0, _FINE_BINS - 1)
-        hist = torch.zeros(_FINE_BINS, dtype=torch.int64, device=dev).scatter_add_(0, fine, torch.ones_like(fine))
-        before = torch.cumsum(hist, 0) - hist  # reflections below each fine shell
-        lut = torch.clamp(before * n_shells // s.shape[0], max=n_shells - 1)  # non-decreasing
-        first = torch.searchsorted(lut, torch.arange(n_shells, device=dev))
-        cuts = (lo3 + first.to(torch.float64) * (span3 / _FINE_BINS)) ** (1.0 / 3.0)
-        edges = torch.cat((cuts[:1].clamp_max(lo), cuts[1:], hi.reshape(1)))
+        span2 = xp.at_least(hi2 - lo2, 1e-300)  # one d in the whole set: every reflection in fine shell 0
+        fine = xp.to_index((inv_d2 - lo2) * (_FINE_BINS / span2), _FINE_BINS - 1)
+        hist = xp.counts(fine, _FINE_BINS)
+        before = xp.cumsum(hist, 0) - hist  # reflections below each fine shell
+        lut = (before * n_shells) // inv_d2.shape[0]  # non-decreasing, < n_shells
+        first = xp.right_of(lut, xp.arange(n_shells) - 1)  # first fine shell of each shell (≥ that index)
+        edges = xp.sqrt(lo2 + xp.float64(first) * (span2 / _FINE_BINS))
+        edges = _append(edges, hi)
         edges[0] = lo
         return lut[fine], edges
-    steps = torch.arange(n_shells + 1, dtype=torch.float64, device=dev) / n_shells
-    if binning == "volume":
-        edges = (lo**3 + steps * (hi**3 - lo**3)) ** (1.0 / 3.0)
-    else:
-        edges = lo + steps * (hi - lo)
+    steps = xp.float64(xp.arange(n_shells + 1)) / n_shells
+    edges = (lo**3 + steps * (hi**3 - lo**3)) ** (1.0 / 3.0) if binning == "volume" else lo + steps * (hi - lo)
     edges[0], edges[-1] = lo, hi  # exactly the set's range, whatever the rounding of the steps
-    which = torch.bucketize(s, edges[1:-1], right=True)
+    which = xp.right_of(edges[1:-1], xp.sqrt(inv_d2))
     return which, edges
+
+
+def _append(edges, value):
+    if isinstance(edges, np.ndarray):
+        return np.append(edges, value)
+    return torch.cat((edges, value.reshape(1)))
 
 
 def shells(f, reference=None, *, n_shells: int = 20, binning: str = "count") -> ShellTable:
@@ -206,36 +297,37 @@ def shells(f, reference=None, *, n_shells: int = 20, binning: str = "count") -> 
 
 
 def _shells(f, reference, n_shells: int, binning: str) -> ShellTable:
-    which, edges = shell_index(f.inv_d2, n_shells, binning)
+    xp = _ops(f.f)
     dev = f.f.device
-    re, im = _parts(f.f)
+    which, edges = _shell_index(xp, _host(f.inv_d2.to(dev)), n_shells, binning)
+    re, im = _parts(f.f, xp)
     aa = re * re + im * im
-    a = aa.sqrt()
-    sums = {}
-
-    def add(name, values):
-        # scatter_add_ rather than a weighted bincount: bincount checks its indices' range on every call
-        sums[name] = torch.zeros(n_shells, dtype=torch.float64, device=dev).scatter_add_(0, which, values)
-
-    add("n", torch.ones_like(aa))
-
-    add("aa", aa)
+    sums = {"n": xp.float64(xp.counts(which, n_shells)), "aa": xp.sums(which, aa, n_shells)}
     if reference is not None:
-        rr, ri = _parts(reference.f.to(dev))
+        rr, ri = _parts(reference.f.to(dev), xp)
+        a = xp.sqrt(aa)
         bb = rr * rr + ri * ri
-        b = bb.sqrt()
+        b = xp.sqrt(bb)
         cross_re = re * rr + im * ri
         cross_im = im * rr - re * ri
-        add("bb", bb)
-        add("a", a)
-        add("b", b)
-        add("ab", a * b)
-        add("diff2", (re - rr).square_() + (im - ri).square_())
+        re -= rr
+        im -= ri
+        diff2 = re * re + im * im
         d = a - b
-        add("amp2", d * d)
-        add("amp1", d.abs_())
-        add("bphase", torch.atan2(cross_im, cross_re).abs_().mul_(b))
-        add("cross", cross_re)
+        for name, values in (
+            ("bb", bb),
+            ("a", a),
+            ("b", b),
+            ("ab", a * b),
+            ("diff2", diff2),
+            ("amp2", d * d),
+            ("amp1", xp.abs(d)),
+            ("bphase", xp.abs(xp.arctan2(cross_im, cross_re)) * b),
+            ("cross", cross_re),
+        ):
+            sums[name] = xp.sums(which, values, n_shells)
+    sums = {k: _tensor(v, dev) for k, v in sums.items()}
+    edges = _tensor(edges, dev)
     n = sums["n"]
     d_edges = 1.0 / edges
     table = dict(

@@ -251,6 +251,12 @@ def test_binning_partitions_the_set(binning, n_shells):
 
 def test_statistics_of_known_differences():
     f = some_set()
+    kept = f.f.clone()
+    real = f.replace(f=f.f.abs())
+    kept_real = real.f.clone()
+    shells(f, real, n_shells=5)
+    shells(real, f, n_shells=5)
+    assert torch.equal(f.f, kept) and torch.equal(real.f, kept_real)  # the inputs are not written to
     same = shells(f, f, n_shells=5)
     assert torch.all(same.rel_error == 0) and torch.all(same.r_factor == 0) and torch.all(same.phase_error == 0)
     assert_close(same.fsc, torch.ones(5, dtype=torch.float64), 1e-12)
