@@ -6,7 +6,13 @@ Backends: ``fft`` (a pruned real-to-complex ``torch.fft`` transform in the map's
 GPU) and ``reference`` (a full float64 complex transform, the truth the tests hold ``fft`` to).
 """
 
-from kernels.reciprocal.factors import SF_BACKENDS, StructureFactors, sampling_blur, structure_factors
+from kernels.reciprocal.factors import (
+    SF_BACKENDS,
+    StructureFactors,
+    fourier_synthesis,
+    sampling_blur,
+    structure_factors,
+)
 from kernels.reciprocal.files import (
     ReflectionData,
     ReflectionFileError,
@@ -27,6 +33,7 @@ __all__ = [
     "ShellTable",
     "StructureFactors",
     "finest_d_min",
+    "fourier_synthesis",
     "fsc",
     "inverse_d_squared",
     "r_factor",

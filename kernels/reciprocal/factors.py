@@ -11,7 +11,7 @@ from kernels._util import finite_number, positive_number
 from kernels.crystal import Cell, GridError, GridSpec
 from kernels.reciprocal.miller import inverse_d_squared, miller_set
 
-__all__ = ["SF_BACKENDS", "StructureFactors", "sampling_blur", "structure_factors"]
+__all__ = ["SF_BACKENDS", "StructureFactors", "fourier_synthesis", "sampling_blur", "structure_factors"]
 
 SF_BACKENDS = ("auto", "fft", "reference")
 
@@ -208,3 +208,65 @@ def structure_factors(
         f = structure_factors_fft(rho, grid, millers, blur)
     t = millers.on(rho.device)
     return StructureFactors(t["hkl"], f, grid.cell, sg, d_min, t["inv_d2"])
+
+
+def fourier_synthesis(factors: StructureFactors, grid: GridSpec, *, f000: float | torch.Tensor = 0.0) -> torch.Tensor:
+    """The map of a P 1 set of structure factors: ρ(x) = (1/V)·Σ_h F(h)·exp(−2πi h·x).
+
+    The inverse of :func:`structure_factors` on the reflections given: the map holds exactly those
+    coefficients (and their Friedel mates), every other one zero. So the synthesis of
+    ``structure_factors(rho, grid, d)`` with ``f000 = V/N·Σρ`` is ``rho`` with everything beyond d
+    removed: the map a data set to d would show (a sharp truncation, with its ripples).
+
+    Parameters
+    ----------
+    factors : StructureFactors
+        A P 1 set (a hemisphere: no reflection with its Friedel mate; ``structure_factors`` without a
+        space group gives one), on any device; complex64 or complex128.
+    grid : GridSpec
+        Whole-cell grid holding every index (each |h| < n/2 along its axis).
+    f000 : float or 0-d tensor
+        F(000) in electrons (the map's mean times V); default 0, a map of mean zero.
+
+    Returns
+    -------
+    torch.Tensor, shape grid.shape, float32 from complex64 factors, float64 from complex128
+        On the factors' device; differentiable with respect to ``factors.f``.
+
+    Raises
+    ------
+    kernels.GridError
+        A box grid, or an index outside the grid's Nyquist box.
+    ValueError
+        A set that is not P 1.
+    """
+    if factors.spacegroup.replace(" ", "") != "P1":
+        raise ValueError(
+            f"fourier_synthesis takes a P 1 set; this one is {factors.spacegroup}'s unique set: compute the "
+            "factors of the map without spacegroup= (its P 1 hemisphere)"
+        )
+    if not grid.is_whole_cell:
+        raise GridError("a Fourier synthesis needs a whole-cell grid (origin 0, shape = sampling)")
+    nx, ny, nz = grid.shape
+    hkl = factors.hkl
+    limit = torch.tensor([(n + 1) // 2 for n in grid.shape], device=hkl.device)  # |h| < n/2
+    if len(hkl) and bool((hkl.abs() >= limit).any()):
+        raise GridError(f"an index of the set lies outside this {nx}×{ny}×{nz} grid's Nyquist box: use a finer grid")
+    # c = conj(F)·N/V at h (and F·N/V at −h, its mate); irfftn then sums c·exp(+2πi h·x)/N
+    scale = grid.n_voxels / grid.cell.volume
+    c = factors.f.conj() * scale
+    both_hkl = torch.cat((hkl, -hkl))
+    both_c = torch.cat((c, c.conj()))
+    keep = both_hkl[:, 2] >= 0  # the half an inverse real transform reads; l = 0 needs both mates
+    both_hkl, both_c = both_hkl[keep], both_c[keep]
+    flat = (torch.remainder(both_hkl[:, 0], nx) * ny + torch.remainder(both_hkl[:, 1], ny)) * (nz // 2 + 1)
+    flat = flat + both_hkl[:, 2]
+    half = torch.zeros(nx * ny * (nz // 2 + 1), dtype=c.dtype, device=c.device)
+    half = half.index_put((flat,), both_c.resolve_conj())
+    if isinstance(f000, torch.Tensor) or f000 != 0.0:
+        half = half.index_put(
+            (torch.zeros(1, dtype=torch.int64, device=c.device),),
+            torch.as_tensor(f000 * scale, dtype=c.dtype, device=c.device).reshape(1),
+            accumulate=True,
+        )
+    return torch.fft.irfftn(half.reshape(nx, ny, nz // 2 + 1), s=grid.shape)
