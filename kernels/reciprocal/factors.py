@@ -111,6 +111,14 @@ class StructureFactors:
         """Phase of F in degrees in (−180, 180], shape (M,), real."""
         return torch.rad2deg(torch.angle(self.f))
 
+    def select(self, which: torch.Tensor) -> StructureFactors:
+        """The reflections ``which`` picks (a (M,) bool mask or int64 indices), as a new set.
+
+        For example ``f.select(f.d >= 3.0)``: the factors to 3 Å.
+        """
+        inv_d2 = None if self._inv_d2 is None else self._inv_d2[which]
+        return dataclasses.replace(self, hkl=self.hkl[which], f=self.f[which], _inv_d2=inv_d2)
+
     def replace(self, **changes) -> StructureFactors:
         """A copy with the given fields changed (``dataclasses.replace``; 1/d² is kept unless hkl or cell change)."""
         if "hkl" in changes or "cell" in changes:

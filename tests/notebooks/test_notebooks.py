@@ -81,7 +81,7 @@ def executed(user_folder):
 
 
 def test_notebooks_are_stripped_and_shipped():
-    """Committed notebooks carry no outputs or execution counts, and the seven are all there."""
+    """Committed notebooks carry no outputs or execution counts, and the eight are all there."""
     assert NAMES == [
         "01_quickstart.ipynb",
         "02_how_a_map_arises.ipynb",
@@ -90,6 +90,7 @@ def test_notebooks_are_stripped_and_shipped():
         "05_benchmarks.ipynb",
         "06_ensembles.ipynb",
         "07_fit_loop.ipynb",
+        "08_reciprocal_space.ipynb",
     ], NAMES
     for name in NAMES:
         nb = nbformat.read(NOTEBOOKS / name, as_version=4)
