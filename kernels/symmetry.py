@@ -73,7 +73,9 @@ def _symmetrize_into(out: torch.Tensor, flat: torch.Tensor, shape, ops) -> None:
         uvw = torch.stack((idx // (ny * nz), (idx // nz) % ny, idx % nz), dim=-1)  # (C, 3)
         acc = torch.zeros(idx.shape[0], dtype=flat.dtype, device=dev)
         for rot_t, shift in ops:
-            mapped = torch.remainder(uvw @ rot_t + shift, n)
+            # Integer products written out: CUDA has no int64 matrix multiply ("addmm_cuda" for Long).
+            mapped = uvw[:, 0:1] * rot_t[0] + uvw[:, 1:2] * rot_t[1] + uvw[:, 2:3] * rot_t[2] + shift
+            mapped = torch.remainder(mapped, n)
             acc += flat[(mapped[:, 0] * ny + mapped[:, 1]) * nz + mapped[:, 2]]
         out[start : start + idx.shape[0]] = acc
 

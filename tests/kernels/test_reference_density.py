@@ -13,7 +13,7 @@ import torch
 import kernels
 import kernels.testing
 from kernels.density.reference import splat_reference
-from tests.helpers import STRUCTURES, assert_close, gemmi_density, model
+from tests.helpers import STRUCTURES, assert_close, gemmi_density, model, requires_cuda
 
 SPACING = 2.0 / 3.0  # gemmi's d_min = 2.0 at its rate 1.5
 
@@ -179,3 +179,14 @@ def test_bad_grid_arguments():
         splat_reference(
             kernels.AtomSet.from_elements(["C"], [[0, 0, 0]], [10]), kernels.GridSpec(cell, (4, 4, 4)), radius=-2
         )
+
+
+@requires_cuda
+def test_symmetrize_on_cuda_equals_the_cpu_sum():
+    # The README's usage symmetrises the map where the atoms are: on a GPU, CUDA tensors (no int64 matmul there).
+    m = model("1aki")
+    grid = kernels.GridSpec.for_spacing(m.cell, 1.0, m.spacegroup)
+    rho = torch.rand(grid.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    want = kernels.symmetrize(rho, grid, m.spacegroup)
+    got = kernels.symmetrize(rho.cuda(), grid, m.spacegroup)
+    assert torch.equal(got.cpu(), want)
