@@ -389,16 +389,6 @@ def test_cuda_matches_cpu_and_makes_no_host_sync():
     assert torch.all(t.fsc.cpu() > 1 - 1e-6)
 
 
-def test_the_docs_example_runs_as_written():
-    """docs/kernels.md's example under "## Structure factors", executed as it stands there."""
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "kernels.md").read_text()
-    section = text.split("\n## Structure factors\n", 1)[1]
-    block = section.split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(block, "docs/kernels.md", "exec"), {})
-
-
 @pytest.mark.parametrize("shape", [(7, 11, 13), (8, 10, 12)])
 def test_fourier_synthesis_is_the_direct_sum_and_inverts_structure_factors(shape):
     grid = GridSpec(TRICLINIC, shape)
