@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import logging
 import os
@@ -151,6 +152,7 @@ class Workbench(widgets.VBox):
         self.timing = TimingView()
         self.resolution = ResolutionView()
         self._resolution_cache = compute.ResolutionCache()
+        self._scene_truncated = False  # the 3D view shows the resolution tab's truncated map
         self.download = Download()
         self.relax = RelaxView()
         self.controls.add_section("relax", "relax", self.relax.widget)
@@ -220,6 +222,7 @@ class Workbench(widgets.VBox):
         self.table.on_pick(self.pick_atom)
         tabs.observe(lambda _: self.show_resolution(), names="selected_index")
         self.resolution.d.observe(lambda _: self._show_resolution_section(), names="value")
+        self.resolution.in_3d.observe(lambda _: self._show_resolution_section(), names="value")
 
         for name, value in settings.items():
             if name not in _INPUTS:
@@ -629,6 +632,15 @@ class Workbench(widgets.VBox):
         d = float(self.resolution.d.value)
         sec = compute.truncated_section(self._resolution_cache, r.grid, d, r.settings.axis, r.section.index)
         self.resolution.show_section(sec, d=d, units=r.settings.units)
+        model_key = (r.atoms_key[0], r.atoms_key[2])
+        if self.resolution.in_3d.value:
+            rho = compute.truncated_map(self._resolution_cache, r.grid, d)
+            shown = dataclasses.replace(r, rho=rho, mean=float(rho.mean()), sigma=float(rho.std()))
+            self.scene.update(shown, model_key=model_key, map_key=(r.map_key, "truncated", d))
+            self._scene_truncated = True
+        elif self._scene_truncated:  # back to the map itself
+            self.scene.update(r, model_key=model_key, map_key=r.map_key)
+            self._scene_truncated = False
 
     def _show_pick(self, r: Result) -> None:
         """Label the picked atom with ``r``'s values (or clear the label: nothing picked)."""

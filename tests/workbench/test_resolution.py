@@ -103,3 +103,22 @@ def test_truncated_section_is_the_synthesis_cut_at_the_section_on_every_axis(sha
             np.testing.assert_allclose(got, np.take(full, index, axis=axis), atol=1e-12)
     with pytest.raises(ValueError, match="positive number of Å"):
         compute.truncated_section(cache, grid, float("nan"), 0, 0)
+
+
+def test_the_3d_view_can_show_the_truncated_map_and_go_back(make_wb):
+    wb = make_wb(spacing=0.667)
+    view = open_tab(wb)
+    r = wb.result
+    full_bytes = bytes(wb.scene.view.map_bytes)
+    view.d.value = 4.0
+    assert bytes(wb.scene.view.map_bytes) == full_bytes  # the toggle is off
+    view.in_3d.value = True
+    truncated = bytes(wb.scene.view.map_bytes)
+    assert truncated != full_bytes
+    rho = compute.truncated_map(wb._resolution_cache, r.grid, 4.0)
+    assert wb.scene.view.iso_level == pytest.approx(float(rho.mean()) + r.settings.iso_sigma * float(rho.std()))
+    view.d.value = 2.5
+    assert bytes(wb.scene.view.map_bytes) not in (full_bytes, truncated)
+    view.in_3d.value = False
+    assert bytes(wb.scene.view.map_bytes) == full_bytes
+    assert wb.scene.view.iso_level == pytest.approx(r.iso_level)

@@ -72,6 +72,7 @@ from workbench.compute.reciprocal import (
     ResolutionReport,
     resolution_range,
     resolution_report,
+    truncated_map,
     truncated_section,
 )
 from workbench.compute.relax import (
@@ -151,6 +152,7 @@ __all__ = [
     "ResolutionReport",
     "resolution_range",
     "resolution_report",
+    "truncated_map",
     "truncated_section",
     "RELAX_RANGES",
     "RelaxFrame",

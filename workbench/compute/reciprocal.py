@@ -25,6 +25,7 @@ __all__ = [
     "ResolutionReport",
     "resolution_range",
     "resolution_report",
+    "truncated_map",
     "truncated_section",
 ]
 
@@ -239,3 +240,18 @@ def truncated_section(cache: ResolutionCache, grid, d: float, axis: int, index: 
     phase = np.exp(2j * np.pi * np.fft.fftfreq(n[axis], 1.0 / n[axis]) * index / n[axis]) / n[axis]
     summed = np.tensordot(phase, c, axes=([0], [axis]))  # (other complex axis, l)
     return np.fft.irfft2(summed, s=(n[1 - axis], n[2]))
+
+
+def truncated_map(cache: ResolutionCache, grid, d: float) -> torch.Tensor:
+    """The whole kept map synthesised from its coefficients with d ≥ ``d`` (for the 3D view).
+
+    Returns
+    -------
+    torch.Tensor, shape grid.shape, float32, CPU
+        In the map's unit, the map's blur divided out.
+    """
+    if not math.isfinite(d) or d <= 0:
+        raise ValueError(f"resolution must be a positive number of Å, got {d!r}")
+    half, inv_d2 = cache.transform()
+    c = np.where(inv_d2 <= 1.0 / (d * d) * (1 + 1e-12), half, 0.0)
+    return torch.from_numpy(np.fft.irfftn(c, s=grid.shape, axes=(0, 1, 2)).astype(np.float32))

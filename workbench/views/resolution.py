@@ -34,7 +34,8 @@ def section_png(section: np.ndarray, scale: int = 4) -> bytes:
 
 class ResolutionView:
     """Shell plots (``wb-resolution-plot``), a note (``wb-resolution-note``), the resolution slider
-    (``wb-resolution-d``) and the truncated synthesis's section (``wb-resolution-section``).
+    (``wb-resolution-d``), whether the 3D view shows the truncated map (``wb-resolution-3d``) and the
+    truncated synthesis's section (``wb-resolution-section``).
 
     Draws what :func:`workbench.compute.resolution_report` and :func:`workbench.compute.truncated_section`
     return; it computes nothing.
@@ -55,10 +56,12 @@ class ResolutionView:
             readout_format=".1f",
         )
         self.d.add_class("wb-resolution-d")
+        self.in_3d = widgets.Checkbox(value=False, description="3D view shows the map truncated at d", indent=False)
+        self.in_3d.add_class("wb-resolution-3d")
         self.section = widgets.Image(format="png", layout=widgets.Layout(width="320px"))
         self.section.add_class("wb-resolution-section")
         self.caption = widgets.HTML()
-        self.widget = widgets.VBox([self.note, self.plot, self.d, self.section, self.caption])
+        self.widget = widgets.VBox([self.note, self.plot, self.d, self.in_3d, self.section, self.caption])
         self.drawn_for = None  # the map key the plots show
 
     def set_range(self, finest: float, coarsest: float) -> None:
