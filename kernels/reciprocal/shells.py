@@ -1,9 +1,10 @@
 """Statistics by resolution shell: errors against a reference set, R-factor, correlation and FSC.
 
 Every statistic is a ratio of sums over the reflections of a shell, so one pass gathers the sums
-of all of them (a ``scatter_add_`` per sum, in float64) and the ratios are taken per shell.
-Nothing here reads a value back to the host except :meth:`ShellTable.crossing` and
-:meth:`ShellTable.as_dict`, so a table on a GPU costs no synchronisation until it is looked at.
+of all of them (float64: numpy's ``bincount`` on the CPU, a ``scatter_add_`` per sum on a GPU) and
+the ratios are taken per shell. On a GPU nothing here reads a value back to the host except
+:meth:`ShellTable.crossing` and :meth:`ShellTable.as_dict`, so a table costs no synchronisation until
+it is looked at.
 """
 
 from __future__ import annotations
