@@ -388,7 +388,7 @@ def test_cuda_matches_cpu_and_makes_no_host_sync():
     torch.cuda.set_sync_debug_mode("error")
     try:
         again = structure_factors(cuda, grid, 2.0, blur=0.0)
-        table = shells(again, first.replace(f=first.f.double().to(torch.complex128)), n_shells=20)
+        table = shells(again, first.replace(f=first.f.to(torch.complex128)), n_shells=20)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert table.rel_error.is_cuda
