@@ -72,6 +72,11 @@ SLOW = (
     "tests/kernels/test_model_file_limits.py::test_gzip_of_1_5_gb_of_blank_lines_is_refused_in_bounded_memory",
     "tests/kernels/test_model_file_limits.py::test_gzip_that_passes_max_bytes_is_refused_before_it_is_held",
     "tests/kernels/test_model_file_limits.py::test_sparse_3_gb_file_of_nul_bytes_named_pdb_is_refused_at_its_first_block",
+    "tests/kernels/test_reciprocal.py::test_every_shell_to_2A_within_1e_3_of_gemmis_exact_factors",
+    "tests/kernels/test_reciprocal.py::test_sampling_blur_is_gemmis_refmac_compatible_blur",
+    "tests/kernels/test_reciprocal.py::test_triton_map_gives_gemmis_factors",
+    "tests/kernels/test_reciprocal.py::test_without_blur_aliasing_grows_towards_d_min_but_stays_below_1e_2",
+    "tests/kernels/test_reciprocal.py::test_without_blur_sharp_anisotropic_atoms_alias",
     "tests/kernels/test_reference_density.py::test_box_grid_matches_the_whole_cell_map",
     "tests/kernels/test_reference_density.py::test_electron_count_and_empty_atom_set",
     "tests/kernels/test_reference_density.py::test_reference_matches_gemmi",
@@ -101,6 +106,7 @@ SLOW = (
     "tests/kernels/test_write_signals.py::test_a_signal_that_does_not_end_the_process_leaves_the_write_alone",
     "tests/notebooks/test_cli.py::test_lab_serves_the_quickstart_with_token_auth",
     "tests/notebooks/test_cli_launch.py",
+    "tests/notebooks/test_cli_sf.py",
     "tests/notebooks/test_notebooks.py::test_benchmarks_notebook_plots_the_latest_record_and_picks_up_torchref",
     "tests/notebooks/test_notebooks.py::test_debugging_notebook_on_a_gpu_checks_triton_in_a_fresh_process",
     "tests/notebooks/test_notebooks.py::test_debugging_notebook_without_a_gpu_says_so_and_shows_the_recorded_h100_run",
@@ -113,6 +119,8 @@ SLOW = (
     "tests/workbench/test_check_cli.py::test_a_hanging_kernel_fails_at_the_timeout",
     "tests/workbench/test_check_cli.py::test_a_kernel_that_exits_kills_itself_or_returns_no_data_exits_1_with_a_report",
     "tests/workbench/test_check_cli.py::test_ctrl_c_during_a_hanging_kernel_exits_130_and_leaves_no_process",
+    "tests/workbench/test_resolution.py::test_a_comparison_adds_its_fsc",
+    "tests/workbench/test_resolution.py::test_the_errors_follow_radius_and_blur",
 )
 
 

@@ -42,6 +42,9 @@
 #   bitwise    scripts/triton_bitwise.py on the GPU: $BEFORE's and this tree's deterministic maps and
 #              gradients, bit for bit. Slow: every kernel variant compiles cold in each tree (over 7 minutes
 #              on an H200 host), so the interpreter and PTX-hash checks of that script are the usual route
+#   reciprocal issue 48: bench_reciprocal.py on the GPU (structure factors of 3WIP at 2 A from its 0.667 A
+#              map, shells, FSC; targets 1 ms each) and on the host's CPU at 2 threads, and the CUDA tests of
+#              tests/kernels/test_reciprocal.py
 #   streamvjp  issue 37's second pass: bench_stream_vjp.py (backward alone against recomputing the forward)
 #   loopcheck  issue 33's GPU check, about 3 minutes after the C++ build (which takes 1.5 more on the H200
 #              host the first time): the CUDA tests that reduce-overhead replays
@@ -219,6 +222,17 @@ if has bitwise; then
       timeout 600 python3 scripts/triton_bitwise.py save --deterministic /tmp/bitwise_after.pt &&
       python3 scripts/triton_bitwise.py compare /tmp/bitwise_before.pt /tmp/bitwise_after.pt; } > "$DIR/bitwise_cuda_${gpu}_$day.log" 2>&1
     summary+=("triton bitwise rc=$?: $(tail -n 1 "$DIR/bitwise_cuda_${gpu}_$day.log")")
+fi
+if has reciprocal; then
+    python3 -m pytest tests/kernels/test_reciprocal.py -q -p no:cacheprovider -k cuda -o addopts="-ra" \
+        > "$DIR/tests_reciprocal_${gpu}_$day.log" 2>&1
+    summary+=("reciprocal tests rc=$?: $(tail -n 1 "$DIR/tests_reciprocal_${gpu}_$day.log")")
+    timeout 300 python3 benchmarks/bench_reciprocal.py --device cuda --machine "$gpu" --out-dir "$DIR" \
+        > "$DIR/reciprocal_cuda_${gpu}_$day.log" 2>&1
+    summary+=("reciprocal cuda rc=$?")
+    OMP_NUM_THREADS=2 timeout 300 python3 benchmarks/bench_reciprocal.py --device cpu --machine "${gpu}host" \
+        --out-dir "$DIR" > "$DIR/reciprocal_cpu_${gpu}host_$day.log" 2>&1
+    summary+=("reciprocal cpu rc=$?")
 fi
 if has streamvjp; then
     timeout 180 python3 benchmarks/bench_stream_vjp.py --out-dir "$DIR" > "$DIR/stream_vjp_cuda_${gpu}_$day.log" 2>&1

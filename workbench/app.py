@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import logging
 import os
@@ -25,6 +26,7 @@ from workbench.views import (
     Download,
     ProfileView,
     RelaxView,
+    ResolutionView,
     Scene3DView,
     SliceView,
     StatusView,
@@ -148,6 +150,9 @@ class Workbench(widgets.VBox):
         self.scene = Scene3DView(lib_path=lib_path)
         self.difference = DifferenceView(lib_path=lib_path)
         self.timing = TimingView()
+        self.resolution = ResolutionView()
+        self._resolution_cache = compute.ResolutionCache()
+        self._scene_truncated = False  # the 3D view shows the resolution tab's truncated map
         self.download = Download()
         self.relax = RelaxView()
         self.controls.add_section("relax", "relax", self.relax.widget)
@@ -173,10 +178,17 @@ class Workbench(widgets.VBox):
         self._region_by_structure: dict[str, str] = {}
 
         tabs = widgets.Tab(
-            [self.profile.widget, self.table.widget, self.difference.widget, self.timing.widget],
+            [
+                self.profile.widget,
+                self.table.widget,
+                self.difference.widget,
+                self.timing.widget,
+                self.resolution.widget,
+            ],
         )
-        for i, title in enumerate(("line profile", "density at atoms", "difference", "timing")):
+        for i, title in enumerate(("line profile", "density at atoms", "difference", "timing", "resolution")):
             tabs.set_title(i, title)
+        self.tabs = tabs
         # A section never shrinks: its image has max-width 100 %, so a squeezed column
         # drew it at 20 × 17 px (or none) in a narrow page. The slice axis and index sit
         # under its image (SliceView's tools), where a person watches what they move.
@@ -208,6 +220,9 @@ class Workbench(widgets.VBox):
         self.relax.stop.on_click(lambda _: self.stop_relax())
         self.scene.view.on_pick(self.pick_atom)
         self.table.on_pick(self.pick_atom)
+        tabs.observe(lambda _: self.show_resolution(), names="selected_index")
+        self.resolution.d.observe(lambda _: self._show_resolution_section(), names="value")
+        self.resolution.in_3d.observe(lambda _: self._show_resolution_section(), names="value")
 
         for name, value in settings.items():
             if name not in _INPUTS:
@@ -587,7 +602,45 @@ class Workbench(widgets.VBox):
             self.scene.update(r, model_key=(r.atoms_key[0], r.atoms_key[2]), map_key=r.map_key)
         self._show_pick(r)
         self.timing.update(r.timings, backend=r.backend, device=s.device, grid_shape=r.grid.shape, n_atoms=len(r.model))
+        self.show_resolution()
         self._report(r)
+
+    def show_resolution(self) -> None:
+        """Draw the Resolution tab for the current result when the tab is open (it costs an FFT and, per
+        model, gemmi's exact factors), else leave it to be drawn when it is opened."""
+        r = self.result
+        if r is None or self.tabs.selected_index != 4:
+            return
+        diff = self.difference_result
+        key = (r.map_key, id(diff))
+        if self.resolution.drawn_for == key:
+            return
+        try:
+            report = compute.resolution_report(r, self._resolution_cache, diff)
+            self.resolution.set_range(*compute.resolution_range(r.grid))
+        except (WorkbenchError, ValueError, kernels.GridError) as exc:
+            self.resolution.unavailable(f"resolution view: {exc}")
+            return
+        self.resolution.update(report, label=compute.inputs_label(r.settings))
+        self.resolution.drawn_for = key
+        self._show_resolution_section()
+
+    def _show_resolution_section(self) -> None:
+        r = self.result
+        if r is None or self.resolution.drawn_for is None or self.resolution.drawn_for[0] != r.map_key:
+            return
+        d = float(self.resolution.d.value)
+        sec = compute.truncated_section(self._resolution_cache, r.grid, d, r.settings.axis, r.section.index)
+        self.resolution.show_section(sec, d=d, units=r.settings.units)
+        model_key = (r.atoms_key[0], r.atoms_key[2])
+        if self.resolution.in_3d.value:
+            rho = compute.truncated_map(self._resolution_cache, r.grid, d)
+            shown = dataclasses.replace(r, rho=rho, mean=float(rho.mean()), sigma=float(rho.std()))
+            self.scene.update(shown, model_key=model_key, map_key=(r.map_key, "truncated", d))
+            self._scene_truncated = True
+        elif self._scene_truncated:  # back to the map itself
+            self.scene.update(r, model_key=model_key, map_key=r.map_key)
+            self._scene_truncated = False
 
     def _show_pick(self, r: Result) -> None:
         """Label the picked atom with ``r``'s values (or clear the label: nothing picked)."""

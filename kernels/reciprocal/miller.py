@@ -54,7 +54,7 @@ def finest_d_min(grid: GridSpec) -> float:
     limits = [math.ceil(n / 2) - 1 for n in grid.sampling]
     if min(limits) < 1:
         raise GridError(f"grid {grid.shape} has fewer than 3 voxels along an axis: it holds no reflection")
-    return max(length / lim for length, lim in zip(lengths, limits)) * (1 + 1e-12)
+    return max(length / lim for length, lim in zip(lengths, limits))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +122,7 @@ def miller_set(grid: GridSpec, spacegroup: str, d_min: float) -> MillerSet:
         spacing = max(grid.spacing)
         raise GridError(
             f"d_min = {d_min:g} Å is finer than this {grid.shape[0]}×{grid.shape[1]}×{grid.shape[2]} grid "
-            f"({spacing:.3g} Å spacing) holds: use d_min ≥ {finest:.4g} Å, or a finer grid "
+            f"({spacing:.3g} Å spacing) holds: use d_min ≥ {math.ceil(finest * 1e4) / 1e4:g} Å, or a finer grid "
             f"(spacing ≤ d_min / 2)"
         )
     hkl = gemmi.make_miller_array(grid.cell.to_gemmi(), sg, d_min, 0.0, True).astype(np.int64)

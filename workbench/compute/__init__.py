@@ -17,6 +17,7 @@ One module per stage, each importing only the stages before it:
   (what each stage reads: the one declaration its cache key is made from)
 - :mod:`~workbench.compute.relax` — the fit loop of the relax control (one step at a time)
 - :mod:`~workbench.compute.comparison` — one backend against another
+- :mod:`~workbench.compute.reciprocal` — the Resolution tab: errors by shell, FSC, truncated syntheses
 - :mod:`~workbench.compute.export` — CCP4 bytes, PDB text, gradient CSV
 - :mod:`~workbench.compute.scene` — the 3D view's map box, volume, arrows, ADP ellipsoids and focus
 - :mod:`~workbench.compute.text` — counts and ordinals in the words of user-visible text
@@ -65,6 +66,15 @@ from workbench.compute.maps import (
     tricubic_sampler,
 )
 from workbench.compute.pipeline import APPLIES, STAGES, Pipeline, Result, Stage
+from workbench.compute.reciprocal import (
+    EXACT_LIMIT,
+    ResolutionCache,
+    ResolutionReport,
+    resolution_range,
+    resolution_report,
+    truncated_map,
+    truncated_section,
+)
 from workbench.compute.relax import (
     RELAX_RANGES,
     Relaxation,
@@ -137,6 +147,13 @@ from workbench.compute.sections import (
 from workbench.compute.text import count, ordinal
 
 __all__ = [
+    "EXACT_LIMIT",
+    "ResolutionCache",
+    "ResolutionReport",
+    "resolution_range",
+    "resolution_report",
+    "truncated_map",
+    "truncated_section",
     "RELAX_RANGES",
     "RelaxFrame",
     "RelaxProblem",

@@ -8,6 +8,7 @@ from workbench.views.difference import DifferenceView
 from workbench.views.download import Download
 from workbench.views.profile import ProfileView
 from workbench.views.relax import RelaxView
+from workbench.views.resolution import ResolutionView
 from workbench.views.slice import SliceView
 from workbench.views.status import StatusView
 from workbench.views.table import AtomTableView
@@ -20,6 +21,7 @@ __all__ = [
     "Download",
     "ProfileView",
     "RelaxView",
+    "ResolutionView",
     "Scene3DView",
     "SliceView",
     "StatusView",
