@@ -8,6 +8,9 @@
 #                    requires, so the interpreter in CI runs the Triton GPU users run). An
 #                    existing Triton (brought by a GPU build of torch) is left alone.
 #   NO_VENV=1        install into the current Python instead
+# The project is installed editable and without build isolation, its C++ built by CMake + ninja in
+# build/<cache tag> (build/cpython-311), a folder that persists: a later install (new extras, an
+# edited source) recompiles only what changed, and scripts/build.sh builds in the same folder.
 # A second run with nothing changed skips pip (scripts/_install_stamp.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,6 +46,16 @@ elif [ -n "$TRITON_SPEC" ] && ! "$PY" -c "import triton" >/dev/null 2>&1; then
     echo "==> installing $TRITON_SPEC (for the Triton interpreter)"
     "$PY" -m pip install -q "$TRITON_SPEC"
 fi
-echo "==> installing density-workbench ${EXTRAS:-} (compiles the C++ kernels)"
-"$PY" -m pip install -q -e ".${EXTRAS:-}"
+# The build requirements go into the environment (its nanobind and cmake paths then stay the same from
+# one install to the next, so the build folder's objects stay valid), then whatever the backend asks
+# for beyond them (cmake or ninja, where none recent enough is on PATH).
+echo "==> installing the build requirements"
+read -r -a build_requires <<<"$("$PY" -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"])')"
+"$PY" -m pip install -q "${build_requires[@]}"
+read -r -a backend_needs <<<"$("$PY" -c 'from scikit_build_core.build import get_requires_for_build_editable as r; print(*r())')"
+if [ "${#backend_needs[@]}" -gt 0 ]; then
+    "$PY" -m pip install -q "${backend_needs[@]}"
+fi
+echo "==> installing density-workbench ${EXTRAS:-} (compiles the C++ kernels that changed)"
+"$PY" -m pip install -q --no-build-isolation -e ".${EXTRAS:-}" -Cbuild-dir="build/{cache_tag}"
 record_install "$STAMP" "$HASH"

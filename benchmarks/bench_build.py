@@ -1,0 +1,189 @@
+"""What a developer waits for while installing and rebuilding: whole-process times of the install
+scripts and of the C++ rebuild after an edit, for one or more checkouts side by side.
+
+Each ``--tree NAME=PATH`` is exported from its git ``HEAD`` (``git archive``: the committed sources,
+no build outputs) into a temporary folder, and each step below runs there as a fresh process, on
+every tree before the next step (so background load on a shared machine meets every tree alike):
+
+- ``clean install``: a new virtual environment and ``scripts/_install.sh`` in it, as the first
+  ``scripts/start.sh`` runs it (torch from the pip configuration's wheels included);
+- ``second start``: the same again with nothing changed (the install stamp skips pip);
+- ``test extras``: ``scripts/test.sh``'s install (``EXTRAS=[test]``, ``TRITON_SPEC=triton==3.7.1``);
+- ``start after test``: ``scripts/start.sh``'s install again;
+- ``edit <file>``: one comment line appended to a C++ file, the tree's rebuild command (``--rebuild``,
+  default: ``scripts/build.sh`` where the tree has it, else ``python setup.py build_ext --inplace``),
+  then ``python -c "import <module>"`` — the time from the edit to an importable module;
+- ``revert <file>``: the line removed again and the same rebuild.
+
+For every step: wall seconds, the CPU seconds of the step's processes (user + system of the
+children), and which compiled modules were rewritten (by modification time). Wall time on a loaded
+shared machine moves with the load; CPU seconds much less.
+
+Usage::
+
+    python benchmarks/bench_build.py --tree new=. --tree old=/path/to/older/checkout \\
+        [--edits kernels/tricubic/tricubic.cpp kernels/planarity/plane_fit.hpp] [--out FILE]
+
+Writes ``benchmarks/results/build_devvm_<date>.json`` by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE_PYTHON = shutil.which("python3") or sys.executable
+
+
+def _modules(tree: Path) -> dict[str, float]:
+    """Compiled module -> modification time, for every ``kernels/**/_*.so`` in ``tree``."""
+    return {str(p.relative_to(tree)): p.stat().st_mtime for p in (tree / "kernels").rglob("_*.so")}
+
+
+def _run(cmd: list[str] | str, cwd: Path, env: dict, log: Path) -> dict:
+    """Run ``cmd`` (a shell line when a string) to its end; its wall and CPU seconds and exit status.
+
+    The CPU seconds are those of the finished children (``RUSAGE_CHILDREN``), so steps must run one
+    at a time in this process.
+    """
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    with open(log, "a") as out:
+        out.write(f"\n$ {cmd}\n")
+        out.flush()
+        r = subprocess.run(cmd, cwd=cwd, env=env, shell=isinstance(cmd, str), stdout=out, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "returncode": r.returncode}
+
+
+def _rebuilt(before: dict[str, float], after: dict[str, float]) -> list[str]:
+    return sorted(m for m, t in after.items() if before.get(m) != t)
+
+
+def _module_of(tree: Path, edited: str) -> str:
+    """The module a source file belongs to: the binding ``_*.cpp`` of its folder, as a dotted name."""
+    (binding,) = sorted((tree / edited).parent.glob("_*.cpp"))
+    return ".".join(binding.relative_to(tree).with_suffix("").parts)
+
+
+class Tree:
+    """One checkout exported into ``work/name``, with its own virtual environment and step records."""
+
+    def __init__(self, name: str, src: Path, work: Path, rebuild: str | None):
+        self.name, self.src, self.tree = name, src, work / name
+        self.tree.mkdir()
+        archive = subprocess.run(["git", "-C", str(src), "archive", "HEAD"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(self.tree)], input=archive, check=True)
+        self.commit = subprocess.run(
+            ["git", "-C", str(src), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+        ).stdout.strip()
+        self.py = str(self.tree / ".venv" / "bin" / "python")
+        self.log = work / f"{name}.log"
+        self.env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        self.env |= {"VENV": str(self.tree / ".venv"), "PYTHON": BASE_PYTHON}
+        if rebuild is None:
+            if (self.tree / "scripts" / "build.sh").exists():
+                rebuild = f"PYTHON={self.py} bash scripts/build.sh"
+            else:
+                rebuild = f"{self.py} setup.py -q build_ext --inplace"
+        self.rebuild = rebuild
+        self.steps: dict[str, dict] = {}
+
+    def step(self, label: str, cmd) -> None:
+        before = _modules(self.tree)
+        res = _run(cmd, self.tree, self.env, self.log)
+        res["modules_rewritten"] = _rebuilt(before, _modules(self.tree))
+        self.steps[label] = res
+        print(
+            f"  {self.name:>6} {label:<46} {res['wall_s']:8.1f} s wall {res['cpu_s']:8.1f} s cpu  "
+            f"rc={res['returncode']} rewritten={res['modules_rewritten']}",
+            flush=True,
+        )
+
+    def record(self) -> dict:
+        return {"path": str(self.src), "commit": self.commit, "rebuild": self.rebuild, "steps": self.steps}
+
+
+INSTALL = "source scripts/_install.sh"
+INSTALL_STEPS = [
+    ("clean install", f"EXTRAS='' {INSTALL}"),
+    ("second start", f"EXTRAS='' {INSTALL}"),
+    ("test extras", f"EXTRAS='[test]' TRITON_SPEC=triton==3.7.1 {INSTALL}"),
+    ("start after test", f"EXTRAS='' {INSTALL}"),
+]
+
+
+def run_all(trees: list[Tree], edits: list[str]) -> None:
+    """Every step on every tree, step by step (tree A, tree B, then the next step)."""
+    for label, line in INSTALL_STEPS:
+        for t in trees:
+            t.step(label, ["bash", "-c", line])
+    for edited in edits:
+        texts = {t.name: (t.tree / edited).read_text() for t in trees}
+        for t in trees:
+            module = _module_of(t.tree, edited)
+            (t.tree / edited).write_text(texts[t.name] + "// one comment line added by benchmarks/bench_build.py\n")
+            t.step(f"edit {edited}", f"{t.rebuild} && {t.py} -c 'import {module}'")
+        for t in trees:
+            module = _module_of(t.tree, edited)
+            (t.tree / edited).write_text(texts[t.name])
+            t.step(f"revert {edited}", f"{t.rebuild} && {t.py} -c 'import {module}'")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tree", action="append", required=True, help="NAME=PATH of a git checkout (its HEAD)")
+    ap.add_argument(
+        "--edits",
+        nargs="*",
+        default=["kernels/tricubic/tricubic.cpp", "kernels/planarity/plane_fit.hpp", "kernels/density/forward.cpp"],
+    )
+    ap.add_argument("--rebuild", help="the rebuild command for every tree (default: per tree, see above)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary folder (its path is printed)")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    day = datetime.date.today().isoformat()
+    out = args.out or ROOT / "benchmarks" / "results" / f"build_devvm_{day}.json"
+    work = Path(tempfile.mkdtemp(prefix="bench_build_"))
+    print(f"working in {work}", flush=True)
+    results = {}
+    try:
+        trees = []
+        for spec in args.tree:
+            name, _, path = spec.partition("=")
+            trees.append(Tree(name, Path(path).resolve(), work, args.rebuild))
+        run_all(trees, args.edits)
+        results = {t.name: t.record() for t in trees}
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    record = {
+        "date": day,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "loadavg_at_end": os.getloadavg(),
+        },
+        "trees": results,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
