@@ -111,6 +111,10 @@ SLOW = (
     "tests/notebooks/test_notebooks.py::test_debugging_notebook_on_a_gpu_checks_triton_in_a_fresh_process",
     "tests/notebooks/test_notebooks.py::test_debugging_notebook_without_a_gpu_says_so_and_shows_the_recorded_h100_run",
     "tests/notebooks/test_notebooks.py::test_notebook_runs",
+    "tests/notebooks/test_lab_startup_output.py::test_headless_lab_says_no_browser_once_and_prints_no_deprecation_warning",
+    "tests/packaging/test_packaging.py::test_an_edit_rebuilds_its_translation_units_and_their_modules_only",
+    "tests/packaging/test_packaging.py::test_configuring_again_compiles_nothing",
+    "tests/packaging/test_packaging.py::test_sdist_holds_the_sources_and_no_build_output",
     "tests/packaging/test_packaging.py::test_wheel_metadata_version_and_licence",
     "tests/packaging/test_packaging.py::test_wheel_ships_every_cpp_source_and_its_compiled_module",
     "tests/packaging/test_packaging.py::test_wheel_ships_every_notebook",
@@ -156,7 +160,7 @@ def pytest_collection_modifyitems(config, items):
     if stale:
         raise pytest.UsageError(f"conftest.SLOW names tests that no longer exist (rename or remove them): {stale}")
     # Longest files first: pytest-xdist hands files to its workers in this order, and a long file handed out
-    # last leaves the other workers idle while it runs (the wheel build alone takes 70-110 s on 2 cores).
+    # last leaves the other workers idle while it runs (the sdist and wheel build alone takes minutes on 2 cores).
     slow_files = {item.nodeid.partition("::")[0] for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: _start_rank(item.nodeid.partition("::")[0], slow_files))
 

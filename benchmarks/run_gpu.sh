@@ -4,8 +4,8 @@
 #   PARTS="tests density planarity tricubic workbench cpu" bash benchmarks/run_gpu.sh DIR
 #
 # Run from the repository root. Assumes the Python dependencies (torch, triton, gemmi, the
-# workbench's widget stack, pytest, pytest-xdist) are installed; builds the C++ extensions in
-# place. Parts (default: all but eager, ensemble, aniso, determinism and loop):
+# workbench's widget stack, pytest, pytest-xdist, nanobind) are installed; builds the C++ extensions in
+# place (scripts/build.sh; cmake and ninja from .whl/build/ where the machine lacks them). Parts (default: all but eager, ensemble, aniso, determinism and loop):
 #   tests      the CUDA suite: tests/kernels and tests/workbench (the notebook and browser tests
 #              need Jupyter and Chromium and are left out)
 #   density    benchmarks/_density_cuda.py with the 3WIP variants
@@ -63,8 +63,15 @@ day=$(date -u +%F)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | grep -oE '[AHBL][0-9]{2,3}' | head -n 1 | tr 'A-Z' 'a-z')
 gpu="${gpu:-gpu}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=PASSIVE
+build_inplace() {  # CHECKOUT: its C++ modules, built in place (an older checkout may still build with setup.py)
+    if [ -f "$1/scripts/build.sh" ]; then
+        PYTHON=python3 bash "$1/scripts/build.sh"
+    else
+        (cd "$1" && python3 setup.py -q build_ext --inplace)
+    fi
+}
 if [ "${BUILD:-1}" != 0 ]; then
-    python3 setup.py -q build_ext --inplace > "$DIR/build.log" 2>&1 || { tail -n 20 "$DIR/build.log"; exit 1; }
+    build_inplace . > "$DIR/build.log" 2>&1 || { tail -n 30 "$DIR/build.log"; exit 1; }
 fi
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
@@ -211,13 +218,13 @@ if has peers; then
     summary+=("peers rc=$?")
 fi
 if has ab; then
-    (cd "${BEFORE:?ab needs BEFORE=an older checkout}" && python3 setup.py -q build_ext --inplace) > "$DIR/build_before.log" 2>&1
+    build_inplace "${BEFORE:?ab needs BEFORE=an older checkout}" > "$DIR/build_before.log" 2>&1
     timeout 420 python3 benchmarks/density_ab.py --before "$BEFORE" --out "$DIR/density_ab_cuda_${gpu}_$day.json" \
         > "$DIR/density_ab_cuda_${gpu}_$day.log" 2>&1
     summary+=("density a/b rc=$?")
 fi
 if has bitwise; then
-    (cd "${BEFORE:?bitwise needs BEFORE=an older checkout}" && python3 setup.py -q build_ext --inplace) > "$DIR/build_before.log" 2>&1
+    build_inplace "${BEFORE:?bitwise needs BEFORE=an older checkout}" > "$DIR/build_before.log" 2>&1
     { PYTHONPATH="$BEFORE:${PYTHONPATH#"$PWD:"}" timeout 600 python3 scripts/triton_bitwise.py save --deterministic /tmp/bitwise_before.pt &&
       timeout 600 python3 scripts/triton_bitwise.py save --deterministic /tmp/bitwise_after.pt &&
       python3 scripts/triton_bitwise.py compare /tmp/bitwise_before.pt /tmp/bitwise_after.pt; } > "$DIR/bitwise_cuda_${gpu}_$day.log" 2>&1

@@ -24,7 +24,7 @@ finish() {
 }
 trap finish EXIT
 if [ "${BUILD_FIRST:-1}" != 0 ]; then
-    python3 setup.py -q build_ext --inplace > "$R/build.log" 2>&1 || { tail -n 20 "$R/build.log"; exit 1; }
+    PYTHON=python3 bash scripts/build.sh > "$R/build.log" 2>&1 || { tail -n 30 "$R/build.log"; exit 1; }
     echo "built at $((SECONDS - t0)) s"
 fi
 rm -rf /tmp/lane1 && mkdir /tmp/lane1 && tar -C . --exclude=./.git --exclude=./.venv -cf - . | tar -C /tmp/lane1 -xf -

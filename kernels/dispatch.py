@@ -334,8 +334,8 @@ def _warn_fallback(op: str, device: torch.device, chosen: str, broken: list[str]
     warnings.warn(
         f"{op} on {device.type}: backend='auto' runs the slower {chosen!r} backend because "
         + "; ".join(broken)
-        + ". Reinstall the package so that its C++ modules are built (pip install -e ., or python setup.py "
-        "build_ext --inplace in a checkout) and Triton is importable; kernels.available_backends() lists what runs",
+        + ". Reinstall the package so that its C++ modules are built (pip install -e ., or bash scripts/build.sh "
+        "in a checkout) and Triton is importable; kernels.available_backends() lists what runs",
         RuntimeWarning,
         stacklevel=5,  # _warn_fallback, resolve_backend, get_backend, the op's public function, its caller
     )

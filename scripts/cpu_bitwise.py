@@ -5,7 +5,7 @@ A developer's check for changes that must not change a single bit of the C++ ker
 after, and compare::
 
     python scripts/cpu_bitwise.py --out /tmp/cpu_before.npz
-    # ... change and rebuild (python setup.py build_ext --inplace) ...
+    # ... change and rebuild (bash scripts/build.sh) ...
     python scripts/cpu_bitwise.py --out /tmp/cpu_after.npz
     python scripts/cpu_bitwise.py --compare /tmp/cpu_before.npz /tmp/cpu_after.npz
 

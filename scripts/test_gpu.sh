@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU tier: every test that exercises a GPU path (`pytest -m gpu`, marked by conftest.py),
 # on a machine with a CUDA GPU and the project's dependencies already installed (torch with
-# Triton, gemmi, the widget stack, pytest-xdist). Builds the C++ modules in place, runs the
-# tier over pytest-xdist workers and prints each failure the moment it happens.
+# Triton, gemmi, the widget stack, pytest-xdist, nanobind). Builds the C++ modules in place
+# (scripts/build.sh: CMake + ninja, incremental; cmake and ninja from .whl/build/ where the machine
+# lacks them), runs the tier over pytest-xdist workers and prints each failure the moment it happens.
 #
 #   bash scripts/test_gpu.sh                 # the tier over tests/kernels, tests/workbench, tests/distributed,
 #                                            # tests/docs and the Python blocks of README.md and docs/*.md
@@ -15,7 +16,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'the GPU tier needs a CUDA GPU; none is visible')"
-"$PY" setup.py -q build_ext --inplace > /tmp/test_gpu_build.log 2>&1 || { tail -n 20 /tmp/test_gpu_build.log; exit 1; }
+PYTHON="$PY" bash scripts/build.sh > /tmp/test_gpu_build.log 2>&1 || { tail -n 30 /tmp/test_gpu_build.log; exit 1; }
 cores=$(nproc)
 workers="${WORKERS:-$(( cores / 2 < 8 ? (cores / 2 > 0 ? cores / 2 : 1) : 8 ))}"
 xdist=()

@@ -1,13 +1,17 @@
-"""What an installation receives: a built wheel's contents, and environment.yml in step with pyproject.toml."""
+"""What an installation receives: the sdist's and the wheel's contents, what an edit rebuilds, and
+environment.yml in step with pyproject.toml."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,24 +24,48 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 CONDA_NAMES = {"torch": "pytorch", "py3dmol": "py3dmol", "matplotlib": "matplotlib-base"}
 
 
-# What a checkout holds that is not source: build outputs would leak stale modules into the wheel.
+# What a checkout holds that is not source: build outputs would leak stale modules into the sdist and wheel.
 _NOT_SOURCE = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.so", "*.pyd", "artifacts", ".whl", ".gl"
 )
 
 
+@dataclass
+class Built:
+    sdist: tarfile.TarFile  # the sdist of a copy of this source tree
+    wheel: zipfile.ZipFile  # the wheel pip builds from that sdist
+    source: Path  # the sdist unpacked: the wheel's sources
+    build_dir: Path  # the CMake build folder the wheel was built in (kept)
+
+
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> zipfile.ZipFile:
-    """A wheel built from a copy of this source tree, as pip builds one (no build isolation)."""
+def built(tmp_path_factory) -> Built:
+    """An sdist and the wheel built from it, as ``python -m build`` makes them (here without build
+    isolation: the build requirements are in the test extra), the wheel's build folder kept."""
     src = tmp_path_factory.mktemp("src") / "density-workbench"
     shutil.copytree(ROOT, src, ignore=_NOT_SOURCE)
-    out = tmp_path_factory.mktemp("wheel")
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    dist = tmp_path_factory.mktemp("dist")
+    make_sdist = f"from scikit_build_core.build import build_sdist; print(build_sdist({str(dist)!r}))"
+    done = subprocess.run([sys.executable, "-c", make_sdist], cwd=src, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"build_sdist failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    (sdist_path,) = dist.glob("density_workbench-*.tar.gz")
+    unpacked = tmp_path_factory.mktemp("unpacked")
+    with tarfile.open(sdist_path) as tf:
+        tf.extractall(unpacked, filter="data")
+    (source,) = unpacked.iterdir()
+    build_dir = tmp_path_factory.mktemp("build")
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist)]
+    cmd += [f"-Cbuild-dir={build_dir}", str(source)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    (path,) = out.glob("density_workbench-*.whl")
-    with zipfile.ZipFile(path) as zf:
-        yield zf
+    (wheel_path,) = dist.glob("density_workbench-*.whl")
+    with tarfile.open(sdist_path) as sdist, zipfile.ZipFile(wheel_path) as wheel:
+        yield Built(sdist, wheel, source, build_dir)
+
+
+@pytest.fixture(scope="module")
+def wheel(built) -> zipfile.ZipFile:
+    return built.wheel
 
 
 def test_wheel_ships_every_notebook(wheel):
@@ -58,7 +86,7 @@ def test_wheel_ships_every_cpp_source_and_its_compiled_module(wheel):
     assert sources, "no C++ sources found under kernels/"
     missing = [s for s in sources if s not in names]
     assert not missing, f"C++ sources missing from the wheel: {missing}"
-    # setup.py compiles every kernels/**/_*.cpp into the extension module of the same name.
+    # CMakeLists.txt compiles every kernels/**/_*.cpp into the extension module of the same name.
     modules = [s[: -len(".cpp")] for s in sources if Path(s).name.startswith("_") and s.endswith(".cpp")]
     assert modules
     for module in modules:
@@ -79,6 +107,84 @@ def test_wheel_metadata_version_and_licence(wheel):
     # Triton is torch's to choose (its Linux GPU builds pin the one they were built with).
     requires = [line for line in text.splitlines() if line.startswith("Requires-Dist:")]
     assert requires and not [r for r in requires if re.match(r"Requires-Dist: triton\b", r)]
+
+
+def test_sdist_holds_the_sources_and_no_build_output(built):
+    names = {n.split("/", 1)[1] for n in built.sdist.getnames() if "/" in n}
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    wanted = [n for n in tracked if (ROOT / n).is_file()]
+    assert "CMakeLists.txt" in wanted and "pyproject.toml" in wanted
+    missing = [n for n in wanted if n not in names]
+    assert not missing, f"tracked files missing from the sdist: {missing[:20]}"
+    built_files = [n for n in names if n.endswith((".so", ".pyd")) or "__pycache__" in n or n.startswith("build/")]
+    assert not built_files, f"build outputs in the sdist: {built_files[:20]}"
+
+
+def _includes(path: Path) -> set[Path]:
+    """The headers ``path`` includes from its own folder, directly or through other headers."""
+    seen: set[Path] = set()
+    todo = [path]
+    while todo:
+        for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', todo.pop().read_text(), re.M):
+            header = path.parent / name
+            if header.is_file() and header not in seen:
+                seen.add(header)
+                todo.append(header)
+    return seen
+
+
+def _cmake(build_dir: Path) -> str:
+    """The cmake that configured ``build_dir`` (a Python package's, where the machine has none)."""
+    (line,) = re.findall(r"^CMAKE_COMMAND:INTERNAL=(.*)$", (build_dir / "CMakeCache.txt").read_text(), re.M)
+    return line
+
+
+def _would_rebuild(build_dir: Path) -> tuple[set[str], set[str]]:
+    """What ninja would do now in ``build_dir`` (a dry run): the sources it would compile, the modules it would link."""
+    cache = (build_dir / "CMakeCache.txt").read_text()
+    assert "CMAKE_GENERATOR:INTERNAL=Ninja" in cache, "the build needs ninja (scripts/_install.sh installs it)"
+    cmd = [_cmake(build_dir), "--build", str(build_dir), "--", "-n"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    compiled = set(re.findall(r"Building CXX object \S+?/(kernels/\S+?)\.o\b", done.stdout))
+    linked = {Path(m).name.split(".")[0] for m in re.findall(r"Linking CXX shared module (\S+)", done.stdout)}
+    return compiled, linked
+
+
+def test_an_edit_rebuilds_its_translation_units_and_their_modules_only(built):
+    """Every C++ file of the package, edited in turn (a comment line added) in the wheel's sources: the
+    build compiles exactly the .cpp files that are or include it, and links exactly their modules."""
+    src = built.source
+    assert _would_rebuild(built.build_dir) == (set(), set()), "a finished build has work left"
+    cpps = sorted((src / "kernels").rglob("*.cpp"))
+    files = cpps + sorted((src / "kernels").rglob("*.hpp")) + sorted((src / "kernels").rglob("*.h"))
+    assert any(f.suffix == ".hpp" for f in files)
+    for edited in files:
+        stat = edited.stat()
+        text = edited.read_text()
+        edited.write_text(text + "// an edit\n")
+        try:
+            compiled, linked = _would_rebuild(built.build_dir)
+        finally:
+            edited.write_text(text)
+            os.utime(edited, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        units = {c for c in cpps if c == edited or edited in _includes(c)}
+        assert units, f"nothing compiles {edited.relative_to(src)}"
+        assert compiled == {u.relative_to(src).as_posix() for u in units}, (
+            f"{edited.relative_to(src)}: compiles {sorted(compiled)}"
+        )
+        assert linked == {next(u.parent.glob("_*.cpp")).stem for u in units}, (
+            f"{edited.relative_to(src)}: links {linked}"
+        )
+    assert _would_rebuild(built.build_dir) == (set(), set())
+
+
+def test_configuring_again_compiles_nothing(built):
+    """Every ``pip install`` configures the build folder again (an install with the test extra, a new
+    stamp): with the same compiler flags that recompiles nothing."""
+    done = subprocess.run([_cmake(built.build_dir), str(built.build_dir)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _would_rebuild(built.build_dir) == (set(), set())
 
 
 def _requirement_names(reqs: list[str]) -> dict[str, str]:
