@@ -384,7 +384,7 @@ def shipped_notebooks_dir() -> Path:
     """The folder holding the notebooks this installation ships.
 
     A built package (wheel, ``pip install .``) carries the repository's ``notebooks/`` as
-    ``workbench/notebooks`` (copied there by ``setup.py``'s ``build_py``); an editable
+    ``workbench/notebooks`` (installed there by ``CMakeLists.txt``); an editable
     install or a source checkout reads ``notebooks/`` beside the ``workbench`` package.
     There is one copy of each notebook in the repository either way.
 
@@ -541,10 +541,47 @@ def server_environment(token: str) -> dict[str, str]:
     latency on two cores (benchmarks/README.md, "Workbench"). OpenMP reads the variable once,
     when ``import torch`` loads it, so it is set here, in the environment of every process that
     will draw views, before any of them starts; importing ``workbench`` sets nothing.
+
+    Parameters
+    ----------
+    token : str
+        The server's access token.
+
+    Returns
+    -------
+    dict of str to str
+        A copy of this process's environment with the variables above.
     """
     env = dict(os.environ, JUPYTER_TOKEN=token)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
+
+
+def browser_available() -> bool:
+    """Whether Python's ``webbrowser`` finds a browser to open here (the server asks it the same way).
+
+    Returns
+    -------
+    bool
+        False on a headless machine (no display, no ``BROWSER``, no console browser).
+    """
+    import webbrowser
+
+    try:
+        webbrowser.get()
+    except webbrowser.Error:
+        return False
+    return True
+
+
+def _open_browser(args: argparse.Namespace) -> bool:
+    """Whether the server should open a browser: asked for and one found; says plainly when none is."""
+    if args.no_browser:
+        return False
+    if browser_available():
+        return True
+    print("browser    none found on this machine: open the URL below in a browser")
+    return False
 
 
 def _serve(cmd: list[str], url: str, token: str) -> int:
@@ -560,7 +597,7 @@ def _serve(cmd: list[str], url: str, token: str) -> int:
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:
-        return _error(f"cannot start {cmd[2]}: {exc}", EXIT_FAILURE)
+        return _error(f"cannot start {' '.join(cmd[2:4])}: {exc}", EXIT_FAILURE)
 
     def forward(signum, frame):
         if proc.poll() is None:
@@ -609,13 +646,14 @@ def _lab(args: argparse.Namespace) -> int:
     cmd = [
         sys.executable,
         "-m",
+        "workbench._server",  # jupyterlab, less a warning (workbench/_server.py)
         "jupyterlab",
         "--ServerApp.ip=127.0.0.1",
         f"--ServerApp.port={port}",
         "--ServerApp.port_retries=0",  # the printed URL must be the one served
         f"--ServerApp.root_dir={dest}",
         f"--LabApp.default_url={page}",
-        f"--ServerApp.open_browser={not args.no_browser}",
+        f"--ServerApp.open_browser={_open_browser(args)}",
         *args.extra,
     ]
     return _serve(cmd, f"http://127.0.0.1:{port}{page}?token={token}", token)
@@ -638,6 +676,7 @@ def _app(args: argparse.Namespace) -> int:
     cmd = [
         sys.executable,
         "-m",
+        "workbench._server",
         "voila",
         str(notebook),
         "--Voila.ip=127.0.0.1",
@@ -645,7 +684,7 @@ def _app(args: argparse.Namespace) -> int:
         "--Voila.port_retries=0",
         # Voilà serves without auth unless asked; --token makes it take JUPYTER_TOKEN.
         "--token",
-        *(["--no-browser"] if args.no_browser else []),
+        *([] if _open_browser(args) else ["--no-browser"]),
         *args.extra,
     ]
     return _serve(cmd, f"http://127.0.0.1:{port}/?token={token}", token)
