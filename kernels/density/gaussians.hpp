@@ -103,7 +103,7 @@ bool cpu_runs_v4() {
 
 // exp of a non-positive float, vectorisable (no libm call, no branches).
 // Cody–Waite reduction x = n·ln2 + r, |r| ≤ ln2/2, and a degree-7 Taylor polynomial:
-// relative error < 3e-7 (a few float ulps; KERNELS.md allows 1e-5). Results below
+// relative error < 3e-7 (a few float ulps; docs/kernels.md allows 1e-5). Results below
 // 2^-43 ≈ 1e-13 are returned as 0 by clamping the integer exponent (an integer select: a
 // float select here stops GCC from vectorising under the default -ftrapping-math). 1e-13
 // of a term is far below float resolution of any voxel sum, and the cut keeps products

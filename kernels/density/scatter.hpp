@@ -18,7 +18,7 @@
 //   map_buffers.hpp   storage of the maps the binding hands to Python
 //
 // Forward (splat): every atom's density is built separably from small per-atom tables
-// (KERNELS.md): r² = dᵀGd over the fractional offset d splits into a part over one
+// (docs/kernels.md): r² = dᵀGd over the fractional offset d splits into a part over one
 // coupled pair of axes and a part over the remaining axis —
 //   orthogonal / hexagonal (only G12 couples x,y): 2-D table over (x,y) × 1-D table over z,
 //   monoclinic (only G13 couples x,z):              1-D table over y × 2-D table over (x,z),

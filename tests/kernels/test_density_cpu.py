@@ -1,6 +1,6 @@
 """The C++/OpenMP density splat (backend="cpu") against the float64 reference and gemmi.
 
-Tolerances: forward and gradients use KERNELS.md's float32 contract
+Tolerances: forward and gradients use docs/kernels.md's float32 contract
 (``assert_kernel_close``: 1e-5·max|ref| + 1e-5·|ref|); the kernel computes in float32
 with a polynomial exp (relative error < 3e-7), so it lands ~20× inside that bound.
 """
@@ -516,7 +516,7 @@ def test_float_row_intervals_near_lattice_points(kind):
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs the system g++ to build the std::thread variant")
 def test_no_openmp_build_gives_identical_maps(tmp_path):
-    # Build the same sources with -DKERNELS_NO_OPENMP (what setup.py does where the compiler
+    # Build the same sources with -DKERNELS_NO_OPENMP (what CMakeLists.txt does where the compiler
     # has no OpenMP), import the module and compare with the installed OpenMP build. The
     # translation units compile in parallel; nanobind's runtime at -O0 (it only converts arguments).
     import nanobind
