@@ -102,7 +102,7 @@ struct Atoms {
     }
 };
 
-nb::dict timings_dict(const kd::Timings& tm, bool with_slabs) {
+nb::dict timings_dict(const kd::Timings& tm) {
     nb::dict d;
     d["prepare"] = tm.prepare;
     d["partition"] = tm.partition;
@@ -111,11 +111,6 @@ nb::dict timings_dict(const kd::Timings& tm, bool with_slabs) {
     d["index"] = tm.int64_index ? "int64" : "int32";
     d["rows_reused"] = tm.rows_reused;
     d["exp_visits"] = tm.exp_visits;
-    if (with_slabs) {
-        nb::list slabs;
-        for (const kd::Timings::Slab& s : tm.slabs) slabs.append(nb::make_tuple(s.worker, s.start, s.zeroed, s.end));
-        d["slabs"] = slabs;
-    }
     return d;
 }
 
@@ -200,7 +195,7 @@ NB_MODULE(_scatter, m) {
     m.def(
         "splat",
         [](Maps<float> out, const kd::CellGeometry& cell, const Atoms& atoms, int n_threads, int slabs_per_thread,
-           bool force_int64, bool float_rows, bool keep_rows, bool slab_times) {
+           bool force_int64, bool float_rows, bool keep_rows) {
             int64_t shape[3];
             const int64_t n_maps = map_shape(out, "out", shape);
             check_frames(atoms, n_maps);
@@ -209,7 +204,6 @@ NB_MODULE(_scatter, m) {
             opt.slabs_per_thread = slabs_per_thread;
             opt.force_int64 = force_int64;
             opt.float_rows = float_rows;
-            opt.slab_times = slab_times;
             std::unique_ptr<kd::RowIntervals> rows(keep_rows ? new kd::RowIntervals : nullptr);
             kd::Timings tm;
             {
@@ -217,15 +211,15 @@ NB_MODULE(_scatter, m) {
                 tm = kd::splat(cell, shape, atoms.view(), out.data(), opt, rows.get(), n_maps);
             }
             nb::object kept = rows ? nb::cast(rows.release(), nb::rv_policy::take_ownership) : nb::none();
-            return nb::make_tuple(timings_dict(tm, slab_times), kept);
+            return nb::make_tuple(timings_dict(tm), kept);
         },
         "out"_a.noconvert(), "cell"_a, "atoms"_a, nb::kw_only(), "n_threads"_a = 1, "slabs_per_thread"_a = 0,
-        "force_int64"_a = false, "float_rows"_a = true, "keep_rows"_a = false, "slab_times"_a = false,
+        "force_int64"_a = false, "float_rows"_a = true, "keep_rows"_a = false,
         "Writes the density of `atoms` to `out` (nx, ny, nz) float32, overwriting it (it may be uninitialised).\n"
         "out (n, nx, ny, nz): the atoms are n frames of equal size (frame-major), map f the density of frame f.\n\n"
         "Returns (timings, rows): a dict of phase times in s ('prepare', 'partition', 'compute'), 'tasks',\n"
-        "'index' ('int32' or 'int64') and, with slab_times, 'slabs': (worker, start, zeroed, end) per map slab\n"
-        "in s from the start of the compute phase; rows: a RowIntervals for gather() with keep_rows, else None.\n"
+        "'index' ('int32' or 'int64'), 'rows_reused' and 'exp_visits'; rows: a RowIntervals for gather() with\n"
+        "keep_rows, else None.\n"
         "slabs_per_thread: 0 slabs of decreasing size, k (1..64) k equal slabs per thread. force_int64: 64-bit voxel indices on any map.\n"
         "float_rows=False: the row intervals from the double pass only. All options give bitwise the same map.");
 
@@ -263,7 +257,7 @@ NB_MODULE(_scatter, m) {
                     gocc.data()[i] = static_cast<float>(go[i]);
                 }
             }
-            return timings_dict(tm, false);
+            return timings_dict(tm);
         },
         "grad"_a.noconvert(), "cell"_a, "atoms"_a, "gxyz"_a.noconvert(), "gb_iso"_a.noconvert(),
         "gocc"_a.noconvert(), nb::kw_only(), "rows"_a.none() = nb::none(), "n_threads"_a = 1, "force_int64"_a = false,
@@ -310,7 +304,7 @@ NB_MODULE(_scatter, m) {
                     for (int c = 0; c < 6; ++c) gu.data()[6 * i + c] = static_cast<float>(g6[6 * i + c]);
                 }
             }
-            return timings_dict(tm, false);
+            return timings_dict(tm);
         },
         "grad"_a.noconvert(), "cell"_a, "atoms"_a, "frac"_a.noconvert(), "gxyz"_a.noconvert(), "gocc"_a.noconvert(),
         "gu"_a.noconvert(), "gb_iso"_a.noconvert(), nb::kw_only(), "n_threads"_a = 1, "force_int64"_a = false,

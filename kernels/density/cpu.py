@@ -97,7 +97,7 @@ _KIND = {"orthogonal": 0, "hexagonal": 0, "monoclinic": 1, "triclinic": 2}
 # and gather_aniso (their docstrings say what each does). keep_rows is this module's: whether a forward
 # that will be differentiated keeps its row intervals for the backward.
 _PLAN_FIELDS = {
-    "splat": ("slabs_per_thread", "force_int64", "float_rows", "slab_times"),
+    "splat": ("slabs_per_thread", "force_int64", "float_rows"),
     "gather": ("force_int64", "float_rows", "lanes"),
     "gather_aniso": ("force_int64",),
 }
@@ -142,8 +142,6 @@ def _plan_hook(**fields):
           cannot trust settled in double (default True); False: from the double pass only.
         - ``lanes`` (int, isotropic backward): 0 (default) lets the kernel pick (16 on CPUs that run
           its AVX-512 clone, else 8); 8 forces 8-lane blocks.
-        - ``slab_times`` (bool, forward): record each slab's worker and its start, zeroed and end
-          times (``"slabs"`` in the forward's timing dict).
         - ``keep_rows`` (bool): a forward that will be differentiated keeps its row intervals for
           the backward (default True, 4 bytes per row); False makes the backward solve for them.
 
@@ -154,8 +152,7 @@ def _plan_hook(**fields):
         times in s (``"prepare"``, ``"partition"``, ``"compute"``), ``"tasks"``, ``"index"``
         (``"int32"``/``"int64"``), ``"rows_reused"`` (backward: atoms whose rows came from the
         forward), ``"exp_visits"`` (anisotropic forward: (atom, slab) visits that took an exp per
-        voxel instead of the factor tables) and, with ``slab_times``, ``"slabs"``: (worker, start,
-        zeroed, end) per map slab, in s from the start of the compute phase.
+        voxel instead of the factor tables).
 
     Raises
     ------

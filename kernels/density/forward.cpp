@@ -60,7 +60,7 @@ void run_slab_aniso(const Inputs& in, const std::vector<AtomP>& atoms, const std
 // n_maps maps of in.n_atoms / n_maps atoms each (map m: atoms [m·n, (m+1)·n), written to
 // out + m·voxels). Every (map, slab) pair is one task of one parallel loop.
 void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int slabs_per_thread, bool use64,
-           bool record_slabs, Timings& tm, RowIntervals* saved) {
+           Timings& tm, RowIntervals* saved) {
     auto t0 = Clock::now();
     Inputs in = in_;
     std::vector<AnisoTerms> terms(in.u ? in.n_atoms : 0);
@@ -114,27 +114,19 @@ void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int sla
         if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
     }
 #endif
-    if (record_slabs) tm.slabs.assign(tm.tasks, Timings::Slab{});
     parallel_for(tm.tasks, n_threads, [&](int64_t t, int worker) {
-        Timings::Slab* ts = record_slabs ? &tm.slabs[t] : nullptr;
-        if (ts) {
-            ts->worker = worker;
-            ts->start = seconds_since(t0);
-        }
         const MapPlan& P = plans[tasks[t].first];
         const int64_t s = tasks[t].second;
         float* map = out + tasks[t].first * voxels;
         // each slab zeroes its own planes first (the map may arrive uninitialised): parallel
         // first touch, and the slab is warm in cache when the atoms are added
         std::memset(map + P.edge[s] * plane, 0, sizeof(float) * (P.edge[s + 1] - P.edge[s]) * plane);
-        if (ts) ts->zeroed = seconds_since(t0);
         if (in.u)
             run_slab_aniso(in, atoms, P.raw, P.by_x, P.bucket, P.lmax, P.edge[s], P.edge[s + 1], map, scratch[worker],
                            ids[worker], use64);
         else
             run_slab(in, atoms, P.raw, P.by_x, P.bucket, P.lmax, P.edge[s], P.edge[s + 1], map, scratch[worker],
                      ids[worker], use64, saved);
-        if (ts) ts->end = seconds_since(t0);
     });
     for (const Scratch& S : scratch) tm.exp_visits += S.exp_visits;
     tm.compute = seconds_since(t0);
@@ -153,7 +145,7 @@ Timings splat(const CellGeometry& cell, const int64_t shape[3], const AtomArrays
     tm.int64_index = use_int64(shape, opt.force_int64);
     if (rows) std::copy(shape, shape + 3, rows->shape);
     ::splat(in, out, n_maps, std::max(1, opt.n_threads), std::clamp(opt.slabs_per_thread, 0, 64), tm.int64_index,
-            opt.slab_times, tm, rows);
+            tm, rows);
     return tm;
 }
 

@@ -93,22 +93,17 @@ struct Options {
     bool force_int64 = false;  // 64-bit voxel indices on a map of < 2^31 voxels
     bool float_rows = true;    // lane path: row intervals from the float pass, settled in double
     int lanes = 0;             // backward lane blocks: 0 picks for this CPU (16 with AVX-512), 8 forces 8
-    bool slab_times = false;   // forward: record when each slab ran (Timings::slabs)
 };
 
-// What a call did: phase times (s), tasks, the index type, and (when asked) each slab's
-// worker and its start, zeroed and end times in s from the start of the compute phase.
+// What a call did: phase times (s), tasks, the index type and two counters. Every call fills it (a few
+// clock reads per call, none per atom or slab); the binding returns it as a dict, which
+// kernels.density.cpu._plan_hook records: the one profiling hook of the C++ kernels (README, "Development").
 struct Timings {
     double prepare = 0, partition = 0, compute = 0;
     int64_t tasks = 0;
     int64_t rows_reused = 0;  // backward: atoms whose row intervals came from the forward
     int64_t exp_visits = 0;   // anisotropic forward: (atom, slab) visits that took the exp per voxel
     bool int64_index = false;
-    struct Slab {
-        int worker;
-        double start, zeroed, end;
-    };
-    std::vector<Slab> slabs;
 };
 
 // Row intervals of a forward, kept for the backward of the same inputs: the z interval
