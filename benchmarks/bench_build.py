@@ -82,8 +82,9 @@ def _module_of(tree: Path, edited: str) -> str:
 class Tree:
     """One checkout exported into ``work/name``, with its own virtual environment and step records."""
 
-    def __init__(self, name: str, src: Path, work: Path, rebuild: str | None):
+    def __init__(self, name: str, src: Path, work: Path, rebuild: str | None, steps: int | None = None):
         self.name, self.src, self.tree = name, src, work / name
+        self.max_steps = steps  # None: every step; n: the first n install steps, no edits
         self.tree.mkdir()
         archive = subprocess.run(["git", "-C", str(src), "archive", "HEAD"], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(self.tree)], input=archive, check=True)
@@ -113,6 +114,10 @@ class Tree:
             flush=True,
         )
 
+    def runs(self, index: int) -> bool:
+        """Whether this tree runs install step ``index`` (the edits come after every install step)."""
+        return self.max_steps is None or index < self.max_steps
+
     def record(self) -> dict:
         return {"path": str(self.src), "commit": self.commit, "rebuild": self.rebuild, "steps": self.steps}
 
@@ -126,26 +131,36 @@ INSTALL_STEPS = [
 ]
 
 
-def run_all(trees: list[Tree], edits: list[str]) -> None:
-    """Every step on every tree, step by step (tree A, tree B, then the next step)."""
-    for label, line in INSTALL_STEPS:
+def run_all(trees: list[Tree], edits: list[str], save) -> None:
+    """Every step on every tree, step by step (tree A, tree B, then the next step); ``save()`` after each."""
+    for index, (label, line) in enumerate(INSTALL_STEPS):
         for t in trees:
-            t.step(label, ["bash", "-c", line])
+            if t.runs(index):
+                t.step(label, ["bash", "-c", line])
+                save()
+    trees = [t for t in trees if t.runs(len(INSTALL_STEPS))]
     for edited in edits:
         texts = {t.name: (t.tree / edited).read_text() for t in trees}
         for t in trees:
             module = _module_of(t.tree, edited)
             (t.tree / edited).write_text(texts[t.name] + "// one comment line added by benchmarks/bench_build.py\n")
             t.step(f"edit {edited}", f"{t.rebuild} && {t.py} -c 'import {module}'")
+            save()
         for t in trees:
             module = _module_of(t.tree, edited)
             (t.tree / edited).write_text(texts[t.name])
             t.step(f"revert {edited}", f"{t.rebuild} && {t.py} -c 'import {module}'")
+            save()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tree", action="append", required=True, help="NAME=PATH of a git checkout (its HEAD)")
+    ap.add_argument(
+        "--tree",
+        action="append",
+        required=True,
+        help="NAME=PATH of a git checkout (its HEAD); NAME=PATH:N runs only its first N install steps, no edits",
+    )
     ap.add_argument(
         "--edits",
         nargs="*",
@@ -159,29 +174,31 @@ def main() -> None:
     out = args.out or ROOT / "benchmarks" / "results" / f"build_devvm_{day}.json"
     work = Path(tempfile.mkdtemp(prefix="bench_build_"))
     print(f"working in {work}", flush=True)
-    results = {}
+    trees: list[Tree] = []
+
+    def save() -> None:
+        record = {
+            "date": day,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "loadavg_at_save": os.getloadavg(),
+            },
+            "trees": {t.name: t.record() for t in trees},
+        }
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=1) + "\n")
+
     try:
-        trees = []
         for spec in args.tree:
-            name, _, path = spec.partition("=")
-            trees.append(Tree(name, Path(path).resolve(), work, args.rebuild))
-        run_all(trees, args.edits)
-        results = {t.name: t.record() for t in trees}
+            name, _, rest = spec.partition("=")
+            path, _, steps = rest.partition(":")
+            trees.append(Tree(name, Path(path).resolve(), work, args.rebuild, int(steps) if steps else None))
+        run_all(trees, args.edits, save)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    record = {
-        "date": day,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "loadavg_at_end": os.getloadavg(),
-        },
-        "trees": results,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {out}")
 
 

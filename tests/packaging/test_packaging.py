@@ -187,6 +187,30 @@ def test_configuring_again_compiles_nothing(built):
     assert _would_rebuild(built.build_dir) == (set(), set())
 
 
+@pytest.mark.parametrize("openmp", ["ON", "OFF"])
+def test_every_kernel_unit_is_built_with_openmp_or_with_kernels_no_openmp(tmp_path, openmp):
+    """Configure only (no compile): with -DKERNELS_OPENMP=OFF, or where the compiler has no OpenMP, every
+    kernel translation unit gets KERNELS_NO_OPENMP (the std::thread build, which
+    tests/kernels/test_density_cpu.py compares with the OpenMP one); otherwise every one gets -fopenmp."""
+    cmake = shutil.which("cmake")
+    assert cmake, "cmake is a build requirement (scikit-build-core installs it where it is missing)"
+    cmd = [cmake, "-S", str(ROOT), "-B", str(tmp_path), "-G", "Ninja", f"-DPython_EXECUTABLE={sys.executable}"]
+    cmd += [f"-DKERNELS_OPENMP={openmp}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    commands = subprocess.run(["ninja", "-C", str(tmp_path), "-t", "commands"], capture_output=True, text=True)
+    assert commands.returncode == 0, commands.stderr
+    units = [c for c in commands.stdout.splitlines() if re.search(r" -c \S*/kernels/\S+\.cpp$", c)]
+    assert len(units) == len(list((ROOT / "kernels").rglob("*.cpp")))
+    with_openmp = [u for u in units if "-fopenmp" in u]
+    without = [u for u in units if "-DKERNELS_NO_OPENMP=1" in u]
+    if openmp == "OFF":
+        assert not with_openmp and len(without) == len(units)
+    else:
+        assert "threaded with OpenMP" in done.stdout or "threaded with std::thread" in done.stdout
+        assert (len(with_openmp), len(without)) in ((len(units), 0), (0, len(units)))
+
+
 def _requirement_names(reqs: list[str]) -> dict[str, str]:
     """``name -> version specifier`` of PEP 508 requirement strings (markers dropped)."""
     out = {}
