@@ -24,7 +24,9 @@ Usage::
     python benchmarks/bench_build.py --tree new=. --tree old=/path/to/older/checkout \\
         [--edits kernels/tricubic/tricubic.cpp kernels/planarity/plane_fit.hpp] [--out FILE]
 
-Writes ``benchmarks/results/build_devvm_<date>.json`` by default.
+Writes ``benchmarks/results/build_devvm_<date>.json`` by default (after every step).
+``python benchmarks/bench_build.py --table FILE`` prints a record as the Markdown table of README's
+"Development" section.
 """
 
 from __future__ import annotations
@@ -153,12 +155,31 @@ def run_all(trees: list[Tree], edits: list[str], save) -> None:
             save()
 
 
+def table(record: dict) -> str:
+    """A record as a Markdown table: one row per step, wall and CPU seconds per checkout."""
+    names = list(record["trees"])
+    head = "| step | " + " | ".join(f"{n}: wall s | {n}: CPU s | {n}: modules linked" for n in names) + " |"
+    rows = [head, "| --- |" + " ---: | ---: | --- |" * len(names)]
+    labels = list(dict.fromkeys(label for t in record["trees"].values() for label in t["steps"]))
+    for label in labels:
+        cells = []
+        for n in names:
+            step = record["trees"][n]["steps"].get(label)
+            if step is None:
+                cells += ["", "", ""]
+                continue
+            failed = "" if step["returncode"] == 0 else f" (exit {step['returncode']})"
+            linked = ", ".join(Path(m).name.split(".")[0] for m in step["modules_rewritten"]) or "none"
+            cells += [f"{step['wall_s']:.1f}{failed}", f"{step['cpu_s']:.1f}", linked]
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--tree",
         action="append",
-        required=True,
         help="NAME=PATH of a git checkout (its HEAD); NAME=PATH:N runs only its first N install steps, no edits",
     )
     ap.add_argument(
@@ -169,7 +190,13 @@ def main() -> None:
     ap.add_argument("--rebuild", help="the rebuild command for every tree (default: per tree, see above)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (its path is printed)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--table", type=Path, help="print this record as a Markdown table, run nothing")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return
+    if not args.tree:
+        ap.error("give --tree NAME=PATH (one or more), or --table FILE")
     day = datetime.date.today().isoformat()
     out = args.out or ROOT / "benchmarks" / "results" / f"build_devvm_{day}.json"
     work = Path(tempfile.mkdtemp(prefix="bench_build_"))
