@@ -26,7 +26,9 @@ Usage::
 
 Writes ``benchmarks/results/build_devvm_<date>.json`` by default (after every step).
 ``python benchmarks/bench_build.py --table FILE`` prints a record as the Markdown table of README's
-"Development" section.
+"Development" section. ``--units BUILD_DIR`` instead compiles each translation unit of the package
+once more, one at a time, as ninja would in that (configured) build folder (the object goes to a
+temporary file), and records its wall and CPU seconds: the floor of an edit's rebuild.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import subprocess
@@ -155,6 +158,24 @@ def run_all(trees: list[Tree], edits: list[str], save) -> None:
             save()
 
 
+def units(build_dir: Path) -> dict:
+    """Wall and CPU seconds of compiling each ``kernels/`` translation unit of ``build_dir`` alone."""
+    commands = subprocess.run(["ninja", "-C", str(build_dir), "-t", "commands"], capture_output=True, text=True)
+    commands.check_returncode()
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for line in commands.stdout.splitlines():
+            m = re.search(r" -c (\S*/(kernels/\S+\.cpp))$", line)
+            if not m or m.group(2) in out:
+                continue
+            cmd = re.sub(r" -MD -MT \S+ -MF \S+", "", line)
+            cmd = re.sub(r" -o \S+", f" -o {tmp}/unit.o", cmd)
+            res = _run(cmd, build_dir, dict(os.environ), Path(tmp) / "log")
+            out[m.group(2)] = res
+            print(f"  {m.group(2):<40} {res['wall_s']:8.1f} s wall {res['cpu_s']:8.1f} s cpu rc={res['returncode']}")
+    return out
+
+
 def table(record: dict) -> str:
     """A record as a Markdown table: one row per step, wall and CPU seconds per checkout."""
     names = list(record["trees"])
@@ -191,13 +212,22 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (its path is printed)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--table", type=Path, help="print this record as a Markdown table, run nothing")
+    ap.add_argument("--units", type=Path, help="time each translation unit's compile in this build folder")
     args = ap.parse_args()
     if args.table:
         print(table(json.loads(args.table.read_text())))
         return
-    if not args.tree:
-        ap.error("give --tree NAME=PATH (one or more), or --table FILE")
     day = datetime.date.today().isoformat()
+    if args.units:
+        record = {"date": day, "build_dir": str(args.units), "loadavg_before": os.getloadavg()}
+        record["units"] = units(args.units)
+        record["loadavg_after"] = os.getloadavg()
+        out = args.out or ROOT / "benchmarks" / "results" / f"build_units_devvm_{day}.json"
+        out.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {out}")
+        return
+    if not args.tree:
+        ap.error("give --tree NAME=PATH (one or more), --units BUILD_DIR or --table FILE")
     out = args.out or ROOT / "benchmarks" / "results" / f"build_devvm_{day}.json"
     work = Path(tempfile.mkdtemp(prefix="bench_build_"))
     print(f"working in {work}", flush=True)
