@@ -158,15 +158,16 @@ def run_all(trees: list[Tree], edits: list[str], save) -> None:
             save()
 
 
-def units(build_dir: Path) -> dict:
-    """Wall and CPU seconds of compiling each ``kernels/`` translation unit of ``build_dir`` alone."""
+def units(build_dir: Path, match: str = "") -> dict:
+    """Wall and CPU seconds of compiling each ``kernels/`` translation unit of ``build_dir`` alone (those
+    whose path contains a match of the regular expression ``match``)."""
     commands = subprocess.run(["ninja", "-C", str(build_dir), "-t", "commands"], capture_output=True, text=True)
     commands.check_returncode()
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for line in commands.stdout.splitlines():
             m = re.search(r" -c (\S*/(kernels/\S+\.cpp))$", line)
-            if not m or m.group(2) in out:
+            if not m or m.group(2) in out or not re.search(match, m.group(2)):
                 continue
             cmd = re.sub(r" -MD -MT \S+ -MF \S+", "", line)
             cmd = re.sub(r" -o \S+", f" -o {tmp}/unit.o", cmd)
@@ -213,6 +214,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--table", type=Path, help="print this record as a Markdown table, run nothing")
     ap.add_argument("--units", type=Path, help="time each translation unit's compile in this build folder")
+    ap.add_argument("--units-match", default="", help="with --units: only the units whose path matches this")
     args = ap.parse_args()
     if args.table:
         print(table(json.loads(args.table.read_text())))
@@ -220,7 +222,7 @@ def main() -> None:
     day = datetime.date.today().isoformat()
     if args.units:
         record = {"date": day, "build_dir": str(args.units), "loadavg_before": os.getloadavg()}
-        record["units"] = units(args.units)
+        record["units"] = units(args.units, args.units_match)
         record["loadavg_after"] = os.getloadavg()
         out = args.out or ROOT / "benchmarks" / "results" / f"build_units_devvm_{day}.json"
         out.write_text(json.dumps(record, indent=1) + "\n")
