@@ -52,8 +52,10 @@ if [ ! -f "$BUILD_DIR/build.ninja" ] && [ ! -f "$BUILD_DIR/Makefile" ]; then  # 
     cmake -S . -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
         -DPython_EXECUTABLE="$("$PY" -c 'import sys; print(sys.executable)')" -DKERNELS_INPLACE=ON ${CMAKE_ARGS:-} \
         >"$BUILD_DIR/configure.log" 2>&1 || { tail -n 30 "$BUILD_DIR/configure.log" >&2; exit 1; }
-elif [ -n "${CMAKE_ARGS:-}" ]; then
+elif [ -n "${CMAKE_ARGS:-}" ] || [ "$(find kernels -name '*.cpp' | LC_ALL=C sort)" != "$(cat "$BUILD_DIR/sources.txt" 2>/dev/null)" ]; then
+    # new options, or a .cpp added or removed since the last configure (CMakeLists.txt globs them then)
     # shellcheck disable=SC2086
-    cmake "$BUILD_DIR" ${CMAKE_ARGS} >/dev/null
+    cmake "$BUILD_DIR" ${CMAKE_ARGS:-} >/dev/null
 fi
+find kernels -name '*.cpp' | LC_ALL=C sort >"$BUILD_DIR/sources.txt"
 cmake --build "$BUILD_DIR" --parallel "${MAX_JOBS:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}"
