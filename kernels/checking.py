@@ -230,10 +230,20 @@ class CheckReport:
         through its worst voxel: out − expected in a blue–white–red scale, and beside it the
         voxels over tolerance in black. Pictures are inline PNG; the page needs no other file.
 
+        The page is written as :func:`kernels.write_map` writes a map: complete or not at all, and
+        only to a regular file or a new path (a device, pipe or socket is refused).
+
         Returns
         -------
         pathlib.Path
             The path written.
+
+        Raises
+        ------
+        ValueError
+            ``path`` is not a regular file or a new path (the message says what it is).
+        FileNotFoundError
+            Its folder does not exist.
         """
         parts = [
             "<!doctype html><html><head><meta charset='utf-8'>",
@@ -257,9 +267,10 @@ class CheckReport:
                 f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
             )
         parts.append("</body></html>")
-        out = Path(path)
-        out.write_text("\n".join(parts), encoding="utf-8")
-        return out
+        from kernels.mapio import write_output
+
+        text = "\n".join(parts).encode("utf-8")
+        return write_output(path, lambda tmp: Path(tmp).write_bytes(text))
 
 
 def _png(rgb: np.ndarray) -> bytes:

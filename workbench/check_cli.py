@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from pathlib import Path
 
@@ -76,14 +75,9 @@ def load_function(target: str):
 
 def _html_problem(path: Path) -> str | None:
     """Why the report page cannot be written at ``path``, or None (checked before any check runs)."""
-    folder = path.parent
-    if path.is_dir():
-        return f"--html {path} is a folder; give a file name such as {path / 'check.html'}"
-    if not folder.is_dir():
-        return f"--html {path}: the folder {folder} does not exist; create it or write the page elsewhere"
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        return f"--html {path}: cannot write there (permission denied); write the page elsewhere"
-    return None
+    from workbench._cli_shared import _check_out
+
+    return _check_out(path, "--html")
 
 
 def _show_progress(check: str, structure: str) -> None:

@@ -125,26 +125,21 @@ def _read_models(path: Path, adp: str, radiation: str) -> Frames:
     first = kernels.read_model(path, model_index=0, adp=adp, radiation=radiation)
     st = gemmi.read_structure(str(path))
     st.merge_chain_parts()
-    labels, n = first.atoms.labels, len(first.atoms)
+    from kernels.density.frames import atom_identity, different_atoms, model_rows
+
+    n = len(first.atoms)
     xyz, b_iso, occ, u_aniso = [], [], [], []
     uses_u = first.atoms.aniso
+    identities = None
     for index, model in enumerate(st):
-        rows = [(chain.name, res, atom) for chain in model for res in chain for atom in res]
-        where = f"{path}: model {index + 1} of {len(st)} (MODEL {model.num})"
-        if len(rows) != n:
-            raise EnsembleError(
-                f"{where} has {len(rows)} atoms but model 1 has {n}: the frames of an ensemble must be the same "
-                "atoms in the same order"
-            )
-        for i, (ch, res, atom) in enumerate(rows):
-            label = kernels.AtomLabel(
-                ch, res.name, res.seqid.num, res.seqid.icode, atom.name, atom.altloc if atom.altloc != "\0" else ""
-            )
-            if label != labels[i] or atom.element.name != first.atoms.elements[i]:
-                raise EnsembleError(
-                    f"{where}: atom {i + 1} is {label} ({atom.element.name}) where model 1 has {labels[i]} "
-                    f"({first.atoms.elements[i]}): the frames of an ensemble must be the same atoms in the same order"
-                )
+        rows = model_rows(model)
+        if identities is None:
+            identities = [atom_identity(*row) for row in rows]
+        problem = different_atoms(f"{path}: model {index + 1} of {len(st)} (MODEL {model.num})", rows, identities)
+        if problem is None and len(rows) != n:  # model 1 as read_model read it: the same atoms
+            problem = f"{path}: model 1 gives {n} atoms to read_model but {len(rows)} to gemmi: rewrite the file"
+        if problem:
+            raise EnsembleError(problem)
         xyz.append([atom.pos.tolist() for _, _, atom in rows])
         occ.append([atom.occ for _, _, atom in rows])
         b = [atom.b_iso for _, _, atom in rows]

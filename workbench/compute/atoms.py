@@ -77,6 +77,10 @@ def load_model(source: str | os.PathLike | Model) -> Model:
 def save_upload(name: str, content: bytes, folder: str | os.PathLike) -> Path:
     """Write an uploaded file's bytes to ``folder`` under its own (sanitised) name."""
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(name).name) or "upload.pdb"
+    # file systems take 255 bytes a name: a longer one keeps its start and the suffixes that say the format
+    if len(safe.encode()) > 200:
+        tail = "".join(Path(safe).suffixes[-2:])[-40:]
+        safe = safe[: 200 - len(tail)] + tail
     path = Path(folder) / safe
     path.write_bytes(bytes(content))
     return path
