@@ -216,22 +216,26 @@ def output_problem(path: str | os.PathLike) -> str | None:
         target = Path(os.path.realpath(path))
         folder = target.parent
         if not folder.is_dir():
+            shown = folder if link else (path.parent if str(path.parent) else Path("."))
             what = "is not a folder" if folder.exists() else "does not exist"
-            return f"the folder {folder} {what}: create it or write elsewhere"
+            return f"the folder {shown} {what}: create it or write elsewhere"
         limit = _name_max(folder)
         if len(os.fsencode(target.name)) > limit:
-            return f"the file name is {len(os.fsencode(target.name))} bytes long, more than the {limit} this file system takes: give a shorter name"
+            return (
+                f"a name in the path is {len(os.fsencode(target.name))} bytes long, more than the {limit} this file "
+                "system takes: give a shorter name"
+            )
         if not os.access(folder, os.W_OK | os.X_OK):
             return f"the folder {folder} is not writable: write elsewhere"
         return None
     except NotADirectoryError:
-        return "a part of its path is a file, not a folder"
+        return f"the folder {path.parent} is not a folder (a part of its path is a file)"
     except OSError as exc:
         if exc.errno == errno.ENAMETOOLONG:
             longest = max(len(os.fsencode(part)) for part in path.parts)
             return (
-                f"a name in the path is {longest} bytes long, more than the file system takes "
-                f"({_name_max(Path('/'))} at most): give a shorter name"
+                f"a name in the path is {longest} bytes long, more than the {_name_max(Path('/'))} this file system "
+                "takes: give a shorter name"
             )
         return f"cannot be reached ({exc.strerror or exc})"
     if stat.S_ISREG(mode):

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -679,6 +682,84 @@ def test_write_map_writes_through_a_symlink(tmp_path):
     assert link.is_symlink() and os.readlink(link) == str(target)
     assert torch.equal(kernels.read_map(target)[0], rho)
     assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["map.ccp4"]
+
+
+def _special_outputs(folder: Path) -> dict[str, tuple[Path, str]]:
+    """Paths an output must never replace, and what the refusal calls each."""
+    os.mkfifo(folder / "fifo")
+    (folder / "null-link").symlink_to(os.devnull)
+    (folder / "fifo-link").symlink_to(folder / "fifo")
+    (folder / "link-link").symlink_to(folder / "null-link")
+    (folder / "dir").mkdir()
+    (folder / "dir-link").symlink_to(folder / "dir")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(folder / "sock"))
+    sock.close()  # the socket's file stays
+    return {
+        "fifo": (folder / "fifo", "a pipe (FIFO), not a regular file"),
+        "null": (Path(os.devnull), "the null device, not a regular file"),
+        "zero": (Path("/dev/zero"), "a character device, not a regular file"),
+        "null-link": (folder / "null-link", f"a link to {os.devnull}, which is the null device"),
+        "fifo-link": (folder / "fifo-link", "which is a pipe (FIFO), not a regular file"),
+        "link-link": (folder / "link-link", "which is the null device"),  # a link to a link to /dev/null
+        "sock": (folder / "sock", "a socket, not a regular file"),
+        "dir": (folder / "dir", "a folder, not a file"),
+        "dir-link": (folder / "dir-link", "which is a folder, not a file"),
+        "long": (folder / ("m" * 256 + ".ccp4"), "bytes long, more than the 255 this file system takes"),
+        "long-folder": (folder / ("d" * 300) / "m.ccp4", "a name in the path is 300 bytes long"),
+    }
+
+
+def _kinds(folder: Path) -> dict[str, int]:
+    return {p.name: os.lstat(p).st_mode for p in folder.iterdir()}
+
+
+def test_every_writer_refuses_what_is_not_a_regular_file_or_a_new_path(tmp_path):
+    """write_map, the check's report page and the workbench's text exports share one rule: no device, pipe,
+    socket, folder or link to one is replaced, and an over-long name is one line, before anything is written."""
+    from kernels.checking import CheckReport
+    from workbench.app import _write_text
+
+    grid = GridSpec(_cell(), (4, 4, 4))
+    cases = _special_outputs(tmp_path)
+    before = _kinds(tmp_path)
+    report = CheckReport("density", "mine", "cpu", [], [])
+    writers = {
+        "write_map": lambda p: kernels.write_map(p, torch.zeros(grid.shape), grid),
+        "report page": report.save,
+        "text export": lambda p: _write_text(p, "ATOM\n"),
+    }
+    for name, (path, why) in cases.items():
+        for writer, write in writers.items():
+            with pytest.raises(ValueError, match=re.escape(why)) as caught:
+                write(path)
+            assert str(path) in str(caught.value) and "\n" not in str(caught.value), (name, writer)
+    assert _kinds(tmp_path) == before  # nothing replaced, no temporary file left
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    # a regular file (through a link too) and a new path are written; a dangling link makes its target
+    (tmp_path / "old.ccp4").write_bytes(b"old")
+    (tmp_path / "to-old").symlink_to(tmp_path / "old.ccp4")
+    (tmp_path / "dangling").symlink_to(tmp_path / "made.ccp4")
+    for path in ("old.ccp4", "to-old", "new.ccp4", "dangling", "n" * 200 + ".ccp4"):
+        kernels.write_map(tmp_path / path, torch.ones(grid.shape), grid)
+        assert torch.equal(kernels.read_map(tmp_path / path)[0], torch.ones(grid.shape)), path
+    assert (tmp_path / "to-old").is_symlink() and (tmp_path / "made.ccp4").is_file()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_write_map_checks_the_header_words_before_writing(tmp_path):
+    cell = _cell()
+    for grid, what in [
+        (GridSpec(cell, (4, 4, 4), origin=(2**31, 0, 0), sampling=(8, 8, 8)), "origin"),
+        (GridSpec(cell, (4, 4, 4), origin=(0, -(2**31) - 5, 0), sampling=(8, 8, 8)), "origin"),
+        (GridSpec(cell, (4, 4, 4), origin=(0, 0, 0), sampling=(8, 8, 2**32)), "sampling"),
+    ]:
+        assert what in kernels.mapio.map_header_problem(grid)
+        with pytest.raises(kernels.GridError, match=f"map's {what} .* does not fit the CCP4 header's 32-bit words"):
+            kernels.write_map(tmp_path / "m.ccp4", torch.zeros(grid.shape), grid)
+    edge = GridSpec(cell, (4, 4, 4), origin=(2**31 - 1, -(2**31), 0), sampling=(8, 8, 8))
+    assert kernels.mapio.map_header_problem(edge) is None
+    assert not list(tmp_path.iterdir())
 
 
 WRITER_SCRIPT = """

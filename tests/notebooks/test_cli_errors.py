@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,12 @@ def files(tmp_path):
     (tmp_path / "blank.pdb").write_text("\n\n   \n")
     os.mkfifo(tmp_path / "pipe.pdb")  # never opened: the check looks at the path only
     (tmp_path / "dangling.pdb").symlink_to("gone.pdb")
+    (tmp_path / "null.ccp4").symlink_to("/dev/null")
+    (tmp_path / "pipelink.ccp4").symlink_to("pipe.pdb")
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(tmp_path / "socket.ccp4"))
+    listening.close()  # the socket file stays
+    (tmp_path / "models.pdb").write_text(CELL + "MODEL        1\n" + ATOM + "ENDMDL\nEND\n")
     (tmp_path / "mmcif.pdb").write_text(
         "data_x\n_cell.length_a 30\nloop_\n_atom_site.group_PDB\n_atom_site.id\n"
         "ATOM   1    N N   . ALA A 1 1   ? 1.0 2.0 3.0 1.00 10.0 ? 1 ALA A N 1\n"
@@ -51,7 +58,20 @@ USAGE = [
     (["splat", "--cutoff", "0"], "--cutoff: must be a positive finite number of the map's unit, got '0'"),
     (["splat", "--box-padding", "inf"], "--box-padding: must be a positive finite number of Å, got 'inf'"),
     (["splat", "--out", "missing/map.ccp4"], "the folder missing does not exist"),
-    (["splat", "--out", "."], "--out . is a folder"),
+    (["splat", "--out", "."], "--out .: a folder, not a file"),
+    # an output goes only to a regular file or a new path: what it would replace otherwise is refused
+    (["splat", "--out", "pipe.pdb"], "--out pipe.pdb: a pipe (FIFO), not a regular file"),
+    (["splat", "--out", "/dev/null"], "--out /dev/null: the null device, not a regular file"),
+    (["splat", "--out", "null.ccp4"], "--out null.ccp4: a link to /dev/null, which is the null device"),
+    (["splat", "--out", "pipelink.ccp4"], "a link to pipe.pdb, which is a pipe (FIFO), not a regular file"),
+    (["splat", "--out", "socket.ccp4"], "--out socket.ccp4: a socket, not a regular file"),
+    (
+        ["splat", "--out", "x" * 300 + ".ccp4"],
+        "a name in the path is 305 bytes long, more than the 255 this file system takes",
+    ),
+    (["splat", "--out", "x" * 300 + "/map.ccp4"], "a name in the path is 300 bytes long"),
+    (["ensemble", "--out", "/dev/null", "models.pdb"], "--out /dev/null: the null device, not a regular file"),
+    (["ensemble", "--out", "pipe.pdb", "models.pdb"], "--out pipe.pdb: a pipe (FIFO), not a regular file"),
     (["splat", "--out", "afile/map.ccp4"], "the folder afile is not a folder"),
     (["splat", "absent.pdb"], "model absent.pdb: no such file"),
     (["splat", "/dev/null"], "model /dev/null: the null device (it reads as empty), not a file"),
@@ -75,6 +95,9 @@ def test_usage_errors_exit_2_before_any_work(files, args, expected):
     assert expected in r.stderr and "Traceback" not in r.stderr
     assert r.stdout == ""  # nothing was computed or printed before the refusal
     assert not (files / "map.ccp4").exists()
+    # what an --out named is as it was: a pipe, a link to the null device, a socket
+    assert stat.S_ISFIFO(os.stat(files / "pipe.pdb").st_mode) and os.readlink(files / "null.ccp4") == "/dev/null"
+    assert stat.S_ISSOCK(os.stat(files / "socket.ccp4").st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
 def test_port_in_use_is_a_usage_error(files):

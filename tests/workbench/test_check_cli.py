@@ -185,7 +185,10 @@ def test_ctrl_c_during_a_hanging_kernel_exits_130_and_leaves_no_process(pdb):
     "args, message",
     [
         (["--html", "no/such/folder/check.html"], "the folder no/such/folder does not exist"),
-        (["--html", "."], "is a folder"),
+        (["--html", "."], "--html .: a folder, not a file"),
+        (["--html", "/dev/null"], "--html /dev/null: the null device, not a regular file"),
+        (["--html", "/dev/zero"], "a character device, not a regular file"),
+        (["--html", "x" * 300 + ".html"], "bytes long, more than the 255 this file system takes"),
         (["--name", "a:b"], "--name: a backend name"),
         (["--name", "CPU"], "differs only in case from the built-in name 'cpu'"),
         (["--name", " x"], "surrounding spaces"),
@@ -193,6 +196,8 @@ def test_ctrl_c_during_a_hanging_kernel_exits_130_and_leaves_no_process(pdb):
 )
 def test_usage_errors_exit_2_before_any_check_runs(args, message, capsys):
     start = time.monotonic()
+    if not args[1].startswith("/dev/"):
+        assert not os.path.lexists(args[1]) or os.path.isdir(args[1])
     assert main(["check", "tests.kernels.user_backends:correct", *args, *FAST]) == EXIT_USAGE
     assert message in capsys.readouterr().err
     assert time.monotonic() - start < 5  # refused before any check ran
