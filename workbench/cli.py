@@ -102,6 +102,8 @@ def _splat(args: argparse.Namespace) -> int:
         if args.model_number is not None and "model_index" in str(exc):
             return _error(f"--model {args.model_number}: {_models_in(path)}", EXIT_USAGE)
         hint = " (on this command line: --on-bad-adp iso, or --adp iso)" if "on_bad_adp='iso'" in str(exc) else ""
+        if args.box_padding is not None and f"box_padding={args.box_padding:g} Å" in str(exc):
+            return _error(str(exc).replace("box_padding=", "--box-padding "), EXIT_USAGE)
         return _error(f"{exc}{hint}", EXIT_FAILURE)
     if args.box_padding is not None and model.shift is None:
         return _error(

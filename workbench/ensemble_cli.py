@@ -377,6 +377,10 @@ def run(args: argparse.Namespace) -> int:
                 frames = read_frames(path, adp=args.adp, radiation=args.radiation)
                 atoms, cell, notes, spacegroup = frames.atoms, frames.cell, frames.notes, frames.spacegroup
                 f, n = frames.xyz.shape[:2]
+                # every model's B and U, read here on the host: a GPU splat reads none back to warn
+                from kernels.density._ensemble_parts import _warn_tiny
+
+                _warn_tiny(atoms, frames.b_iso, frames.u_aniso, 0, f, 0)
         except (kernels.ModelError, EnsembleError) as exc:
             return _error(f"{exc}", EXIT_FAILURE) if rank == 0 else EXIT_FAILURE
         how = (

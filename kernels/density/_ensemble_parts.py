@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -165,6 +166,45 @@ def _check_chunk(atoms: AtomSet, xyz, b_iso, occ, n: int, u_aniso, first: int) -
             raise ValueError(f"frame {first + f}: atom {atoms.labels[i]} (index {i}) {what}: {value}{more}")
 
 
+def _warn_tiny(atoms: AtomSet, b_iso, u_aniso, start: int, stop: int, offset: int) -> None:
+    """The tiny-B/U rule of :meth:`AtomSet.check` on host frames ``start..stop``: one warning naming the first.
+
+    Per-frame ``b_iso`` (F, N) and ``u_aniso`` (F, N, 6), or the atoms' own where None.
+    """
+    from kernels.atoms import MIN_PHYSICAL_B, thin_u
+
+    n = len(atoms)
+    b = (atoms.b_iso[None] if b_iso is None else b_iso[start:stop]).detach()
+    tiny = b < MIN_PHYSICAL_B
+    if atoms.aniso is not None:
+        tiny &= ~atoms.aniso
+    where = what = None
+    if bool(tiny.any()):
+        f, i, count = _first_bad(tiny, n)
+        where, what = (f, i, count), f"B = {float(b[f, i]):.3g} Å²"
+    elif atoms.u_aniso is not None:
+        u = (atoms.u_aniso[None] if u_aniso is None else u_aniso[start:stop]).detach().reshape(-1, 6)
+        found = thin_u(u, atoms.aniso.repeat(u.shape[0] // n))
+        if found is not None:
+            idx, count, lam = found
+            where, what = (
+                (*divmod(idx, n), count),
+                f"U's narrowest axis, {lam:.3g} Å² (B = 8π²·λ = {lam * 8 * math.pi**2:.3g} Å²),",
+            )
+    if where is None:
+        return
+    f, i, count = where
+    frame = "" if (b_iso is None and u_aniso is None) else f"frame {offset + start + f}: "
+    more = f" and {count - 1} more atom-frames" if count > 1 else ""
+    warnings.warn(
+        f"{frame}atom {atoms.labels[i]} (index {i}){more}: {what} is below {MIN_PHYSICAL_B} Å², less than zero-point "
+        "motion allows; its density is a spike narrower than any map voxel, so the map will not show it faithfully "
+        "(check the B and U values)",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
 def _as_weights(weights, n_frames: int, atoms: AtomSet) -> torch.Tensor:
     if isinstance(weights, torch.Tensor):
         w = _check_tensor(weights, "weights", (n_frames,), atoms, "one weight per frame")
@@ -276,6 +316,8 @@ def _sum_frames(
     _require_sum_memory(grid, count, n, min(per_chunk, count), dtype, atoms.device, grad_bytes, plan.name)
     if host:
         _check_values(atoms, xyz, b_iso, occ, n, u_aniso, per_chunk, offset)
+        if warn_small:
+            _warn_tiny(atoms, b_iso, u_aniso, start, stop, offset)
     extra = {} if atoms.u_aniso is None else {"radius_rule": plan.radius_rule}
     out, bound = None, 0.0
     small = []  # what each chunk's check of atoms below the grid spacing found
