@@ -276,6 +276,11 @@ class AtomSet:
                 )
         if not dtype.is_floating_point:
             raise ValueError(f"AtomSet tensors must be floating point, got {dtype}")
+        if device.type == "meta":  # shapes without values: every kernel and check would fail on its first read
+            raise ValueError(
+                "AtomSet tensors are on the meta device, which holds shapes but no values: build the atoms on 'cpu' "
+                "or 'cuda' (for shape-only tracing use torch.compile, whose fake tensors keep the real device)"
+            )
         if self.radiation not in RADIATIONS:
             raise ValueError(f"AtomSet.radiation must be one of {RADIATIONS}, got {self.radiation!r}")
         if (self.u_aniso is None) != (self.aniso is None):

@@ -11,7 +11,10 @@ few chunks of it at a time.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -64,27 +67,112 @@ def _check_dcd_length(layout: _DcdLayout, path: Path, n_frames: int) -> None:
         )
 
 
+def _dcd_header_problem(path: Path) -> str | None:
+    """What is wrong with a DCD's header or its first frame, read here before MDAnalysis reads it; or None.
+
+    The CHARMM/NAMD layout: a record of 84 bytes (``CORD`` and 20 int32 control words), a title
+    record, a record holding NATOM, then the frames. MDAnalysis answers a header it cannot use with
+    errors that name neither the field nor the file ("Python int too large to convert to C long",
+    "opened empty file"), so the atom count and the first frame's length are checked here first.
+    A file that does not start as a DCD is left to MDAnalysis (another format under the name).
+    """
+    import struct
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        head = fh.read(4 + 84 + 4 + 4)
+        order = next((o for o in "<>" if len(head) >= 8 and struct.unpack(o + "i", head[:4])[0] == 84), None)
+        if order is None or head[4:8] != b"CORD":
+            return None
+        if len(head) < 4 + 84 + 4 + 4:
+            return f"the DCD header is cut short: the file holds {size} bytes"
+        control = struct.unpack(order + "20i", head[8:88])
+        title = struct.unpack(order + "i", head[92:96])[0]
+        if not 0 <= title <= size:
+            return f"the DCD header's title record claims {title} bytes (the file holds {size}): the header is damaged"
+        fh.seek(4 + 84 + 4 + 4 + title + 4)
+        natom_record = fh.read(12)
+    if len(natom_record) < 12:
+        return f"the DCD header is cut short before its atom count (NATOM): the file holds {size} bytes"
+    marker, natom, _ = struct.unpack(order + "3i", natom_record)
+    header = 4 + 84 + 4 + 4 + title + 4 + 12
+    if marker != 4 or not 1 <= natom <= (2**31 - 9) // 4:
+        return (
+            f"the DCD header gives {natom} atoms (NATOM, bytes {header - 8}–{header - 5}), which no DCD holds: the "
+            "header is damaged or the file is not a DCD; write it again"
+        )
+    fixed, four_d = control[8], control[11]
+    if fixed != 0 or four_d != 0:
+        return None  # frames of another layout: MDAnalysis checks those
+    cell = 56 if control[10] and control[19] else 0
+    frame = cell + 3 * (8 + 4 * natom)
+    if control[0] != 0 and size < header + frame:
+        got = max(size - header, 0)
+        return (
+            f"the DCD is cut inside frame 1: it holds {got} of that frame's {frame} bytes ({natom} atoms) after its "
+            f"{header}-byte header, so no whole frame (a run that stopped while writing its first frame?)"
+        )
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_reader_cleanup():
+    """MDAnalysis readers that failed while opening raise again from ``__del__`` ("Exception ignored in …");
+    those reports are dropped while this is open. Free the failed reader inside it."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        module = getattr(type(unraisable.object), "__module__", "") or getattr(unraisable.object, "__module__", "")
+        if not str(module).startswith("MDAnalysis"):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+
+
+def open_universe(path: Path, topology: Path):
+    """An MDAnalysis Universe of ``topology`` and the trajectory ``path``; ValueError naming the file and problem.
+
+    A DCD's header and first frame are checked first (:func:`_dcd_header_problem`); whatever
+    else MDAnalysis cannot read is reported with its message, once, without the noise of its
+    failed reader's clean-up.
+    """
+    try:
+        import MDAnalysis
+    except ImportError:
+        raise ImportError(
+            "reading an MD trajectory needs MDAnalysis: pip install 'density-workbench[md]' (or MDAnalysis)"
+        ) from None
+    import warnings
+
+    if path.suffix.lower() == ".dcd":
+        problem = _dcd_header_problem(path)
+        if problem:
+            raise ValueError(f"{path}: {problem}")
+    problem = None
+    with _quiet_reader_cleanup():
+        with warnings.catch_warnings():  # MDAnalysis warns about every guessed attribute of a PDB topology
+            warnings.simplefilter("ignore")
+            try:
+                return MDAnalysis.Universe(str(topology), str(path))
+            except Exception as exc:  # MDAnalysis raises many types for unreadable input
+                problem = (
+                    f"MDAnalysis cannot read the trajectory {path} with the topology {topology}: {exc}. "
+                    "The topology must describe the trajectory's atoms (same number, same order)"
+                )
+        # the failed reader is freed here (the exception is gone), its clean-up quiet
+    raise ValueError(problem)
+
+
 class _Trajectory:
     """An MDAnalysis Universe of ``topology`` and ``path``: frames are read on demand."""
 
     def __init__(self, path: Path, topology: Path):
-        try:
-            import MDAnalysis
-        except ImportError:
-            raise ImportError(
-                "reading an MD trajectory needs MDAnalysis: pip install 'density-workbench[md]' (or MDAnalysis)"
-            ) from None
-        import warnings
-
-        with warnings.catch_warnings():  # MDAnalysis warns about every guessed attribute of a PDB topology
-            warnings.simplefilter("ignore")
-            try:
-                self.universe = MDAnalysis.Universe(str(topology), str(path))
-            except Exception as exc:  # MDAnalysis raises many types for unreadable input
-                raise ValueError(
-                    f"MDAnalysis cannot read the trajectory {path} with the topology {topology}: {exc}. "
-                    "The topology must describe the trajectory's atoms (same number, same order)"
-                ) from exc
+        self.universe = open_universe(path, topology)
         self.closed = False
         self.n_frames = len(self.universe.trajectory)
         self.n_atoms = len(self.universe.atoms)
@@ -451,6 +539,19 @@ def _share(n_frames: int, rank: int, world: int) -> tuple[int, int]:
     base, extra = divmod(n_frames, world)
     start = rank * base + min(rank, extra)
     return start, start + base + (1 if rank < extra else 0)
+
+
+def refuse_path(frames, name: str) -> None:
+    """TypeError pointing to :func:`frames_from` when ``frames`` is a file's path, not frames.
+
+    A str is iterable: its characters would otherwise be taken for chunks of frames.
+    """
+    if isinstance(frames, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"{name} is a path ({os.fsdecode(frames)!r}), not frames: open the file with kernels.frames_from(path) "
+            "(a multi-model PDB/mmCIF) or kernels.frames_from(path, topology) (an MD trajectory) and pass the "
+            "FrameSource it gives"
+        )
 
 
 def whole_chunk(chunk) -> int:

@@ -41,7 +41,7 @@ from kernels.density._ensemble_parts import (
     _sum_frames,
     _weighted,
 )
-from kernels.density.frames import DEFAULT_CHUNK_BYTES, FrameSource, frame_share, whole_chunk
+from kernels.density.frames import DEFAULT_CHUNK_BYTES, FrameSource, frame_share, refuse_path, whole_chunk
 from kernels.density.radius import DEFAULT_CUTOFF
 from kernels.dispatch import get_backend
 
@@ -108,6 +108,7 @@ class _Stream:
 
     def __init__(self, frames, n: int, chunk, process_group, device: torch.device):
         self.n, self.split, self.from_tensor = n, chunk, isinstance(frames, torch.Tensor)
+        refuse_path(frames, "frames")
         if isinstance(frames, FrameSource):
             if frames.n_atoms != n:
                 raise ValueError(

@@ -923,7 +923,10 @@ def test_atoms_with_a_tiny_b_or_u_built_from_tensors_warn_on_the_cpu(kind, backe
                 backend=backend,
             )
     else:
-        with pytest.warns(UserWarning, match=r"atom .* \(index 1\): U's narrowest axis, [0-9.e-]+ Å² \(B = 8π²·λ = [0-9.e-]+ Å²\), is below 0.5 Å²"):
+        with pytest.warns(
+            UserWarning,
+            match=r"atom .* \(index 1\): U's narrowest axis, [0-9.e-]+ Å² \(B = 8π²·λ = [0-9.e-]+ Å²\), is below 0.5 Å²",
+        ):
             kernels.splat_ensemble(atoms.to("cpu", dtype), xyz.to(dtype), grid, backend=backend)
 
 

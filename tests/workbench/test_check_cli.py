@@ -7,6 +7,7 @@ its own interpreter in the one test that keeps it) on a 12-atom triclinic PDB fi
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,27 @@ def test_a_correct_kernel_exits_0_and_writes_the_page(pdb, tmp_path, capsys):
     assert code == 0, out
     assert "PASS    gemmi" in out and "PASS    first call" in out
     assert page.read_text().startswith("<!doctype html>")
+
+
+def test_progress_says_what_each_check_does_and_the_speed_line_which_way_it_reads(pdb, capsys):
+    from workbench.check_cli import _STEPS
+
+    assert main(["check", "tests.kernels.user_backends:correct", pdb, *FAST, "--no-gradients"]) == 0
+    captured = capsys.readouterr()
+    progress = [line for line in captured.err.splitlines() if line.startswith("workbench check: ")]
+    assert progress and "running runs" not in captured.err
+    for line in progress:  # each a phrase of what runs, on the model
+        assert any(line == f"workbench check: {doing} on tiny.pdb …" for doing in _STEPS.values()), line
+    speed = next(line for line in captured.out.splitlines() if "speed" in line)
+    found = re.search(
+        r"([\d.]+) ms per call; our cpu backend ([\d.]+) ms: yours takes ([\d.]+)× our time "
+        r"\((slower|faster|about as fast); the median of (\d+) alternating calls of each\)",
+        speed,
+    )
+    assert found, speed
+    ratio, how, calls = float(found[3]), found[4], int(found[5])
+    assert calls >= 1
+    assert how == ("slower" if ratio > 1.05 else "faster" if ratio < 0.95 else "about as fast")
 
 
 def test_a_buggy_kernel_exits_1_and_says_which_check_failed(pdb, capsys):
