@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "app":
             lp.add_argument("notebook", nargs="?", default=QUICKSTART, help=f"notebook to serve (default {QUICKSTART})")
         lp.set_defaults(func=_lab if name == "lab" else _app, default_port=default_port, passthrough=True)
-    for name, subparser in sub.choices.items():
+    for subparser in sub.choices.values():
         subparser.set_defaults(command_parser=subparser)  # a usage error shows this command's usage
     return parser
 

@@ -61,7 +61,7 @@ def test_progress_says_what_each_check_does_and_the_speed_line_which_way_it_read
         assert any(line == f"workbench check: {doing} on tiny.pdb …" for doing in _STEPS.values()), line
     speed = next(line for line in captured.out.splitlines() if "speed" in line)
     found = re.search(
-        r"([\d.]+) ms per call; our cpu backend ([\d.]+) ms: yours takes ([\d.]+)× our time "
+        r"([\d.]+) ms per call; our cpu backend ([\d.]+) ms: yours takes ([\d.]+)× our CPU time "
         r"\((slower|faster|about as fast); the median of (\d+) alternating calls of each\)",
         speed,
     )
