@@ -89,7 +89,10 @@ def _dcd_header_problem(path: Path) -> str | None:
         control = struct.unpack(order + "20i", head[8:88])
         title = struct.unpack(order + "i", head[92:96])[0]
         if not 0 <= title <= size:
-            return f"the DCD header's title record claims {title} bytes (the file holds {size}): the header is damaged"
+            return (
+                f"the DCD header is cut short or damaged: its title record claims {title} bytes, but the file holds "
+                f"{size}"
+            )
         fh.seek(4 + 84 + 4 + 4 + title + 4)
         natom_record = fh.read(12)
     if len(natom_record) < 12:

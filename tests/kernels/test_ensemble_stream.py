@@ -600,3 +600,81 @@ def test_a_gradient_pass_that_fails_leaves_no_partial_npy(trajectory, tmp_path):
                 atoms, kernels.frames_from(dcd, top), grid, upstream, out=out / name, wrt=("xyz", "b_iso")
             )
     assert os.readlink(out / "null.npy") == os.devnull and not list(out.glob(".*.tmp"))
+
+
+def _dcd_with(dcd: Path, out: Path, *, natom=None, keep=None) -> Path:
+    """``dcd`` with its header's NATOM replaced, or cut to its first ``keep`` bytes."""
+    import struct
+
+    data = bytearray(dcd.read_bytes())
+    if natom is not None:
+        at = 4 + 84 + 4 + 4 + struct.unpack("<i", data[92:96])[0] + 4 + 4  # after the title record and NATOM's marker
+        data[at : at + 4] = struct.pack("<i", natom)
+    out.write_bytes(bytes(data if keep is None else data[:keep]))
+    return out
+
+
+def test_a_damaged_dcd_header_or_first_frame_is_one_clear_error_naming_the_field(trajectory, tmp_path, capfd):
+    _, top, dcd = trajectory
+    f = kernels.frames_from(dcd, top)._reader.universe.trajectory._file
+    header, frame = f._header_size, f._framesize
+    cases = [
+        (_dcd_with(dcd, tmp_path / "neg.dcd", natom=-7), r"neg.dcd: the DCD header gives -7 atoms \(NATOM, bytes"),
+        (_dcd_with(dcd, tmp_path / "max.dcd", natom=2**31 - 1), "the DCD header gives 2147483647 atoms"),
+        (_dcd_with(dcd, tmp_path / "zero.dcd", natom=0), "the DCD header gives 0 atoms"),
+        (
+            _dcd_with(dcd, tmp_path / "cut1.dcd", keep=header + frame // 2),
+            rf"cut1.dcd: the DCD is cut inside frame 1: it holds {frame // 2} of that frame's {frame} bytes \(9 atoms\)",
+        ),
+        (_dcd_with(dcd, tmp_path / "header.dcd", keep=header), "cut inside frame 1: it holds 0 of"),
+        (_dcd_with(dcd, tmp_path / "title.dcd", keep=120), "the DCD header is cut short"),
+        # a count that fits int32 but not this file: frame 1 would need more bytes than it holds
+        (_dcd_with(dcd, tmp_path / "many.dcd", natom=10**6), "the DCD is cut inside frame 1"),
+    ]
+    capfd.readouterr()
+    for path, expected in cases:
+        with pytest.raises(ValueError, match=expected) as caught:
+            kernels.frames_from(path, top)
+        assert "Python int too large" not in str(caught.value) and "opened empty file" not in str(caught.value)
+    garbage = tmp_path / "garbage.dcd"  # not a DCD at all: MDAnalysis's own message, once
+    garbage.write_bytes(b"\x00\x01" * 500)
+    with pytest.raises(ValueError, match="MDAnalysis cannot read the trajectory .*garbage.dcd"):
+        kernels.frames_from(garbage, top)
+    import gc
+
+    gc.collect()
+    err = capfd.readouterr().err
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+
+
+def test_a_path_given_as_frames_points_to_frames_from(trajectory, tmp_path):
+    atoms, grid, xyz, upstream = _inputs("cpu")
+    models, _, dcd = trajectory
+    for frames in (str(dcd), dcd, str(models).encode(), models):
+        with pytest.raises(TypeError, match=r"is a path \(.*\), not frames: open the file with kernels.frames_from"):
+            kernels.splat_ensemble(atoms, frames, grid)
+        with pytest.raises(TypeError, match="kernels.frames_from"):
+            kernels.ensemble_gradients(atoms, frames, grid, upstream, out=lambda *a: None)
+
+
+def test_atoms_on_the_meta_device_are_refused_when_made():
+    atoms = _inputs("cpu")[0]
+    with pytest.raises(ValueError, match="on the meta device, which holds shapes but no values"):
+        atoms.to("meta")
+    with pytest.raises(ValueError, match="meta device"):
+        kernels.AtomSet(*(t.to("meta") for t in (atoms.xyz, atoms.b_iso, atoms.occ, atoms.a, atoms.b)))
+
+
+@pytest.mark.parametrize("blur", [1e300, -1e300, 1e39])
+def test_a_blur_beyond_the_atoms_dtype_names_the_blur_not_a_b(blur):
+    atoms, grid, xyz, _ = _inputs("cpu")
+    for call in (
+        lambda: kernels.splat_density(atoms, grid, blur=blur),
+        lambda: kernels.splat_ensemble(atoms, xyz, grid, blur=blur),
+        lambda: kernels.splat_ensemble(atoms, iter([xyz]), grid, blur=blur),
+    ):
+        with pytest.raises(
+            ValueError, match=re.escape(f"blur={blur:g} Å² is beyond the range of the atoms' torch.float32")
+        ) as e:
+            call()
+        assert not re.search(r"atom \S+ \(index", str(e.value))  # no atom is blamed
