@@ -185,7 +185,7 @@ def test_ctrl_c_during_a_hanging_kernel_exits_130_and_leaves_no_process(pdb):
     )
     try:
         line = ""
-        while "runs on" not in line:  # the kernel is running (in the check's child process)
+        while "calling the kernel" not in line:  # the kernel is running (in the check's child process)
             line = proc.stderr.readline()
             assert line, "the check ended before its kernel ran"
         children = [
