@@ -19,7 +19,7 @@ from kernels import _model_file
 from kernels._model_file import ModelError
 from kernels._util import file_problem, positive_number
 from kernels.atoms import AtomLabel, AtomSet
-from kernels.cell import Cell, _cell_problem, _format_cell
+from kernels.cell import MIN_CELL_WIDTH, Cell, _cell_problem, _format_cell
 from kernels.form_factors import RADIATIONS, form_factor_coefficients
 
 MODEL_SUFFIXES = (".pdb", ".ent", ".cif", ".mmcif")
@@ -287,6 +287,14 @@ def place_in_cell(
         raise ModelError(f"{where}: no atom has finite coordinates, so no box can be built around them")
     lo, hi = xyz[finite].min(axis=0), xyz[finite].max(axis=0)
     edges = hi - lo + 2 * opts.box_padding
+    if edges.min() < MIN_CELL_WIDTH:
+        axis = int(edges.argmin())
+        raise ModelError(
+            f"{where}: box_padding={opts.box_padding:g} Å builds a box {edges[axis]:.3g} Å wide along "
+            f"{'xyz'[axis]} (the atoms span {hi[axis] - lo[axis]:.3g} Å there), narrower than one atom "
+            f"(at least {MIN_CELL_WIDTH} Å): every atom would overlap its own periodic images. Pass a padding of a "
+            "few Å, about the radius of an atom's density"
+        )
     cell = Cell.from_parameters(*edges)
     shift = opts.box_padding - lo
     columns.xyz = xyz + shift

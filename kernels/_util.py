@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import stat
@@ -182,6 +183,85 @@ def file_problem(path: str | os.PathLike) -> str | None:
         return "a pipe (FIFO), not a regular file (save what it gives to a file first)"
     kind = next((name for test, name in kinds.items() if test(mode)), "a special file")
     return f"{kind}, not a regular file"
+
+
+_SPECIAL_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+#: The temporary file written beside an output keeps at most this many characters of its name.
+TEMPORARY_NAME_KEEP = 64
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def output_problem(path: str | os.PathLike) -> str | None:
+    """Why an output file may not be written (or replaced) at ``path``, as a phrase after ``"<path>: "``; None if it may.
+
+    An output goes only to a regular file, which it replaces, or to a new path in an existing
+    folder. Anything else is refused, since writing would replace it or never end: a folder,
+    the null device or any other device node, a pipe (FIFO), a socket, and a link to any of
+    these; a name longer than the file system takes, or a path that cannot be reached.
+    The rule of every writer of the project (:func:`kernels.write_map`, the CLI's ``--out``
+    and ``--html``, the workbench's exports), checked before any work.
+    """
+    path = Path(path)
+    link = f"a link to {os.readlink(path)}, which is " if _is_link(path) else ""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        target = Path(os.path.realpath(path))
+        folder = target.parent
+        if not folder.is_dir():
+            shown = folder if link else (path.parent if str(path.parent) else Path("."))
+            what = "is not a folder" if folder.exists() else "does not exist"
+            return f"the folder {shown} {what}: create it or write elsewhere"
+        limit = _name_max(folder)
+        if len(os.fsencode(target.name)) > limit:
+            return (
+                f"a name in the path is {len(os.fsencode(target.name))} bytes long, more than the {limit} this file "
+                "system takes: give a shorter name"
+            )
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return f"the folder {folder} is not writable: write elsewhere"
+        return None
+    except NotADirectoryError:
+        return f"the folder {path.parent} is not a folder (a part of its path is a file)"
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            longest = max(len(os.fsencode(part)) for part in path.parts)
+            return (
+                f"a name in the path is {longest} bytes long, more than the {_name_max(Path('/'))} this file system "
+                "takes: give a shorter name"
+            )
+        return f"cannot be reached ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        folder = Path(os.path.realpath(path)).parent  # replacing a file takes its folder's permission
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return f"the folder {folder} is not writable: write elsewhere"
+        return None
+    if stat.S_ISDIR(mode):
+        return f"{link}a folder, not a file: give a file name inside it"
+    if stat.S_ISFIFO(mode):
+        kind = "a pipe (FIFO)"
+    elif stat.S_ISCHR(mode) and os.path.realpath(path) == os.devnull:
+        kind = "the null device"
+    else:
+        kind = next((name for test, name in _SPECIAL_KINDS if test(mode)), "a special file")
+    return (
+        f"{link}{kind}, not a regular file: an output is written only to a regular file or a new path "
+        "(writing would replace it); give a file name"
+    )
+
+
+def _is_link(path: Path) -> bool:
+    try:
+        return path.is_symlink()
+    except OSError:
+        return False
 
 
 _launcher_watched = False

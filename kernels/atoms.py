@@ -165,6 +165,36 @@ def _warn_too_sharp(labels, idx: int, count: int, what: str, fix: str, stackleve
     )
 
 
+def thin_u(u_aniso: torch.Tensor, aniso: torch.Tensor) -> tuple[int, int, float] | None:
+    """(first row, how many, its smallest eigenvalue in Å²) of the anisotropic host rows whose U's narrowest
+    axis is below ``MIN_PHYSICAL_B``/8π² (positive definite ones: the others are refused elsewhere); or None.
+
+    Gershgorin's bound (λmin ≥ min_i U_ii − Σ_j≠i |U_ij|) clears the usual atom in a few vector
+    operations; only the rows it cannot clear get their eigenvalues (closed form).
+
+    Parameters
+    ----------
+    u_aniso : torch.Tensor, shape (N, 6), Å², CPU
+    aniso : torch.Tensor, shape (N,), bool, CPU
+    """
+    from kernels.density.adp import U_TO_B, _eigenvalues_3x3
+
+    with torch.no_grad():
+        u = u_aniso.detach()
+        d, o = u[:, :3], u[:, 3:].abs()
+        off = torch.stack((o[:, 0] + o[:, 1], o[:, 0] + o[:, 2], o[:, 1] + o[:, 2]), dim=1)
+        unsure = aniso & ((d - off).amin(dim=1) < MIN_PHYSICAL_B / U_TO_B)
+        if not bool(unsure.any()):
+            return None
+        rows = unsure.nonzero()[:, 0]
+        lam = _eigenvalues_3x3(u[rows].to(torch.float64).numpy())[:, 0]
+    thin = np.isfinite(lam) & (lam > 0) & (lam * U_TO_B < MIN_PHYSICAL_B)
+    if not thin.any():
+        return None
+    k = int(np.flatnonzero(thin)[0])
+    return int(rows[k]), int(thin.sum()), float(lam[k])
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class AtomSet:
     """Atoms as tensors: what every kernel takes.
@@ -246,6 +276,11 @@ class AtomSet:
                 )
         if not dtype.is_floating_point:
             raise ValueError(f"AtomSet tensors must be floating point, got {dtype}")
+        if device.type == "meta":  # shapes without values: every kernel and check would fail on its first read
+            raise ValueError(
+                "AtomSet tensors are on the meta device, which holds shapes but no values: build the atoms on 'cpu' "
+                "or 'cuda' (for shape-only tracing use torch.compile, whose fake tensors keep the real device)"
+            )
         if self.radiation not in RADIATIONS:
             raise ValueError(f"AtomSet.radiation must be one of {RADIATIONS}, got {self.radiation!r}")
         if (self.u_aniso is None) != (self.aniso is None):
@@ -384,6 +419,22 @@ class AtomSet:
                     "check the B column or the B offset",
                     stacklevel=3,
                 )
+
+    def _warn_tiny_u(self, stacklevel: int = 3) -> None:
+        """The tiny-U rule of :meth:`check` for anisotropic host atoms (:func:`thin_u`): a warning naming the first."""
+        if self.u_aniso is None or len(self) == 0:
+            return
+        found = thin_u(self.u_aniso, self.aniso)
+        if found is not None:
+            idx, count, lam = found
+            _warn_too_sharp(
+                self.labels,
+                idx,
+                count,
+                f"B along its U's narrowest axis, 8π² × {lam:.3g} Å² = {lam * 8 * math.pi**2:.3g} Å²,",
+                "check the U values (Å²; PDB ANISOU gives them in 10⁻⁴ Å²)",
+                stacklevel=stacklevel,
+            )
 
     def _raise_first(self, bad: torch.Tensor, what: str, value) -> None:
         bad = bad.cpu()

@@ -10,7 +10,13 @@ import torch
 
 from kernels._util import real_number
 
-__all__ = ["Cell"]
+__all__ = ["Cell", "MIN_CELL_WIDTH"]
+
+#: The narrowest a unit cell may be, in Å, between any pair of its faces. No two atoms are closer than
+#: the H–H bond (0.74 Å) and an atom's density is wider still, so in a narrower cell each atom would
+#: overlap its own periodic image more closely than any neighbour: the map piles up the density of
+#: thousands of images (a 0.0002 Å cell puts ~10⁴ of them on every voxel), a result of no crystal.
+MIN_CELL_WIDTH = 0.5
 
 
 def _cell_problem(params: Sequence[float]) -> str | None:
@@ -88,7 +94,8 @@ class Cell:
         Raises
         ------
         ValueError
-            Saying which parameter is wrong and why, with all six values.
+            Saying which parameter is wrong and why, with all six values; or a cell narrower than
+            :data:`MIN_CELL_WIDTH` (0.5 Å) between some pair of faces, naming them.
         """
         import gemmi
 
@@ -110,6 +117,15 @@ class Cell:
         if not torch.isfinite(orth).all() or abs(float(torch.linalg.det(orth))) < 1e-6:
             raise ValueError(f"degenerate unit cell ({_format_cell(params)}): its matrices are singular")
         frac = torch.linalg.inv(orth)
+        widths = (1.0 / torch.linalg.norm(frac, dim=1)).tolist()  # the spacing of the lattice planes
+        narrow = min(range(3), key=lambda i: widths[i])
+        if not widths[narrow] >= MIN_CELL_WIDTH:
+            faces = ("b–c", "a–c", "a–b")[narrow]
+            raise ValueError(
+                f"unit cell too narrow for an atom ({_format_cell(params)}): its {faces} faces are "
+                f"{widths[narrow]:.3g} Å apart, less than {MIN_CELL_WIDTH} Å, shorter than any bond, so every atom "
+                "would overlap its own periodic images; give the crystal's cell (or a box wider than the atoms)"
+            )
         return cls(params, orth, frac, orth.T @ orth)
 
     def __eq__(self, other) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels._util import file_problem, format_size
+from kernels._util import TEMPORARY_NAME_KEEP, file_problem, format_size, output_problem
 from kernels.crystal import Cell, GridError, GridSpec
 
 __all__ = ["write_map", "read_map"]
@@ -83,7 +83,10 @@ def _temporary_beside(target: Path, mode: int):
                 if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
                     previous[sig] = signal.signal(sig, handler)
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            # a long name is cut short here: the temporary file's name must fit where the output's fits
+            fd, tmp = tempfile.mkstemp(
+                prefix=f".{target.name[:TEMPORARY_NAME_KEEP]}.", suffix=".tmp", dir=target.parent
+            )
         except BaseException:
             made()  # no file: end or interrupt as the signals that came ask
             raise
@@ -101,6 +104,83 @@ def _temporary_beside(target: Path, mode: int):
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def _check_output(path: Path) -> None:
+    problem = output_problem(path)
+    if problem is None:
+        return
+    if problem.startswith("the folder") and "does not exist" in problem:
+        raise FileNotFoundError(f"{path}: {problem}")
+    raise ValueError(f"{path}: {problem}")
+
+
+def write_output(path: str | os.PathLike, write) -> Path:
+    """Write an output file atomically: ``write(tmp)`` fills a temporary file, which then replaces ``path``.
+
+    The rule of every file the project writes (:func:`write_map`, the check's report page, the
+    workbench's exports): ``path`` must be a regular file or a new path in an existing folder
+    (:func:`kernels._util.output_problem`; a device, pipe, socket or folder, or a link to one, is
+    refused before anything is written). The temporary file lies beside the final one and is
+    renamed onto it only when ``write`` returns, so an interrupted or failed write leaves the old
+    file (or none) under the name, never a part; the signals that end the process remove it
+    (see :func:`write_map`). A symbolic link is written through: the file it points to is replaced
+    and the link stays. A new file gets 0666 less the umask; a replaced one keeps its permissions.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The output file.
+    write : callable
+        ``write(tmp)`` writes the whole content to the path ``tmp`` (a str).
+
+    Returns
+    -------
+    pathlib.Path
+        ``path`` as given.
+
+    Raises
+    ------
+    ValueError
+        ``path`` is not a regular file or a new path (the message says what it is and why).
+    FileNotFoundError
+        The folder to write into does not exist.
+    """
+    path = Path(path)
+    _check_output(path)
+    # Write through a link to its target: replacing the link itself would leave the file it names stale.
+    target = Path(os.path.realpath(path))
+    # A new file: 0666 less the umask, as ``open`` gives; a replaced one keeps its permissions.
+    mode = target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_umask()
+    with _temporary_beside(target, mode) as tmp:
+        write(tmp)
+        os.replace(tmp, target)
+    return path
+
+
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def map_header_problem(grid: GridSpec) -> str | None:
+    """Why ``grid`` cannot be recorded in a CCP4/MRC header (its words are int32), or None.
+
+    The origin (NXSTART…) and sampling (MX…) of a box grid, and the shape, must each fit in int32;
+    callers check it before the work that makes the map.
+    """
+    for what, values in (("shape", grid.shape), ("origin", grid.origin), ("sampling", grid.sampling)):
+        if any(not _INT32[0] <= v <= _INT32[1] for v in values):
+            return (
+                f"the map's {what} {tuple(values)} (voxels) does not fit the CCP4 header's 32-bit words "
+                f"({_INT32[0]} to {_INT32[1]}): place the box nearer the cell's origin (shift the atoms by "
+                "whole cells) or use a coarser grid"
+            )
+    return None
+
+
+def _check_header(grid: GridSpec) -> None:
+    problem = map_header_problem(grid)
+    if problem:
+        raise GridError(problem)
 
 
 def write_map(
@@ -141,15 +221,19 @@ def write_map(
     Raises
     ------
     ValueError
-        An unknown space group (named), or an unknown ``radiation``.
+        ``path`` is not a regular file or a new path: a folder, a device node (``/dev/null``), a
+        pipe (FIFO), a socket, a link to one of these (writing would replace it), or a name longer
+        than the file system takes; an unknown space group (named), or an unknown ``radiation``.
     kernels.GridError
-        ``rho`` does not have the grid's shape.
+        ``rho`` does not have the grid's shape, or the grid's shape, origin or sampling does not fit
+        the header's 32-bit words (:func:`map_header_problem`; check it before making the map).
     FileNotFoundError
         The folder to write into does not exist.
     """
     import gemmi
 
     path = Path(path)
+    _check_output(path)
     if tuple(rho.shape) != grid.shape:
         raise GridError(f"map shape {tuple(rho.shape)} does not match the grid {grid.shape}")
     sg = gemmi.find_spacegroup_by_name(spacegroup) if isinstance(spacegroup, str) else None
@@ -162,10 +246,7 @@ def write_map(
         from kernels.density import density_unit
 
         label = f"density-workbench {radiation} map, unit {density_unit(radiation, ascii=True)}"
-    # Write through a link to its target: replacing the link itself would leave the file it names stale.
-    target = Path(os.path.realpath(path))
-    if not target.parent.is_dir():
-        raise FileNotFoundError(f"{target.parent}: no such folder to write the map into")
+    _check_header(grid)
     data = np.ascontiguousarray(rho.detach().to("cpu", torch.float32).numpy())
     ccp4 = gemmi.Ccp4Map()
     ccp4.grid = gemmi.FloatGrid(data, grid.cell.to_gemmi(), sg)
@@ -178,11 +259,7 @@ def write_map(
             ccp4.set_header_i32(word, value)
         for word, value in zip((8, 9, 10), grid.sampling):
             ccp4.set_header_i32(word, value)
-    # A map is an ordinary output file: 0666 less the umask, or the permissions of the file it replaces.
-    mode = target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_umask()
-    with _temporary_beside(target, mode) as tmp:
-        ccp4.write_ccp4_map(tmp)
-        os.replace(tmp, target)
+    write_output(path, ccp4.write_ccp4_map)
     return path
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -59,17 +58,18 @@ def _non_negative(what: str, unit: str):
     return parse
 
 
-def _check_out(out: Path) -> str | None:
-    """Why the map cannot be written to ``out`` (checked before any work), or None."""
-    if out.is_dir():
-        return f"--out {out} is a folder; give a file name such as {out / 'map.ccp4'}"
-    folder = out.parent if str(out.parent) else Path(".")
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "does not exist"
-        return f"--out {out}: the folder {folder} {what}; create it or choose another --out"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"--out {out}: the folder {folder} is not writable; choose another --out"
-    return None
+def _check_out(out: Path, option: str = "--out") -> str | None:
+    """Why the output cannot be written to ``out`` (checked before any work), or None.
+
+    The rule of :func:`kernels.write_map` (:func:`kernels._util.output_problem`): a regular file,
+    which is replaced, or a new path in an existing folder.
+    """
+    from kernels._util import output_problem
+
+    problem = output_problem(out)
+    if problem is None:
+        return None
+    return f"{option} {out}: {problem}"
 
 
 def _map_summary(rho, grid, radiation: str) -> str:

@@ -51,6 +51,15 @@ _RENDER_WAIT = 2.0
 _WHOLE_MODEL_ATOMS = 5000
 
 
+def _write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` as :func:`kernels.write_map` writes a map: complete or not at
+    all, and only to a regular file or a new path (ValueError naming what else it is)."""
+    from kernels.mapio import write_output
+
+    data = text.encode("utf-8")
+    return write_output(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
 def _friendly(exc: BaseException) -> str:
     """A one-line message for an unexpected error (the traceback goes to the log, not the notebook)."""
     if isinstance(exc, (kernels.BackendError, kernels.GridError, kernels.ModelError)):
@@ -336,19 +345,14 @@ class Workbench(widgets.VBox):
         r = self._require_result()
         if r.gradient is None:
             raise WorkbenchError(f"no gradient to export: {r.unavailable.get('gradient', 'none computed')}")
-        path = Path(path)
-        path.write_text(
-            compute.gradients_csv(r.model, r.atoms.xyz.numpy(), r.gradient.grad, r.gradient.kind, r.gradient.units)
-        )
-        return path
+        text = compute.gradients_csv(r.model, r.atoms.xyz.numpy(), r.gradient.grad, r.gradient.kind, r.gradient.units)
+        return _write_text(path, text)
 
     def export_model(self, path: str | os.PathLike) -> Path:
         """Write the model as shown (the current, possibly distorted, positions) as PDB where this
         Python runs (the server); ANISOU records are kept as read (:func:`workbench.compute.model_pdb`)."""
         r = self._require_result()
-        path = Path(path)
-        path.write_text(compute.model_pdb(r.model, r.atoms.xyz))
-        return path
+        return _write_text(path, compute.model_pdb(r.model, r.atoms.xyz))
 
     def pick_atom(self, index: int) -> None:
         """Select atom ``index`` (a click on it in the 3D view or on its atom-table row): a

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from pathlib import Path
 
@@ -76,18 +75,27 @@ def load_function(target: str):
 
 def _html_problem(path: Path) -> str | None:
     """Why the report page cannot be written at ``path``, or None (checked before any check runs)."""
-    folder = path.parent
-    if path.is_dir():
-        return f"--html {path} is a folder; give a file name such as {path / 'check.html'}"
-    if not folder.is_dir():
-        return f"--html {path}: the folder {folder} does not exist; create it or write the page elsewhere"
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        return f"--html {path}: cannot write there (permission denied); write the page elsewhere"
-    return None
+    from workbench._cli_shared import _check_out
+
+    return _check_out(path, "--html")
+
+
+#: What stderr says while each check of :func:`kernels.check_backend` runs (its ``progress`` names the check).
+_STEPS = {
+    "runs": "calling the kernel (4 calls)",
+    "reference": "comparing with the float64 reference",
+    "gemmi": "comparing with gemmi",
+    "first call": "timing the first call in a fresh process",
+    "determinism": "checking that repeated calls agree",
+    "gradients": "comparing the gradients",
+    "finite differences": "checking the gradients against finite differences",
+    "speed": "timing it against our backend",
+}
 
 
 def _show_progress(check: str, structure: str) -> None:
-    print(f"workbench check: running {check} on {structure} …", file=sys.stderr, flush=True)
+    doing = _STEPS.get(check, f"running the {check} check")
+    print(f"workbench check: {doing} on {structure} …", file=sys.stderr, flush=True)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -160,7 +168,7 @@ def add_parser(sub, positive) -> None:
     """Add the ``check`` subcommand to ``sub`` (``positive`` makes a positive-number argument type)."""
     cp = sub.add_parser(
         "check",
-        help="register a density kernel MODULE:FUNCTION and check it as ours are checked",
+        help="Register your density kernel MODULE:FUNCTION and check it as ours are checked",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -39,16 +39,21 @@ __all__ = ["main", "install_notebooks", "notebook_dir", "shipped_notebooks_dir",
 
 #: ``workbench --help``'s description (plain text: argparse prints it as written).
 DESCRIPTION = """\
-Command line of the density workbench.
+Command line of the density workbench: the commands below, each with its own --help.
 
-  workbench lab        JupyterLab on 127.0.0.1 (token kept) with the quickstart notebook open
-  workbench app        the quickstart notebook as a standalone Voila app
-  workbench splat      splat one model's density and write a CCP4 map
-  workbench ensemble   one map of every model of a multi-model file or frame of an MD trajectory
-  workbench check      register your density kernel (MODULE:FUNCTION) and check it as ours are
+Run them with the Python the project is installed in (scripts/start.sh installs into .venv:
+.venv/bin/workbench, or .venv/bin/python -m workbench)."""
 
-Each takes --help. Run them with the Python the project is installed in (scripts/start.sh
-installs into .venv: .venv/bin/workbench, or .venv/bin/python -m workbench)."""
+#: ``workbench --help``'s closing lines: every exit status any command gives.
+EXIT_STATUS_TEXT = """\
+Exit status:
+    0  success (check: every check that ran passed)
+    1  a failure: a bad model file, a map too large, a failed write (check: a check failed)
+    2  a usage error: bad arguments, checked before any work; nothing was computed
+    3  check: the kernel could not be loaded (its module does not import, or no such function)
+    4  check: the check could not run (a model unreadable, the device or backend unavailable)
+  130  interrupted (Ctrl-C); nothing half-written is left
+lab and app end with the server's own status."""
 
 #: The notebook ``workbench lab`` opens and ``workbench app`` serves.
 QUICKSTART = "01_quickstart.ipynb"
@@ -72,6 +77,7 @@ def _splat(args: argparse.Namespace) -> int:
 
     import kernels
     from kernels._util import file_problem
+    from kernels.mapio import map_header_problem
 
     # Every argument is checked before anything is read or computed (and before anything is printed).
     path = Path(args.model) if args.model else kernels.example_structure()
@@ -102,6 +108,8 @@ def _splat(args: argparse.Namespace) -> int:
         if args.model_number is not None and "model_index" in str(exc):
             return _error(f"--model {args.model_number}: {_models_in(path)}", EXIT_USAGE)
         hint = " (on this command line: --on-bad-adp iso, or --adp iso)" if "on_bad_adp='iso'" in str(exc) else ""
+        if args.box_padding is not None and f"box_padding={args.box_padding:g} Å" in str(exc):
+            return _error(str(exc).replace("box_padding=", "--box-padding "), EXIT_USAGE)
         return _error(f"{exc}{hint}", EXIT_FAILURE)
     if args.box_padding is not None and model.shift is None:
         return _error(
@@ -119,6 +127,16 @@ def _splat(args: argparse.Namespace) -> int:
     units = kernels.density_unit(args.radiation)
     try:
         grid = kernels.GridSpec.for_spacing(model.cell, args.spacing, model.spacegroup)
+        write_grid = grid
+        if model.shift is not None:
+            # the voxel at the box's corner, -shift in Å, starts the written map (the box is orthogonal)
+            origin = tuple(
+                math.floor(-s * n / edge) for s, n, edge in zip(model.shift, grid.shape, model.cell.parameters)
+            )
+            write_grid = kernels.GridSpec(grid.cell, grid.shape, origin, grid.sampling)
+        problem = map_header_problem(write_grid)  # before the splat: the header is written after it
+        if problem:
+            return _error(f"{path}: the atoms lie too far from the origin for a CCP4 map: {problem}", EXIT_FAILURE)
         which = f", model {model.model_index + 1} of {model.n_models}" if model.n_models > 1 else ""
         print(
             f"model   {path}{which} ({_count(len(model), 'atom')}, cell {_cell_text(model.cell)}, {model.spacegroup})"
@@ -157,12 +175,9 @@ def _splat(args: argparse.Namespace) -> int:
     else:
         whose = f"the model's own {_count(len(model), 'atom')} only (--symmetrize adds the symmetry mates)"
     print(f"map     {_map_summary(rho, grid, args.radiation)} in the cell, from {whose}")
-    write_grid = grid
     if model.shift is not None:
-        # the voxel at the box's corner, -shift in Å, starts the written map (the box is orthogonal)
-        origin = tuple(math.floor(-s * n / edge) for s, n, edge in zip(model.shift, grid.shape, model.cell.parameters))
+        origin = write_grid.origin
         rho = torch.roll(rho, shifts=tuple(-o for o in origin), dims=(0, 1, 2))
-        write_grid = kernels.GridSpec(grid.cell, grid.shape, origin, grid.sampling)
         print(f"origin  map starts at voxel {origin}: it lies over the atoms at the file's coordinates")
     try:
         out = kernels.write_map(
@@ -232,12 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="workbench",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit status: 0 success, 2 a usage error (bad arguments; nothing computed), 1 any other failure.",
+        epilog=EXIT_STATUS_TEXT,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    # metavar: the usage line says COMMAND, so that the list below is the one place each is named
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     sp = sub.add_parser(
         "splat",
-        help="splat a model's density onto a grid and write a CCP4 map",
+        help="Splat one model's density onto a grid and write a CCP4 map",
         description="Splat a model's density onto a grid and write a CCP4 map. " + _UNITS_TEXT,
     )
     sp.add_argument("model", nargs="?", help="PDB/mmCIF file (default: the bundled 1ORC example)")
@@ -291,8 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_sf_parser(sub, _positive)
 
     for name, helptext, default_port in (
-        ("lab", "start JupyterLab on 127.0.0.1 with the quickstart notebook open", 8888),
-        ("app", "serve the quickstart notebook as a standalone Voilà app on 127.0.0.1", 8866),
+        ("lab", "Start JupyterLab on 127.0.0.1 (token kept) with the quickstart notebook open", 8888),
+        ("app", "Serve the quickstart notebook as a standalone Voilà app on 127.0.0.1", 8866),
     ):
         lp = sub.add_parser(
             name,
@@ -314,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "app":
             lp.add_argument("notebook", nargs="?", default=QUICKSTART, help=f"notebook to serve (default {QUICKSTART})")
         lp.set_defaults(func=_lab if name == "lab" else _app, default_port=default_port, passthrough=True)
+    for subparser in sub.choices.values():
+        subparser.set_defaults(command_parser=subparser)  # a usage error shows this command's usage
     return parser
 
 
@@ -336,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "passthrough", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        # the command's usage and one line, as argparse gives for the command's own arguments
+        args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     try:
         if getattr(args, "passthrough", False):

@@ -32,6 +32,10 @@ map (complete or not at all: Ctrl-C exits with status 130 and leaves no file). R
 one process; under torchrun it joins the process group itself (gloo for --device cpu, NCCL for
 --device cuda, one GPU per rank)."""
 
+#: ``kernels.DEFAULT_CHUNK_BYTES`` in MiB, which ``--chunk``'s help states (written here: ``--help`` imports no
+#: torch; tests/notebooks/test_cli_help.py checks the two agree).
+DEFAULT_CHUNK_MIB = 128
+
 #: B in Å² given to every atom of an MD trajectory (trajectories carry no B).
 DEFAULT_MD_B = 20.0
 
@@ -125,26 +129,21 @@ def _read_models(path: Path, adp: str, radiation: str) -> Frames:
     first = kernels.read_model(path, model_index=0, adp=adp, radiation=radiation)
     st = gemmi.read_structure(str(path))
     st.merge_chain_parts()
-    labels, n = first.atoms.labels, len(first.atoms)
+    from kernels.density.frames import atom_identity, different_atoms, model_rows
+
+    n = len(first.atoms)
     xyz, b_iso, occ, u_aniso = [], [], [], []
     uses_u = first.atoms.aniso
+    identities = None
     for index, model in enumerate(st):
-        rows = [(chain.name, res, atom) for chain in model for res in chain for atom in res]
-        where = f"{path}: model {index + 1} of {len(st)} (MODEL {model.num})"
-        if len(rows) != n:
-            raise EnsembleError(
-                f"{where} has {len(rows)} atoms but model 1 has {n}: the frames of an ensemble must be the same "
-                "atoms in the same order"
-            )
-        for i, (ch, res, atom) in enumerate(rows):
-            label = kernels.AtomLabel(
-                ch, res.name, res.seqid.num, res.seqid.icode, atom.name, atom.altloc if atom.altloc != "\0" else ""
-            )
-            if label != labels[i] or atom.element.name != first.atoms.elements[i]:
-                raise EnsembleError(
-                    f"{where}: atom {i + 1} is {label} ({atom.element.name}) where model 1 has {labels[i]} "
-                    f"({first.atoms.elements[i]}): the frames of an ensemble must be the same atoms in the same order"
-                )
+        rows = model_rows(model)
+        if identities is None:
+            identities = [atom_identity(*row) for row in rows]
+        problem = different_atoms(f"{path}: model {index + 1} of {len(st)} (MODEL {model.num})", rows, identities)
+        if problem is None and len(rows) != n:  # model 1 as read_model read it: the same atoms
+            problem = f"{path}: model 1 gives {n} atoms to read_model but {len(rows)} to gemmi: rewrite the file"
+        if problem:
+            raise EnsembleError(problem)
         xyz.append([atom.pos.tolist() for _, _, atom in rows])
         occ.append([atom.occ for _, _, atom in rows])
         b = [atom.b_iso for _, _, atom in rows]
@@ -186,24 +185,29 @@ def _open_trajectory(path: Path, topology: Path, md_b: float, radiation: str):
     (MDAnalysis.Universe, kernels.AtomSet, kernels.Cell, list of str)
         The atoms are at the first frame's positions, B ``md_b`` and occupancy 1 (float64, CPU).
     """
+    from kernels.density.frames import open_universe
+
+    for p in (path, topology):
+        if not p.is_file():
+            raise EnsembleError(f"{p}: no such file")
+    try:
+        u = open_universe(path, topology)
+    except (ImportError, ValueError) as exc:
+        raise EnsembleError(str(exc)) from None
+    try:
+        return _trajectory_atoms(u, path, topology, md_b, radiation)
+    except BaseException:
+        u.trajectory.close()
+        raise
+
+
+def _trajectory_atoms(u, path: Path, topology: Path, md_b: float, radiation: str):
+    """:func:`_open_trajectory`'s atoms, cell and notes from the opened universe ``u``."""
     import numpy as np
     import torch
 
     import kernels
 
-    try:
-        import MDAnalysis
-    except ImportError:
-        raise EnsembleError(
-            "reading an MD trajectory needs MDAnalysis: pip install 'density-workbench[md]' (or MDAnalysis)"
-        ) from None
-    for p in (path, topology):
-        if not p.is_file():
-            raise EnsembleError(f"{p}: no such file")
-    try:
-        u = MDAnalysis.Universe(str(topology), str(path))
-    except Exception as exc:  # MDAnalysis raises many types for unreadable input
-        raise EnsembleError(f"MDAnalysis cannot read {path} with topology {topology}: {exc}") from exc
     ag = u.atoms
     try:
         elements = [str(e).strip().capitalize() for e in ag.elements]
@@ -214,8 +218,8 @@ def _open_trajectory(path: Path, topology: Path, md_b: float, radiation: str):
             f"{topology}: the topology gives no element for some atoms; use a topology with elements "
             "(e.g. a PDB with columns 77-78 filled)"
         )
-    box_last = _box(u.trajectory[len(u.trajectory) - 1], path)
-    box = _box(u.trajectory[0], path)
+    box_last = _box(_frame(u, len(u.trajectory) - 1, path), path)
+    box = _box(_frame(u, 0, path), path)
     cell = kernels.Cell.from_parameters(*box)
     notes = [f"trajectory without B-factors: B = {md_b:g} Å² for every atom"]
     if np.abs(box_last - box).max() > 1e-3 * box[:3].max():
@@ -227,6 +231,17 @@ def _open_trajectory(path: Path, topology: Path, md_b: float, radiation: str):
     except ValueError as exc:
         raise EnsembleError(f"{topology}: {exc}") from exc
     return u, atoms, cell, notes
+
+
+def _frame(u, index: int, path: Path):
+    """Timestep ``index`` (0-based) of ``u``'s trajectory; EnsembleError naming the frame when it cannot be read."""
+    try:
+        return u.trajectory[index]
+    except Exception as exc:  # MDAnalysis raises OSError, EOFError, ValueError … for a damaged frame
+        raise EnsembleError(
+            f"{path}: frame {index + 1} of {len(u.trajectory)} cannot be read ({exc}): the trajectory is damaged "
+            "or cut short there; rewrite it, or copy the readable frames out with MDAnalysis"
+        ) from None
 
 
 def _box(ts, path: Path):
@@ -382,6 +397,10 @@ def run(args: argparse.Namespace) -> int:
                 frames = read_frames(path, adp=args.adp, radiation=args.radiation)
                 atoms, cell, notes, spacegroup = frames.atoms, frames.cell, frames.notes, frames.spacegroup
                 f, n = frames.xyz.shape[:2]
+                # every model's B and U, read here on the host: a GPU splat reads none back to warn
+                from kernels.density._ensemble_parts import _warn_tiny
+
+                _warn_tiny(atoms, frames.b_iso, frames.u_aniso, 0, f, 0)
         except (kernels.ModelError, EnsembleError) as exc:
             return _error(f"{exc}", EXIT_FAILURE) if rank == 0 else EXIT_FAILURE
         how = (
@@ -482,7 +501,7 @@ def add_parser(sub, positive) -> None:
 
     ep = sub.add_parser(
         "ensemble",
-        help="splat every frame of a multi-model file or MD trajectory into one ensemble map (torchrun for ranks)",
+        help="One map of every model of a multi-model file or frame of an MD trajectory (torchrun for ranks)",
         description=DESCRIPTION + "\n\n" + _UNITS_TEXT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -511,8 +530,9 @@ def add_parser(sub, positive) -> None:
         "--chunk",
         type=_positive_int("--chunk"),
         default=None,
-        help="frames read and splatted at a time, per rank (default: a trajectory's as many as fit in "
-        "kernels.DEFAULT_CHUNK_BYTES of positions; a multi-model file's as splat_ensemble splits them)",
+        help="frames read and splatted at a time, per rank (default: for a trajectory, as many frames as fit in "
+        f"{DEFAULT_CHUNK_MIB} MiB of positions, kernels.DEFAULT_CHUNK_BYTES; for a multi-model file, as "
+        "splat_ensemble splits them)",
     )
     ep.add_argument(
         "--no-progress",

@@ -30,7 +30,7 @@ def add_parser(sub, positive) -> None:
     """Register ``sf`` on the ``workbench`` subparsers ``sub``; ``positive`` builds number types."""
     sp = sub.add_parser(
         "sf",
-        help="compute a model's structure factors from its map and write them to MTZ",
+        help="Compute a model's structure factors from its map and write them to MTZ",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -382,6 +382,17 @@ def splat_density(
         atoms), ``atoms.u_aniso`` (anisotropic atoms) and ``atoms.occ`` (``out`` itself when given,
         not differentiable).
 
+    Warns
+    -----
+    UserWarning
+        (``cpu``, ``reference``, whose atoms are read on the host anyway) An atom whose B, or whose
+        U along its narrowest axis (8π²·λmin), is below ``MIN_PHYSICAL_B`` (0.5 Å²), as
+        :meth:`AtomSet.check` warns: its density is a spike the grid samples at a few points, so
+        the map's integral is off by orders of magnitude (U = 1e-8 Å² gives billions of electrons).
+        On a GPU (``triton``) and under ``torch.compile`` no value is read back and nothing warns:
+        call ``atoms.check()`` once where the atoms are built (``read_model`` and the CLI do).
+        Also an atom whose cutoff radius is below the grid spacing.
+
     Raises
     ------
     kernels.BackendError
@@ -419,7 +430,11 @@ def splat_density(
             # These backends read the values on the host anyway: a bad B, occupancy or coefficient is
             # named here, not left to make NaN voxels (AtomSet(...) reads no value; positions and U
             # are checked by the backends themselves).
-            atoms._check_values(physical=False)
+            # The tiny-B/U rule of AtomSet.check as well (a warning): an atom narrower than zero-point
+            # motion allows is a spike the grid samples at a few points, so the map's integral is off by
+            # orders of magnitude. A GPU splat reads no value back: there atoms.check() says it.
+            atoms._check_values(physical=False, warn=True)
+            atoms._warn_tiny_u(stacklevel=3)
         if radius is None:
             _warn_atoms_below_spacing(atoms, cutoff, grid, radius_rule)
     if name != "reference" and not grid.is_whole_cell:

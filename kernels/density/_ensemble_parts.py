@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -124,17 +125,20 @@ def _first_bad(bad: torch.Tensor, n: int) -> tuple[int, int, int]:
     return f, i, int(flat.sum())
 
 
-def _check_values(atoms: AtomSet, xyz, b_iso, occ, n: int, u_aniso=None, per_chunk: int | None = None) -> None:
+def _check_values(
+    atoms: AtomSet, xyz, b_iso, occ, n: int, u_aniso=None, per_chunk: int | None = None, offset: int = 0
+) -> None:
     """Host checks of the frames' values (CPU tensors only: on a GPU they would stop the host).
 
-    ``per_chunk`` frames at a time, so the masks never cover every atom-frame at once.
+    ``per_chunk`` frames at a time, so the masks never cover every atom-frame at once. ``offset``:
+    the index of the tensors' first row among all the frames (a streamed chunk's), which messages name.
     """
     n_frames = xyz.shape[0]
     per_chunk = per_chunk or n_frames
     for lo in range(0, n_frames, per_chunk):
         rows = slice(lo, min(n_frames, lo + per_chunk))
         part = [None if t is None else t[rows] for t in (b_iso, occ, u_aniso)]
-        _check_chunk(atoms, xyz[rows], part[0], part[1], n, part[2], lo)
+        _check_chunk(atoms, xyz[rows], part[0], part[1], n, part[2], offset + lo)
 
 
 def _check_chunk(atoms: AtomSet, xyz, b_iso, occ, n: int, u_aniso, first: int) -> None:
@@ -160,6 +164,45 @@ def _check_chunk(atoms: AtomSet, xyz, b_iso, occ, n: int, u_aniso, first: int) -
             value = f"{values[f, i].detach().tolist()}{' ' + unit if unit else ''}"
             more = f" ({count - 1} more atom-frames too)" if count > 1 else ""
             raise ValueError(f"frame {first + f}: atom {atoms.labels[i]} (index {i}) {what}: {value}{more}")
+
+
+def _warn_tiny(atoms: AtomSet, b_iso, u_aniso, start: int, stop: int, offset: int) -> None:
+    """The tiny-B/U rule of :meth:`AtomSet.check` on host frames ``start..stop``: one warning naming the first.
+
+    Per-frame ``b_iso`` (F, N) and ``u_aniso`` (F, N, 6), or the atoms' own where None.
+    """
+    from kernels.atoms import MIN_PHYSICAL_B, thin_u
+
+    n = len(atoms)
+    b = (atoms.b_iso[None] if b_iso is None else b_iso[start:stop]).detach()
+    tiny = b < MIN_PHYSICAL_B
+    if atoms.aniso is not None:
+        tiny &= ~atoms.aniso
+    where = what = None
+    if bool(tiny.any()):
+        f, i, count = _first_bad(tiny, n)
+        where, what = (f, i, count), f"B = {float(b[f, i]):.3g} Å²"
+    elif atoms.u_aniso is not None:
+        u = (atoms.u_aniso[None] if u_aniso is None else u_aniso[start:stop]).detach().reshape(-1, 6)
+        found = thin_u(u, atoms.aniso.repeat(u.shape[0] // n))
+        if found is not None:
+            idx, count, lam = found
+            where, what = (
+                (*divmod(idx, n), count),
+                f"U's narrowest axis, {lam:.3g} Å² (B = 8π²·λ = {lam * 8 * math.pi**2:.3g} Å²),",
+            )
+    if where is None:
+        return
+    f, i, count = where
+    frame = "" if (b_iso is None and u_aniso is None) else f"frame {offset + start + f}: "
+    more = f" and {count - 1} more atom-frames" if count > 1 else ""
+    warnings.warn(
+        f"{frame}atom {atoms.labels[i]} (index {i}){more}: {what} is below {MIN_PHYSICAL_B} Å², less than zero-point "
+        "motion allows; its density is a spike narrower than any map voxel, so the map will not show it faithfully "
+        "(check the B and U values)",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def _as_weights(weights, n_frames: int, atoms: AtomSet) -> torch.Tensor:
@@ -253,14 +296,15 @@ class _Plan(NamedTuple):
 
 
 def _sum_frames(
-    atoms, xyz, plan: _Plan, w, b_iso, occ, u_aniso, start: int, stop: int, chunk, warn_small=True, bar=None
+    atoms, xyz, plan: _Plan, w, b_iso, occ, u_aniso, start: int, stop: int, chunk, warn_small=True, bar=None, offset=0
 ):
     """Σ over frames ``start..stop`` of ``w[f]``·map_f, one backend call per ``chunk`` frames; (map, small?).
 
     ``chunk`` None: the host takes ``CHUNK_ATOM_FRAMES`` atom-frames per call (the kernel's per-atom state,
     ~450 B, then never exists for all F·N at once), a GPU all frames in one call. The second value says
     whether atoms below the grid spacing were found (warned about when ``warn_small``). ``bar``: a
-    :func:`kernels._progress.progress_bar` told of every call's frames.
+    :func:`kernels._progress.progress_bar` told of every call's frames. ``offset``: the index of
+    ``xyz``'s first row among all the frames (a streamed chunk's), which messages and warnings name.
     """
     n, count, grid, dtype = len(atoms), stop - start, plan.grid, plan.dtype
     grad = torch.is_grad_enabled() and any(
@@ -271,14 +315,29 @@ def _sum_frames(
     grad_bytes = _grad_bytes_per_atom(atoms, b_iso, plan.radius, plan.cutoff, grid) if grad and host else 0
     _require_sum_memory(grid, count, n, min(per_chunk, count), dtype, atoms.device, grad_bytes, plan.name)
     if host:
-        _check_values(atoms, xyz, b_iso, occ, n, u_aniso, per_chunk)
+        _check_values(atoms, xyz, b_iso, occ, n, u_aniso, per_chunk, offset)
+        if warn_small:
+            _warn_tiny(atoms, b_iso, u_aniso, start, stop, offset)
     extra = {} if atoms.u_aniso is None else {"radius_rule": plan.radius_rule}
     out, bound = None, 0.0
     small = []  # what each chunk's check of atoms below the grid spacing found
     for lo in range(start, stop, per_chunk):
         hi = min(stop, lo + per_chunk)
         frames = _checked_frames(
-            atoms, xyz, b_iso, occ, u_aniso, lo, hi, plan.blur, plan.radius, plan.cutoff, grid, plan.radius_rule, small
+            atoms,
+            xyz,
+            b_iso,
+            occ,
+            u_aniso,
+            lo,
+            hi,
+            plan.blur,
+            plan.radius,
+            plan.cutoff,
+            grid,
+            plan.radius_rule,
+            small,
+            offset,
         )
         if host and w is not None:  # the largest value the weighted map could reach: every atom on one voxel
             from kernels.density import _peak_density_host
@@ -308,7 +367,7 @@ def _sum_frames(
             plan.cutoff,
             grid,
             n,
-            first_lo,
+            offset + first_lo,
         )
     if bound > torch.finfo(out.dtype).max and not bool(torch.isfinite(out).all()):
         raise ValueError(
@@ -388,12 +447,14 @@ def _require_sum_memory(grid, count, n, chunk, dtype, device, grad_per_atom: int
 _SMALL_SUM = 256 << 20
 
 
-def _checked_frames(atoms, xyz, b_iso, occ, u_aniso, lo, hi, blur, radius, cutoff, grid, radius_rule, small=None):
+def _checked_frames(
+    atoms, xyz, b_iso, occ, u_aniso, lo, hi, blur, radius, cutoff, grid, radius_rule, small=None, offset=0
+):
     """Frames ``lo..hi`` flattened and blurred, with the host checks that need their values.
 
     Host atoms: a negative blur that leaves an atom without a Gaussian raises (naming the frame);
     atoms whose cutoff radius is below the grid spacing warn (or, with ``small`` given, are appended
-    to it as ``(finding, lo)`` for one warning over every chunk).
+    to it as ``(finding, lo)`` for one warning over every chunk). Messages name frame ``offset + lo``, ….
     """
     from kernels.density import _atoms_below_spacing, _check_blurred, _warn_small
 
@@ -401,12 +462,12 @@ def _checked_frames(atoms, xyz, b_iso, occ, u_aniso, lo, hi, blur, radius, cutof
     frames = with_blur(_flatten(atoms, xyz, b_iso, occ, lo, hi, u_aniso), blur)
     if atoms.device.type != "cpu":
         return frames
-    _check_blurred(frames, blur, n, lo)
+    _check_blurred(frames, blur, n, offset + lo)
     if radius is None:
         found = _atoms_below_spacing(frames, cutoff, grid, radius_rule)
         if found is not None:
             if small is None:
-                _warn_small(frames, found, cutoff, grid, n, lo)
+                _warn_small(frames, found, cutoff, grid, n, offset + lo)
             else:
                 small.append((found, lo))
     return frames

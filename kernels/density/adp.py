@@ -196,10 +196,17 @@ def with_blur(atoms, blur: float):
 
     Isotropic atoms get ``b_iso + blur``; anisotropic atoms ``U + blur/(8π²)·I``. ``blur = 0`` returns
     ``atoms`` itself. Not validated again: a negative blur that leaves some B ≤ 0 or some U not
-    positive definite is refused by :func:`kernels.splat_density` before it gets here.
+    positive definite is refused by :func:`kernels.splat_density` before it gets here. A blur beyond
+    half the largest value of the atoms' dtype raises ValueError naming the blur (B + blur overflows).
     """
     if blur == 0:
         return atoms
+    largest = torch.finfo(atoms.dtype).max
+    if not abs(blur) <= largest / 2:  # B + blur would overflow the atoms' dtype: the blur is at fault, not a B
+        raise ValueError(
+            f"blur={blur:g} Å² is beyond the range of the atoms' {atoms.dtype} (largest {largest:.3g}): B + blur "
+            "overflows. A blur is an extra B in Å², of the size of B (tens of Å²)"
+        )
     u = atoms.u_aniso
     if u is not None:
         diag = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], dtype=u.dtype, device=u.device)

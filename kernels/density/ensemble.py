@@ -190,6 +190,9 @@ def splat_ensemble(
         raise TypeError(f"atoms must be a kernels.AtomSet, got {type(atoms).__name__}")
     n = len(atoms)
     if not isinstance(xyz, torch.Tensor):
+        from kernels.density.frames import refuse_path
+
+        refuse_path(xyz, "xyz")
         if isinstance(xyz, np.ndarray) or not isinstance(xyz, Iterable):
             raise TypeError(
                 f"xyz must be a torch.Tensor of shape (F, {n}, 3) (frames, atoms, Å), an iterable of such tensors "

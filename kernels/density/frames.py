@@ -11,7 +11,10 @@ few chunks of it at a time.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -64,27 +67,116 @@ def _check_dcd_length(layout: _DcdLayout, path: Path, n_frames: int) -> None:
         )
 
 
+def _dcd_header_problem(path: Path) -> str | None:
+    """What is wrong with a DCD's header or its first frame, read here before MDAnalysis reads it; or None.
+
+    The CHARMM/NAMD layout: a record of 84 bytes (``CORD`` and 20 int32 control words), a title
+    record, a record holding NATOM, then the frames. MDAnalysis answers a header it cannot use with
+    errors that name neither the field nor the file ("Python int too large to convert to C long",
+    "opened empty file"), so the atom count and the first frame's length are checked here first.
+    A file that does not start as a DCD is left to MDAnalysis (another format under the name).
+    """
+    import struct
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        head = fh.read(4 + 84 + 4 + 4)
+        order = next((o for o in "<>" if len(head) >= 8 and struct.unpack(o + "i", head[:4])[0] == 84), None)
+        if order is None or head[4:8] != b"CORD":
+            return None
+        if len(head) < 4 + 84 + 4 + 4:
+            return f"the DCD header is cut short: the file holds {size} bytes"
+        control = struct.unpack(order + "20i", head[8:88])
+        title = struct.unpack(order + "i", head[92:96])[0]
+        if not 0 <= title <= size:
+            return (
+                f"the DCD header is cut short or damaged: its title record claims {title} bytes, but the file holds "
+                f"{size}"
+            )
+        fh.seek(4 + 84 + 4 + 4 + title + 4)
+        natom_record = fh.read(12)
+    if len(natom_record) < 12:
+        return f"the DCD header is cut short before its atom count (NATOM): the file holds {size} bytes"
+    marker, natom, _ = struct.unpack(order + "3i", natom_record)
+    header = 4 + 84 + 4 + 4 + title + 4 + 12
+    if marker != 4 or not 1 <= natom <= (2**31 - 9) // 4:
+        return (
+            f"the DCD header gives {natom} atoms (NATOM, bytes {header - 8}–{header - 5}), which no DCD holds: the "
+            "header is damaged or the file is not a DCD; write it again"
+        )
+    fixed, four_d = control[8], control[11]
+    if fixed != 0 or four_d != 0:
+        return None  # frames of another layout: MDAnalysis checks those
+    cell = 56 if control[10] and control[19] else 0
+    frame = cell + 3 * (8 + 4 * natom)
+    if control[0] != 0 and size < header + frame:
+        got = max(size - header, 0)
+        return (
+            f"the DCD is cut inside frame 1: it holds {got} of that frame's {frame} bytes ({natom} atoms) after its "
+            f"{header}-byte header, so no whole frame (a run that stopped while writing its first frame?)"
+        )
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_reader_cleanup():
+    """MDAnalysis readers that failed while opening raise again from ``__del__`` ("Exception ignored in …");
+    those reports are dropped while this is open. Free the failed reader inside it."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        module = getattr(type(unraisable.object), "__module__", "") or getattr(unraisable.object, "__module__", "")
+        if not str(module).startswith("MDAnalysis"):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+
+
+def open_universe(path: Path, topology: Path):
+    """An MDAnalysis Universe of ``topology`` and the trajectory ``path``; ValueError naming the file and problem.
+
+    A DCD's header and first frame are checked first (:func:`_dcd_header_problem`); whatever
+    else MDAnalysis cannot read is reported with its message, once, without the noise of its
+    failed reader's clean-up.
+    """
+    try:
+        import MDAnalysis
+    except ImportError:
+        raise ImportError(
+            "reading an MD trajectory needs MDAnalysis: pip install 'density-workbench[md]' (or MDAnalysis)"
+        ) from None
+    import warnings
+
+    if path.suffix.lower() == ".dcd":
+        problem = _dcd_header_problem(path)
+        if problem:
+            raise ValueError(f"{path}: {problem}")
+    problem = None
+    with _quiet_reader_cleanup():
+        with warnings.catch_warnings():  # MDAnalysis warns about every guessed attribute of a PDB topology
+            warnings.simplefilter("ignore")
+            try:
+                return MDAnalysis.Universe(str(topology), str(path))
+            except Exception as exc:  # MDAnalysis raises many types for unreadable input
+                problem = (
+                    f"MDAnalysis cannot read the trajectory {path} with the topology {topology}: {exc}. "
+                    "The topology must describe the trajectory's atoms (same number, same order)"
+                )
+        # the failed reader is freed here (the exception is gone), its clean-up quiet
+    raise ValueError(problem)
+
+
 class _Trajectory:
     """An MDAnalysis Universe of ``topology`` and ``path``: frames are read on demand."""
 
     def __init__(self, path: Path, topology: Path):
-        try:
-            import MDAnalysis
-        except ImportError:
-            raise ImportError(
-                "reading an MD trajectory needs MDAnalysis: pip install 'density-workbench[md]' (or MDAnalysis)"
-            ) from None
-        import warnings
-
-        with warnings.catch_warnings():  # MDAnalysis warns about every guessed attribute of a PDB topology
-            warnings.simplefilter("ignore")
-            try:
-                self.universe = MDAnalysis.Universe(str(topology), str(path))
-            except Exception as exc:  # MDAnalysis raises many types for unreadable input
-                raise ValueError(
-                    f"MDAnalysis cannot read the trajectory {path} with the topology {topology}: {exc}. "
-                    "The topology must describe the trajectory's atoms (same number, same order)"
-                ) from exc
+        self.universe = open_universe(path, topology)
+        self.closed = False
         self.n_frames = len(self.universe.trajectory)
         self.n_atoms = len(self.universe.atoms)
         layout = _dcd_layout(self.universe.trajectory, path)
@@ -94,6 +186,8 @@ class _Trajectory:
             self._records = _DcdRecords.open(layout, path, self.n_frames, self.n_atoms)
 
     def read(self, lo: int, hi: int, out: np.ndarray, path: Path) -> None:
+        if self.closed:
+            raise _closed(path)
         if self._records is not None:
             self._records.read(lo, hi, out, path)
             return
@@ -113,17 +207,26 @@ class _Trajectory:
             )
 
     def close(self) -> None:
-        self._records = None
+        self.closed = True
+        if self._records is not None:
+            self._records.close()
+            self._records = None
         self.universe.trajectory.close()
 
 
 class _DcdRecords:
-    """A DCD's frames read as fixed-size records of a memory map, checked against MDAnalysis's header.
+    """A DCD's frames read as fixed-size records of the open file, checked against MDAnalysis's header.
 
     The layout of a DCD of three dimensions without fixed atoms: per frame an optional unit-cell
     record (six float64), then one Fortran record each of the X, Y and Z float32 coordinates, every
-    record framed by its byte count. A chunk is three strided copies, several times faster than a
-    Timestep per frame; the markers of every frame read are checked, so damage still says where.
+    record framed by its byte count. A chunk is one positioned read of its records and three strided
+    copies, several times faster than a Timestep per frame; the markers of every frame read are
+    checked, so damage still says where.
+
+    The records are read with ``pread`` from a descriptor held open, never through a memory map: a
+    file cut shorter while it is read (a run that rewrites it, a copy over it) gives a short read,
+    which raises naming the file and the frame, where a map's missing pages would end the process
+    with SIGBUS. A file replaced under its name (renamed over) is read on from the one opened.
     """
 
     def __init__(self, path: Path, header: int, n_frames: int, n_atoms: int, cell: bool, order: str):
@@ -131,7 +234,9 @@ class _DcdRecords:
         for axis in "xyz":
             fields += [(axis + "0", order + "i4"), (axis, order + "f4", (n_atoms,)), (axis + "1", order + "i4")]
         self._cell, self._marker = cell, 4 * n_atoms
-        self._map = np.memmap(path, dtype=np.dtype(fields), mode="r", offset=header, shape=(n_frames,))
+        self._dtype = np.dtype(fields)
+        self._header, self._n_frames = header, n_frames
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
 
     @classmethod
     def open(cls, layout: _DcdLayout, path: Path, n_frames: int, n_atoms: int) -> _DcdRecords | None:
@@ -150,9 +255,32 @@ class _DcdRecords:
                 return cls(path, layout.header, n_frames, n_atoms, layout.cell, order)
         return None
 
+    def _records(self, lo: int, hi: int, path: Path) -> np.ndarray:
+        """Records ``lo..hi`` read whole; ValueError naming the first frame the file no longer holds."""
+        records = np.empty(hi - lo, dtype=self._dtype)
+        buf = memoryview(records).cast("B")
+        at, offset = 0, self._header + lo * self._dtype.itemsize
+        while at < len(buf):
+            try:
+                got = _pread_into(self._fd, buf[at:], offset + at)
+            except OSError as exc:
+                raise ValueError(
+                    f"{path}: frame {lo + at // self._dtype.itemsize + 1} of {self._n_frames} cannot be read "
+                    f"({exc.strerror or exc}): is the file still there and readable?"
+                ) from exc
+            if got == 0:
+                size = os.fstat(self._fd).st_size
+                raise ValueError(
+                    f"{path}: frame {lo + at // self._dtype.itemsize + 1} of {self._n_frames} is no longer in the file: "
+                    f"it is now {size} bytes, shorter than when it was opened (it changed while it was read: a run "
+                    "still writing or rewriting it?); read it once it is complete, or copy it first"
+                )
+            at += got
+        return records
+
     def read(self, lo: int, hi: int, out: np.ndarray, path: Path) -> None:
         """Frames ``lo..hi`` (0-based, ``hi`` excluded) into ``out`` of shape (hi − lo, N, 3)."""
-        records = self._map[lo:hi]
+        records = self._records(lo, hi, path)
         markers = [("cell0", _CELL_BYTES), ("cell1", _CELL_BYTES)] if self._cell else []
         markers += [(axis + end, self._marker) for axis in "xyz" for end in "01"]
         for name, size in markers:
@@ -165,9 +293,68 @@ class _DcdRecords:
         for k, axis in enumerate("xyz"):
             out[:, :, k] = records[axis]
 
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _pread_into(fd: int, buf: memoryview, offset: int) -> int:
+    """Bytes read into ``buf`` from ``offset`` of ``fd`` (0 at the end of the file); the file position is untouched."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [buf], offset)
+    data = os.pread(fd, len(buf), offset)
+    buf[: len(data)] = data
+    return len(data)
+
+
+def _closed(path: Path) -> ValueError:
+    return ValueError(
+        f"{path}: this FrameSource is closed (close() was called, or the with block that opened it ended): "
+        "open the file again with kernels.frames_from"
+    )
+
+
+def model_rows(model) -> list:
+    """(chain name, residue, atom) of every atom of a gemmi model, in :func:`kernels.read_model`'s order."""
+    return [(chain.name, res, atom) for chain in model for res in chain for atom in res]
+
+
+def atom_identity(chain: str, res, atom) -> tuple:
+    """What makes an atom the same atom in another frame: its :class:`kernels.AtomLabel` and element."""
+    from kernels.atoms import AtomLabel
+
+    altloc = atom.altloc if atom.altloc != "\0" else ""
+    return AtomLabel(chain, res.name, res.seqid.num, res.seqid.icode, atom.name, altloc), atom.element.name
+
+
+def different_atoms(where: str, rows: list, first: list) -> str | None:
+    """Why a model's atoms ``rows`` (:func:`model_rows`) are not model 1's, whose identities are ``first``; or None.
+
+    The frames of an ensemble are the same atoms in the same order: every atom must match model 1's
+    atom for atom (name, residue, chain, insertion code, altloc, element). ``where`` names the model.
+    Both :func:`frames_from` and ``workbench ensemble`` refuse a multi-model file with this check.
+    """
+    if len(rows) != len(first):
+        return (
+            f"{where} has {len(rows)} atoms but model 1 has {len(first)}: the frames of an ensemble must be the "
+            "same atoms in the same order"
+        )
+    for i, row in enumerate(rows):
+        mine = atom_identity(*row)
+        if mine != first[i]:
+            return (
+                f"{where}: atom {i + 1} is {mine[0]} ({mine[1]}) where model 1 has {first[i][0]} ({first[i][1]}): the "
+                "frames of an ensemble must be the same atoms in the same order"
+            )
+    return None
+
 
 class _Models:
-    """Every model of a PDB/mmCIF file (gemmi), atoms in ``kernels.read_model``'s order; read whole at open."""
+    """Every model of a PDB/mmCIF file (gemmi), atoms in ``kernels.read_model``'s order; read whole at open.
+
+    Every model must be model 1's atoms in the same order (:func:`different_atoms`).
+    """
 
     def __init__(self, path: Path):
         import gemmi
@@ -178,26 +365,31 @@ class _Models:
             raise ValueError(f"gemmi cannot read {path} as a model file: {exc}") from exc
         st.merge_chain_parts()
         self.positions = []
+        first = None
         for index, model in enumerate(st):
-            pos = np.array(
-                [atom.pos.tolist() for chain in model for res in chain for atom in res], dtype=np.float64
-            ).reshape(-1, 3)
-            if self.positions and len(pos) != len(self.positions[0]):
-                raise ValueError(
-                    f"{path}: model {index + 1} of {len(st)} has {len(pos)} atoms but model 1 has "
-                    f"{len(self.positions[0])}: the frames of an ensemble must be the same atoms in the same order"
-                )
+            rows = model_rows(model)
+            if first is None:
+                first = [atom_identity(*row) for row in rows]
+            else:
+                problem = different_atoms(f"{path}: model {index + 1} of {len(st)} (MODEL {model.num})", rows, first)
+                if problem:
+                    raise ValueError(problem)
+            pos = np.array([atom.pos.tolist() for _, _, atom in rows], dtype=np.float64).reshape(-1, 3)
             self.positions.append(pos)
         if not self.positions or len(self.positions[0]) == 0:
             raise ValueError(f"{path} holds no atoms")
+        self.closed = False
         self.n_frames = len(self.positions)
         self.n_atoms = len(self.positions[0])
 
     def read(self, lo: int, hi: int, out: np.ndarray, path: Path) -> None:
+        if self.closed:
+            raise _closed(path)
         for k in range(lo, hi):
             out[k - lo] = self.positions[k]
 
     def close(self) -> None:
+        self.closed = True
         self.positions = []
 
 
@@ -350,6 +542,19 @@ def _share(n_frames: int, rank: int, world: int) -> tuple[int, int]:
     base, extra = divmod(n_frames, world)
     start = rank * base + min(rank, extra)
     return start, start + base + (1 if rank < extra else 0)
+
+
+def refuse_path(frames, name: str) -> None:
+    """TypeError pointing to :func:`frames_from` when ``frames`` is a file's path, not frames.
+
+    A str is iterable: its characters would otherwise be taken for chunks of frames.
+    """
+    if isinstance(frames, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"{name} is a path ({os.fsdecode(frames)!r}), not frames: open the file with kernels.frames_from(path) "
+            "(a multi-model PDB/mmCIF) or kernels.frames_from(path, topology) (an MD trajectory) and pass the "
+            "FrameSource it gives"
+        )
 
 
 def whole_chunk(chunk) -> int:

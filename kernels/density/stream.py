@@ -16,6 +16,7 @@ Under a process group a :class:`~kernels.FrameSource` is split with :meth:`~kern
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kernels._util import TEMPORARY_NAME_KEEP, output_problem
 from kernels.crystal import AtomSet, GridError, GridSpec
 from kernels.density._ensemble_parts import (
     CHUNK_ATOM_FRAMES,
@@ -39,7 +41,7 @@ from kernels.density._ensemble_parts import (
     _sum_frames,
     _weighted,
 )
-from kernels.density.frames import DEFAULT_CHUNK_BYTES, FrameSource, frame_share, whole_chunk
+from kernels.density.frames import DEFAULT_CHUNK_BYTES, FrameSource, frame_share, refuse_path, whole_chunk
 from kernels.density.radius import DEFAULT_CUTOFF
 from kernels.dispatch import get_backend
 
@@ -106,6 +108,7 @@ class _Stream:
 
     def __init__(self, frames, n: int, chunk, process_group, device: torch.device):
         self.n, self.split, self.from_tensor = n, chunk, isinstance(frames, torch.Tensor)
+        refuse_path(frames, "frames")
         if isinstance(frames, FrameSource):
             if frames.n_atoms != n:
                 raise ValueError(
@@ -300,10 +303,12 @@ def splat_stream(
         torch.no_grad(),
         closing(_chunks(stream, prefetch, bar, atoms.device, atoms.dtype)) as chunks,
     ):
-        for _, c in chunks:
+        for first, c in chunks:
             f = c.shape[0]
             w = None if weight is None else torch.full((f,), weight, dtype=atoms.dtype, device=atoms.device)
-            part, small = _sum_frames(atoms, c, plan, w, None, None, None, 0, f, None, warn_small=not warned)
+            part, small = _sum_frames(
+                atoms, c, plan, w, None, None, None, 0, f, None, warn_small=not warned, offset=first
+            )
             warned |= small
             del c
             if out is None:
@@ -388,7 +393,10 @@ def ensemble_gradients(
         ``wrt``. A path ``name.npy``: the gradients are written into memory-mapped ``.npy`` files,
         ``name.npy`` (F, N, 3) for ``"xyz"``, ``name_b_iso.npy`` and ``name_occ.npy`` (F, N) for the
         others, in the map's dtype (float32; float64 from ``reference``); F must be known up front
-        (a tensor or a FrameSource). Under a process group every rank writes its own rows of the
+        (a tensor or a FrameSource). The files are written as temporaries beside these names and
+        renamed onto them once every row is written, so a pass that fails part way leaves no
+        partial ``.npy`` (a name that is not a regular file or a new path is refused first, as by
+        :func:`kernels.write_map`). Under a process group every rank writes its own rows of the
         same files (rank 0 creates them), so the path must be on a file system all ranks share.
     chunk : int, optional
         Frames per backward call (default: the source's chunk; for a tensor, the CPU backend's
@@ -416,8 +424,9 @@ def ensemble_gradients(
     ------
     ValueError
         ``map_grad`` not of ``grid.shape``; ``wrt`` empty or with unknown names; a path ``out`` that
-        does not end in ``.npy`` or whose F is not known up front; bad frames as
-        :func:`kernels.splat_ensemble` raises for them.
+        does not end in ``.npy``, whose F is not known up front, or that names a device, pipe, socket
+        or folder; frames that hold no frame (an empty list, a generator the forward used up); bad
+        frames as :func:`kernels.splat_ensemble` raises for them.
     TypeError
         ``out`` neither callable nor a path; frames of another kind.
     """
@@ -432,30 +441,41 @@ def ensemble_gradients(
         raise ValueError(f"map_grad must be a tensor of the grid's shape {tuple(grid.shape)} (∂L/∂ρ), got {shape}")
     map_grad = map_grad.detach().to(device=atoms.device, dtype=plan.dtype)
     stream = _open(frames, n, chunk, process_group, grid, atoms.device)
-    write, path = _writer(out, stream, n, wrt, plan.dtype, process_group)
+    write, path = _writer(out, stream, n, wrt, plan.dtype, process_group, atoms.device)
     const = atoms.replace(
         b_iso=atoms.b_iso.detach(), occ=atoms.occ.detach(),
         u_aniso=None if atoms.u_aniso is None else atoms.u_aniso.detach(), _validate=False,
     )  # fmt: skip
     vjp = _map_vjp(plan.name)
-    warned = False
-    with (
-        _bar(progress, stream.mine, "ensemble_gradients", process_group) as bar,
-        closing(_chunks(stream, prefetch, bar, atoms.device, atoms.dtype)) as chunks,
-    ):
-        for first, c in chunks:
-            f = c.shape[0]
-            w = None if weight == 1.0 else torch.full((f,), weight, dtype=atoms.dtype, device=atoms.device)
-            if vjp is not None:
-                grads, small = _backward_only(vjp, const, c, plan, w, wrt, map_grad, first, warn_small=not warned)
-            else:
-                grads, small = _recomputed(const, c, plan, w, wrt, map_grad, warn_small=not warned)
-            warned |= small
-            del c
-            write(first, first + f, grads)
-            del grads
-    if path is not None:
-        write.finish()
+    warned, done = False, 0
+    try:
+        with (
+            _bar(progress, stream.mine, "ensemble_gradients", process_group) as bar,
+            closing(_chunks(stream, prefetch, bar, atoms.device, atoms.dtype)) as chunks,
+        ):
+            for first, c in chunks:
+                f = c.shape[0]
+                w = None if weight == 1.0 else torch.full((f,), weight, dtype=atoms.dtype, device=atoms.device)
+                if vjp is not None:
+                    grads, small = _backward_only(vjp, const, c, plan, w, wrt, map_grad, first, warn_small=not warned)
+                else:
+                    grads, small = _recomputed(const, c, plan, w, wrt, map_grad, warn_small=not warned, first=first)
+                warned |= small
+                del c
+                write(first, first + f, grads)
+                del grads
+                done += f
+        if _all_frames(process_group, done, atoms.device) == 0:
+            raise ValueError(
+                "the frames held no frames (an empty iterable or source, or a generator the forward pass used "
+                "up): give at least one; pass a new generator of the same frames for the second pass"
+            )
+        if path is not None:
+            write.finish()
+    except BaseException:
+        if path is not None:
+            write.abort()
+        raise
     return path
 
 
@@ -488,10 +508,23 @@ def _backward_only(vjp, atoms: AtomSet, c, plan: _Plan, w, wrt, map_grad, first:
     """
     f, n = c.shape[0], len(atoms)
     if atoms.device.type == "cpu":
-        _check_values(atoms, c, None, None, n, None, f)
+        _check_values(atoms, c, None, None, n, None, f, first)
     found = []
     frames = _checked_frames(
-        atoms, c, None, None, None, 0, f, plan.blur, plan.radius, plan.cutoff, plan.grid, plan.radius_rule, found
+        atoms,
+        c,
+        None,
+        None,
+        None,
+        0,
+        f,
+        plan.blur,
+        plan.radius,
+        plan.cutoff,
+        plan.grid,
+        plan.radius_rule,
+        found,
+        first,
     )
     if found and warn_small:
         from kernels.density import _warn_small
@@ -510,32 +543,51 @@ def _backward_only(vjp, atoms: AtomSet, c, plan: _Plan, w, wrt, map_grad, first:
     return {name: grads[name] for name in wrt}, bool(found)
 
 
-def _recomputed(atoms: AtomSet, c, plan: _Plan, w, wrt, map_grad, warn_small: bool):
+def _recomputed(atoms: AtomSet, c, plan: _Plan, w, wrt, map_grad, warn_small: bool, first: int = 0):
     """(grads of chunk ``c`` by name, small?) by autograd of the chunk's splat, recomputed (any backend)."""
     f, n = c.shape[0], len(atoms)
     x = c.detach().requires_grad_("xyz" in wrt)  # a tensor of its own: the caller's chunk stays as it is
     b = atoms.b_iso.expand(f, n).clone().requires_grad_() if "b_iso" in wrt else None
     o = atoms.occ.expand(f, n).clone().requires_grad_() if "occ" in wrt else None
     with torch.enable_grad():
-        rho, small = _sum_frames(atoms, x, plan, w, b, o, None, 0, f, None, warn_small=warn_small)
+        rho, small = _sum_frames(atoms, x, plan, w, b, o, None, 0, f, None, warn_small=warn_small, offset=first)
         asked = {"xyz": x, "b_iso": b, "occ": o}
         grads = torch.autograd.grad(rho, [asked[name] for name in wrt], grad_outputs=map_grad)
     return dict(zip(wrt, grads)), small
 
 
 class _NpyWriter:
-    """Rows of memory-mapped ``.npy`` files, one per gradient; rank 0 creates them, the others open them."""
+    """Rows of memory-mapped ``.npy`` files, one per gradient, written as temporaries and renamed at the end.
 
-    def __init__(self, path: Path, n_frames: int, n: int, wrt, dtype: torch.dtype, process_group):
-        self.process_group = process_group
+    Rank 0 creates every file as ``.<name>.<token>.tmp`` beside its final name (the token random, agreed
+    by the ranks in one all_reduce) at full size; each rank opens them by that name and writes its
+    rows; :meth:`finish` renames them onto their final names once every rank has written. So a
+    stream that fails part way (a damaged frame, Ctrl-C, a rank that stops) leaves no ``.npy`` whose
+    unwritten rows read as zeros: :meth:`abort` removes the temporaries, and only a killed process
+    may leave a ``.tmp`` file, never a partial file under the final name.
+    """
+
+    def __init__(self, paths: dict, n_frames: int, n: int, dtype: torch.dtype, process_group, device: torch.device):
+        self.process_group, self.paths, self.maps = process_group, paths, {}
         np_dtype = np.float32 if dtype == torch.float32 else np.float64
-        self.paths = {name: path if name == "xyz" else path.with_name(f"{path.stem}_{name}.npy") for name in wrt}
-        shapes = {name: (n_frames, n, 3) if name == "xyz" else (n_frames, n) for name in wrt}
-        if _rank(process_group) == 0:
-            for name, p in self.paths.items():
-                np.lib.format.open_memmap(p, mode="w+", dtype=np_dtype, shape=shapes[name]).flush()
-        self._barrier()
-        self.maps = {name: np.load(p, mmap_mode="r+") for name, p in self.paths.items()}
+        shapes = {name: (n_frames, n, 3) if name == "xyz" else (n_frames, n) for name in paths}
+        rank0 = _rank(process_group) == 0
+        token = _agreed_token(process_group, device, int.from_bytes(os.urandom(7), "little") if rank0 else 0)
+        self.temporaries = {
+            name: p.with_name(f".{p.name[:TEMPORARY_NAME_KEEP]}.{token:014x}.tmp") for name, p in paths.items()
+        }
+        self.made = []
+        try:
+            if rank0:
+                for name, tmp in self.temporaries.items():
+                    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # 0666 less the umask
+                    self.made.append(tmp)
+                    np.lib.format.open_memmap(tmp, mode="w+", dtype=np_dtype, shape=shapes[name]).flush()
+            self._barrier()
+            self.maps = {name: np.load(tmp, mmap_mode="r+") for name, tmp in self.temporaries.items()}
+        except BaseException:
+            self.abort()
+            raise
 
     def _barrier(self) -> None:
         if self.process_group is not None:
@@ -548,13 +600,39 @@ class _NpyWriter:
             self.maps[name][start:stop] = g.detach().cpu().numpy()
 
     def finish(self) -> None:
+        """Every rank's rows are written: rank 0 renames the files onto their final names."""
         for m in self.maps.values():
             m.flush()
         self.maps = {}
         self._barrier()
+        if self.made:
+            for name, tmp in self.temporaries.items():
+                os.replace(tmp, self.paths[name])
+            self.made = []
+        self._barrier()
+
+    def abort(self) -> None:
+        """Drop the files: the gradients are not all written (the final names are left as they were)."""
+        self.maps = {}
+        for tmp in self.made:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        self.made = []
 
 
-def _writer(out, stream: _Stream, n: int, wrt, dtype: torch.dtype, process_group):
+def _agreed_token(process_group, device: torch.device, mine: int) -> int:
+    """Rank 0's ``mine`` on every rank (an all_reduce MAX, the others passing 0); ``mine`` without a group."""
+    if process_group is None:
+        return mine
+    import torch.distributed as dist
+
+    on = device if dist.get_backend(process_group) == "nccl" else torch.device("cpu")
+    value = torch.tensor([mine], dtype=torch.int64, device=on)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=process_group)
+    return int(value.item())
+
+
+def _writer(out, stream: _Stream, n: int, wrt, dtype: torch.dtype, process_group, device: torch.device):
     """(callable taking (start, stop, grads), the path or None) for ``out``."""
     if callable(out):
         return out, None
@@ -572,4 +650,11 @@ def _writer(out, stream: _Stream, n: int, wrt, dtype: torch.dtype, process_group
         )
     if not path.parent.is_dir():
         raise FileNotFoundError(f"the folder of out={str(path)!r} does not exist")
-    return _NpyWriter(path, stream.total, n, wrt, dtype, process_group), path
+    paths = {name: path if name == "xyz" else path.with_name(f"{path.stem}_{name}.npy") for name in wrt}
+    for p in paths.values():
+        problem = output_problem(p)
+        if problem:
+            raise ValueError(f"out={str(path)!r}: {p}: {problem}")
+    # a link is written through: the file it names is replaced, the link stays
+    paths = {name: Path(os.path.realpath(p)) for name, p in paths.items()}
+    return _NpyWriter(paths, stream.total, n, dtype, process_group, device), path

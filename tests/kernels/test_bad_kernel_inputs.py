@@ -8,8 +8,12 @@ segfault or a multi-GB allocation fails one test instead of the run.
 from __future__ import annotations
 
 import gzip
+import math
 import os
+import re
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -681,6 +685,84 @@ def test_write_map_writes_through_a_symlink(tmp_path):
     assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["map.ccp4"]
 
 
+def _special_outputs(folder: Path) -> dict[str, tuple[Path, str]]:
+    """Paths an output must never replace, and what the refusal calls each."""
+    os.mkfifo(folder / "fifo")
+    (folder / "null-link").symlink_to(os.devnull)
+    (folder / "fifo-link").symlink_to(folder / "fifo")
+    (folder / "link-link").symlink_to(folder / "null-link")
+    (folder / "dir").mkdir()
+    (folder / "dir-link").symlink_to(folder / "dir")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(folder / "sock"))
+    sock.close()  # the socket's file stays
+    return {
+        "fifo": (folder / "fifo", "a pipe (FIFO), not a regular file"),
+        "null": (Path(os.devnull), "the null device, not a regular file"),
+        "zero": (Path("/dev/zero"), "a character device, not a regular file"),
+        "null-link": (folder / "null-link", f"a link to {os.devnull}, which is the null device"),
+        "fifo-link": (folder / "fifo-link", "which is a pipe (FIFO), not a regular file"),
+        "link-link": (folder / "link-link", "which is the null device"),  # a link to a link to /dev/null
+        "sock": (folder / "sock", "a socket, not a regular file"),
+        "dir": (folder / "dir", "a folder, not a file"),
+        "dir-link": (folder / "dir-link", "which is a folder, not a file"),
+        "long": (folder / ("m" * 256 + ".ccp4"), "bytes long, more than the 255 this file system takes"),
+        "long-folder": (folder / ("d" * 300) / "m.ccp4", "a name in the path is 300 bytes long"),
+    }
+
+
+def _kinds(folder: Path) -> dict[str, int]:
+    return {p.name: os.lstat(p).st_mode for p in folder.iterdir()}
+
+
+def test_every_writer_refuses_what_is_not_a_regular_file_or_a_new_path(tmp_path):
+    """write_map, the check's report page and the workbench's text exports share one rule: no device, pipe,
+    socket, folder or link to one is replaced, and an over-long name is one line, before anything is written."""
+    from kernels.checking import CheckReport
+    from workbench.app import _write_text
+
+    grid = GridSpec(_cell(), (4, 4, 4))
+    cases = _special_outputs(tmp_path)
+    before = _kinds(tmp_path)
+    report = CheckReport("density", "mine", "cpu", [], [])
+    writers = {
+        "write_map": lambda p: kernels.write_map(p, torch.zeros(grid.shape), grid),
+        "report page": report.save,
+        "text export": lambda p: _write_text(p, "ATOM\n"),
+    }
+    for name, (path, why) in cases.items():
+        for writer, write in writers.items():
+            with pytest.raises(ValueError, match=re.escape(why)) as caught:
+                write(path)
+            assert str(path) in str(caught.value) and "\n" not in str(caught.value), (name, writer)
+    assert _kinds(tmp_path) == before  # nothing replaced, no temporary file left
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    # a regular file (through a link too) and a new path are written; a dangling link makes its target
+    (tmp_path / "old.ccp4").write_bytes(b"old")
+    (tmp_path / "to-old").symlink_to(tmp_path / "old.ccp4")
+    (tmp_path / "dangling").symlink_to(tmp_path / "made.ccp4")
+    for path in ("old.ccp4", "to-old", "new.ccp4", "dangling", "n" * 200 + ".ccp4"):
+        kernels.write_map(tmp_path / path, torch.ones(grid.shape), grid)
+        assert torch.equal(kernels.read_map(tmp_path / path)[0], torch.ones(grid.shape)), path
+    assert (tmp_path / "to-old").is_symlink() and (tmp_path / "made.ccp4").is_file()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_write_map_checks_the_header_words_before_writing(tmp_path):
+    cell = _cell()
+    for grid, what in [
+        (GridSpec(cell, (4, 4, 4), origin=(2**31, 0, 0), sampling=(8, 8, 8)), "origin"),
+        (GridSpec(cell, (4, 4, 4), origin=(0, -(2**31) - 5, 0), sampling=(8, 8, 8)), "origin"),
+        (GridSpec(cell, (4, 4, 4), origin=(0, 0, 0), sampling=(8, 8, 2**32)), "sampling"),
+    ]:
+        assert what in kernels.mapio.map_header_problem(grid)
+        with pytest.raises(kernels.GridError, match=f"map's {what} .* does not fit the CCP4 header's 32-bit words"):
+            kernels.write_map(tmp_path / "m.ccp4", torch.zeros(grid.shape), grid)
+    edge = GridSpec(cell, (4, 4, 4), origin=(2**31 - 1, -(2**31), 0), sampling=(8, 8, 8))
+    assert kernels.mapio.map_header_problem(edge) is None
+    assert not list(tmp_path.iterdir())
+
+
 WRITER_SCRIPT = """
 import sys, torch, kernels
 from kernels.crystal import Cell, GridSpec
@@ -762,3 +844,98 @@ def test_peak_density_is_the_formula_at_the_centre():
     grid = GridSpec(cell, (40, 40, 40))  # voxel (20, 20, 20) sits on the atom
     rho = kernels.splat_density(atoms, grid, backend="reference")
     assert float(kernels.density.peak_density(atoms)[0]) == pytest.approx(float(rho[20, 20, 20]), rel=1e-12)
+
+
+# --------------------------------------------------------------------------- cells and atoms narrower than an atom
+
+
+@pytest.mark.parametrize(
+    "params, faces, width",
+    [
+        ((0.0002, 100.0, 100.0, 90, 90, 90), "b–c", "0.0002"),  # a 0.0002 Å box: ~10⁴ images on every voxel
+        ((30.0, 0.3, 30.0, 90, 90, 90), "a–c", "0.3"),
+        ((20.0, 20.0, 0.49, 90, 90, 90), "a–b", "0.49"),
+        ((10.0, 10.0, 10.0, 179.0, 90, 90), "a–c", "0.175"),  # long edges, but the faces all but touch
+        ((5.0, 5.0, 5.0, 60.0, 60.0, 119.9), "a–b", "0.275"),  # nearly flat: 5 Å edges, faces 0.27 Å apart
+    ],
+)
+def test_a_cell_narrower_than_an_atom_is_refused_naming_its_faces(params, faces, width):
+    with pytest.raises(ValueError, match=f"unit cell too narrow for an atom .*its {faces} faces are {width}"):
+        Cell.from_parameters(*params)
+    import gemmi
+
+    with pytest.raises(ValueError, match="too narrow|flat|degenerate|impossible"):
+        Cell.from_gemmi(gemmi.UnitCell(*params))
+    assert Cell.from_parameters(0.5, 0.5, 0.5).parameters[0] == 0.5  # the floor itself is a cell
+
+
+def test_a_box_padding_that_makes_a_box_narrower_than_an_atom_names_the_padding(tmp_path):
+    one = tmp_path / "one.pdb"
+    one.write_text("ATOM      1  C   ALA A   1       1.000   2.000   3.000  1.00 20.00           C\nEND\n")
+    flat = tmp_path / "flat.pdb"  # two atoms in the plane z = 3: the box is thin along z only
+    flat.write_text(
+        "ATOM      1  C   ALA A   1       1.000   2.000   3.000  1.00 20.00           C\n"
+        "ATOM      2  O   ALA A   1       4.000   6.000   3.000  1.00 20.00           O\nEND\n"
+    )
+    for path, padding, axis in ((one, 1e-3, "x"), (one, 0.2, "x"), (flat, 1e-4, "z"), (flat, 0.24, "z")):
+        with pytest.raises(kernels.ModelError, match=rf"box_padding={padding:g} Å builds a box .* wide along {axis}"):
+            kernels.read_model(path, box_padding=padding)
+    assert kernels.read_model(flat, box_padding=0.25).cell.parameters[2] == pytest.approx(0.5)
+
+
+def _tiny(u_or_b: str) -> AtomSet:
+    """Two carbons on a 0.5 Å grid's cell; the second with B or U of 1e-8 Å², built from tensors (no read_model)."""
+    atoms = AtomSet.from_elements(["C", "C"], [[1.0, 1.0, 1.0], [5.0, 5.0, 5.0]], [20.0, 20.0], 1.0)
+    if u_or_b == "b":
+        return atoms.replace(b_iso=torch.tensor([20.0, 8 * math.pi**2 * 1e-8], dtype=atoms.dtype), _validate=False)
+    u = torch.tensor([[0.25, 0.25, 0.25, 0, 0, 0], [1e-8, 1e-8, 1e-8, 0, 0, 0]], dtype=atoms.dtype)
+    if u_or_b == "flat-u":  # positive definite, normal diagonal, but one axis of 1e-8 Å²: (1 1 0)/√2
+        u[1] = torch.tensor([0.1 + 1e-8, 0.1 + 1e-8, 0.2, 0.1, 0.0, 0.0])
+    return atoms.replace(u_aniso=u, aniso=torch.tensor([False, True]), _validate=False)
+
+
+@pytest.mark.parametrize("kind", ["b", "u", "flat-u"])
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_atoms_with_a_tiny_b_or_u_built_from_tensors_warn_on_the_cpu(kind, backend):
+    """read_model and AtomSet.check warn of B or U below zero-point motion; a host splat does too."""
+    atoms = _tiny(kind)
+    grid = GridSpec.for_spacing(Cell.from_parameters(10.0, 10.0, 10.0), 0.5)
+    what = r"B = 7.9e-07 Å²" if kind == "b" else r"B along its U's narrowest axis, 8π² × [0-9.e-]+ Å² = [0-9.e-]+ Å²"
+    dtype = torch.float64 if backend == "reference" else torch.float32
+    with pytest.warns(
+        UserWarning, match=rf"atom .* \(index 1\): {what}, is below 0.5 Å²|atom .* \(index 1\): {what} is below 0.5 Å²"
+    ) as caught:
+        kernels.splat_density(atoms.to("cpu", dtype), grid, backend=backend)
+    assert any(w.filename == __file__ for w in caught)  # said at the caller's line
+    with pytest.warns(UserWarning, match="is below 0.5 Å²"):
+        atoms.check()
+    # an ensemble's own per-frame B and U are read on the host too, and the message names the frame
+    xyz = atoms.xyz.expand(3, 2, 3).clone()
+    if kind == "b":
+        b = atoms.b_iso.expand(3, 2).clone()
+        b[1, 1], b[0, 1], b[2, 1] = 1e-6, 20.0, 20.0
+        with pytest.warns(UserWarning, match=r"frame 1: atom .* \(index 1\): B = 1e-06 Å² is below 0.5 Å²"):
+            kernels.splat_ensemble(
+                atoms.replace(b_iso=b[0], _validate=False).to("cpu", dtype),
+                xyz.to(dtype),
+                grid,
+                b_iso=b.to(dtype),
+                backend=backend,
+            )
+    else:
+        with pytest.warns(
+            UserWarning,
+            match=r"atom .* \(index 1\): U's narrowest axis, [0-9.e-]+ Å² \(B = 8π²·λ = [0-9.e-]+ Å²\), is below 0.5 Å²",
+        ):
+            kernels.splat_ensemble(atoms.to("cpu", dtype), xyz.to(dtype), grid, backend=backend)
+
+
+def test_atoms_of_ordinary_b_and_u_give_no_warning():
+    atoms = _tiny("u").replace(
+        u_aniso=torch.tensor([[0.25, 0.25, 0.25, 0, 0, 0], [0.2, 0.3, 0.25, 0.05, -0.02, 0.01]], dtype=torch.float64)
+    )
+    grid = GridSpec.for_spacing(Cell.from_parameters(10.0, 10.0, 10.0), 0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kernels.splat_density(atoms.to("cpu", torch.float32), grid, backend="cpu")
+        kernels.splat_density(atoms, grid, backend="reference")

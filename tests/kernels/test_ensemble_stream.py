@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -261,7 +262,7 @@ def test_bad_files_and_ranges_say_what_is_wrong(trajectory, tmp_path):
     text = models.read_text().split("ENDMDL")
     text[1] = "\n".join(text[1].splitlines()[:-1]) + "\n"
     uneven.write_text("ENDMDL".join(text))
-    with pytest.raises(ValueError, match="model 2 of 7 has 8 atoms but model 1 has 9"):
+    with pytest.raises(ValueError, match=r"model 2 of 7 \(MODEL 2\) has 8 atoms but model 1 has 9"):
         kernels.frames_from(uneven)
 
 
@@ -316,7 +317,8 @@ def test_a_failing_source_stops_the_prefetch_thread():
     assert not [t for t in threading.enumerate() if t.name == "kernels-prefetch"]
     nan = xyz[2:4].clone()
     nan[1, 3, 0] = float("nan")
-    with pytest.raises(ValueError, match="frame 1: atom .* non-finite position") as caught:  # raised by the splat
+    # frame 3 of the stream (the second of its chunk): messages count the frames from the first chunk
+    with pytest.raises(ValueError, match="frame 3: atom .* non-finite position") as caught:  # raised by the splat
         kernels.splat_ensemble(atoms, iter([xyz[:2], nan, xyz[4:], xyz[4:]]), grid, prefetch=True)
     assert caught.traceback  # the traceback (and the consumer's frame) is still alive here
     assert not [t for t in threading.enumerate() if t.name == "kernels-prefetch"]
@@ -360,3 +362,319 @@ def test_streaming_many_frames_keeps_the_peak_memory_bounded():
     assert growth < 0.25 * held, (
         f"peak RSS grew by {growth} KiB streaming {frames} frames ({held:.0f} KiB of positions)"
     )
+
+
+# --------------------------------------------------------------------------- files that change or end
+
+
+def _big_trajectory(folder: Path, n_atoms: int = 3000, n_frames: int = 6) -> tuple[Path, Path]:
+    """A topology and a DCD whose frames span several memory pages each (36 KiB a frame for 3,000 atoms)."""
+    import warnings
+
+    import MDAnalysis
+
+    rng = np.random.default_rng(5)
+    top = folder / "big.pdb"
+    top.write_text(
+        "CRYST1   60.000   60.000   60.000  90.00  90.00  90.00 P 1           1\n"
+        + "".join(
+            f"ATOM  {i + 1:5d}  C   GLY A{i // 10 + 1:4d}    {x:8.3f}{y:8.3f}{z:8.3f}  1.00 20.00           C\n"
+            for i, (x, y, z) in enumerate(rng.uniform(0, 60, (n_atoms, 3)))
+        )
+        + "END\n"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        u = MDAnalysis.Universe(str(top))
+        dcd = folder / "big.dcd"
+        with MDAnalysis.Writer(str(dcd), n_atoms) as writer:
+            for _ in range(n_frames):
+                u.atoms.positions = rng.uniform(0, 60, (n_atoms, 3))
+                u.trajectory.ts.dimensions = (60.0, 60.0, 60.0, 90.0, 90.0, 90.0)
+                writer.write(u.atoms)
+    return top, dcd
+
+
+_CHANGING = """
+import json, os, sys, shutil
+import torch, kernels
+top, dcd, how = sys.argv[1], sys.argv[2], sys.argv[3]
+want = torch.cat(list(kernels.frames_from(dcd, top).chunks()))
+src = kernels.frames_from(dcd, top, chunk=2)
+reader = src._reader.universe.trajectory._file
+header, frame = reader._header_size, reader._framesize
+chunks = src.chunks()
+got = [next(chunks)]  # frames 1-2 read, then the file changes under the reader
+if how == "cut":  # a run rewriting it: the file now ends half-way through frame 4
+    os.truncate(dcd, header + 3 * frame + frame // 2)
+elif how == "emptied":  # truncated to nothing, as `> file` or a crashed copy leaves it
+    os.truncate(dcd, 0)
+elif how == "replaced":  # a new file renamed over the name (a copy finished elsewhere)
+    shutil.copy(dcd, dcd + ".new")
+    os.truncate(dcd + ".new", header + frame)
+    os.replace(dcd + ".new", dcd)
+try:
+    got += list(chunks)
+    print(json.dumps({"ok": bool(torch.equal(torch.cat(got), want))}))
+except ValueError as exc:
+    print(json.dumps({"error": str(exc)}))
+"""
+
+
+@pytest.mark.parametrize(
+    "how, expected",
+    [
+        (
+            "cut",
+            r"big.dcd: frame 4 of 6 is no longer in the file: it is now \d+ bytes, shorter than when it was opened",
+        ),
+        ("emptied", r"big.dcd: frame 3 of 6 is no longer in the file: it is now 0 bytes"),
+        ("replaced", None),  # the open file is read on: every frame as it was
+    ],
+)
+def test_a_dcd_that_shrinks_or_is_replaced_while_read_is_an_error_naming_the_frame(tmp_path, how, expected):
+    """A memory map of a file cut shorter ends the process with SIGBUS: a subprocess shows it does not."""
+    top, dcd = _big_trajectory(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHANGING, str(top), str(dcd), how],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode} (-7 is SIGBUS): {proc.stderr[-2000:]}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if expected is None:
+        assert result == {"ok": True}
+    else:
+        assert re.search(expected, result["error"]), result
+
+
+def test_a_closed_frame_source_says_it_is_closed(trajectory):
+    models, top, dcd = trajectory
+    for open_it in (lambda: kernels.frames_from(dcd, top, chunk=2), lambda: kernels.frames_from(models)):
+        with open_it() as src:
+            first = next(src.chunks())
+            share = src.share()
+        assert first.shape[0] >= 1
+        for closed in (src, share):  # a share reads through the source's file
+            with pytest.raises(
+                ValueError, match=r"this FrameSource is closed .* open the file again with kernels.frames_from"
+            ):
+                next(closed.chunks())
+            atoms = _dcd_atoms(top)
+            grid = kernels.GridSpec.for_spacing(kernels.Cell.from_parameters(*CELL), 2.0)
+            with pytest.raises(ValueError, match="this FrameSource is closed"):
+                kernels.splat_ensemble(atoms, closed, grid)
+        src.close()  # closing twice is harmless
+
+
+def _edit_model(models: Path, out: Path, model: int, atom: int, edit) -> Path:
+    """``models`` with ``edit(line)`` applied to atom ``atom`` (0-based) of model ``model`` (0-based)."""
+    lines, m, i = [], -1, -1
+    for line in models.read_text().splitlines():
+        if line.startswith("MODEL"):
+            m, i = m + 1, -1
+        if line.startswith("ATOM"):
+            i += 1
+            if (m, i) == (model, atom):
+                line = edit(line)
+        lines.append(line)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def _swap_atoms(models: Path, out: Path, model: int, a: int, b: int) -> Path:
+    blocks = models.read_text().split("MODEL")
+    rows = blocks[model + 1].splitlines()
+    atoms = [k for k, line in enumerate(rows) if line.startswith("ATOM")]
+    rows[atoms[a]], rows[atoms[b]] = rows[atoms[b]], rows[atoms[a]]
+    blocks[model + 1] = "\n".join(rows) + "\n"
+    out.write_text("MODEL".join(blocks))
+    return out
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        # two atoms of model 2 in each other's place: the counts agree, the map would be off. An atom moved to
+        # another chain or residue number comes later in gemmi's order, so model 1's atom there differs
+        (
+            lambda m, o: _swap_atoms(m, o, 1, 0, 1),
+            r"model 2 of 7 \(MODEL 2\): atom 1 is A/ALA 1/CA \(C\) where model 1 has A/ALA 1/N \(N\)",
+        ),
+        (
+            lambda m, o: _swap_atoms(m, o, 6, 6, 7),
+            r"model 7 of 7 \(MODEL 7\): atom 7 is A/SER 2/OG \(O\) where model 1 has A/SER 2/CA",
+        ),
+        (
+            lambda m, o: _edit_model(m, o, 2, 4, lambda s: s[:12] + " CG " + s[16:]),
+            r"model 3 of 7 .*atom 5 is A/ALA 1/CG",
+        ),
+        (
+            lambda m, o: _edit_model(m, o, 1, 2, lambda s: s[:16] + "B" + s[17:]),
+            r"model 2 of 7 .*atom 3 is A/ALA 1/C altloc B \(C\) where model 1 has A/ALA 1/C \(C\)",
+        ),
+        (
+            lambda m, o: _edit_model(m, o, 1, 3, lambda s: s[:21] + "B" + s[22:]),
+            r"model 2 of 7 .*atom 4 is A/ALA 1/CB \(C\) where model 1 has A/ALA 1/O",
+        ),
+        (
+            lambda m, o: _edit_model(m, o, 1, 5, lambda s: s[:17] + "THR" + s[20:]),
+            r"model 2 of 7 .*atom 6 is A/THR 2/N",
+        ),
+        (
+            lambda m, o: _edit_model(m, o, 1, 6, lambda s: s[:22] + "  12" + s[26:]),
+            r"model 2 of 7 .*atom 7 is A/SER 2/OG \(O\) where model 1 has A/SER 2/CA",
+        ),
+        (lambda m, o: _edit_model(m, o, 3, 8, lambda s: s[:76] + "SE"), r"model 4 of 7 .*atom 9 is A/MET 3/SD \(Se\)"),
+    ],
+    ids=["swapped", "swapped-last", "name", "altloc", "chain", "residue", "number", "element"],
+)
+def test_every_model_must_be_model_1s_atoms_atom_for_atom(trajectory, tmp_path, change, expected):
+    """frames_from and `workbench ensemble` refuse a model that is not model 1's atoms in order, with one check."""
+    from workbench.ensemble_cli import EnsembleError, read_frames
+
+    models, _, _ = trajectory
+    bad = change(models, tmp_path / "bad.pdb")
+    assert bad.read_text().count("ATOM") == models.read_text().count("ATOM")  # the atom counts agree
+    with pytest.raises(ValueError, match=expected):
+        kernels.frames_from(bad)
+    with pytest.raises(EnsembleError, match=expected):
+        read_frames(bad)
+
+
+def test_ensemble_gradients_with_no_frames_to_read_raise_as_splat_ensemble_does(trajectory, tmp_path):
+    atoms, grid, xyz, upstream = _inputs("cpu")
+    gen = (c for c in xyz.split(3))
+    kernels.splat_ensemble(atoms, gen, grid)  # the forward uses the generator up
+    calls = []
+    for frames in (gen, [], iter([]), (c for c in ())):
+        with pytest.raises(ValueError, match="held no frames") as caught:
+            kernels.ensemble_gradients(atoms, frames, grid, upstream, out=lambda *a: calls.append(a))
+        assert "a generator the forward pass used up" in str(caught.value)
+        with pytest.raises(ValueError, match="held no frames"):
+            kernels.splat_ensemble(atoms, [] if isinstance(frames, list) else iter([]), grid)
+    assert calls == []
+
+
+def test_a_gradient_pass_that_fails_leaves_no_partial_npy(trajectory, tmp_path):
+    """A damaged frame part way: no <stem>.npy, <stem>_b_iso.npy or <stem>_occ.npy with rows of zeros; old files kept."""
+    _, top, dcd = trajectory
+    atoms = _dcd_atoms(top)
+    grid = kernels.GridSpec.for_spacing(kernels.Cell.from_parameters(*CELL), 1.5)
+    upstream = torch.ones(grid.shape)
+    f = kernels.frames_from(dcd, top)._reader.universe.trajectory._file
+    data = bytearray(dcd.read_bytes())
+    at = f._header_size + 5 * f._framesize + 56  # frame 6's X record, its opening byte count
+    data[at : at + 4] = (99).to_bytes(4, "little")
+    bad = tmp_path / "damaged.dcd"
+    bad.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "g_occ.npy").write_bytes(b"an older file, kept")
+    for chunk in (1, 2, 7):
+        with pytest.raises(ValueError, match="frame 6 is damaged"):
+            kernels.ensemble_gradients(
+                atoms, kernels.frames_from(bad, top, chunk=chunk), grid, upstream, out=out / "g.npy",
+                wrt=("xyz", "b_iso", "occ"),
+            )  # fmt: skip
+        assert sorted(p.name for p in out.iterdir()) == ["g_occ.npy"], chunk  # no temporaries either
+        assert (out / "g_occ.npy").read_bytes() == b"an older file, kept"
+    # a good pass puts every file in place at once, with the umask's permissions
+    kernels.ensemble_gradients(
+        atoms, kernels.frames_from(dcd, top, chunk=2), grid, upstream, out=out / "g.npy", wrt=("xyz", "b_iso", "occ")
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["g.npy", "g_b_iso.npy", "g_occ.npy"]
+    assert np.load(out / "g_occ.npy").shape == (7, 9) and np.abs(np.load(out / "g.npy")[-1]).sum() > 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(out / "g_b_iso.npy").st_mode & 0o777 == 0o666 & ~umask
+    # a name that is not a regular file or a new path is refused before any frame is read
+    os.mkfifo(out / "p_b_iso.npy")
+    (out / "null.npy").symlink_to(os.devnull)
+    for name, why in (("p.npy", r"p_b_iso.npy: a pipe \(FIFO\)"), ("null.npy", "a link to /dev/null")):
+        with pytest.raises(ValueError, match=why):
+            kernels.ensemble_gradients(
+                atoms, kernels.frames_from(dcd, top), grid, upstream, out=out / name, wrt=("xyz", "b_iso")
+            )
+    assert os.readlink(out / "null.npy") == os.devnull and not list(out.glob(".*.tmp"))
+
+
+def _dcd_with(dcd: Path, out: Path, *, natom=None, keep=None) -> Path:
+    """``dcd`` with its header's NATOM replaced, or cut to its first ``keep`` bytes."""
+    import struct
+
+    data = bytearray(dcd.read_bytes())
+    if natom is not None:
+        at = 4 + 84 + 4 + 4 + struct.unpack("<i", data[92:96])[0] + 4 + 4  # after the title record and NATOM's marker
+        data[at : at + 4] = struct.pack("<i", natom)
+    out.write_bytes(bytes(data if keep is None else data[:keep]))
+    return out
+
+
+def test_a_damaged_dcd_header_or_first_frame_is_one_clear_error_naming_the_field(trajectory, tmp_path, capfd):
+    _, top, dcd = trajectory
+    f = kernels.frames_from(dcd, top)._reader.universe.trajectory._file
+    header, frame = f._header_size, f._framesize
+    cases = [
+        (_dcd_with(dcd, tmp_path / "neg.dcd", natom=-7), r"neg.dcd: the DCD header gives -7 atoms \(NATOM, bytes"),
+        (_dcd_with(dcd, tmp_path / "max.dcd", natom=2**31 - 1), "the DCD header gives 2147483647 atoms"),
+        (_dcd_with(dcd, tmp_path / "zero.dcd", natom=0), "the DCD header gives 0 atoms"),
+        (
+            _dcd_with(dcd, tmp_path / "cut1.dcd", keep=header + frame // 2),
+            rf"cut1.dcd: the DCD is cut inside frame 1: it holds {frame // 2} of that frame's {frame} bytes \(9 atoms\)",
+        ),
+        (_dcd_with(dcd, tmp_path / "header.dcd", keep=header), "cut inside frame 1: it holds 0 of"),
+        (_dcd_with(dcd, tmp_path / "title.dcd", keep=120), "the DCD header is cut short"),
+        # a count that fits int32 but not this file: frame 1 would need more bytes than it holds
+        (_dcd_with(dcd, tmp_path / "many.dcd", natom=10**6), "the DCD is cut inside frame 1"),
+    ]
+    capfd.readouterr()
+    for path, expected in cases:
+        with pytest.raises(ValueError, match=expected) as caught:
+            kernels.frames_from(path, top)
+        assert "Python int too large" not in str(caught.value) and "opened empty file" not in str(caught.value)
+    garbage = tmp_path / "garbage.dcd"  # not a DCD at all: MDAnalysis's own message, once
+    garbage.write_bytes(b"\x00\x01" * 500)
+    with pytest.raises(ValueError, match="MDAnalysis cannot read the trajectory .*garbage.dcd"):
+        kernels.frames_from(garbage, top)
+    import gc
+
+    gc.collect()
+    err = capfd.readouterr().err
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+
+
+def test_a_path_given_as_frames_points_to_frames_from(trajectory, tmp_path):
+    atoms, grid, xyz, upstream = _inputs("cpu")
+    models, _, dcd = trajectory
+    for frames in (str(dcd), dcd, str(models).encode(), models):
+        with pytest.raises(TypeError, match=r"is a path \(.*\), not frames: open the file with kernels.frames_from"):
+            kernels.splat_ensemble(atoms, frames, grid)
+        with pytest.raises(TypeError, match="kernels.frames_from"):
+            kernels.ensemble_gradients(atoms, frames, grid, upstream, out=lambda *a: None)
+
+
+def test_atoms_on_the_meta_device_are_refused_when_made():
+    atoms = _inputs("cpu")[0]
+    with pytest.raises(ValueError, match="on the meta device, which holds shapes but no values"):
+        atoms.to("meta")
+    with pytest.raises(ValueError, match="meta device"):
+        kernels.AtomSet(*(t.to("meta") for t in (atoms.xyz, atoms.b_iso, atoms.occ, atoms.a, atoms.b)))
+
+
+@pytest.mark.parametrize("blur", [1e300, -1e300, 1e39])
+def test_a_blur_beyond_the_atoms_dtype_names_the_blur_not_a_b(blur):
+    atoms, grid, xyz, _ = _inputs("cpu")
+    for call in (
+        lambda: kernels.splat_density(atoms, grid, blur=blur),
+        lambda: kernels.splat_ensemble(atoms, xyz, grid, blur=blur),
+        lambda: kernels.splat_ensemble(atoms, iter([xyz]), grid, blur=blur),
+    ):
+        with pytest.raises(
+            ValueError, match=re.escape(f"blur={blur:g} Å² is beyond the range of the atoms' torch.float32")
+        ) as e:
+            call()
+        assert not re.search(r"atom \S+ \(index", str(e.value))  # no atom is blamed

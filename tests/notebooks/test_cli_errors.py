@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,22 @@ def files(tmp_path):
     (tmp_path / "blank.pdb").write_text("\n\n   \n")
     os.mkfifo(tmp_path / "pipe.pdb")  # never opened: the check looks at the path only
     (tmp_path / "dangling.pdb").symlink_to("gone.pdb")
+    (tmp_path / "null.ccp4").symlink_to("/dev/null")
+    (tmp_path / "pipelink.ccp4").symlink_to("pipe.pdb")
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(tmp_path / "socket.ccp4"))
+    listening.close()  # the socket file stays
+    (tmp_path / "narrow.pdb").write_text(CELL.replace("   30.000", "  0.00020") + ATOM)
+    (tmp_path / "far.cif").write_text(
+        "data_far\nloop_\n"
+        + "".join(
+            f"_atom_site.{c}\n"
+            for c in "group_PDB id type_symbol label_atom_id label_alt_id label_comp_id label_asym_id label_seq_id "
+            "Cartn_x Cartn_y Cartn_z occupancy B_iso_or_equiv".split()
+        )
+        + "ATOM 1 C CA . ALA A 1 3000000000.0 2.0 3.0 1.00 20.0\nATOM 2 C CB . ALA A 1 3000000001.5 2.0 3.0 1.00 20.0\n"
+    )
+    (tmp_path / "models.pdb").write_text(CELL + "MODEL        1\n" + ATOM + "ENDMDL\nEND\n")
     (tmp_path / "mmcif.pdb").write_text(
         "data_x\n_cell.length_a 30\nloop_\n_atom_site.group_PDB\n_atom_site.id\n"
         "ATOM   1    N N   . ALA A 1 1   ? 1.0 2.0 3.0 1.00 10.0 ? 1 ALA A N 1\n"
@@ -50,8 +67,23 @@ USAGE = [
     (["splat", "--spacing", "0.5x"], "--spacing: must be a number of Å, got '0.5x'"),
     (["splat", "--cutoff", "0"], "--cutoff: must be a positive finite number of the map's unit, got '0'"),
     (["splat", "--box-padding", "inf"], "--box-padding: must be a positive finite number of Å, got 'inf'"),
+    (["splat", "nocell.pdb", "--box-padding", "1e-3"], "--box-padding 0.001 Å builds a box 0.002 Å wide along x"),
+    (["splat", "nocell.pdb", "--box-padding", "0.2"], "narrower than one atom (at least 0.5 Å)"),
     (["splat", "--out", "missing/map.ccp4"], "the folder missing does not exist"),
-    (["splat", "--out", "."], "--out . is a folder"),
+    (["splat", "--out", "."], "--out .: a folder, not a file"),
+    # an output goes only to a regular file or a new path: what it would replace otherwise is refused
+    (["splat", "--out", "pipe.pdb"], "--out pipe.pdb: a pipe (FIFO), not a regular file"),
+    (["splat", "--out", "/dev/null"], "--out /dev/null: the null device, not a regular file"),
+    (["splat", "--out", "null.ccp4"], "--out null.ccp4: a link to /dev/null, which is the null device"),
+    (["splat", "--out", "pipelink.ccp4"], "a link to pipe.pdb, which is a pipe (FIFO), not a regular file"),
+    (["splat", "--out", "socket.ccp4"], "--out socket.ccp4: a socket, not a regular file"),
+    (
+        ["splat", "--out", "x" * 300 + ".ccp4"],
+        "a name in the path is 305 bytes long, more than the 255 this file system takes",
+    ),
+    (["splat", "--out", "x" * 300 + "/map.ccp4"], "a name in the path is 300 bytes long"),
+    (["ensemble", "--out", "/dev/null", "models.pdb"], "--out /dev/null: the null device, not a regular file"),
+    (["ensemble", "--out", "pipe.pdb", "models.pdb"], "--out pipe.pdb: a pipe (FIFO), not a regular file"),
     (["splat", "--out", "afile/map.ccp4"], "the folder afile is not a folder"),
     (["splat", "absent.pdb"], "model absent.pdb: no such file"),
     (["splat", "/dev/null"], "model /dev/null: the null device (it reads as empty), not a file"),
@@ -75,6 +107,9 @@ def test_usage_errors_exit_2_before_any_work(files, args, expected):
     assert expected in r.stderr and "Traceback" not in r.stderr
     assert r.stdout == ""  # nothing was computed or printed before the refusal
     assert not (files / "map.ccp4").exists()
+    # what an --out named is as it was: a pipe, a link to the null device, a socket
+    assert stat.S_ISFIFO(os.stat(files / "pipe.pdb").st_mode) and os.readlink(files / "null.ccp4") == "/dev/null"
+    assert stat.S_ISSOCK(os.stat(files / "socket.ccp4").st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
 def test_port_in_use_is_a_usage_error(files):
@@ -96,10 +131,14 @@ FAILURES = [
     (["splat", "blank.pdb"], ["blank.pdb", "only whitespace"]),
     (["splat", "mmcif.pdb"], ["mmcif.pdb", "this looks like mmCIF", "rename the file to .cif"]),
     (["splat", "nocell.pdb"], ["nocell.pdb", "no unit cell", "--box-padding"]),
+    (["splat", "narrow.pdb"], ["narrow.pdb", "unit cell too narrow for an atom", "b–c faces are 0.0002 Å apart"]),
+    # the atoms 3·10⁹ Å from the origin: the map's origin needs more than the header's int32, said before the splat
+    (["splat", "far.cif", "--box-padding", "3"], ["far.cif", "does not fit the CCP4 header's 32-bit words"]),
+    (["splat", "--blur", "1e300"], ["blur=1e+300 Å² is beyond the range"]),
 ]
 
 
-@pytest.mark.parametrize("args, expected", FAILURES, ids=[a[1] for a, _ in FAILURES])
+@pytest.mark.parametrize("args, expected", FAILURES, ids=[" ".join(a[1:]) for a, _ in FAILURES])
 def test_bad_model_exits_1_with_one_line(files, args, expected):
     r = run(*args, cwd=files)
     assert r.returncode == 1, r.stderr
@@ -107,6 +146,47 @@ def test_bad_model_exits_1_with_one_line(files, args, expected):
     for part in expected:
         assert part in r.stderr
     assert not (files / "map.ccp4").exists()
+    if "far.cif" in args:
+        assert "splat " not in r.stdout  # refused before the work
+
+
+@pytest.fixture(scope="module")
+def trajectories(tmp_path_factory):
+    """A good DCD with its topology, and damaged copies: a bad header, a cut first frame, a damaged last frame."""
+    import struct
+
+    from tests.distributed._frames import write_trajectory
+
+    folder = tmp_path_factory.mktemp("trajectories")
+    _, top, dcd = write_trajectory(folder, 4)
+    data = dcd.read_bytes()
+    natom = 4 + 84 + 4 + 4 + struct.unpack("<i", data[92:96])[0] + 4 + 4
+    header, frame = natom + 8, 56 + 3 * (8 + 4 * 9)
+    for name, value in (("neg", -7), ("max", 2**31 - 1)):
+        (folder / f"{name}.dcd").write_bytes(data[:natom] + struct.pack("<i", value) + data[natom + 4 :])
+    (folder / "cut1.dcd").write_bytes(data[: header + frame // 2])
+    last = bytearray(data)
+    at = header + 3 * frame + 56 + 4 + 4 * 9  # frame 4's X record, its closing byte count
+    last[at : at + 4] = (1234).to_bytes(4, "little")
+    (folder / "lastbad.dcd").write_bytes(bytes(last))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("neg", "neg.dcd: the DCD header gives -7 atoms (NATOM, bytes"),
+        ("max", "max.dcd: the DCD header gives 2147483647 atoms (NATOM"),
+        ("cut1", "cut1.dcd: the DCD is cut inside frame 1: it holds 94 of that frame's 188 bytes"),
+        ("lastbad", "lastbad.dcd: frame 4 of 4 cannot be read"),
+    ],
+)
+def test_a_damaged_trajectory_is_one_line_without_mdanalysis_noise(trajectories, name, expected):
+    r = run("ensemble", f"{name}.dcd", "--topology", "top.pdb", "--no-progress", cwd=trajectories)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith(f"error: {expected}") and r.stderr.count("\n") == 1, r.stderr
+    assert "Exception ignored" not in r.stderr and "Traceback" not in r.stderr
+    assert not (trajectories / "map.ccp4").exists()
 
 
 def test_success_exits_0_and_box_padding_reads_a_model_without_a_cell(files):

@@ -108,3 +108,67 @@ def test_a_python_without_the_dependencies_gets_one_line_saying_which_python_to_
     r = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "cannot import 'torch'" in r.stderr and ".venv/bin/workbench" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_the_top_level_help_names_each_command_once_with_a_capital():
+    text = cli.build_parser().format_help()
+    for name in SUBCOMMANDS:  # a line that starts with the command's name, once; not in the usage line either
+        starts = re.findall(rf"^\s+(?:workbench )?{name}\b", text, re.MULTILINE)
+        assert len(starts) == 1 and name not in text.splitlines()[0], f"{name!r} listed more than once:\n{text}"
+    commands = text.split("commands:")[1].split("Exit status:")[0]
+    listed = re.findall(r"^    ([a-z]+)\s+(\S)", commands, re.MULTILINE)
+    assert {name for name, _ in listed} == set(SUBCOMMANDS)
+    assert all(first.isupper() for _, first in listed), listed
+
+
+@pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
+def test_every_description_starts_with_a_capital_and_spells_voila_one_way(name):
+    parser = SUBCOMMANDS[name]
+    assert parser.description[0].isupper(), f"workbench {name}: {parser.description[:40]!r}"
+    texts = [cli.build_parser().format_help(), parser.format_help()]
+    for text in texts:
+        assert not re.search(r"\bVoila\b", text), "Voilà is spelled with its accent"
+    if name == "app":
+        assert "Voilà" in parser.format_help()
+
+
+def test_the_exit_status_list_holds_every_status_a_command_gives():
+    from workbench import check_cli
+    from workbench._cli_shared import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+
+    text = cli.build_parser().format_help()
+    listed = {int(code) for code in re.findall(r"^\s+(\d+)  ", text.split("Exit status:")[1], re.MULTILINE)}
+    statuses = {EXIT_OK, EXIT_FAILURE, EXIT_USAGE, 130}
+    statuses |= {check_cli.EXIT_CHECK_FAILED, check_cli.EXIT_USAGE, check_cli.EXIT_LOAD, check_cli.EXIT_CANNOT_RUN}
+    assert listed == statuses
+    check_text = SUBCOMMANDS["check"].format_help()
+    assert {int(c) for c in re.findall(r"^\s+(\d+)  ", check_text, re.MULTILINE)} == statuses - {0} | {0}
+
+
+def test_the_chunk_default_is_a_number_with_its_unit_and_the_kernels_constant():
+    import kernels
+    from workbench.ensemble_cli import DEFAULT_CHUNK_MIB
+
+    assert DEFAULT_CHUNK_MIB << 20 == kernels.DEFAULT_CHUNK_BYTES
+    chunk = next(a for a in SUBCOMMANDS["ensemble"]._actions if "--chunk" in a.option_strings)
+    assert f"{DEFAULT_CHUNK_MIB} MiB of positions" in chunk.help
+
+
+@pytest.mark.parametrize(
+    "argv, command",
+    [
+        (["splat", "--bogus"], "splat"),
+        (["ensemble", "models.pdb", "--nope", "1"], "ensemble"),
+        (["check", "m:f", "--spacing", "x"], "check"),
+        (["check", "m:f", "--what"], "check"),
+        (["splat", "--spacing", "0"], "splat"),
+    ],
+)
+def test_a_usage_error_shows_its_commands_usage_then_one_line(argv, command):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "workbench", *argv], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith(f"usage: workbench {command} "), r.stderr
+    assert lines[-1].startswith(f"workbench {command}: error: ") and "Traceback" not in r.stderr
+    assert not any(line.startswith("workbench: error") for line in lines)

@@ -7,6 +7,7 @@ its own interpreter in the one test that keeps it) on a 12-atom triclinic PDB fi
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,27 @@ def test_a_correct_kernel_exits_0_and_writes_the_page(pdb, tmp_path, capsys):
     assert code == 0, out
     assert "PASS    gemmi" in out and "PASS    first call" in out
     assert page.read_text().startswith("<!doctype html>")
+
+
+def test_progress_says_what_each_check_does_and_the_speed_line_which_way_it_reads(pdb, capsys):
+    from workbench.check_cli import _STEPS
+
+    assert main(["check", "tests.kernels.user_backends:correct", pdb, *FAST, "--no-gradients"]) == 0
+    captured = capsys.readouterr()
+    progress = [line for line in captured.err.splitlines() if line.startswith("workbench check: ")]
+    assert progress and "running runs" not in captured.err
+    for line in progress:  # each a phrase of what runs, on the model
+        assert any(line == f"workbench check: {doing} on tiny.pdb …" for doing in _STEPS.values()), line
+    speed = next(line for line in captured.out.splitlines() if "speed" in line)
+    found = re.search(
+        r"([\d.]+) ms per call; our cpu backend ([\d.]+) ms: yours takes ([\d.]+)× our CPU time "
+        r"\((slower|faster|about as fast); the median of (\d+) alternating calls of each\)",
+        speed,
+    )
+    assert found, speed
+    ratio, how, calls = float(found[3]), found[4], int(found[5])
+    assert calls >= 1
+    assert how == ("slower" if ratio > 1.05 else "faster" if ratio < 0.95 else "about as fast")
 
 
 def test_a_buggy_kernel_exits_1_and_says_which_check_failed(pdb, capsys):
@@ -163,7 +185,7 @@ def test_ctrl_c_during_a_hanging_kernel_exits_130_and_leaves_no_process(pdb):
     )
     try:
         line = ""
-        while "runs on" not in line:  # the kernel is running (in the check's child process)
+        while "calling the kernel" not in line:  # the kernel is running (in the check's child process)
             line = proc.stderr.readline()
             assert line, "the check ended before its kernel ran"
         children = [
@@ -185,7 +207,10 @@ def test_ctrl_c_during_a_hanging_kernel_exits_130_and_leaves_no_process(pdb):
     "args, message",
     [
         (["--html", "no/such/folder/check.html"], "the folder no/such/folder does not exist"),
-        (["--html", "."], "is a folder"),
+        (["--html", "."], "--html .: a folder, not a file"),
+        (["--html", "/dev/null"], "--html /dev/null: the null device, not a regular file"),
+        (["--html", "/dev/zero"], "a character device, not a regular file"),
+        (["--html", "x" * 300 + ".html"], "bytes long, more than the 255 this file system takes"),
         (["--name", "a:b"], "--name: a backend name"),
         (["--name", "CPU"], "differs only in case from the built-in name 'cpu'"),
         (["--name", " x"], "surrounding spaces"),
@@ -193,6 +218,8 @@ def test_ctrl_c_during_a_hanging_kernel_exits_130_and_leaves_no_process(pdb):
 )
 def test_usage_errors_exit_2_before_any_check_runs(args, message, capsys):
     start = time.monotonic()
+    if not args[1].startswith("/dev/"):
+        assert not os.path.lexists(args[1]) or os.path.isdir(args[1])
     assert main(["check", "tests.kernels.user_backends:correct", *args, *FAST]) == EXIT_USAGE
     assert message in capsys.readouterr().err
     assert time.monotonic() - start < 5  # refused before any check ran

@@ -74,6 +74,20 @@ def test_prepare_atoms_b_modes_and_distortion():
     low = float(m.atoms.b_iso.min())
     with pytest.raises(WorkbenchError, match=f"set the offset above {-low:.2f}"):
         compute.prepare_atoms(m, state.snapshot())
+    # an offset that leaves B above 0 but below zero-point motion (0.5 Å²) is refused too, naming the floor
+    state.b_offset = 0.2 - low
+    with pytest.raises(
+        WorkbenchError, match=rf"B below 0.5 Å² \(zero-point motion\) .* set the offset above {0.5 - low:.2f}"
+    ):
+        compute.prepare_atoms(m, state.snapshot())
+    state.b_offset = 0.6 - low
+    assert float(compute.prepare_atoms(m, state.snapshot()).b_iso.min()) == pytest.approx(0.6)
+    aniso = model("1pfe")  # anisotropic atoms: the floor applies to U's narrowest axis
+    u = aniso.atoms.u_aniso[aniso.atoms.aniso]
+    lam = float(kernels.density.adp.adp_eigenvalues(u)[:, 0].min()) * 8 * math.pi**2  # as B, Å²
+    state.b_offset = 0.3 - lam
+    with pytest.raises(WorkbenchError, match=r"narrower than B = 0.5 Å² along some axis"):
+        compute.prepare_atoms(aniso, state.snapshot())
     state.b_mode = "model"
     state.distort_amplitude = 0.3
     state.distort_seed = 7

@@ -63,6 +63,21 @@ def test_bad_settings_are_refused_with_their_range():
         compute.Relaxation(problem, lam=float("nan"))
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_target_with_a_non_finite_voxel_is_named_not_the_step_size(value):
+    r, _ = _problem()
+    planes = compute.find_planes(r.model)
+    target = r.target.clone()
+    target[3, 4, 5] = value
+    target[7, 1, 2] = value
+    s = WorkbenchState(structure="1orc", spacing=1.5).snapshot()
+    with pytest.raises(
+        compute.WorkbenchError, match=r"ρ_target holds 2 non-finite voxels .*first at voxel \(3, 4, 5\)"
+    ) as e:
+        compute.relax_problem(r.atoms, r.grid, target, planes, s)
+    assert "step size" in str(e.value) and "whatever the step size" in str(e.value)
+
+
 def test_a_stop_set_during_a_step_ends_the_run_after_that_step():
     _, problem = _problem()
     relaxation = compute.Relaxation(problem)

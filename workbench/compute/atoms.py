@@ -15,6 +15,7 @@ import torch
 
 import kernels
 from kernels import AtomSet, Model
+from kernels.atoms import MIN_PHYSICAL_B
 from kernels.density.adp import U_TO_B, adp_eigenvalues, with_blur
 from workbench.compute.errors import WorkbenchError, sentence
 from workbench.state import EXAMPLES, Settings
@@ -77,6 +78,10 @@ def load_model(source: str | os.PathLike | Model) -> Model:
 def save_upload(name: str, content: bytes, folder: str | os.PathLike) -> Path:
     """Write an uploaded file's bytes to ``folder`` under its own (sanitised) name."""
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(name).name) or "upload.pdb"
+    # file systems take 255 bytes a name: a longer one keeps its start and the suffixes that say the format
+    if len(safe.encode()) > 200:
+        tail = "".join(Path(safe).suffixes[-2:])[-40:]
+        safe = safe[: 200 - len(tail)] + tail
     path = Path(folder) / safe
     path.write_bytes(bytes(content))
     return path
@@ -184,25 +189,35 @@ def prepare_atoms(model: Model, settings: Settings, *, distorted: bool = True, b
 def _check_offset(atoms: AtomSet, delta: float, b: torch.Tensor) -> None:
     """Refuse a B offset that leaves some atom without a Gaussian: B ≤ 0 (every atom keeps an AtomSet's
     B > 0, an anisotropic one's B being informational), or a U that is not positive definite for an
-    anisotropic atom (U + ΔB/8π²·I has eigenvalues λ + ΔB/8π²)."""
+    anisotropic atom (U + ΔB/8π²·I has eigenvalues λ + ΔB/8π²); and a negative offset that takes an atom
+    below ``MIN_PHYSICAL_B`` (B, or 8π²·λmin), less than zero-point motion allows."""
     if atoms.aniso is not None and bool(atoms.aniso.any()):
         lam = adp_eigenvalues(atoms.u_aniso)[:, 0].cpu()
         lam = torch.where(atoms.aniso.cpu(), lam, torch.full_like(lam, math.inf))
-        bad_u = lam + delta / U_TO_B <= 0
+        # a negative offset may not take an atom below zero-point motion (MIN_PHYSICAL_B): its density
+        # would be a spike the grid samples at a few points, the map's integral off by orders of magnitude
+        narrowest = lam * U_TO_B + delta  # 8π²·λmin after the offset, Å²
+        bad_u = (narrowest <= 0) | ((narrowest < MIN_PHYSICAL_B) & (delta < 0))
         if bool(bad_u.any()):
             i = int(torch.argmin(lam))
-            limit = -float(lam[i]) * U_TO_B
+            floor = 0.0 if bool((narrowest[bad_u] <= 0).any()) else MIN_PHYSICAL_B
+            limit = floor - float(lam[i]) * U_TO_B
+            what = "not positive definite" if floor == 0 else f"narrower than B = {MIN_PHYSICAL_B} Å² along some axis"
             raise WorkbenchError(
-                f"B offset {delta:g} Å² makes the U of {int(bad_u.sum())} anisotropic atoms not positive definite "
+                f"B offset {delta:g} Å² makes the U of {int(bad_u.sum())} anisotropic atoms {what} "
                 f"(the narrowest, {atoms.labels[i]}, has smallest U eigenvalue {float(lam[i]):.4f} Å², "
-                f"8π²·λ = {-limit:.2f} Å²): set the offset above {limit:.2f} Å², or ADP 'isotropic'"
+                f"8π²·λ = {float(lam[i]) * U_TO_B:.2f} Å²): set the offset above {limit:.2f} Å², or ADP 'isotropic'"
             )
-    bad_b = ~(b > 0)
+    iso = torch.ones_like(b, dtype=torch.bool) if atoms.aniso is None else ~atoms.aniso.cpu()
+    bad_b = ~(b > 0) | ((b < MIN_PHYSICAL_B) & iso & (delta < 0))
     if bool(bad_b.any()):
         low = float(atoms.b_iso.min())
+        nonpositive = not bool((b[bad_b] > 0).all())
+        floor = 0.0 if nonpositive else MIN_PHYSICAL_B
+        below = "B ≤ 0" if nonpositive else f"B below {MIN_PHYSICAL_B} Å² (zero-point motion)"
         raise WorkbenchError(
-            f"B offset {delta:g} Å² makes B ≤ 0 for {int(bad_b.sum())} atoms (lowest model B is "
-            f"{low:.2f} Å²): set the offset above {-low:.2f} Å²"
+            f"B offset {delta:g} Å² makes {below} for {int(bad_b.sum())} atoms (lowest model B is "
+            f"{low:.2f} Å²): set the offset above {floor - low:.2f} Å²"
         )
 
 

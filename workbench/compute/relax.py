@@ -118,10 +118,17 @@ def relax_problem(
     Raises
     ------
     WorkbenchError
-        The backend cannot run here, or ``target`` is not on ``grid``.
+        The backend cannot run here, or ``target`` is not on ``grid`` or holds a non-finite voxel.
     """
     if tuple(target.shape) != tuple(grid.shape):
         raise WorkbenchError(f"ρ_target has shape {tuple(target.shape)}, the grid {tuple(grid.shape)}: recompute first")
+    bad = ~torch.isfinite(target.detach())
+    if bool(bad.any()):  # every step's loss would be NaN, whatever the step size: name the map, once, here
+        first = tuple(int(i) for i in bad.nonzero()[0].tolist())
+        raise WorkbenchError(
+            f"ρ_target holds {int(bad.sum())} non-finite voxels (NaN or ±inf; the first at voxel {first}), so the "
+            "fit's loss cannot be computed whatever the step size: recompute the target, or fix the map it was read from"
+        )
     device = torch.device(settings.device)
     name, catoms = _compute_atoms(atoms, device, settings.backend, "density")
     try:
