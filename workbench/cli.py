@@ -525,28 +525,40 @@ def _choose_port(args: argparse.Namespace) -> int | None:
         except OSError as exc:
             _error(str(exc), EXIT_FAILURE)
             return None
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", args.port))
-        except OSError as exc:
-            _error(
-                f"--port {args.port}: cannot listen on 127.0.0.1:{args.port} ({exc.strerror or exc}); "
-                "choose another --port or leave it out to take the first free one",
-                EXIT_USAGE,
-            )
-            return None
+    try:
+        _probe(args.port)
+    except OSError as exc:
+        _error(
+            f"--port {args.port}: cannot listen on 127.0.0.1:{args.port} ({exc.strerror or exc}); "
+            "choose another --port or leave it out to take the first free one",
+            EXIT_USAGE,
+        )
+        return None
     return args.port
+
+
+def _probe(port: int) -> None:
+    """Bind 127.0.0.1:``port`` as the server will, then let it go; OSError if the server could not.
+
+    The server (tornado) listens with SO_REUSEADDR, so a port whose last connections are still in
+    TIME_WAIT (a server stopped a moment ago) is one it can take; the probe sets it too, or it
+    would refuse such a port for a minute. A port another process listens on still fails to bind.
+    Windows' SO_REUSEADDR would let the bind steal a port in use, so the probe leaves it unset there.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if os.name != "nt":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
 
 
 def _free_port(start: int) -> int:
     """The first port from ``start`` that 127.0.0.1 can bind now."""
     for port in range(start, start + 100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
+        try:
+            _probe(port)
+        except OSError:
+            continue
+        return port
     raise OSError(f"no free port on 127.0.0.1 in {start}–{start + 99}; choose one with --port")
 
 

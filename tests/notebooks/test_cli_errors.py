@@ -193,3 +193,25 @@ def test_success_exits_0_and_box_padding_reads_a_model_without_a_cell(files):
     r = run("splat", "nocell.pdb", "--box-padding", "4", "--backend", "reference", "--spacing", "1", cwd=files)
     assert r.returncode == 0, r.stderr
     assert "built a P 1 box" in r.stdout and (files / "map.ccp4").is_file()
+
+
+def test_a_port_freed_a_moment_ago_is_accepted():
+    """A server stopped a moment ago leaves its port's connections in TIME_WAIT; the server
+    (tornado, SO_REUSEADDR) can listen there again, so ``--port`` must accept it."""
+    import argparse
+
+    from workbench.cli import _choose_port
+
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the stopped server (tornado) had it
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _ = server.accept()
+        conn.close()  # the server's side closes first: its end of the connection waits in TIME_WAIT
+        client.recv(1)
+        client.close()
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # the port is in TIME_WAIT (else this test checks nothing)
+    assert _choose_port(argparse.Namespace(port=port, default_port=8888)) == port
