@@ -192,3 +192,27 @@ def test_debugging_notebook_on_a_gpu_checks_triton_in_a_fresh_process(executed):
     for r in rows:
         rel_calls, grad_rel = [float(v) for v in r[-4:-1]], float(r[-1])
         assert max(rel_calls) < 1e-4 and grad_rel < 1e-3, r
+
+
+def test_debugging_notebook_leaves_each_difference_result_under_its_own_pair(executed):
+    """After Run All, every difference view in notebook 4's saved widget state shows a result only
+    for the pair its dropdowns name (cell 23 unregisters the planted backends under a shown result)."""
+    nb = executed("04_kernel_debugging.ipynb")
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+
+    def by_class(css):
+        return [k for k, m in state.items() if css in m["state"].get("_dom_classes", ())]
+
+    def ref(k):
+        return f"IPY_MODEL_{k}"
+
+    views = 0
+    for stats in by_class("wb-diff-stats"):
+        box = next(m for m in state.values() if ref(stats) in m["state"].get("children", ()))
+        row = state[box["state"]["children"][0].removeprefix("IPY_MODEL_")]["state"]["children"]
+        a, b = (state[c.removeprefix("IPY_MODEL_")]["state"] for c in row[:2])
+        pair = (a["_options_labels"][a["index"]], b["_options_labels"][b["index"]])
+        shown = re.findall(r"<b>(\S+) vs (\S+)</b>", state[stats]["state"]["value"])
+        assert shown in ([], [pair]), f"the dropdowns say {pair}, the result is for {shown}"
+        views += 1
+    assert views >= 1

@@ -86,3 +86,42 @@ def test_timing_tab_times_a_registered_backend(registered):
     rows = compute.time_backends(model.atoms, grid, settings, target=torch.zeros(grid.shape), repeats=1)
     mine = [r for r in rows if r["backend"] == "mine"]
     assert mine and mine[0]["forward_ms"] is not None and not mine[0]["error"]
+
+
+def _stats_pair(wb) -> str:
+    """The pair the difference view's statistics are about ("" when it shows none)."""
+    import re
+
+    m = re.search(r"<b>(\S+) vs (\S+)</b>", wb.difference.stats.value)
+    return f"{m[1]} vs {m[2]}" if m else ""
+
+
+def test_a_difference_result_is_shown_only_under_the_pair_it_compares(make_wb, registered):
+    """Notebook 4's sequence: compare a registered backend, unregister it, refresh the lists (the
+    dropdown falls back to cpu:cpu); then a person changes the dropdowns away and back."""
+    wb = make_wb("1orc", spacing=2.0)
+    wb.compare("cpu:mine_occ", "cpu:reference")
+    view = wb.difference
+    assert _stats_pair(wb) == "cpu:mine_occ vs cpu:reference" and "✗ outside" in view.stats.value
+    assert view.n_marked > 0 and view.slice.image.value
+    kernels.unregister_backend("density", "mine_occ")
+    try:
+        wb.refresh_backends()
+        assert view.a.value == "cpu:cpu"
+        # no verdict of mine_occ under "run A = cpu:cpu": the result is hidden, the note says why
+        assert _stats_pair(wb) == "" and "✗" not in view.stats.value and "✓" not in view.stats.value
+        assert "press compare for cpu:cpu vs cpu:reference" in view.stats.value
+        assert view.last is None and view.n_marked == 0 and view.view3d.layout.display == "none"
+        # the slice moves meanwhile: the hidden result stays hidden
+        wb.state.slice_depths = wb.state.with_depth(2.0)
+        assert _stats_pair(wb) == "" and view.last is None
+        wb.compare()  # what the dropdowns say now
+        assert _stats_pair(wb) == "cpu:cpu vs cpu:reference" and "✓ within" in view.stats.value
+        # a person moves B away and back: hidden, then the same result again (no recompute needed)
+        shown = wb.difference_result
+        view.b.value = "cpu:cpu"
+        assert _stats_pair(wb) == "" and view.last is None
+        view.b.value = "cpu:reference"
+        assert _stats_pair(wb) == "cpu:cpu vs cpu:reference" and view.last is shown
+    finally:
+        kernels.register_backend("density", "mine_occ", ub.no_occupancy, devices=("cpu",))

@@ -54,22 +54,59 @@ class DifferenceView:
         )
         self.last: DifferenceResult | None = None
         self.n_marked = 0
+        # The comparison whose pair the dropdowns no longer name (hidden; shown again if they
+        # name its pair again), and the model its 3D sticks come from.
+        self._hidden: DifferenceResult | None = None
+        self._model = None
+        self._refreshing = False
+        self.a.observe(self._pair_changed, names="value")
+        self.b.observe(self._pair_changed, names="value")
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        """The ``(run A, run B)`` the dropdowns name now."""
+        return self.a.value, self.b.value
+
+    def _pair_changed(self, _change) -> None:
+        if self._refreshing:
+            return
+        # A result is only ever shown under the pair it compares: a dropdown moved by a person,
+        # or by refresh_choices after a backend was unregistered, hides it.
+        if self.last is not None and (self.last.a, self.last.b) != self.pair:
+            self._hidden = self.last
+            self._clear()
+            self.stats.value = (
+                f"<span class='wb-stale'>press compare for {html.escape(self.a.value)} vs {html.escape(self.b.value)} "
+                f"(the last result, {html.escape(self._hidden.a)} vs {html.escape(self._hidden.b)}, is hidden: "
+                "choose that pair again to see it)</span>"
+            )
+        elif self.last is None and self._hidden is not None and (self._hidden.a, self._hidden.b) == self.pair:
+            self.update(self._hidden, self._model)
 
     def refresh_choices(self) -> None:
         """Offer the pairs runnable now (a backend registered after the view was built included)."""
         choices = compare_choices()
-        for dd, fallback in ((self.a, "cpu:cpu"), (self.b, "cpu:reference")):
-            if tuple(dd.options) != choices:
-                value = dd.value if dd.value in choices else fallback
-                dd.options = choices
-                dd.value = value
+        self._refreshing = True  # a new options list passes the value through its first option
+        try:
+            for dd, fallback in ((self.a, "cpu:cpu"), (self.b, "cpu:reference")):
+                if tuple(dd.options) != choices:
+                    value = dd.value if dd.value in choices else fallback
+                    dd.options = choices
+                    dd.value = value
+        finally:
+            self._refreshing = False
+        self._pair_changed(None)
 
     def update(self, diff: DifferenceResult, model=None) -> None:
         """Show ``diff``: the section of A − B, the voxels over tolerance in 3D, the statistics.
 
         ``model`` (the :class:`kernels.Model` compared) gives the 3D view its sticks.
         """
-        self.last = diff
+        self.last, self._hidden, self._model = diff, None, model
+        if (diff.a, diff.b) != self.pair:
+            # a compare(a, b) from code: the dropdowns name the pair shown (no run of its own)
+            with self.a.hold_trait_notifications(), self.b.hold_trait_notifications():
+                self.a.value, self.b.value = diff.a, diff.b
         self.show_section(diff)
         self._show_3d(diff, model)
         rows = _row(f"map ρ ({diff.units})", diff.maps)
@@ -84,7 +121,14 @@ class DifferenceView:
         )
 
     def show_section(self, diff: DifferenceResult) -> None:
-        """Redraw the section of ``diff`` (after the slice moved; the statistics stay), over-tolerance voxels marked."""
+        """Redraw the section of ``diff`` (after the slice moved; the statistics stay), over-tolerance voxels marked.
+
+        A comparison hidden because the dropdowns name another pair stays hidden: its new section
+        is kept for when they name its pair again.
+        """
+        if self.last is None and self._hidden is not None:
+            self._hidden = diff
+            return
         marks = over_marks(diff, colour=_OVER_COLOUR)
         self.n_marked = len(marks.uv)
         over = f" (black dots; {diff.maps.n_over} in the map)"
@@ -113,6 +157,14 @@ class DifferenceView:
 
     def stale(self, label: str, now: str) -> None:
         """The shown comparison was for ``label``, the views are now for ``now``: clear it and say so."""
+        self._hidden = None
+        self._clear()
+        self.stats.value = (
+            f"<span class='wb-stale'><b>out of date:</b> the last comparison was for {html.escape(label)}; "
+            f"the views now show {html.escape(now)} — press compare to recompute</span>"
+        )
+
+    def _clear(self) -> None:
         self.last = None
         self.n_marked = 0
         # Nothing of the old comparison stays on show: no section (hidden, not an empty
@@ -121,7 +173,3 @@ class DifferenceView:
         self.view3d.clear()
         self.view3d.layout.display = "none"
         self.caption3d.value = ""
-        self.stats.value = (
-            f"<span class='wb-stale'><b>out of date:</b> the last comparison was for {html.escape(label)}; "
-            f"the views now show {html.escape(now)} — press compare to recompute</span>"
-        )
