@@ -35,7 +35,7 @@ from workbench._cli_shared import (
     add_radiation_options,
 )
 
-__all__ = ["main", "install_notebooks", "notebook_dir", "shipped_notebooks_dir", "QUICKSTART", "NOTEBOOK_DIR_ENV"]
+__all__ = ["main", "drop_widget_views", "install_notebooks", "notebook_dir", "shipped_notebooks_dir", "QUICKSTART", "NOTEBOOK_DIR_ENV"]
 
 #: ``workbench --help``'s description (plain text: argparse prints it as written).
 DESCRIPTION = """\
@@ -662,6 +662,33 @@ def _serve(cmd: list[str], url: str, token: str) -> int:
                 proc.kill()
 
 
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+#: What a saved notebook shows where a live widget was (see :func:`drop_widget_views`).
+WIDGET_SAVED_NOTE = "(a live widget: run this cell to show it again)"
+
+
+def drop_widget_views(model: dict, **_) -> None:
+    """A Jupyter server pre-save hook: replace each widget's output in a saved notebook by a one-line note.
+
+    A widget's output names a model that lives in the kernel; a notebook reopened from the file
+    (Lab autosaves while you work) has no such kernel, and Lab shows "Error displaying widget: model
+    not found" where the app was, until the cell runs again. The open page keeps its live widgets:
+    the hook changes only what is written to disk. ``workbench lab`` installs it.
+
+    Parameters
+    ----------
+    model : dict
+        The contents model being saved (``type``, ``content``); a notebook's ``content`` is changed in place.
+    """
+    if model.get("type") != "notebook" or not isinstance(model.get("content"), dict):
+        return
+    for cell in model["content"].get("cells", ()):
+        for output in cell.get("outputs", ()) if cell.get("cell_type") == "code" else ():
+            data = output.get("data")
+            if isinstance(data, dict) and _WIDGET_VIEW in data:
+                output["data"] = {"text/plain": WIDGET_SAVED_NOTE}
+
+
 def _lab(args: argparse.Namespace) -> int:
     if not _has_module("jupyterlab"):
         return _error("JupyterLab is not installed; pip install jupyterlab", EXIT_FAILURE)
@@ -685,6 +712,7 @@ def _lab(args: argparse.Namespace) -> int:
         f"--ServerApp.root_dir={dest}",
         f"--LabApp.default_url={page}",
         f"--ServerApp.open_browser={_open_browser(args)}",
+        "--ContentsManager.pre_save_hook=workbench.cli.drop_widget_views",
         *args.extra,
     ]
     return _serve(cmd, f"http://127.0.0.1:{port}{page}?token={token}", token)

@@ -104,3 +104,31 @@ def test_the_server_and_its_kernels_start_with_passive_openmp_waiting(monkeypatc
     assert cli._serve([*cmd, "ACTIVE", "tok"], "http://127.0.0.1:1/", "tok") == 0
     assert cli._serve([*cmd, "PASSIVE", "tok"], "http://127.0.0.1:1/", "tok") == 3  # the check can fail
     assert "open       http://127.0.0.1:1/" in capsys.readouterr().out
+
+
+def test_lab_saves_notebooks_without_widget_views_that_would_reopen_as_model_not_found(tmp_path, monkeypatch):
+    """``workbench lab`` gives the server a pre-save hook (the real contents manager runs it here): a
+    saved notebook keeps its text output and says where a live widget was, so reopening it shows no
+    "Error displaying widget: model not found"."""
+    from jupyter_server.services.contents.filemanager import FileContentsManager
+
+    served = []
+    monkeypatch.setattr(cli, "_serve", lambda cmd, url, token: served.append(cmd) or 0)
+    assert cli.main(["lab", "--dir", str(tmp_path / "nb"), "--no-browser"]) == 0
+    (hook,) = [a.split("=", 1)[1] for a in served[0] if a.startswith("--ContentsManager.pre_save_hook=")]
+    manager = FileContentsManager(root_dir=str(tmp_path), pre_save_hook=hook)
+    nb = json.loads((tmp_path / "nb" / cli.QUICKSTART).read_text())
+    widget = {"model_id": "0a1b", "version_major": 2, "version_minor": 0}
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    code[0]["outputs"] = [
+        {"output_type": "execute_result", "execution_count": 1, "metadata": {},
+         "data": {"application/vnd.jupyter.widget-view+json": widget, "text/plain": "Workbench(children=(…))"}},
+    ]  # fmt: skip
+    code[1]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "density  max 3.81 e/Å³\n"}]
+    manager.save({"type": "notebook", "format": "json", "content": nb}, "saved.ipynb")
+    saved = json.loads((tmp_path / "saved.ipynb").read_text())
+    outs = [c["outputs"] for c in saved["cells"] if c["cell_type"] == "code"]
+    assert outs[0][0]["data"].keys() == {"text/plain"}
+    assert "".join(outs[0][0]["data"]["text/plain"]) == cli.WIDGET_SAVED_NOTE  # nbformat splits text in lines
+    assert "".join(outs[1][0]["text"]) == code[1]["outputs"][0]["text"]
+    assert "widget-view" not in (tmp_path / "saved.ipynb").read_text()

@@ -216,3 +216,21 @@ def test_debugging_notebook_leaves_each_difference_result_under_its_own_pair(exe
         assert shown in ([], [pair]), f"the dropdowns say {pair}, the result is for {shown}"
         views += 1
     assert views >= 1
+
+
+@pytest.mark.parametrize("radiation", ["xray", "electron", "neutron"])
+def test_quickstart_cells_print_the_unit_of_the_radiation_chosen(radiation, user_folder, tmp_path):
+    """The quickstart's cells after the app, run with the radiation switched as a person switches it
+    (``wb.set``, what the control does): every unit printed is that radiation's."""
+    import kernels
+
+    nb = nbformat.read(user_folder / "01_quickstart.ipynb", as_version=4)
+    first = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    nb.cells.insert(first + 1, nbformat.v4.new_code_cell(f"wb.set(radiation={radiation!r})"))
+    path = tmp_path / "01_quickstart.ipynb"
+    nbformat.write(nb, path)
+    text = text_output(execute(path))
+    unit = kernels.density_unit(radiation)
+    assert re.search(rf"density +max -?\d+\.\d+ {re.escape(unit)}\n", text), text
+    others = {kernels.density_unit(r) for r in ("xray", "electron", "neutron")} - {unit}
+    assert not [u for u in others if u in text], text

@@ -282,7 +282,7 @@ def test_app_exports_the_shown_model_with_its_anisou(make_wb, tmp_path):
     wb.controls.export_path.value = "mine.ccp4"
     wb.controls.export_model.click()
     ((content, buffers),) = sent
-    assert content == {"type": "download", "filename": "mine.pdb", "mime": "chemical/x-pdb"}
+    assert content == {"type": "download", "filename": "mine_model.pdb", "mime": "chemical/x-pdb"}
     assert bytes(buffers[0]).decode() == path.read_text()
     assert wb.status.level == "idle" and "downloading mine.pdb" in wb.status.message, wb.status.message
 

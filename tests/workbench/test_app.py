@@ -336,7 +336,12 @@ def test_model_object_and_exports(make_wb, tmp_path):
     sent = []
     wb.download.send = lambda content, buffers=None: sent.append((content, buffers))
     wb.controls.export_path.value = str(tmp_path / "no_such_dir" / "x.ccp4")
-    assert "downloads x.ccp4 / x.csv to your browser" in wb.controls.export_note.value
+    assert "downloads x.ccp4 / x_gradients.csv to your browser (the model: x_model.pdb)" in wb.controls.export_note.value
+    assert wb.controls.export_names() == ("x.ccp4", "x_gradients.csv")
+    wb.controls.export_path.value = "workbench_map.ccp4"  # the default: each file named after what it holds
+    assert wb.controls.export_names() == ("workbench_map.ccp4", "workbench_gradients.csv")
+    assert wb.controls.model_name() == "workbench_model.pdb"
+    wb.controls.export_path.value = str(tmp_path / "no_such_dir" / "x.ccp4")
     wb.controls.export_map.click()
     ((content, buffers),) = sent
     assert content == {"type": "download", "filename": "x.ccp4", "mime": "application/octet-stream"}
@@ -353,7 +358,7 @@ def test_model_object_and_exports(make_wb, tmp_path):
     assert not (tmp_path / "no_such_dir").exists()
     wb.controls.export_gradients.click()
     content, buffers = sent[-1]
-    assert content["filename"] == "x.csv" and content["mime"] == "text/csv"
+    assert content["filename"] == "x_gradients.csv" and content["mime"] == "text/csv"
     assert bytes(buffers[0]).decode().splitlines() == csv
     wb.set(distort_amplitude=0.0, gradient_kind="planarity")
     n = len(sent)

@@ -248,7 +248,7 @@ class Controls:
         self.export_path = w.Text(
             value="workbench_map.ccp4",
             description="file name",
-            tooltip="name of the downloaded map; the gradients get the same name with .csv",
+            tooltip="name of the downloaded map; the gradients and the model are named after it (_gradients.csv, _model.pdb)",
             style=_STYLE,
             layout=_LAYOUT,
         )
@@ -460,15 +460,21 @@ class Controls:
     def _units_from_state(self, change) -> None:
         self.density_cutoff.description = f"ρ cutoff ({density_units(change['new'])})"
 
-    def export_names(self) -> tuple[str, str]:
-        """File names of the map and gradient downloads (the name box's, a folder part dropped)."""
+    def _export_base(self) -> tuple[str, str]:
         name = self.export_path.value.strip().replace("\\", "/").rsplit("/", 1)[-1] or "workbench_map.ccp4"
         stem = name.rsplit(".", 1)[0] if "." in name else name
-        return name, f"{stem}.csv"
+        return name, stem.removesuffix("_map") or stem
+
+    def export_names(self) -> tuple[str, str]:
+        """File names of the map and gradient downloads: the name box's (a folder part dropped), and
+        ``<base>_gradients.csv`` with ``<base>`` its stem less a trailing ``_map`` (each file named after
+        what it holds: workbench_map.ccp4, workbench_gradients.csv)."""
+        name, base = self._export_base()
+        return name, f"{base}_gradients.csv"
 
     def model_name(self) -> str:
-        """File name of the model download: the name box's stem with ``.pdb``."""
-        return f"{self.export_names()[1].rsplit('.', 1)[0]}.pdb"
+        """File name of the model download, ``<base>_model.pdb`` (see :meth:`export_names`)."""
+        return f"{self._export_base()[1]}_model.pdb"
 
     def _export_note(self) -> None:
         map_name, csv_name = self.export_names()
