@@ -47,6 +47,9 @@ _SCENE_INTERVAL = 1.0
 # Longest a relax frame waits for the browser to draw the one before (a page that never
 # answers, or none at all, must not stall the drawing of later frames).
 _RENDER_WAIT = 2.0
+# A new map waits this long in the browser for a newer one before it is contoured (a drag sends
+# many); relax frames, which the loop sends one at a time, are contoured at once.
+_ISO_QUIET_MS = 300
 # Models above this many atoms open with the first residue as 3D region, not the whole model.
 _WHOLE_MODEL_ATOMS = 5000
 
@@ -409,10 +412,14 @@ class Workbench(widgets.VBox):
         dropped_before = self._frames.n_dropped
 
         def emit(frame):
+            # Paced by the views: the next step starts once this frame is on screen (drawn in the
+            # browser, or by this process when none is attached), so the loop is never more than
+            # one step ahead of what a person sees, and a stop ends it at the step shown.
             nonlocal first, last
             first = first or frame
             last = frame
             self._frames.put((r, steps, run, dropped_before, frame))
+            self._frames.wait_idle(timeout=_RENDER_WAIT + 30.0)
 
         try:
             if stop.is_set():
@@ -426,7 +433,10 @@ class Workbench(widgets.VBox):
             if first is not None and last.rmsd is not None:
                 message += f": RMSD to the model {first.rmsd:.3f} → {last.rmsd:.3f} Å"
             if done:
-                message += f", L {first.loss:.4g} → {last.loss:.4g}; changing a setting recomputes from the settings"
+                message += (
+                    f", L {first.loss:.4g} → {last.loss:.4g}. The views show step {last.step + 1}; changing any "
+                    "setting discards the relaxed positions and recomputes from the settings"
+                )
             self.relax.done(message)
             self.status.set("idle", message)
         except compute.Cancelled:
@@ -452,7 +462,12 @@ class Workbench(widgets.VBox):
         self._draw_section(s, shown.section, shown.near, shown.mean, shown.sigma, r.model)
         view = self.scene.view
         before = view.n_rendered
+        # nothing newer comes until this frame is drawn (the loop waits for it): no quiet period
+        view.iso_delay_ms = 0
         self.scene.update(shown, model_key=shown.atoms_key, map_key=shown.map_key)
+        # every value on screen is the frame's: the picked atom's label, the atom table, the profile
+        self._show_pick(shown)
+        self._show_tricubic(shown)
         self.timing.update_step(
             frame.timings, step=frame.step, backend=frame.density_gradient.backend, device=s.device,
             grid_shape=r.grid.shape, n_atoms=len(r.model),
@@ -565,6 +580,25 @@ class Workbench(widgets.VBox):
             self.state.slice_index = r.section.index
         self._drop_stale(r)
         check()
+        self._show_tricubic(r)
+        check()
+        # While newer settings are already waiting (a drag), the 3D scene follows at most
+        # once a second: the browser re-contours and re-renders it on its main thread
+        # (0.4-0.9 s per update in a software-WebGL page), which would hold up the slice.
+        now = self.scheduler.debouncer.clock()
+        if not self.scheduler.debouncer.pending or now - self._scene_time >= _SCENE_INTERVAL:
+            self._scene_time = now
+            self.scene.view.iso_delay_ms = _ISO_QUIET_MS
+            # the sticks depend on the positions only (model, distortion), not on B
+            self.scene.update(r, model_key=(r.atoms_key[0], r.atoms_key[2]), map_key=r.map_key)
+        self._show_pick(r)
+        self.timing.update(r.timings, backend=r.backend, device=s.device, grid_shape=r.grid.shape, n_atoms=len(r.model))
+        self.show_resolution()
+        self._report(r)
+
+    def _show_tricubic(self, r: Result) -> None:
+        """The line profile and the atom table from ``r``'s tricubic samples (or why there are none)."""
+        s = r.settings
         names = r.model.atoms.labels
         if r.profile is not None:
             i, j = s.profile_atoms
@@ -595,19 +629,6 @@ class Workbench(widgets.VBox):
             )
         else:
             self.table.unavailable(r.unavailable.get("tricubic", "not computed"))
-        check()
-        # While newer settings are already waiting (a drag), the 3D scene follows at most
-        # once a second: the browser re-contours and re-renders it on its main thread
-        # (0.4-0.9 s per update in a software-WebGL page), which would hold up the slice.
-        now = self.scheduler.debouncer.clock()
-        if not self.scheduler.debouncer.pending or now - self._scene_time >= _SCENE_INTERVAL:
-            self._scene_time = now
-            # the sticks depend on the positions only (model, distortion), not on B
-            self.scene.update(r, model_key=(r.atoms_key[0], r.atoms_key[2]), map_key=r.map_key)
-        self._show_pick(r)
-        self.timing.update(r.timings, backend=r.backend, device=s.device, grid_shape=r.grid.shape, n_atoms=len(r.model))
-        self.show_resolution()
-        self._report(r)
 
     def show_resolution(self) -> None:
         """Draw the Resolution tab for the current result when the tab is open (it costs an FFT and, per

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import html
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -93,19 +95,34 @@ def test_a_stop_set_during_a_step_ends_the_run_after_that_step():
     assert seen == [0, 1, 2, 3, 4]
 
 
-def test_the_workbench_stops_within_one_step(make_wb):
+def _shown_step(wb) -> int:
+    """The step the progress line names ("step k/N"), 0 before any."""
+    import re
+
+    m = re.search(r"step (\d+)/\d+", wb.relax.progress.value)
+    return int(m[1]) if m else 0
+
+
+def test_the_workbench_stops_at_the_step_on_screen(make_wb):
+    """Stop pressed while the views show step k: the run ends after step k or k + 1, the views
+    then show the step the run ended at, and its positions are the result's."""
     wb = make_wb(distort_amplitude=0.3, debounce=0.01)
     wb.flush()
     wb.start_relax(steps=5000)
     deadline = time.monotonic() + 60
-    while wb._frames.n_put < 3 and time.monotonic() < deadline:
+    while _shown_step(wb) < 3 and time.monotonic() < deadline:
         time.sleep(0.005)
+    on_screen = _shown_step(wb)
     wb.stop_relax()
-    at_stop = wb._frames.n_put
     wb.flush()
-    assert at_stop >= 3
-    assert wb._frames.n_put <= at_stop + 1
-    assert "relax stopped after" in wb.relax.progress.value
+    import re
+
+    done = int(re.search(r"relax stopped after (\d+) step", wb.relax.progress.value)[1])
+    assert on_screen >= 3 and 0 <= done - on_screen <= 1, (on_screen, done)
+    assert wb._frames.n_put == done and wb._frames.n_dropped == 0  # no step ran that was not shown
+    assert wb.relax_frame.step + 1 == done and f"The views show step {done};" in wb.relax.progress.value
+    torch.testing.assert_close(wb.result.atoms.xyz, wb.relax_frame.xyz, rtol=0, atol=0)
+    assert "relax step %d:" % done in wb.timing.current.value
     assert not wb.relax.start.disabled and wb.relax.stop.disabled
 
 
@@ -170,10 +187,12 @@ def test_relax_before_anything_is_computed_says_so():
         wb.close()
 
 
-def test_a_slow_3d_view_in_the_workbench_draws_the_newest_step_one_at_a_time(make_wb):
+def test_a_slow_3d_view_paces_the_loop_one_step_at_a_time(make_wb):
+    """A view far slower than the loop: every step is drawn, in order, one at a time, and while
+    step k is drawn no later step has run (the loop waits for the view: at most one step ahead)."""
     wb = make_wb(distort_amplitude=0.3, debounce=0.01)
     wb.flush()
-    in_flight, most, drawn = [0], [0], []
+    in_flight, most, drawn, put_when_drawn = [0], [0], [], []
     update = wb.scene.update
 
     def slow_update(result, **keys):  # a browser that takes 0.2 s per frame
@@ -182,12 +201,52 @@ def test_a_slow_3d_view_in_the_workbench_draws_the_newest_step_one_at_a_time(mak
         time.sleep(0.2)
         update(result, **keys)
         drawn.append(keys["model_key"][-1])
+        put_when_drawn.append(wb._frames.n_put)
         in_flight[0] -= 1
 
     wb.scene.update = slow_update
-    wb.start_relax(steps=60)
+    wb.start_relax(steps=12)
     wb.flush()
     assert most[0] == 1
-    assert drawn[-1] == 59 and wb.relax_frame.step == 59  # the last step is what stays on screen
-    assert len(drawn) < 60 and drawn == sorted(drawn)
-    assert wb._frames.n_dropped == 60 - len(drawn)
+    assert drawn == list(range(12)) and wb.relax_frame.step == 11
+    assert put_when_drawn == list(range(1, 13))  # frame k drawn while only k + 1 frames were made
+    assert wb._frames.n_dropped == 0
+
+
+def test_every_value_on_screen_is_the_relax_frames(make_wb):
+    """Under relax, the picked atom's label, the atom table and the line profile are those of the
+    positions and map shown (not the settings' result they started from), during and after the run."""
+    from workbench.compute.maps import density_at_points, line_profile
+
+    wb = make_wb(distort_amplitude=0.3, gradient_kind="planarity", spacing=1.2)
+    before = wb.result
+    i = 40
+    wb.pick_atom(i)  # synchronous: recomputes for the residue and labels the atom
+    start_label = wb.scene.pick.text()
+    seen = []
+    show = wb._show_frame
+
+    def check_each(item):
+        show(item)
+        r, frame = wb.result, wb.relax_frame
+        rho = density_at_points(r.rho, r.grid, frame.xyz)
+        grad = frame.planarity_gradient.grad
+        seen.append(frame.step)
+        # the label: ρ and |∇| of the picked atom where it is now
+        assert wb.scene.pick.rho == pytest.approx(rho[i], rel=1e-5)
+        assert wb.scene.pick.gradient_norm == pytest.approx(float(np.linalg.norm(grad[i])), rel=1e-6)
+        assert wb.scene.pick.xyz == pytest.approx(tuple(frame.xyz[i].tolist()))
+        # the table and the profile sample the frame's map at the frame's positions
+        np.testing.assert_allclose(r.atom_rho, rho, rtol=1e-5, atol=1e-7)
+        a, b = r.settings.profile_atoms
+        _, values = line_profile(r.rho, r.grid, frame.xyz[a].numpy(), frame.xyz[b].numpy())
+        np.testing.assert_allclose(wb.profile.line.get_ydata(), values, rtol=1e-5, atol=1e-7)
+        largest = float(np.linalg.norm(grad, axis=1).max())
+        assert f"largest |∇| {largest:.3g}" in wb.scene.caption.value
+
+    wb._frames.show = check_each
+    wb.start_relax(steps=8, lr=0.05, lam=1.0)
+    assert seen == list(range(8))
+    assert wb.scene.pick.text() != start_label and wb.result is not before
+    assert html.escape(wb.scene.pick.text()) in wb.scene.picked.value  # the line under the view says the same
+

@@ -24,7 +24,14 @@ import torch
 import kernels
 from kernels import AtomSet, GridSpec
 from workbench.compute.errors import WorkbenchError, sentence
-from workbench.compute.maps import GradientResult, _compute_atoms, _sync, map_statistics
+from workbench.compute.maps import (
+    GradientResult,
+    _compute_atoms,
+    _sync,
+    density_at_points,
+    line_profile,
+    map_statistics,
+)
 from workbench.compute.pipeline import Result
 from workbench.compute.sections import atoms_near_section, section
 from workbench.state import Settings, density_units, op_backend
@@ -44,7 +51,9 @@ __all__ = [
 RELAX_RANGES: dict[str, tuple[float, float, float]] = {
     "steps": (1, 10000, 50),
     "lr": (0.001, 0.5, 0.05),
-    "lam": (0.0, 100.0, 0.1),
+    # λ 0 by default: the workbench's target is the map of the undistorted model itself, so the
+    # density alone points at the answer (notebook 07 compares λ 0, 0.01 and 0.1: 0 fits best).
+    "lam": (0.0, 100.0, 0.0),
 }
 
 
@@ -205,7 +214,7 @@ class Relaxation:
         ``lr`` or ``lam`` outside :data:`RELAX_RANGES`.
     """
 
-    def __init__(self, problem: RelaxProblem, *, lr: float = 0.05, lam: float = 0.1):
+    def __init__(self, problem: RelaxProblem, *, lr: float = 0.05, lam: float = 0.0):
         for name, value in (("lr", lr), ("lam", lam)):
             lo, hi, _ = RELAX_RANGES[name]
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value)):
@@ -223,17 +232,23 @@ class Relaxation:
         """The current positions (after the last update), (N, 3) float64 CPU."""
         return self.x.detach().double().cpu()
 
-    def step(self) -> RelaxFrame:
-        """Evaluate L and ∇L at the current positions, update them, and return the frame of those positions."""
+    def _advance(self) -> tuple:
+        """The whole work of one step, and all of it: evaluate both terms and their gradients at the
+        current positions, then move them (Adam). Everything else (:meth:`step`) only reads its results.
+
+        Returns ``(xyz, rho, fit, nll, g_fit, g_nll, seconds)``: the positions evaluated (float64 CPU,
+        before the update), ρ_calc there, the two loss terms and their gradients (tensors on the device),
+        and the perf-counter times at the start, after the density term, after the planarity term and
+        after the update. The device is idle when it returns: no work of this step is left queued.
+        """
         p, x = self.problem, self.x
-        volume = p.grid.voxel_volume
         _sync(p.device)
         t0 = time.perf_counter()
         moved = p.atoms.replace(xyz=x)  # a few µs: no value read, labels shared
         rho = kernels.splat_density(
             moved, p.grid, radius=p.radius, cutoff=p.cutoff, backend=p.density_backend, blur=p.blur
         )
-        fit = ((rho - p.target) ** 2).sum() * volume
+        fit = ((rho - p.target) ** 2).sum() * p.grid.voxel_volume
         (g_fit,) = torch.autograd.grad(fit, x)
         _sync(p.device)
         t1 = time.perf_counter()
@@ -246,6 +261,13 @@ class Relaxation:
         self.optimizer.step()
         _sync(p.device)
         t3 = time.perf_counter()
+        return xyz, rho, fit, nll, g_fit, g_nll, (t0, t1, t2, t3)
+
+    def step(self) -> RelaxFrame:
+        """Evaluate L and ∇L at the current positions, update them, and return the frame of those positions."""
+        p = self.problem
+        volume = p.grid.voxel_volume
+        xyz, rho, fit, nll, g_fit, g_nll, (t0, t1, t2, t3) = self._advance()
         fit_v, nll_v = float(fit.detach()), float(nll.detach())
         units = density_units(p.atoms.radiation)
         common = dict(backend=p.density_backend, forward_s=t1 - t0, backward_s=0.0)
@@ -289,9 +311,10 @@ def run_relaxation(
 ) -> int:
     """Run up to ``n_steps`` steps, handing each frame to ``emit``; return the steps run.
 
-    ``stop`` is read before every step, so a stop set during a step ends the run when that step
-    is done: it takes effect within one step. ``emit`` must not block on drawing (the workbench
-    gives it a :class:`workbench.scheduler.LatestOnly`, which keeps only the newest frame).
+    ``stop`` is read between steps (before each one), so a stop set during a step, or while
+    ``emit`` handles its frame, ends the run when that step is done: it takes effect within one
+    step, and no step starts after it. ``emit`` may block: the workbench's returns once the views
+    show the frame, so the loop is never more than one step ahead of what a person sees.
     """
     done = 0
     for _ in range(int(n_steps)):
@@ -310,12 +333,27 @@ def frame_result(result: Result, frame: RelaxFrame, *, key: tuple) -> Result:
     positions, map (its statistics, and the same section index cut from it), timings and the gradient of
     the settings' ``gradient_kind``; ``key`` (run, step) makes its ``atoms_key`` and ``map_key`` unique.
 
-    The tricubic samples and the line profile stay ``result``'s (they are not recomputed per step).
+    Every value derived from the positions or the map is the frame's: ρ and ρ_target at the atoms
+    (tricubic, the atom table and the picked atom's label) and the line profile between the profile
+    atoms where they are now. A value that cannot be computed for the frame is dropped, never kept
+    from ``result`` (the views then say it is unavailable).
     """
     s = result.settings
     rho = frame.rho.cpu()
     mean, sigma, lo, hi = map_statistics(rho)
     sec = section(rho, result.grid, s.axis, result.section.index, (lo, hi))
+    unavailable = dict(result.unavailable)
+    atom_rho = atom_target = profile = None
+    if result.atom_rho is not None:  # the settings' result sampled them: the frame samples its own
+        try:
+            atom_rho = density_at_points(rho, result.grid, frame.xyz, backend=s.backend)
+            atom_target = density_at_points(result.target, result.grid, frame.xyz, backend=s.backend)
+            if result.profile is not None:
+                i, j = s.profile_atoms
+                profile = line_profile(rho, result.grid, frame.xyz[i].numpy(), frame.xyz[j].numpy(), backend=s.backend)
+        except WorkbenchError as exc:
+            atom_rho = atom_target = profile = None
+            unavailable["tricubic"] = str(exc)
     return dataclasses.replace(
         result,
         atoms=result.atoms.replace(xyz=frame.xyz),
@@ -325,6 +363,10 @@ def frame_result(result: Result, frame: RelaxFrame, *, key: tuple) -> Result:
         section=sec,
         near=atoms_near_section(frame.xyz, result.grid, sec),
         gradient=frame.density_gradient if s.gradient_kind == "density" else frame.planarity_gradient,
+        atom_rho=atom_rho,
+        atom_target=atom_target,
+        profile=profile,
+        unavailable=unavailable,
         timings=frame.timings,
         atoms_key=(*result.atoms_key, "relax", *key),
         map_key=("relax", *key),

@@ -390,7 +390,9 @@ def focus_selection(model: Model, region: str) -> dict:
 # --------------------------------------------------------------------------- arrows
 
 
-def gradient_arrows(xyz: np.ndarray, grad: np.ndarray, kind: str, units: str) -> tuple[np.ndarray, str]:
+def gradient_arrows(
+    xyz: np.ndarray, grad: np.ndarray, kind: str, units: str, *, hint: str = "no distortion? drag 'distort'"
+) -> tuple[np.ndarray, str]:
     """Arrows along −∇ at a fixed physical scale, and the caption that states it.
 
     Parameters
@@ -402,6 +404,8 @@ def gradient_arrows(xyz: np.ndarray, grad: np.ndarray, kind: str, units: str) ->
     kind : str
         ``"planarity"`` or ``"density"`` (picks :data:`ARROW_SCALE`).
     units : str
+    hint : str
+        Said when no atom gets an arrow (what would make some); "" says only that there are none.
 
     Returns
     -------
@@ -430,7 +434,7 @@ def gradient_arrows(xyz: np.ndarray, grad: np.ndarray, kind: str, units: str) ->
     if n_clipped:
         text += f", {n_clipped} clipped at {ARROW_MAX_LENGTH:g} Å"
     if len(norms) > 0 and len(keep) == 0:
-        text += ": no arrows (no distortion? drag 'distort')"
+        text += f": no arrows ({hint})" if hint else ": no arrows"
     return arrows, text
 
 
@@ -474,6 +478,7 @@ def region_arrows(
     padding: float,
     *,
     missing: str = "no gradient",
+    hint: str = "no distortion? drag 'distort'",
 ) -> Arrows:
     """The arrows of the atoms shown with a region: every atom within ``padding`` Å of it.
 
@@ -482,6 +487,8 @@ def region_arrows(
     xyz : torch.Tensor, shape (N, 3), float64, Å
     gradient : GradientResult or None
         None draws no arrows; the caption then says ``missing``.
+    hint : str
+        :func:`gradient_arrows`'s, for a gradient under the arrows' threshold everywhere.
     region : numpy.ndarray, shape (M,), int, or None
         The residue's atom indices; None for the whole model. The neighbours of a residue
         get arrows too, since their pull shows in the same map box.
@@ -492,7 +499,7 @@ def region_arrows(
         return Arrows(segments=np.zeros((0, 6), np.float32), scale=0.0, caption=f"no arrows ({missing})")
     sel = np.arange(len(xyz)) if region is None else atoms_within(xyz, region, padding)
     points = xyz.detach().to("cpu", torch.float64).numpy()[sel]
-    segments, caption = gradient_arrows(points, gradient.grad[sel], gradient.kind, gradient.units)
+    segments, caption = gradient_arrows(points, gradient.grad[sel], gradient.kind, gradient.units, hint=hint)
     return Arrows(segments=segments, scale=ARROW_SCALE[gradient.kind], caption=caption)
 
 

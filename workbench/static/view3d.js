@@ -250,7 +250,8 @@ async function render({ model, el }) {
 
   // Several traits change in one update (map, level, style, arrows, focus): collect
   // them and redraw once, instead of contouring once per trait. A new map waits for
-  // ISO_QUIET ms without a newer one: contouring runs on the page's main thread
+  // iso_delay_ms (default ISO_QUIET; 0 for relax frames, which come one at a time) without
+  // a newer one: contouring runs on the page's main thread
   // (0.3-0.9 s in a software-WebGL page) and, started on every B-factor step, it held
   // up the next slice image by that much.
   const ISO_QUIET = 300;
@@ -303,8 +304,8 @@ async function render({ model, el }) {
   observer.observe(box);
   const handlers = [
     ["change:model_text", mark("model")],
-    ["change:map_bytes", mark("iso", ISO_QUIET)],
-    ["change:iso_level", mark("iso", ISO_QUIET)],
+    ["change:map_bytes", (...a) => mark("iso", model.get("iso_delay_ms") ?? ISO_QUIET)(...a)],
+    ["change:iso_level", (...a) => mark("iso", model.get("iso_delay_ms") ?? ISO_QUIET)(...a)],
     ["change:iso_style", mark("iso")],
     ["change:arrows", mark("arrows")],
     ["change:ellipsoid_vertices", mark("ellipsoids")],

@@ -110,6 +110,9 @@ class View3D(anywidget.AnyWidget):
     iso_style : str
         ``"mesh"`` (a chicken-wire cage, for one residue) or ``"surface"`` (a light
         transparent skin, for a whole model: a mesh over hundreds of atoms hides them).
+    iso_delay_ms : int
+        How long a new map or level waits in the browser for a newer one before it is contoured
+        (contouring blocks the page: a drag would queue one per step); 0 contours at once.
     arrows : bytes
         float32, shape (M, 6): start xyz, end xyz in Å.
     ellipsoid_vertices : bytes
@@ -158,6 +161,7 @@ class View3D(anywidget.AnyWidget):
     iso_level = traitlets.Float(1.0).tag(sync=True)
     iso_color = traitlets.Unicode("#3060d0").tag(sync=True)
     iso_style = traitlets.Enum(("mesh", "surface"), default_value="mesh").tag(sync=True)
+    iso_delay_ms = traitlets.Int(300).tag(sync=True)
     arrows = traitlets.Bytes(b"").tag(sync=True)
     arrow_color = traitlets.Unicode(ARROW_COLOR).tag(sync=True)
     ellipsoid_vertices = traitlets.Bytes(b"").tag(sync=True)
@@ -275,6 +279,8 @@ class Scene3DView:
             sel if s.region else None,
             s.region_padding,
             missing=result.unavailable.get("gradient", "no gradient"),
+            # with a distortion set, no arrow means the groups are flat (or the fit is done)
+            hint="" if s.distort_amplitude > 0 else "no distortion? drag 'distort'",
         )
         updates["arrows"] = arrows.to_bytes()
         self.arrow_scale = arrows.scale
