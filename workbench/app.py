@@ -63,6 +63,24 @@ def _write_text(path: str | os.PathLike, text: str) -> Path:
     return write_output(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
+# The app's own CSS (class names as in the Workbench docstring). A wide slider puts its label on
+# a line of its own so its track spans the panel; captions are compact, with details on demand.
+_STYLE = """<style>
+.wb-app .widget-hslider.wb-wide {flex-wrap: wrap; height: auto !important; margin-bottom: 4px}
+.wb-app .widget-hslider.wb-wide > .widget-label {order: 0; flex: 1 1 auto; width: auto !important; max-width: none;
+  text-align: left; height: 18px; line-height: 18px; margin-bottom: 0}
+.wb-app .widget-hslider.wb-wide > .widget-readout {order: 1; height: 18px; line-height: 18px; margin-top: 0}
+.wb-app .widget-hslider.wb-wide > .slider-container {order: 2; flex: 0 0 100%; height: 22px !important;
+  display: flex; align-items: center; margin-left: 0; margin-right: 0}
+.wb-app .widget-hslider.wb-wide > .slider-container > .slider {flex: 1 1 auto}
+.wb-app .wb-section-bar {flex-wrap: wrap}
+.wb-app .wb-section-tabs .widget-button {padding: 0 4px; height: 26px; line-height: 26px}
+.wb-app .wb-caption-text {font-size: 12px; line-height: 1.35; color: #333}
+.wb-app details.wb-details > summary {cursor: pointer}
+.wb-app details.wb-details > div {margin-top: 2px}
+</style>"""
+
+
 def _friendly(exc: BaseException) -> str:
     """A one-line message for an unexpected error (the traceback goes to the log, not the notebook)."""
     if isinstance(exc, (kernels.BackendError, kernels.GridError, kernels.ModelError)):
@@ -189,36 +207,33 @@ class Workbench(widgets.VBox):
         self._depths_by_structure: dict[str, tuple] = {}
         self._region_by_structure: dict[str, str] = {}
 
-        tabs = widgets.Tab(
-            [
-                self.profile.widget,
-                self.table.widget,
-                self.difference.widget,
-                self.timing.widget,
-                self.resolution.widget,
-            ],
-        )
-        for i, title in enumerate(("line profile", "density at atoms", "difference", "timing", "resolution")):
-            tabs.set_title(i, title)
-        self.tabs = tabs
-        # A section never shrinks: its image has max-width 100 %, so a squeezed column
-        # drew it at 20 × 17 px (or none) in a narrow page. The slice axis and index sit
-        # under its image (SliceView's tools), where a person watches what they move.
-        for view in (self.slice, self.difference.slice):
-            view.widget.layout.flex = "0 0 auto"
-        self.scene.widget.layout = widgets.Layout(flex="1 1 320px", min_width="320px")
+        # The views' tabs under the section and the 3D view: one add_tab per view.
+        self.tabs = widgets.Tab()
+        for title, view in (
+            ("line profile", self.profile.widget),
+            ("density at atoms", self.table.widget),
+            ("difference", self.difference.widget),
+            ("timing", self.timing.widget),
+            ("resolution", self.resolution.widget),
+        ):
+            self.add_tab(title, view)
+        # The section scales with its column (its PNG is drawn at 560 px) down to 300 px and never
+        # below: an image with max-width 100 % in a shrinking flex item was drawn at 20 × 17 px.
+        self.slice.widget.layout = widgets.Layout(flex="1 1 300px", min_width="300px", max_width="570px")
+        self.slice.image.layout = widgets.Layout(width="100%", max_width="560px", height="auto")
+        self.difference.slice.widget.layout.flex = "0 0 auto"
+        self.scene.widget.layout = widgets.Layout(flex="1 1 300px", min_width="300px")
         views = widgets.HBox(
-            [self.slice.widget, self.scene.widget], layout=widgets.Layout(flex="1 1 890px", flex_flow="row wrap")
+            [self.slice.widget, self.scene.widget], layout=widgets.Layout(flex="1 1 620px", min_width="620px")
         )
-        # Controls beside the views when the row has room (1280-px Voilà, a 1920-px Lab);
-        # otherwise the views on top and the controls under them, never the reverse
-        # (wrap-reverse stacks the wrapped lines upwards; flex-end aligns items at the top).
+        # Controls in a column beside the views at every width: a person drags a slider while
+        # watching the section and the 3D view it changes (never controls under the views).
         body = widgets.HBox(
-            [self.controls.widget, views],
-            layout=widgets.Layout(flex_flow="row wrap-reverse", align_items="flex-end"),
+            [self.controls.widget, views], layout=widgets.Layout(flex_flow="row nowrap", align_items="flex-start")
         )
         body.add_class("wb-body")
-        super().__init__([self.status.widget, body, tabs, self.download])
+        self._style = widgets.HTML(_STYLE, layout=widgets.Layout(height="0px", margin="0"))
+        super().__init__([self._style, self.status.widget, body, self.tabs, self.download])
         self.add_class("wb-app")
 
         self.status.cancel.on_click(lambda _: self.cancel())
@@ -232,7 +247,7 @@ class Workbench(widgets.VBox):
         self.relax.stop.on_click(lambda _: self.stop_relax())
         self.scene.view.on_pick(self.pick_atom)
         self.table.on_pick(self.pick_atom)
-        tabs.observe(lambda _: self.show_resolution(), names="selected_index")
+        self.tabs.observe(lambda _: self.show_resolution(), names="selected_index")
         self.resolution.d.observe(lambda _: self._show_resolution_section(), names="value")
         self.resolution.in_3d.observe(lambda _: self._show_resolution_section(), names="value")
 
@@ -312,6 +327,11 @@ class Workbench(widgets.VBox):
         """End a relax run after the step it is in (the views keep its last frame)."""
         if self._relax_stop is not None:
             self._relax_stop.set()
+
+    def add_tab(self, title: str, widget: widgets.Widget) -> None:
+        """Add a view as one more tab under the section and the 3D view (after the others)."""
+        self.tabs.children = [*self.tabs.children, widget]
+        self.tabs.set_title(len(self.tabs.children) - 1, title)
 
     def refresh_backends(self) -> None:
         """Offer the backends runnable now in the backend and compare lists (after :func:`kernels.register_backend`
@@ -634,7 +654,8 @@ class Workbench(widgets.VBox):
         """Draw the Resolution tab for the current result when the tab is open (it costs an FFT and, per
         model, gemmi's exact factors), else leave it to be drawn when it is opened."""
         r = self.result
-        if r is None or self.tabs.selected_index != 4:
+        shown = self.tabs.selected_index
+        if r is None or shown is None or self.tabs.children[shown] is not self.resolution.widget:
             return
         diff = self.difference_result
         key = (r.map_key, id(diff))

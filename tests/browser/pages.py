@@ -175,14 +175,22 @@ class WorkbenchUI:
         return self.page.evaluate(f"() => window.__wbSliceChanges[{before}]") - start
 
     def reveal(self, css: str) -> None:
-        """Open the collapsed control section holding ``css`` (a click on its title, as a person would)."""
+        """Show the group of controls holding ``css`` (a click on its button, as a person would)."""
         target = self.page.locator(css).first
         if target.is_visible():
             return
-        # the accordion's item (header + contents) around the section that holds ``css``
-        item = self.page.locator(f".jupyter-widget-Collapse:has(.wb-section {css})").last
-        item.locator(".jupyter-widget-Collapse-header").first.click()
+        group = self.page.evaluate(
+            """(css) => { const box = document.querySelector(css).closest('.wb-section');
+                return [...box.classList].find(c => c.startsWith('wb-section-')).slice('wb-section-'.length); }""",
+            css,
+        )
+        self.open_group(group)
         target.wait_for(state="visible", timeout=10_000)
+
+    def open_group(self, name: str) -> None:
+        """Click the button of the controls group ``name`` (density, adps, section, 3d, compute, profile, export, relax)."""
+        self.page.locator(f".wb-section-tab-{name}").first.click()
+        self.page.locator(f".wb-section-{name}").first.wait_for(state="visible", timeout=10_000)
 
     def type_into_readout(self, css: str, text: str) -> None:
         """Type a value into a slider's editable readout and press Enter (as a person would)."""

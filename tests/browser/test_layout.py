@@ -1,6 +1,6 @@
 """The quickstart in JupyterLab with its file browser open (Lab's default) on three laptop and
-desktop screens (issue 34): the section and the 3D view both on screen without scrolling,
-the controls fitting the screen, and no control's label cut short.
+desktop screens (issues 34, 46): the section, the 3D view and the open group of controls on
+screen together without scrolling, sliders fine enough to drag, and no control's label cut short.
 
 One page, run once, resized to each size in turn. Screenshots go to ``artifacts/screenshots/``
 (``WORKBENCH_SCREENSHOTS``); the test prints the folder.
@@ -64,6 +64,17 @@ def _inside(box: dict, area: dict) -> bool:
     )
 
 
+def _open_group_box(ui: WorkbenchUI) -> dict[str, float]:
+    """The box of the one group of controls shown (the others are not drawn)."""
+    return ui.page.evaluate(
+        """() => { const shown = [...document.querySelectorAll('.wb-sections .wb-section')]
+                .filter(e => e.offsetParent !== null);
+            if (shown.length !== 1) throw new Error(`${shown.length} groups of controls shown`);
+            const r = shown[0].getBoundingClientRect();
+            return {x: r.x, y: r.y, width: r.width, height: r.height, right: r.right, bottom: r.bottom}; }"""
+    )
+
+
 def _cut_labels(ui: WorkbenchUI) -> list[str]:
     """Buttons (toggle buttons included) and control labels of the app cut short ("elec…")."""
     return ui.page.evaluate(
@@ -74,7 +85,12 @@ def _cut_labels(ui: WorkbenchUI) -> list[str]:
 
 
 @pytest.mark.parametrize("width,height", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
-def test_section_3d_view_and_controls_fit_the_screen(lab, width, height):
+def test_section_3d_view_and_each_control_group_are_on_screen_together(lab, width, height):
+    """Issue 46: the section, the 3D view and the open group of controls all visible at once,
+    with no scrolling, whichever group is open; sliders with 1 px per Å² of global B and per
+    0.1 Å of radius; captions of a line or two, their details on a click."""
+    from workbench.state import RANGES
+
     op, ui = lab
     op.page.set_viewport_size({"width": width, "height": height})
     op.page.wait_for_timeout(800)
@@ -82,37 +98,52 @@ def test_section_3d_view_and_controls_fit_the_screen(lab, width, height):
     _scroll_app_to_top(ui)
     ui.wait_canvas_drawn()
     area = _notebook_viewport(ui)
-    shot = screenshot(op.page, f"layout_lab_{width}x{height}")
-    print(f"\nscreenshots in {SCREENSHOTS} ({shot.name}); notebook area {area}")
-    boxes = {"section": ui.box(".wb-slice"), "3D view": ui.box(".wb-view3d canvas")}
-    for name, b in boxes.items():
-        print(f"{width}x{height} {name}: {b}")
-        assert b["width"] > 300 and b["height"] > 250, f"{name} is too small at {width}×{height}: {b}"
-        assert _inside(b, area), f"{name} is not fully on screen at {width}×{height}: {b}, notebook area {area}"
-    # the slice slider sits under the section, on screen with it
-    assert _inside(ui.box(".wb-slice-index"), area), (ui.box(".wb-slice-index"), area)
-    # the controls panel fits the screen with any one section open (one open at a time)
-    headers = op.page.locator(".wb-sections .jupyter-widget-Collapse-header")
-    n = headers.count()
-    assert n >= 7
+    print(f"\nscreenshots in {SCREENSHOTS}; notebook area {area}")
+    groups = op.page.locator(".wb-section-tabs .wb-section-tab")
+    n = groups.count()
+    assert n >= 8
     for i in list(range(1, n)) + [0]:
-        headers.nth(i).click()
-        op.page.wait_for_timeout(150)
-        op.page.evaluate("() => document.querySelector('.wb-controls').scrollIntoView({block: 'start'})")
-        op.page.wait_for_timeout(150)
-        panel = ui.box(".wb-controls")
-        title = headers.nth(i).inner_text().strip()
-        assert panel["height"] <= area["height"], f"controls with '{title}' open are {panel['height']:.0f} px tall"
-        assert _inside(panel, area), f"controls with '{title}' open: {panel}, notebook area {area}"
+        groups.nth(i).click()
+        op.page.wait_for_timeout(200)
+        title = groups.nth(i).get_attribute("title") or groups.nth(i).inner_text()
+        boxes = {
+            "section": ui.box(".wb-slice"),
+            "3D view": ui.box(".wb-view3d canvas"),
+            "controls": ui.box(".wb-controls"),
+            "open group": _open_group_box(ui),
+            "slice slider": ui.box(".wb-slice-index"),
+        }
+        for name, b in boxes.items():
+            assert _inside(b, area), f"{name} is not fully on screen at {width}×{height} with '{title}' open: {b}, {area}"
+        for name in ("section", "3D view"):
+            b = boxes[name]
+            assert b["width"] >= 300 and b["height"] >= 250, f"{name} is too small at {width}×{height}: {b}"
+        # the group stands beside the views, not under them
+        assert boxes["controls"]["right"] <= min(boxes["section"]["x"], boxes["3D view"]["x"]) + 1
         assert _cut_labels(ui) == [], f"labels cut short with '{title}' open at {width}×{height}"
         assert ui.controls_overflow() == [], title
+        screenshot(op.page, f"layout_lab_{width}x{height}_{i}")
+    shot = screenshot(op.page, f"layout_lab_{width}x{height}")
+    print(f"{width}x{height}: {shot.name}; " + ", ".join(f"{k} {v['width']:.0f}×{v['height']:.0f}" for k, v in boxes.items()))
     assert op.page.locator(".wb-bfactor").first.is_visible(), "density should be open again"
+    # drag resolution: a pixel of track is at most 1 Å² of global B and 0.1 Å of radius
+    for css, name, step in ((".wb-bfactor", "b_global", 1.0), (".wb-radius", "radius", 0.1)):
+        lo, hi, _ = RANGES[name]
+        track = ui.box(f"{css} .noUi-target")["width"]
+        assert (hi - lo) / track <= step + 1e-9, f"{css}: {(hi - lo) / track:.2f} per pixel over {track:.0f} px"
+    # captions: a line or two each, the rest behind a click
+    for css in (".wb-slice-caption", ".wb-view3d-caption"):
+        summary = ui.box(f"{css} summary")
+        assert summary["height"] <= 40, f"{css} summary is {summary['height']:.0f} px tall"
+        assert op.page.locator(f"{css} details").first.get_attribute("open") is None
+    op.page.locator(".wb-slice-caption summary").first.click()
+    assert "tricubic-interpolated" in op.page.locator(".wb-slice-caption details").first.inner_text()
+    op.page.locator(".wb-slice-caption summary").first.click()
     # the views' tabs: no button cut short either ("compare all ba…")
     for title in ("line profile", "density at atoms", "difference", "timing"):
         ui.open_tab(title)
         assert _cut_labels(ui) == [], f"labels cut short in the '{title}' tab at {width}×{height}"
     ui.open_tab("line profile")
-    screenshot(op.page.locator(".wb-controls"), f"layout_lab_{width}x{height}_controls")
     _scroll_app_to_top(ui)
 
 

@@ -1,5 +1,6 @@
 """The relax control in the standalone app (``workbench app``, 1ORC): start moves the atoms in the
-3D canvas, stop stops them."""
+3D canvas, stop stops them at the step on screen, and what the app says of the picked atom is the
+state shown (issue 46)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from tests.browser.conftest import open_workbench
 from tests.browser.pages import WorkbenchUI, images_differ, screenshot
 
 pytestmark = pytest.mark.browser
+
+# The progress line names the step the views show: "step k/N: L = …".
+_STEP = r"/step (\d+)\/(\d+)/"
 
 
 @pytest.fixture(scope="module")
@@ -24,39 +28,77 @@ def _progress(ui: WorkbenchUI) -> str:
     return ui.page.locator(".wb-relax-progress").inner_text().strip()
 
 
-def test_relax_moves_the_atoms_in_3d_and_stop_stops_them(app):
+def _rendered(ui: WorkbenchUI) -> int:
+    return int(ui.page.evaluate("() => document.querySelector('.wb-view3d').dataset.rendered || '0'"))
+
+
+def _numbers(label: str) -> tuple[float, float]:
+    """ρ and |∇| of a picked atom's label ("… ρ 1.47 e/Å³, |∇| 11.4 1/Å (planarity)")."""
+    rho = float(re.search(r"ρ (-?[\d.e+-]+) ", label)[1])
+    grad = float(re.search(r"\|∇\| ([\d.e+-]+) ", label)[1])
+    return rho, grad
+
+
+def test_relax_moves_the_atoms_and_stop_stops_at_the_step_on_screen(app):
     op, ui = app
     page = op.page
     ui.type_into_readout(".wb-distort", "0.3")
     page.wait_for_timeout(500)
     ui.wait_ready()
     ui.wait_canvas_drawn()
+    # pick an atom (a click on its row in the atom table, as a person would)
+    ui.open_tab("density at atoms")
+    page.locator(".wb-atom-table tr[data-atom='5']").first.click()
+    page.wait_for_function("() => (document.querySelector('.wb-view3d').dataset.label || '').startsWith('#5 ')")
+    ui.wait_ready()
+    picked_before = page.evaluate("() => document.querySelector('.wb-view3d').dataset.label")
     ui.reveal(".wb-relax-steps")
     steps = page.locator(".wb-relax-steps input")
     steps.fill("10000")
     steps.press("Enter")
     page.locator(".wb-view3d").scroll_into_view_if_needed()
     before = ui.canvas_png()
-    page.locator("button.wb-relax-start").click()
-    # a few frames drawn: the progress line names the step the views show
+    rendered = _rendered(ui)
+    start_ms = page.evaluate(
+        "() => { window.__t0 = performance.now(); document.querySelector('button.wb-relax-start').click(); "
+        "return window.__t0; }"
+    )
+    # the first frame: the progress line names step 1 and the canvas is drawn again
+    page.wait_for_function(f"() => {_STEP}.test(document.querySelector('.wb-relax-progress').textContent)")
     page.wait_for_function(
-        "() => { const m = /step (\\d+)\\/10000/.exec(document.querySelector('.wb-relax-progress').textContent);"
+        "(n) => Number(document.querySelector('.wb-view3d').dataset.rendered || 0) > n", arg=rendered, timeout=30_000
+    )
+    first_ms = page.evaluate("() => performance.now()") - start_ms
+    # a few frames drawn
+    page.wait_for_function(
+        f"() => {{ const m = {_STEP}.exec(document.querySelector('.wb-relax-progress').textContent);"
         " return m && Number(m[1]) >= 5; }",
         timeout=60_000,
     )
-    page.wait_for_timeout(500)
+    page.wait_for_timeout(300)
     moving = ui.canvas_png()
     changed = images_differ(before, moving)
     assert changed > 0.002, f"relax changed {changed:.3%} of the 3D canvas"
     screenshot(page.locator(".wb-view3d"), "relax_moving")
 
-    page.locator("button.wb-relax-stop").click()
+    # stop, reading the step on screen in the same page task as the click
+    on_screen, clicked_ms = page.evaluate(
+        """() => { const m = /step (\\d+)\\//.exec(document.querySelector('.wb-relax-progress').textContent);
+            document.querySelector('button.wb-relax-stop').click();
+            return [Number(m[1]), performance.now()]; }"""
+    )
     page.wait_for_function(
         "() => /relax stopped after/.test(document.querySelector('.wb-relax-progress').textContent)", timeout=30_000
     )
+    stopped_ms = page.evaluate("() => performance.now()") - clicked_ms
     text = _progress(ui)
-    done = int(re.search(r"stopped after (\d+) step", text).group(1))
-    assert 5 <= done < 10000, text
+    done = int(re.search(r"stopped after (\d+) step", text)[1])
+    print(
+        f"\nfirst frame drawn {first_ms:.0f} ms after start; stop pressed at step {on_screen}, run ended after "
+        f"{done} steps, confirmed {stopped_ms:.0f} ms after the click"
+    )
+    assert 0 <= done - on_screen <= 1, f"stop pressed at step {on_screen}, the run went on to step {done}"
+    assert f"The views show step {done};" in text, text
     start, end = (float(v) for v in re.search(r"RMSD to the model ([\d.]+) → ([\d.]+) Å", text).groups())
     assert start > 0.4 and end < start, text  # from the distorted model (0.3 Å per coordinate) towards the model
     ui.wait_canvas_drawn()
@@ -66,6 +108,20 @@ def test_relax_moves_the_atoms_in_3d_and_stop_stops_them(app):
     assert images_differ(stopped, later) == 0.0, "the atoms moved after stop"
     assert _progress(ui) == text
     assert page.locator("button.wb-relax-start").is_enabled() and not page.locator("button.wb-relax-stop").is_enabled()
+    # the timing tab is for the step shown
+    ui.open_tab("timing")
+    assert f"relax step {done}:" in page.locator(".wb-timing").first.inner_text()
+    # the picked atom's label is the shown state's: its ρ is the table's, its |∇| at most the largest
+    label = page.evaluate("() => document.querySelector('.wb-view3d').dataset.label")
+    assert label.startswith("#5 ") and label != picked_before, (label, picked_before)
+    rho, grad = _numbers(label)
+    ui.open_tab("density at atoms")
+    row = page.locator(".wb-atom-table tr[data-atom='5'] td").all_inner_texts()
+    assert float(row[2]) == pytest.approx(rho, abs=0.0051), (row, label)
+    caption = page.locator(".wb-view3d-caption").text_content()  # its details are closed
+    largest = float(re.search(r"largest \|∇\| ([\d.e+-]+)", caption)[1])
+    assert grad <= largest * 1.001, (label, caption)
+    assert label.split(" · ")[0] in page.locator(".wb-picked-atom").inner_text()
     # the relax frames raised nothing in the 3D widget (Voilà's template font from a CDN is blocked: see test_voila)
     assert not [e for e in op.console_errors if "3Dmol" in e or "wb" in e], op.console_errors
     assert page.locator(".wb-view3d").evaluate("e => e.textContent.includes('3D view:')") is False

@@ -745,7 +745,7 @@ def test_status_text_reads_as_english(make_wb):
     ]
 
 
-def test_controls_sit_in_collapsible_sections_and_the_section_never_shrinks(make_wb):
+def test_controls_sit_in_groups_shown_one_at_a_time_and_the_section_never_shrinks(make_wb):
     wb = make_wb()
     c = wb.controls
     sections = c.sections
@@ -753,10 +753,23 @@ def test_controls_sit_in_collapsible_sections_and_the_section_never_shrinks(make
         "density", "model file, ADPs and radiation", "section colours and contours", "3D view and gradients",
         "compute", "profile and atom table", "export", "relax",
     ]  # fmt: skip
-    # one accordion, one section open at a time (issue 34: open sections made the panel
-    # 1,030-1,410 px tall); density open at start
-    assert list(c.accordion.children) == list(sections.values()) and c.accordion.selected_index == 0
-    assert c.widget.children == (c.structure, c.accordion)
+    # one group shown at a time (issue 34: open sections made the panel 1,030-1,410 px tall),
+    # chosen by a row of buttons (issue 46: an accordion's eight headers pushed it past a laptop
+    # screen); density open at start
+    assert list(c.stack.children) == list(sections.values()) and c.stack.selected_index == 0
+    assert c.widget.children == (c.structure, c.group_bar, c.stack)
+    assert [b.tooltip for b in c.group_bar.children] == list(sections)
+    c.section_buttons["relax"].click()
+    assert c.open_title == "relax" and c.stack.selected_index == 7
+    assert c.section_buttons["relax"].button_style == "info" and c.section_buttons["density"].button_style == ""
+    c.open_section("density")
+    # the views' tabs: one add_tab per view, in order
+    assert [wb.tabs.get_title(i) for i in range(len(wb.tabs.children))] == [
+        "line profile", "density at atoms", "difference", "timing", "resolution",
+    ]  # fmt: skip
+    extra = widgets.HTML("x")
+    wb.add_tab("another view", extra)
+    assert wb.tabs.children[-1] is extra and wb.tabs.get_title(5) == "another view"
     held = [w for box in sections.values() for w in box.children]
     held += [w for box in held if isinstance(box, widgets.HBox) for w in box.children]
     held += list(c.section_bar.children)  # under the section image
@@ -766,8 +779,9 @@ def test_controls_sit_in_collapsible_sections_and_the_section_never_shrinks(make
     ]:  # fmt: skip
         assert getattr(c, name) in held, f"{name} is in no control section"
     assert c.sections["relax"].children == (wb.relax.widget,)
-    # an image with max-width 100 % in a shrinking flex item was drawn at 20×17 px (issue 19)
-    assert wb.slice.widget.layout.flex == "0 0 auto" and wb.difference.slice.widget.layout.flex == "0 0 auto"
+    # an image with max-width 100 % in a shrinking flex item was drawn at 20×17 px (issue 19):
+    # the section shrinks with its column down to 300 px, never below
+    assert wb.slice.widget.layout.min_width == "300px" and wb.difference.slice.widget.layout.flex == "0 0 auto"
 
 
 def test_user_visible_counts_and_ordinals_read_as_english(make_wb, monkeypatch):

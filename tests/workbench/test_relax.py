@@ -122,7 +122,7 @@ def test_the_workbench_stops_at_the_step_on_screen(make_wb):
     assert wb._frames.n_put == done and wb._frames.n_dropped == 0  # no step ran that was not shown
     assert wb.relax_frame.step + 1 == done and f"The views show step {done};" in wb.relax.progress.value
     torch.testing.assert_close(wb.result.atoms.xyz, wb.relax_frame.xyz, rtol=0, atol=0)
-    assert "relax step %d:" % done in wb.timing.current.value
+    assert f"relax step {done}:" in wb.timing.current.value
     assert not wb.relax.start.disabled and wb.relax.stop.disabled
 
 

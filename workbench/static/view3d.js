@@ -245,6 +245,7 @@ async function render({ model, el }) {
     }
     viewer.render();
     model.set("n_rendered", model.get("n_rendered") + 1);
+    el.dataset.rendered = String(model.get("n_rendered")); // for page tests: a frame is on the canvas
     model.save_changes();
   }
 

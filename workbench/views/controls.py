@@ -50,6 +50,8 @@ _RADIATION_LABELS = {"xray": "X-ray", "electron": "electron", "neutron": "neutro
 # wide as its box (its readout at the very edge) makes the panel scroll sideways when a
 # person types into the readout.
 _LAYOUT = {"width": "300px"}
+#: Width of the controls panel, px: a slider's track spans it (its label on the line above).
+PANEL_WIDTH = 340
 
 
 def _slider(cls, name: str, description: str, **kw):
@@ -535,59 +537,96 @@ class Controls:
 
     def _layout(self) -> widgets.Widget:
         w = widgets
-        # (title, CSS name, widgets): one accordion, one section open at a time, so the panel is
-        # never taller than its headers and the tallest section (it fits a 1366×768 laptop
-        # screen in JupyterLab). A new control group (a "relax" section, say) is one more
-        # entry here. The structure choice stays above the sections; the slice axis and
-        # index sit under the section image (:attr:`section_bar`), where a person watches
-        # what they move.
+        # (title, CSS name, button label, widgets): the groups of controls, one shown at a time
+        # under a row of buttons that name them (tabs that wrap in a narrow column), so the panel
+        # is never taller than the buttons and the tallest group, and it stands beside the views
+        # on a 1366×768 laptop screen in JupyterLab with the file browser open. A new group (a
+        # "relax" group, say) is one more entry here or one add_section call. The structure
+        # choice stays above the groups; the slice axis and index sit under the section image
+        # (:attr:`section_bar`), where a person watches what they move.
         sections = [
-            ("density", "density", [
+            ("density", "density", "density", [
                 self.b_mode, self.b_global, self.b_offset, self.radius_mode, self.radius, self.density_cutoff,
                 self.spacing, self.grid_shape,
             ]),
-            ("model file, ADPs and radiation", "adps", [self.path, self.upload, self.adp, self.radiation, self.blur]),
-            ("section colours and contours", "section", [self.slice_scale, self.contour_sigmas]),
-            ("3D view and gradients", "3d", [
+            ("model file, ADPs and radiation", "adps", "model", [
+                self.path, self.upload, self.adp, self.radiation, self.blur,
+            ]),
+            ("section colours and contours", "section", "section", [self.slice_scale, self.contour_sigmas]),
+            ("3D view and gradients", "3d", "3D", [
                 self.iso_sigma, self.region, self.region_padding, self.ellipsoids, self.gradient_kind,
                 self.distort_amplitude, self.distort_seed, self.target_map,
             ]),
-            ("compute", "compute", [self.device, self.device_reason, self.backend, self.backend_reason]),
-            ("profile and atom table", "profile", [
+            ("compute", "compute", "compute", [self.device, self.device_reason, self.backend, self.backend_reason]),
+            ("profile and atom table", "profile", "profile", [
                 self.profile_a, self.profile_b, self.profile_names, self.table_sort, self.table_ascending,
             ]),
-            ("export", "export", [
+            ("export", "export", "export", [
                 self.export_path, w.HBox([self.export_map, self.export_gradients]), self.export_model,
                 self.export_note,
             ]),
         ]  # fmt: skip
+        # Sliders with their label on a line of its own: the track gets the panel's whole width
+        # (300 px: 1 px per Å² of global B, 0.04 Å of radius), not what a label and readout leave.
+        for slider in (
+            self.b_global, self.b_offset, self.blur, self.radius, self.density_cutoff, self.spacing, self.iso_sigma,
+            self.distort_amplitude, self.region_padding,
+        ):  # fmt: skip
+            slider.add_class("wb-wide")
+            slider.layout = w.Layout(width="100%")
         self.sections: dict[str, widgets.VBox] = {}
-        for title, css, items in sections:
-            box = w.VBox(items)
-            box.add_class("wb-section")
-            box.add_class(f"wb-section-{css}")
-            self.sections[title] = box
-        self.accordion = w.Accordion(
-            children=list(self.sections.values()), titles=tuple(self.sections), selected_index=0
+        self.section_buttons: dict[str, widgets.Button] = {}
+        self.stack = w.Stack(children=[], selected_index=None)
+        self.stack.add_class("wb-sections")
+        self.group_bar = w.GridBox(
+            layout=w.Layout(grid_template_columns="repeat(4, 1fr)", grid_gap="2px", width="100%")
         )
-        self.accordion.add_class("wb-sections")
+        self.group_bar.add_class("wb-section-tabs")
+        for title, css, label, items in sections:
+            self._add_group(title, css, label, w.VBox(items))
         self.section_bar = w.HBox(
             [self.slice_axis, self.slice_index, self.slice_depth], layout=w.Layout(align_items="center")
         )
         self.section_bar.add_class("wb-section-bar")
         # never squeezed by the views beside it (a narrow notebook cuts the sliders otherwise)
         panel = w.VBox(
-            [self.structure, self.accordion],
-            layout=w.Layout(width="350px", min_width="350px", flex="0 0 350px", overflow="visible"),
+            [self.structure, self.group_bar, self.stack],
+            layout=w.Layout(width=f"{PANEL_WIDTH}px", min_width=f"{PANEL_WIDTH}px", flex=f"0 0 {PANEL_WIDTH}px"),
         )
         panel.add_class("wb-controls")
         return panel
 
-    def add_section(self, title: str, css: str, widget: widgets.Widget) -> None:
-        """Append ``widget`` to the accordion as one more section (CSS ``wb-section wb-section-<css>``)."""
-        box = widgets.VBox([widget])
+    def add_section(self, title: str, css: str, widget: widgets.Widget, *, label: str | None = None) -> None:
+        """Add a group of controls: a button ``label`` (default ``title``; CSS ``wb-section-tab
+        wb-section-tab-<css>``) that shows ``widget`` in the panel (in a box of CSS ``wb-section wb-section-<css>``)."""
+        self._add_group(title, css, label or title, widgets.VBox([widget]))
+
+    def _add_group(self, title: str, css: str, label: str, box: widgets.VBox) -> None:
         box.add_class("wb-section")
         box.add_class(f"wb-section-{css}")
         self.sections[title] = box
-        self.accordion.children = list(self.sections.values())
-        self.accordion.titles = tuple(self.sections)
+        button = widgets.Button(description=label, tooltip=title, layout=widgets.Layout(width="auto"))
+        button.add_class("wb-section-tab")
+        button.add_class(f"wb-section-tab-{css}")
+        button.on_click(lambda _b, t=title: self.open_section(t))
+        self.section_buttons[title] = button
+        self.stack.children = [*self.stack.children, box]
+        self.group_bar.children = [*self.group_bar.children, button]
+        if self.stack.selected_index is None:
+            self.open_section(title)
+
+    def open_section(self, title: str) -> None:
+        """Show the group of controls ``title`` (its button marked as the open one)."""
+        index = list(self.sections).index(title)
+        self.stack.selected_index = index
+        for name, button in self.section_buttons.items():
+            button.button_style = "info" if name == title else ""
+            if name == title:
+                button.add_class("wb-section-open")
+            else:
+                button.remove_class("wb-section-open")
+
+    @property
+    def open_title(self) -> str:
+        """The title of the group of controls shown."""
+        return list(self.sections)[self.stack.selected_index]

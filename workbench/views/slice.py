@@ -37,6 +37,7 @@ from matplotlib.transforms import Bbox
 
 from workbench.compute import AtomMarks, Section, render_section
 from workbench.compute.text import count
+from workbench.views._caption import caption_html
 from workbench.views._figure import canvas_png, new_figure
 
 __all__ = ["AXIS_NAMES", "CONTOUR_COLOURS", "MIN_SCALE_FRACTION", "SliceView", "axis_labels", "bar_ticks"]
@@ -234,12 +235,13 @@ class SliceView:
         self.widget.layout.display = None  # shown again after clear()
         with self.image.hold_sync():
             self.image.value = data
-            self.caption.value = (
-                f"<small>section ⊥ {AXIS_NAMES[sec.axis]} at index {sec.index} (depth {sec.depth:.2f} Å), "
+            self.caption.value = caption_html(
+                f"⊥ {AXIS_NAMES[sec.axis]} at {sec.depth:.1f} Å (index {sec.index}): ρ {vmin:.3g} … {vmax:.3g} {units}",
+                f"section ⊥ {AXIS_NAMES[sec.axis]} at index {sec.index} (depth {sec.depth:.2f} Å), "
                 f"{n_u}×{n_v} voxels shown tricubic-interpolated on {nx}×{ny} pixels of {img.pixel:.3f} Å{angle}; "
                 f"ρ here {vmin:.3g} … {vmax:.3g} {units}, map {mmin:.3g} … {mmax:.3g}; "
                 f"colour bar {lo:.3g} … {hi:.3g} {units} (rounded out from {span}){contour_text}; "
-                f"+ {marked}{note}</small>"
+                f"+ {marked}{note}",
             )
         self.n_updates += 1
         return data

@@ -45,7 +45,8 @@ from workbench.compute import (
     shown_atoms,
     volume_base64,
 )
-from workbench.compute.text import ordinal
+from workbench.compute.text import count, ordinal
+from workbench.views._caption import caption_html
 
 # The arrow scale and gradient_arrows live in workbench.compute (they are geometry); they
 # stay importable from here, where the view that draws them is.
@@ -308,10 +309,13 @@ class Scene3DView:
             else ""
         )
         sub += f", map drawn within {s.region_padding:g} Å of the {'residue' if s.region else 'atoms'}"
-        self.caption.value = (
-            f"<small>{region}, map box ± {s.region_padding:g} Å{sub}; isosurface {s.iso_sigma:g} σ = "
+        n_arrows = len(arrows.segments)
+        self.caption.value = caption_html(
+            f"{region} · isosurface {s.iso_sigma:g} σ = {result.iso_level:.3g} {s.units} · "
+            f"{count(n_arrows, 'arrow') if result.gradient is not None else 'no arrows'} · click an atom to pick it",
+            f"{region}, map box ± {s.region_padding:g} Å{sub}; isosurface {s.iso_sigma:g} σ = "
             f"{result.iso_level:.3f} {s.units}; click an atom: region = its residue, profile to it from the last one "
-            f"picked; {arrows.caption}{_ellipsoid_caption(self.ellipsoids)}</small>"
+            f"picked; {arrows.caption}{_ellipsoid_caption(self.ellipsoids)}",
         )
 
     def show_pick(self, pick: AtomPick | None) -> None:
