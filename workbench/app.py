@@ -136,9 +136,11 @@ class Workbench(widgets.VBox):
     ``data-label`` holds the same), ``wb-profile``, ``wb-atom-table``, ``wb-diff-a``, ``wb-diff-b``,
     ``wb-diff-run``, ``wb-diff-slice``, ``wb-diff-stats``, ``wb-timing``,
     ``wb-compare-all``, ``wb-timing-all``; ``wb-stale`` marks a note that a tab's result
-    is out of date. The controls below the structure choice sit in one accordion
-    ``wb-sections`` (one section open at a time), sections ``wb-section`` (also
-    ``wb-section-density|adps|section|3d|compute|profile|export|relax``); the slice axis, index and
+    is out of date. The controls below the structure choice are groups, one shown at a time
+    in ``wb-sections`` (each ``wb-section``, also
+    ``wb-section-density|adps|section|3d|compute|profile|export|relax``), chosen by the buttons of
+    ``wb-section-tabs`` (each ``wb-section-tab`` and ``wb-section-tab-<group>``; the open one also
+    ``wb-section-open``); a slider whose track spans the panel is ``wb-wide``; the slice axis, index and
     depth sit under the section image in ``wb-section-bar``. The relax section holds
     ``wb-relax-steps``, ``wb-relax-lr``, ``wb-relax-lambda``, ``wb-relax-start``, ``wb-relax-stop`` and
     ``wb-relax-progress`` (:meth:`start_relax`).
@@ -305,9 +307,10 @@ class Workbench(widgets.VBox):
         Starts from the current result's atoms (the distorted model when a distortion is set) against its
         ρ_target (the loaded target map, or the map of the undistorted model), with the splat's settings.
         Runs on the worker thread; each step's frame (positions, map, both gradients, timings) goes to the
-        views through :class:`~workbench.scheduler.LatestOnly`: the views show the newest step and skip
-        those they are too slow for. :meth:`stop_relax`, or a change of any setting (which recomputes from
-        the settings), ends the run within one step. Arguments left out come from the relax control.
+        views, and the next step starts once they show it (drawn in the browser when one is attached), so
+        every value on screen is that step's and the loop is never more than one step ahead of it.
+        :meth:`stop_relax`, or a change of any setting (which recomputes from the settings), ends the run at
+        the step shown or the one after. Arguments left out come from the relax control.
         """
         if self._relax_stop is not None and not self._relax_stop.is_set():
             return  # one run at a time

@@ -48,8 +48,13 @@ def test_relax_moves_the_atoms_and_stop_stops_at_the_step_on_screen(app):
     ui.wait_canvas_drawn()
     # pick an atom (a click on its row in the atom table, as a person would)
     ui.open_tab("density at atoms")
-    page.locator(".wb-atom-table tr[data-atom='5']").first.click()
-    page.wait_for_function("() => (document.querySelector('.wb-view3d').dataset.label || '').startsWith('#5 ')")
+    row = page.locator(".wb-atom-table tr[data-atom]").first
+    row.wait_for(timeout=30_000)
+    atom = row.get_attribute("data-atom")
+    row.click()
+    page.wait_for_function(
+        "(a) => (document.querySelector('.wb-view3d').dataset.label || '').startsWith(`#${a} `)", arg=atom
+    )
     ui.wait_ready()
     picked_before = page.evaluate("() => document.querySelector('.wb-view3d').dataset.label")
     ui.reveal(".wb-relax-steps")
@@ -113,10 +118,10 @@ def test_relax_moves_the_atoms_and_stop_stops_at_the_step_on_screen(app):
     assert f"relax step {done}:" in page.locator(".wb-timing").first.inner_text()
     # the picked atom's label is the shown state's: its ρ is the table's, its |∇| at most the largest
     label = page.evaluate("() => document.querySelector('.wb-view3d').dataset.label")
-    assert label.startswith("#5 ") and label != picked_before, (label, picked_before)
+    assert label.startswith(f"#{atom} ") and label != picked_before, (label, picked_before)
     rho, grad = _numbers(label)
     ui.open_tab("density at atoms")
-    row = page.locator(".wb-atom-table tr[data-atom='5'] td").all_inner_texts()
+    row = page.locator(f".wb-atom-table tr[data-atom='{atom}']").first.locator("td").all_inner_texts()
     assert float(row[2]) == pytest.approx(rho, abs=0.0051), (row, label)
     caption = page.locator(".wb-view3d-caption").text_content()  # its details are closed
     largest = float(re.search(r"largest \|∇\| ([\d.e+-]+)", caption)[1])

@@ -538,7 +538,7 @@ class Controls:
     def _layout(self) -> widgets.Widget:
         w = widgets
         # (title, CSS name, button label, widgets): the groups of controls, one shown at a time
-        # under a row of buttons that name them (tabs that wrap in a narrow column), so the panel
+        # under a row of buttons that name them (tabs in rows of four), so the panel
         # is never taller than the buttons and the tallest group, and it stands beside the views
         # on a 1366×768 laptop screen in JupyterLab with the file browser open. A new group (a
         # "relax" group, say) is one more entry here or one add_section call. The structure
@@ -576,8 +576,11 @@ class Controls:
             slider.layout = w.Layout(width="100%")
         self.sections: dict[str, widgets.VBox] = {}
         self.section_buttons: dict[str, widgets.Button] = {}
-        self.stack = w.Stack(children=[], selected_index=None)
+        # Every group stays in the page (hidden but the open one), so a control keeps its place and
+        # state when another group is shown (a Stack would draw only the open one).
+        self.stack = w.VBox(children=[])
         self.stack.add_class("wb-sections")
+        self._open: str | None = None
         self.group_bar = w.GridBox(
             layout=w.Layout(grid_template_columns="repeat(4, 1fr)", grid_gap="2px", width="100%")
         )
@@ -612,13 +615,18 @@ class Controls:
         self.section_buttons[title] = button
         self.stack.children = [*self.stack.children, box]
         self.group_bar.children = [*self.group_bar.children, button]
-        if self.stack.selected_index is None:
+        if self._open is None:
             self.open_section(title)
+        else:
+            box.layout.display = "none"
 
     def open_section(self, title: str) -> None:
         """Show the group of controls ``title`` (its button marked as the open one)."""
-        index = list(self.sections).index(title)
-        self.stack.selected_index = index
+        if title not in self.sections:
+            raise KeyError(f"no group of controls {title!r}; groups: {list(self.sections)}")
+        self._open = title
+        for name, box in self.sections.items():
+            box.layout.display = None if name == title else "none"
         for name, button in self.section_buttons.items():
             button.button_style = "info" if name == title else ""
             if name == title:
@@ -629,4 +637,4 @@ class Controls:
     @property
     def open_title(self) -> str:
         """The title of the group of controls shown."""
-        return list(self.sections)[self.stack.selected_index]
+        return self._open
