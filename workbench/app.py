@@ -81,6 +81,14 @@ _STYLE = """<style>
 </style>"""
 
 
+def _scene_keys(r: Result) -> tuple:
+    """The 3D view's model and map keys of what ``r`` shows: a relax frame's own (unique per run and
+    step), else the model's and distortion's (the sticks do not depend on B) and the map's."""
+    if "relax" in r.atoms_key:
+        return r.atoms_key, r.map_key
+    return (r.atoms_key[0], r.atoms_key[2]), r.map_key
+
+
 def _friendly(exc: BaseException) -> str:
     """A one-line message for an unexpected error (the traceback goes to the log, not the notebook)."""
     if isinstance(exc, (kernels.BackendError, kernels.GridError, kernels.ModelError)):
@@ -487,9 +495,14 @@ class Workbench(widgets.VBox):
         before = view.n_rendered
         # nothing newer comes until this frame is drawn (the loop waits for it): no quiet period
         view.iso_delay_ms = 0
-        self.scene.update(shown, model_key=shown.atoms_key, map_key=shown.map_key)
+        # step 0 describes the run's start, the positions and map on screen already: their keys are
+        # the start's, so the sticks and the map box are not sent (and drawn) again
+        model_key, map_key = _scene_keys(r) if frame.step == 0 else _scene_keys(shown)
+        redrawn = self.scene.update(shown, model_key=model_key, map_key=map_key)
         # every value on screen is the frame's: the picked atom's label, the atom table, the profile
+        label = (list(view.label_lines), list(view.label_xyz))
         self._show_pick(shown)
+        redrawn = redrawn or label != (list(view.label_lines), list(view.label_xyz))
         self._show_tricubic(shown)
         self.timing.update_step(
             frame.timings, step=frame.step, backend=frame.density_gradient.backend, device=s.device,
@@ -498,7 +511,7 @@ class Workbench(widgets.VBox):
         self.relax.show(frame, steps, self._frames.n_dropped - dropped_before)
         self.relax_frame = frame
         self.result = shown  # export and pick see the positions shown
-        if before > 0:
+        if before > 0 and redrawn:
             # a browser draws this view: one update in flight, so wait until it has drawn this one
             deadline = time.monotonic() + _RENDER_WAIT
             while view.n_rendered == before and time.monotonic() < deadline:
@@ -612,8 +625,8 @@ class Workbench(widgets.VBox):
         if not self.scheduler.debouncer.pending or now - self._scene_time >= _SCENE_INTERVAL:
             self._scene_time = now
             self.scene.view.iso_delay_ms = _ISO_QUIET_MS
-            # the sticks depend on the positions only (model, distortion), not on B
-            self.scene.update(r, model_key=(r.atoms_key[0], r.atoms_key[2]), map_key=r.map_key)
+            model_key, map_key = _scene_keys(r)
+            self.scene.update(r, model_key=model_key, map_key=map_key)
         self._show_pick(r)
         self.timing.update(r.timings, backend=r.backend, device=s.device, grid_shape=r.grid.shape, n_atoms=len(r.model))
         self.show_resolution()

@@ -284,7 +284,7 @@ def test_app_exports_the_shown_model_with_its_anisou(make_wb, tmp_path):
     ((content, buffers),) = sent
     assert content == {"type": "download", "filename": "mine_model.pdb", "mime": "chemical/x-pdb"}
     assert bytes(buffers[0]).decode() == path.read_text()
-    assert wb.status.level == "idle" and "downloading mine.pdb" in wb.status.message, wb.status.message
+    assert wb.status.level == "idle" and "downloading mine_model.pdb" in wb.status.message, wb.status.message
 
 
 def test_a_file_with_a_non_positive_definite_anisou_opens_with_a_note(make_wb):

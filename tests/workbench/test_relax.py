@@ -200,7 +200,7 @@ def test_a_slow_3d_view_paces_the_loop_one_step_at_a_time(make_wb):
         most[0] = max(most[0], in_flight[0])
         time.sleep(0.2)
         update(result, **keys)
-        drawn.append(keys["model_key"][-1])
+        drawn.append(result.atoms_key[-1])  # the step (frame_result keys each frame by run and step)
         put_when_drawn.append(wb._frames.n_put)
         in_flight[0] -= 1
 

@@ -253,8 +253,9 @@ class Scene3DView:
         self._keys: dict[str, object] = {}
         self._volume: RegionVolume | None = None
 
-    def update(self, result: Result, *, model_key, map_key) -> None:
-        """Update the traits that changed (model text, map box, level, arrows, focus).
+    def update(self, result: Result, *, model_key, map_key) -> bool:
+        """Update the traits that changed (model text, map box, level, arrows, focus); True if any did
+        (the browser then draws the scene again).
 
         ``model_key`` and ``map_key`` say when the sticks and the map box are the same as
         last time, so they are neither recomputed nor sent again.
@@ -298,8 +299,9 @@ class Scene3DView:
             updates["view_sphere"] = focus_sphere(xyz, shown, centre_on=sel if s.region else None)
             updates["zoom_key"] = self.view.zoom_key + 1
             self._keys["focus"] = (s.structure, s.region, s.region_padding)
+        changed = {name: value for name, value in updates.items() if getattr(self.view, name) != value}
         with self.view.hold_sync():
-            for name, value in updates.items():
+            for name, value in changed.items():
                 setattr(self.view, name, value)
         region = "whole model" if not s.region else f"residue {s.region}"
         vol = self._volume
@@ -317,6 +319,7 @@ class Scene3DView:
             f"{result.iso_level:.3f} {s.units}; click an atom: region = its residue, profile to it from the last one "
             f"picked; {arrows.caption}{_ellipsoid_caption(self.ellipsoids)}",
         )
+        return bool(changed)
 
     def show_pick(self, pick: AtomPick | None) -> None:
         """Label the picked atom in 3D (name, B, occupancy, ρ, |∇|) and under the view; None clears it."""
