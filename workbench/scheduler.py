@@ -312,9 +312,9 @@ class LatestOnly:
             self._drain()
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Wait until every item offered is shown or dropped; False on timeout."""
+        """Wait until every item offered is shown or dropped, or the drawing thread is closed; False on timeout."""
         with self._cond:
-            return _wait_while(self._cond, lambda: self._pending or self._busy, timeout)
+            return _wait_while(self._cond, lambda: (self._pending or self._busy) and not self._stop, timeout)
 
     def close(self) -> None:
         """Stop the drawing thread (an item still waiting is not shown)."""
