@@ -28,6 +28,33 @@ namespace {
 
 using kernels::density::detail::TaskBody;
 
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// A loop whose caller, done with its own tasks, waited for a helper's task longer than
+// kLateWaitNs and longer than a tenth of its own working time had a helper on a core that
+// another process keeps busy (quiet, the decreasing slabs leave a tail of a few % of the work).
+// The calls of the next kHoldoffNs then run on the caller alone: a second thread on a busy core
+// adds at most half a core, and one that the scheduler sets aside while it holds a task makes the
+// call slower than one thread (3WIP's forward took 1.4-1.5x its 1-thread time in such runs). The
+// first call after the hold-off tries the threads again. Results are the same either way: any
+// assignment of tasks to workers gives the same outputs.
+struct SerialHoldoff {
+    static constexpr int64_t kLateWaitNs = 200'000;
+    static constexpr int64_t kHoldoffNs = 2'000'000'000;
+
+    static bool active() { return now_ns() < until_.load(std::memory_order_relaxed); }
+
+    static void after_loop(int64_t caller_work_ns, int64_t caller_wait_ns, int64_t end_ns) {
+        if (caller_wait_ns > kLateWaitNs && 10 * caller_wait_ns > caller_work_ns)
+            until_.store(end_ns + kHoldoffNs, std::memory_order_relaxed);
+    }
+
+    static inline std::atomic<int64_t> until_{0};
+};
+
 // Tasks [0, n_tasks) taken by the workers of one parallel loop from one atomic counter; the first
 // exception a task throws is kept for the caller to rethrow, and the loop goes on with the others.
 struct TaskQueue {
@@ -85,11 +112,15 @@ class HelperPool {
             job_ = job;
             ++generation_;
         }
+        const int64_t start = now_ns();
         cv_.notify_all();
         job->work(0);
+        const int64_t caller_done = now_ns();
         // tasks still running on helpers: spin briefly, then yield the core
         for (int spins = 0; job->tasks.done.load(std::memory_order_acquire) < n_tasks; ++spins)
             if (spins > 2000) std::this_thread::yield();
+        const int64_t end = now_ns();
+        SerialHoldoff::after_loop(caller_done - start, end - caller_done, end);
         {
             std::lock_guard<std::mutex> lock(mu_);
             job_.reset();  // a helper that has not looked yet finds nothing
@@ -173,6 +204,7 @@ class TorchTeam {
         TaskQueue tasks;
         tasks.n_tasks = n_tasks;
         std::atomic<int> arrived{0};
+        const int64_t start = now_ns();
         int64_t caller_done = 0;
         bool missing = false;
 #pragma omp parallel num_threads(n_threads)
@@ -185,8 +217,11 @@ class TorchTeam {
                 caller_done = now_ns();
             }
         }
-        if (missing && now_ns() - caller_done > kLateWaitNs)
-            avoid_until_.store(now_ns() + kHoldoffNs, std::memory_order_relaxed);
+        const int64_t end = now_ns();
+        if (missing && end - caller_done > kLateWaitNs)
+            avoid_until_.store(end + kHoldoffNs, std::memory_order_relaxed);
+        else
+            SerialHoldoff::after_loop(caller_done - start, end - caller_done, end);  // a member slow on its task
         if (tasks.error) std::rethrow_exception(tasks.error);
         return true;
 #else
@@ -196,11 +231,6 @@ class TorchTeam {
     }
 
    private:
-    static int64_t now_ns() {
-        return std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   std::chrono::steady_clock::now().time_since_epoch())
-            .count();
-    }
     static inline std::atomic<bool> shared_{false};
     static inline std::atomic<int64_t> avoid_until_{0};
 };
@@ -211,6 +241,10 @@ namespace kernels::density {
 
 void detail::run_tasks(int64_t n_tasks, int n_threads, TaskBody body, void* context) {
     auto fn = [body, context](int64_t t, int w) { body(context, t, w); };
+    if (SerialHoldoff::active()) {
+        for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
+        return;
+    }
     if (TorchTeam::run(n_tasks, n_threads, fn)) return;
     HelperPool::get().run(n_tasks, n_threads, fn);
 }
