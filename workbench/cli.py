@@ -35,7 +35,16 @@ from workbench._cli_shared import (
     add_radiation_options,
 )
 
-__all__ = ["main", "drop_widget_views", "install_notebooks", "notebook_dir", "shipped_notebooks_dir", "QUICKSTART", "NOTEBOOK_DIR_ENV"]
+__all__ = [
+    "main",
+    "WIDGET_SAVED_NOTE",
+    "drop_widget_views",
+    "install_notebooks",
+    "notebook_dir",
+    "shipped_notebooks_dir",
+    "QUICKSTART",
+    "NOTEBOOK_DIR_ENV",
+]
 
 #: ``workbench --help``'s description (plain text: argparse prints it as written).
 DESCRIPTION = """\

@@ -114,7 +114,9 @@ def test_section_3d_view_and_each_control_group_are_on_screen_together(lab, widt
             "slice slider": ui.box(".wb-slice-index"),
         }
         for name, b in boxes.items():
-            assert _inside(b, area), f"{name} is not fully on screen at {width}×{height} with '{title}' open: {b}, {area}"
+            assert _inside(b, area), (
+                f"{name} is not fully on screen at {width}×{height} with '{title}' open: {b}, {area}"
+            )
         for name in ("section", "3D view"):
             b = boxes[name]
             assert b["width"] >= 300 and b["height"] >= 250, f"{name} is too small at {width}×{height}: {b}"
@@ -124,7 +126,10 @@ def test_section_3d_view_and_each_control_group_are_on_screen_together(lab, widt
         assert ui.controls_overflow() == [], title
         screenshot(op.page, f"layout_lab_{width}x{height}_{i}")
     shot = screenshot(op.page, f"layout_lab_{width}x{height}")
-    print(f"{width}x{height}: {shot.name}; " + ", ".join(f"{k} {v['width']:.0f}×{v['height']:.0f}" for k, v in boxes.items()))
+    print(
+        f"{width}x{height}: {shot.name}; "
+        + ", ".join(f"{k} {v['width']:.0f}×{v['height']:.0f}" for k, v in boxes.items())
+    )
     assert op.page.locator(".wb-bfactor").first.is_visible(), "density should be open again"
     # drag resolution: a pixel of track is at most 1 Å² of global B and 0.1 Å of radius
     for css, name, step in ((".wb-bfactor", "b_global", 1.0), (".wb-radius", "radius", 0.1)):

@@ -87,9 +87,17 @@ def test_relax_moves_the_atoms_and_stop_stops_at_the_step_on_screen(app):
             document.querySelector('button.wb-relax-stop').click();
             return [Number(m[1]), performance.now()]; }"""
     )
-    page.wait_for_function(
-        "() => /relax stopped after/.test(document.querySelector('.wb-relax-progress').textContent)", timeout=30_000
-    )
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(
+            "() => /relax stopped after/.test(document.querySelector('.wb-relax-progress').textContent)",
+            timeout=60_000,
+        )
+    except PlaywrightTimeout as exc:
+        raise AssertionError(
+            f"no 'relax stopped' 60 s after stop at step {on_screen}: progress {_progress(ui)!r}, status {ui.status()}"
+        ) from exc
     stopped_ms = page.evaluate("() => performance.now()") - clicked_ms
     text = _progress(ui)
     done = int(re.search(r"stopped after (\d+) step", text)[1])

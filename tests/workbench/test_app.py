@@ -336,7 +336,9 @@ def test_model_object_and_exports(make_wb, tmp_path):
     sent = []
     wb.download.send = lambda content, buffers=None: sent.append((content, buffers))
     wb.controls.export_path.value = str(tmp_path / "no_such_dir" / "x.ccp4")
-    assert "downloads x.ccp4 / x_gradients.csv to your browser (the model: x_model.pdb)" in wb.controls.export_note.value
+    assert (
+        "downloads x.ccp4 / x_gradients.csv to your browser (the model: x_model.pdb)" in wb.controls.export_note.value
+    )
     assert wb.controls.export_names() == ("x.ccp4", "x_gradients.csv")
     wb.controls.export_path.value = "workbench_map.ccp4"  # the default: each file named after what it holds
     assert wb.controls.export_names() == ("workbench_map.ccp4", "workbench_gradients.csv")

@@ -249,4 +249,3 @@ def test_every_value_on_screen_is_the_relax_frames(make_wb):
     assert seen == list(range(8))
     assert wb.scene.pick.text() != start_label and wb.result is not before
     assert html.escape(wb.scene.pick.text()) in wb.scene.picked.value  # the line under the view says the same
-
