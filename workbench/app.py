@@ -69,7 +69,7 @@ _STYLE = """<style>
 .wb-app .widget-hslider.wb-wide {flex-wrap: wrap; height: auto !important; margin-bottom: 4px}
 .wb-app .widget-hslider.wb-wide > .widget-label {order: 0; flex: 1 1 auto; width: auto !important; max-width: none;
   text-align: left; height: 18px; line-height: 18px; margin-bottom: 0}
-.wb-app .widget-hslider.wb-wide > .widget-readout {order: 1; height: 18px; line-height: 18px; margin-top: 0}
+.wb-app .widget-hslider.wb-wide > .widget-readout {order: 1; height: 18px; line-height: 18px; margin: 0 4px 0 0}
 .wb-app .widget-hslider.wb-wide > .slider-container {order: 2; flex: 0 0 100%; height: 22px !important;
   display: flex; align-items: center; margin-left: 0; margin-right: 0}
 .wb-app .widget-hslider.wb-wide > .slider-container > .slider {flex: 1 1 auto}
@@ -232,9 +232,11 @@ class Workbench(widgets.VBox):
         self.slice.widget.layout = widgets.Layout(flex="1 1 300px", min_width="300px", max_width="570px")
         self.slice.image.layout = widgets.Layout(width="100%", max_width="560px", height="auto")
         self.difference.slice.widget.layout.flex = "0 0 auto"
-        self.scene.widget.layout = widgets.Layout(flex="1 1 300px", min_width="300px")
+        # 340 + 300 + 280 px: the controls, the section and the 3D view fit the 934 px a 1366-px Lab
+        # screen leaves a notebook's output with the file browser open
+        self.scene.widget.layout = widgets.Layout(flex="1 1 300px", min_width="280px")
         views = widgets.HBox(
-            [self.slice.widget, self.scene.widget], layout=widgets.Layout(flex="1 1 620px", min_width="620px")
+            [self.slice.widget, self.scene.widget], layout=widgets.Layout(flex="1 1 600px", min_width="580px")
         )
         # Controls in a column beside the views at every width: a person drags a slider while
         # watching the section and the 3D view it changes (never controls under the views).
