@@ -330,16 +330,22 @@ def _separate_runs(args: argparse.Namespace, argv: list[str]) -> dict:
         if a.startswith(("--runs=", "--out=")):
             continue
         rest.append(a)
-    runs = []
+    runs, failed = [], None
     with tempfile.TemporaryDirectory(prefix="bench-cpu-loaded-") as tmp:
         for i in range(args.runs):
             out = Path(tmp) / f"run{i}.json"
             before = {"uptime": _uptime(), "loadavg": os.getloadavg()}
             print(f"run {i + 1}/{args.runs}: {before['uptime']}", flush=True)
-            subprocess.run([sys.executable, __file__, *rest, "--out", str(out)], check=True)
+            done = subprocess.run([sys.executable, __file__, *rest, "--out", str(out)], check=False)
+            if done.returncode != 0:  # the runs so far are kept and written; the record says which failed
+                failed = f"run {i + 1} exited with status {done.returncode}"
+                print(failed, flush=True)
+                break
             report = json.loads(out.read_text())
             report["before"] = before
             runs.append(report)
+    if not runs:
+        raise SystemExit(f"bench_cpu_loaded: no run finished ({failed})")
     met = [
         all(t["met"] for c in r["conditions"].values() for row in c["results"] for t in row["targets"].values())
         for r in runs
@@ -349,6 +355,7 @@ def _separate_runs(args: argparse.Namespace, argv: list[str]) -> dict:
         "machine": runs[0]["machine"],
         "arguments": rest,
         "runs_met_every_target": f"{sum(met)} of {len(met)}",
+        "stopped_early": failed,
         "met_per_run": met,
         "runs": runs,
     }
