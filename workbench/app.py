@@ -47,6 +47,8 @@ _SCENE_INTERVAL = 1.0
 # Longest a relax frame waits for the browser to draw the one before (a page that never
 # answers, or none at all, must not stall the drawing of later frames).
 _RENDER_WAIT = 2.0
+# Longest pause after a drawn relax frame before the next is sent (at most half its drawing time).
+_FRAME_GAP = 0.25
 # A new map waits this long in the browser for a newer one before it is contoured (a drag sends
 # many); relax frames, which the loop sends one at a time, are contoured at once.
 _ISO_QUIET_MS = 300
@@ -515,9 +517,13 @@ class Workbench(widgets.VBox):
         self.result = shown  # export and pick see the positions shown
         if before > 0 and redrawn:
             # a browser draws this view: one update in flight, so wait until it has drawn this one
-            deadline = time.monotonic() + _RENDER_WAIT
+            drawn_at = time.monotonic()
+            deadline = drawn_at + _RENDER_WAIT
             while view.n_rendered == before and time.monotonic() < deadline:
                 time.sleep(0.01)
+            # then leave the page a moment without a new frame: a page that draws back to back
+            # handles a click (stop) only after the frames queued before it
+            time.sleep(min(_FRAME_GAP, 0.5 * (time.monotonic() - drawn_at)))
 
     def _control_error(self, message: str) -> None:
         self.status.set("error", message)
