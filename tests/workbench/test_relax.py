@@ -57,6 +57,35 @@ def test_a_step_adds_the_density_and_lambda_times_the_planarity_gradient():
     torch.testing.assert_close(torch.from_numpy(total), x.grad, rtol=2e-3, atol=1e-3 * x.grad.abs().max().item())
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none is visible here")
+def test_on_a_gpu_the_step_is_one_replayed_graph_with_each_terms_gradient():
+    _, problem = _problem(device="cuda", backend="auto")
+    lam = 0.7
+    relaxation = compute.Relaxation(problem, lr=0.01, lam=lam)
+    frames = [relaxation.step() for _ in range(6)]  # warm-up steps, the capture, replays
+    assert relaxation._step is not None and relaxation._step.mode == "graph"
+    frame = frames[-1]
+    assert "step" in frame.timings and len(frame.timings) == 2
+    v = problem.grid.voxel_volume
+    x = frame.xyz.clone().requires_grad_(True)
+    atoms = problem.atoms.to("cpu", torch.float64)
+    rho = splat_density(
+        atoms.replace(xyz=x), problem.grid, radius=problem.radius, cutoff=problem.cutoff, backend="reference"
+    )
+    fit = ((rho - problem.target.double().cpu()) ** 2).sum() * v
+    (g_fit,) = torch.autograd.grad(fit, x)
+    nll = planarity_nll(x, problem.planes.to("cpu"))
+    (g_nll,) = torch.autograd.grad(nll, x)
+    assert frame.fit == pytest.approx(fit.item(), rel=1e-3)
+    assert frame.planarity == pytest.approx(nll.item(), rel=1e-3)
+    torch.testing.assert_close(
+        torch.from_numpy(2 * v * frame.density_gradient.grad), g_fit, rtol=2e-3, atol=1e-3 * g_fit.abs().max().item()
+    )
+    torch.testing.assert_close(
+        torch.from_numpy(frame.planarity_gradient.grad), g_nll, rtol=2e-3, atol=1e-3 * g_nll.abs().max().item()
+    )
+
+
 def test_bad_settings_are_refused_with_their_range():
     _, problem = _problem()
     with pytest.raises(ValueError, match=r"relax lr must lie in \[0.001, 0.5\], got -1"):
