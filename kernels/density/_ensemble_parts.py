@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from kernels._util import end_with_launcher
+from kernels.adp import first_bad_adp, with_blur
 from kernels.crystal import AtomSet, GridError, GridSpec, _free_memory, _size, _Tiled
-from kernels.density.adp import first_bad_adp, with_blur
 
 
 def _check_group(process_group) -> None:
