@@ -46,6 +46,7 @@ SLOW = (
     "tests/kernels/test_anisotropic.py::test_reference_matches_gemmi_on_a_large_synthetic_anisotropic_3wip",
     "tests/kernels/test_bad_kernel_inputs.py::test_reference_splat_peak_within_its_check",
     "tests/kernels/test_bad_kernel_inputs.py::test_symmetrize_peak_within_its_stated_bound",
+    "tests/kernels/test_check_processes.py",
     "tests/kernels/test_compile_and_graphs.py::test_compiled_loop_matches_eager_cpu_backend",
     "tests/kernels/test_density_aniso_triton.py::test_gpu_tiles_one_atom_per_program",
     "tests/kernels/test_density_aniso_triton.py::test_real_structures_match_reference",
