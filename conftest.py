@@ -69,6 +69,7 @@ SLOW = (
     "tests/kernels/test_ensemble_inputs.py::test_a_sum_over_a_million_atom_frames_stays_within_its_chunk",
     "tests/kernels/test_ensemble_inputs.py::test_a_sum_whose_gradient_state_cannot_fit_is_refused_before_allocation",
     "tests/kernels/test_ensemble_inputs.py::test_the_warning_counts_exactly_the_atoms_whose_radius_is_below_the_spacing",
+    "tests/kernels/test_launched_in_background.py",
     "tests/kernels/test_loop.py::test_fit_from_a_distorted_start_comes_back_to_the_model",
     "tests/kernels/test_model_file_limits.py::test_gzip_of_1_5_gb_of_blank_lines_is_refused_in_bounded_memory",
     "tests/kernels/test_model_file_limits.py::test_gzip_that_passes_max_bytes_is_refused_before_it_is_held",
