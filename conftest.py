@@ -42,7 +42,8 @@ def _runs_on_gpu(item) -> bool:
 # 2-core VM under load (`--durations`), or runs a notebook, builds a wheel or starts a server.
 # CI runs them all. A function named here that its file (when collected) lacks is an error.
 SLOW = (
-    "tests/distributed/test_rank_checks.py::test_a_rank_that_leaves_process_group_out_is_warned_and_the_waiting_rank_is_told_why",
+    "tests/distributed/test_rank_checks.py::test_a_late_rank_is_waited_for_and_the_wait_is_stated",
+    "tests/distributed/test_rank_checks.py::test_a_rank_that_leaves_process_group_out_is_found_within_seconds",
     "tests/kernels/test_anisotropic.py::test_reference_matches_gemmi_on_a_large_synthetic_anisotropic_3wip",
     "tests/kernels/test_bad_kernel_inputs.py::test_reference_splat_peak_within_its_check",
     "tests/kernels/test_bad_kernel_inputs.py::test_symmetrize_peak_within_its_stated_bound",
