@@ -24,6 +24,7 @@ Only the standard library is imported here: the supervisor starts in tens of mil
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -150,12 +151,11 @@ def _exit_like(returncode: int) -> None:
     """End this process as the command ended: its exit status, or killed by its signal."""
     if returncode < 0:
         sig = -returncode
-        try:
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's action cannot be set, nor need be
             signal.signal(sig, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
             os.kill(os.getpid(), sig)
-        except (OSError, ValueError):
-            pass
         os._exit(128 + sig)  # a signal whose default is not to end a process
     os._exit(returncode)
 
