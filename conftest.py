@@ -42,10 +42,12 @@ def _runs_on_gpu(item) -> bool:
 # 2-core VM under load (`--durations`), or runs a notebook, builds a wheel or starts a server.
 # CI runs them all. A function named here that its file (when collected) lacks is an error.
 SLOW = (
-    "tests/distributed/test_rank_checks.py::test_a_rank_that_leaves_process_group_out_is_warned_and_the_waiting_rank_is_told_why",
+    "tests/distributed/test_rank_checks.py::test_a_late_rank_is_waited_for_and_the_wait_is_stated",
+    "tests/distributed/test_rank_checks.py::test_a_rank_that_leaves_process_group_out_is_found_within_seconds",
     "tests/kernels/test_anisotropic.py::test_reference_matches_gemmi_on_a_large_synthetic_anisotropic_3wip",
     "tests/kernels/test_bad_kernel_inputs.py::test_reference_splat_peak_within_its_check",
     "tests/kernels/test_bad_kernel_inputs.py::test_symmetrize_peak_within_its_stated_bound",
+    "tests/kernels/test_check_processes.py",
     "tests/kernels/test_compile_and_graphs.py::test_compiled_loop_matches_eager_cpu_backend",
     "tests/kernels/test_density_aniso_triton.py::test_gpu_tiles_one_atom_per_program",
     "tests/kernels/test_density_aniso_triton.py::test_real_structures_match_reference",
@@ -68,6 +70,7 @@ SLOW = (
     "tests/kernels/test_ensemble_inputs.py::test_a_sum_over_a_million_atom_frames_stays_within_its_chunk",
     "tests/kernels/test_ensemble_inputs.py::test_a_sum_whose_gradient_state_cannot_fit_is_refused_before_allocation",
     "tests/kernels/test_ensemble_inputs.py::test_the_warning_counts_exactly_the_atoms_whose_radius_is_below_the_spacing",
+    "tests/kernels/test_launched_in_background.py",
     "tests/kernels/test_loop.py::test_fit_from_a_distorted_start_comes_back_to_the_model",
     "tests/kernels/test_model_file_limits.py::test_gzip_of_1_5_gb_of_blank_lines_is_refused_in_bounded_memory",
     "tests/kernels/test_model_file_limits.py::test_gzip_that_passes_max_bytes_is_refused_before_it_is_held",

@@ -46,8 +46,8 @@ import kernels  # noqa: E402
 from benchmarks import _eager as E  # noqa: E402
 from benchmarks._structures import anisotropic_model  # noqa: E402
 from benchmarks._structures import model as plain_model  # noqa: E402
+from kernels.adp import adp_eigenvalues  # noqa: E402
 from kernels.crystal import AtomSet, GridSpec  # noqa: E402
-from kernels.density.adp import adp_eigenvalues  # noqa: E402
 
 SPACING = 2.0 / 3.0
 #: Anisotropic forward over isotropic forward, eager median on the H100 (issue 21).

@@ -355,7 +355,7 @@ def atom_set(columns: Columns, u_aniso, flags, where: str, radiation: str) -> At
 
 def _check_adp(u_aniso: np.ndarray, flags: np.ndarray, labels, where: str, on_bad_adp: str, notes: list[str]) -> None:
     """Refuse, or (``on_bad_adp="iso"``) turn isotropic in place, the atoms whose U is not positive definite."""
-    from kernels.density.adp import bad_adp, rounding_margin
+    from kernels.adp import bad_adp, rounding_margin
 
     bad, _finite, lam = bad_adp(torch.from_numpy(u_aniso), torch.from_numpy(flags))
     if not bad.any():

@@ -282,19 +282,13 @@ def end_with_launcher() -> None:
         return
     _launcher_watched = True
     import signal
-    import sys
     import threading
     import time
 
-    parent = os.getppid()
-    armed = False
-    if sys.platform.startswith("linux"):
-        import ctypes
+    from kernels._lifetime import arm_parent_death
 
-        try:
-            armed = ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0) == 0  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            armed = False
+    parent = os.getppid()
+    armed = arm_parent_death(signal.SIGTERM)
     if os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGTERM)
     if armed:

@@ -177,7 +177,7 @@ def thin_u(u_aniso: torch.Tensor, aniso: torch.Tensor) -> tuple[int, int, float]
     u_aniso : torch.Tensor, shape (N, 6), Å², CPU
     aniso : torch.Tensor, shape (N,), bool, CPU
     """
-    from kernels.density.adp import U_TO_B, _eigenvalues_3x3
+    from kernels.adp import U_TO_B, _eigenvalues_3x3
 
     with torch.no_grad():
         u = u_aniso.detach()
@@ -334,7 +334,7 @@ class AtomSet:
         """
         self._check_values(warn)
         if self.u_aniso is not None and len(self):
-            from kernels.density.adp import U_TO_B, bad_adp, first_bad_adp
+            from kernels.adp import U_TO_B, bad_adp, first_bad_adp
 
             found = bad_adp(self.u_aniso, self.aniso)
             bad = first_bad_adp(self.u_aniso, self.aniso, found)
@@ -391,9 +391,7 @@ class AtomSet:
             ).tolist()
         x_max, b_min, b_max, o_min, o_max, a_max, w_min, w_max = summary
         if not x_max < math.inf:
-            from kernels.density.positions import check_finite
-
-            check_finite(self)
+            raise self._nonfinite_position_error(~torch.isfinite(x).all(dim=1))
         if not (0 < b_min and b_max < math.inf):
             bad = ~(torch.isfinite(b_used) & (b_used > 0))
             self._raise_first(bad, "has B ≤ 0 or non-finite B", lambda i: float(b[i]))
@@ -435,6 +433,22 @@ class AtomSet:
                 "check the U values (Å²; PDB ANISOU gives them in 10⁻⁴ Å²)",
                 stacklevel=stacklevel,
             )
+
+    def _nonfinite_position_error(self, bad: torch.Tensor) -> ValueError:
+        """The error for atoms whose position is not finite: names the first of ``bad`` (N,) bool and counts the rest.
+
+        The one wording of this error, raised by :meth:`check` and by :func:`kernels.check_finite`.
+        """
+        bad = bad.cpu()
+        idx = int(bad.nonzero()[0, 0])
+        count = int(bad.sum())
+        more = f" ({count - 1} more atoms too)" if count > 1 else ""
+        label = self.labels[idx] if len(self.labels) == len(self) else f"#{idx + 1}"
+        return ValueError(
+            f"atom {label} (index {idx}) has a non-finite position {self.xyz[idx].detach().cpu().tolist()} Å{more} "
+            "(NaN or inf, or so far from the cell that its fractional coordinate overflows float64); "
+            "the density kernels place every atom: fix or drop it (e.g. atoms.select(mask)) before splatting"
+        )
 
     def _raise_first(self, bad: torch.Tensor, what: str, value) -> None:
         bad = bad.cpu()

@@ -97,7 +97,7 @@ class BackendCapabilities:
         The function splats anisotropic atoms (``AtomSet.u_aniso`` not None). Dispatch refuses
         (:class:`BackendError`) to hand such a set to a backend whose flag is False. A backend
         that declares True takes every atom of such a set through its U
-        (:func:`kernels.density.adp.effective_u`), accepts a ``radius_rule=`` keyword
+        (:func:`kernels.adp.effective_u`), accepts a ``radius_rule=`` keyword
         (:func:`kernels.density.radius.atom_cutoff_radii`), and is held to the anisotropic
         checks of :func:`kernels.check_backend`.
     """

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-
-if TYPE_CHECKING:
-    from kernels.atoms import AtomLabel
 
 __all__ = ["RADIATIONS", "form_factor_coefficients", "it92_coefficients"]
 
@@ -17,9 +13,7 @@ __all__ = ["RADIATIONS", "form_factor_coefficients", "it92_coefficients"]
 RADIATIONS = ("xray", "electron", "neutron")
 
 
-def form_factor_coefficients(
-    elements: Sequence[str], radiation: str = "xray", labels: Sequence[AtomLabel] | None = None
-):
+def form_factor_coefficients(elements: Sequence[str], radiation: str = "xray", labels: Sequence[object] | None = None):
     """Form-factor coefficients from gemmi's tables as two float64 tensors ``a (N, 5)``, ``b (N, 5)``.
 
     Parameters
@@ -29,8 +23,8 @@ def form_factor_coefficients(
         ``xray``: IT92 (:func:`it92_coefficients`). ``electron``: the five-Gaussian fits of
         International Tables C 4.3.2.2 (gemmi's ``c4322``). ``neutron``: the coherent scattering
         length in fm (gemmi's ``neutron92``) as term 1 with width 0, terms 2–5 zero.
-    labels : sequence of AtomLabel, optional
-        Names the atom in the error.
+    labels : sequence, optional
+        Names the atom in the error (its ``str``: an :class:`kernels.AtomLabel` or any name).
 
     Raises
     ------
@@ -75,7 +69,7 @@ def form_factor_coefficients(
     return torch.from_numpy(a), torch.from_numpy(b)
 
 
-def it92_coefficients(elements: Sequence[str], labels: Sequence[AtomLabel] | None = None):
+def it92_coefficients(elements: Sequence[str], labels: Sequence[object] | None = None):
     """IT92 coefficients from gemmi as two float64 tensors ``a (N, 5)``, ``b (N, 5)``.
 
     The constant c is the fifth term, with width 0. Raises ``ValueError`` naming the

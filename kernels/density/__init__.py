@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from kernels._util import finite_number, positive_number
+from kernels.adp import U_TO_B, first_bad_adp, with_blur
 from kernels.crystal import AtomSet, GridError, GridSpec
-from kernels.density.adp import U_TO_B, first_bad_adp, with_blur
 from kernels.density.positions import check_finite
 from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES, atom_cutoff_radii, cutoff_radius
 from kernels.dispatch import AUTO_ORDER, BackendError, get_backend, registered_backends, resolve_backend
@@ -101,7 +101,7 @@ def peak_density(atoms: AtomSet) -> torch.Tensor:
         if atoms.device.type == "cpu":
             return torch.from_numpy(_peak_density_host(atoms))
         if atoms.u_aniso is not None:
-            from kernels.density.adp import effective_u, term_gaussians
+            from kernels.adp import effective_u, term_gaussians
 
             u = effective_u(atoms.u_aniso, atoms.aniso, atoms.b_iso)
             amp, _ = term_gaussians(u, atoms.occ, atoms.a, atoms.b, torch.eye(3, dtype=u.dtype))
@@ -458,7 +458,7 @@ _HOST_CHECKED = ("cpu", "reference")
 
 
 def _blurred(atoms: AtomSet, blur: float) -> AtomSet:
-    """``atoms`` with ``blur`` Å² added to every atom (:func:`kernels.density.adp.with_blur`), checked."""
+    """``atoms`` with ``blur`` Å² added to every atom (:func:`kernels.adp.with_blur`), checked."""
     blurred = with_blur(atoms, blur)
     if not torch.compiler.is_compiling():  # a host read; compiled, the kernels see what eager would refuse
         _check_blurred(blurred, blur)

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from kernels._util import end_with_launcher
+from kernels.adp import first_bad_adp, with_blur
 from kernels.crystal import AtomSet, GridError, GridSpec, _free_memory, _size, _Tiled
-from kernels.density.adp import first_bad_adp, with_blur
 
 
 def _check_group(process_group) -> None:
@@ -40,25 +40,137 @@ def _check_group(process_group) -> None:
 
 _agreed: set[tuple] = set()
 
+# How ranks that call alike find out that one of them left process_group out. Every call of
+# splat_ensemble or splat_stream in a world of two or more ranks has a number on its rank (1, 2, …:
+# ranks that run the same program number their calls alike). A call that runs the ranks' agreement
+# (the first of each signature) writes "group" under its number in the default store of
+# torch.distributed, and reads the other ranks' entries while it waits; a call without
+# process_group writes "alone" and reads them once. Whichever finds the other kind at the same call
+# raises at once, naming the ranks, instead of waiting out the group's timeout (30 minutes by
+# default). A call whose agreement is already made writes nothing and checks nothing. Entries stay:
+# a rank that runs ahead alone must still be found by a rank of the group that comes later (one
+# short key per call without process_group, a use that is warned about).
+_calls = 0
+_STORE_PREFIX = "kernels/splat_ensemble"
+_WAIT_NOTICE_S = 5.0  # a wait this long is stated once: which ranks have not come, and until when it lasts
+_LOOK_S = 0.5  # a rank left waiting reads the others' entries this often (N - 1 reads of the store each time)
+
+
+def _store():
+    """The default store of torch.distributed, or None where this torch has none to offer."""
+    from torch.distributed import distributed_c10d
+
+    try:
+        return distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+def _number_call() -> int:
+    """The number of this call of splat_ensemble or splat_stream on this rank (see ``_calls``)."""
+    global _calls
+    _calls += 1
+    return _calls
+
+
+def _announce(call: int, kind: str):
+    """Write ``kind`` ("group" or "alone") for this rank under call number ``call``; the store, or None."""
+    import torch.distributed as dist
+
+    store = _store()
+    if store is not None:
+        store.set(f"{_STORE_PREFIX}/{call}/{dist.get_rank()}", kind)
+    return store
+
+
+def _kinds(store, call: int, ranks) -> dict[int, str]:
+    """What the global ``ranks`` wrote for call number ``call`` so far (a rank that has not come is left out)."""
+    keys = {r: f"{_STORE_PREFIX}/{call}/{r}" for r in ranks}
+    present = [r for r, key in keys.items() if store.check([key])]
+    return {r: store.get(keys[r]).decode() for r in present}
+
+
+def _mismatch(call: int, alone: list[int], group: list[int]) -> ValueError:
+    return ValueError(
+        f"splat_ensemble: at call {call} of this program, rank(s) {', '.join(map(str, group))} passed process_group= "
+        f"and rank(s) {', '.join(map(str, alone))} did not (those splat every frame alone, and the others would "
+        "wait for them until the group's timeout). Pass the same process_group= on every rank of the group, or "
+        "leave it out on every rank"
+    )
+
+
+def _raise_if_alone(process_group, store, call: int) -> None:
+    """ValueError naming the ranks of ``process_group`` that made call number ``call`` without it, if any did."""
+    if store is None:
+        return
+    import torch.distributed as dist
+
+    me = dist.get_rank()
+    seen = _kinds(store, call, [r for r in dist.get_process_group_ranks(process_group) if r != me])
+    alone = sorted(r for r, kind in seen.items() if kind == "alone")
+    if alone:
+        raise _mismatch(call, alone, sorted({me, *(r for r in seen if r not in alone)}))
+
+
+def _wait_agreed(work, process_group, store, call: int) -> None:
+    """Wait for the ranks' agreement ``work``: raise when a rank of the group splats this call alone; say a long wait."""
+    import time
+    import warnings
+
+    import torch.distributed as dist
+
+    me = dist.get_rank()
+    others = [r for r in dist.get_process_group_ranks(process_group) if r != me]
+    start = time.monotonic()
+    told, pause, looked = False, 0.001, start
+    while not work.is_completed():
+        waited = time.monotonic() - start
+        if waited > _LOOK_S and time.monotonic() - looked > _LOOK_S:
+            # a healthy group agrees in milliseconds: the store is read again only by ranks left waiting
+            looked = time.monotonic()
+            _raise_if_alone(process_group, store, call)
+        if not told and waited > _WAIT_NOTICE_S:
+            told = True
+            missing = [r for r in others if r not in _kinds(store, call, others)] if store is not None else others
+            warnings.warn(
+                f"splat_ensemble(process_group=...): rank {me} has waited {_WAIT_NOTICE_S:g} s for rank(s) "
+                f"{', '.join(map(str, missing))} to reach call {call} with process_group=; it waits until they do, "
+                "or until the group's timeout (init_process_group(timeout=), 30 minutes by default). A rank that "
+                "stopped, or that calls without process_group= at another point, is never coming",
+                stacklevel=5,
+            )
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
+    work.wait()
+
 
 def _check_ranks_agree(process_group, n_frames: int, n: int, grid: GridSpec, device: torch.device) -> None:
     """ValueError on every rank unless all ranks of ``process_group`` pass the same F, N and grid shape.
 
     One all_reduce (MAX) of five host integers and their negatives, once per (group, F, N, shape) on
     this rank: every rank passes the same full inputs, and a rank with other frames would give a map
-    silently off. NCCL reduces device tensors: the result is read back once per signature.
+    silently off. NCCL reduces device tensors: the result is read back once per signature. While it
+    waits, a rank of the group that makes this call without ``process_group`` raises a ValueError
+    at once (see ``_calls``); a wait of more than a few seconds is stated in a warning.
     """
     import torch.distributed as dist
 
+    call = _number_call()
     mine = (n_frames, n, *grid.shape)
     key = (id(process_group), mine)
     if key in _agreed:
         return
+    store = _announce(call, "group")
     on = device if dist.get_backend(process_group) == "nccl" else torch.device("cpu")
     values = torch.tensor([*mine, *(-v for v in mine)], dtype=torch.int64, device=on)
+    _raise_if_alone(process_group, store, call)  # a rank that came first, alone, may have left already
     try:
-        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=process_group)
+        work = dist.all_reduce(values, op=dist.ReduceOp.MAX, group=process_group, async_op=True)
+        _wait_agreed(work, process_group, store, call)
+    except ValueError:
+        raise
     except Exception as exc:  # gloo/NCCL raise RuntimeError subclasses; a timeout is the usual one here
+        _raise_if_alone(process_group, store, call)
         raise RuntimeError(
             f"splat_ensemble(process_group=...): rank {dist.get_rank(process_group)} could not agree on the inputs "
             f"with the other ranks ({exc}). Every rank of the group must call splat_ensemble with process_group= "
@@ -87,20 +199,52 @@ def _rank(process_group) -> int:
     return dist.get_rank(process_group)
 
 
-def _warn_if_distributed(n_frames: int) -> None:
-    """Warn once when torch.distributed runs several ranks but this call splats every frame alone."""
+def _distributed_world() -> bool:
+    """Whether torch.distributed runs two or more ranks here."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() >= 2
+
+
+def _check_alone() -> None:
+    """A call without ``process_group`` in a world of two or more ranks: ValueError if another rank passed one here.
+
+    A rank that passes ``process_group`` at the same call finds this rank's entry itself, whichever
+    comes first (see ``_calls``).
+    """
+    import torch.distributed as dist
+
+    if not _distributed_world():
         return
+    call = _number_call()
+    store = _announce(call, "alone")
+    if store is None:
+        return
+    me = dist.get_rank()
+    seen = _kinds(store, call, [r for r in range(dist.get_world_size()) if r != me])
+    group = sorted(r for r, kind in seen.items() if kind == "group")
+    if group:
+        raise _mismatch(call, [me], group)
+
+
+def _warn_if_distributed(n_frames: int) -> None:
+    """Warn once when torch.distributed runs several ranks but this call splats every frame alone.
+
+    Raises ValueError when another rank passed ``process_group`` at this call (:func:`_check_alone`).
+    """
+    import torch.distributed as dist
+
+    if not _distributed_world():
+        return
+    _check_alone()
     from kernels._util import warn_once
 
     warn_once(
         ("splat_ensemble", "no process_group"),
         f"splat_ensemble: torch.distributed runs {dist.get_world_size()} ranks but process_group= was not given, "
-        f"so rank {dist.get_rank()} splats all {n_frames} frames alone; if the other ranks pass process_group=, "
-        "they wait for this one until the group's timeout. Pass the same process_group= on every rank to split "
-        "the frames (or leave it out on every rank)",
+        f"so rank {dist.get_rank()} splats all {n_frames} frames alone; a rank that passes process_group= at this "
+        "call raises a ValueError saying so. Pass the same process_group= on every rank to split the frames (or "
+        "leave it out on every rank)",
         stacklevel=4,
     )
 

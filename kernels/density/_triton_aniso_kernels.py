@@ -31,8 +31,8 @@ from kernels.density._triton_kernels import (
 #
 # Every atom as a general Gaussian per form-factor term: ρ_k(Δv) = amp_k·exp2(q_k(Δv)) for the offset Δv of a
 # voxel from the atom in voxel units, q_k = −½·log2(e)·Δvᵀ·Qv_k·Δv, Qv_k = Bᵀ·M_k⁻¹·B with B = orth·diag(1/n)
-# (voxel steps → Å) and M_k = U + b_k/(8π²)·I (see kernels.density.adp). The per-atom work (U from
-# u_aniso/aniso/b_iso as kernels.density.adp.effective_u forms it, M_k⁻¹ and det M_k in closed form, the
+# (voxel steps → Å) and M_k = U + b_k/(8π²)·I (see kernels.adp). The per-atom work (U from
+# u_aniso/aniso/b_iso as kernels.adp.effective_u forms it, M_k⁻¹ and det M_k in closed form, the
 # six coefficients of each q_k, the cutoff radius) is done by each program for its own atoms, so a call is
 # one memset and one launch each way, as for isotropic atoms: the same work as ~50 small torch ops, whose
 # launches alone would cost several times the splat of a small model.
@@ -46,7 +46,7 @@ _GAUSS_NORM = 0.06349363593424097  # (2π)^{-3/2}
 def _effective_u(u_ptr, flag_ptr, b_iso_ptr, ia, valid):
     """Each atom's U (Å², six components U11, U22, U33, U12, U13, U23), whether it is anisotropic, and its B.
 
-    As :func:`kernels.density.adp.effective_u`: the atom's ``u_aniso`` row where ``aniso`` is set, else
+    As :func:`kernels.adp.effective_u`: the atom's ``u_aniso`` row where ``aniso`` is set, else
     B/(8π²) on the diagonal. An isotropic neutron set comes with a zero U and no flag set
     (:func:`_kernel_inputs_aniso`), so these kernels have one variant.
     """

@@ -32,8 +32,8 @@ import torch
 
 from kernels._opdef import OpDef, eager_function, register
 from kernels._util import positive_number, to_float32
+from kernels.adp import first_bad_adp
 from kernels.crystal import AtomSet, GridError, GridSpec
-from kernels.density.adp import first_bad_adp
 from kernels.density.positions import NEAR_CELL, positions_in_cell
 from kernels.density.radius import DEFAULT_CUTOFF, RADIUS_RULES, _closed_form, _precalculate
 from kernels.density.reference import atom_radii

@@ -4,7 +4,8 @@ The `cpu` and `reference` backends call :func:`positions_in_cell` before they ca
 from the cell (a lattice translation of 10^6 Å, or 10^30 Å) is placed in the cell exactly as the
 float64 fractional coordinate says, not after a float32 rounding of its Cartesian position (ulp
 0.06 Å at 10^6 Å), and neither turns a huge voxel coordinate into an integer index.
-:func:`check_finite` is the one definition of "a non-finite position" and its error.
+:func:`check_finite` is the one test of "a non-finite position" against a cell; its error is the
+atom set's own (``AtomSet._nonfinite_position_error``, which :meth:`AtomSet.check` raises too).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:  # names for the annotations only: kernels.atoms imports this module where an atom is not finite
+if TYPE_CHECKING:  # names for the annotations only
     from kernels.atoms import AtomSet
     from kernels.cell import Cell
 
@@ -24,19 +25,6 @@ __all__ = ["check_finite", "positions_in_cell", "NEAR_CELL"]
 # bits) for no gain in accuracy: at two cell edges from the origin float32 positions are within
 # 6e-8 relative of the float64 ones, well inside the float32 contract.
 NEAR_CELL = (-1.0, 2.0)
-
-
-def _nonfinite_error(atoms: AtomSet, bad: torch.Tensor) -> ValueError:
-    bad = bad.cpu()
-    idx = int(bad.nonzero()[0, 0])
-    count = int(bad.sum())
-    more = f" ({count - 1} more atoms too)" if count > 1 else ""
-    label = atoms.labels[idx] if len(atoms.labels) == len(atoms) else f"#{idx + 1}"
-    return ValueError(
-        f"atom {label} (index {idx}) has a non-finite position {atoms.xyz[idx].detach().cpu().tolist()} Å{more} "
-        "(NaN or inf, or so far from the cell that its fractional coordinate overflows float64); "
-        "the density kernels place every atom: fix or drop it (e.g. atoms.select(mask)) before splatting"
-    )
 
 
 _MATRICES: dict[tuple[Cell, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -97,7 +85,7 @@ def check_finite(atoms: AtomSet, cell: Cell | None = None) -> None:
     pos = atoms.xyz.detach() if cell is None else _fractional(atoms.xyz, cell)
     finite = torch.isfinite(pos).all(dim=1)
     if not bool(finite.all()):
-        raise _nonfinite_error(atoms, ~finite)
+        raise atoms._nonfinite_position_error(~finite)
 
 
 def positions_in_cell(atoms: AtomSet, cell: Cell) -> torch.Tensor:
@@ -139,7 +127,7 @@ def positions_in_cell(atoms: AtomSet, cell: Cell) -> torch.Tensor:
                 return xyz
         finite = torch.isfinite(f).all(dim=1)
         if not bool(finite.all()):
-            raise _nonfinite_error(atoms, ~finite)
+            raise atoms._nonfinite_position_error(~finite)
         far = ((f < lo) | (f >= hi)).any(dim=1)[:, None]
         if x64.device.type == "cpu" and not bool(far.any()):
             return xyz

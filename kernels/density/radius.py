@@ -186,7 +186,7 @@ def atom_cutoff_radii(atoms, cutoff: float = DEFAULT_CUTOFF, radius_rule: str = 
     (:func:`cutoff_radius`). A neutron length is one Gaussian: solved in closed form with |a|, as
     gemmi does (hydrogen's length is negative).
     """
-    from kernels.density.adp import U_TO_B, adp_eigenvalues, effective_u
+    from kernels.adp import U_TO_B, adp_eigenvalues, effective_u
 
     cutoff = positive_number(cutoff, "cutoff", "the map's unit")
     if radius_rule not in RADIUS_RULES:

@@ -7,7 +7,7 @@ any of its periodic images — receives
 
 with r measured through the cell's metric tensor, so non-orthogonal cells and spheres
 larger than the cell are exact; an anisotropic atom receives the general Gaussian of
-:mod:`kernels.density.adp`, occ · Σ_k amp_k · exp(−½ Δfᵀ Q_k Δf) in fractional offsets Δf.
+:mod:`kernels.adp`, occ · Σ_k amp_k · exp(−½ Δfᵀ Q_k Δf) in fractional offsets Δf.
 Differentiable by autograd with respect to ``xyz``, ``b_iso``, ``occ`` and ``u_aniso``.
 """
 
@@ -19,8 +19,8 @@ import math
 import torch
 
 from kernels._util import positive_number
+from kernels.adp import effective_u, first_bad_adp, term_gaussians
 from kernels.crystal import AtomSet, GridSpec
-from kernels.density.adp import effective_u, first_bad_adp, term_gaussians
 from kernels.density.positions import positions_in_cell
 from kernels.density.radius import DEFAULT_CUTOFF, atom_cutoff_radii
 

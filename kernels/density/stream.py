@@ -31,6 +31,7 @@ from kernels._util import TEMPORARY_NAME_KEEP, output_problem
 from kernels.crystal import AtomSet, GridError, GridSpec
 from kernels.density._ensemble_parts import (
     CHUNK_ATOM_FRAMES,
+    _check_alone,
     _check_group,
     _check_ranks_agree,
     _check_values,
@@ -249,6 +250,7 @@ def _open(frames, n: int, chunk, process_group, grid: GridSpec, device: torch.de
     """
     chunk = None if chunk is None else whole_chunk(chunk)
     if process_group is None:
+        _check_alone()  # a rank that passes process_group= at this call would wait for this one
         return _Stream(frames, n, chunk, None, device)
     _check_group(process_group)
     stream = _Stream(frames, n, chunk, process_group, device)

@@ -54,7 +54,7 @@ Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was
 - Anisotropic sets (``u_aniso``) and neutron sets take their own pair of kernels (``_aniso_fwd_kernel``,
   ``_aniso_bwd_kernel``) with the same launch shape, tiles, row spans, z groups and float64 wrap; the
   isotropic kernels are untouched by them. Each program forms its atoms' U as
-  ``kernels.density.adp.effective_u`` does (so a mixed set is exact), and per form-factor term
+  ``kernels.adp.effective_u`` does (so a mixed set is exact), and per form-factor term
   M_k = U + b_k/8π²·I, det M_k and M_k⁻¹ (adjugate), the quadratic form in voxel steps and the cutoff
   radius (gemmi's rule at B_max, the exact sphere along U's major axis, or the neutron closed form).
   Per (x, z) tile each term's exponent is A_k + dy·(B_k + c_k·dy) in log2 units, so a voxel costs five
@@ -615,7 +615,7 @@ def splat_triton(
         and gets zero gradients (no host check; see :func:`kernels.check_finite`).
         Isotropic X-ray and electron sets take the isotropic kernels. Anisotropic sets
         (``atoms.u_aniso`` not None) take the anisotropic kernels for every atom, with U as
-        :func:`kernels.density.adp.effective_u` forms it (B/(8π²)·I for the isotropic atoms), so a
+        :func:`kernels.adp.effective_u` forms it (B/(8π²)·I for the isotropic atoms), so a
         mixed set is exact; so do neutron sets, isotropic or not (their radii are the closed form of
         :func:`kernels.density.radius.atom_cutoff_radii`). An atom whose U is not finite and positive
         definite (unvalidated input: the kernels do not read values back to raise) adds nothing and

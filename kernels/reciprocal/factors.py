@@ -46,7 +46,7 @@ def sampling_blur(atoms, grid: GridSpec) -> float:
     with torch.no_grad():
         b = atoms.b_iso.detach().to(torch.float64)
         if atoms.u_aniso is not None:
-            from kernels.density.adp import U_TO_B
+            from kernels.adp import U_TO_B
 
             u = atoms.u_aniso.detach().to(torch.float64)
             full = torch.stack(

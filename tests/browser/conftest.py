@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -18,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.signals import default_action
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("DENSITY_WORKBENCH_CACHE", Path.home() / ".cache" / "density-workbench"))
@@ -118,7 +121,14 @@ class Server:
         args += ["--port", str(free_port(19000 if command == "lab" else 19500)), *extra]
         if hasattr(os, "geteuid") and os.geteuid() == 0 and command == "lab":
             args.append("--allow-root")  # CI containers run as root; Lab refuses root without it
-        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(  # stopped with SIGTERM (stop), whatever action the launcher left it
+            args,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=default_action(signal.SIGTERM),
+        )
         self.url = self._read_url(timeout=60)
         threading.Thread(target=self._drain, daemon=True).start()
         self.base = self.url.split("?")[0].rsplit("/lab/", 1)[0].rstrip("/")

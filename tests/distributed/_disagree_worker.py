@@ -4,7 +4,10 @@
 
 - ``frames``: rank r passes 5 + r frames (the ranks disagree on F).
 - ``grid``: rank r splats on a grid of spacing 1.0 + 0.5·r (they disagree on the grid shape).
-- ``omit``: rank 1 leaves ``process_group`` out; rank 0 passes it (group timeout 10 s).
+- ``omit-first``: rank 1 leaves ``process_group`` out and calls at once; rank 0 passes it 2 s later.
+- ``omit-last``: the same, rank 1 calling 2 s after rank 0. Both under the group's default timeout
+  (30 minutes): the ranks must find the mismatch themselves.
+- ``late``: both pass ``process_group``, rank 1 calls 7 s after rank 0 (a rank busy with its own work).
 - ``parent``: set up as ``workbench ensemble`` does, write this rank's pid, then sleep (the test
   kills torchrun with SIGKILL and watches the ranks end).
 - ``library``: the same after one ``splat_ensemble(process_group=...)`` call, as a user's own
@@ -50,26 +53,34 @@ def main(mode: str, out: Path) -> None:
         (out / f"pid{dist.get_rank()}.txt").write_text(str(os.getpid()))
         time.sleep(600)
         return
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=10))
+    omit = mode in ("omit-first", "omit-last")
+    if omit or mode == "late":
+        dist.init_process_group("gloo")  # the default timeout: 30 minutes
+    else:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=10))
     rank = dist.get_rank()
     group = dist.group.WORLD
     frames, spacing = (5 + rank, 1.0) if mode == "frames" else (5, 1.0 + 0.5 * rank if mode == "grid" else 1.0)
     atoms, xyz, grid = _inputs(frames, spacing)
+    delay = {"omit-first": (2.0, 0.0), "omit-last": (0.0, 2.0), "late": (0.0, 7.0)}.get(mode, (0.0, 0.0))
+    time.sleep(delay[rank])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        start = time.monotonic()
         try:
-            pg = None if (mode == "omit" and rank == 1) else group
+            pg = None if (omit and rank == 1) else group
             rho = kernels.splat_ensemble(atoms, xyz, grid, backend="reference", process_group=pg)
             result = f"ok {float(rho.sum()):.6g}"
         except (ValueError, RuntimeError) as exc:
             result = f"{type(exc).__name__}: {exc}"
+        took = time.monotonic() - start
     notes = "".join(f"\nwarning: {w.message}" for w in caught)
-    (out / f"rank{rank}.txt").write_text(result + notes)
-    if mode == "omit":
-        if rank == 1:
-            time.sleep(15)  # stay up past rank 0's timeout, as a rank busy with its own work would
-    else:
-        dist.barrier()  # neither rank tears the group down under the other
+    (out / f"rank{rank}.txt").write_text(f"{result}{notes}\nseconds: {took:.1f}")
+    if omit:
+        # rank 0's agreement never completes: leave without tearing the group down under it
+        sys.stdout.flush()
+        os._exit(0)
+    dist.barrier()  # neither rank tears the group down under the other
     dist.destroy_process_group()
 
 

@@ -22,6 +22,7 @@ import torch
 import kernels
 from tests.distributed._frames import write_dcd, write_models
 from tests.distributed.test_torchrun import ROOT, _close, _torchrun
+from tests.signals import default_action
 from workbench.cli import main as workbench_main
 from workbench.ensemble_cli import read_frames
 
@@ -82,6 +83,7 @@ def test_ctrl_c_exits_130_and_leaves_no_map(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_action(signal.SIGINT),  # a background job's SIGINT is ignored
     )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(proc.stderr, lines), daemon=True).start()

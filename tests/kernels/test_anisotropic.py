@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import kernels
+from kernels.adp import U_TO_B, effective_u, u_matrix
 from kernels.crystal import AtomSet, ModelError, form_factor_coefficients
-from kernels.density.adp import U_TO_B, effective_u, u_matrix
 from kernels.density.radius import atom_cutoff_radii, cutoff_radius
 from kernels.testing import gemmi_density, synthetic_anisou
 from tests.helpers import DATA

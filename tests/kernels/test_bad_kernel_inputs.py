@@ -28,6 +28,7 @@ import torch
 import kernels
 from kernels.crystal import AtomSet, Cell, GridSpec
 from tests.helpers import assert_kernel_close, requires_cuda
+from tests.signals import default_action
 
 ROOT = Path(__file__).resolve().parents[2]
 TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -781,7 +782,11 @@ def test_write_map_interrupted_leaves_no_temporary_file(tmp_path, sig):
     script.write_text(WRITER_SCRIPT)
     env = _child_env()
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        [sys.executable, str(script), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=default_action(sig),  # a background job's SIGINT is ignored
     )
     try:
         assert proc.stdout.readline().strip() == b"ready"

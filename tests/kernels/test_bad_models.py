@@ -528,7 +528,7 @@ def test_atomset_checks_u_like_b():
 def test_u_singular_after_the_float32_cast_says_so(tmp_path):
     # U12 = U11 - 1e-9: positive definite in float64 (smallest eigenvalue 1e-9 Å²), singular in float32.
     u = torch.tensor([[0.2, 0.2, 0.3, 0.2 - 1e-9, 0.0, 0.0]], dtype=torch.float64)
-    assert torch.linalg.eigvalsh(kernels.density.adp.u_matrix(u))[0, 0] > 0
+    assert torch.linalg.eigvalsh(kernels.adp.u_matrix(u))[0, 0] > 0
     path = tmp_path / "m.cif"  # gemmi stores U in float32: the file's U is refused at read time
     path.write_text(anisotrop([f"1 N {' '.join(repr(v) for v in u[0].tolist())}", "2 C 0.2 0.2 0.2 0 0 0"]))
     with pytest.raises(kernels.ModelError, match="singular within float32 rounding: gemmi stores U in float32"):

@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import kernels.testing
+from kernels.adp import U_TO_B, adp_eigenvalues
 from kernels.crystal import AtomSet, Cell, GridSpec, read_model
 from kernels.density import cpu as density_cpu
-from kernels.density.adp import U_TO_B, adp_eigenvalues
 from kernels.density.radius import atom_cutoff_radii
 from kernels.density.reference import splat_frames_reference, splat_reference
 from tests.helpers import STRUCTURES, assert_kernel_close, leaf_atoms

@@ -24,9 +24,9 @@ import pytest
 import torch
 
 import kernels
+from kernels.adp import adp_eigenvalues
 from kernels.crystal import AtomSet, Cell, GridSpec
 from kernels.density import triton as triton_splat
-from kernels.density.adp import adp_eigenvalues
 from kernels.density.radius import atom_cutoff_radii
 from kernels.density.reference import splat_frames_reference, splat_reference
 from kernels.density.triton import splat_frames_triton, splat_triton

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import kernels
+from tests.signals import default_action
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,7 +96,12 @@ def test_a_signal_as_the_temporary_file_is_made_leaves_no_file(tmp_path, sig):
     out = tmp_path / "map.ccp4"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run(
-        [sys.executable, "-c", RACE, str(out), sig], capture_output=True, env=env, timeout=300, check=False
+        [sys.executable, "-c", RACE, str(out), sig],
+        capture_output=True,
+        env=env,
+        timeout=300,
+        check=False,
+        preexec_fn=default_action(getattr(signal, sig)),  # not as the launcher left it (nohup, a background job)
     )
     expected = -signal.SIGTERM if sig == "SIGTERM" else 3  # ended by the signal / KeyboardInterrupt raised
     assert done.returncode == expected, done.stderr.decode()[-3000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import time
 import urllib.error
@@ -11,6 +12,7 @@ import urllib.request
 import pytest
 
 from tests.notebooks._lab import lab_command
+from tests.signals import default_action
 from workbench import cli
 
 SHIPPED = cli.shipped_notebooks_dir()
@@ -82,7 +84,15 @@ def _get(url: str) -> int:
 def test_lab_serves_the_quickstart_with_token_auth(tmp_path):
     """A real ``workbench lab``: prints a 127.0.0.1 URL with a token; the token is needed and enough."""
     env, args = lab_command(tmp_path, 18900)
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # stopped with SIGTERM below, whatever action the launcher left it
+    proc = subprocess.Popen(
+        args,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_action(signal.SIGTERM),
+    )
     try:
         url = None
         lines = []

@@ -15,6 +15,7 @@ import urllib.request
 import psutil
 
 from tests.notebooks._lab import lab_command
+from tests.signals import default_action
 from workbench import cli
 
 
@@ -53,7 +54,14 @@ def _request(url: str, method: str = "GET") -> tuple[int, bytes]:
 
 def test_sigterm_stops_lab_with_its_server_and_kernels(tmp_path):
     env, args = lab_command(tmp_path, 18700)
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        args,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_action(signal.SIGTERM),  # the test's SIGTERM, whatever the launcher left
+    )
     tree: list[psutil.Process] = []
     try:
         url = None

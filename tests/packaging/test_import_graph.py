@@ -1,11 +1,14 @@
 """No circular imports in ``kernels`` and ``workbench``, and each module imports on its own.
 
-The graph counts every import a module can run, at the top and inside functions (a cycle closed
-by a function-level import still means two modules that cannot be understood, or moved, apart);
-imports under ``if TYPE_CHECKING:`` never run and are left out. An edge goes to the module named
-(``from kernels.density import cpu`` to ``kernels.density.cpu``), not to the packages above it:
-a package's ``__init__`` re-exports its modules, so every module would otherwise sit in a cycle
-with it.
+The graph counts every import a module names, at the top, inside functions and under
+``if TYPE_CHECKING:`` (a cycle closed by a function-level import, or by the names of an annotation,
+still means two modules that cannot be understood, or moved, apart). An edge goes to the module
+named (``from kernels.density import cpu`` to ``kernels.density.cpu``) and, from a module outside
+it, to each subpackage that import runs (``kernels.density``, whose ``__init__`` imports
+``kernels.crystal``): a lazy ``from kernels.density.adp import …`` in ``kernels.atoms`` closes
+atoms → density → crystal → atoms. Not to a package from its own modules (its ``__init__``
+re-exports them), nor to the top packages, whose ``__init__`` is the public API every module runs
+under.
 """
 
 from __future__ import annotations
@@ -42,22 +45,22 @@ def _modules(root: Path) -> dict[str, Path]:
     return found
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(tree: ast.AST):
-    """Every Import/ImportFrom node of ``tree`` outside ``if TYPE_CHECKING:`` blocks."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:
-                yield from _imports(child)
-            continue
+    """Every Import/ImportFrom node of ``tree``, wherever it is (functions and TYPE_CHECKING blocks too)."""
+    for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        yield from _imports(node)
+
+
+def _packages_run(name: str, target: str, modules: dict[str, Path]) -> set[str]:
+    """The subpackages (below the top package) whose ``__init__`` importing ``target`` runs, seen from ``name``."""
+    parts = target.split(".")
+    found = set()
+    for i in range(2, len(parts)):
+        package = ".".join(parts[:i])
+        if package in modules and name != package and not name.startswith(package + "."):
+            found.add(package)
+    return found
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
@@ -87,6 +90,8 @@ def import_graph(root: Path) -> dict[str, set[str]]:
                     full = f"{base}.{alias.name}"
                     edges.add(full if full in modules else owner(base))
         edges.discard(None)
+        for target in list(edges):
+            edges |= _packages_run(name, target, modules)
         edges.discard(name)
         graph[name] = edges
     return graph
@@ -144,22 +149,30 @@ def _path_in(graph: dict[str, set[str]], component: list[str]) -> str:
         seen.add(fresh[0])
 
 
-def test_the_graph_sees_function_level_imports_and_skips_type_checking(tmp_path):
-    """The scanner on a made-up package: a cycle closed inside a function counts, TYPE_CHECKING does not."""
+def test_the_graph_sees_function_level_type_checking_and_package_imports(tmp_path):
+    """The scanner on a made-up package: a cycle closed inside a function, under TYPE_CHECKING or
+    through a subpackage's ``__init__`` counts; a package's own modules importing each other do not
+    make a cycle with it."""
     pkg = tmp_path / "kernels"
-    pkg.mkdir()
+    (pkg / "sub").mkdir(parents=True)
     (tmp_path / "workbench").mkdir()
-    (pkg / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from kernels.a import x\n")
     (pkg / "a.py").write_text("from kernels.b import x\n")
     (pkg / "b.py").write_text("x = 1\ndef f():\n    from kernels import a\n")
     (pkg / "c.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kernels.d import y\nelse:\n    y = 2\n"
     )
     (pkg / "d.py").write_text("from kernels.c import y\n")
+    (pkg / "sub" / "__init__.py").write_text("from kernels.sub.leaf import z\nfrom kernels.e import w\n")
+    (pkg / "sub" / "leaf.py").write_text("from kernels.sub.other import q\nz = 3\n")
+    (pkg / "sub" / "other.py").write_text("q = 4\n")
+    (pkg / "e.py").write_text("w = 5\ndef g():\n    from kernels.sub.other import q\n")
     graph = import_graph(tmp_path)
     assert graph["kernels.a"] == {"kernels.b"} and graph["kernels.b"] == {"kernels.a"}
-    assert graph["kernels.c"] == set() and graph["kernels.d"] == {"kernels.c"}
-    assert cycles(graph) == [["kernels.a", "kernels.b"]]
+    assert graph["kernels.c"] == {"kernels.d"} and graph["kernels.d"] == {"kernels.c"}
+    assert graph["kernels.e"] == {"kernels.sub", "kernels.sub.other"}  # importing a leaf runs its package
+    assert graph["kernels.sub.leaf"] == {"kernels.sub.other"}  # not its own package
+    assert cycles(graph) == [["kernels.a", "kernels.b"], ["kernels.c", "kernels.d"], ["kernels.e", "kernels.sub"]]
 
 
 def test_no_circular_imports():
@@ -197,8 +210,11 @@ def test_every_module_imports_in_any_order_and_sets_nothing():
     assert changed == [], f"importing the packages changed the environment variables {changed} (seed {seed})"
 
 
-@pytest.mark.parametrize("module", ["kernels.crystal", "workbench.cli"])
+@pytest.mark.parametrize(
+    "module", ["kernels.crystal", "workbench.cli", "kernels.atoms", "kernels.density.positions", "kernels.form_factors"]
+)
 def test_the_named_cycles_are_gone(module):
-    """The two cycles the issue names (crystal and _model_file, cli and ensemble_cli) are not in the graph."""
+    """The cycles issues name (crystal and _model_file, cli and ensemble_cli; atoms, density.positions and
+    form_factors) are not in the graph."""
     graph = import_graph(ROOT)
     assert all(module not in c for c in cycles(graph))

@@ -16,8 +16,8 @@ import torch
 
 import kernels
 import kernels.testing
+from kernels.adp import U_TO_B, adp_eigenvalues, with_blur
 from kernels.crystal import RADIATIONS, form_factor_coefficients
-from kernels.density.adp import U_TO_B, adp_eigenvalues, with_blur
 from tests.helpers import STRUCTURES, assert_close, model
 from workbench import compute
 from workbench.compute import WorkbenchError
@@ -126,7 +126,7 @@ def test_b_offset_adds_delta_b_over_8pi2_to_the_diagonal_of_anisotropic_u(delta)
     assert torch.equal(out.u_aniso[:, 3:], atoms.u_aniso[:, 3:])  # off-diagonal terms unchanged
     assert torch.equal(out.aniso, atoms.aniso)
     # every atom's U as splatted is its U + ΔB/8π²·I: the isotropic ones through b_iso
-    from kernels.density.adp import effective_u
+    from kernels.adp import effective_u
 
     before = effective_u(atoms.u_aniso, atoms.aniso, atoms.b_iso)
     after = effective_u(out.u_aniso, out.aniso, out.b_iso)

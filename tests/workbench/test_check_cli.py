@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.kernels import user_backends as ub
+from tests.signals import default_action
 from workbench.check_cli import EXIT_CANNOT_RUN, EXIT_CHECK_FAILED, EXIT_LOAD, EXIT_USAGE
 from workbench.cli import main
 
@@ -182,6 +183,7 @@ def test_ctrl_c_during_a_hanging_kernel_exits_130_and_leaves_no_process(pdb):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_action(signal.SIGINT),  # a background job's SIGINT is ignored
     )
     try:
         line = ""

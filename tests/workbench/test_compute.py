@@ -84,7 +84,7 @@ def test_prepare_atoms_b_modes_and_distortion():
     assert float(compute.prepare_atoms(m, state.snapshot()).b_iso.min()) == pytest.approx(0.6)
     aniso = model("1pfe")  # anisotropic atoms: the floor applies to U's narrowest axis
     u = aniso.atoms.u_aniso[aniso.atoms.aniso]
-    lam = float(kernels.density.adp.adp_eigenvalues(u)[:, 0].min()) * 8 * math.pi**2  # as B, Å²
+    lam = float(kernels.adp.adp_eigenvalues(u)[:, 0].min()) * 8 * math.pi**2  # as B, Å²
     state.b_offset = 0.3 - lam
     with pytest.raises(WorkbenchError, match=r"narrower than B = 0.5 Å² along some axis"):
         compute.prepare_atoms(aniso, state.snapshot())

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.density.adp import U_TO_B, u_matrix
+from kernels.adp import U_TO_B, u_matrix
 from workbench import compute
 from workbench.compute import WorkbenchError
 
@@ -65,7 +65,7 @@ def test_axes_are_the_eigenvectors_scaled_to_the_fifty_percent_radii(mixed):
     np.testing.assert_allclose(np.abs(np.einsum("ik,ik->k", ell.directions[0], rot)), 1.0, atol=1e-12)
     assert ell.radii[0, 2] / ell.radii[0, 0] == pytest.approx(math.sqrt(20))
     # every atom: axes·axesᵀ = k²·U (U of an isotropic atom: B/8π² on the diagonal), right-handed frames
-    u = u_matrix(kernels.density.adp.effective_u(atoms.u_aniso, atoms.aniso, atoms.b_iso)).numpy()
+    u = u_matrix(kernels.adp.effective_u(atoms.u_aniso, atoms.aniso, atoms.b_iso)).numpy()
     np.testing.assert_allclose(ell.axes @ ell.axes.transpose(0, 2, 1), k**2 * u, atol=1e-12)
     assert (np.linalg.det(ell.directions) > 0).all()
     np.testing.assert_allclose(ell.radii[1], k * math.sqrt(30.0 / U_TO_B), rtol=1e-12)  # a sphere
@@ -80,7 +80,7 @@ def test_mesh_vertices_lie_on_the_fifty_percent_surface_with_outward_normals(mix
     nv, nf = mesh.per_ellipsoid
     assert (nv, nf) == (42, 80) and mesh.vertices.shape == (4 * nv, 6) and mesh.faces.shape == (4 * nf, 3)
     assert sorted(mesh.order.tolist()) == [0, 1, 2, 3]
-    u = u_matrix(kernels.density.adp.effective_u(atoms.u_aniso, atoms.aniso, atoms.b_iso)).numpy()
+    u = u_matrix(kernels.adp.effective_u(atoms.u_aniso, atoms.aniso, atoms.b_iso)).numpy()
     for block_index, m in enumerate(mesh.order):
         block = mesh.vertices[block_index * nv : (block_index + 1) * nv].astype(np.float64)
         d = block[:, :3] - ell.centres[m]

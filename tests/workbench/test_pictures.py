@@ -361,7 +361,7 @@ def test_picking_an_atom_in_3d_selects_its_residue_and_a_profile_endpoint(make_w
 
 def test_a_picked_atom_is_labelled_in_3d_and_shown_in_the_atom_table(make_wb):
     # Issue 34: a pick showed no label, and the atom table listed only its first 25 rows.
-    from kernels.density.adp import U_TO_B
+    from kernels.adp import U_TO_B
 
     wb = make_wb("1pfe", distort_amplitude=0.3, gradient_kind="density")
     r = wb.result

@@ -15,8 +15,8 @@ import torch
 
 import kernels
 from kernels import AtomSet, Model
+from kernels.adp import U_TO_B, adp_eigenvalues, with_blur
 from kernels.atoms import MIN_PHYSICAL_B
-from kernels.density.adp import U_TO_B, adp_eigenvalues, with_blur
 from workbench.compute.errors import WorkbenchError, sentence
 from workbench.state import EXAMPLES, Settings
 

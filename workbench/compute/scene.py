@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from kernels import AtomSet, GridSpec, Model
-from kernels.density.adp import U_TO_B, u_matrix
+from kernels.adp import U_TO_B, u_matrix
 from workbench.compute.atoms import region_atoms
 from workbench.compute.errors import WorkbenchError
 from workbench.compute.export import map_ccp4_bytes
@@ -615,7 +615,7 @@ def adp_ellipsoids(
     """The 50 % probability ellipsoids of ``atoms[index]`` (all atoms by default).
 
     Anisotropic atoms (``atoms.aniso``) use their U; the others the sphere of U = B/(8π²)·I
-    (:func:`kernels.density.adp.effective_u`'s rule), so a mixed model shows both. At most
+    (:func:`kernels.adp.effective_u`'s rule), so a mixed model shows both. At most
     ``max_count`` atoms, the first ones of ``index``; ``n_dropped`` counts the rest.
 
     Raises
@@ -623,7 +623,7 @@ def adp_ellipsoids(
     WorkbenchError
         An atom's U is not positive definite (no ellipsoid has that shape), named.
     """
-    from kernels.density.adp import effective_u
+    from kernels.adp import effective_u
 
     idx = np.arange(len(atoms)) if index is None else np.asarray(index, np.int64).reshape(-1)
     dropped = max(0, len(idx) - max_count)
