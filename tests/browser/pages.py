@@ -258,7 +258,28 @@ class WorkbenchUI:
         )
 
     def caption_3d(self) -> str:
-        return self.page.locator(".wb-view3d-caption").inner_text().strip()
+        return caption_text(self.page, ".wb-view3d-caption")
+
+    def caption_slice(self) -> str:
+        return caption_text(self.page, ".wb-slice-caption")
+
+
+#: JavaScript: the whole text of the caption element ``e`` (summary, " · ", the details), whitespace collapsed.
+CAPTION_TEXT_JS = """(e) => { if (!e) return ''; const c = e.cloneNode(true);
+    c.querySelectorAll('summary').forEach(x => x.append(' · '));
+    return c.textContent.replace(/\\s+/g, ' ').trim(); }"""
+
+
+def caption_text(page, selector: str) -> str:
+    """The whole text of a caption: its one-line summary and the details behind the click, open or not."""
+    return page.evaluate(f"(s) => ({CAPTION_TEXT_JS})(document.querySelector(s))", selector)
+
+
+def wait_caption_change(page, selector: str, old: str, timeout: int = 60_000) -> None:
+    """Wait until the caption's whole text (as :func:`caption_text` reads it) differs from ``old``."""
+    page.wait_for_function(
+        f"([s, old]) => ({CAPTION_TEXT_JS})(document.querySelector(s)) !== old", arg=[selector, old], timeout=timeout
+    )
 
 
 def median_latency(ui: WorkbenchUI, moves: int = 10) -> list[float]:

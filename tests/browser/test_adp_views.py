@@ -10,7 +10,7 @@ import re
 import pytest
 
 from tests.browser.conftest import open_workbench
-from tests.browser.pages import WorkbenchUI, image_stats, images_differ, screenshot
+from tests.browser.pages import WorkbenchUI, caption_text, image_stats, images_differ, screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -124,7 +124,7 @@ def test_neutron_radiation_labels_the_map_in_fm_per_cubic_angstrom(app):
     )
     ui.wait_ready()
     assert "fm/Å³" in op.page.locator(".wb-cutoff").first.inner_text()
-    assert "fm/Å³" in ui.caption_3d() and "e/Å³" not in op.page.locator(".wb-slice-caption").inner_text()
+    assert "fm/Å³" in ui.caption_3d() and "e/Å³" not in caption_text(op.page, ".wb-slice-caption")
     assert images_differ(slice_before, ui.slice_png()) > 0.01
     screenshot(op.page.locator(".wb-slice"), "adp_neutron_slice")
     _button(op, ".wb-radiation", "X-ray").click()

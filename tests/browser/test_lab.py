@@ -17,12 +17,14 @@ from tests.browser.conftest import OfflinePage
 from tests.browser.pages import (
     SCREENSHOTS,
     WorkbenchUI,
+    caption_text,
     image_stats,
     images_differ,
     median_latency,
     open_lab,
     screenshot,
     summary,
+    wait_caption_change,
 )
 
 pytestmark = pytest.mark.browser
@@ -58,7 +60,7 @@ def test_bfactor_slider_changes_slice(lab):
     op, ui = lab
     # The app opens on the section through the middle of the molecule, not the empty cell edge.
     middle = int(float(op.page.locator(".wb-slice-index .noUi-handle").get_attribute("aria-valuenow")))
-    caption = op.page.locator(".wb-slice-caption").inner_text()
+    caption = caption_text(op.page, ".wb-slice-caption")
     marked = int(re.search(r"\+ (\d+) atoms within", caption).group(1))
     assert middle > 0 and marked >= 20, f"opened on section {middle} with {marked} atoms near it: {caption}"
     before = ui.slice_png()
@@ -114,11 +116,7 @@ def test_distortion_draws_planarity_arrows(lab):
     assert image_stats(canvas_before)["magenta"] < 1e-4
     ui.type_into_readout(".wb-distort", "0.5")
     assert ui.controls_overflow() == [], "typing into a readout moved or clipped the controls"
-    op.page.wait_for_function(
-        "(old) => { const c = document.querySelector('.wb-view3d-caption'); return c && c.textContent.trim() !== old; }",
-        arg=caption_before,
-        timeout=60_000,
-    )
+    wait_caption_change(op.page, ".wb-view3d-caption", caption_before)
     ui.wait_ready()
     ui.wait_canvas_drawn()
     caption = ui.caption_3d()

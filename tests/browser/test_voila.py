@@ -10,6 +10,7 @@ import pytest
 
 from tests.browser.conftest import OfflinePage
 from tests.browser.pages import (
+    CAPTION_TEXT_JS,
     SCREENSHOTS,
     WorkbenchUI,
     image_stats,
@@ -17,6 +18,7 @@ from tests.browser.pages import (
     median_latency,
     screenshot,
     summary,
+    wait_caption_change,
 )
 
 pytestmark = pytest.mark.browser
@@ -79,8 +81,11 @@ def test_app_region_and_distortion(app):
     ui.wait_ready()
     before = ui.caption_3d()
     ui.type_into_readout(".wb-distort", "0.5")
+    wait_caption_change(op.page, ".wb-view3d-caption", before)
+    # the caption changes as the region's map comes, then again with the distorted model's arrows
     op.page.wait_for_function(
-        "(old) => document.querySelector('.wb-view3d-caption').textContent.trim() !== old", arg=before, timeout=60_000
+        f"() => /[1-9]\\d* of \\d+ atoms/.test(({CAPTION_TEXT_JS})(document.querySelector('.wb-view3d-caption')))",
+        timeout=60_000,
     )
     ui.wait_ready()
     ui.wait_canvas_drawn()
