@@ -7,15 +7,23 @@ kernel's main thread only records that something changed, so a slider dragged fo
 ten seconds never blocks it (and, through ``max_wait``, still shows a result every
 quarter second). Each change bumps ``generation``; the app applies a result only if no
 newer one has been shown (see :meth:`workbench.Workbench._recompute`).
+
+The threads are daemons, so a notebook kernel or a script may end without closing its workbench;
+at interpreter exit every thread still open is asked to stop and joined (:func:`_close_at_exit`).
+A daemon thread left inside a torch call while the interpreter finalises would be ended by
+``pthread_exit`` inside a C++ destructor, which aborts the process ("terminate called without an
+active exception", exit status 134) after the script's own work has succeeded.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 __all__ = ["Debouncer", "LatestOnly", "Scheduler"]
@@ -34,13 +42,33 @@ def _wait_while(cond: threading.Condition, busy: Callable[[], object], timeout: 
     return True
 
 
-def _stop_thread(owner) -> None:
+#: Seconds the exit handler waits for a thread's current piece of work (a recompute or a job stops at
+#: its next stage boundary once cancelled; a drawing thread finishes the frame it is sending).
+EXIT_JOIN_S = 60.0
+
+_open_threads: weakref.WeakSet = weakref.WeakSet()  # Schedulers and LatestOnlys with a live thread
+
+
+def _stop_thread(owner, timeout: float = 5.0) -> None:
     """Set ``owner._stop`` under ``owner._cond``, wake its thread and join it (if it has one)."""
     with owner._cond:
         owner._stop = True
         owner._cond.notify_all()
     if owner._thread is not None:
-        owner._thread.join(timeout=5)
+        owner._thread.join(timeout=timeout)
+        if not owner._thread.is_alive():
+            _open_threads.discard(owner)
+
+
+def _close_at_exit() -> None:
+    """Stop and join every workbench thread still running (registered with :mod:`atexit`)."""
+    for owner in list(_open_threads):
+        if isinstance(owner, Scheduler):
+            owner.cancel()
+        _stop_thread(owner, timeout=EXIT_JOIN_S)
+
+
+atexit.register(_close_at_exit)
 
 
 class Debouncer:
@@ -156,6 +184,7 @@ class Scheduler:
         if threaded and not self.synchronous:
             self._thread = threading.Thread(target=self._loop, name="workbench-recompute", daemon=True)
             self._thread.start()
+            _open_threads.add(self)
 
     @property
     def threaded(self) -> bool:
@@ -299,6 +328,7 @@ class LatestOnly:
         if threaded:
             self._thread = threading.Thread(target=self._loop, name="workbench-draw", daemon=True)
             self._thread.start()
+            _open_threads.add(self)
 
     def put(self, item) -> None:
         """Offer ``item``; an item still waiting is dropped for it."""

@@ -16,10 +16,12 @@ Under a process group a :class:`~kernels.FrameSource` is split with :meth:`~kern
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -55,13 +57,18 @@ class _Prefetch:
     """Iterate ``source`` on a thread, one item ahead: the next chunk is read while this one is splatted.
 
     At most one finished item waits in the queue; an exception of the source is raised where the
-    item would have come. :meth:`close` stops the thread at its next item.
+    item would have come. :meth:`close` stops the thread at its next item; at interpreter exit every
+    prefetch still open (a stream's generator abandoned half-way) is closed, because a daemon thread
+    left inside a torch call while the interpreter finalises aborts the process.
     """
+
+    _open: weakref.WeakSet = weakref.WeakSet()
 
     def __init__(self, source: Iterator):
         self._source, self._queue, self._stop = source, queue.Queue(maxsize=1), threading.Event()
         self._thread = threading.Thread(target=self._run, name="kernels-prefetch", daemon=True)
         self._thread.start()
+        _Prefetch._open.add(self)
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
@@ -98,6 +105,15 @@ class _Prefetch:
             except queue.Empty:
                 pass
             self._thread.join(timeout=0.05)
+        _Prefetch._open.discard(self)
+
+    @staticmethod
+    def _close_at_exit() -> None:
+        for prefetch in list(_Prefetch._open):
+            prefetch.close()
+
+
+atexit.register(_Prefetch._close_at_exit)
 
 
 class _Stream:

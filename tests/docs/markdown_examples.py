@@ -14,6 +14,12 @@ when a block cannot run here, in an HTML comment just above it, so no block is l
     at most 2), and must leave every rank with exit status 0.
 
 Blocks of other languages (``bash``, the layout tree) are not run.
+
+"After the blocks above it" holds however pytest is launched: a process that runs a block first runs
+every block above it in the same file that it has not run yet (``pytest -n 4``'s default scheduling
+hands one file's blocks to several workers; ``-k`` or a node id picks one block). Such a replay runs
+each earlier block as its own item would, skips included, except a ``torchrun`` block, a whole
+program that leaves nothing in the namespace.
 """
 
 from __future__ import annotations
@@ -24,15 +30,19 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from unittest import SkipTest
 
 from sybil import Example, Region, Sybil
 from sybil.evaluators.python import PythonEvaluator
+from sybil.integration.pytest import SybilFile, SybilItem
 from sybil.parsers.markdown import SkipParser
 from sybil.parsers.markdown.codeblock import CodeBlockParser
 from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer
 
 ROOT = Path(__file__).resolve().parents[2]
 _TORCHRUN = "__docs_torchrun_ranks__"
+_DONE = "__docs_done__"  # region starts of the blocks (and directives) this process has evaluated
+_REPLAYING = "__docs_replaying__"
 _python = PythonEvaluator()
 
 
@@ -40,7 +50,7 @@ def _evaluate_python(example: Example) -> None:
     ranks = example.namespace.pop(_TORCHRUN, None)
     if ranks is None:
         _python(example)
-    else:
+    elif not example.namespace.get(_REPLAYING):
         _run_under_torchrun(example, ranks)
 
 
@@ -90,6 +100,46 @@ def _teardown(namespace: dict) -> None:
     shutil.rmtree(namespace["__docs_folder__"], ignore_errors=True)
 
 
+def _evaluate_in_order(example: Example) -> None:
+    """Evaluate ``example`` after every region above it in its document not yet evaluated here."""
+    namespace = example.namespace
+    done = namespace.setdefault(_DONE, set())
+    for earlier in example.document.examples():
+        if earlier.region.start >= example.region.start:
+            break
+        if earlier.region.start in done:
+            continue
+        done.add(earlier.region.start)
+        namespace[_REPLAYING] = True
+        try:
+            earlier.evaluate()
+        except SkipTest:
+            pass
+        except Exception as error:
+            raise AssertionError(
+                f"{example.path}, line {example.line}: the block at line {earlier.line} above it, run first "
+                f"in this process, failed: {type(error).__name__}: {error}"
+            ) from error
+        finally:
+            namespace[_REPLAYING] = False
+    done.add(example.region.start)
+    example.evaluate()
+
+
+class _InOrderItem(SybilItem):
+    def runtest(self) -> None:
+        _evaluate_in_order(self.example)
+
+
+class _InOrderFile(SybilFile):
+    def collect(self):
+        for sybil in self.sybils:
+            document = sybil.parse(self.path)
+            self.documents.append(document)
+            for example in document.examples():
+                yield _InOrderItem.from_parent(self, sybil=sybil, example=example)
+
+
 DOCS = Sybil(
     parsers=[CodeBlockParser(language="python", evaluator=_evaluate_python), SkipParser(), _TorchrunParser()],
     patterns=["README.md", "docs/*.md"],
@@ -99,5 +149,9 @@ DOCS = Sybil(
     teardown=_teardown,
 )
 
-#: Collects README.md and docs/*.md (named on pytest's command line: scripts/test.sh does).
-pytest_collect_file = DOCS.pytest()
+
+def pytest_collect_file(file_path: Path, parent) -> _InOrderFile | None:
+    """Collect README.md and docs/*.md (named on pytest's command line: scripts/test.sh does)."""
+    if DOCS.should_parse(file_path):
+        return _InOrderFile.from_parent(parent, path=file_path, sybils=[DOCS])
+    return None

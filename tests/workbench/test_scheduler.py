@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from workbench.scheduler import Debouncer, Scheduler
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
 
 class FakeClock:
@@ -103,3 +113,32 @@ def test_threaded_scheduler_coalesces_a_burst_and_runs_off_the_caller_thread():
         assert jobs == ["workbench-recompute"]
     finally:
         s.close()
+
+
+_EXIT_SCRIPT = """
+import sys, torch
+from workbench.scheduler import LatestOnly, Scheduler
+
+def busy():  # torch calls that release the GIL, for about a second
+    x = torch.ones(1_000_000)
+    for _ in range(400):
+        x = x.to(torch.float64).to(torch.float32)
+
+sched = Scheduler(lambda gen: None, delay=0.01)
+sched.submit(busy)
+draw = LatestOnly(lambda item: busy())
+draw.put(1)
+print("script done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("run", range(3))
+def test_a_script_that_ends_while_the_threads_work_exits_cleanly(run):
+    # The interpreter ends while both threads are inside torch calls: without the exit handler
+    # each thread is ended by pthread_exit inside a C++ destructor and the process aborts (134).
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "script done" in done.stdout
+    assert "terminate called" not in done.stderr
