@@ -9,7 +9,9 @@ evaluations). Per case:
 - **loss**: ``Σ_voxels V·(ρ_calc − ρ_target)² + λ·planarity NLL`` (``kernels.splat_density``,
   ``kernels.planarity_nll`` on the model's planes from ``kernels.find_planes``; V the voxel volume);
 - **optimiser**: Adam over xyz (lr ``--lr``), optionally B (``b``), U (``u``, anisotropic atoms) and
-  occupancy (``occ``) with ``--params``; or L-BFGS (strong Wolfe line search, 20 evaluations a step);
+  occupancy (``occ``) with ``--params``, its update ``fused`` (``Adam(..., fused=True)``: one kernel, as
+  docs/kernels.md writes the loop) or torch's default ``foreach`` (``--updates``, both by default, side by
+  side); or L-BFGS (strong Wolfe line search, 20 evaluations a step);
 - **atoms rebuilt every step**, both ways users write it: ``AtomSet(x, b, occ, a, b_coef, …)`` from
   tensors (``build=constructor``, no labels passed) and ``atoms.replace(xyz=x)`` (``build=replace``);
 - **modes**: ``eager``; ``compiled`` (``torch.compile(loss, fullgraph=True)``); ``reduce-overhead``
@@ -25,7 +27,8 @@ evaluations). Per case:
   same target, with the planarity NLL summed over frames.
 
 Reported per case: the step time (median, p10, p90 after ``--warmup`` steps; the first step, which
-compiles, apart) beside the sum of its parts each timed alone on the same inputs (splat forward +
+compiles, apart), the host time of a step (``host_ms``: ``perf_counter`` around the step's Python call,
+which returns once its work is queued; on a GPU the step's time is that when the host is the bound) beside the sum of its parts each timed alone on the same inputs (splat forward +
 map loss + backward, planarity forward + backward, the optimiser's update; building the atoms is
 timed too but is not a part: it is what the loop adds), their ratio (issue 33's target: ≤ 1.15), the
 RMSD to the true model and the loss after every step, and the first step at which the RMSD is below
@@ -150,7 +153,7 @@ def _leaves(p: dict, params: tuple[str, ...], n_frames: int | None):
     return x, b, occ, u
 
 
-def _optimizer(kind: str, leaves, params: tuple[str, ...], lr: float):
+def _optimizer(kind: str, leaves, params: tuple[str, ...], lr: float, update: str = "foreach"):
     x, b, occ, u = leaves
     if kind == "lbfgs":
         return torch.optim.LBFGS(
@@ -166,7 +169,7 @@ def _optimizer(kind: str, leaves, params: tuple[str, ...], lr: float):
         groups.append({"params": [occ], "lr": 0.2 * lr})
     if "u" in params and u is not None:
         groups.append({"params": [u], "lr": 0.2 * lr})
-    return torch.optim.Adam(groups)
+    return torch.optim.Adam(groups, fused=update == "fused")
 
 
 def _rmsd(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -302,11 +305,17 @@ def _run_case(p: dict, case: dict, device: torch.device, args) -> dict:
         for t in leaves:
             if t is not None and t.requires_grad:
                 torch._dynamo.mark_static_address(t)
-    opt = _optimizer(case["optimizer"], leaves, case["params"], case["lr"])
+    opt = _optimizer(case["optimizer"], leaves, case["params"], case["lr"], case.get("update", "foreach"))
     truth = p["atoms"].xyz
+    host_ms: list[float] = []  # the Python call of each timed step, without the synchronisation after it
 
     def timer(fn) -> float:  # ms: CUDA events around fn() and a synchronisation after it, or wall clock
-        return E.eager_call_ms(fn, device)
+        def host_timed():
+            t0 = time.perf_counter()
+            fn()
+            host_ms.append((time.perf_counter() - t0) * 1e3)
+
+        return E.eager_call_ms(host_timed, device)
 
     evals = [0]
 
@@ -334,6 +343,7 @@ def _run_case(p: dict, case: dict, device: torch.device, args) -> dict:
             losses.append(step().loss.clone())  # the graph's output: the next replay overwrites it
 
     first_ms = None
+    host_ms.clear()
     t_case = time.perf_counter()
     for i in range(case["steps"]):
         before = evals[0]
@@ -359,6 +369,7 @@ def _run_case(p: dict, case: dict, device: torch.device, args) -> dict:
         steps_run=steps_run,
         first_step_ms=first_ms,
         step_ms=_stats(step_ms),
+        host_ms=_stats(host_ms[args.warmup :] if len(host_ms) > args.warmup else []),
         evals_per_step=evals_per_step,
         rmsd=rmsd,
         loss=loss_values,
@@ -456,13 +467,14 @@ def _cases(args, device: torch.device) -> list[dict]:
     for name in args.structures:
         for adp in args.adp:
             for mode in modes:
-                for build in args.builds:
+                for build, update in [(b, u) for b in args.builds for u in args.updates]:
                     cases.append(
                         dict(
                             structure=name,
                             adp=adp,
                             mode=mode,
                             build=build,
+                            update=update,
                             optimizer="adam",
                             steps=args.steps,
                             lr=args.lr,
@@ -492,6 +504,7 @@ def _cases(args, device: torch.device) -> list[dict]:
                     adp="iso",
                     mode=mode,
                     build="none",
+                    update=args.updates[0],
                     optimizer="adam",
                     steps=args.steps,
                     lr=args.lr,
@@ -526,6 +539,13 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--builds", nargs="+", choices=BUILDS, default=list(BUILDS))
     ap.add_argument("--optimizers", nargs="+", choices=("adam", "lbfgs"), default=["adam", "lbfgs"])
+    ap.add_argument(
+        "--updates",
+        nargs="+",
+        choices=("fused", "foreach"),
+        default=["fused", "foreach"],
+        help="Adam's update: fused=True (one kernel) or torch's default multi-tensor one",
+    )
     ap.add_argument("--params", nargs="+", choices=("xyz", "b", "occ", "u"), default=["xyz"])
     ap.add_argument("--steps", type=int, default=60, help="Adam steps per case")
     ap.add_argument("--lbfgs-steps", type=int, default=8, help="L-BFGS steps (up to 20 evaluations each)")
@@ -586,6 +606,8 @@ def main(argv=None) -> int:
     for case in _cases(args, device):
         key = (case["structure"], case["adp"])
         label = " ".join(str(case[k]) for k in ("structure", "adp", "mode", "build", "optimizer"))
+        if case["optimizer"] == "adam":
+            label += f" ({case['update']})"
         if case.get("frames"):
             label += f" {case['frames']} frames"
         try:
@@ -603,6 +625,8 @@ def main(argv=None) -> int:
         _write(out_path, record)  # after every case: a run stopped at its time limit keeps what it measured
         s = result["step_ms"]
         line = f"{label}: {result['n_atoms']} atoms, step {s['median'] or float('nan'):.3f} ms (first {result['first_step_ms']:.1f})"
+        if result["host_ms"]["median"] is not None:
+            line += f", host {result['host_ms']['median']:.3f} ms"
         if "parts_ms" in result:
             pm = result["parts_ms"]
             line += (
