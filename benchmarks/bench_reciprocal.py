@@ -8,25 +8,31 @@ full transform), ``kernels.fsc`` of two maps (structure factors of both to the g
 the shells), and the first call for a grid (which makes the index set).
 
 The map is our CPU kernel's (float32). CPU: ``--reps`` calls per case after one warm-up call,
-median and minimum (the VM is shared: the minimum is the machine's, the median what a user sees
-under its load). CUDA (when visible): CUDA-event timed, median of ``--reps``. Writes
-``reciprocal_<device>_<machine>_<date>.json`` to ``--out-dir`` (default ``benchmarks/results``).
+median and minimum of the wall time and the median process CPU time (the VM is shared: the minimum
+is the machine's, the median what a user sees under its load, the CPU time what the call itself
+costs). CUDA (when visible): CUDA-event timed, median of ``--reps``. ``--baseline REV`` also times
+``kernels/reciprocal`` as it is at git revision REV (loaded from git as a package of its own, on the
+same kernels otherwise), call for call interleaved with this tree's, so both see the same load.
+Writes ``reciprocal_<device>_<machine>_<date>.json`` to ``--out-dir`` (default ``benchmarks/results``).
 
 Usage::
 
-    OMP_NUM_THREADS=2 python benchmarks/bench_reciprocal.py --device cpu --machine devvm
-    python benchmarks/bench_reciprocal.py --device cuda
+    OMP_NUM_THREADS=2 python benchmarks/bench_reciprocal.py --device cpu --machine devvm --baseline main
+    python benchmarks/bench_reciprocal.py --device cuda --out-dir DIR
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,37 +45,79 @@ import kernels  # noqa: E402
 from benchmarks._structures import model  # noqa: E402
 
 
-def cpu_times(fn, reps: int) -> list[float]:
-    fn()
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
+def load_baseline(rev: str):
+    """``kernels/reciprocal`` at git revision ``rev``, imported as the package ``_baseline_reciprocal``."""
+    git = ["git", "-C", str(ROOT)]
+    names = subprocess.run(
+        [*git, "ls-tree", "--name-only", rev, "kernels/reciprocal/"], check=True, capture_output=True, text=True
+    ).stdout.split()
+    top = Path(tempfile.mkdtemp(prefix="bench_reciprocal_"))
+    package = top / "_baseline_reciprocal"
+    package.mkdir()
+    for name in names:
+        if name.endswith(".py"):
+            text = subprocess.run([*git, "show", f"{rev}:{name}"], check=True, capture_output=True, text=True).stdout
+            (package / Path(name).name).write_text(text.replace("kernels.reciprocal", "_baseline_reciprocal"))
+    sys.path.insert(0, str(top))
+    return importlib.import_module("_baseline_reciprocal")
+
+
+def cpu_times(fns, reps: int) -> list[list[tuple[float, float]]]:
+    """(wall, CPU) seconds of ``reps`` calls of each of ``fns``, interleaved call for call, after one warm-up each."""
+    for fn in fns:
         fn()
-        out.append(time.perf_counter() - t)
+    out = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, times in zip(fns, out):
+            t, c = time.perf_counter(), time.process_time()
+            fn()
+            times.append((time.perf_counter() - t, time.process_time() - c))
     return out
 
 
-def cuda_times(fn, reps: int) -> list[float]:
-    for _ in range(3):
-        fn()
+def cuda_times(fns, reps: int) -> list[list[tuple[float, float]]]:
+    for fn in fns:
+        for _ in range(3):
+            fn()
     torch.cuda.synchronize()
-    out = []
+    out = [[] for _ in fns]
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / 1e3)
+        for fn, times in zip(fns, out):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append((a.elapsed_time(b) / 1e3, float("nan")))
     return out
 
 
-def summary(times: list[float]) -> dict:
-    return {
-        "median_ms": 1e3 * statistics.median(times),
-        "min_ms": 1e3 * min(times),
-        "max_ms": 1e3 * max(times),
+def summary(times: list[tuple[float, float]]) -> dict:
+    wall = [w for w, _ in times]
+    out = {
+        "median_ms": 1e3 * statistics.median(wall),
+        "min_ms": 1e3 * min(wall),
+        "max_ms": 1e3 * max(wall),
         "reps": len(times),
+    }
+    cpu = [c for _, c in times]
+    if all(c == c for c in cpu):  # no NaN: CPU times were taken
+        out["cpu_median_ms"] = 1e3 * statistics.median(cpu)
+    return out
+
+
+def cases(k, rho, sym, other, grid, d_min: float, spacegroup: str) -> dict:
+    """The timed calls, on the reciprocal package ``k`` (``kernels`` or a baseline); two warm sets for shells."""
+    f = k.structure_factors(rho, grid, d_min)
+    g = k.structure_factors(other, grid, d_min)
+    return {
+        "structure_factors_p1": lambda: k.structure_factors(rho, grid, d_min),
+        "structure_factors_unique_symmetrised": lambda: k.structure_factors(sym, grid, d_min, spacegroup=spacegroup),
+        "structure_factors_reference_float64": lambda: k.structure_factors(rho, grid, d_min, backend="reference"),
+        "shells_count_20": lambda: k.shells(f, g, n_shells=20),
+        "shells_volume_20": lambda: k.shells(f, g, n_shells=20, binning="volume"),
+        "shells_no_reference_20": lambda: k.shells(f, n_shells=20),
+        "fsc_two_maps": lambda: k.fsc(rho, other, grid),
     }
 
 
@@ -83,11 +131,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=None, help="torch threads on the CPU (default: OMP_NUM_THREADS)")
     parser.add_argument("--machine", default=platform.node() or "host", help="name in the output file")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--baseline", default=None, help="git revision whose kernels/reciprocal to time beside this")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA GPU is visible")
+    baseline = load_baseline(args.baseline) if args.baseline else None
     dev = torch.device(args.device)
     m = model(args.structure)
     grid = kernels.GridSpec.for_spacing(m.cell, args.spacing, m.spacegroup)
@@ -104,30 +154,26 @@ def main(argv=None) -> dict:
     f = kernels.structure_factors(rho, grid, d_min)
     sync()
     first_ms = 1e3 * (time.perf_counter() - t)
-    g = kernels.structure_factors(other, grid, d_min)
     fs = kernels.structure_factors(sym, grid, d_min, spacegroup=m.spacegroup)
-    kernels.fsc(rho, other, grid)
 
-    cases = {
-        "structure_factors_p1": lambda: kernels.structure_factors(rho, grid, d_min),
-        "structure_factors_unique_symmetrised": lambda: kernels.structure_factors(
-            sym, grid, d_min, spacegroup=m.spacegroup
-        ),
-        "structure_factors_reference_float64": lambda: kernels.structure_factors(rho, grid, d_min, backend="reference"),
-        "shells_count_20": lambda: kernels.shells(f, g, n_shells=20),
-        "shells_volume_20": lambda: kernels.shells(f, g, n_shells=20, binning="volume"),
-        "shells_no_reference_20": lambda: kernels.shells(f, n_shells=20),
-        "fsc_two_maps": lambda: kernels.fsc(rho, other, grid),
-    }
-    results = {}
-    for name, fn in cases.items():
+    now = cases(kernels, rho, sym, other, grid, d_min, m.spacegroup)
+    before = cases(baseline, rho, sym, other, grid, d_min, m.spacegroup) if baseline else None
+    results, baseline_results = {}, {}
+    for name, fn in now.items():
         reps = max(3, args.reps // 3) if "reference" in name or "fsc" in name else args.reps
-        results[name] = summary(timer(fn, reps))
-        print(
-            f"{name:40s} median {results[name]['median_ms']:8.2f} ms   min {results[name]['min_ms']:8.2f} ms",
-            flush=True,
-        )
-    print(f"{'first call (makes the index set)':40s} {first_ms:8.1f} ms")
+        fns = [fn] + ([before[name]] if before else [])
+        timed = timer(fns, reps)
+        results[name] = summary(timed[0])
+        line = f"{name:38s} median {results[name]['median_ms']:8.2f} ms  min {results[name]['min_ms']:8.2f} ms"
+        if "cpu_median_ms" in results[name]:
+            line += f"  cpu {results[name]['cpu_median_ms']:8.2f} ms"
+        if before:
+            baseline_results[name] = b = summary(timed[1])
+            line += f"   | {args.baseline}: median {b['median_ms']:8.2f} min {b['min_ms']:8.2f}"
+            if "cpu_median_ms" in b:
+                line += f" cpu {b['cpu_median_ms']:8.2f}"
+        print(line, flush=True)
+    print(f"{'first call (makes the index set)':38s} {first_ms:8.1f} ms")
     record = {
         "what": "kernels.structure_factors / shells / fsc (issue 48)",
         "structure": args.structure,
@@ -145,6 +191,12 @@ def main(argv=None) -> dict:
         "first_call_ms": first_ms,
         "cases": results,
     }
+    if baseline:
+        rev = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline], capture_output=True, text=True
+        ).stdout.strip()
+        record["baseline"] = {"revision": args.baseline, "commit": rev, "cases": baseline_results}
+    record["load_average_end"] = os.getloadavg()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"reciprocal_{args.device}_{args.machine}_{record['date']}.json"
     out.write_text(json.dumps(record, indent=1) + "\n")

@@ -85,6 +85,8 @@ class StructureFactors:
     spacegroup: str = "P 1"
     d_min: float = math.nan
     _inv_d2: torch.Tensor | None = dataclasses.field(default=None, repr=False)
+    # the index set's value key when ``hkl`` is a whole set from structure_factors (shells keep their binning by it)
+    _set_key: tuple | None = dataclasses.field(default=None, repr=False)
 
     def __len__(self) -> int:
         return int(self.hkl.shape[0])
@@ -117,12 +119,13 @@ class StructureFactors:
         For example ``f.select(f.d >= 3.0)``: the factors to 3 Å.
         """
         inv_d2 = None if self._inv_d2 is None else self._inv_d2[which]
-        return dataclasses.replace(self, hkl=self.hkl[which], f=self.f[which], _inv_d2=inv_d2)
+        return dataclasses.replace(self, hkl=self.hkl[which], f=self.f[which], _inv_d2=inv_d2, _set_key=None)
 
     def replace(self, **changes) -> StructureFactors:
         """A copy with the given fields changed (``dataclasses.replace``; 1/d² is kept unless hkl or cell change)."""
         if "hkl" in changes or "cell" in changes:
             changes.setdefault("_inv_d2", None)
+            changes.setdefault("_set_key", None)
         return dataclasses.replace(self, **changes)
 
     def __repr__(self) -> str:
@@ -215,7 +218,7 @@ def structure_factors(
             rho = rho.float()  # torch's FFT of half precision is restricted to powers of two on CUDA
         f = structure_factors_fft(rho, grid, millers, blur)
     t = millers.on(rho.device)
-    return StructureFactors(t["hkl"], f, grid.cell, sg, d_min, t["inv_d2"])
+    return StructureFactors(t["hkl"], f, grid.cell, sg, d_min, t["inv_d2"], millers.key)
 
 
 def fourier_synthesis(factors: StructureFactors, grid: GridSpec, *, f000: float | torch.Tensor = 0.0) -> torch.Tensor:

@@ -1,9 +1,9 @@
-"""Structure factors by a pruned real-to-complex transform in the map's own precision, on any device.
+"""Structure factors by one real-to-complex transform in the map's own precision, on any device.
 
-Only the coefficients inside d_min's sphere are wanted, so each axis's transform keeps only the
-indices that the set reaches before the next axis is transformed: the real transform along c keeps
-0 ≤ l ≤ l_max, the one along b keeps |k| ≤ k_max, and the last along a runs on what is left. For
-3WIP at 2 Å from its 0.667 Å map that is 67 of 101 l planes and 73 of 112 k rows.
+``torch.fft.rfftn`` of the whole map (MKL on the CPU, cuFFT on a GPU) and one gather of the
+reflections' coefficients. A transform cut axis by axis to the indices d_min's sphere reaches does less
+arithmetic but, as three strided one-axis transforms with copies between them, took longer on both
+devices than the one multi-dimensional transform (benchmarks/bench_reciprocal.py).
 """
 
 from __future__ import annotations
@@ -15,29 +15,28 @@ from kernels.reciprocal.miller import MillerSet
 
 __all__ = ["structure_factors_fft"]
 
+# (index-set key, blur, dtype, device) -> (flat positions, (M, 2) factors); a handful of grids at a time.
+_MAX_PLANS = 64
 _plans: dict = {}
 
 
 def _gather_plan(millers: MillerSet, grid: GridSpec, blur: float, dtype: torch.dtype, device: torch.device):
-    """Flat positions of each reflection's half-space mate in the pruned (nx, 2k_max+1, l_max+1) transform, and
-    the (M, 2) factors that turn the (re, im) there into F: V/N·exp(B·s²/4) and ∓ that for the conjugate.
+    """Flat positions of each reflection's half-space mate in the (nx, ny, nz//2+1) transform, and the (M, 2)
+    factors that turn the (re, im) there into F: V/N·exp(B·s²/4), and its negation for the imaginary part of a
+    reflection with l ≥ 0 (which takes the conjugate).
 
-    Made once per (index set, grid, blur, dtype, device) and kept (64 plans), so a call gathers and scales in
-    two passes over the reflections.
+    Made once per (index set, blur, dtype, device) — value keys: the index set's own key names its grid, space
+    group and d_min — and kept, so a call is one gather and one multiply on the device.
     """
-    key = (id(millers), grid.shape, grid.cell.parameters, blur, dtype, str(device))
+    key = (millers.key, float(blur), dtype, str(device))
     got = _plans.get(key)
-    if got is not None and got[0] is millers:
-        return got[1], got[2]
+    if got is not None:
+        return got
     t = millers.on(device)
     half = t["half"]
-    nx = grid.shape[0]
-    kmax, lmax = millers.limits[1], millers.limits[2]
-    rows = 2 * kmax + 1
-    # the mate (h, k, l), l ≥ 0, at h mod nx, k in the kept rows (0..k_max, then −k_max..−1 at the end), l
-    hx = torch.remainder(half[:, 0], nx)
-    ky = torch.remainder(half[:, 1], rows)
-    flat = (hx * rows + ky) * (lmax + 1) + half[:, 2]
+    nx, ny, nz = grid.shape
+    # the mate (h, k, l), l ≥ 0, at (h mod nx, k mod ny, l) of the half-space transform
+    flat = (torch.remainder(half[:, 0], nx) * ny + torch.remainder(half[:, 1], ny)) * (nz // 2 + 1) + half[:, 2]
     scale = (
         grid.voxel_volume * torch.exp(t["inv_d2"] * (blur / 4))
         if blur
@@ -46,14 +45,14 @@ def _gather_plan(millers: MillerSet, grid: GridSpec, blur: float, dtype: torch.d
     # l ≥ 0 reflections take conj(R) (imaginary part negated), flipped ones R as it is
     sign = torch.where(t["flipped"], 1.0, -1.0).to(scale.dtype)
     factors = torch.stack((scale, scale * sign), dim=1).to(dtype)
-    if len(_plans) >= 64:
+    if len(_plans) >= _MAX_PLANS:
         _plans.clear()
-    _plans[key] = (millers, flat, factors)
+    _plans[key] = (flat, factors)
     return flat, factors
 
 
 def structure_factors_fft(rho: torch.Tensor, grid: GridSpec, millers: MillerSet, blur: float = 0.0) -> torch.Tensor:
-    """F of every reflection of ``millers``: pruned rfft along c, then b, then a.
+    """F of every reflection of ``millers``: one rfftn of the map, then a gather.
 
     With R(h) = Σ_x ρ(x)·exp(−2πi h·x) (what torch transforms), F(h) = V/N·R(−h) = V/N·conj(R(h)) for a
     real map. R is kept for l ≥ 0 only: a reflection with l ≥ 0 takes the conjugate of R at itself, one
@@ -71,13 +70,7 @@ def structure_factors_fft(rho: torch.Tensor, grid: GridSpec, millers: MillerSet,
     -------
     torch.Tensor, shape (M,), complex64 for float32 maps, complex128 for float64, on ``rho``'s device
     """
-    kmax, lmax = millers.limits[1], millers.limits[2]
-    ny = grid.shape[1]
-    t = torch.fft.rfft(rho, dim=2)[:, :, : lmax + 1]
-    t = torch.fft.fft(t, dim=1)
-    if 2 * kmax + 1 < ny:
-        t = torch.cat((t[:, : kmax + 1], t[:, ny - kmax :]), dim=1)
-    t = torch.fft.fft(t, dim=0)
+    t = torch.fft.rfftn(rho)
     flat, factors = _gather_plan(millers, grid, blur, rho.dtype, rho.device)
-    pairs = torch.view_as_real(t).reshape(-1, 2)[flat]
+    pairs = torch.view_as_real(t).reshape(-1, 2).index_select(0, flat)
     return torch.view_as_complex(pairs * factors)

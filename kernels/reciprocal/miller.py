@@ -73,6 +73,8 @@ class MillerSet:
         1/d² in Å⁻².
     limits : tuple of 3 int
         Largest |h|, |k|, l of ``half``.
+    key : tuple
+        What the set was made for (cell parameters, sampling, space group, d_min): equal keys, equal sets.
     """
 
     hkl: np.ndarray
@@ -80,6 +82,7 @@ class MillerSet:
     flipped: np.ndarray
     inv_d2: np.ndarray
     limits: tuple[int, int, int]
+    key: tuple = ()
     devices: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def on(self, device: torch.device) -> dict:
@@ -134,7 +137,7 @@ def miller_set(grid: GridSpec, spacegroup: str, d_min: float) -> MillerSet:
     flipped = hkl[:, 2] < 0
     half = np.where(flipped[:, None], -hkl, hkl)
     limits = tuple(int(v) for v in np.abs(half).max(axis=0)) if len(half) else (0, 0, 0)
-    got = MillerSet(hkl, half, flipped, inv_d2, limits)
+    got = MillerSet(hkl, half, flipped, inv_d2, limits, key)
     _sets[key] = got
     if len(_sets) > _MAX_SETS:
         _sets.popitem(last=False)

@@ -328,7 +328,19 @@ def test_fsc_of_a_map_and_its_noisy_copy():
     f1 = structure_factors(rho, grid, float(table.d_min[-1]) * (1 - 1e-9))
     f2 = structure_factors(rho + noise, grid, float(table.d_min[-1]) * (1 - 1e-9))
     again = shells(f1, f2, n_shells=len(table), binning="width")
-    assert_close(again.fsc, table.fsc, 1e-12)
+    # structure_factors rounds V/N·R to float32 once more than fsc, which reads the transforms unscaled
+    assert_close(again.fsc, table.fsc, 1e-7)
+    assert_close(again.mean_intensity, table.mean_intensity, 0, rtol=1e-6)
+    exact = fsc(rho.double(), (rho + noise).double(), grid)
+    again = shells(
+        structure_factors(rho.double(), grid, float(table.d_min[-1]) * (1 - 1e-9)),
+        structure_factors((rho + noise).double(), grid, float(table.d_min[-1]) * (1 - 1e-9)),
+        n_shells=len(table),
+        binning="width",
+    )
+    for column in ("fsc", "rel_error", "amplitude_error", "phase_error", "r_factor", "correlation"):
+        assert_close(getattr(exact, column), getattr(again, column), 1e-12)
+    assert_close(exact.mean_intensity, again.mean_intensity, 0, rtol=1e-12)
 
 
 # --------------------------------------------------------------------------- bad input
@@ -384,14 +396,34 @@ def test_cuda_matches_cpu_and_makes_no_host_sync():
     cuda = rho.cuda()
     first = structure_factors(cuda, grid, 2.0)  # makes and keeps the index set on the device
     assert first.f.is_cuda and first.hkl.is_cuda
+    reference = first.replace(f=first.f.to(torch.complex128))
+    other = cuda * 1.01 + 1e-3
+    fsc(cuda, other, grid)  # the first FSC on this grid makes its index set on the host
     torch.cuda.synchronize()
+    # the steady state: every call below (the first binning of each kind included) queues work and reads nothing back
     torch.cuda.set_sync_debug_mode("error")
     try:
         again = structure_factors(cuda, grid, 2.0, blur=0.0)
-        table = shells(again, first.replace(f=first.f.to(torch.complex128)), n_shells=20)
+        table = shells(again, reference, n_shells=20)
+        by_volume = shells(again, reference, n_shells=20, binning="volume")
+        alone = shells(again, n_shells=20)
+        curve = fsc(cuda, other, grid)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert table.rel_error.is_cuda
+    assert table.rel_error.is_cuda and curve.fsc.is_cuda
+    # the same tables as the CPU's (numpy) from the same factors
+    on_cpu = again.replace(hkl=again.hkl.cpu(), f=again.f.cpu(), _inv_d2=again.inv_d2.cpu())
+    ref_cpu = on_cpu.replace(f=reference.f.cpu())
+    for got, want in (
+        (by_volume, shells(on_cpu, ref_cpu, n_shells=20, binning="volume")),
+        (alone, shells(on_cpu, n_shells=20)),
+        (curve, fsc(rho, rho * 1.01 + 1e-3, grid)),
+    ):
+        assert torch.equal(got.count.cpu(), want.count)
+        assert_close(got.mean_intensity, want.mean_intensity, 0, rtol=1e-5)
+        if want.fsc is not None:
+            assert_close(got.fsc, want.fsc, 1e-6)
+            assert_close(got.rel_error, want.rel_error, 1e-6)
     # float32 cuFFT against the float64 transform: 1e-6 of the largest factor (as the CPU float32 test)
     assert_close(as_real(again.f), as_real(want.f), atol=1e-6 * float(want.f.abs().max()))
     assert torch.all(table.rel_error.cpu() == 0)
