@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import logging
 import os
@@ -194,7 +193,7 @@ class Workbench(widgets.VBox):
         self.timing = TimingView()
         self.resolution = ResolutionView()
         self._resolution_cache = compute.ResolutionCache()
-        self._scene_truncated = False  # the 3D view shows the resolution tab's truncated map
+        self._truncated_shown = False  # the section and 3D view show the map truncated at the resolution slider's d
         self.download = Download()
         self.relax = RelaxView()
         self.controls.add_section("relax", "relax", self.relax.widget)
@@ -262,8 +261,7 @@ class Workbench(widgets.VBox):
         self.scene.view.on_pick(self.pick_atom)
         self.table.on_pick(self.pick_atom)
         self.tabs.observe(lambda _: self.show_resolution(), names="selected_index")
-        self.resolution.d.observe(lambda _: self._show_resolution_section(), names="value")
-        self.resolution.in_3d.observe(lambda _: self._show_resolution_section(), names="value")
+        self.resolution.d.observe(lambda _: self._show_truncated(), names="value")
 
         for name, value in settings.items():
             if name not in _INPUTS:
@@ -566,7 +564,8 @@ class Workbench(widgets.VBox):
                 # The section is what a drag watches: drawn as soon as it exists, before
                 # the planarity and tricubic stages and the other views.
                 check()
-                self._draw_section(settings, sec, near, mean, sigma, self.pipeline.model(settings.structure))
+                if self.resolution.d_min is None:  # else the map truncated at d is drawn once the result is applied
+                    self._draw_section(settings, sec, near, mean, sigma, self.pipeline.model(settings.structure))
 
             result = self.pipeline.run(settings, check=check, progress=self.status.step, on_section=early)
             self._apply(result, generation, check)
@@ -638,6 +637,7 @@ class Workbench(widgets.VBox):
         self._show_pick(r)
         self.timing.update(r.timings, backend=r.backend, device=s.device, grid_shape=r.grid.shape, n_atoms=len(r.model))
         self.show_resolution()
+        self._show_truncated(scene=self._scene_time == now)  # the 3D view follows as often as above
         self._report(r)
 
     def _show_tricubic(self, r: Result) -> None:
@@ -693,24 +693,37 @@ class Workbench(widgets.VBox):
             return
         self.resolution.update(report, label=compute.inputs_label(r.settings))
         self.resolution.drawn_for = key
-        self._show_resolution_section()
 
-    def _show_resolution_section(self) -> None:
+    def _show_truncated(self, scene: bool = True) -> None:
+        """The section and the 3D view (when ``scene``) at the resolution slider's d: the current map's Fourier
+        synthesis to d, labelled so; back to the map itself when the slider is off."""
         r = self.result
-        if r is None or self.resolution.drawn_for is None or self.resolution.drawn_for[0] != r.map_key:
+        if r is None:
             return
-        d = float(self.resolution.d.value)
-        sec = compute.truncated_section(self._resolution_cache, r.grid, d, r.settings.axis, r.section.index)
-        self.resolution.show_section(sec, d=d, units=r.settings.units)
-        model_key = (r.atoms_key[0], r.atoms_key[2])
-        if self.resolution.in_3d.value:
-            rho = compute.truncated_map(self._resolution_cache, r.grid, d)
-            shown = dataclasses.replace(r, rho=rho, mean=float(rho.mean()), sigma=float(rho.std()))
-            self.scene.update(shown, model_key=model_key, map_key=(r.map_key, "truncated", d))
-            self._scene_truncated = True
-        elif self._scene_truncated:  # back to the map itself
-            self.scene.update(r, model_key=model_key, map_key=r.map_key)
-            self._scene_truncated = False
+        d = self.resolution.d_min
+        model_key, map_key = _scene_keys(r)
+        if d is None:
+            self.resolution.show_truncation(None)
+            if self._truncated_shown:
+                self._truncated_shown = False
+                self._draw_section(r.settings, r.section, r.near, r.mean, r.sigma, r.model)
+                self.scene.update(r, model_key=model_key, map_key=map_key)
+            return
+        try:
+            self.resolution.set_range(*compute.resolution_range(r.grid))
+            d = self.resolution.d_min
+            self._resolution_cache.map_factors(r.map_key, r.rho, r.grid, float(r.settings.blur))
+            shown = compute.truncated_result(self._resolution_cache, r, d)
+        except (WorkbenchError, ValueError, kernels.GridError) as exc:
+            self.status.set("error", f"error: resolution slider: {exc}")
+            return
+        self._draw_section(shown.settings, shown.section, shown.near, shown.mean, shown.sigma, shown.model)
+        if scene:
+            self.scene.update(shown, model_key=model_key, map_key=(map_key, "truncated", d))
+        for caption in (self.slice.caption, self.scene.caption):
+            caption.value = compute.truncation_note(d) + compute.without_truncation_note(caption.value)
+        self.resolution.show_truncation(d)
+        self._truncated_shown = True
 
     def _show_pick(self, r: Result) -> None:
         """Label the picked atom with ``r``'s values (or clear the label: nothing picked)."""

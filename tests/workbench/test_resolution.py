@@ -30,9 +30,12 @@ def test_opening_the_tab_draws_the_errors_by_shell_against_exact_factors(make_wb
     t = report.table
     # the default 0.667 Å grid without blur: 1ORC's aliasing, 8.6e-3 at 2 Å (docs/kernels.md)
     assert float(t.rel_error.max()) < 1e-2 and float(t.rel_error[-1]) > 5 * float(t.rel_error[0])
-    assert bytes(view.section.value).startswith(PNG) and "d ≥" in view.caption.value
-    assert view.d.min == pytest.approx(round(kernels.reciprocal.finest_d_min(wb.result.grid) + 0.05, 1))
-    assert view.d.max == 6.0
+    # the slider: 6 Å down to the finest 0.1 Å stop the grid holds, then off (the map itself), off by default
+    stops = [v for _, v in view.d.options]
+    finest = kernels.reciprocal.finest_d_min(wb.result.grid)
+    assert stops[0] == 6.0 and stops[-1] == 0.0 and view.d.value == 0.0 and view.d_min is None
+    assert finest <= stops[-2] < finest + 0.1 and np.allclose(np.diff(stops[:-1]), -0.1)
+    assert "map itself" in view.caption.value and "truncated" not in wb.slice.caption.value
 
 
 def test_the_errors_follow_radius_and_blur(make_wb):
@@ -49,27 +52,71 @@ def test_the_errors_follow_radius_and_blur(make_wb):
     assert wb.resolution.note.value != note
 
 
-def test_resolution_slider_redraws_the_truncated_section_fast_on_1orc(make_wb):
+def drawn(wb) -> tuple:
+    """What the main section and the 3D view show: the section's raster, the 3D map box and its level."""
+    return wb.slice.last.values.copy(), bytes(wb.scene.view.map_bytes), wb.scene.view.iso_level
+
+
+def test_resolution_slider_redraws_the_main_section_and_3d_view_from_the_truncated_synthesis(make_wb):
     wb = make_wb(spacing=0.667)
     view = open_tab(wb)
     r = wb.result
-    shown = []
+    full = drawn(wb)
+    times = {}
     for d in (2.0, 3.5, 6.0):
         start = time.perf_counter()
         view.d.value = d
-        shown.append((time.perf_counter() - start, bytes(view.section.value)))
-    assert len({png for _, png in shown}) == 3
-    # the same section the compute function gives: the map's factors with d ≥ 6 Å synthesised
-    sec = compute.truncated_section(wb._resolution_cache, r.grid, 6.0, r.settings.axis, r.section.index)
+        times[d] = time.perf_counter() - start
+        section, box, level = drawn(wb)
+        assert not np.allclose(section, full[0], equal_nan=True) and box != full[1]
+        # labelled: both views say they show the map truncated at d, and the slider's caption says how to go back
+        for caption in (wb.slice.caption.value, wb.scene.caption.value):
+            assert f"map truncated at d = {d:.1f} Å" in caption and caption.count("wb-truncated") == 1
+        assert f"truncated at d = {d:.1f} Å" in view.caption.value and "off: the map itself" in view.caption.value
+        shown = compute.truncated_result(wb._resolution_cache, r, d)
+        assert level == pytest.approx(shown.mean + r.settings.iso_sigma * shown.sigma)
+    # the section drawn is the synthesis of the map's factors with d ≥ 6 Å (and its F(000)), cut at the section
     f = kernels.structure_factors(r.rho, r.grid, 6.0)
     want = kernels.fourier_synthesis(f, r.grid, f000=float(r.rho.double().sum()) * r.grid.voxel_volume)
+    axis, index = r.section.axis, r.section.index
+    np.testing.assert_allclose(shown.section.values, want.select(axis, index).numpy(), atol=1e-5 * float(r.rho.max()))
     np.testing.assert_allclose(
-        sec, want.select(r.settings.axis, r.section.index).numpy(), atol=1e-5 * float(r.rho.max())
+        shown.section.values,
+        compute.truncated_section(wb._resolution_cache, r.grid, 6.0, axis, index),
+        atol=1e-5 * float(r.rho.max()),
     )
     # smoother at lower resolution
-    high = compute.truncated_section(wb._resolution_cache, r.grid, 2.0, r.settings.axis, r.section.index)
-    assert np.abs(np.diff(sec, axis=0)).mean() < 0.5 * np.abs(np.diff(high, axis=0)).mean()
-    print("key press (s):", [round(t, 3) for t, _ in shown])
+    high = compute.truncated_result(wb._resolution_cache, r, 2.0).section.values
+    assert np.abs(np.diff(shown.section.values, axis=0)).mean() < 0.5 * np.abs(np.diff(high, axis=0)).mean()
+    # off: the map itself again, every label gone
+    view.d.value = 0.0
+    section, box, level = drawn(wb)
+    np.testing.assert_array_equal(section, full[0])
+    assert box == full[1] and level == pytest.approx(r.iso_level)
+    assert "wb-truncated" not in wb.slice.caption.value + wb.scene.caption.value
+    print("key press, control to drawn section and 3D box (s):", {d: round(t, 3) for d, t in times.items()})
+
+
+def test_truncation_holds_across_new_settings_and_other_tabs(make_wb):
+    wb = make_wb(spacing=0.667)
+    view = open_tab(wb)
+    view.d.value = 3.0
+    wb.tabs.selected_index = 0  # the slider's tab closed: the views stay truncated
+    wb.set(b_offset=5.0)
+    r = wb.result
+    shown = compute.truncated_result(wb._resolution_cache, r, 3.0)
+    assert wb._resolution_cache._map[0][0] == r.map_key  # the new map's factors
+    section, _, level = drawn(wb)
+    assert level == pytest.approx(shown.mean + r.settings.iso_sigma * shown.sigma)
+    assert "map truncated at d = 3.0 Å" in wb.slice.caption.value
+    # a grid too coarse for 3 Å: the slider moves to the finest stop it holds, and the views say so
+    wb.set(spacing=2.0)
+    finest = kernels.reciprocal.finest_d_min(wb.result.grid)
+    assert finest > 3.0
+    d = view.d.value
+    assert finest <= d < finest + 0.1 and f"map truncated at d = {d:.1f} Å" in wb.slice.caption.value
+    view.d.value = 0.0
+    assert "wb-truncated" not in wb.slice.caption.value
 
 
 def test_a_comparison_adds_its_fsc(make_wb):
@@ -103,22 +150,3 @@ def test_truncated_section_is_the_synthesis_cut_at_the_section_on_every_axis(sha
             np.testing.assert_allclose(got, np.take(full, index, axis=axis), atol=1e-12)
     with pytest.raises(ValueError, match="positive number of Å"):
         compute.truncated_section(cache, grid, float("nan"), 0, 0)
-
-
-def test_the_3d_view_can_show_the_truncated_map_and_go_back(make_wb):
-    wb = make_wb(spacing=0.667)
-    view = open_tab(wb)
-    r = wb.result
-    full_bytes = bytes(wb.scene.view.map_bytes)
-    view.d.value = 4.0
-    assert bytes(wb.scene.view.map_bytes) == full_bytes  # the toggle is off
-    view.in_3d.value = True
-    truncated = bytes(wb.scene.view.map_bytes)
-    assert truncated != full_bytes
-    rho = compute.truncated_map(wb._resolution_cache, r.grid, 4.0)
-    assert wb.scene.view.iso_level == pytest.approx(float(rho.mean()) + r.settings.iso_sigma * float(rho.std()))
-    view.d.value = 2.5
-    assert bytes(wb.scene.view.map_bytes) not in (full_bytes, truncated)
-    view.in_3d.value = False
-    assert bytes(wb.scene.view.map_bytes) == full_bytes
-    assert wb.scene.view.iso_level == pytest.approx(r.iso_level)

@@ -73,7 +73,10 @@ from workbench.compute.reciprocal import (
     resolution_range,
     resolution_report,
     truncated_map,
+    truncated_result,
     truncated_section,
+    truncation_note,
+    without_truncation_note,
 )
 from workbench.compute.relax import (
     RELAX_RANGES,
@@ -153,6 +156,9 @@ __all__ = [
     "resolution_range",
     "resolution_report",
     "truncated_map",
+    "truncated_result",
+    "truncation_note",
+    "without_truncation_note",
     "truncated_section",
     "RELAX_RANGES",
     "RelaxFrame",

@@ -255,3 +255,48 @@ def truncated_map(cache: ResolutionCache, grid, d: float) -> torch.Tensor:
     half, inv_d2 = cache.transform()
     c = np.where(inv_d2 <= 1.0 / (d * d) * (1 + 1e-12), half, 0.0)
     return torch.from_numpy(np.fft.irfftn(c, s=grid.shape, axes=(0, 1, 2)).astype(np.float32))
+
+
+_TRUNCATION_CLASS = "wb-truncated"
+
+
+def truncation_note(d: float) -> str:
+    """The line a view's caption starts with while it shows the map truncated at ``d`` Å (HTML)."""
+    return (
+        f"<span class='{_TRUNCATION_CLASS}'><b>map truncated at d = {d:.1f} Å</b> (Fourier synthesis of its factors "
+        f"with d ≥ {d:.1f} Å; resolution slider off: the map itself)</span><br>"
+    )
+
+
+def without_truncation_note(caption: str) -> str:
+    """``caption`` without the line :func:`truncation_note` put at its start."""
+    start = f"<span class='{_TRUNCATION_CLASS}'>"
+    if caption.startswith(start):
+        return caption[caption.index("</span><br>") + len("</span><br>") :]
+    return caption
+
+
+def truncated_result(cache: ResolutionCache, result, d: float):
+    """``result`` with its map replaced by the synthesis to ``d`` Å: the map, its mean and σ, and the section.
+
+    Parameters
+    ----------
+    cache : ResolutionCache
+        Holding ``result``'s map (:meth:`ResolutionCache.map_factors` called for it).
+    result : workbench.compute.Result
+    d : float
+        Resolution in Å.
+
+    Returns
+    -------
+    workbench.compute.Result
+        ``rho`` (grid.shape, float32, CPU) the truncated map in the map's unit (its blur divided out), ``mean``
+        and ``sigma`` of it, ``section`` cut from it at the result's section (coloured on its own range); the
+        atoms, their marks and everything else as in ``result``.
+    """
+    from workbench.compute.sections import section
+
+    rho = truncated_map(cache, result.grid, d)
+    sec = result.section
+    cut = section(rho, result.grid, sec.axis, sec.index, map_range=(float(rho.min()), float(rho.max())))
+    return dataclasses.replace(result, rho=rho, mean=float(rho.mean()), sigma=float(rho.std()), section=cut)

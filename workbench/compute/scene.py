@@ -186,7 +186,7 @@ def region_volume(
         keep = near_atoms_mask(box_grid, xyz, padding)
         low = float(box.min()) - CLIPPED
         box = box.clone()
-        box[~torch.from_numpy(keep)] = low
+        box[torch.from_numpy(~keep)] = low
         n_clipped = int((~keep).sum())
     return RegionVolume(ccp4=map_ccp4_bytes(box, box_grid), shape=tuple(box.shape), stride=stride, n_clipped=n_clipped)
 
@@ -200,10 +200,33 @@ def near_atoms_mask(box_grid: GridSpec, xyz: torch.Tensor, distance: float) -> n
     Returns
     -------
     numpy.ndarray, shape box_grid.shape, bool
+        Read-only: the last mask is kept and handed out again for the same atoms and box.
     """
+    pts = xyz.detach().to("cpu", torch.float64).numpy().reshape(-1, 3)
+    key = (
+        box_grid.shape,
+        tuple(box_grid.origin),
+        tuple(box_grid.sampling),
+        box_grid.cell.parameters,
+        float(distance),
+        pts.tobytes(),
+    )
+    if _near_mask[0] == key:
+        # the same atoms and box: another map of the same model (the resolution slider's) clips alike
+        return _near_mask[1]
+    keep = _stamp_near_atoms(box_grid, pts, distance)
+    keep.flags.writeable = False
+    _near_mask[:] = [key, keep]
+    return keep
+
+
+# The last mask made: (key, mask).
+_near_mask: list = [None, None]
+
+
+def _stamp_near_atoms(box_grid: GridSpec, pts: np.ndarray, distance: float) -> np.ndarray:
     shape = np.asarray(box_grid.shape)
     keep = np.zeros(tuple(shape), bool)
-    pts = xyz.detach().to("cpu", torch.float64).numpy().reshape(-1, 3)
     if not len(pts):
         return keep
     orth = box_grid.cell.orth.numpy()

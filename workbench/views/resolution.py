@@ -3,42 +3,36 @@
 from __future__ import annotations
 
 import html
+import math
 
 import ipywidgets as widgets
 import numpy as np
 
-from workbench.views._figure import encode_png, new_figure, png_bytes
+from workbench.views._figure import new_figure, png_bytes
 
 __all__ = ["ResolutionView"]
 
 
-_VIRIDIS = None
+#: The resolution slider's value for "off": the views show the map itself (a d_min of 0 keeps every coefficient).
+OFF = 0.0
 
 
-def section_png(section: np.ndarray, scale: int = 4) -> bytes:
-    """A 2-D section as a viridis PNG, ``scale`` pixels per voxel, first axis across, second up.
-
-    Coloured with a lookup table and encoded directly (no figure): the slider redraws it on every
-    key press.
-    """
-    global _VIRIDIS
-    if _VIRIDIS is None:
-        from matplotlib import colormaps
-
-        _VIRIDIS = (colormaps["viridis"](np.linspace(0, 1, 256))[:, :3] * 255).astype(np.uint8)
-    lo, hi = float(section.min()), float(section.max())
-    level = ((section - lo) * (255 / (hi - lo if hi > lo else 1.0))).astype(np.uint8)
-    rgb = _VIRIDIS[level.T[::-1]]  # rows: the second axis, upwards
-    return encode_png(np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1))
+def slider_options(finest: float, coarsest: float) -> list[tuple[str, float]]:
+    """The resolution slider's stops: ``coarsest`` down to ``finest`` (rounded up to 0.1 Å) by 0.1 Å, then off."""
+    top = round(coarsest, 1)
+    low = math.ceil(round(finest * 10, 6)) / 10
+    n = max(0, round((top - low) * 10))
+    stops = [round(top - 0.1 * i, 1) for i in range(n + 1)]
+    return [(f"{d:.1f} Å", d) for d in stops] + [("off", OFF)]
 
 
 class ResolutionView:
-    """Shell plots (``wb-resolution-plot``), a note (``wb-resolution-note``), the resolution slider
-    (``wb-resolution-d``), whether the 3D view shows the truncated map (``wb-resolution-3d``) and the
-    truncated synthesis's section (``wb-resolution-section``).
+    """Shell plots (``wb-resolution-plot``), a note (``wb-resolution-note``), and the resolution slider
+    (``wb-resolution-d``) with its caption (``wb-resolution-caption``).
 
-    Draws what :func:`workbench.compute.resolution_report` and :func:`workbench.compute.truncated_section`
-    return; it computes nothing.
+    The slider truncates what the main section and the 3D view show: at a stop d they draw the map's
+    Fourier synthesis to d, at ``off`` the map itself. Draws what :func:`workbench.compute.resolution_report`
+    returns; it computes nothing.
     """
 
     def __init__(self):
@@ -46,29 +40,51 @@ class ResolutionView:
         self.note.add_class("wb-resolution-note")
         self.plot = widgets.Image(format="png", layout=widgets.Layout(width="640px"))
         self.plot.add_class("wb-resolution-plot")
-        self.d = widgets.FloatSlider(
-            value=3.0,
-            min=1.3,
-            max=6.0,
-            step=0.1,
-            description="d (Å)",
+        self.d = widgets.SelectionSlider(
+            options=slider_options(1.4, 6.0),
+            value=OFF,
+            description="truncate at",
             continuous_update=True,
-            readout_format=".1f",
+            style={"description_width": "initial"},
+            layout=widgets.Layout(width="420px"),
         )
         self.d.add_class("wb-resolution-d")
-        self.in_3d = widgets.Checkbox(value=False, description="3D view shows the map truncated at d", indent=False)
-        self.in_3d.add_class("wb-resolution-3d")
-        self.section = widgets.Image(format="png", layout=widgets.Layout(width="320px"))
-        self.section.add_class("wb-resolution-section")
         self.caption = widgets.HTML()
-        self.widget = widgets.VBox([self.note, self.plot, self.d, self.in_3d, self.section, self.caption])
+        self.caption.add_class("wb-resolution-caption")
+        self.widget = widgets.VBox([self.note, self.plot, self.d, self.caption])
         self.drawn_for = None  # the map key the plots show
+        self.show_truncation(OFF)
+
+    @property
+    def d_min(self) -> float | None:
+        """The resolution the views are truncated at, in Å; None: off (the map itself)."""
+        d = float(self.d.value)
+        return None if d == OFF else d
 
     def set_range(self, finest: float, coarsest: float) -> None:
-        """The slider runs from ``finest`` (twice the grid spacing, about) to ``coarsest`` Å."""
+        """The slider runs from ``coarsest`` to ``finest`` Å (twice the grid spacing, about), then off; a stop
+        outside the new range moves to the nearest one (off stays off)."""
+        options = slider_options(finest, coarsest)
+        if [v for _, v in options] == list(self.d._options_values):
+            return
+        d = float(self.d.value)
+        stops = [v for _, v in options[:-1]]
+        keep = OFF if d == OFF else min(stops, key=lambda v: abs(v - d))
         with self.d.hold_trait_notifications():
-            self.d.min, self.d.max = round(finest + 0.05, 1), coarsest
-            self.d.value = min(max(self.d.value, self.d.min), self.d.max)
+            self.d.options = options
+            self.d.value = keep
+
+    def show_truncation(self, d: float | None) -> None:
+        """Say under the slider what the section and the 3D view show."""
+        if d is None or d == OFF:
+            text = "the section and the 3D view show the map itself (off); move the slider to see it at a resolution"
+        else:
+            text = (
+                f"<b>the section and the 3D view show the map truncated at d = {d:.1f} Å</b>: the Fourier "
+                "synthesis of its factors with d ≥ "
+                + f"{d:.1f} Å (what data to {d:.1f} Å would show); off: the map itself"
+            )
+        self.caption.value = f"<small>{text}</small>"
 
     def update(self, report, *, label: str) -> None:
         """Plot ``report`` (:class:`workbench.compute.ResolutionReport`) for the settings ``label`` names."""
@@ -113,18 +129,8 @@ class ResolutionView:
             parts.append(f"<small>{html.escape(report.note)}</small>")
         self.note.value = "<br>".join(parts)
 
-    def show_section(self, section: np.ndarray, *, d: float, units: str) -> None:
-        """Draw the truncated synthesis's section (2-D, the map's unit) at resolution ``d`` Å."""
-        self.section.value = section_png(section)
-        self.caption.value = (
-            f"<small>the current map's section from its factors with d ≥ {d:.1f} Å "
-            f"(range {float(section.min()):.2f} to {float(section.max()):.2f} {html.escape(units)})</small>"
-        )
-
     def unavailable(self, message: str) -> None:
         """Say why there is nothing to show (and clear what was shown)."""
         self.plot.value = b""
-        self.section.value = b""
-        self.caption.value = ""
         self.note.value = f"<small class='wb-stale'>{html.escape(message)}</small>"
         self.drawn_for = None
