@@ -156,6 +156,7 @@ def main(argv=None) -> dict:
     first_ms = 1e3 * (time.perf_counter() - t)
     fs = kernels.structure_factors(sym, grid, d_min, spacegroup=m.spacegroup)
 
+    load_start = os.getloadavg()
     now = cases(kernels, rho, sym, other, grid, d_min, m.spacegroup)
     before = cases(baseline, rho, sym, other, grid, d_min, m.spacegroup) if baseline else None
     results, baseline_results = {}, {}
@@ -185,7 +186,7 @@ def main(argv=None) -> dict:
         "device": torch.cuda.get_device_name() if dev.type == "cuda" else platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "load_average": os.getloadavg(),
+        "load_average": load_start,
         "torch": torch.__version__,
         "date": datetime.date.today().isoformat(),
         "first_call_ms": first_ms,
