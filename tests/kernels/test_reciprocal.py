@@ -172,7 +172,7 @@ def test_every_shell_to_2A_within_1e_3_of_gemmis_exact_factors(name, symmetric):
     """Default settings: a 0.667 Å grid, cutoff 1e-5, the sampling blur splatted and divided out, float32 on the
     CPU. 1PFE and 3O5R carry U (ANISOU); 1PFE's is P 6₃22 (hexagonal), symmetrised here."""
     f, exact = exact_and_fft(name, symmetric)
-    table = shells(f, exact, n_shells=10)
+    table = shells(f, exact, n_shells=20)
     assert int(table.count.sum()) == len(f)
     assert (table.rel_error < 1e-3).all(), table.rel_error
     assert (table.phase_error < 0.05).all(), table.phase_error  # degrees

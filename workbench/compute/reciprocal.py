@@ -193,6 +193,14 @@ def resolution_report(result, cache: ResolutionCache, comparison=None, *, n_shel
             f"exact factors not summed live ({len(result.atoms):,} atoms × {len(f):,} reflections); "
             "run a comparison to see one backend against another"
         )
+    need = kernels.sampling_blur(result.atoms, grid)
+    if blur < need - 0.05:
+        # aliasing of the sharpest atoms, not the kernel: say what removes it (U atoms by their smallest eigenvalue)
+        note = (note + "; " if note else "") + (
+            f"blur {blur:g} Å² is below this grid's sampling blur {need:.1f} Å² (kernels.sampling_blur: the sharpest "
+            "atom widened to B = 8π²h²/1.1, U by its smallest eigenvalue): the map's factors alias, most towards "
+            f"d_min; set blur ≥ {need:.1f} Å² (divided out again) to see the kernel's own error"
+        )
     fsc = None
     if comparison is not None:
         g = comparison.grid if hasattr(comparison, "grid") else grid
