@@ -416,9 +416,9 @@ def _sums_cpu(g: np.ndarray, r, plan: _ShellPlan, n_shells: int, ordered: bool) 
 def _sums_device(g: torch.Tensor, r, plan: _ShellPlan) -> torch.Tensor:
     """(K, n_shells) float64 sums of values already in shell order, on their device: a running sum per row,
     differenced at the shells' bounds (no atomics on a few hot addresses, nothing read back)."""
-    stacked = torch.stack(_rows(g, r, False))
-    running = torch.cat((stacked.new_zeros(stacked.shape[0], 1), torch.cumsum(stacked, dim=1)), dim=1)
-    at = running.index_select(1, plan.bounds)
+    running = torch.cumsum(torch.stack(_rows(g, r, False)), dim=1)
+    # the running sum before each bound: at bound b > 0 the value at b − 1, at b = 0 nothing
+    at = running.index_select(1, (plan.bounds - 1).clamp_min(0)) * (plan.bounds > 0)
     return at[:, 1:] - at[:, :-1]
 
 
