@@ -311,11 +311,12 @@ class _ShellPlan:
     edges: torch.Tensor
     bounds: torch.Tensor | None = None
     blocks: tuple = ()
+    which: np.ndarray | None = None  # each reflection's shell, in the set's order (CPU)
 
 
-# Reflections per block on the CPU: a block's dozen float64 temporaries (256 kB each) stay in cache, and a
-# torch op on a block (at most torch's grain size, 32768) runs on the calling thread.
-_BLOCK = 1 << 15
+# Reflections per block on the CPU: a block's dozen float64 temporaries (128 kB each) stay in cache, and a
+# torch op on a block (below torch's grain size, 32768 elements) runs on the calling thread.
+_BLOCK = 1 << 14
 
 
 def _plan(f, n_shells: int, binning: str) -> _ShellPlan:
@@ -353,7 +354,7 @@ def _make_plan(inv_d2: torch.Tensor, n_shells: int, binning: str) -> _ShellPlan:
             starts = np.concatenate(([0], np.flatnonzero(part[1:] != part[:-1]) + 1))
             blocks.append((lo, lo + len(part), starts, part[starts]))
         count = np.bincount(which, minlength=n_shells)
-        return _ShellPlan(order, _tensor(count, device), _tensor(edges, device), blocks=tuple(blocks))
+        return _ShellPlan(order, _tensor(count, device), _tensor(edges, device), blocks=tuple(blocks), which=which)
     order = torch.sort(which, stable=True).indices
     count = xp.counts(which, n_shells)
     bounds = torch.cat((count.new_zeros(1), torch.cumsum(count, 0)))
@@ -404,6 +405,10 @@ _ROWS = ("aa", "bb", "a", "b", "ab", "diff2", "amp2", "amp1", "bphase", "cross")
 def _sums_cpu(g: np.ndarray, r, plan: _ShellPlan, n_shells: int, ordered: bool) -> np.ndarray:
     """(K, n_shells) float64 sums, block by block of the set in shell order (numpy, this thread); ``ordered``:
     ``g`` and ``r`` are in shell order already."""
+    if r is None and not ordered:
+        # one value per reflection: a weighted count in the set's own order costs less than its gather
+        (aa,) = _rows(g, None, True)
+        return np.bincount(plan.which, aa, minlength=n_shells)[None]
     out = np.zeros((1 if r is None else len(_ROWS), n_shells))
     for lo, hi, starts, shells_of_runs in plan.blocks:
         idx = slice(lo, hi) if ordered else plan.order[lo:hi]
