@@ -123,10 +123,6 @@ class _NumpyOps:
     sqrt, abs, arctan2, cumsum, arange = np.sqrt, np.abs, np.arctan2, np.cumsum, np.arange
 
     @staticmethod
-    def sums(which, weights, n):
-        return np.bincount(which, weights, minlength=n)
-
-    @staticmethod
     def counts(which, n):
         return np.bincount(which, minlength=n)
 
@@ -158,11 +154,8 @@ class _TorchOps:
     def arange(self, n):
         return torch.arange(n, device=self.device)
 
-    def sums(self, which, weights, n):
-        # scatter_add_ rather than bincount: bincount checks its indices' range (a host sync on a GPU)
-        return torch.zeros(n, dtype=weights.dtype, device=self.device).scatter_add_(0, which, weights)
-
     def counts(self, which, n):
+        # scatter_add_ rather than bincount: bincount checks its indices' range (a host sync on a GPU)
         return torch.zeros(n, dtype=torch.int64, device=self.device).scatter_add_(0, which, torch.ones_like(which))
 
     @staticmethod

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.browser.conftest import open_workbench
-from tests.browser.pages import SCREENSHOTS, WorkbenchUI, image_stats, percentiles, screenshot
+from tests.browser.pages import SCREENSHOTS, WorkbenchUI, image_stats, images_differ, percentiles, screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -378,3 +378,36 @@ def test_export_button_downloads_a_ccp4_map_to_the_browser(app, tmp_path):
         assert sorted(map_grid.shape) == sorted(int(g) for g in grid.groups()), (map_grid.shape, grid.group(0))
     assert float(rho.max()) > 0.5
     assert "downloading workbench_map.ccp4" in ui.status()[0]
+
+
+def test_resolution_slider_truncates_the_section_and_3d_view_and_off_restores_them(app):
+    """The Resolution tab's slider, by keyboard: from off (its right end) to the finest stop and coarser, the
+    section and the 3D view show the map truncated at d and say so; back at off, the map itself again."""
+    op, ui = app
+    _to_top(ui)
+    ui.open_tab("resolution")
+    ui.wait_ready()
+    ui.page.locator(".wb-resolution-d").scroll_into_view_if_needed()
+    ui.wait_canvas_drawn()
+    full_slice, full_canvas = ui.slice_png(), ui.canvas_png()
+    assert "truncated" not in ui.caption_slice() + ui.caption_3d()
+    ui.watch_slice()
+    latencies = [ui.move_slider(".wb-resolution-d", "ArrowLeft") for _ in range(6)]  # off, then 5 stops coarser
+    ui.wait_canvas_drawn()
+    shown = re.search(r"map truncated at d = ([\d.]+) Å", ui.caption_slice())
+    assert shown is not None, ui.caption_slice()
+    d = float(shown.group(1))
+    assert 2.0 <= d <= 6.0 and f"map truncated at d = {d:.1f} Å" in ui.caption_3d(), ui.caption_3d()
+    assert f"truncated at d = {d:.1f} Å" in ui.page.locator(".wb-resolution-caption").inner_text()
+    _section_makes_sense(ui, f"truncated at {d} Å")
+    assert images_differ(ui.slice_png(), full_slice) > 0.01 and images_differ(ui.canvas_png(), full_canvas) > 0.001
+    screenshot(ui.page.locator(".wb-slice"), "views_resolution_truncated_slice")
+    screenshot(ui.page.locator(".wb-view3d"), "views_resolution_truncated_3d")
+    for _ in range(6):
+        ui.move_slider(".wb-resolution-d", "ArrowRight")
+    ui.wait_canvas_drawn()
+    assert "truncated" not in ui.caption_slice() + ui.caption_3d()
+    assert images_differ(ui.slice_png(), full_slice) < 0.01
+    RESULTS["resolution_slider_key_press_ms"] = percentiles(latencies)
+    assert max(latencies) < SHOWN_WITHIN_MS, latencies
+    ui.open_tab(TABS[0])
