@@ -278,3 +278,45 @@ def test_every_value_on_screen_is_the_relax_frames(make_wb):
     assert seen == list(range(8))
     assert wb.scene.pick.text() != start_label and wb.result is not before
     assert html.escape(wb.scene.pick.text()) in wb.scene.picked.value  # the line under the view says the same
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_loops_adam_gives_torch_optim_adams_bits(dtype):
+    g = torch.Generator().manual_seed(7)
+    start = torch.randn(37, 3, generator=g, dtype=dtype)
+    grads = [torch.randn(37, 3, generator=g, dtype=dtype) * 10.0**k for k in (-3, 0, 2, -1, 1, 0)]
+    ours, theirs = start.clone(), start.clone().requires_grad_(True)
+    adam, reference = compute.relax.AdamUpdate(ours, lr=0.05), torch.optim.Adam([theirs], lr=0.05)
+    for grad in grads:
+        adam.step(grad)
+        theirs.grad = grad.clone()
+        reference.step()
+        torch.testing.assert_close(ours, theirs.detach(), rtol=0, atol=0)
+
+
+def test_a_first_relax_step_imports_no_compiler():
+    """The first run's first frame waits for nothing but its own step: torch.optim's first Adam imports
+    torch._dynamo (seconds on a busy 2-core machine); the loop's update does not."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from workbench import compute\n"
+        "from workbench.state import WorkbenchState\n"
+        "s = WorkbenchState(structure='1orc', spacing=1.5, distort_amplitude=0.3).snapshot()\n"
+        "r = compute.Pipeline().run(s)\n"
+        "p = compute.relax_problem(r.atoms, r.grid, r.target, compute.find_planes(r.model), s)\n"
+        "relaxation = compute.Relaxation(p)\n"
+        "frames = [relaxation.step() for _ in range(2)]\n"
+        "assert frames[1].fit < frames[0].fit, [f.fit for f in frames]\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n"
+    )
+    import os
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

@@ -37,6 +37,7 @@ from workbench.compute.sections import atoms_near_section, section
 from workbench.state import Settings, density_units, op_backend
 
 __all__ = [
+    "AdamUpdate",
     "RELAX_RANGES",
     "RelaxFrame",
     "RelaxProblem",
@@ -159,6 +160,40 @@ def relax_problem(
     )
 
 
+class AdamUpdate:
+    """Adam on one tensor, in place: the update of :class:`torch.optim.Adam` with its defaults
+    (β = 0.9, 0.999, ε = 1e-8, no weight decay, no AMSGrad) and its CPU order of operations, so both
+    give the same bits (tests/workbench/test_relax.py compares them), without torch.optim's import
+    of torch._dynamo.
+
+    Parameters
+    ----------
+    param : torch.Tensor
+        The leaf tensor moved (any shape, float32 or float64).
+    lr : float
+        Step size.
+    """
+
+    def __init__(self, param: torch.Tensor, *, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.param, self.lr, self.betas, self.eps = param, float(lr), betas, float(eps)
+        self.exp_avg = torch.zeros_like(param, memory_format=torch.preserve_format).detach()
+        self.exp_avg_sq = torch.zeros_like(param, memory_format=torch.preserve_format).detach()
+        # torch.optim.Adam counts steps in a float32 tensor and reads it back as a Python float
+        self.n = torch.tensor(0.0, dtype=torch.float32)
+
+    @torch.no_grad()
+    def step(self, grad: torch.Tensor) -> None:
+        """Move ``param`` by one Adam step along ``grad`` (its shape)."""
+        beta1, beta2 = self.betas
+        self.n += 1
+        n = self.n.item()
+        self.exp_avg.lerp_(grad, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        step_size = self.lr / (1 - beta1**n)
+        denom = (self.exp_avg_sq.sqrt() / (1 - beta2**n) ** 0.5).add_(self.eps)
+        self.param.addcdiv_(self.exp_avg, denom, value=-step_size)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class RelaxFrame:
     """The loop's state at the start of one step: positions, their map, both gradients, the losses.
@@ -224,15 +259,20 @@ class Relaxation:
         self.problem = problem
         self.lr, self.lam = float(lr), float(lam)
         self.x = problem.atoms.xyz.detach().clone().requires_grad_(True)
-        self.optimizer = torch.optim.Adam([self.x], lr=self.lr)
         # On a GPU with the Triton backends the whole step is one replayed CUDA graph (kernels.fitting.Step),
-        # which returns each term and its gradient; elsewhere the terms are evaluated and timed one by one.
+        # which returns each term and its gradient; elsewhere the terms are evaluated and timed one by one,
+        # and Adam is AdamUpdate: torch.optim.Adam's first construction imports torch._dynamo (3-7 s of
+        # one core on a 2-core machine), which would hold the first frame of the first run.
         self._step = None
+        self.optimizer = None
         if problem.device.type == "cuda" and (problem.density_backend, problem.planarity_backend) == (
             "triton",
             "triton",
         ):
+            self.optimizer = torch.optim.Adam([self.x], lr=self.lr)
             self._step = self._replayed_step()
+        else:
+            self._adam = AdamUpdate(self.x, lr=self.lr)
         self.n_steps = 0
 
     @property
@@ -290,8 +330,7 @@ class Relaxation:
         _sync(p.device)
         t2 = time.perf_counter()
         xyz = x.detach().double().cpu()  # the positions this frame describes, before the update
-        x.grad = g_fit + self.lam * g_nll
-        self.optimizer.step()
+        self._adam.step(g_fit + self.lam * g_nll)
         _sync(p.device)
         t3 = time.perf_counter()
         return xyz, rho, fit, nll, g_fit, g_nll, (t0, t1, t2, t3)
