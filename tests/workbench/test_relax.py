@@ -124,6 +124,25 @@ def test_a_stop_set_during_a_step_ends_the_run_after_that_step():
     assert seen == [0, 1, 2, 3, 4]
 
 
+def test_a_stop_set_during_a_step_ends_the_run_at_the_frame_before():
+    """The loop receives the stop during step 3: the run ends at frame 2, the one on screen, and
+    frame 3 (its positions were never shown) is not handed on."""
+    _, problem = _problem()
+    relaxation = compute.Relaxation(problem)
+    stop = threading.Event()
+    step, seen = relaxation.step, []
+
+    def step_then_stop():
+        frame = step()
+        if frame.step == 3:
+            stop.set()
+        return frame
+
+    relaxation.step = step_then_stop
+    assert compute.run_relaxation(relaxation, 100, stop=stop, emit=lambda f: seen.append(f.step)) == 3
+    assert seen == [0, 1, 2] and relaxation.n_steps == 4
+
+
 def _shown_step(wb) -> int:
     """The step the progress line names ("step k/N"), 0 before any."""
     import re
@@ -190,6 +209,7 @@ def test_relax_moves_the_atoms_the_views_show(make_wb):
     wb = make_wb(distort_amplitude=0.3, gradient_kind="density")
     before = wb.result
     section_png, n_sections = wb.slice.image.value, wb.slice.n_updates
+    text_before, map_before = wb.scene.view.model_text, wb.scene.view.map_bytes
     wb.start_relax(steps=15, lr=0.05, lam=0.1)  # synchronous workbench: runs to the end here
     after = wb.result
     assert wb.relax_frame is not None and wb.relax_frame.step == 14
@@ -199,12 +219,19 @@ def test_relax_moves_the_atoms_the_views_show(make_wb):
     assert not (after.gradient.grad == before.gradient.grad).all()
     assert "relax step 15" in wb.timing.current.value and "splat forward+backward" in wb.timing.current.value
     assert "relax finished after 15 steps" in wb.relax.progress.value
-    assert wb.scene.view.model_text != ""  # the sticks were sent again with the new positions
+    # the sticks' text is the start's; the positions shown are the frame's, sent alone (float32 by index)
+    assert wb.scene.view.model_text == text_before
+    shown = np.frombuffer(wb.scene.view.model_xyz, np.float32).reshape(-1, 3)
+    np.testing.assert_array_equal(shown, wb.relax_frame.xyz.float().numpy())
+    assert f"{wb.relax_frame.xyz[0, 0].item():8.3f}" in wb.to_py3dmol().startjs  # a static export draws them too
     assert wb.slice.n_updates == n_sections + 15 and wb.slice.image.value != section_png  # the section follows
-    # a changed setting goes back to the settings' own result
+    # the map box is the frame's map, cut in the start's box
+    assert len(wb.scene.view.map_bytes) == len(map_before) and wb.scene.view.map_bytes != map_before
+    # a changed setting goes back to the settings' own result: the start's positions again
     wb.state.iso_sigma = 2.0
     assert wb.relax_frame is None
     torch.testing.assert_close(wb.result.atoms.xyz, before.atoms.xyz)
+    assert wb.scene.view.model_text == text_before and wb.scene.view.model_xyz == b""
 
 
 def test_relax_before_anything_is_computed_says_so():

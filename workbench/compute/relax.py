@@ -386,18 +386,22 @@ class Relaxation:
 def run_relaxation(
     relaxation: Relaxation, n_steps: int, *, stop: threading.Event, emit: Callable[[RelaxFrame], None]
 ) -> int:
-    """Run up to ``n_steps`` steps, handing each frame to ``emit``; return the steps run.
+    """Run up to ``n_steps`` steps, handing each frame to ``emit``; return the frames handed on.
 
-    ``stop`` is read between steps (before each one), so a stop set during a step, or while
-    ``emit`` handles its frame, ends the run when that step is done: it takes effect within one
-    step, and no step starts after it. ``emit`` may block: the workbench's returns once the views
-    show the frame, so the loop is never more than one step ahead of what a person sees.
+    ``stop`` is read before each step and after it: a stop set while ``emit`` handles a frame ends
+    the run at that frame, and one set during a step ends it at the frame before, the step's own
+    frame not handed on. So the run ends at the frame the views show when the loop receives the stop
+    (drawn already: nothing new to draw), at most one step later, and no step starts after it.
+    ``emit`` may block: the workbench's returns once the views show the frame, so the loop is never
+    more than one step ahead of what a person sees.
     """
     done = 0
     for _ in range(int(n_steps)):
         if stop.is_set():
             break
         frame = relaxation.step()
+        if stop.is_set():
+            break
         done += 1
         if not math.isfinite(frame.loss):
             raise WorkbenchError(f"the fit diverged at step {frame.step} (loss {frame.loss}): lower the step size")

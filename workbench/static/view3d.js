@@ -193,11 +193,36 @@ async function render({ model, el }) {
     box.dataset.focus = JSON.stringify(sel || {});
   }
 
+  // The sticks' atoms by index (PDB serial - 1), to move them when only positions change.
+  let atomsByIndex = [];
+
+  // New positions of the same atoms (model_xyz, float32 x y z by index): moved in place and the
+  // model's geometry rebuilt at the next render, without parsing and styling the PDB text again.
+  function moveAtoms() {
+    const raw = bytesOf(model.get("model_xyz"));
+    const m = viewer.getModel();
+    if (!raw || !m) return;
+    const xyz = new Float32Array(raw.slice().buffer);
+    for (let i = 0; i < atomsByIndex.length && 3 * i + 2 < xyz.length; i++) {
+      const atom = atomsByIndex[i];
+      if (!atom) continue;
+      atom.x = xyz[3 * i];
+      atom.y = xyz[3 * i + 1];
+      atom.z = xyz[3 * i + 2];
+    }
+    m.setInternalState(m.getInternalState()); // drops the built geometry: redrawn from the atoms
+  }
+
   function drawModel() {
     viewer.removeAllModels();
+    atomsByIndex = [];
     const text = model.get("model_text");
     if (text) {
-      viewer.addModel(text, model.get("model_format"));
+      const m = viewer.addModel(text, model.get("model_format"));
+      for (const atom of m.selectedAtoms({})) {
+        if (Number.isInteger(atom.serial) && atom.serial > 0) atomsByIndex[atom.serial - 1] = atom;
+      }
+      moveAtoms();
       styleModel();
       // A click on an atom picks it (region and profile endpoint, chosen in Python):
       // the PDB serial is the atom's index + 1 (model_pdb writes them so).
@@ -269,8 +294,9 @@ async function render({ model, el }) {
         what.add("iso");
         what.add("arrows");
         what.add("ellipsoids");
-      } else if (what.has("zoom")) {
-        styleModel();
+      } else {
+        if (what.has("coords")) moveAtoms();
+        if (what.has("zoom")) styleModel();
       }
       if (what.has("iso")) drawIsosurface();
       if (what.has("arrows")) drawArrows();
@@ -305,6 +331,7 @@ async function render({ model, el }) {
   observer.observe(box);
   const handlers = [
     ["change:model_text", mark("model")],
+    ["change:model_xyz", mark("coords")],
     ["change:map_bytes", (...a) => mark("iso", model.get("iso_delay_ms") ?? ISO_QUIET)(...a)],
     ["change:iso_level", (...a) => mark("iso", model.get("iso_delay_ms") ?? ISO_QUIET)(...a)],
     ["change:iso_style", mark("iso")],
