@@ -118,6 +118,16 @@ def test_relax_moves_the_atoms_and_stop_stops_at_the_step_on_screen(app):
     later = ui.canvas_png()
     assert images_differ(stopped, later) == 0.0, "the atoms moved after stop"
     assert _progress(ui) == text
+    # R and correlation against the true model's factors, a point for each frame drawn
+    plot = page.locator(".wb-relax-plot svg")
+    assert plot.is_visible(), "no R-factor plot in the relax panel"
+    for css in ("wb-relax-r", "wb-relax-cc"):
+        line = plot.locator(f"polyline.{css}")
+        assert int(line.get_attribute("data-points")) == done, (css, done)
+        assert len(line.get_attribute("points").split()) == done
+    box = plot.bounding_box()
+    assert box["width"] >= 250 and box["height"] >= 100, box
+    assert re.search(r"R 0\.\d{3}\s+CC 0\.\d{3} at step " + str(done), plot.text_content()), plot.text_content()
     assert page.locator("button.wb-relax-start").is_enabled() and not page.locator("button.wb-relax-stop").is_enabled()
     # the timing tab is for the step shown
     ui.open_tab("timing")

@@ -347,3 +347,44 @@ def test_a_first_relax_step_imports_no_compiler():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_relax_view_plots_r_and_correlation_against_the_true_models_factors(make_wb):
+    """Each frame drawn adds its R-factor and correlation of |F| (to 2 Å, or the finest the grid holds)
+    against the factors of ρ_target, the undistorted model's map; fitting the map brings R down and the
+    correlation up."""
+    import kernels
+    from kernels.reciprocal import finest_d_min
+
+    wb = make_wb(distort_amplitude=0.3)
+    wb.start_relax(steps=8, lr=0.05, lam=0.0)
+    points = wb.relax.agreement
+    assert [p[0] for p in points] == list(range(8))
+    r, frame = wb.result, wb.relax_frame
+    # the last point, by hand from kernels' factors: R = Σ||F| − |F_true|| / Σ|F_true|, Pearson CC of |F|
+    d = max(2.0, finest_d_min(r.grid))
+    true = kernels.structure_factors(r.target.to(frame.rho.dtype), r.grid, d, blur=r.settings.blur).amplitudes
+    f = kernels.structure_factors(frame.rho, r.grid, d, blur=r.settings.blur).amplitudes
+    rf = float((f - true).abs().sum() / true.sum())
+    cc = float(torch.corrcoef(torch.stack([f.double(), true.double()]))[0, 1])
+    assert points[-1][1] == pytest.approx(rf, rel=1e-4) and points[-1][2] == pytest.approx(cc, abs=1e-5)
+    assert points[-1][1] < 0.8 * points[0][1] and points[-1][2] > points[0][2]
+    assert 0.05 < points[0][1] < 1.0 and 0.5 < points[0][2] < 1.0  # the distorted start: far from both ends
+    # the plot: one polyline each, a point per frame, and what it compares with
+    svg = wb.relax.plot.value
+    assert svg.count('data-points="8"') == 2 and 'class="wb-relax-r"' in svg and 'class="wb-relax-cc"' in svg
+    assert "the undistorted model" in svg and f"to {d:.3g} Å" in svg
+    # a new run starts a new plot
+    wb.start_relax(steps=3)
+    assert [p[0] for p in wb.relax.agreement] == [0, 1, 2] and 'data-points="3"' in wb.relax.plot.value
+
+
+def test_the_true_models_factors_agree_with_themselves():
+    r, problem = _problem()
+    reference = compute.factor_reference(problem.target, problem.grid, blur=problem.blur)
+    rf, cc = compute.factor_agreement(problem.target, problem.grid, reference)
+    assert rf == 0.0 and cc == pytest.approx(1.0, abs=1e-12)
+    # a coarse grid that cannot hold 2 Å: the finest it holds
+    from kernels.reciprocal import finest_d_min
+
+    assert reference.d_min == max(compute.AGREEMENT_D_MIN, finest_d_min(problem.grid))

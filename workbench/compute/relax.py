@@ -37,11 +37,15 @@ from workbench.compute.sections import atoms_near_section, section
 from workbench.state import Settings, density_units, op_backend
 
 __all__ = [
+    "AGREEMENT_D_MIN",
     "AdamUpdate",
+    "FactorReference",
     "RELAX_RANGES",
     "RelaxFrame",
     "RelaxProblem",
     "Relaxation",
+    "factor_agreement",
+    "factor_reference",
     "frame_result",
     "relax_problem",
     "rmsd",
@@ -56,6 +60,49 @@ RELAX_RANGES: dict[str, tuple[float, float, float]] = {
     # density alone points at the answer (notebook 07 compares λ 0, 0.01 and 0.1: 0 fits best).
     "lam": (0.0, 100.0, 0.0),
 }
+
+
+#: Resolution limit (Å) of the relax view's R-factor and correlation (or the finest the grid holds,
+#: if coarser): a refinement's usual limit, where the factors still say where the atoms are.
+AGREEMENT_D_MIN = 2.0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FactorReference:
+    """The factors a relax run's frames are compared with: those of ρ_target (the undistorted model's
+    map, or a loaded map), to ``d_min``, in P 1 (the map of the model's own atoms).
+
+    Attributes
+    ----------
+    factors : kernels.StructureFactors
+        M reflections, on the compute device.
+    d_min : float
+        Å.
+    blur : float
+        Å², removed from both sets (the splat's blur).
+    """
+
+    factors: object
+    d_min: float
+    blur: float
+
+
+def factor_reference(target: torch.Tensor, grid: GridSpec, *, blur: float = 0.0) -> FactorReference:
+    """The structure factors of ``target`` (grid.shape, any device) to :data:`AGREEMENT_D_MIN` or the
+    finest ``grid`` holds, made once per run (:func:`kernels.structure_factors`)."""
+    from kernels.reciprocal import finest_d_min
+
+    d_min = max(AGREEMENT_D_MIN, finest_d_min(grid))
+    return FactorReference(kernels.structure_factors(target.detach(), grid, d_min, blur=blur), d_min, float(blur))
+
+
+def factor_agreement(rho: torch.Tensor, grid: GridSpec, reference: FactorReference) -> tuple[float, float]:
+    """R-factor Σ||F| − |F_ref|| / Σ|F_ref| (no scale) and the correlation of |F| with |F_ref| over
+    every reflection of ``reference``, for the map ``rho`` (grid.shape, on the reference's device):
+    one FFT and one shell of :func:`kernels.shells`."""
+    f = kernels.structure_factors(rho.detach(), grid, reference.d_min, blur=reference.blur)
+    table = kernels.shells(f, reference.factors, n_shells=1)
+    return float(table.r_factor[0]), float(table.correlation[0])
 
 
 def rmsd(xyz: torch.Tensor, reference: torch.Tensor) -> float:
