@@ -158,7 +158,20 @@ async function render({ model, el }) {
   // line (a label draws one line), stacked by a screen offset, and extending towards the
   // middle of the canvas so that it is not cut at the edge.
   function drawLabel() {
-    for (const l of labels) viewer.removeLabel(l);
+    // 3Dmol's removeLabel and addLabel each render the whole scene (and rebuild moved atoms'
+    // sticks): seconds a frame in a software-WebGL page for a label of four lines. The labels are
+    // taken out and added without it; finish() renders once for all.
+    const all = viewer.labels;
+    for (const l of labels) {
+      if (Array.isArray(all) && viewer.modelGroup && l.sprite) {
+        const i = all.indexOf(l);
+        if (i >= 0) all.splice(i, 1);
+        l.dispose();
+        viewer.modelGroup.remove(l.sprite);
+      } else {
+        viewer.removeLabel(l);
+      }
+    }
     labels = [];
     const lines = model.get("label_lines") || [];
     const xyz = model.get("label_xyz") || [];
@@ -178,7 +191,7 @@ async function render({ model, el }) {
             backgroundOpacity: 0.9,
             alignment: right ? "topRight" : "topLeft",
             screenOffset: $3Dmol.Vector2 ? new $3Dmol.Vector2(right ? -6 : 6, -6 - 17 * i) : { x: right ? -6 : 6, y: -6 - 17 * i },
-          }),
+          }, undefined, true),
         );
       });
     }
@@ -286,6 +299,7 @@ async function render({ model, el }) {
   let timerDue = 0;
   function redraw() {
     timer = null;
+    const t0 = performance.now();
     const what = new Set(dirty);
     dirty.clear();
     try {
@@ -303,6 +317,7 @@ async function render({ model, el }) {
       if (what.has("ellipsoids")) drawEllipsoids();
       if (what.has("label") || what.has("model")) drawLabel();
       finish();
+      el.dataset.drawMs = (performance.now() - t0).toFixed(1); // page tests and benchmarks: this update's cost
     } catch (err) {
       report(`3D view: ${err.message || err}`);
     }
