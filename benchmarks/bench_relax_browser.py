@@ -22,7 +22,7 @@ The targets (issue 46): first frame ≤ 1 s at any step count; the stopped state
 click, at most one step past the step on screen. The load average is recorded before and after
 (the VM is shared). One command, about 2 minutes on a 2-core VM::
 
-    python benchmarks/bench_relax_browser.py            # JSON to benchmarks/results/workbench_relax_browser_<date>.json
+    python benchmarks/bench_relax_browser.py            # JSON to benchmarks/results/workbench_relax_browser_<host>_<date>.json
 
 Needs Chromium, playwright and 3Dmol.js (scripts/ci-setup.sh; ``CHROMIUM``, ``WORKBENCH_3DMOL_JS``).
 """
@@ -154,7 +154,10 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", default="50,10000", help="step counts, comma-separated (default 50,10000)")
     parser.add_argument("--stop-at", type=int, default=5, help="press stop once this step is on screen (default 5)")
     parser.add_argument("--threads", type=int, default=2, help="the kernel's CPU threads (default 2)")
-    parser.add_argument("--out", help="JSON path (default benchmarks/results/workbench_relax_browser_<date>.json)")
+    parser.add_argument("--host", default="devvm", help="machine name for the JSON's file name (default devvm)")
+    parser.add_argument(
+        "--out", help="JSON path (default benchmarks/results/workbench_relax_browser_<host>_<date>.json)"
+    )
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ["TORCH_NUM_THREADS"] = str(args.threads)
@@ -240,7 +243,7 @@ def main(argv=None) -> int:
     out = (
         Path(args.out)
         if args.out
-        else ROOT / "benchmarks" / "results" / f"workbench_relax_browser_{record['date']}.json"
+        else ROOT / "benchmarks" / "results" / f"workbench_relax_browser_{args.host}_{record['date']}.json"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
