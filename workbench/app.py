@@ -200,6 +200,7 @@ class Workbench(widgets.VBox):
         self.relax_frame = None  # the RelaxFrame the views show (None: they show the settings' result)
         self._relax_stop: threading.Event | None = None
         self._relax_runs = 0
+        self._relax_reference = None  # (run, FactorReference) of the relax view's R and correlation
         self._frames = LatestOnly(self._show_frame, threaded=self.scheduler.threaded)
         self.result: Result | None = None
         self.difference_result = None
@@ -451,7 +452,7 @@ class Workbench(widgets.VBox):
             nonlocal first, last
             first = first or frame
             last = frame
-            self._frames.put((r, steps, run, dropped_before, frame))
+            self._frames.put((r, steps, run, dropped_before, frame, stop))
             self._frames.wait_idle(timeout=_RENDER_WAIT + 30.0)
 
         try:
@@ -489,22 +490,33 @@ class Workbench(widgets.VBox):
         """Draw one relax frame: atoms and arrows in 3D, the section, the step's timings."""
         # every frame of a run is drawn or dropped before the job ends (wait_idle), so before the
         # recompute of a changed setting, which runs on the same worker after it: none covers a newer result
-        r, steps, run, dropped_before, frame = item
+        r, steps, run, dropped_before, frame, stop = item
         s = r.settings
         shown = compute.frame_result(r, frame, key=(run, frame.step))
-        self._draw_section(s, shown.section, shown.near, shown.mean, shown.sigma, r.model)
         view = self.scene.view
         before = view.n_rendered
         # nothing newer comes until this frame is drawn (the loop waits for it): no quiet period
         view.iso_delay_ms = 0
-        # step 0 describes the run's start, the positions and map on screen already: their keys are
-        # the start's, so the sticks and the map box are not sent (and drawn) again
+        # The 3D scene goes first, in one message with the picked atom's label: the browser draws it
+        # (its longest part) while this thread makes the section and the rest. Step 0 describes the
+        # run's start, the positions and map on screen already: their keys are the start's, so the
+        # sticks and the map box are not sent (and drawn) again. Later steps move the sticks shown
+        # (positions only) and cut their map in the box of the settings' positions (the model and
+        # distortion the run started from): the atoms move by much less than its padding
         model_key, map_key = _scene_keys(r) if frame.step == 0 else _scene_keys(shown)
-        redrawn = self.scene.update(shown, model_key=model_key, map_key=map_key)
-        # every value on screen is the frame's: the picked atom's label, the atom table, the profile
-        label = (list(view.label_lines), list(view.label_xyz))
-        self._show_pick(shown)
-        redrawn = redrawn or label != (list(view.label_lines), list(view.label_xyz))
+        with view.hold_sync():
+            redrawn = self.scene.update(
+                shown,
+                model_key=model_key,
+                map_key=map_key,
+                move_atoms=True,
+                geometry_key=(r.atoms_key[0], r.atoms_key[2]),
+            )
+            # every value on screen is the frame's: the picked atom's label, the atom table, the profile
+            label = (list(view.label_lines), list(view.label_xyz))
+            self._show_pick(shown)
+            redrawn = redrawn or label != (list(view.label_lines), list(view.label_xyz))
+        self._draw_section(s, shown.section, shown.near, shown.mean, shown.sigma, r.model)
         self._show_tricubic(shown)
         self.timing.update_step(
             frame.timings, step=frame.step, backend=frame.density_gradient.backend, device=s.device,
@@ -513,15 +525,34 @@ class Workbench(widgets.VBox):
         self.relax.show(frame, steps, self._frames.n_dropped - dropped_before)
         self.relax_frame = frame
         self.result = shown  # export and pick see the positions shown
+        # while the browser draws the frame: its factors against ρ_target's (one FFT, each frame drawn)
+        self._show_agreement(r, run, frame)
         if before > 0 and redrawn:
-            # a browser draws this view: one update in flight, so wait until it has drawn this one
+            # a browser draws this view: one update in flight, so wait until it has drawn this one.
+            # A stop ends the wait: the run ends at this frame, which the page draws without a newer one
             drawn_at = time.monotonic()
             deadline = drawn_at + _RENDER_WAIT
-            while view.n_rendered == before and time.monotonic() < deadline:
-                time.sleep(0.01)
+            while view.n_rendered == before and time.monotonic() < deadline and not stop.wait(0.005):
+                pass
             # then leave the page a moment without a new frame: a page that draws back to back
             # handles a click (stop) only after the frames queued before it
-            time.sleep(min(_FRAME_GAP, 0.5 * (time.monotonic() - drawn_at)))
+            stop.wait(min(_FRAME_GAP, 0.5 * (time.monotonic() - drawn_at)))
+
+    def _show_agreement(self, r: Result, run: int, frame) -> None:
+        """Plot ``frame``'s R-factor and correlation against ρ_target's structure factors (made once a run)."""
+        try:
+            if self._relax_reference is None or self._relax_reference[0] != run:
+                target = r.target.to(frame.rho.device, frame.rho.dtype)
+                self._relax_reference = (run, compute.factor_reference(target, r.grid, blur=r.settings.blur))
+            reference = self._relax_reference[1]
+            rf, cc = compute.factor_agreement(frame.rho, r.grid, reference)
+        except (WorkbenchError, kernels.GridError, ValueError) as exc:
+            self.relax.plot.value = f"<small>no R-factor plot: {html.escape(str(exc))}</small>"
+            return
+        what = "a loaded map" if r.settings.target_map else "the undistorted model"
+        self.relax.show_agreement(
+            frame.step, rf, cc, f"|F| to {reference.d_min:.3g} Å against ρ_target's factors ({what}), each frame drawn"
+        )
 
     def _control_error(self, message: str) -> None:
         self.status.set("error", message)
@@ -633,7 +664,7 @@ class Workbench(widgets.VBox):
             self._scene_time = now
             self.scene.view.iso_delay_ms = _ISO_QUIET_MS
             model_key, map_key = _scene_keys(r)
-            self.scene.update(r, model_key=model_key, map_key=map_key)
+            self.scene.update(r, model_key=model_key, map_key=map_key, geometry_key=model_key)
         self._show_pick(r)
         self.timing.update(r.timings, backend=r.backend, device=s.device, grid_shape=r.grid.shape, n_atoms=len(r.model))
         self.show_resolution()

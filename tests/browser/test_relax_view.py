@@ -118,6 +118,16 @@ def test_relax_moves_the_atoms_and_stop_stops_at_the_step_on_screen(app):
     later = ui.canvas_png()
     assert images_differ(stopped, later) == 0.0, "the atoms moved after stop"
     assert _progress(ui) == text
+    # R and correlation against the true model's factors, a point for each frame drawn
+    plot = page.locator(".wb-relax-plot svg")
+    assert plot.is_visible(), "no R-factor plot in the relax panel"
+    for css in ("wb-relax-r", "wb-relax-cc"):
+        line = plot.locator(f"polyline.{css}")
+        assert int(line.get_attribute("data-points")) == done, (css, done)
+        assert len(line.get_attribute("points").split()) == done
+    box = plot.bounding_box()
+    assert box["width"] >= 250 and box["height"] >= 100, box
+    assert re.search(r"R 0\.\d{3}\s+CC 0\.\d{3} at step " + str(done), plot.text_content()), plot.text_content()
     assert page.locator("button.wb-relax-start").is_enabled() and not page.locator("button.wb-relax-stop").is_enabled()
     # the timing tab is for the step shown
     ui.open_tab("timing")
@@ -136,3 +146,37 @@ def test_relax_moves_the_atoms_and_stop_stops_at_the_step_on_screen(app):
     # the relax frames raised nothing in the 3D widget (Voilà's template font from a CDN is blocked: see test_voila)
     assert not [e for e in op.console_errors if "3Dmol" in e or "wb" in e], op.console_errors
     assert page.locator(".wb-view3d").evaluate("e => e.textContent.includes('3D view:')") is False
+
+
+def test_a_default_run_draws_its_frames_before_it_ends(app):
+    """With the default step count (50), frames are on the canvas while the run goes: the first frame's
+    step is named and a frame is drawn before the progress line says the run finished (issue 46: the
+    run used to end before the 3D view drew a frame)."""
+    op, ui = app
+    page = op.page
+    ui.reveal(".wb-relax-steps")
+    steps = page.locator(".wb-relax-steps input")
+    steps.fill("50")
+    steps.press("Enter")
+    page.wait_for_timeout(300)
+    page.evaluate(
+        """() => { const p = document.querySelector('.wb-relax-progress'), v = document.querySelector('.wb-view3d');
+        window.__relaxLog = [];
+        const stamp = () => window.__relaxLog.push([p.textContent, Number(v.dataset.rendered || 0)]);
+        window.__relaxWatch = [new MutationObserver(stamp), new MutationObserver(stamp)];
+        window.__relaxWatch[0].observe(p, {subtree: true, childList: true, characterData: true});
+        window.__relaxWatch[1].observe(v, {attributes: true, attributeFilter: ['data-rendered']}); }"""
+    )
+    rendered = _rendered(ui)
+    page.locator("button.wb-relax-start").click()
+    page.wait_for_function(
+        "() => /relax (finished|stopped) after/.test(window.__relaxLog.map(([t]) => t).join('|'))", timeout=120_000
+    )
+    log = page.evaluate("() => { window.__relaxWatch.forEach((w) => w.disconnect()); return window.__relaxLog; }")
+    end = next(i for i, (text, _) in enumerate(log) if "relax finished after 50 steps" in text)
+    running = [(int(m[1]), r) for text, r in log[:end] if (m := re.search(r"step (\d+)/50", text))]
+    assert running and running[0][0] == 1, log[:5]  # the first frame (step 1 of 50) named while running
+    drawn = [step for step, r in running if r > rendered]
+    assert drawn and min(drawn) < 50, f"no frame drawn before the run ended: {running[:5]} … ({len(running)} named)"
+    plot = page.locator(".wb-relax-plot polyline.wb-relax-r")
+    assert int(plot.get_attribute("data-points")) == 50

@@ -124,6 +124,25 @@ def test_a_stop_set_during_a_step_ends_the_run_after_that_step():
     assert seen == [0, 1, 2, 3, 4]
 
 
+def test_a_stop_set_during_a_step_ends_the_run_at_the_frame_before():
+    """The loop receives the stop during step 3: the run ends at frame 2, the one on screen, and
+    frame 3 (its positions were never shown) is not handed on."""
+    _, problem = _problem()
+    relaxation = compute.Relaxation(problem)
+    stop = threading.Event()
+    step, seen = relaxation.step, []
+
+    def step_then_stop():
+        frame = step()
+        if frame.step == 3:
+            stop.set()
+        return frame
+
+    relaxation.step = step_then_stop
+    assert compute.run_relaxation(relaxation, 100, stop=stop, emit=lambda f: seen.append(f.step)) == 3
+    assert seen == [0, 1, 2] and relaxation.n_steps == 4
+
+
 def _shown_step(wb) -> int:
     """The step the progress line names ("step k/N"), 0 before any."""
     import re
@@ -190,6 +209,7 @@ def test_relax_moves_the_atoms_the_views_show(make_wb):
     wb = make_wb(distort_amplitude=0.3, gradient_kind="density")
     before = wb.result
     section_png, n_sections = wb.slice.image.value, wb.slice.n_updates
+    text_before, map_before = wb.scene.view.model_text, wb.scene.view.map_bytes
     wb.start_relax(steps=15, lr=0.05, lam=0.1)  # synchronous workbench: runs to the end here
     after = wb.result
     assert wb.relax_frame is not None and wb.relax_frame.step == 14
@@ -199,12 +219,19 @@ def test_relax_moves_the_atoms_the_views_show(make_wb):
     assert not (after.gradient.grad == before.gradient.grad).all()
     assert "relax step 15" in wb.timing.current.value and "splat forward+backward" in wb.timing.current.value
     assert "relax finished after 15 steps" in wb.relax.progress.value
-    assert wb.scene.view.model_text != ""  # the sticks were sent again with the new positions
+    # the sticks' text is the start's; the positions shown are the frame's, sent alone (float32 by index)
+    assert wb.scene.view.model_text == text_before
+    shown = np.frombuffer(wb.scene.view.model_xyz, np.float32).reshape(-1, 3)
+    np.testing.assert_array_equal(shown, wb.relax_frame.xyz.float().numpy())
+    assert f"{wb.relax_frame.xyz[0, 0].item():8.3f}" in wb.to_py3dmol().startjs  # a static export draws them too
     assert wb.slice.n_updates == n_sections + 15 and wb.slice.image.value != section_png  # the section follows
-    # a changed setting goes back to the settings' own result
+    # the map box is the frame's map, cut in the start's box
+    assert len(wb.scene.view.map_bytes) == len(map_before) and wb.scene.view.map_bytes != map_before
+    # a changed setting goes back to the settings' own result: the start's positions again
     wb.state.iso_sigma = 2.0
     assert wb.relax_frame is None
     torch.testing.assert_close(wb.result.atoms.xyz, before.atoms.xyz)
+    assert wb.scene.view.model_text == text_before and wb.scene.view.model_xyz == b""
 
 
 def test_relax_before_anything_is_computed_says_so():
@@ -278,3 +305,86 @@ def test_every_value_on_screen_is_the_relax_frames(make_wb):
     assert seen == list(range(8))
     assert wb.scene.pick.text() != start_label and wb.result is not before
     assert html.escape(wb.scene.pick.text()) in wb.scene.picked.value  # the line under the view says the same
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_loops_adam_gives_torch_optim_adams_bits(dtype):
+    g = torch.Generator().manual_seed(7)
+    start = torch.randn(37, 3, generator=g, dtype=dtype)
+    grads = [torch.randn(37, 3, generator=g, dtype=dtype) * 10.0**k for k in (-3, 0, 2, -1, 1, 0)]
+    ours, theirs = start.clone(), start.clone().requires_grad_(True)
+    adam, reference = compute.relax.AdamUpdate(ours, lr=0.05), torch.optim.Adam([theirs], lr=0.05)
+    for grad in grads:
+        adam.step(grad)
+        theirs.grad = grad.clone()
+        reference.step()
+        torch.testing.assert_close(ours, theirs.detach(), rtol=0, atol=0)
+
+
+def test_a_first_relax_step_imports_no_compiler():
+    """The first run's first frame waits for nothing but its own step: torch.optim's first Adam imports
+    torch._dynamo (seconds on a busy 2-core machine); the loop's update does not."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from workbench import compute\n"
+        "from workbench.state import WorkbenchState\n"
+        "s = WorkbenchState(structure='1orc', spacing=1.5, distort_amplitude=0.3).snapshot()\n"
+        "r = compute.Pipeline().run(s)\n"
+        "p = compute.relax_problem(r.atoms, r.grid, r.target, compute.find_planes(r.model), s)\n"
+        "relaxation = compute.Relaxation(p)\n"
+        "frames = [relaxation.step() for _ in range(2)]\n"
+        "assert frames[1].fit < frames[0].fit, [f.fit for f in frames]\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n"
+    )
+    import os
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_relax_view_plots_r_and_correlation_against_the_true_models_factors(make_wb):
+    """Each frame drawn adds its R-factor and correlation of |F| (to 2 Å, or the finest the grid holds)
+    against the factors of ρ_target, the undistorted model's map; fitting the map brings R down and the
+    correlation up."""
+    import kernels
+    from kernels.reciprocal import finest_d_min
+
+    wb = make_wb(distort_amplitude=0.3)
+    wb.start_relax(steps=8, lr=0.05, lam=0.0)
+    points = wb.relax.agreement
+    assert [p[0] for p in points] == list(range(8))
+    r, frame = wb.result, wb.relax_frame
+    # the last point, by hand from kernels' factors: R = Σ||F| − |F_true|| / Σ|F_true|, Pearson CC of |F|
+    d = max(2.0, finest_d_min(r.grid))
+    true = kernels.structure_factors(r.target.to(frame.rho.dtype), r.grid, d, blur=r.settings.blur).amplitudes
+    f = kernels.structure_factors(frame.rho, r.grid, d, blur=r.settings.blur).amplitudes
+    rf = float((f - true).abs().sum() / true.sum())
+    cc = float(torch.corrcoef(torch.stack([f.double(), true.double()]))[0, 1])
+    assert points[-1][1] == pytest.approx(rf, rel=1e-4) and points[-1][2] == pytest.approx(cc, abs=1e-5)
+    assert points[-1][1] < 0.8 * points[0][1] and points[-1][2] > points[0][2]
+    assert 0.05 < points[0][1] < 1.0 and 0.5 < points[0][2] < 1.0  # the distorted start: far from both ends
+    # the plot: one polyline each, a point per frame, and what it compares with
+    svg = wb.relax.plot.value
+    assert svg.count('data-points="8"') == 2 and 'class="wb-relax-r"' in svg and 'class="wb-relax-cc"' in svg
+    assert "the undistorted model" in svg and f"to {d:.3g} Å" in svg
+    # a new run starts a new plot
+    wb.start_relax(steps=3)
+    assert [p[0] for p in wb.relax.agreement] == [0, 1, 2] and 'data-points="3"' in wb.relax.plot.value
+
+
+def test_the_true_models_factors_agree_with_themselves():
+    r, problem = _problem()
+    reference = compute.factor_reference(problem.target, problem.grid, blur=problem.blur)
+    rf, cc = compute.factor_agreement(problem.target, problem.grid, reference)
+    assert rf == 0.0 and cc == pytest.approx(1.0, abs=1e-12)
+    # a coarse grid that cannot hold 2 Å: the finest it holds
+    from kernels.reciprocal import finest_d_min
+
+    assert reference.d_min == max(compute.AGREEMENT_D_MIN, finest_d_min(problem.grid))

@@ -187,3 +187,26 @@ def test_views_only_draw(path):
         elif isinstance(node, ast.Attribute | ast.Name):
             name = node.attr if isinstance(node, ast.Attribute) else node.id
             assert name not in _COMPUTE_CALLS, f"{path.name} uses {name}: that belongs in workbench.compute"
+
+
+def test_a_map_cut_in_a_given_geometry_is_the_map_cut_from_its_atoms():
+    """region_volume with the RegionGeometry of the same atoms gives the same bytes; with the geometry
+    of atoms moved a little (a relax frame) the box keeps its place and size, the values are the map's."""
+    import torch
+
+    from workbench import compute
+    from workbench.state import WorkbenchState
+
+    s = WorkbenchState(structure="1orc", spacing=1.0).snapshot()
+    r = compute.Pipeline().run(s)
+    xyz = r.atoms.xyz
+    geometry = compute.region_geometry(r.grid, xyz, 3.0, clip=True)
+    fresh = compute.region_volume(r.rho, r.grid, xyz, 3.0)
+    given = compute.region_volume(r.rho, r.grid, xyz, 3.0, geometry=geometry)
+    assert given.ccp4 == fresh.ccp4 and given.n_clipped == fresh.n_clipped > 0
+    moved = xyz + 0.2 * torch.randn(xyz.shape, generator=torch.Generator().manual_seed(1), dtype=xyz.dtype)
+    again = compute.region_volume(r.rho * 2, r.grid, moved, 3.0, geometry=geometry)
+    assert (
+        again.shape == fresh.shape and again.ccp4[:64] == fresh.ccp4[:64]
+    )  # size, start, sampling, cell: the same box
+    assert again.ccp4 != fresh.ccp4

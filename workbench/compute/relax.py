@@ -37,10 +37,15 @@ from workbench.compute.sections import atoms_near_section, section
 from workbench.state import Settings, density_units, op_backend
 
 __all__ = [
+    "AGREEMENT_D_MIN",
+    "AdamUpdate",
+    "FactorReference",
     "RELAX_RANGES",
     "RelaxFrame",
     "RelaxProblem",
     "Relaxation",
+    "factor_agreement",
+    "factor_reference",
     "frame_result",
     "relax_problem",
     "rmsd",
@@ -55,6 +60,49 @@ RELAX_RANGES: dict[str, tuple[float, float, float]] = {
     # density alone points at the answer (notebook 07 compares λ 0, 0.01 and 0.1: 0 fits best).
     "lam": (0.0, 100.0, 0.0),
 }
+
+
+#: Resolution limit (Å) of the relax view's R-factor and correlation (or the finest the grid holds,
+#: if coarser): a refinement's usual limit, where the factors still say where the atoms are.
+AGREEMENT_D_MIN = 2.0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FactorReference:
+    """The factors a relax run's frames are compared with: those of ρ_target (the undistorted model's
+    map, or a loaded map), to ``d_min``, in P 1 (the map of the model's own atoms).
+
+    Attributes
+    ----------
+    factors : kernels.StructureFactors
+        M reflections, on the compute device.
+    d_min : float
+        Å.
+    blur : float
+        Å², removed from both sets (the splat's blur).
+    """
+
+    factors: object
+    d_min: float
+    blur: float
+
+
+def factor_reference(target: torch.Tensor, grid: GridSpec, *, blur: float = 0.0) -> FactorReference:
+    """The structure factors of ``target`` (grid.shape, any device) to :data:`AGREEMENT_D_MIN` or the
+    finest ``grid`` holds, made once per run (:func:`kernels.structure_factors`)."""
+    from kernels.reciprocal import finest_d_min
+
+    d_min = max(AGREEMENT_D_MIN, finest_d_min(grid))
+    return FactorReference(kernels.structure_factors(target.detach(), grid, d_min, blur=blur), d_min, float(blur))
+
+
+def factor_agreement(rho: torch.Tensor, grid: GridSpec, reference: FactorReference) -> tuple[float, float]:
+    """R-factor Σ||F| − |F_ref|| / Σ|F_ref| (no scale) and the correlation of |F| with |F_ref| over
+    every reflection of ``reference``, for the map ``rho`` (grid.shape, on the reference's device):
+    one FFT and one shell of :func:`kernels.shells`."""
+    f = kernels.structure_factors(rho.detach(), grid, reference.d_min, blur=reference.blur)
+    table = kernels.shells(f, reference.factors, n_shells=1)
+    return float(table.r_factor[0]), float(table.correlation[0])
 
 
 def rmsd(xyz: torch.Tensor, reference: torch.Tensor) -> float:
@@ -159,6 +207,40 @@ def relax_problem(
     )
 
 
+class AdamUpdate:
+    """Adam on one tensor, in place: the update of :class:`torch.optim.Adam` with its defaults
+    (β = 0.9, 0.999, ε = 1e-8, no weight decay, no AMSGrad) and its CPU order of operations, so both
+    give the same bits (tests/workbench/test_relax.py compares them), without torch.optim's import
+    of torch._dynamo.
+
+    Parameters
+    ----------
+    param : torch.Tensor
+        The leaf tensor moved (any shape, float32 or float64).
+    lr : float
+        Step size.
+    """
+
+    def __init__(self, param: torch.Tensor, *, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.param, self.lr, self.betas, self.eps = param, float(lr), betas, float(eps)
+        self.exp_avg = torch.zeros_like(param, memory_format=torch.preserve_format).detach()
+        self.exp_avg_sq = torch.zeros_like(param, memory_format=torch.preserve_format).detach()
+        # torch.optim.Adam counts steps in a float32 tensor and reads it back as a Python float
+        self.n = torch.tensor(0.0, dtype=torch.float32)
+
+    @torch.no_grad()
+    def step(self, grad: torch.Tensor) -> None:
+        """Move ``param`` by one Adam step along ``grad`` (its shape)."""
+        beta1, beta2 = self.betas
+        self.n += 1
+        n = self.n.item()
+        self.exp_avg.lerp_(grad, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        step_size = self.lr / (1 - beta1**n)
+        denom = (self.exp_avg_sq.sqrt() / (1 - beta2**n) ** 0.5).add_(self.eps)
+        self.param.addcdiv_(self.exp_avg, denom, value=-step_size)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class RelaxFrame:
     """The loop's state at the start of one step: positions, their map, both gradients, the losses.
@@ -224,15 +306,20 @@ class Relaxation:
         self.problem = problem
         self.lr, self.lam = float(lr), float(lam)
         self.x = problem.atoms.xyz.detach().clone().requires_grad_(True)
-        self.optimizer = torch.optim.Adam([self.x], lr=self.lr)
         # On a GPU with the Triton backends the whole step is one replayed CUDA graph (kernels.fitting.Step),
-        # which returns each term and its gradient; elsewhere the terms are evaluated and timed one by one.
+        # which returns each term and its gradient; elsewhere the terms are evaluated and timed one by one,
+        # and Adam is AdamUpdate: torch.optim.Adam's first construction imports torch._dynamo (3-7 s of
+        # one core on a 2-core machine), which would hold the first frame of the first run.
         self._step = None
+        self.optimizer = None
         if problem.device.type == "cuda" and (problem.density_backend, problem.planarity_backend) == (
             "triton",
             "triton",
         ):
+            self.optimizer = torch.optim.Adam([self.x], lr=self.lr)
             self._step = self._replayed_step()
+        else:
+            self._adam = AdamUpdate(self.x, lr=self.lr)
         self.n_steps = 0
 
     @property
@@ -290,8 +377,7 @@ class Relaxation:
         _sync(p.device)
         t2 = time.perf_counter()
         xyz = x.detach().double().cpu()  # the positions this frame describes, before the update
-        x.grad = g_fit + self.lam * g_nll
-        self.optimizer.step()
+        self._adam.step(g_fit + self.lam * g_nll)
         _sync(p.device)
         t3 = time.perf_counter()
         return xyz, rho, fit, nll, g_fit, g_nll, (t0, t1, t2, t3)
@@ -347,18 +433,22 @@ class Relaxation:
 def run_relaxation(
     relaxation: Relaxation, n_steps: int, *, stop: threading.Event, emit: Callable[[RelaxFrame], None]
 ) -> int:
-    """Run up to ``n_steps`` steps, handing each frame to ``emit``; return the steps run.
+    """Run up to ``n_steps`` steps, handing each frame to ``emit``; return the frames handed on.
 
-    ``stop`` is read between steps (before each one), so a stop set during a step, or while
-    ``emit`` handles its frame, ends the run when that step is done: it takes effect within one
-    step, and no step starts after it. ``emit`` may block: the workbench's returns once the views
-    show the frame, so the loop is never more than one step ahead of what a person sees.
+    ``stop`` is read before each step and after it: a stop set while ``emit`` handles a frame ends
+    the run at that frame, and one set during a step ends it at the frame before, the step's own
+    frame not handed on. So the run ends at the frame the views show when the loop receives the stop
+    (drawn already: nothing new to draw), at most one step later, and no step starts after it.
+    ``emit`` may block: the workbench's returns once the views show the frame, so the loop is never
+    more than one step ahead of what a person sees.
     """
     done = 0
     for _ in range(int(n_steps)):
         if stop.is_set():
             break
         frame = relaxation.step()
+        if stop.is_set():
+            break
         done += 1
         if not math.isfinite(frame.loss):
             raise WorkbenchError(f"the fit diverged at step {frame.step} (loss {frame.loss}): lower the step size")

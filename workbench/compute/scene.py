@@ -46,9 +46,11 @@ __all__ = [
     "Arrows",
     "Ellipsoids",
     "EllipsoidMesh",
+    "RegionGeometry",
     "RegionVolume",
     "adp_ellipsoids",
     "arrow_bytes",
+    "position_bytes",
     "arrow_segments",
     "atoms_within",
     "ellipsoid_arrays",
@@ -61,6 +63,7 @@ __all__ = [
     "gradient_arrows",
     "region_arrows",
     "region_box",
+    "region_geometry",
     "region_volume",
     "shown_atoms",
     "unit_sphere",
@@ -96,23 +99,38 @@ VIEW_MARGIN = 2.0
 # --------------------------------------------------------------------------- the map box
 
 
-def region_box(
-    rho: torch.Tensor, grid: GridSpec, xyz: torch.Tensor, padding: float, *, max_voxels: int = VIEW_VOXELS
-) -> tuple[torch.Tensor, GridSpec, int]:
-    """The part of a periodic whole-cell map covering ``xyz`` (M, 3) Å plus ``padding`` Å.
+@dataclasses.dataclass(frozen=True, eq=False)
+class RegionGeometry:
+    """Where a region's map box lies in the cell grid, and which of its voxels are drawn.
+
+    Attributes
+    ----------
+    box_grid : GridSpec
+        The box: origin in units of the (subsampled) cell sampling, possibly negative or past the
+        cell (the periodic map is wrapped).
+    stride : int
+        Every ``stride``-th voxel of the cell grid is in the box (1: all of them).
+    index : tuple of 3 numpy.ndarray of int64
+        The cell-grid index of each box voxel along a, b and c (for :func:`numpy.ix_`).
+    keep : numpy.ndarray of bool, shape box_grid.shape, or None
+        Voxels within the padding of the atoms (None: no clipping).
+    """
+
+    box_grid: GridSpec
+    stride: int
+    index: tuple
+    keep: np.ndarray | None = None
+
+
+def region_geometry(
+    grid: GridSpec, xyz: torch.Tensor, padding: float, *, max_voxels: int = VIEW_VOXELS, clip: bool = False
+) -> RegionGeometry:
+    """The box covering ``xyz`` (M, 3) Å plus ``padding`` Å in the periodic cell grid ``grid``.
 
     A box over ``max_voxels`` is subsampled: every ``stride``-th voxel along each axis
     (a stride dividing the cell sampling, so the box is still a grid of the cell), since
-    3Dmol.js contours it in the browser's main thread on every update.
-
-    Returns
-    -------
-    box : torch.Tensor, float32, CPU
-    box_grid : GridSpec
-        Origin in units of the (subsampled) cell sampling, possibly negative or past the
-        cell: the periodic map is wrapped.
-    stride : int
-        1 for the full grid.
+    3Dmol.js contours it in the browser's main thread on every update. With ``clip`` the
+    voxels within ``padding`` of the atoms are marked (:func:`near_atoms_mask`).
     """
     frac = (xyz.detach().to("cpu", torch.float64) @ grid.cell.frac.T).numpy()
     pad = padding * np.asarray(grid.cell.reciprocal_lengths)
@@ -133,11 +151,35 @@ def region_box(
             f"the 3D map box around the region would have {int(np.prod(shape)):,} voxels (limit "
             f"{MAX_VIEW_VOXELS:,}): choose a residue as region, or a coarser spacing"
         )
-    full = rho.detach().to("cpu", torch.float32).numpy()
-    idx = [(np.arange(lo_s[k], hi_s[k] + 1) * stride) % grid.shape[k] for k in range(3)]
-    box = np.ascontiguousarray(full[np.ix_(*idx)])
+    index = tuple((np.arange(lo_s[k], hi_s[k] + 1) * stride) % grid.shape[k] for k in range(3))
     sampling = tuple(int(v) // stride for v in m)
-    return torch.from_numpy(box), GridSpec(grid.cell, tuple(shape), tuple(lo_s), sampling), stride
+    box_grid = GridSpec(grid.cell, tuple(int(v) for v in shape), tuple(int(v) for v in lo_s), sampling)
+    keep = near_atoms_mask(box_grid, xyz, padding) if clip and len(xyz) else None
+    return RegionGeometry(box_grid, stride, index, keep)
+
+
+def region_box(
+    rho: torch.Tensor, grid: GridSpec, xyz: torch.Tensor, padding: float, *, max_voxels: int = VIEW_VOXELS
+) -> tuple[torch.Tensor, GridSpec, int]:
+    """The part of a periodic whole-cell map covering ``xyz`` (M, 3) Å plus ``padding`` Å
+    (the box of :func:`region_geometry`).
+
+    Returns
+    -------
+    box : torch.Tensor, float32, CPU
+    box_grid : GridSpec
+        Origin in units of the (subsampled) cell sampling, possibly negative or past the
+        cell: the periodic map is wrapped.
+    stride : int
+        1 for the full grid.
+    """
+    geometry = region_geometry(grid, xyz, padding, max_voxels=max_voxels)
+    return _cut(rho, geometry), geometry.box_grid, geometry.stride
+
+
+def _cut(rho: torch.Tensor, geometry: RegionGeometry) -> torch.Tensor:
+    full = rho.detach().to("cpu", torch.float32).numpy()
+    return torch.from_numpy(np.ascontiguousarray(full[np.ix_(*geometry.index)]))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -174,21 +216,27 @@ def region_volume(
     *,
     max_voxels: int = VIEW_VOXELS,
     clip: bool = True,
+    geometry: RegionGeometry | None = None,
 ) -> RegionVolume:
     """The map box around ``xyz`` (M, 3) Å (:func:`region_box`) as a CCP4 file for the 3D view.
 
     With ``clip`` every box voxel farther than ``padding`` Å from all of ``xyz`` is set
     to :data:`CLIPPED` below the box minimum, so no isosurface is drawn there.
+    ``geometry`` (:func:`region_geometry`, with ``clip``) gives the box and the voxels kept
+    instead of deriving them from ``xyz``: a relax frame's map is cut in its run's box, whose
+    atoms have moved by much less than the padding.
     """
-    box, box_grid, stride = region_box(rho, grid, xyz, padding, max_voxels=max_voxels)
+    if geometry is None:
+        geometry = region_geometry(grid, xyz, padding, max_voxels=max_voxels, clip=clip)
+    box = _cut(rho, geometry)
     n_clipped = 0
-    if clip and box.numel():
-        keep = near_atoms_mask(box_grid, xyz, padding)
-        low = float(box.min()) - CLIPPED
-        box = box.clone()
-        box[torch.from_numpy(~keep)] = low
+    if clip and geometry.keep is not None and box.numel():
+        keep = torch.from_numpy(geometry.keep)
+        box[~keep] = float(box.min()) - CLIPPED
         n_clipped = int((~keep).sum())
-    return RegionVolume(ccp4=map_ccp4_bytes(box, box_grid), shape=tuple(box.shape), stride=stride, n_clipped=n_clipped)
+    return RegionVolume(
+        ccp4=map_ccp4_bytes(box, geometry.box_grid), shape=tuple(box.shape), stride=geometry.stride, n_clipped=n_clipped
+    )
 
 
 def near_atoms_mask(box_grid: GridSpec, xyz: torch.Tensor, distance: float) -> np.ndarray:
@@ -464,6 +512,11 @@ def gradient_arrows(
 def arrow_bytes(segments: np.ndarray) -> bytes:
     """Arrow segments (M, 6) as the float32 bytes the 3D view's ``arrows`` trait carries."""
     return np.ascontiguousarray(segments, dtype=np.float32).tobytes()
+
+
+def position_bytes(xyz: torch.Tensor) -> bytes:
+    """Positions ``xyz`` (N, 3) Å as float32 bytes, atom by atom (the 3D view's ``model_xyz``)."""
+    return xyz.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
 
 
 def arrow_segments(data: bytes) -> np.ndarray:

@@ -158,7 +158,20 @@ async function render({ model, el }) {
   // line (a label draws one line), stacked by a screen offset, and extending towards the
   // middle of the canvas so that it is not cut at the edge.
   function drawLabel() {
-    for (const l of labels) viewer.removeLabel(l);
+    // 3Dmol's removeLabel and addLabel each render the whole scene (and rebuild moved atoms'
+    // sticks): seconds a frame in a software-WebGL page for a label of four lines. The labels are
+    // taken out and added without it; finish() renders once for all.
+    const all = viewer.labels;
+    for (const l of labels) {
+      if (Array.isArray(all) && viewer.modelGroup && l.sprite) {
+        const i = all.indexOf(l);
+        if (i >= 0) all.splice(i, 1);
+        l.dispose();
+        viewer.modelGroup.remove(l.sprite);
+      } else {
+        viewer.removeLabel(l);
+      }
+    }
     labels = [];
     const lines = model.get("label_lines") || [];
     const xyz = model.get("label_xyz") || [];
@@ -178,7 +191,7 @@ async function render({ model, el }) {
             backgroundOpacity: 0.9,
             alignment: right ? "topRight" : "topLeft",
             screenOffset: $3Dmol.Vector2 ? new $3Dmol.Vector2(right ? -6 : 6, -6 - 17 * i) : { x: right ? -6 : 6, y: -6 - 17 * i },
-          }),
+          }, undefined, true),
         );
       });
     }
@@ -193,11 +206,36 @@ async function render({ model, el }) {
     box.dataset.focus = JSON.stringify(sel || {});
   }
 
+  // The sticks' atoms by index (PDB serial - 1), to move them when only positions change.
+  let atomsByIndex = [];
+
+  // New positions of the same atoms (model_xyz, float32 x y z by index): moved in place and the
+  // model's geometry rebuilt at the next render, without parsing and styling the PDB text again.
+  function moveAtoms() {
+    const raw = bytesOf(model.get("model_xyz"));
+    const m = viewer.getModel();
+    if (!raw || !m) return;
+    const xyz = new Float32Array(raw.slice().buffer);
+    for (let i = 0; i < atomsByIndex.length && 3 * i + 2 < xyz.length; i++) {
+      const atom = atomsByIndex[i];
+      if (!atom) continue;
+      atom.x = xyz[3 * i];
+      atom.y = xyz[3 * i + 1];
+      atom.z = xyz[3 * i + 2];
+    }
+    m.setInternalState(m.getInternalState()); // drops the built geometry: redrawn from the atoms
+  }
+
   function drawModel() {
     viewer.removeAllModels();
+    atomsByIndex = [];
     const text = model.get("model_text");
     if (text) {
-      viewer.addModel(text, model.get("model_format"));
+      const m = viewer.addModel(text, model.get("model_format"));
+      for (const atom of m.selectedAtoms({})) {
+        if (Number.isInteger(atom.serial) && atom.serial > 0) atomsByIndex[atom.serial - 1] = atom;
+      }
+      moveAtoms();
       styleModel();
       // A click on an atom picks it (region and profile endpoint, chosen in Python):
       // the PDB serial is the atom's index + 1 (model_pdb writes them so).
@@ -261,6 +299,7 @@ async function render({ model, el }) {
   let timerDue = 0;
   function redraw() {
     timer = null;
+    const t0 = performance.now();
     const what = new Set(dirty);
     dirty.clear();
     try {
@@ -269,14 +308,16 @@ async function render({ model, el }) {
         what.add("iso");
         what.add("arrows");
         what.add("ellipsoids");
-      } else if (what.has("zoom")) {
-        styleModel();
+      } else {
+        if (what.has("coords")) moveAtoms();
+        if (what.has("zoom")) styleModel();
       }
       if (what.has("iso")) drawIsosurface();
       if (what.has("arrows")) drawArrows();
       if (what.has("ellipsoids")) drawEllipsoids();
       if (what.has("label") || what.has("model")) drawLabel();
       finish();
+      el.dataset.drawMs = (performance.now() - t0).toFixed(1); // page tests and benchmarks: this update's cost
     } catch (err) {
       report(`3D view: ${err.message || err}`);
     }
@@ -305,6 +346,7 @@ async function render({ model, el }) {
   observer.observe(box);
   const handlers = [
     ["change:model_text", mark("model")],
+    ["change:model_xyz", mark("coords")],
     ["change:map_bytes", (...a) => mark("iso", model.get("iso_delay_ms") ?? ISO_QUIET)(...a)],
     ["change:iso_level", (...a) => mark("iso", model.get("iso_delay_ms") ?? ISO_QUIET)(...a)],
     ["change:iso_style", mark("iso")],

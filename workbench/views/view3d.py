@@ -39,8 +39,10 @@ from workbench.compute import (
     focus_sphere,
     gradient_arrows,
     model_pdb,
+    position_bytes,
     region_arrows,
     region_atoms,
+    region_geometry,
     region_volume,
     shown_atoms,
     volume_base64,
@@ -104,6 +106,10 @@ class View3D(anywidget.AnyWidget):
         ``<css_class>-canvas``), so a second viewer is told apart by page tests.
     model_text, model_format : str
         The model as PDB text.
+    model_xyz : bytes
+        float32, shape (N, 3): positions (Å) of the model's atoms by index (PDB serial − 1) that
+        replace those of ``model_text`` (the same atoms moved, e.g. a relax frame's); empty: the
+        text's own.
     map_bytes : bytes
         A CCP4/MRC map (whole file bytes), the region's box; empty for none.
     iso_level : float
@@ -158,6 +164,7 @@ class View3D(anywidget.AnyWidget):
     lib_source = traitlets.Unicode("").tag(sync=True)
     model_text = traitlets.Unicode("").tag(sync=True)
     model_format = traitlets.Unicode("pdb").tag(sync=True)
+    model_xyz = traitlets.Bytes(b"").tag(sync=True)
     map_bytes = traitlets.Bytes(b"").tag(sync=True)
     iso_level = traitlets.Float(1.0).tag(sync=True)
     iso_color = traitlets.Unicode("#3060d0").tag(sync=True)
@@ -202,6 +209,7 @@ class View3D(anywidget.AnyWidget):
         """Empty the scene: no model, map, arrows or ellipsoids (its result is out of date)."""
         with self.hold_sync():
             self.model_text = ""
+            self.model_xyz = b""
             self.map_bytes = b""
             self.arrows = b""
             self.ellipsoid_vertices = b""
@@ -252,13 +260,19 @@ class Scene3DView:
         self.ellipsoids = None
         self._keys: dict[str, object] = {}
         self._volume: RegionVolume | None = None
+        self._geometry = None  # the RegionGeometry of the last map box
+        self._model = None  # (Model, positions) of the sticks shown, for to_py3dmol
 
-    def update(self, result: Result, *, model_key, map_key) -> bool:
+    def update(self, result: Result, *, model_key, map_key, move_atoms: bool = False, geometry_key=None) -> bool:
         """Update the traits that changed (model text, map box, level, arrows, focus); True if any did
         (the browser then draws the scene again).
 
         ``model_key`` and ``map_key`` say when the sticks and the map box are the same as
-        last time, so they are neither recomputed nor sent again.
+        last time, so they are neither recomputed nor sent again. With ``move_atoms``, when the sticks
+        shown are ``result.model``'s, new positions go as ``model_xyz`` (12 bytes an atom, moved in
+        place in the browser, bonds kept) instead of new PDB text. ``geometry_key``
+        names the map box's place and kept voxels (:func:`workbench.compute.region_geometry`): when
+        it is the last one's, the box is cut there from the new map without deriving them again.
         """
         s = result.settings
         sel = region_atoms(result.model, s.region)
@@ -266,11 +280,20 @@ class Scene3DView:
         shown = shown_atoms(xyz, sel if s.region else None, s.region_padding)
         updates: dict[str, object] = {}
         if self._keys.get("model") != model_key:
-            updates["model_text"] = model_pdb(result.model, xyz)
+            if move_atoms and self._model is not None and self._model[0] is result.model and self.view.model_text:
+                updates["model_xyz"] = position_bytes(xyz)
+            else:
+                updates["model_text"] = model_pdb(result.model, xyz)
+                updates["model_xyz"] = b""
             self._keys["model"] = model_key
+            self._model = (result.model, xyz)
         box_key = (map_key, s.region, s.region_padding)
         if self._keys.get("box") != box_key:
-            self._volume = region_volume(result.rho, result.grid, xyz[sel], s.region_padding)
+            full_key = (geometry_key, result.grid.shape, s.region, s.region_padding)
+            if geometry_key is None or self._keys.get("geometry") != full_key:
+                self._geometry = region_geometry(result.grid, xyz[sel], s.region_padding, clip=True)
+                self._keys["geometry"] = full_key
+            self._volume = region_volume(result.rho, result.grid, xyz[sel], s.region_padding, geometry=self._geometry)
             updates["map_bytes"] = self._volume.ccp4
             self._keys["box"] = box_key
         updates["iso_level"] = float(result.iso_level)
@@ -336,7 +359,9 @@ class Scene3DView:
         v = self.view
         view = py3Dmol.view(width=width, height=height)
         if v.model_text:
-            view.addModel(v.model_text, v.model_format)
+            # the positions drawn: the text's, or those sent after it (model_xyz)
+            text = model_pdb(*self._model) if v.model_xyz and self._model is not None else v.model_text
+            view.addModel(text, v.model_format)
             view.setStyle({}, {"stick": {"radius": 0.12}})
         if v.map_bytes:
             view.addVolumetricData(volume_base64(v.map_bytes), "ccp4", _iso_options(v))
