@@ -1,15 +1,21 @@
 // The backward (gather and gather_aniso, scatter.hpp): atoms are independent tasks over the same
 // voxels as the forward; each atom's sums are formed by one thread in a fixed order, so the gradients
 // are bitwise the same for any number of threads.
+// Compiled once per variant (gaussians.hpp: KERNELS_ISA, KERNELS_INDEX; CMakeLists.txt).
 #include "slabs.hpp"
+#include "variants.hpp"
+
+#if KERNELS_ISA == 0 || defined(KERNELS_ISA_VARIANTS)
 
 namespace {
+
+using Idx = std::conditional_t<KERNELS_INDEX == 64, int64_t, int32_t>;  // voxel index of this variant
 
 // ------------------------------------------------------------------ backward
 
 template <int W>
 KERNELS_INLINE void gather_atoms_w(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last,
-                                   const float* grad, Scratch& S, bool use64, RowIntervals* saved, double* gxyz,
+                                   const float* grad, Scratch& S, RowIntervals* saved, double* gxyz,
                                    double* gb, double* gocc) {
     const Geom& g = in.g;
     for (int64_t i = first; i < last; ++i) {
@@ -17,10 +23,7 @@ KERNELS_INLINE void gather_atoms_w(const Inputs& in, const std::vector<AtomP>& a
         GradSums gs = {0, 0, 0, {0, 0, 0}};
         if (A.R2 > 0) {
             int16_t* rows = saved ? saved->at(i) : nullptr;
-            if (use64)
-                process_atom<int64_t, false, W>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
-            else
-                process_atom<int32_t, false, W>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
+            process_atom<Idx, false, W>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
         }
         // ρ = occ·Σ amp_k·e_k, e_k = exp(−α_k r²), α_k = 4π²/W_k, W_k = b_k + B:
         //   ∂ρ/∂occ = Σ amp·e;  ∂ρ/∂B = occ·Σ amp·e·(−1.5 + α·r²)/W;
@@ -35,20 +38,22 @@ KERNELS_INLINE void gather_atoms_w(const Inputs& in, const std::vector<AtomP>& a
     }
 }
 
-// Gradient sums of atoms [first, last). On x86-64-v4 CPUs (and cells at least 16 voxels
+// Gradient sums of atoms [first, last). In the x86-64-v4 variant (and on cells at least 16 voxels
 // along z) the lane blocks are 16 wide: 32 vector registers hold the 15 contraction sums, and
 // each lane's arithmetic is the same as with 8-lane blocks, so the gradients are too.
 // wide = false keeps 8-lane blocks everywhere (Options::lanes = 8: tests compare the two).
-KERNELS_HOT_V4
+KERNELS_HOT
 void gather_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last, const float* grad,
-                  Scratch& S, bool use64, bool wide, RowIntervals* saved, double* gxyz, double* gb, double* gocc) {
-#if defined(KERNELS_CLONES) && defined(KERNELS_LANES) && defined(KERNELS_SHUFFLEVECTOR)
-    if (wide && cpu_runs_v4() && in.g.n[2] >= 16) {
-        gather_atoms_w<16>(in, atoms, first, last, grad, S, use64, saved, gxyz, gb, gocc);
+                  Scratch& S, bool wide, RowIntervals* saved, double* gxyz, double* gb, double* gocc) {
+#if KERNELS_ISA == 4 && defined(KERNELS_LANES) && defined(KERNELS_SHUFFLEVECTOR)
+    if (wide && in.g.n[2] >= 16) {
+        gather_atoms_w<16>(in, atoms, first, last, grad, S, saved, gxyz, gb, gocc);
         return;
     }
+#else
+    (void)wide;
 #endif
-    gather_atoms_w<8>(in, atoms, first, last, grad, S, use64, saved, gxyz, gb, gocc);
+    gather_atoms_w<8>(in, atoms, first, last, grad, S, saved, gxyz, gb, gocc);
 }
 
 // Both backward drivers: every atom prepared, one scratch per worker sized for the largest box.
@@ -76,7 +81,7 @@ void for_atom_chunks(const Inputs& in, const float* grad, int64_t n_maps, int64_
 }
 
 // n_maps maps as in splat(): atom i reads the upstream map grad + (i / (n_atoms / n_maps))·voxels.
-void gather(const Inputs& in, const float* grad, int64_t n_maps, int n_threads, bool use64, bool wide,
+void gather(const Inputs& in, const float* grad, int64_t n_maps, int n_threads, bool wide,
             RowIntervals* saved, double* gxyz, double* gb, double* gocc, Timings& tm) {
     auto t0 = Clock::now();
     std::vector<AtomP> atoms;
@@ -87,7 +92,7 @@ void gather(const Inputs& in, const float* grad, int64_t n_maps, int n_threads, 
         for (int64_t i = 0; i < in.n_atoms; ++i) tm.rows_reused += saved->off[i] >= 0;
     t0 = Clock::now();
     for_atom_chunks(in, grad, n_maps, 32, n_threads, tm, [&](int64_t first, int64_t last, const float* g, int worker) {
-        gather_atoms(in, atoms, first, last, g, scratch[worker], use64, wide, saved, gxyz, gb, gocc);
+        gather_atoms(in, atoms, first, last, g, scratch[worker], wide, saved, gxyz, gb, gocc);
     });
     tm.compute = seconds_since(t0);
 }
@@ -100,9 +105,9 @@ void gather(const Inputs& in, const float* grad, int64_t n_maps, int n_threads, 
 //   q3..q5), ∂L/∂N_k = O·Ḡ_k·Oᵀ, ∂L/∂M_k = −N_k·(∂L/∂N_k)·N_k − ½·amp_k·(∂L/∂amp_k)·N_k
 //   (amp ∝ det(M)^−½), ∂L/∂U = Σ_k ∂L/∂M_k; an off-diagonal U_ij appears twice in the symmetric U,
 //   so its gradient is 2·(∂L/∂U)_ij; an isotropic atom's B gets trace(∂L/∂U)/8π².
-KERNELS_HOT_V4
+KERNELS_HOT
 void gather_aniso_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last,
-                        const float* grad, Scratch& S, bool use64, double* gfrac, double* gocc, double* gu,
+                        const float* grad, Scratch& S, double* gfrac, double* gocc, double* gu,
                         double* gb) {
     const double* O = in.g.orth;
     // each atom's moments through the factor tables where they fit (aniso_tables_fit, as the forward
@@ -112,16 +117,10 @@ void gather_aniso_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64
         AnisoSums gs;
         std::memset(&gs, 0, sizeof gs);
         if (A.R2 > 0) {
-            if (aniso_tables_fit(in, A, i)) {
-                if (use64)
-                    aniso_atom_tables<int64_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, S, grad, &gs);
-                else
-                    aniso_atom_tables<int32_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, S, grad, &gs);
-            } else if (use64) {
-                aniso_atom<int64_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
-            } else {
-                aniso_atom<int32_t, false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
-            }
+            if (aniso_tables_fit(in, A, i))
+                aniso_atom_tables<Idx, false>(in, A, i, A.lo[0], A.hi[0], nullptr, S, grad, &gs);
+            else
+                aniso_atom<Idx, false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
         }
         const AnisoTerms& T = in.terms[i];
         double go = 0, gf[3] = {0, 0, 0}, GU[3][3] = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
@@ -168,7 +167,7 @@ void gather_aniso_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64
     }
 }
 
-void gather_aniso(const Inputs& in_, const float* grad, int64_t n_maps, int n_threads, bool use64, double* gfrac,
+void gather_aniso(const Inputs& in_, const float* grad, int64_t n_maps, int n_threads, double* gfrac,
                   double* gocc, double* gu, double* gb, Timings& tm) {
     auto t0 = Clock::now();
     Inputs in = in_;
@@ -180,40 +179,46 @@ void gather_aniso(const Inputs& in_, const float* grad, int64_t n_maps, int n_th
     tm.prepare = seconds_since(t0);
     t0 = Clock::now();
     for_atom_chunks(in, grad, n_maps, 16, n_threads, tm, [&](int64_t first, int64_t last, const float* g, int worker) {
-        gather_aniso_atoms(in, atoms, first, last, g, scratch[worker], use64, gfrac, gocc, gu, gb);
+        gather_aniso_atoms(in, atoms, first, last, g, scratch[worker], gfrac, gocc, gu, gb);
     });
     tm.compute = seconds_since(t0);
 }
 
 }  // namespace
 
-namespace kernels::density {
+namespace kernels::density::detail {
 
-Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
-               const Options& opt, RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc, int64_t n_maps) {
+template <>
+Timings gather_variant<KERNELS_ISA, KERNELS_INDEX>(const CellGeometry& cell, const int64_t shape[3],
+                                                   const AtomArrays& atoms, const float* grad, const Options& opt,
+                                                   RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc,
+                                                   int64_t n_maps) {
     checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
     if (in.u) throw std::invalid_argument("anisotropic atoms: use gather_aniso");
     if (rows && rows->n_atoms != atoms.n)
         throw std::invalid_argument("the row intervals come from a splat of a different number of atoms");
     Timings tm;
-    tm.int64_index = use_int64(shape, opt.force_int64);
+    tm.int64_index = KERNELS_INDEX == 64;
     if (atoms.n > 0)
-        ::gather(in, grad, n_maps, std::max(1, opt.n_threads), tm.int64_index, opt.lanes != 8, rows, gxyz, gb_iso,
-                 gocc, tm);
+        ::gather(in, grad, n_maps, std::max(1, opt.n_threads), opt.lanes != 8, rows, gxyz, gb_iso, gocc, tm);
     return tm;
 }
 
-Timings gather_aniso(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
-                     const Options& opt, double* gfrac, double* gocc, double* gu, double* gb_iso, int64_t n_maps) {
+template <>
+Timings gather_aniso_variant<KERNELS_ISA, KERNELS_INDEX>(const CellGeometry& cell, const int64_t shape[3],
+                                                         const AtomArrays& atoms, const float* grad,
+                                                         const Options& opt, double* gfrac, double* gocc, double* gu,
+                                                         double* gb_iso, int64_t n_maps) {
     checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
     if (!in.u) throw std::invalid_argument("gather_aniso takes anisotropic atoms (u_aniso and aniso)");
     Timings tm;
-    tm.int64_index = use_int64(shape, opt.force_int64);
-    if (atoms.n > 0)
-        ::gather_aniso(in, grad, n_maps, std::max(1, opt.n_threads), tm.int64_index, gfrac, gocc, gu, gb_iso, tm);
+    tm.int64_index = KERNELS_INDEX == 64;
+    if (atoms.n > 0) ::gather_aniso(in, grad, n_maps, std::max(1, opt.n_threads), gfrac, gocc, gu, gb_iso, tm);
     return tm;
 }
 
-}  // namespace kernels::density
+}  // namespace kernels::density::detail
+
+#endif  // KERNELS_ISA == 0 || defined(KERNELS_ISA_VARIANTS)

@@ -1,7 +1,11 @@
 // The forward (splat, scatter.hpp): every (map, slab) pair is one task; a slab zeroes its planes and
 // adds the atoms that reach it, in atom order (isotropic atoms through process_atom, anisotropic ones
 // through their factor tables or, where those could leave double's range, an exp per voxel).
+// Compiled once per variant (gaussians.hpp: KERNELS_ISA, KERNELS_INDEX; CMakeLists.txt).
 #include "slabs.hpp"
+#include "variants.hpp"
+
+#if KERNELS_ISA == 0 || defined(KERNELS_ISA_VARIANTS)
 
 #if defined(__linux__)
 #include <sys/mman.h>  // madvise
@@ -9,33 +13,32 @@
 
 namespace {
 
+using Idx = std::conditional_t<KERNELS_INDEX == 64, int64_t, int32_t>;  // voxel index of this variant
+
 // One slab [x0, x1) of the map: the segments that reach it are found through the x-sorted
 // index (a contiguous range, since no segment is longer than lmax), then run in atom
 // order — the one global order every slab uses, and the file's spatial coherence, so
 // consecutive atoms touch nearby memory.
-KERNELS_HOT_V4
+KERNELS_HOT
 void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
               const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
-              int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64, RowIntervals* saved) {
+              int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, RowIntervals* saved) {
     slab_segments(in.g.n[0], segs, by_x, bucket, lmax, x0, x1, ids);
     for (const int64_t id : ids) {
         const Segment& sg = segs[id];
         int64_t ia, ib;
         segment_planes(sg, in.g.n[0], x0, x1, ia, ib);
         int16_t* rows = saved ? saved->at(sg.atom) : nullptr;
-        if (use64)
-            process_atom<int64_t, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr, rows);
-        else
-            process_atom<int32_t, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr, rows);
+        process_atom<Idx, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr, rows);
     }
 }
 
 // The anisotropic forward of one slab: run_slab's traversal (the same segments in the same atom
 // order), each atom through aniso_atom.
-KERNELS_HOT_V4
+KERNELS_HOT
 void run_slab_aniso(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<Segment>& segs,
                     const std::vector<int64_t>& by_x, const std::vector<int64_t>& bucket, int64_t lmax, int64_t x0,
-                    int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids, bool use64) {
+                    int64_t x1, float* out, Scratch& S, std::vector<int64_t>& ids) {
     slab_segments(in.g.n[0], segs, by_x, bucket, lmax, x0, x1, ids);
     for (const int64_t id : ids) {
         const Segment& sg = segs[id];
@@ -43,24 +46,18 @@ void run_slab_aniso(const Inputs& in, const std::vector<AtomP>& atoms, const std
         segment_planes(sg, in.g.n[0], x0, x1, ia, ib);
         const AtomP& A = atoms[sg.atom];
         if (aniso_tables_fit(in, A, sg.atom)) {
-            if (use64)
-                aniso_atom_tables<int64_t>(in, A, sg.atom, ia, ib, out, S);
-            else
-                aniso_atom_tables<int32_t>(in, A, sg.atom, ia, ib, out, S);
+            aniso_atom_tables<Idx>(in, A, sg.atom, ia, ib, out, S);
         } else {
             ++S.exp_visits;
-            if (use64)
-                aniso_atom<int64_t, true>(in, A, sg.atom, ia, ib, out, nullptr, S, nullptr);
-            else
-                aniso_atom<int32_t, true>(in, A, sg.atom, ia, ib, out, nullptr, S, nullptr);
+            aniso_atom<Idx, true>(in, A, sg.atom, ia, ib, out, nullptr, S, nullptr);
         }
     }
 }
 
 // n_maps maps of in.n_atoms / n_maps atoms each (map m: atoms [m·n, (m+1)·n), written to
 // out + m·voxels). Every (map, slab) pair is one task of one parallel loop.
-void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int slabs_per_thread, bool use64,
-           Timings& tm, RowIntervals* saved) {
+void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int slabs_per_thread, Timings& tm,
+           RowIntervals* saved) {
     auto t0 = Clock::now();
     Inputs in = in_;
     std::vector<AnisoTerms> terms(in.u ? in.n_atoms : 0);
@@ -123,10 +120,10 @@ void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int sla
         std::memset(map + P.edge[s] * plane, 0, sizeof(float) * (P.edge[s + 1] - P.edge[s]) * plane);
         if (in.u)
             run_slab_aniso(in, atoms, P.raw, P.by_x, P.bucket, P.lmax, P.edge[s], P.edge[s + 1], map, scratch[worker],
-                           ids[worker], use64);
+                           ids[worker]);
         else
             run_slab(in, atoms, P.raw, P.by_x, P.bucket, P.lmax, P.edge[s], P.edge[s + 1], map, scratch[worker],
-                     ids[worker], use64, saved);
+                     ids[worker], saved);
     });
     for (const Scratch& S : scratch) tm.exp_visits += S.exp_visits;
     tm.compute = seconds_since(t0);
@@ -134,19 +131,22 @@ void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int sla
 
 }  // namespace
 
-namespace kernels::density {
+namespace kernels::density::detail {
 
-Timings splat(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, float* out,
-              const Options& opt, RowIntervals* rows, int64_t n_maps) {
+template <>
+Timings splat_variant<KERNELS_ISA, KERNELS_INDEX>(const CellGeometry& cell, const int64_t shape[3],
+                                                  const AtomArrays& atoms, float* out, const Options& opt,
+                                                  RowIntervals* rows, int64_t n_maps) {
     checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
     if (rows && in.u) throw std::invalid_argument("row intervals are kept for isotropic atoms only");
     Timings tm;
-    tm.int64_index = use_int64(shape, opt.force_int64);
+    tm.int64_index = KERNELS_INDEX == 64;
     if (rows) std::copy(shape, shape + 3, rows->shape);
-    ::splat(in, out, n_maps, std::max(1, opt.n_threads), std::clamp(opt.slabs_per_thread, 0, 64), tm.int64_index,
-            tm, rows);
+    ::splat(in, out, n_maps, std::max(1, opt.n_threads), std::clamp(opt.slabs_per_thread, 0, 64), tm, rows);
     return tm;
 }
 
-}  // namespace kernels::density
+}  // namespace kernels::density::detail
+
+#endif  // KERNELS_ISA == 0 || defined(KERNELS_ISA_VARIANTS)

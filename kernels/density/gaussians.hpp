@@ -16,6 +16,7 @@
 #include <memory>
 #include <new>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -32,20 +33,32 @@
 #define KERNELS_OPAQUE(p) ((void)0)
 #endif
 
-// Hot functions get an AVX2+FMA clone next to the baseline one, picked at load time by
-// the CPU (GCC function multi-versioning, Linux/x86-64 only). Wheels stay portable: no
-// -march=native. A given machine always runs the same clone, so reproducibility holds.
-// The forward (run_slab) and the backward (gather_atoms) have an AVX-512 (x86-64-v4) clone as
-// well, from the same source; in the backward's the lane blocks are 16 wide (one AVX-512 vector;
-// its 32 registers hold the 15 contraction sums). Each lane's arithmetic is the same in every
-// clone, so the maps and gradients are bitwise the same whichever clone runs.
+// Instruction-set variants. The hot loops (forward.cpp's slab kernels, backward.cpp's gather loops)
+// are compiled once per variant: CMakeLists.txt builds each of those files for every instruction set
+// KERNELS_ISA (0: the x86-64 baseline, 3: x86-64-v3, AVX2+FMA, 4: x86-64-v4, AVX-512) and voxel index
+// width KERNELS_INDEX (32 or 64 bits), one translation unit each, and variants.cpp runs the variant
+// this CPU and this map take (GCC on Linux/x86-64 only; elsewhere the baseline alone). Wheels stay
+// portable: no -march=native. The ISA attribute is on the hot functions only (KERNELS_HOT), as the
+// target_clones clones of GCC's function multi-versioning are; the helpers they inline are compiled
+// for it with them. A given machine always runs the same variant, so reproducibility holds.
+// In the backward's AVX-512 variant the lane blocks are 16 wide (one AVX-512 vector; its 32 registers
+// hold the 15 contraction sums). Each lane's arithmetic is the same in every variant, so the maps and
+// gradients are bitwise the same whichever one runs.
+#if !defined(KERNELS_ISA)
+#define KERNELS_ISA 0
+#endif
+#if !defined(KERNELS_INDEX)
+#define KERNELS_INDEX 32
+#endif
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define KERNELS_CLONES 1
-#define KERNELS_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
-#define KERNELS_HOT_V4 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define KERNELS_ISA_VARIANTS 1
+#endif
+#if defined(KERNELS_ISA_VARIANTS) && KERNELS_ISA == 4
+#define KERNELS_HOT __attribute__((target("arch=x86-64-v4")))
+#elif defined(KERNELS_ISA_VARIANTS) && KERNELS_ISA == 3
+#define KERNELS_HOT __attribute__((target("arch=x86-64-v3")))
 #else
 #define KERNELS_HOT
-#define KERNELS_HOT_V4
 #endif
 
 // Nothing here reads floating-point exception flags, and GCC's default -ftrapping-math
@@ -89,13 +102,13 @@ double seconds_since(Clock::time_point t0) {
 
 using kernels::density::detail::parallel_for;
 
-// Whether this CPU runs the x86-64-v4 (AVX-512) clones; gather_atoms then uses 16-lane blocks.
-bool cpu_runs_v4() {
-#if defined(KERNELS_CLONES)
-    static const bool v4 = __builtin_cpu_supports("x86-64-v4");
-    return v4;
+// The instruction-set variant this CPU runs: 4 (x86-64-v4, AVX-512), 3 (x86-64-v3) or 0 (baseline).
+int cpu_isa() {
+#if defined(KERNELS_ISA_VARIANTS)
+    static const int isa = __builtin_cpu_supports("x86-64-v4") ? 4 : __builtin_cpu_supports("x86-64-v3") ? 3 : 0;
+    return isa;
 #else
-    return false;
+    return 0;
 #endif
 }
 

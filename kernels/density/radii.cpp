@@ -77,15 +77,15 @@ BuildInfo build_info() {
 #else
     info.threads = "std::thread";
 #endif
-#if defined(KERNELS_CLONES)
+#if defined(KERNELS_ISA_VARIANTS)
     info.clones = true;
-    // the clone this CPU runs (the loader's choice follows the same test)
-    info.forward_isa = cpu_runs_v4() ? "x86-64-v4" : __builtin_cpu_supports("x86-64-v3") ? "x86-64-v3" : "baseline";
 #else
     info.clones = false;
-    info.forward_isa = "baseline";
 #endif
-    info.backward_isa = info.forward_isa;  // gather_atoms has the same clones as run_slab
+    // the variant variants.cpp runs on this CPU
+    const int isa = cpu_isa();
+    info.forward_isa = isa == 4 ? "x86-64-v4" : isa == 3 ? "x86-64-v3" : "baseline";
+    info.backward_isa = info.forward_isa;
     return info;
 }
 

@@ -13,7 +13,9 @@
 //   aniso_tables.hpp  anisotropic atoms through factor tables (forward and backward)
 //   slabs.hpp         the inputs, every atom's preparation, the forward's slab schedule
 //   thread_pool.hpp   the parallel loop (thread_pool.cpp: torch's OpenMP team or the helper pool)
-//   forward.cpp       splat()                  backward.cpp  gather(), gather_aniso()
+//   forward.cpp       splat()'s slab kernels   backward.cpp  gather()'s and gather_aniso()'s loops
+//                     (both compiled once per instruction set and index width: gaussians.hpp)
+//   variants.hpp/.cpp the public splat(), gather(), gather_aniso(): run the variant this CPU takes
 //   radii.cpp         cutoff radii, fractional(), the U check, build_info()
 //   map_buffers.hpp   storage of the maps the binding hands to Python
 //
@@ -190,7 +192,7 @@ bool shared_openmp();
 // How this build runs on this CPU.
 struct BuildInfo {
     const char* threads;  // "std::thread pool, OpenMP" (built with OpenMP) or "std::thread"
-    bool clones;          // whether the hot loops have AVX2 / AVX-512 clones
+    bool clones;          // whether the hot loops have AVX2 / AVX-512 variants (gaussians.hpp)
     const char* forward_isa;
     const char* backward_isa;
 };

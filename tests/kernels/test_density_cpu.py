@@ -530,7 +530,17 @@ def test_no_openmp_build_gives_identical_maps(tmp_path):
     ]
     common = ["g++", "-c", "-fPIC", "-std=c++17", "-pthread", "-DKERNELS_NO_OPENMP", *includes]
     ours = ["-O1", "-fno-math-errno", "-Wall", "-Werror"]
-    units = {f"{src.stem}.o": [*ours, str(src)] for src in sorted(here.glob("*.cpp"))}
+    # A source marked "Compiled once per variant" is compiled once per instruction set and index width,
+    # as CMakeLists.txt compiles it (kernels/density/gaussians.hpp: KERNELS_ISA, KERNELS_INDEX).
+    units = {}
+    for src in sorted(here.glob("*.cpp")):
+        if "// Compiled once per variant" in src.read_text():
+            for isa in (0, 3, 4):
+                for index in (32, 64):
+                    variant = [f"-DKERNELS_ISA={isa}", f"-DKERNELS_INDEX={index}"]
+                    units[f"{src.stem}_isa{isa}_i{index}.o"] = [*ours, *variant, str(src)]
+        else:
+            units[f"{src.stem}.o"] = [*ours, str(src)]
     units |= {
         "nanobind.o": ["-O0", "-fno-strict-aliasing", "-DNB_COMPACT_ASSERTIONS", str(nb_src / "nb_combined.cpp")],
     }
