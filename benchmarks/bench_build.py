@@ -25,10 +25,21 @@ Usage::
         [--edits kernels/tricubic/tricubic.cpp kernels/planarity/plane_fit.hpp] [--out FILE]
 
 Writes ``benchmarks/results/build_devvm_<date>.json`` by default (after every step).
+
+``python benchmarks/bench_build.py --edit-loop`` instead measures a kernel developer's loop in this
+checkout, in its real build folder: for every C++ source of the package in turn (``--files`` to choose),
+one comment line appended, then ``scripts/build.sh && python -c "import <its module>"`` as one shell
+process (the time from the edit to an importable module), then the line removed and the same again
+(``revert``). Before the first file it runs the build once, so that no earlier edit is pending. For
+each step: wall and CPU seconds and the objects ninja compiled; the load average before and after the
+run. It prints a table and writes ``benchmarks/results/build_edit_<machine>_<date>.json``
+(``--machine``, default ``devvm``). The sources are restored even when a step fails.
 ``python benchmarks/bench_build.py --table FILE`` prints a record as the Markdown table of README's
 "Development" section. ``--units BUILD_DIR`` instead compiles each translation unit of the package
 once more, one at a time, as ninja would in that (configured) build folder (the object goes to a
-temporary file), and records its wall and CPU seconds: the floor of an edit's rebuild.
+temporary file), and records its wall and CPU seconds: the floor of an edit's rebuild. A source that
+CMakeLists.txt compiles once per variant (``kernels/density/forward.cpp``, ``backward.cpp``) is timed
+per variant, keyed ``source [KERNELS_ISA=…,KERNELS_INDEX=…]``.
 """
 
 from __future__ import annotations
@@ -167,14 +178,80 @@ def units(build_dir: Path, match: str = "") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for line in commands.stdout.splitlines():
             m = re.search(r" -c (\S*/(kernels/\S+\.cpp))$", line)
-            if not m or m.group(2) in out or not re.search(match, m.group(2)):
+            if not m or not re.search(match, m.group(2)):
+                continue
+            variant = ",".join(re.findall(r"-D(KERNELS_(?:ISA|INDEX)=\w+)", line))
+            key = f"{m.group(2)} [{variant}]" if variant else m.group(2)
+            if key in out:
                 continue
             cmd = re.sub(r" -MD -MT \S+ -MF \S+", "", line)
             cmd = re.sub(r" -o \S+", f" -o {tmp}/unit.o", cmd)
             res = _run(cmd, build_dir, dict(os.environ), Path(tmp) / "log")
-            out[m.group(2)] = res
-            print(f"  {m.group(2):<40} {res['wall_s']:8.1f} s wall {res['cpu_s']:8.1f} s cpu rc={res['returncode']}")
+            out[key] = res
+            print(f"  {key:<70} {res['wall_s']:8.1f} s wall {res['cpu_s']:8.1f} s cpu rc={res['returncode']}")
     return out
+
+
+EDIT_LINE = "// one comment line added by benchmarks/bench_build.py --edit-loop\n"
+
+
+def edit_loop(files: list[str], python: str, save) -> dict:
+    """The edit loop of this checkout, in its own build folder: each file edited, rebuilt and imported,
+    then restored, rebuilt and imported again. Returns ``{"warm-up": step, "<file>": {"edit": step,
+    "revert": step}}``; ``save(record)`` after every step."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHON": python}
+    log = Path(tempfile.mkdtemp(prefix="bench_build_edit_")) / "build.log"
+
+    def step(module: str) -> dict:
+        start = log.stat().st_size if log.exists() else 0
+        cmd = f"bash scripts/build.sh && {python} -c 'import {module}'"
+        res = _run(cmd, ROOT, env, log)
+        text = log.read_text()[start:]
+        res["compiled"] = re.findall(r"Building CXX object (\S+)", text)
+        res["linked"] = [Path(m).name.split(".")[0] for m in re.findall(r"Linking CXX shared module (\S+)", text)]
+        return res
+
+    record: dict = {"log": str(log)}
+    record["warm-up"] = step("kernels")
+    save(record)
+    for edited in files:
+        path = ROOT / edited
+        text = path.read_text()
+        module = _module_of(ROOT, edited)
+        try:
+            path.write_text(text + EDIT_LINE)
+            record[edited] = {"module": module, "edit": step(module)}
+            save(record)
+        finally:
+            path.write_text(text)
+        record[edited]["revert"] = step(module)
+        save(record)
+        for label in ("edit", "revert"):
+            r = record[edited][label]
+            print(
+                f"  {label:<6} {edited:<36} {r['wall_s']:6.1f} s wall {r['cpu_s']:6.1f} s cpu  "
+                f"{len(r['compiled']):2d} objects  rc={r['returncode']}",
+                flush=True,
+            )
+    return record
+
+
+def edit_table(record: dict) -> str:
+    """The edit loop record as a Markdown table: one row per file, edit and revert."""
+    rows = [
+        "| edited file | objects compiled | edit: wall s | edit: CPU s | revert: wall s | revert: CPU s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, r in record["steps"].items():
+        if name in ("warm-up", "log"):
+            continue
+        e, v = r["edit"], r.get("revert", {})
+        bad = "" if e["returncode"] == 0 and v.get("returncode", 0) == 0 else " (failed)"
+        rows.append(
+            f"| `{name}`{bad} | {len(e['compiled'])} | {e['wall_s']:.1f} | {e['cpu_s']:.1f} | "
+            f"{v.get('wall_s', float('nan')):.1f} | {v.get('cpu_s', float('nan')):.1f} |"
+        )
+    return "\n".join(rows)
 
 
 def table(record: dict) -> str:
@@ -215,9 +292,18 @@ def main() -> None:
     ap.add_argument("--table", type=Path, help="print this record as a Markdown table, run nothing")
     ap.add_argument("--units", type=Path, help="time each translation unit's compile in this build folder")
     ap.add_argument("--units-match", default="", help="with --units: only the units whose path matches this")
+    ap.add_argument(
+        "--edit-loop", action="store_true", help="edit, rebuild and import each C++ source of this checkout"
+    )
+    ap.add_argument("--files", nargs="*", help="with --edit-loop: these files (default: every kernels/**/*.cpp)")
+    ap.add_argument(
+        "--python", default=sys.executable, help="with --edit-loop: the Python to build for and import with"
+    )
+    ap.add_argument("--machine", default="devvm", help="with --edit-loop: the machine's name in the JSON file name")
     args = ap.parse_args()
     if args.table:
-        print(table(json.loads(args.table.read_text())))
+        record = json.loads(args.table.read_text())
+        print(edit_table(record) if "steps" in record else table(record))
         return
     day = datetime.date.today().isoformat()
     if args.units:
@@ -228,8 +314,36 @@ def main() -> None:
         out.write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {out}")
         return
+    if args.edit_loop:
+        files = args.files or sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "kernels").rglob("*.cpp"))
+        out = args.out or ROOT / "benchmarks" / "results" / f"build_edit_{args.machine}_{day}.json"
+        record = {
+            "date": day,
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+            "commit": subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+            ).stdout.strip(),
+            "command": "bash scripts/build.sh && python -c 'import <module>'",
+            "loadavg_before": os.getloadavg(),
+        }
+
+        def save_edit(steps: dict) -> None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(record | {"steps": steps, "loadavg_now": os.getloadavg()}, indent=1) + "\n")
+
+        start = time.perf_counter()
+        steps = edit_loop(files, args.python, save_edit)
+        record |= {
+            "steps": steps,
+            "loadavg_after": os.getloadavg(),
+            "total_wall_s": round(time.perf_counter() - start, 1),
+        }
+        out.write_text(json.dumps(record, indent=1) + "\n")
+        print(edit_table(record))
+        print(f"load average before {record['loadavg_before']}, after {record['loadavg_after']}; wrote {out}")
+        return
     if not args.tree:
-        ap.error("give --tree NAME=PATH (one or more), --units BUILD_DIR or --table FILE")
+        ap.error("give --tree NAME=PATH (one or more), --edit-loop, --units BUILD_DIR or --table FILE")
     out = args.out or ROOT / "benchmarks" / "results" / f"build_devvm_{day}.json"
     work = Path(tempfile.mkdtemp(prefix="bench_build_"))
     print(f"working in {work}", flush=True)
