@@ -358,12 +358,12 @@ def test_default_slab_count_follows_the_cost_of_splitting_atoms():
 
 @pytest.mark.skipif(
     density_cpu._scatter.build_info()["backward_isa"] != "x86-64-v4",
-    reason="the 16-lane backward runs only in the kernel's AVX-512 (x86-64-v4) clone, which this CPU or build "
+    reason="the 16-lane backward runs only in the kernel's AVX-512 (x86-64-v4) variant, which this CPU or build "
     "does not take: both runs would take 8 lanes and compare a path with itself",
 )
 @pytest.mark.parametrize("kind", sorted(BIG_CELLS))
 def test_backward_lane_width_does_not_change_gradients(kind):
-    # On CPUs that run the kernel's AVX-512 clone the backward contracts 16 lanes at a time
+    # On CPUs that run the kernel's AVX-512 variant the backward contracts 16 lanes at a time
     # (boxes rounded up to whole 16-lane blocks, the extra lanes wrapping past the top of the
     # cell); every lane's arithmetic is that of the 8-lane blocks, so forcing 8 lanes must
     # give bitwise the same gradients.
