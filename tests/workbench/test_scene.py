@@ -7,6 +7,7 @@ import base64
 import dataclasses
 import importlib
 import pkgutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,20 @@ def test_region_volume_is_the_region_box_as_a_ccp4_file(tmp_path):
     assert sub.stride == 3 and sub.n_voxels == int(np.prod(sub.shape)) <= 2000 * 1.6
     assert base64.b64decode(compute.volume_base64(vol.ccp4)) == vol.ccp4
     assert compute.volume_base64(vol.ccp4).isascii()
+
+
+def test_region_volume_from_the_cached_mask_warns_nothing():
+    # The second call takes near_atoms_mask's cached, read-only mask: clipping with it must not go through
+    # torch.from_numpy, whose "not writable" UserWarning reached the notebook's stderr.
+    m = model("1orc")
+    grid = kernels.GridSpec.for_spacing(m.cell, 1.5, m.spacegroup)
+    rho = torch.rand(grid.shape, generator=torch.Generator().manual_seed(1))
+    xyz = m.atoms.xyz[:40]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = compute.region_volume(rho, grid, xyz, 4.0)
+        again = compute.region_volume(rho, grid, xyz, 4.0)
+    assert first.ccp4 == again.ccp4 and first.n_clipped == again.n_clipped > 0
 
 
 def test_focus_selection_names_the_residue_or_everything():

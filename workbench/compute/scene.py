@@ -231,9 +231,10 @@ def region_volume(
     box = _cut(rho, geometry)
     n_clipped = 0
     if clip and geometry.keep is not None and box.numel():
-        keep = torch.from_numpy(geometry.keep)
-        box[~keep] = float(box.min()) - CLIPPED
-        n_clipped = int((~keep).sum())
+        # geometry.keep may be near_atoms_mask's cached, read-only array: index the box's numpy view with it
+        clipped = ~geometry.keep
+        box.numpy()[clipped] = float(box.min()) - CLIPPED
+        n_clipped = int(clipped.sum())
     return RegionVolume(
         ccp4=map_ccp4_bytes(box, geometry.box_grid), shape=tuple(box.shape), stride=geometry.stride, n_clipped=n_clipped
     )
