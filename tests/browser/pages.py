@@ -111,6 +111,15 @@ class WorkbenchUI:
             raise AssertionError(f"the app never said ready; status line [{classes}]: {text}") from exc
         return self.status()[0]
 
+    def wait_idle(self, timeout_ms: int = 120_000) -> str:
+        """Wait until no computation runs (the status line may still report something else, such as a
+        download an earlier test started); its text."""
+        self.page.wait_for_function(
+            "() => { const s = document.querySelector('.wb-status'); return s && !s.classList.contains('wb-status-busy'); }",
+            timeout=timeout_ms,
+        )
+        return self.status()[0]
+
     def slice_png(self) -> bytes:
         return self.page.locator(".wb-slice").screenshot()
 
