@@ -1,10 +1,11 @@
 """Statistics by resolution shell: errors against a reference set, R-factor, correlation and FSC.
 
 Every statistic is a ratio of sums over the reflections of a shell. A set's binning is made once and
-kept (:class:`_ShellPlan`: the reflections in shell order and each shell's bounds), so a call gathers
-the factors in shell order, computes the per-reflection values as one (K, M) float64 array and sums
-its rows over contiguous segments (numpy's ``reduceat`` on the CPU, a running sum differenced at the
-bounds on a GPU: no atomics on a few hot addresses), then takes the ratios per shell. On a GPU nothing here reads a value back to the host except
+kept (:class:`_ShellPlan`: the reflections in shell order and each shell's bounds). On the CPU a call
+gathers the factors in shell order block by block, computes the per-reflection values in float64 and
+sums them over each shell's runs (numpy's ``reduceat``), then takes the ratios per shell. On a GPU one
+Triton launch (:func:`kernels.reciprocal.triton.shell_statistics`) does all of it, one program per
+shell, with no atomics. On a GPU nothing here reads a value back to the host except
 :meth:`ShellTable.crossing` and :meth:`ShellTable.as_dict`, so a table costs no synchronisation until
 it is looked at.
 """
@@ -411,24 +412,27 @@ def _sums_cpu(g: np.ndarray, r, plan: _ShellPlan, n_shells: int, ordered: bool) 
     return out
 
 
-def _sums_device(g: torch.Tensor, r, plan: _ShellPlan) -> torch.Tensor:
-    """(K, n_shells) float64 sums of values already in shell order, on their device: a running sum per row,
-    differenced at the shells' bounds (no atomics on a few hot addresses, nothing read back)."""
-    running = torch.cumsum(torch.stack(_rows(g, r, False)), dim=1)
-    # the running sum before each bound: at bound b > 0 the value at b − 1, at b = 0 nothing
-    at = running.index_select(1, (plan.bounds - 1).clamp_min(0)) * (plan.bounds > 0)
-    return at[:, 1:] - at[:, :-1]
-
-
 def _shells(f, reference, n_shells: int, binning: str) -> ShellTable:
     plan = _plan(f, n_shells, binning)
     ref = None if reference is None else reference.f.to(f.f.device)
     if f.f.device.type == "cpu":
         summed = _sums_cpu(_host(f.f), None if ref is None else _host(ref), plan, n_shells, ordered=False)
-    else:
-        g = f.f.detach().index_select(0, plan.order)
-        summed = _sums_device(g, None if ref is None else ref.detach().index_select(0, plan.order), plan)
-    return _table(plan, summed, reference is not None)
+        return _table(plan, summed, reference is not None)
+    from kernels.reciprocal.triton import shell_statistics
+
+    return _device_table(plan, shell_statistics(f.f, ref, plan.order, plan.bounds))
+
+
+def _device_table(plan: _ShellPlan, stats: torch.Tensor, scale: float = 1.0) -> ShellTable:
+    """The table from :func:`kernels.reciprocal.triton.shell_statistics`' rows (its ``STAT_ROWS``), ``scale``
+    the factors' common scale (⟨|F|²⟩ by scale²)."""
+    from kernels.reciprocal.triton import STAT_ROWS
+
+    d_edges = 1.0 / plan.edges
+    columns = dict(zip(STAT_ROWS, stats.unbind(0)))
+    if scale != 1.0:
+        columns["mean_intensity"] = columns["mean_intensity"] * (scale * scale)
+    return ShellTable(d_max=d_edges[:-1], d_min=d_edges[1:], count=plan.count, **columns)
 
 
 def _table(plan: _ShellPlan, summed, with_reference: bool, scale: float = 1.0) -> ShellTable:
@@ -551,10 +555,14 @@ def fsc(
         rho1, rho2 = rho1.float(), rho2.float()
     plan, flat = _fsc_plan(grid, float(d_min), n_shells, binning, rho1.device)
     with torch.no_grad():
-        g1 = torch.fft.rfftn(rho1.detach()).reshape(-1).index_select(0, flat)
-        g2 = torch.fft.rfftn(rho2.detach()).reshape(-1).index_select(0, flat)
+        g1 = torch.fft.rfftn(rho1.detach()).reshape(-1)
+        g2 = torch.fft.rfftn(rho2.detach()).reshape(-1)
         if rho1.device.type == "cpu":
-            summed = _sums_cpu(g1.numpy(), g2.numpy(), plan, n_shells, ordered=True)
-        else:
-            summed = _sums_device(g1, g2, plan)
-        return _table(plan, summed, True, scale=grid.voxel_volume)
+            summed = _sums_cpu(
+                g1.index_select(0, flat).numpy(), g2.index_select(0, flat).numpy(), plan, n_shells, ordered=True
+            )
+            return _table(plan, summed, True, scale=grid.voxel_volume)
+        from kernels.reciprocal.triton import shell_statistics
+
+        # the kernel gathers both half-space transforms through the flat indices (in shell order)
+        return _device_table(plan, shell_statistics(g1, g2, flat, plan.bounds), scale=grid.voxel_volume)

@@ -343,6 +343,100 @@ def test_fsc_of_a_map_and_its_noisy_copy():
     assert_close(exact.mean_intensity, again.mean_intensity, 0, rtol=1e-12)
 
 
+# --------------------------------------------------------------------------- the GPU's shell kernel
+#
+# kernels.reciprocal.triton.shell_statistics is what shells() and fsc() run on a GPU. Here it runs on the
+# CUDA device where there is one, and in Triton's interpreter on CPU tensors otherwise (CI), against the
+# CPU's numpy tables of the same plans.
+
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _shell_kernel(f, reference, index, bounds):
+    from kernels.reciprocal.triton import STAT_ROWS, shell_statistics
+
+    dev = torch.device(TRITON_DEVICE)
+    ref = None if reference is None else reference.to(dev)
+    out = shell_statistics(f.to(dev), ref, index.to(dev), bounds.to(dev)).cpu()
+    return dict(zip(STAT_ROWS, out))
+
+
+def _same(got, want):
+    """Equal to float64 rounding of the sums' order: 1e-12 of the column's largest value."""
+    assert_close(got, want, 1e-12 * float(want.abs().max()))
+
+
+def _cpu_plan(f, n_shells, binning):
+    """The CPU plan of ``f`` as the kernel takes it: the reflections in shell order and the shells' bounds."""
+    import importlib
+
+    plan = importlib.import_module("kernels.reciprocal.shells")._plan(f, n_shells, binning)
+    bounds = torch.cat((torch.zeros(1, dtype=torch.int64), torch.cumsum(plan.count, 0)))
+    return torch.from_numpy(plan.order), bounds
+
+
+@pytest.mark.parametrize("binning", ["count", "volume"])
+def test_shell_kernel_gives_the_cpu_tables(binning):
+    m = model("1orc")
+    grid = GridSpec.for_spacing(m.cell, 0.8)
+    rho = kernels.splat_density(m.atoms.to(dtype=torch.float32), grid, backend="cpu")
+    f = structure_factors(rho, grid, 2.5)  # complex64
+    exact = structure_factors(rho.double(), grid, 2.5, backend="reference")  # complex128
+    order, bounds = _cpu_plan(f, 12, binning)
+    for reference in (exact, exact.replace(f=exact.f.abs()), exact.replace(f=exact.f.abs().float()), None):
+        want = shells(f, reference, n_shells=12, binning=binning)
+        got = _shell_kernel(f.f, None if reference is None else reference.f, order, bounds)
+        for column, values in got.items():
+            if getattr(want, column) is not None:
+                _same(values, getattr(want, column))
+        assert len(got) == (1 if reference is None else 7)
+    # real amplitudes as the set, complex reference
+    want = shells(f.replace(f=f.f.abs()), exact, n_shells=12, binning=binning)
+    got = _shell_kernel(f.f.abs(), exact.f, order, bounds)
+    for column, values in got.items():
+        _same(values, getattr(want, column))
+
+
+def test_shell_kernel_phase_differences_are_atan2s_over_the_whole_circle():
+    # one reflection per shell: each shell's phase error is that reflection's |Δφ|, weighted by itself
+    g = torch.Generator().manual_seed(3)
+    angles = torch.cat((torch.rand(60, generator=g, dtype=torch.float64) * 2 * math.pi - math.pi,
+                        torch.tensor([0.0, math.pi, -math.pi, math.pi / 2, -math.pi / 2, 1e-9, math.pi - 1e-9])))  # fmt: skip
+    ref = torch.polar(
+        torch.rand(len(angles), generator=g, dtype=torch.float64) + 0.5,
+        torch.rand(len(angles), generator=g, dtype=torch.float64),
+    )
+    f = ref * torch.polar(torch.full_like(angles, 1.7), angles)
+    f = torch.cat((f, torch.zeros(1, dtype=f.dtype), f[:1]))  # F = 0 against F_ref: atan2(0, 0) = 0
+    ref = torch.cat((ref, ref[:1], torch.zeros(1, dtype=ref.dtype)))  # and F_ref = 0: a weight of 0, NaN
+    n = len(f)
+    with np.errstate(divide="ignore", invalid="ignore"):  # the interpreter's numpy, on the NaN shells
+        got = _shell_kernel(f, ref, torch.arange(n), torch.arange(n + 1))
+        empty = _shell_kernel(f, ref, torch.arange(n), torch.tensor([0, 3, 3, n]))
+    want = torch.rad2deg(torch.atan2((f * ref.conj()).imag, (f * ref.conj()).real).abs())
+    assert_close(got["phase_error"][:-1], want[:-1], 1e-13)
+    assert torch.isnan(got["phase_error"][-1])
+    # an empty shell: NaN in every column
+    assert all(torch.isnan(values[1]) for values in empty.values())
+
+
+def test_shell_kernel_gathers_an_fsc_through_the_flat_indices():
+    m = model("1orc")
+    grid = GridSpec.for_spacing(m.cell, 0.8)
+    rho = kernels.splat_density(m.atoms.to(dtype=torch.float32), grid, backend="cpu")
+    other = rho + 0.05 * torch.randn(grid.shape, generator=torch.Generator().manual_seed(2))
+    want = fsc(rho, other, grid, n_shells=15)
+    import importlib
+
+    shells_module = importlib.import_module("kernels.reciprocal.shells")
+    plan, flat = shells_module._fsc_plan(grid, finest_d_min(grid), 15, "width", torch.device("cpu"))
+    bounds = torch.cat((torch.zeros(1, dtype=torch.int64), torch.cumsum(plan.count, 0)))
+    got = _shell_kernel(torch.fft.rfftn(rho).reshape(-1), torch.fft.rfftn(other).reshape(-1), flat, bounds)
+    for column in ("fsc", "rel_error", "phase_error", "correlation"):
+        _same(got[column], getattr(want, column))
+    assert_close(got["mean_intensity"] * grid.voxel_volume**2, want.mean_intensity, 0, rtol=1e-12)
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -414,16 +508,17 @@ def test_cuda_matches_cpu_and_makes_no_host_sync():
     # the same tables as the CPU's (numpy) from the same factors
     on_cpu = again.replace(hkl=again.hkl.cpu(), f=again.f.cpu(), _inv_d2=again.inv_d2.cpu())
     ref_cpu = on_cpu.replace(f=reference.f.cpu())
-    for got, want in (
+    for got, on_host in (
+        (table, shells(on_cpu, ref_cpu, n_shells=20)),
         (by_volume, shells(on_cpu, ref_cpu, n_shells=20, binning="volume")),
         (alone, shells(on_cpu, n_shells=20)),
         (curve, fsc(rho, rho * 1.01 + 1e-3, grid)),
     ):
-        assert torch.equal(got.count.cpu(), want.count)
-        assert_close(got.mean_intensity, want.mean_intensity, 0, rtol=1e-5)
-        if want.fsc is not None:
-            assert_close(got.fsc, want.fsc, 1e-6)
-            assert_close(got.rel_error, want.rel_error, 1e-6)
+        assert torch.equal(got.count.cpu(), on_host.count)
+        assert_close(got.mean_intensity, on_host.mean_intensity, 0, rtol=1e-5)
+        if on_host.fsc is not None:
+            assert_close(got.fsc, on_host.fsc, 1e-6)
+            assert_close(got.rel_error, on_host.rel_error, 1e-6)
     # float32 cuFFT against the float64 transform: 1e-6 of the largest factor (as the CPU float32 test)
     assert_close(as_real(again.f), as_real(want.f), atol=1e-6 * float(want.f.abs().max()))
     assert torch.all(table.rel_error.cpu() == 0)
