@@ -376,7 +376,7 @@ def _cpu_plan(f, n_shells, binning):
 
 
 @pytest.mark.parametrize("binning", ["count", "volume"])
-def test_shell_kernel_gives_the_cpu_tables(binning):
+def test_gpu_shell_kernel_gives_the_cpu_tables(binning):
     m = model("1orc")
     grid = GridSpec.for_spacing(m.cell, 0.8)
     rho = kernels.splat_density(m.atoms.to(dtype=torch.float32), grid, backend="cpu")
@@ -397,7 +397,7 @@ def test_shell_kernel_gives_the_cpu_tables(binning):
         _same(values, getattr(want, column))
 
 
-def test_shell_kernel_phase_differences_are_atan2s_over_the_whole_circle():
+def test_gpu_shell_kernel_phase_differences_are_atan2s_over_the_whole_circle():
     # one reflection per shell: each shell's phase error is that reflection's |Δφ|, weighted by itself
     g = torch.Generator().manual_seed(3)
     angles = torch.cat((torch.rand(60, generator=g, dtype=torch.float64) * 2 * math.pi - math.pi,
@@ -420,7 +420,7 @@ def test_shell_kernel_phase_differences_are_atan2s_over_the_whole_circle():
     assert all(torch.isnan(values[1]) for values in empty.values())
 
 
-def test_shell_kernel_gathers_an_fsc_through_the_flat_indices():
+def test_gpu_shell_kernel_gathers_an_fsc_through_the_flat_indices():
     m = model("1orc")
     grid = GridSpec.for_spacing(m.cell, 0.8)
     rho = kernels.splat_density(m.atoms.to(dtype=torch.float32), grid, backend="cpu")
