@@ -355,60 +355,63 @@ def _make_plan(inv_d2: torch.Tensor, n_shells: int, binning: str) -> _ShellPlan:
     return _ShellPlan(order, count, edges, bounds=bounds)
 
 
-def _parts(f, cpu: bool):
+def _parts(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Real and imaginary parts, float64 (real input: amplitudes, phase 0)."""
-    if cpu:
-        if not np.iscomplexobj(f):
-            return f.astype(np.float64), np.zeros(f.shape)
-        return f.real.astype(np.float64), f.imag.astype(np.float64)
-    if not f.is_complex():
-        f = f.to(torch.float64)
-        return f, torch.zeros_like(f)
-    return f.real.to(torch.float64), f.imag.to(torch.float64)
-
-
-def _rows(f, reference, cpu: bool) -> list:
-    """The per-reflection values summed per shell: |F|² alone, or :data:`_ROWS` against a reference."""
-    re, im = _parts(f, cpu)
-    if reference is None:
-        return [re * re + im * im]
-    rr, ri = _parts(reference, cpu)
-    sqrt = np.sqrt if cpu else torch.sqrt
-    aa = re * re + im * im
-    bb = rr * rr + ri * ri
-    a = sqrt(aa)
-    b = sqrt(bb)
-    cross_re = re * rr + im * ri
-    cross_im = im * rr - re * ri
-    d = a - b
-    if cpu:
-        # torch's vectorised atan2 (numpy's is scalar, 3x slower); a block of ≤ 32768 values (_BLOCK, torch's
-        # grain size) runs on this thread, not the intra-op pool
-        dphi = torch.atan2(torch.from_numpy(cross_im), torch.from_numpy(cross_re)).abs_().numpy()
-    else:
-        dphi = torch.atan2(cross_im, cross_re).abs_()
-    re -= rr
-    im -= ri
-    return [aa, bb, a, b, a * b, re * re + im * im, d * d, abs(d), dphi * b, cross_re]
+    if not np.iscomplexobj(f):
+        return f.astype(np.float64), np.zeros(f.shape)
+    return f.real.astype(np.float64), f.imag.astype(np.float64)
 
 
 # The rows summed per shell against a reference, in this order.
 _ROWS = ("aa", "bb", "a", "b", "ab", "diff2", "amp2", "amp1", "bphase", "cross")
 
 
+def _fill_rows(f: np.ndarray, reference: np.ndarray, rows: np.ndarray) -> None:
+    """Write the per-reflection values of :data:`_ROWS` for the reflections ``f`` (B,) against ``reference`` (B,)
+    into ``rows`` (10, B) float64: each row's last op writes it in place, so a block makes few temporaries."""
+    aa, bb, a, b, ab, diff2, amp2, amp1, bphase, cross = rows
+    re, im = _parts(f)
+    rr, ri = _parts(reference)
+    np.multiply(re, re, out=aa)
+    aa += im * im
+    np.multiply(rr, rr, out=bb)
+    bb += ri * ri
+    np.sqrt(aa, out=a)
+    np.sqrt(bb, out=b)
+    np.multiply(a, b, out=ab)
+    np.multiply(re, rr, out=cross)
+    cross += im * ri
+    cross_im = im * rr
+    cross_im -= re * ri
+    d = a - b
+    np.multiply(d, d, out=amp2)
+    np.abs(d, out=amp1)
+    # torch's vectorised atan2 (numpy's is scalar, 3x slower); a block of ≤ 32768 values (_BLOCK, torch's grain
+    # size) runs on this thread, not the intra-op pool
+    dphi = torch.atan2(torch.from_numpy(cross_im), torch.from_numpy(cross)).abs_().numpy()
+    np.multiply(dphi, b, out=bphase)
+    re -= rr
+    im -= ri
+    np.multiply(re, re, out=diff2)
+    diff2 += im * im
+
+
 def _sums_cpu(g: np.ndarray, r, plan: _ShellPlan, n_shells: int, ordered: bool) -> np.ndarray:
     """(K, n_shells) float64 sums, block by block of the set in shell order (numpy, this thread); ``ordered``:
-    ``g`` and ``r`` are in shell order already."""
-    if r is None and not ordered:
-        # one value per reflection: a weighted count in the set's own order costs less than its gather
-        (aa,) = _rows(g, None, True)
-        return np.bincount(plan.which, aa, minlength=n_shells)[None]
-    out = np.zeros((1 if r is None else len(_ROWS), n_shells))
+    ``g`` and ``r`` are in shell order already. K is 1 (⟨|F|²⟩'s sum) without a reference, else len(_ROWS)."""
+    if r is None:
+        # one value per reflection: a weighted count in the set's own order costs less than a gather
+        re, im = _parts(g)
+        which = plan.which[plan.order] if ordered else plan.which
+        return np.bincount(which, re * re + im * im, minlength=n_shells)[None]
+    out = np.zeros((len(_ROWS), n_shells))
+    buffer = np.empty((len(_ROWS), _BLOCK))
     for lo, hi, starts, shells_of_runs in plan.blocks:
         idx = slice(lo, hi) if ordered else plan.order[lo:hi]
-        rows = _rows(g[idx], None if r is None else r[idx], True)
-        for i, row in enumerate(rows):
-            out[i, shells_of_runs] += np.add.reduceat(row, starts)
+        rows = buffer[:, : hi - lo]
+        _fill_rows(g[idx], r[idx], rows)
+        # a block's runs are of distinct shells (it is sorted by shell), so the indexed add hits each once
+        out[:, shells_of_runs] += np.add.reduceat(rows, starts, axis=1)
     return out
 
 
