@@ -39,7 +39,7 @@ run. It prints a table and writes ``benchmarks/results/build_edit_<machine>_<dat
 once more, one at a time, as ninja would in that (configured) build folder (the object goes to a
 temporary file), and records its wall and CPU seconds: the floor of an edit's rebuild. A source that
 CMakeLists.txt compiles once per variant (``kernels/density/forward.cpp``, ``backward.cpp``) is timed
-per variant, keyed ``source [KERNELS_ISA=…,KERNELS_INDEX=…]``.
+per variant, keyed ``source [KERNELS_ISA=…]``.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def units(build_dir: Path, match: str = "") -> dict:
             m = re.search(r" -c (\S*/(kernels/\S+\.cpp))$", line)
             if not m or not re.search(match, m.group(2)):
                 continue
-            variant = ",".join(re.findall(r"-D(KERNELS_(?:ISA|INDEX)=\w+)", line))
+            variant = ",".join(re.findall(r"-D(KERNELS_ISA=\w+)", line))
             key = f"{m.group(2)} [{variant}]" if variant else m.group(2)
             if key in out:
                 continue

@@ -108,7 +108,6 @@ nb::dict timings_dict(const kd::Timings& tm) {
     d["partition"] = tm.partition;
     d["compute"] = tm.compute;
     d["tasks"] = tm.tasks;
-    d["index"] = tm.int64_index ? "int64" : "int32";
     d["rows_reused"] = tm.rows_reused;
     d["exp_visits"] = tm.exp_visits;
     return d;
@@ -195,14 +194,13 @@ NB_MODULE(_scatter, m) {
     m.def(
         "splat",
         [](Maps<float> out, const kd::CellGeometry& cell, const Atoms& atoms, int n_threads, int slabs_per_thread,
-           bool force_int64, bool float_rows, bool keep_rows) {
+           bool float_rows, bool keep_rows) {
             int64_t shape[3];
             const int64_t n_maps = map_shape(out, "out", shape);
             check_frames(atoms, n_maps);
             kd::Options opt;
             opt.n_threads = n_threads;
             opt.slabs_per_thread = slabs_per_thread;
-            opt.force_int64 = force_int64;
             opt.float_rows = float_rows;
             std::unique_ptr<kd::RowIntervals> rows(keep_rows ? new kd::RowIntervals : nullptr);
             kd::Timings tm;
@@ -214,19 +212,18 @@ NB_MODULE(_scatter, m) {
             return nb::make_tuple(timings_dict(tm), kept);
         },
         "out"_a.noconvert(), "cell"_a, "atoms"_a, nb::kw_only(), "n_threads"_a = 1, "slabs_per_thread"_a = 0,
-        "force_int64"_a = false, "float_rows"_a = true, "keep_rows"_a = false,
+        "float_rows"_a = true, "keep_rows"_a = false,
         "Writes the density of `atoms` to `out` (nx, ny, nz) float32, overwriting it (it may be uninitialised).\n"
         "out (n, nx, ny, nz): the atoms are n frames of equal size (frame-major), map f the density of frame f.\n\n"
         "Returns (timings, rows): a dict of phase times in s ('prepare', 'partition', 'compute'), 'tasks',\n"
-        "'index' ('int32' or 'int64'), 'rows_reused' and 'exp_visits'; rows: a RowIntervals for gather() with\n"
-        "keep_rows, else None.\n"
-        "slabs_per_thread: 0 slabs of decreasing size, k (1..64) k equal slabs per thread. force_int64: 64-bit voxel indices on any map.\n"
+        "'rows_reused' and 'exp_visits'; rows: a RowIntervals for gather() with keep_rows, else None.\n"
+        "slabs_per_thread: 0 slabs of decreasing size, k (1..64) k equal slabs per thread.\n"
         "float_rows=False: the row intervals from the double pass only. All options give bitwise the same map.");
 
     m.def(
         "gather",
         [](Maps<const float> grad, const kd::CellGeometry& cell, const Atoms& atoms, Array<float, -1, 3> gxyz,
-           Array<float, -1> gb_iso, Array<float, -1> gocc, kd::RowIntervals* rows, int n_threads, bool force_int64,
+           Array<float, -1> gb_iso, Array<float, -1> gocc, kd::RowIntervals* rows, int n_threads,
            bool float_rows, int lanes) {
             int64_t shape[3];
             const int64_t n_maps = map_shape(grad, "grad", shape);
@@ -239,7 +236,6 @@ NB_MODULE(_scatter, m) {
                 throw nb::value_error("rows come from a splat on a grid of another shape");
             kd::Options opt;
             opt.n_threads = n_threads;
-            opt.force_int64 = force_int64;
             opt.float_rows = float_rows;
             opt.lanes = lanes;
             kd::Timings tm;
@@ -260,8 +256,8 @@ NB_MODULE(_scatter, m) {
             return timings_dict(tm);
         },
         "grad"_a.noconvert(), "cell"_a, "atoms"_a, "gxyz"_a.noconvert(), "gb_iso"_a.noconvert(),
-        "gocc"_a.noconvert(), nb::kw_only(), "rows"_a.none() = nb::none(), "n_threads"_a = 1, "force_int64"_a = false,
-        "float_rows"_a = true, "lanes"_a = 0,
+        "gocc"_a.noconvert(), nb::kw_only(), "rows"_a.none() = nb::none(), "n_threads"_a = 1, "float_rows"_a = true,
+        "lanes"_a = 0,
         "Gradient of sum(grad * splat(atoms)) with respect to xyz (N, 3), b_iso (N,) and occ (N,), written to\n"
         "gxyz, gb_iso, gocc (float32; summed in float64, rounded once). grad (n, nx, ny, nz): n frames as in\n"
         "splat(), each reading its own map; grad (nx, ny, nz): one. rows: None, or the RowIntervals of splat()\n"
@@ -273,7 +269,7 @@ NB_MODULE(_scatter, m) {
         "gather_aniso",
         [](Maps<const float> grad, const kd::CellGeometry& cell, const Atoms& atoms, const Matrix3& frac,
            Array<float, -1, 3> gxyz, Array<float, -1> gocc, Array<float, -1, 6> gu, Array<float, -1> gb_iso,
-           int n_threads, bool force_int64) {
+           int n_threads) {
             int64_t shape[3];
             const int64_t n_maps = map_shape(grad, "grad", shape);
             check_frames(atoms, n_maps);
@@ -284,7 +280,6 @@ NB_MODULE(_scatter, m) {
             check_rows(atoms, gb_iso.shape(0), "gb_iso");
             kd::Options opt;
             opt.n_threads = n_threads;
-            opt.force_int64 = force_int64;
             kd::Timings tm;
             {
                 nb::gil_scoped_release release;
@@ -307,7 +302,7 @@ NB_MODULE(_scatter, m) {
             return timings_dict(tm);
         },
         "grad"_a.noconvert(), "cell"_a, "atoms"_a, "frac"_a.noconvert(), "gxyz"_a.noconvert(), "gocc"_a.noconvert(),
-        "gu"_a.noconvert(), "gb_iso"_a.noconvert(), nb::kw_only(), "n_threads"_a = 1, "force_int64"_a = false,
+        "gu"_a.noconvert(), "gb_iso"_a.noconvert(), nb::kw_only(), "n_threads"_a = 1,
         "Gradient of sum(grad * splat(atoms)) for an anisotropic set with respect to xyz (N, 3; frac: the cell's\n"
         "(3, 3) float64 Cartesian -> fractional matrix), occ (N,), u_aniso (N, 6; zero rows for isotropic atoms)\n"
         "and b_iso (N,; zero for anisotropic atoms), written to gxyz, gocc, gu, gb_iso (float32; summed in\n"

@@ -162,7 +162,7 @@ struct AnisoWalkBlock {
 // six sums per term (aniso_atom's AnisoPlaneSums, kept as lane vectors), those with dx into the ten
 // moments as lane vectors, summed across lanes into `gs` once per atom (double throughout). The
 // lanes outside a row's interval take g = 0 (P is finite over the box).
-template <class Idx, bool Forward = true>
+template <bool Forward = true>
 KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t atom, int64_t ia, int64_t ib,
                                       float* out, Scratch& S, const float* grad = nullptr, AnisoSums* gs = nullptr) {
     const Geom& g = in.g;
@@ -309,7 +309,7 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
         }
         if (i < ia) continue;
         const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
-        const Idx iw = static_cast<Idx>(floor_mod(i, nx));
+        const int64_t iw = floor_mod(i, nx);
         if (g.float_rows)
             plane_intervals_f(g, A, rcf, dx, nyb, dyf, dyd, S, lo, hi);
         else
@@ -332,7 +332,7 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
             KERNELS_SIMD
             for (int64_t s = 0; s < nyr; ++s) CRk[s] = ck * (gk * GVk[s]);
         }
-        const Idx plane_base = iw * static_cast<Idx>(ny);
+        const int64_t plane_base = iw * ny;
         if constexpr (!Forward) {
             vd8 pv[NG][6];  // the plane's six sums per term as lane vectors (see aniso_atom's AnisoPlaneSums)
             std::memset(pv, 0, sizeof pv);
@@ -347,15 +347,15 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
                 for (int64_t s = sf; s <= sl; ++s) {
                     if (lo[s] <= tb32 + static_cast<int32_t>(kAW) - 1 && hi[s] >= tb32) {
                         const vi8 keep = (iota >= (vi8{} + (lo[s] - tb32))) & (iota <= (vi8{} + (hi[s] - tb32)));
-                        const Idx base = (plane_base + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
+                        const int64_t base = (plane_base + jw[s]) * nz;
                         vf8 gf;
                         if (direct) {
-                            gf = vload(grad + base + static_cast<Idx>(wz));
+                            gf = vload(grad + base + wz);
                         } else {
                             alignas(32) float g8[kAW] = {};
                             const int64_t te = std::min<int64_t>(hi[s], tb + kAW - 1);
                             for (int64_t t = std::max<int64_t>(lo[s], tb); t <= te; ++t)
-                                g8[t - tb] = grad[base + static_cast<Idx>(zw[t])];
+                                g8[t - tb] = grad[base + zw[t]];
                             gf = vload(g8);
                         }
                         const vd8 gd = __builtin_convertvector(
@@ -426,7 +426,7 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
                     const vi8 kb = (iota + static_cast<int32_t>(kAW) >= la) & (iota + static_cast<int32_t>(kAW) <= ha);
                     const vf8 fa = reinterpret_cast<vf8>(reinterpret_cast<vi8>(__builtin_convertvector(va, vf8)) & ka);
                     const vf8 fb = reinterpret_cast<vf8>(reinterpret_cast<vi8>(__builtin_convertvector(vb, vf8)) & kb);
-                    float* o = out + (plane_base + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz) + static_cast<Idx>(wz);
+                    float* o = out + (plane_base + jw[s]) * nz + wz;
                     vstore(o, vload(o) + fa);
                     vstore(o + kAW, vload(o + kAW) + fb);
                 }
@@ -449,16 +449,16 @@ KERNELS_INLINE void aniso_atom_tables(const Inputs& in, const AtomP& A, int64_t 
                                   vsplat_at<vd8>(c + 4 * nyr) * B.P4;
                     const vi8 keep = (iota >= (vi8{} + (lo[s] - tb32))) & (iota <= (vi8{} + (hi[s] - tb32)));
                     const vf8 f = reinterpret_cast<vf8>(reinterpret_cast<vi8>(__builtin_convertvector(v, vf8)) & keep);
-                    const Idx base = (plane_base + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
+                    const int64_t base = (plane_base + jw[s]) * nz;
                     if (direct) {
-                        float* o = out + base + static_cast<Idx>(wz);
+                        float* o = out + base + wz;
                         vstore(o, vload(o) + f);
                     } else {
                         alignas(32) float f8[kAW];
                         vstore(f8, f);
                         const int64_t te = std::min<int64_t>(hi[s], tb + kAW - 1);
                         for (int64_t t = std::max<int64_t>(lo[s], tb); t <= te; ++t)
-                            out[base + static_cast<Idx>(zw[t])] += f8[t - tb];
+                            out[base + zw[t]] += f8[t - tb];
                     }
                 }
                 B.step();

@@ -354,7 +354,7 @@ struct AnisoPlaneSums {
 // (Forward) or its moments against `grad` to `gs`. The voxel set is the sphere r² < R² of every
 // other path (plane_intervals), the row constants depend on the atom and the row only, so any
 // slab partition gives bitwise the same map.
-template <class Idx, bool Forward>
+template <bool Forward>
 KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, int64_t ia, int64_t ib, float* out,
                                const float* grad, Scratch& S, AnisoSums* gs) {
     const Geom& g = in.g;
@@ -400,7 +400,7 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
     }
     for (int64_t i = ia; i <= ib; ++i) {
         const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
-        const Idx iw = static_cast<Idx>(floor_mod(i, nx));
+        const int64_t iw = floor_mod(i, nx);
         if (g.float_rows)
             plane_intervals_f(g, A, rcf, dx, nyb, dyf, dyd, S, lo, hi);
         else
@@ -411,7 +411,7 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
         for (int64_t s = 0; s < nyb; ++s) {
             if (lo[s] > hi[s]) continue;
             const double dy = dyd[s];
-            const Idx base = (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
+            const int64_t base = (iw * ny + jw[s]) * nz;
             float acc[24] = {};
             // pieces of the row split where it wraps around the cell along z
             for (int64_t t = lo[s]; t <= hi[s];) {
@@ -420,13 +420,13 @@ KERNELS_INLINE void aniso_atom(const Inputs& in, const AtomP& A, int64_t atom, i
                 aniso_row_consts(P, Af, dy, g.m[2], dz0, t, R);
                 if (Forward) {
                     if (wz + (run + kAW - 1) / kAW * kAW <= nz)
-                        aniso_add_row_w(out + base + static_cast<Idx>(wz), run, R, cf);
+                        aniso_add_row_w(out + base + wz, run, R, cf);
                     else
-                        aniso_add_row(out + base + static_cast<Idx>(wz), run, R, cf);
+                        aniso_add_row(out + base + wz, run, R, cf);
                 } else if (wz + (run + kAW - 1) / kAW * kAW <= nz) {
-                    aniso_gather_row<true>(grad + base + static_cast<Idx>(wz), dzf + t, run, R, acc);
+                    aniso_gather_row<true>(grad + base + wz, dzf + t, run, R, acc);
                 } else {
-                    aniso_gather_row<false>(grad + base + static_cast<Idx>(wz), dzf + t, run, R, acc);
+                    aniso_gather_row<false>(grad + base + wz, dzf + t, run, R, acc);
                 }
                 t += run;
             }

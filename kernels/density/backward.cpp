@@ -1,15 +1,13 @@
 // The backward (gather and gather_aniso, scatter.hpp): atoms are independent tasks over the same
 // voxels as the forward; each atom's sums are formed by one thread in a fixed order, so the gradients
 // are bitwise the same for any number of threads.
-// Compiled once per variant (gaussians.hpp: KERNELS_ISA, KERNELS_INDEX; CMakeLists.txt).
+// Compiled once per variant (gaussians.hpp: KERNELS_ISA; CMakeLists.txt).
 #include "slabs.hpp"
 #include "variants.hpp"
 
 #if KERNELS_ISA == 0 || defined(KERNELS_ISA_VARIANTS)
 
 namespace {
-
-using Idx = std::conditional_t<KERNELS_INDEX == 64, int64_t, int32_t>;  // voxel index of this variant
 
 // ------------------------------------------------------------------ backward
 
@@ -23,7 +21,7 @@ KERNELS_INLINE void gather_atoms_w(const Inputs& in, const std::vector<AtomP>& a
         GradSums gs = {0, 0, 0, {0, 0, 0}};
         if (A.R2 > 0) {
             int16_t* rows = saved ? saved->at(i) : nullptr;
-            process_atom<Idx, false, W>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
+            process_atom<false, W>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
         }
         // ρ = occ·Σ amp_k·e_k, e_k = exp(−α_k r²), α_k = 4π²/W_k, W_k = b_k + B:
         //   ∂ρ/∂occ = Σ amp·e;  ∂ρ/∂B = occ·Σ amp·e·(−1.5 + α·r²)/W;
@@ -118,9 +116,9 @@ void gather_aniso_atoms(const Inputs& in, const std::vector<AtomP>& atoms, int64
         std::memset(&gs, 0, sizeof gs);
         if (A.R2 > 0) {
             if (aniso_tables_fit(in, A, i))
-                aniso_atom_tables<Idx, false>(in, A, i, A.lo[0], A.hi[0], nullptr, S, grad, &gs);
+                aniso_atom_tables<false>(in, A, i, A.lo[0], A.hi[0], nullptr, S, grad, &gs);
             else
-                aniso_atom<Idx, false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
+                aniso_atom<false>(in, A, i, A.lo[0], A.hi[0], nullptr, grad, S, &gs);
         }
         const AnisoTerms& T = in.terms[i];
         double go = 0, gf[3] = {0, 0, 0}, GU[3][3] = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
@@ -189,32 +187,30 @@ void gather_aniso(const Inputs& in_, const float* grad, int64_t n_maps, int n_th
 namespace kernels::density::detail {
 
 template <>
-Timings gather_variant<KERNELS_ISA, KERNELS_INDEX>(const CellGeometry& cell, const int64_t shape[3],
-                                                   const AtomArrays& atoms, const float* grad, const Options& opt,
-                                                   RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc,
-                                                   int64_t n_maps) {
+Timings gather_variant<KERNELS_ISA>(const CellGeometry& cell, const int64_t shape[3],
+                                    const AtomArrays& atoms, const float* grad, const Options& opt,
+                                    RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc,
+                                    int64_t n_maps) {
     checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
     if (in.u) throw std::invalid_argument("anisotropic atoms: use gather_aniso");
     if (rows && rows->n_atoms != atoms.n)
         throw std::invalid_argument("the row intervals come from a splat of a different number of atoms");
     Timings tm;
-    tm.int64_index = KERNELS_INDEX == 64;
     if (atoms.n > 0)
         ::gather(in, grad, n_maps, std::max(1, opt.n_threads), opt.lanes != 8, rows, gxyz, gb_iso, gocc, tm);
     return tm;
 }
 
 template <>
-Timings gather_aniso_variant<KERNELS_ISA, KERNELS_INDEX>(const CellGeometry& cell, const int64_t shape[3],
-                                                         const AtomArrays& atoms, const float* grad,
-                                                         const Options& opt, double* gfrac, double* gocc, double* gu,
-                                                         double* gb_iso, int64_t n_maps) {
+Timings gather_aniso_variant<KERNELS_ISA>(const CellGeometry& cell, const int64_t shape[3],
+                                          const AtomArrays& atoms, const float* grad,
+                                          const Options& opt, double* gfrac, double* gocc, double* gu,
+                                          double* gb_iso, int64_t n_maps) {
     checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
     if (!in.u) throw std::invalid_argument("gather_aniso takes anisotropic atoms (u_aniso and aniso)");
     Timings tm;
-    tm.int64_index = KERNELS_INDEX == 64;
     if (atoms.n > 0) ::gather_aniso(in, grad, n_maps, std::max(1, opt.n_threads), gfrac, gocc, gu, gb_iso, tm);
     return tm;
 }

@@ -97,9 +97,9 @@ _KIND = {"orthogonal": 0, "hexagonal": 0, "monoclinic": 1, "triclinic": 2}
 # and gather_aniso (their docstrings say what each does). keep_rows is this module's: whether a forward
 # that will be differentiated keeps its row intervals for the backward.
 _PLAN_FIELDS = {
-    "splat": ("slabs_per_thread", "force_int64", "float_rows"),
-    "gather": ("force_int64", "float_rows", "lanes"),
-    "gather_aniso": ("force_int64",),
+    "splat": ("slabs_per_thread", "float_rows"),
+    "gather": ("float_rows", "lanes"),
+    "gather_aniso": (),
 }
 _PLAN_KEYS = frozenset(k for keys in _PLAN_FIELDS.values() for k in keys) | {"keep_rows"}
 
@@ -137,7 +137,6 @@ def _plan_hook(**fields):
           anisotropic set), their count capped where the edges' cost would pass 6 % of the work, never
           fewer than T. k > 0: k slabs of equal work per thread (at one thread too: how benchmarks time
           the cost of an edge).
-        - ``force_int64`` (bool): 64-bit voxel indices on any map (otherwise from 2**31 voxels).
         - ``float_rows`` (bool): row intervals of the lane path from the float pass, every row it
           cannot trust settled in double (default True); False: from the double pass only.
         - ``lanes`` (int, isotropic backward): 0 (default) lets the kernel pick (16 on CPUs that run
@@ -149,9 +148,8 @@ def _plan_hook(**fields):
     ------
     _Plan
         ``.forward`` and ``.backward`` receive one timing dict per kernel call of the block: phase
-        times in s (``"prepare"``, ``"partition"``, ``"compute"``), ``"tasks"``, ``"index"``
-        (``"int32"``/``"int64"``), ``"rows_reused"`` (backward: atoms whose rows came from the
-        forward), ``"exp_visits"`` (anisotropic forward: (atom, slab) visits that took an exp per
+        times in s (``"prepare"``, ``"partition"``, ``"compute"``), ``"tasks"``,
+        ``"rows_reused"`` (backward: atoms whose rows came from the forward), ``"exp_visits"`` (anisotropic forward: (atom, slab) visits that took an exp per
         voxel instead of the factor tables).
 
     Raises

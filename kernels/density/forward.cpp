@@ -1,7 +1,7 @@
 // The forward (splat, scatter.hpp): every (map, slab) pair is one task; a slab zeroes its planes and
 // adds the atoms that reach it, in atom order (isotropic atoms through process_atom, anisotropic ones
 // through their factor tables or, where those could leave double's range, an exp per voxel).
-// Compiled once per variant (gaussians.hpp: KERNELS_ISA, KERNELS_INDEX; CMakeLists.txt).
+// Compiled once per variant (gaussians.hpp: KERNELS_ISA; CMakeLists.txt).
 #include "slabs.hpp"
 #include "variants.hpp"
 
@@ -12,8 +12,6 @@
 #endif
 
 namespace {
-
-using Idx = std::conditional_t<KERNELS_INDEX == 64, int64_t, int32_t>;  // voxel index of this variant
 
 // One slab [x0, x1) of the map: the segments that reach it are found through the x-sorted
 // index (a contiguous range, since no segment is longer than lmax), then run in atom
@@ -29,7 +27,7 @@ void run_slab(const Inputs& in, const std::vector<AtomP>& atoms, const std::vect
         int64_t ia, ib;
         segment_planes(sg, in.g.n[0], x0, x1, ia, ib);
         int16_t* rows = saved ? saved->at(sg.atom) : nullptr;
-        process_atom<Idx, true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr, rows);
+        process_atom<true>(in.g, atoms[sg.atom], ia, ib, out, nullptr, S, nullptr, rows);
     }
 }
 
@@ -46,10 +44,10 @@ void run_slab_aniso(const Inputs& in, const std::vector<AtomP>& atoms, const std
         segment_planes(sg, in.g.n[0], x0, x1, ia, ib);
         const AtomP& A = atoms[sg.atom];
         if (aniso_tables_fit(in, A, sg.atom)) {
-            aniso_atom_tables<Idx>(in, A, sg.atom, ia, ib, out, S);
+            aniso_atom_tables(in, A, sg.atom, ia, ib, out, S);
         } else {
             ++S.exp_visits;
-            aniso_atom<Idx, true>(in, A, sg.atom, ia, ib, out, nullptr, S, nullptr);
+            aniso_atom<true>(in, A, sg.atom, ia, ib, out, nullptr, S, nullptr);
         }
     }
 }
@@ -134,14 +132,13 @@ void splat(const Inputs& in_, float* out, int64_t n_maps, int n_threads, int sla
 namespace kernels::density::detail {
 
 template <>
-Timings splat_variant<KERNELS_ISA, KERNELS_INDEX>(const CellGeometry& cell, const int64_t shape[3],
-                                                  const AtomArrays& atoms, float* out, const Options& opt,
-                                                  RowIntervals* rows, int64_t n_maps) {
+Timings splat_variant<KERNELS_ISA>(const CellGeometry& cell, const int64_t shape[3],
+                                   const AtomArrays& atoms, float* out, const Options& opt,
+                                   RowIntervals* rows, int64_t n_maps) {
     checked_maps(atoms, n_maps);
     const Inputs in = make_inputs(cell, shape, atoms, opt.float_rows);
     if (rows && in.u) throw std::invalid_argument("row intervals are kept for isotropic atoms only");
     Timings tm;
-    tm.int64_index = KERNELS_INDEX == 64;
     if (rows) std::copy(shape, shape + 3, rows->shape);
     ::splat(in, out, n_maps, std::max(1, opt.n_threads), std::clamp(opt.slabs_per_thread, 0, 64), tm, rows);
     return tm;

@@ -35,20 +35,20 @@
 
 // Instruction-set variants. The hot loops (forward.cpp's slab kernels, backward.cpp's gather loops)
 // are compiled once per variant: CMakeLists.txt builds each of those files for every instruction set
-// KERNELS_ISA (0: the x86-64 baseline, 3: x86-64-v3, AVX2+FMA, 4: x86-64-v4, AVX-512) and voxel index
-// width KERNELS_INDEX (32 or 64 bits), one translation unit each, and variants.cpp runs the variant
-// this CPU and this map take (GCC on Linux/x86-64 only; elsewhere the baseline alone). Wheels stay
-// portable: no -march=native. The ISA attribute is on the hot functions only (KERNELS_HOT), as the
-// target_clones clones of GCC's function multi-versioning are; the helpers they inline are compiled
-// for it with them. A given machine always runs the same variant, so reproducibility holds.
+// KERNELS_ISA (0: the x86-64 baseline, 3: x86-64-v3, AVX2+FMA, 4: x86-64-v4, AVX-512), one translation
+// unit each, and variants.cpp runs the variant this CPU takes (GCC on Linux/x86-64 only; elsewhere the
+// baseline alone). Wheels stay portable: no -march=native. The ISA attribute is on the hot functions
+// only (KERNELS_HOT), as the target_clones clones of GCC's function multi-versioning are; the helpers
+// they inline are compiled for it with them. A given machine always runs the same variant, so
+// reproducibility holds.
+// Voxel offsets into a map are int64_t in every variant: a map of 2^31 voxels or more runs the same
+// code as any other, and on x86-64 the 64-bit offsets cost the hot loops nothing measurable against
+// 32-bit ones (README, "Development").
 // In the backward's AVX-512 variant the lane blocks are 16 wide (one AVX-512 vector; its 32 registers
 // hold the 15 contraction sums). Each lane's arithmetic is the same in every variant, so the maps and
 // gradients are bitwise the same whichever one runs.
 #if !defined(KERNELS_ISA)
 #define KERNELS_ISA 0
-#endif
-#if !defined(KERNELS_INDEX)
-#define KERNELS_INDEX 32
 #endif
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define KERNELS_ISA_VARIANTS 1

@@ -283,7 +283,7 @@ void plane_intervals_f(const Geom& g, const AtomP& A, const RowConstF& C, double
 // off: lane of box z index 0, nl: lanes (multiple of 8, <= nz); lane l is map z (z0 + l) mod nz.
 // rows: this atom's saved row intervals (see RowIntervals) or nullptr — the forward writes
 // them there, the backward reads them instead of solving for them again.
-template <class Idx, bool Forward, int W>
+template <bool Forward, int W>
 KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_t ib, float* out, const float* grad,
                                Scratch& S, const float* ampf, int64_t z0, int64_t off, int64_t nl, int16_t* rows_saved,
                                double* sums) {
@@ -374,7 +374,7 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
     }
     for (int64_t i = ia; i <= ib; ++i) {
         const double dx = static_cast<double>(i) / g.m[0] - A.f[0];
-        const Idx iw = static_cast<Idx>(floor_mod(i, nx));
+        const int64_t iw = floor_mod(i, nx);
         int16_t* sv = rows_saved ? rows_saved + 2 * (i - A.lo[0]) * nyb : nullptr;
         if (fpass)
             plane_intervals_f(g, A, rcf, dx, nyb, dyf, dyd, S, lo, hi);
@@ -403,13 +403,13 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
             // Blocks below the top of the cell are one run of the map row from lane z0; blocks
             // at or past it (boxes that wrap along z, aligned so that no block crosses the top)
             // are the same run moved down by nz.
-            float* op = out + static_cast<Idx>(iw) * static_cast<Idx>(ny) * static_cast<Idx>(nz);
+            float* op = out + iw * ny * nz;
             for (int64_t s = 0; s < nyb; ++s) {
                 if (lo[s] > hi[s]) continue;
                 vf8 c[NG];
                 for (int k = 0; k < NG; ++k) c[k] = vsplat_at(Rp + k * rstride + s);
                 const int32_t la = static_cast<int32_t>(lo[s] + off), lb = static_cast<int32_t>(hi[s] + off);
-                float* o = op + static_cast<Idx>(jw[s]) * static_cast<Idx>(nz);
+                float* o = op + jw[s] * nz;
                 const int64_t b0 = static_cast<uint32_t>(la) / kL, b1 = static_cast<uint32_t>(lb) / kL;
                 if (straddle) {  // the block that crosses the top of the cell goes lane by lane
                     for (int64_t bb = b0; bb <= b1; ++bb) {
@@ -473,8 +473,7 @@ KERNELS_INLINE void atom_lanes(const Geom& g, const AtomP& A, int64_t ia, int64_
                 const int64_t zb = z0 + l0 < nz ? z0 + l0 : z0 + l0 - nz;  // blocks past the top wrap
                 for (int64_t r = 0; r < nr; ++r) {
                     const int64_t s = rows[r];
-                    const float* gp = grad + (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) *
-                                                 static_cast<Idx>(nz);
+                    const float* gp = grad + (iw * ny + jw[s]) * nz;
                     VF graw;
                     if (zb + W <= nz) {
                         graw = vload<VF>(gp + zb);
@@ -570,7 +569,7 @@ struct GradSums {
 
 // Visit every row (i, j) of atom A with i in [ia, ib] (lattice), build the tables and
 // either add its density to `out` (Forward) or gather gradient sums from `grad` (backward).
-template <class Idx, bool Forward, int W = 8>
+template <bool Forward, int W = 8>
 KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int64_t ib, float* out, const float* grad,
                   Scratch& S, GradSums* gs, int16_t* rows_saved) {
     const int64_t nx = g.n[0], ny = g.n[1], nz = g.n[2];
@@ -615,7 +614,7 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
             // the backward's blocks of 16 lanes: whole blocks over the box's lanes (the extra
             // lanes are outside every row, so masked; lanes past the top of the cell wrap)
             if (!Forward && W == 16) nl = (nl + 15) / 16 * 16;
-            atom_lanes<Idx, Forward, W>(g, A, ia, ib, out, grad, S, ampf, z0, zs - z0, nl, rows_saved, sums);
+            atom_lanes<Forward, W>(g, A, ia, ib, out, grad, S, ampf, z0, zs - z0, nl, rows_saved, sums);
             if (!Forward) {
                 gs->occ += sums[0];
                 gs->b1 += sums[1];
@@ -672,7 +671,7 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
 
     for (int64_t i = ia; i <= ib; ++i) {
         const double dx = static_cast<double>(i) / g.m[0] - fx;
-        const Idx iw = static_cast<Idx>(floor_mod(i, nx));
+        const int64_t iw = floor_mod(i, nx);
         // z-intervals of all rows of this x plane at once (vectorised over y); rows that
         // need care (grazing, an end near a lattice point) go through the exact row_range.
         double* rq = S.rq.data();
@@ -737,7 +736,7 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
                 tab = S.tab_r.data();
                 stride = len;
             }
-            const Idx base = (iw * static_cast<Idx>(ny) + static_cast<Idx>(jw[s])) * static_cast<Idx>(nz);
+            const int64_t base = (iw * ny + jw[s]) * nz;
             if (Forward) {
                 float c[NG];
                 for (int k = 0; k < NG; ++k) c[k] = ampf[k] * rowf[k];
@@ -746,9 +745,9 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
                 while (w <= wb) {  // pieces split where the row wraps around the cell along z
                     const int64_t run = std::min(wb - w + 1, nz - wz);
                     if (wz + ((run + kW - 1) / kW) * kW <= nz)
-                        add_row_w(out + base + static_cast<Idx>(wz), run, tab + (w - wa), stride, c);
+                        add_row_w(out + base + wz, run, tab + (w - wa), stride, c);
                     else
-                        add_row(out + base + static_cast<Idx>(wz), run, tab + (w - wa), stride, c);
+                        add_row(out + base + wz, run, tab + (w - wa), stride, c);
                     w += run;
                     wz = 0;
                 }
@@ -761,7 +760,7 @@ KERNELS_INLINE void process_atom(const Geom& g, const AtomP& A, int64_t ia, int6
                 int64_t wz = zw[w - zlo];
                 while (w <= wb) {
                     const int64_t run = std::min(wb - w + 1, nz - wz);
-                    const float* gp = grad + base + static_cast<Idx>(wz);
+                    const float* gp = grad + base + wz;
                     const float* dzp = S.dzf.data() + (w - zlo);
                     const float* dz2p = S.dz2f.data() + (w - zlo);
                     if (wz + ((run + kW - 1) / kW) * kW <= nz)

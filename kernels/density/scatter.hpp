@@ -14,7 +14,7 @@
 //   slabs.hpp         the inputs, every atom's preparation, the forward's slab schedule
 //   thread_pool.hpp   the parallel loop (thread_pool.cpp: torch's OpenMP team or the helper pool)
 //   forward.cpp       splat()'s slab kernels   backward.cpp  gather()'s and gather_aniso()'s loops
-//                     (both compiled once per instruction set and index width: gaussians.hpp)
+//                     (both compiled once per instruction set: gaussians.hpp)
 //   variants.hpp/.cpp the public splat(), gather(), gather_aniso(): run the variant this CPU takes
 //   radii.cpp         cutoff radii, fractional(), the U check, build_info()
 //   map_buffers.hpp   storage of the maps the binding hands to Python
@@ -92,12 +92,11 @@ struct AtomArrays {
 struct Options {
     int n_threads = 1;
     int slabs_per_thread = 0;  // forward: 0 slabs of decreasing size (see splat()), k > 0: k equal slabs per thread
-    bool force_int64 = false;  // 64-bit voxel indices on a map of < 2^31 voxels
     bool float_rows = true;    // lane path: row intervals from the float pass, settled in double
     int lanes = 0;             // backward lane blocks: 0 picks for this CPU (16 with AVX-512), 8 forces 8
 };
 
-// What a call did: phase times (s), tasks, the index type and two counters. Every call fills it (a few
+// What a call did: phase times (s), tasks and two counters. Every call fills it (a few
 // clock reads per call, none per atom or slab); the binding returns it as a dict, which
 // kernels.density.cpu._plan_hook records: the one profiling hook of the C++ kernels (README, "Development").
 struct Timings {
@@ -105,7 +104,6 @@ struct Timings {
     int64_t tasks = 0;
     int64_t rows_reused = 0;  // backward: atoms whose row intervals came from the forward
     int64_t exp_visits = 0;   // anisotropic forward: (atom, slab) visits that took the exp per voxel
-    bool int64_index = false;
 };
 
 // Row intervals of a forward, kept for the backward of the same inputs: the z interval

@@ -248,10 +248,6 @@ Inputs make_inputs(const kernels::density::CellGeometry& cell, const int64_t sha
     return in;
 }
 
-bool use_int64(const int64_t shape[3], bool force) {
-    return force || shape[0] * shape[1] * shape[2] >= (int64_t(1) << 31);
-}
-
 int64_t checked_maps(const kernels::density::AtomArrays& atoms, int64_t n_maps) {
     if (n_maps < 1) throw std::invalid_argument("the number of maps must be at least 1");
     if (atoms.n % n_maps != 0) throw std::invalid_argument("the atoms do not split into n_maps equal frames");

@@ -1,5 +1,5 @@
 // splat(), gather() and gather_aniso() (scatter.hpp): each runs the compiled variant of its hot loops
-// (variants.hpp) that this CPU's instruction set and the map's voxel count take.
+// (variants.hpp) that this CPU's instruction set takes.
 #include "slabs.hpp"
 #include "variants.hpp"
 
@@ -7,38 +7,31 @@ namespace kernels::density {
 
 namespace {
 
-// fn<ISA, INDEX>(args...) for this CPU's ISA (gaussians.hpp: cpu_isa) and the map's index width.
+// fn<ISA>(args...) for this CPU's ISA (gaussians.hpp: cpu_isa).
 #if defined(KERNELS_ISA_VARIANTS)
-#define KERNELS_RUN_VARIANT(fn, use64, ...)                                                                 \
-    (cpu_isa() == 4   ? ((use64) ? detail::fn<4, 64>(__VA_ARGS__) : detail::fn<4, 32>(__VA_ARGS__))      \
-     : cpu_isa() == 3 ? ((use64) ? detail::fn<3, 64>(__VA_ARGS__) : detail::fn<3, 32>(__VA_ARGS__))      \
-                      : ((use64) ? detail::fn<0, 64>(__VA_ARGS__) : detail::fn<0, 32>(__VA_ARGS__)))
+#define KERNELS_RUN_VARIANT(fn, ...)                                    \
+    (cpu_isa() == 4   ? detail::fn<4>(__VA_ARGS__)                      \
+     : cpu_isa() == 3 ? detail::fn<3>(__VA_ARGS__)                      \
+                      : detail::fn<0>(__VA_ARGS__))
 #else
-#define KERNELS_RUN_VARIANT(fn, use64, ...) \
-    ((use64) ? detail::fn<0, 64>(__VA_ARGS__) : detail::fn<0, 32>(__VA_ARGS__))
+#define KERNELS_RUN_VARIANT(fn, ...) detail::fn<0>(__VA_ARGS__)
 #endif
 
 }  // namespace
 
 Timings splat(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, float* out,
               const Options& opt, RowIntervals* rows, int64_t n_maps) {
-    const bool use64 = use_int64(shape, opt.force_int64);
-    return KERNELS_RUN_VARIANT(splat_variant, use64, cell, shape, atoms, out, opt, rows,
-                               n_maps);
+    return KERNELS_RUN_VARIANT(splat_variant, cell, shape, atoms, out, opt, rows, n_maps);
 }
 
 Timings gather(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
                const Options& opt, RowIntervals* rows, double* gxyz, double* gb_iso, double* gocc, int64_t n_maps) {
-    const bool use64 = use_int64(shape, opt.force_int64);
-    return KERNELS_RUN_VARIANT(gather_variant, use64, cell, shape, atoms, grad, opt, rows,
-                               gxyz, gb_iso, gocc, n_maps);
+    return KERNELS_RUN_VARIANT(gather_variant, cell, shape, atoms, grad, opt, rows, gxyz, gb_iso, gocc, n_maps);
 }
 
 Timings gather_aniso(const CellGeometry& cell, const int64_t shape[3], const AtomArrays& atoms, const float* grad,
                      const Options& opt, double* gfrac, double* gocc, double* gu, double* gb_iso, int64_t n_maps) {
-    const bool use64 = use_int64(shape, opt.force_int64);
-    return KERNELS_RUN_VARIANT(gather_aniso_variant, use64, cell, shape, atoms, grad,
-                               opt, gfrac, gocc, gu, gb_iso, n_maps);
+    return KERNELS_RUN_VARIANT(gather_aniso_variant, cell, shape, atoms, grad, opt, gfrac, gocc, gu, gb_iso, n_maps);
 }
 
 #undef KERNELS_RUN_VARIANT

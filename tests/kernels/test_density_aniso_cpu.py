@@ -439,12 +439,12 @@ def test_large_u_sphere_bigger_than_the_cell():
 
 @pytest.mark.parametrize(
     "plan",
-    [{"force_int64": True}, {"slabs_per_thread": 3}, {"float_rows": False}],
-    ids=["int64-index", "3-slabs-per-thread", "double-row-intervals"],
+    [{"slabs_per_thread": 3}, {"float_rows": False}],
+    ids=["3-slabs-per-thread", "double-row-intervals"],
 )
 def test_kernel_plans_give_bitwise_the_same_results(plan):
-    # 64-bit voxel indices, another slab partition and the double-only row-interval pass: the same
-    # voxels summed in the same order, so the same bits (maps and every gradient)
+    # another slab partition and the double-only row-interval pass: the same voxels summed in the
+    # same order, so the same bits (maps and every gradient)
     grid = _grid("monoclinic")
     atoms = _random_atoms(grid.cell, 14, seed=12, iso_every=3).to(dtype=F32)
     upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(4))

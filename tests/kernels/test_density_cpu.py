@@ -399,26 +399,6 @@ def test_backward_reuses_forward_rows(kind):
     _check_against_reference(atoms, grid, seed=8)
 
 
-def test_int64_index_path():
-    # The int64 path is taken for maps of >= 2**31 voxels; the private option forces it
-    # here. It must give bitwise the same map and gradients as the int32 path.
-    params, shape = CELLS["monoclinic"]
-    cell = Cell.from_parameters(*params)
-    grid = GridSpec(cell, shape)
-    atoms = _random_atoms(cell, 12, seed=2).to(dtype=torch.float32)
-    upstream = torch.randn(grid.shape, generator=torch.Generator().manual_seed(1))
-    plain = _run_with_threads(2, atoms, grid, upstream)
-    forced = _run_with_threads(2, atoms, grid, upstream, force_int64=True)
-    for a, b in zip(plain, forced):
-        assert torch.equal(a, b)
-    # and the kernel reports which index type it ran with
-    leaf = _leaf(atoms, torch.float32)
-    for plan, index in (({"force_int64": True}, "int64"), ({}, "int32")):
-        with density_cpu._plan_hook(**plan) as record:
-            kernels.splat_density(leaf, grid, backend="cpu").backward(upstream)
-        assert [info["index"] for info in record.forward + record.backward] == [index, index], plan
-
-
 # Cells for the float interval pass: voxels of ~0.6 Å, the lane path for every atom.
 NEAR_TIE_CELLS = {
     "orthogonal": ((20.0, 21.0, 22.0, 90, 90, 90), (32, 34, 36)),
@@ -530,15 +510,13 @@ def test_no_openmp_build_gives_identical_maps(tmp_path):
     ]
     common = ["g++", "-c", "-fPIC", "-std=c++17", "-pthread", "-DKERNELS_NO_OPENMP", *includes]
     ours = ["-O1", "-fno-math-errno", "-Wall", "-Werror"]
-    # A source marked "Compiled once per variant" is compiled once per instruction set and index width,
-    # as CMakeLists.txt compiles it (kernels/density/gaussians.hpp: KERNELS_ISA, KERNELS_INDEX).
+    # A source marked "Compiled once per variant" is compiled once per instruction set, as
+    # CMakeLists.txt compiles it (kernels/density/gaussians.hpp: KERNELS_ISA).
     units = {}
     for src in sorted(here.glob("*.cpp")):
         if "// Compiled once per variant" in src.read_text():
             for isa in (0, 3, 4):
-                for index in (32, 64):
-                    variant = [f"-DKERNELS_ISA={isa}", f"-DKERNELS_INDEX={index}"]
-                    units[f"{src.stem}_isa{isa}_i{index}.o"] = [*ours, *variant, str(src)]
+                units[f"{src.stem}_isa{isa}.o"] = [*ours, f"-DKERNELS_ISA={isa}", str(src)]
         else:
             units[f"{src.stem}.o"] = [*ours, str(src)]
     units |= {
