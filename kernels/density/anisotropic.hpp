@@ -23,14 +23,22 @@ namespace {
 // start it) took 2.1× as long on 3O5R, being serial along rows of ~8 voxels.
 constexpr double U_TO_B = 8.0 * PI * PI;
 
+}  // namespace
+
+namespace kernels::density::detail {
 // An anisotropic atom's five Gaussians at unit occupancy: term k is amp_k·exp(Σ_m q_km·mono_m(d)),
 // q_k the reference's six coefficients of −½ dᵀQ_k d, Q_k = orthᵀ·N_k·orth, N_k = M_k⁻¹,
 // M_k = U + b_k/(8π²)·I; N_k is kept (symmetric: 00, 11, 22, 01, 02, 12) for the backward.
 struct AnisoTerms {
-    double amp[NG];
-    double q[NG][6];
-    double n[NG][6];
+    double amp[kGaussians];
+    double q[kGaussians][6];
+    double n[kGaussians][6];
 };
+}  // namespace kernels::density::detail
+
+namespace {
+
+using kernels::density::detail::AnisoTerms;
 
 // Atom i's effective U (kernels/density/adp.py effective_u): its row of u where aniso, else B/8π² on
 // the diagonal; as six doubles U11, U22, U33, U12, U13, U23.

@@ -33,11 +33,12 @@
 #define KERNELS_OPAQUE(p) ((void)0)
 #endif
 
-// Instruction-set variants. The hot loops (forward.cpp's slab kernels, backward.cpp's gather loops)
-// are compiled once per variant: CMakeLists.txt builds each of those files for every instruction set
-// KERNELS_ISA (0: the x86-64 baseline, 3: x86-64-v3, AVX2+FMA, 4: x86-64-v4, AVX-512), one translation
-// unit each, and variants.cpp runs the variant this CPU takes (GCC on Linux/x86-64 only; elsewhere the
-// baseline alone). Wheels stay portable: no -march=native. The ISA attribute is on the hot functions
+// Instruction-set variants. The hot loops (the slab kernels of forward.cpp and forward_aniso.cpp, the
+// gather loops of backward.cpp and backward_aniso.cpp) are compiled once per variant: CMakeLists.txt
+// builds each of those files for every instruction set KERNELS_ISA (0: the x86-64 baseline,
+// 3: x86-64-v3, AVX2+FMA, 4: x86-64-v4, AVX-512), one translation unit each, and the drivers
+// (drivers.cpp) run the variant this CPU takes (GCC on Linux/x86-64 only; elsewhere the baseline
+// alone). Wheels stay portable: no -march=native. The ISA attribute is on the hot functions
 // only (KERNELS_HOT), as the target_clones clones of GCC's function multi-versioning are; the helpers
 // they inline are compiled for it with them. A given machine always runs the same variant, so
 // reproducibility holds.
@@ -86,7 +87,10 @@
 // them has its own copy and may inline it. That matters for the results: where the compiler inlines
 // a helper into the AVX2/AVX-512 clones decides where it fuses multiply-adds, and so the bits of the
 // maps and gradients (scripts/cpu_bitwise.py compares them); a helper compiled once in another file
-// could not be inlined there.
+// could not be inlined there. The exceptions are the plain structs (no code of their own) that the
+// once-compiled drivers (drivers.cpp) hand to the per-variant hot loops (variants.hpp): Geom, AtomP,
+// Scratch, Inputs, AnisoTerms, Segment and MapPlan are in kernels::density::detail, so that both
+// sides name the same types.
 namespace {
 
 using kernels::density::RowIntervals;
@@ -146,6 +150,9 @@ KERNELS_INLINE float exp_neg(float x) {
 
 enum Kind { kZSep = 0, kYSep = 1, kTriclinic = 2 };
 
+}  // namespace
+
+namespace kernels::density::detail {
 struct Geom {
     int64_t n[3];      // grid size = sampling (whole cell)
     double m[3];       // the same as doubles
@@ -156,6 +163,11 @@ struct Geom {
     int kind;
     bool float_rows;   // lane path: row intervals from the float pass (false: the double pass only)
 };
+}  // namespace kernels::density::detail
+
+namespace {
+
+using kernels::density::detail::Geom;
 
 // r² exactly as kernels/density/reference.py evaluates it (same operations, same order,
 // no fused multiply-add), so a voxel at an exact tie r² == R² lands on the same side.
@@ -267,17 +279,25 @@ double cutoff_radius_search(double B, const double* amp, const double* expo, dou
     return std::max(r, 0.0);
 }
 
+}  // namespace
+
+namespace kernels::density::detail {
 struct AtomP {
-    double f[3];       // fractional position
-    double R2;         // cutoff radius² (Å²)
-    int64_t lo[3];     // box of lattice voxels (inclusive, unwrapped), as the reference
+    double f[3];               // fractional position
+    double R2;                 // cutoff radius² (Å²)
+    int64_t lo[3];             // box of lattice voxels (inclusive, unwrapped), as the reference
     int64_t hi[3];
-    double amp[NG];    // a_k·(4π/W_k)^{3/2}, W_k = b_k + B (unit occupancy)
-    double alpha[NG];  // 4π²/W_k
-    double width[NG];  // W_k
-    double gw[4][NG];  // backward weights amp_k·{1, 1/W_k, α_k, α_k/W_k}
+    double amp[kGaussians];    // a_k·(4π/W_k)^{3/2}, W_k = b_k + B (unit occupancy)
+    double alpha[kGaussians];  // 4π²/W_k
+    double width[kGaussians];  // W_k
+    double gw[4][kGaussians];  // backward weights amp_k·{1, 1/W_k, α_k, α_k/W_k}
     double occ;
 };
+}  // namespace kernels::density::detail
+
+namespace {
+
+using kernels::density::detail::AtomP;
 
 // radii: per-atom cutoff radii in Å, or nullptr: each atom's radius from the cutoff level (gemmi's
 // rule, cutoff_radius_one). The float32 inputs convert to double exactly.
@@ -359,6 +379,9 @@ KERNELS_INLINE bool row_range(const Geom& g, const AtomP& A, double dx, double d
 
 // ------------------------------------------------------------------ per-thread scratch
 
+}  // namespace
+
+namespace kernels::density::detail {
 struct Scratch {
     std::vector<float> tab_a;    // 1-D table (z for kZSep, y for kYSep), NG rows
     std::vector<float> tab_b;    // 2-D table over the coupled pair, NG planes
@@ -387,6 +410,11 @@ struct Scratch {
     std::vector<double> at_l, at_w, at_y, at_r, at_d;  // see aniso_atom_tables
     int64_t exp_visits = 0;  // anisotropic forward: (atom, slab) visits past aniso_tables_fit
 };
+}  // namespace kernels::density::detail
+
+namespace {
+
+using kernels::density::detail::Scratch;
 
 // exp tables: out[k*len + t] = exp(−alpha_k · q[t]) (vectorised over t), times amp[k] when
 // amp is given (the forward's row factors carry the atom's amplitudes × occupancy)
@@ -493,6 +521,9 @@ KERNELS_INLINE void gather_row(const float* __restrict gr, int64_t n, const floa
 
 // ------------------------------------------------------------------ the atoms as the kernel reads them
 
+}  // namespace
+
+namespace kernels::density::detail {
 struct Inputs {
     Geom g;
     int64_t n_atoms;
@@ -506,5 +537,10 @@ struct Inputs {
     const uint8_t* aniso = nullptr;
     struct AnisoTerms* terms = nullptr;
 };
+}  // namespace kernels::density::detail
+
+namespace {
+
+using kernels::density::detail::Inputs;
 
 }  // namespace

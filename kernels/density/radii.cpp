@@ -82,7 +82,7 @@ BuildInfo build_info() {
 #else
     info.clones = false;
 #endif
-    // the variant variants.cpp runs on this CPU
+    // the variant drivers.cpp runs on this CPU
     const int isa = cpu_isa();
     info.forward_isa = isa == 4 ? "x86-64-v4" : isa == 3 ? "x86-64-v3" : "baseline";
     info.backward_isa = info.forward_isa;

@@ -13,9 +13,11 @@
 //   aniso_tables.hpp  anisotropic atoms through factor tables (forward and backward)
 //   slabs.hpp         the inputs, every atom's preparation, the forward's slab schedule
 //   thread_pool.hpp   the parallel loop (thread_pool.cpp: torch's OpenMP team or the helper pool)
-//   forward.cpp       splat()'s slab kernels   backward.cpp  gather()'s and gather_aniso()'s loops
-//                     (both compiled once per instruction set: gaussians.hpp)
-//   variants.hpp/.cpp the public splat(), gather(), gather_aniso(): run the variant this CPU takes
+//   forward.cpp       splat()'s slab kernel (isotropic atoms)   forward_aniso.cpp   anisotropic atoms
+//   backward.cpp      gather()'s loop                           backward_aniso.cpp  gather_aniso()'s
+//                     (these four compiled once per instruction set: gaussians.hpp, variants.hpp)
+//   drivers.cpp       the public splat(), gather(), gather_aniso(): atom preparation, slab plan and
+//                     parallel loop, compiled once; each task runs the variant this CPU takes
 //   radii.cpp         cutoff radii, fractional(), the U check, build_info()
 //   map_buffers.hpp   storage of the maps the binding hands to Python
 //

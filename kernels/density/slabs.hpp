@@ -9,11 +9,19 @@ namespace {
 
 // ------------------------------------------------------------------ segments and slabs
 
+}  // namespace
+
+namespace kernels::density::detail {
 struct Segment {
     int64_t atom;
     int64_t u0;   // first lattice x of the segment (unwrapped)
     int64_t len;  // planes; xs + len <= nx
 };
+}  // namespace kernels::density::detail
+
+namespace {
+
+using kernels::density::detail::Segment;
 
 // The segments that reach slab [x0, x1), into `ids` in atom order: found through the x-sorted index
 // (a contiguous range, since no segment is longer than lmax).
@@ -144,6 +152,9 @@ int64_t max_slabs(const Inputs& in, const std::vector<AtomP>& atoms, int64_t fir
 }
 
 // One map's forward plan: its atoms' x segments counting-sorted by first plane, and its slabs.
+}  // namespace
+
+namespace kernels::density::detail {
 struct MapPlan {
     int64_t first_atom = 0, last_atom = 0;  // atoms [first, last) of the atom arrays
     std::vector<Segment> raw;
@@ -152,6 +163,11 @@ struct MapPlan {
     std::vector<int64_t> edge;    // slab s is planes [edge[s], edge[s + 1])
     int64_t lmax = 1;
 };
+}  // namespace kernels::density::detail
+
+namespace {
+
+using kernels::density::detail::MapPlan;
 
 void plan_map(const Inputs& in, const std::vector<AtomP>& atoms, const std::vector<double>& ends, MapPlan& P) {
     const int64_t nx = in.g.n[0];
