@@ -824,4 +824,31 @@ void size_scratch(Scratch& S, int64_t nxb, int64_t nyb, int64_t nzb) {
     S.at_d.resize(NG * nzl);
 }
 
+// The gradients of isotropic atoms [first, last) in W-lane blocks (backward.cpp: W = 8 in every variant;
+// backward_wide.cpp: W = 16 in the x86-64-v4 one), written to gxyz (3 per atom), gb and gocc.
+template <int W>
+KERNELS_INLINE void gather_atoms_w(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last,
+                                   const float* grad, Scratch& S, RowIntervals* saved, double* gxyz,
+                                   double* gb, double* gocc) {
+    const Geom& g = in.g;
+    for (int64_t i = first; i < last; ++i) {
+        const AtomP& A = atoms[i];
+        GradSums gs = {0, 0, 0, {0, 0, 0}};
+        if (A.R2 > 0) {
+            int16_t* rows = saved ? saved->at(i) : nullptr;
+            process_atom<false, W>(g, A, A.lo[0], A.hi[0], nullptr, grad, S, &gs, rows);
+        }
+        // ρ = occ·Σ amp_k·e_k, e_k = exp(−α_k r²), α_k = 4π²/W_k, W_k = b_k + B:
+        //   ∂ρ/∂occ = Σ amp·e;  ∂ρ/∂B = occ·Σ amp·e·(−1.5 + α·r²)/W;
+        //   ∂ρ/∂xyz = 2·occ·Σ amp·α·e·orth·d  (∂r²/∂xyz = −2·orth·d, d = voxel − atom, fractional)
+        const double d_occ = gs.occ;
+        const double d_b = -1.5 * gs.b1 + gs.b3;
+        for (int r = 0; r < 3; ++r)
+            gxyz[3 * i + r] = 2.0 * A.occ *
+                              (g.orth[3 * r] * gs.d[0] + g.orth[3 * r + 1] * gs.d[1] + g.orth[3 * r + 2] * gs.d[2]);
+        gb[i] = A.occ * d_b;
+        gocc[i] = d_occ;
+    }
+}
+
 }  // namespace

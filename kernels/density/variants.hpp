@@ -1,6 +1,7 @@
 // The hot loops' compiled variants (gaussians.hpp: one per instruction set): forward.cpp defines
-// splat_slab, forward_aniso.cpp splat_slab_aniso, backward.cpp gather_chunk and backward_aniso.cpp
-// gather_aniso_chunk, each compiled once per variant (CMakeLists.txt). The drivers of splat(), gather() and gather_aniso() (drivers.cpp, compiled once)
+// splat_slab, forward_aniso.cpp splat_slab_aniso, backward.cpp gather_chunk (backward_wide.cpp its
+// 16-lane blocks) and backward_aniso.cpp gather_aniso_chunk, each compiled once per variant
+// (CMakeLists.txt). The drivers of splat(), gather() and gather_aniso() (drivers.cpp, compiled once)
 // prepare the atoms, plan the tasks and run them in parallel, each task through the variant this CPU
 // takes. Every variant computes the same bits.
 #pragma once
@@ -26,6 +27,14 @@ void splat_slab_aniso(const Inputs& in, const std::vector<AtomP>& atoms, const M
 template <int Isa>
 void gather_chunk(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last, const float* grad,
                   Scratch& S, bool wide, RowIntervals* saved, double* gxyz, double* gb, double* gocc);
+
+// The x86-64-v4 variant's gather_chunk in 16-lane blocks (backward_wide.cpp), on grids of at least
+// 16 voxels along z; built where the lane blocks are (GCC with __builtin_shufflevector).
+#if defined(KERNELS_ISA_VARIANTS) && defined(KERNELS_LANES) && defined(KERNELS_SHUFFLEVECTOR)
+#define KERNELS_WIDE_GATHER 1
+void gather_chunk_wide(const Inputs& in, const std::vector<AtomP>& atoms, int64_t first, int64_t last,
+                       const float* grad, Scratch& S, RowIntervals* saved, double* gxyz, double* gb, double* gocc);
+#endif
 
 // The gradients of anisotropic atoms [first, last): gfrac (3 per atom), gocc, gu (6), gb.
 template <int Isa>
