@@ -41,18 +41,38 @@ int64_t now_ns() {
 // call slower than one thread (3WIP's forward took 1.4-1.5x its 1-thread time in such runs). The
 // first call after the hold-off tries the threads again. Results are the same either way: any
 // assignment of tasks to workers gives the same outputs.
+// One late loop starts a hold-off while the machine counts as busy: from the start, and until
+// kQuietLoops loops in a row have come on time. After that, on a machine that has shown itself
+// quiet, it takes a second late loop within kPairNs of the first: a single one is as likely a
+// moment's preemption of the helper (a VM's neighbour, a daemon) as a busy core, and 2 s of one
+// thread would follow it, while a busy core makes nearly every call's long loop late. (The short
+// loops between them, such as the atoms' preparation, may well come on time: only the time between
+// late loops counts, not whether others came between.)
 struct SerialHoldoff {
-    static constexpr int64_t kLateWaitNs = 200'000;
+    static constexpr int64_t kLateWaitNs = 1'000'000;
     static constexpr int64_t kHoldoffNs = 2'000'000'000;
+    static constexpr int64_t kPairNs = 1'000'000'000;
+    static constexpr int kQuietLoops = 4;
 
     static bool active() { return now_ns() < until_.load(std::memory_order_relaxed); }
 
     static void after_loop(int64_t caller_work_ns, int64_t caller_wait_ns, int64_t end_ns) {
-        if (caller_wait_ns > kLateWaitNs && 10 * caller_wait_ns > caller_work_ns)
-            until_.store(end_ns + kHoldoffNs, std::memory_order_relaxed);
+        if (caller_wait_ns > kLateWaitNs && 10 * caller_wait_ns > caller_work_ns) {
+            on_time_.store(0, std::memory_order_relaxed);
+            const int64_t previous = last_late_.exchange(end_ns, std::memory_order_relaxed);
+            if (!quiet_.load(std::memory_order_relaxed) || end_ns - previous < kPairNs) {
+                until_.store(end_ns + kHoldoffNs, std::memory_order_relaxed);
+                quiet_.store(false, std::memory_order_relaxed);
+            }
+        } else if (on_time_.fetch_add(1, std::memory_order_relaxed) + 1 >= kQuietLoops) {
+            quiet_.store(true, std::memory_order_relaxed);
+        }
     }
 
     static inline std::atomic<int64_t> until_{0};
+    static inline std::atomic<int64_t> last_late_{INT64_MIN / 2};  // end of the last late loop
+    static inline std::atomic<int> on_time_{0};                    // loops on time in a row
+    static inline std::atomic<bool> quiet_{false};
 };
 
 // Tasks [0, n_tasks) taken by the workers of one parallel loop from one atomic counter; the first
