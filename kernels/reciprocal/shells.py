@@ -426,34 +426,35 @@ def _shells(f, reference, n_shells: int, binning: str) -> ShellTable:
     return _device_table(plan, shell_statistics(f.f, ref, plan.order, plan.bounds))
 
 
-def _device_table(plan: _ShellPlan, stats: torch.Tensor, scale: float = 1.0) -> ShellTable:
-    """The table from :func:`kernels.reciprocal.triton.shell_statistics`' rows (its ``STAT_ROWS``), ``scale``
-    the factors' common scale (⟨|F|²⟩ by scale²)."""
-    from kernels.reciprocal.triton import STAT_ROWS
+# The columns of a table after d_max, d_min and count, in the order the GPU kernel writes its rows
+# (kernels.reciprocal.triton.shell_statistics); the first alone when there is no reference.
+STAT_COLUMNS = ("mean_intensity", "rel_error", "amplitude_error", "phase_error", "r_factor", "correlation", "fsc")
 
+
+def _shell_table(plan: _ShellPlan, columns: dict, scale: float = 1.0) -> ShellTable:
+    """The table of ``plan``'s shells with ``columns`` (:data:`STAT_COLUMNS`, ⟨|F|²⟩ unscaled), ``scale`` the
+    factors' common scale (⟨|F|²⟩ by scale²)."""
     d_edges = 1.0 / plan.edges
-    columns = dict(zip(STAT_ROWS, stats.unbind(0)))
     if scale != 1.0:
         columns["mean_intensity"] = columns["mean_intensity"] * (scale * scale)
     return ShellTable(d_max=d_edges[:-1], d_min=d_edges[1:], count=plan.count, **columns)
 
 
+def _device_table(plan: _ShellPlan, stats: torch.Tensor, scale: float = 1.0) -> ShellTable:
+    """The table from :func:`kernels.reciprocal.triton.shell_statistics`' rows (:data:`STAT_COLUMNS`)."""
+    return _shell_table(plan, dict(zip(STAT_COLUMNS, stats.unbind(0))), scale)
+
+
 def _table(plan: _ShellPlan, summed, with_reference: bool, scale: float = 1.0) -> ShellTable:
-    """The table from the sums (rows of :data:`_ROWS`), ``scale`` the factors' common scale (|F|² by scale²)."""
+    """The table from the CPU's sums (rows of :data:`_ROWS`), ``scale`` the factors' common scale."""
     sums = dict(zip(_ROWS, _tensor(summed, plan.count.device)))
     n = plan.count.to(torch.float64)
-    d_edges = 1.0 / plan.edges
-    table = dict(
-        d_max=d_edges[:-1],
-        d_min=d_edges[1:],
-        count=plan.count.to(torch.int64),
-        mean_intensity=sums["aa"] * (scale * scale) / n,
-    )
+    columns = {"mean_intensity": sums["aa"] / n}
     if with_reference:
         cov = n * sums["ab"] - sums["a"] * sums["b"]
         var_a = n * sums["aa"] - sums["a"] ** 2
         var_b = n * sums["bb"] - sums["b"] ** 2
-        table.update(
+        columns.update(
             rel_error=(sums["diff2"] / sums["bb"]).sqrt(),
             amplitude_error=(sums["amp2"] / sums["bb"]).sqrt(),
             phase_error=torch.rad2deg(sums["bphase"] / sums["b"]),
@@ -461,7 +462,7 @@ def _table(plan: _ShellPlan, summed, with_reference: bool, scale: float = 1.0) -
             correlation=cov / (var_a * var_b).sqrt(),
             fsc=sums["cross"] / (sums["aa"] * sums["bb"]).sqrt(),
         )
-    return ShellTable(**table)
+    return _shell_table(plan, columns, scale)
 
 
 def _fsc_plan(grid, d_min: float, n_shells: int, binning: str, device: torch.device):

@@ -20,11 +20,13 @@ import triton
 import triton.language as tl
 
 from kernels._launch import FastLauncher
+from kernels.reciprocal.shells import STAT_COLUMNS
 
 __all__ = ["shell_statistics", "STAT_ROWS"]
 
-#: The rows :func:`shell_statistics` writes, in order (the first alone when there is no reference).
-STAT_ROWS = ("mean_intensity", "rel_error", "amplitude_error", "phase_error", "r_factor", "correlation", "fsc")
+#: The rows :func:`shell_statistics` writes, in order (the first alone when there is no reference): the
+#: columns of :class:`kernels.ShellTable` after d_max, d_min and count.
+STAT_ROWS = STAT_COLUMNS
 
 _BLOCK = 256  # reflections per step of a program: ten float64 accumulators of 2 values per thread
 
@@ -54,6 +56,19 @@ def _abs_angle(x, y, pi):
     u = tl.where(den > 0, ay / tl.where(den > 0, den, 1.0), 0.0)
     half = 2.0 * _atan01(u)  # atan2(|y|, |x|)
     return tl.where(right, half, pi - half)
+
+
+@triton.jit
+def _load_factors(ptr, i, m, COMPLEX: tl.constexpr):
+    """Real and imaginary parts (float64) of factors ``i`` (masked by ``m``): re/im pairs when COMPLEX, else
+    real amplitudes with phase 0."""
+    if COMPLEX:
+        re = tl.load(ptr + 2 * i, mask=m, other=0.0).to(tl.float64)
+        im = tl.load(ptr + 2 * i + 1, mask=m, other=0.0).to(tl.float64)
+    else:
+        re = tl.load(ptr + i, mask=m, other=0.0).to(tl.float64)
+        im = re * 0.0
+    return re, im
 
 
 @triton.jit(do_not_specialize=["n_shells"])
@@ -88,21 +103,11 @@ def _shell_stats_kernel(
         j = start + tl.arange(0, BLOCK)
         m = j < hi
         i = tl.load(idx_ptr + j, mask=m, other=0)
-        if F_COMPLEX:
-            fr = tl.load(f_ptr + 2 * i, mask=m, other=0.0).to(tl.float64)
-            fi = tl.load(f_ptr + 2 * i + 1, mask=m, other=0.0).to(tl.float64)
-        else:
-            fr = tl.load(f_ptr + i, mask=m, other=0.0).to(tl.float64)
-            fi = zero
+        fr, fi = _load_factors(f_ptr, i, m, F_COMPLEX)
         aa = fr * fr + fi * fi
         s_aa += aa
         if WITH_REF:
-            if R_COMPLEX:
-                rr = tl.load(r_ptr + 2 * i, mask=m, other=0.0).to(tl.float64)
-                ri = tl.load(r_ptr + 2 * i + 1, mask=m, other=0.0).to(tl.float64)
-            else:
-                rr = tl.load(r_ptr + i, mask=m, other=0.0).to(tl.float64)
-                ri = zero
+            rr, ri = _load_factors(r_ptr, i, m, R_COMPLEX)
             bb = rr * rr + ri * ri
             a = tl.sqrt(aa)
             b = tl.sqrt(bb)

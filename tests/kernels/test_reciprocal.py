@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 
 import numpy as np
@@ -350,6 +351,8 @@ def test_fsc_of_a_map_and_its_noisy_copy():
 # CPU's numpy tables of the same plans.
 
 TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# the module, not the function kernels.reciprocal re-exports under the same name
+SHELLS_MODULE = importlib.import_module("kernels.reciprocal.shells")
 
 
 def _shell_kernel(f, reference, index, bounds):
@@ -366,13 +369,15 @@ def _same(got, want):
     assert_close(got, want, 1e-12 * float(want.abs().max()))
 
 
+def _bounds(plan) -> torch.Tensor:
+    """Where each shell of a CPU plan starts in its shell order, and where the last ends (S + 1,) int64."""
+    return torch.cat((torch.zeros(1, dtype=torch.int64), torch.cumsum(plan.count, 0)))
+
+
 def _cpu_plan(f, n_shells, binning):
     """The CPU plan of ``f`` as the kernel takes it: the reflections in shell order and the shells' bounds."""
-    import importlib
-
-    plan = importlib.import_module("kernels.reciprocal.shells")._plan(f, n_shells, binning)
-    bounds = torch.cat((torch.zeros(1, dtype=torch.int64), torch.cumsum(plan.count, 0)))
-    return torch.from_numpy(plan.order), bounds
+    plan = SHELLS_MODULE._plan(f, n_shells, binning)
+    return torch.from_numpy(plan.order), _bounds(plan)
 
 
 @pytest.mark.parametrize("binning", ["count", "volume"])
@@ -426,12 +431,8 @@ def test_gpu_shell_kernel_gathers_an_fsc_through_the_flat_indices():
     rho = kernels.splat_density(m.atoms.to(dtype=torch.float32), grid, backend="cpu")
     other = rho + 0.05 * torch.randn(grid.shape, generator=torch.Generator().manual_seed(2))
     want = fsc(rho, other, grid, n_shells=15)
-    import importlib
-
-    shells_module = importlib.import_module("kernels.reciprocal.shells")
-    plan, flat = shells_module._fsc_plan(grid, finest_d_min(grid), 15, "width", torch.device("cpu"))
-    bounds = torch.cat((torch.zeros(1, dtype=torch.int64), torch.cumsum(plan.count, 0)))
-    got = _shell_kernel(torch.fft.rfftn(rho).reshape(-1), torch.fft.rfftn(other).reshape(-1), flat, bounds)
+    plan, flat = SHELLS_MODULE._fsc_plan(grid, finest_d_min(grid), 15, "width", torch.device("cpu"))
+    got = _shell_kernel(torch.fft.rfftn(rho).reshape(-1), torch.fft.rfftn(other).reshape(-1), flat, _bounds(plan))
     for column in ("fsc", "rel_error", "phase_error", "correlation"):
         _same(got[column], getattr(want, column))
     assert_close(got["mean_intensity"] * grid.voxel_volume**2, want.mean_intensity, 0, rtol=1e-12)
