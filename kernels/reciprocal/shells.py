@@ -426,8 +426,8 @@ def _shells(f, reference, n_shells: int, binning: str) -> ShellTable:
     return _device_table(plan, shell_statistics(f.f, ref, plan.order, plan.bounds))
 
 
-# The columns of a table after d_max, d_min and count, in the order the GPU kernel writes its rows
-# (kernels.reciprocal.triton.shell_statistics); the first alone when there is no reference.
+#: The columns of a :class:`ShellTable` after d_max, d_min and count, in the order the GPU kernel writes its
+#: rows (:func:`kernels.reciprocal.triton.shell_statistics`); the first alone when there is no reference.
 STAT_COLUMNS = ("mean_intensity", "rel_error", "amplitude_error", "phase_error", "r_factor", "correlation", "fsc")
 
 

@@ -20,13 +20,10 @@ import triton
 import triton.language as tl
 
 from kernels._launch import FastLauncher
-from kernels.reciprocal.shells import STAT_COLUMNS
 
-__all__ = ["shell_statistics", "STAT_ROWS"]
+__all__ = ["shell_statistics"]
 
-#: The rows :func:`shell_statistics` writes, in order (the first alone when there is no reference): the
-#: columns of :class:`kernels.ShellTable` after d_max, d_min and count.
-STAT_ROWS = STAT_COLUMNS
+_N_ROWS = 7  # the rows of a table against a reference: kernels.reciprocal.shells.STAT_COLUMNS
 
 _BLOCK = 256  # reflections per step of a program: ten float64 accumulators of 2 values per thread
 
@@ -77,7 +74,7 @@ def _shell_stats_kernel(
     r_ptr,  # the reference, laid out as f (R_COMPLEX); unused without WITH_REF
     idx_ptr,  # (L,) int64: the reflections (rows of f and r) shell by shell
     bounds_ptr,  # (n_shells + 1,) int64: shell s is idx[bounds[s]:bounds[s + 1]]
-    out_ptr,  # (7, n_shells) float64 (1 row without WITH_REF): STAT_ROWS
+    out_ptr,  # (7, n_shells) float64 (1 row without WITH_REF): shells.STAT_COLUMNS
     n_shells,
     F_COMPLEX: tl.constexpr,
     R_COMPLEX: tl.constexpr,
@@ -178,7 +175,7 @@ def shell_statistics(
     Returns
     -------
     torch.Tensor, shape (7, S) float64 (with a reference) or (1, S)
-        The rows of :data:`STAT_ROWS`: ⟨|F|²⟩ unscaled, then ‖F − F_ref‖/‖F_ref‖, ‖|F| − |F_ref|‖/‖F_ref‖,
+        The rows of :data:`kernels.reciprocal.shells.STAT_COLUMNS`: ⟨|F|²⟩ unscaled, then ‖F − F_ref‖/‖F_ref‖, ‖|F| − |F_ref|‖/‖F_ref‖,
         the |F_ref|-weighted mean |Δφ| in degrees, R, the correlation of |F| and |F_ref|, and the FSC.
         An empty shell's columns are NaN.
     """
@@ -186,7 +183,7 @@ def shell_statistics(
     fp = _pairs(f)
     rp = fp if reference is None else _pairs(reference)
     with_ref = reference is not None
-    out = torch.empty((len(STAT_ROWS) if with_ref else 1, n_shells), dtype=torch.float64, device=fp.device)
+    out = torch.empty((_N_ROWS if with_ref else 1, n_shells), dtype=torch.float64, device=fp.device)
     f_complex, r_complex = fp.dim() == 2, rp.dim() == 2
     device = fp.device
     _launch(

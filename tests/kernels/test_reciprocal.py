@@ -356,12 +356,12 @@ SHELLS_MODULE = importlib.import_module("kernels.reciprocal.shells")
 
 
 def _shell_kernel(f, reference, index, bounds):
-    from kernels.reciprocal.triton import STAT_ROWS, shell_statistics
+    from kernels.reciprocal.triton import shell_statistics
 
     dev = torch.device(TRITON_DEVICE)
     ref = None if reference is None else reference.to(dev)
     out = shell_statistics(f.to(dev), ref, index.to(dev), bounds.to(dev)).cpu()
-    return dict(zip(STAT_ROWS, out))
+    return dict(zip(SHELLS_MODULE.STAT_COLUMNS, out))
 
 
 def _same(got, want):
