@@ -2,8 +2,9 @@
 
 Every statistic is a ratio of sums over the reflections of a shell. A set's binning is made once and
 kept (:class:`_ShellPlan`: the reflections in shell order and each shell's bounds). On the CPU a call
-gathers the factors in shell order block by block, computes the per-reflection values in float64 and
-sums them over each shell's runs (numpy's ``reduceat``), then takes the ratios per shell. On a GPU one
+gathers the factors in shell order block by block, on torch's number of threads, computes the
+per-reflection values in float64 and sums them over each shell's runs (numpy's ``reduceat``), then
+takes the ratios per shell. On a GPU one
 Triton launch (:func:`kernels.reciprocal.triton.shell_statistics`) does all of it, one program per
 shell, with no atomics. On a GPU nothing here reads a value back to the host except
 :meth:`ShellTable.crossing` and :meth:`ShellTable.as_dict`, so a table costs no synchronisation until
@@ -12,8 +13,11 @@ it is looked at.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import itertools
 import math
+import os
 import weakref
 
 import numpy as np
@@ -397,22 +401,66 @@ def _fill_rows(f: np.ndarray, reference: np.ndarray, rows: np.ndarray) -> None:
 
 
 def _sums_cpu(g: np.ndarray, r, plan: _ShellPlan, n_shells: int, ordered: bool) -> np.ndarray:
-    """(K, n_shells) float64 sums, block by block of the set in shell order (numpy, this thread); ``ordered``:
-    ``g`` and ``r`` are in shell order already. K is 1 (⟨|F|²⟩'s sum) without a reference, else len(_ROWS)."""
+    """(K, n_shells) float64 sums, block by block of the set in shell order (numpy); ``ordered``: ``g`` and ``r``
+    are in shell order already. K is 1 (⟨|F|²⟩'s sum) without a reference, else len(_ROWS).
+
+    Against a reference the blocks are shared out among ``torch.get_num_threads()`` threads (this one and
+    pool workers), each taking the next block when it is free, so a thread slowed by other work takes fewer.
+    Each block's sums land in a row of their own and the rows are added in block order: the result is the
+    same bits at any thread count.
+    """
     if r is None:
         # one value per reflection: a weighted count in the set's own order costs less than a gather
         re, im = _parts(g)
         which = plan.which[plan.order] if ordered else plan.which
         return np.bincount(which, re * re + im * im, minlength=n_shells)[None]
-    out = np.zeros((len(_ROWS), n_shells))
-    buffer = np.empty((len(_ROWS), _BLOCK))
-    for lo, hi, starts, shells_of_runs in plan.blocks:
-        idx = slice(lo, hi) if ordered else plan.order[lo:hi]
-        rows = buffer[:, : hi - lo]
-        _fill_rows(g[idx], r[idx], rows)
-        # a block's runs are of distinct shells (it is sorted by shell), so the indexed add hits each once
-        out[:, shells_of_runs] += np.add.reduceat(rows, starts, axis=1)
-    return out
+    partial = np.zeros((len(plan.blocks), len(_ROWS), n_shells))
+    next_block = itertools.count()
+
+    def work() -> None:
+        buffer = np.empty((len(_ROWS), _BLOCK))
+        for i in iter(next_block.__next__, None):  # count() is consumed atomically under the GIL
+            if i >= len(plan.blocks):
+                return
+            lo, hi, starts, shells_of_runs = plan.blocks[i]
+            idx = slice(lo, hi) if ordered else plan.order[lo:hi]
+            rows = buffer[:, : hi - lo]
+            _fill_rows(g[idx], r[idx], rows)
+            # a block's runs are of distinct shells (it is sorted by shell), so each shell is written once
+            partial[i][:, shells_of_runs] = np.add.reduceat(rows, starts, axis=1)
+
+    helpers = (
+        [] if len(plan.blocks) < 2 else _POOL.submit_many(work, min(torch.get_num_threads(), len(plan.blocks)) - 1)
+    )
+    try:
+        work()
+    finally:
+        for done in helpers:
+            done.result()
+    return partial.sum(axis=0)
+
+
+class _HelperPool:
+    """Worker threads for the CPU sums (numpy and torch release the GIL in the per-block work), grown on demand.
+
+    A process forked after the threads started has none of them: the pool is made anew there (by pid).
+    """
+
+    def __init__(self):
+        self._executor, self._size, self._pid = None, 0, os.getpid()
+
+    def submit_many(self, fn, n: int) -> list:
+        if n <= 0:
+            return []
+        if n > self._size or self._pid != os.getpid():
+            if self._executor is not None and self._pid == os.getpid():
+                self._executor.shutdown(wait=False)
+            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=n, thread_name_prefix="kernels-shells")
+            self._size, self._pid = n, os.getpid()
+        return [self._executor.submit(fn) for _ in range(n)]
+
+
+_POOL = _HelperPool()
 
 
 def _shells(f, reference, n_shells: int, binning: str) -> ShellTable:

@@ -297,6 +297,72 @@ def test_statistics_of_known_differences():
     assert int(one.count[0]) == 4 and float(one.mean_intensity[0]) == pytest.approx((2.25 + 1 + 9 + 25) / 4)
 
 
+def _many_reflections(n_side: int = 21):
+    """A set of (2n+1)³ − 1 reflections (many CPU blocks) and a perturbed copy, complex128."""
+    r = torch.arange(-n_side, n_side + 1)
+    hkl = torch.cartesian_prod(r, r, r)
+    hkl = hkl[(hkl != 0).any(1)]
+    gen = torch.Generator().manual_seed(3)
+    f = torch.complex(torch.randn(len(hkl), generator=gen), torch.randn(len(hkl), generator=gen)).to(torch.complex128)
+    g = f * (1 + 0.3 * torch.rand(len(hkl), generator=gen)) + 0.2 * torch.randn(len(hkl), generator=gen)
+    return factors(f, hkl), factors(g, hkl)
+
+
+def test_cpu_sums_over_many_blocks_are_the_same_bits_at_any_thread_count():
+    f, g = _many_reflections()
+    shell_module = importlib.import_module("kernels.reciprocal.shells")
+    assert len(f) > 4 * shell_module._BLOCK  # several blocks to share out
+    kept = torch.get_num_threads()
+    try:
+        tables = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            tables.append(shells(f, g, n_shells=9).as_dict())
+    finally:
+        torch.set_num_threads(kept)
+    for other in tables[1:]:
+        for key, want in tables[0].items():
+            assert np.array_equal(np.asarray(other[key], dtype=float), np.asarray(want, dtype=float), equal_nan=True), (
+                key
+            )
+    # and they are the sums: each shell's statistics from its reflections directly, in float64
+    which, _ = shell_index(f.inv_d2, 9, "count")
+    a, b = f.f.abs(), g.f.abs()
+    for i in range(9):
+        m = which == i
+        assert float(tables[0]["r_factor"][i]) == pytest.approx(
+            float((a[m] - b[m]).abs().sum() / b[m].sum()), rel=1e-12
+        )
+        fsc_i = (f.f[m] * g.f[m].conj()).real.sum() / (a[m].square().sum() * b[m].square().sum()).sqrt()
+        assert float(tables[0]["fsc"][i]) == pytest.approx(float(fsc_i), rel=1e-12)
+
+
+def _shells_in_child(f, g, queue):
+    queue.put(float(shells(f, g, n_shells=3).r_factor.sum()))
+
+
+def test_cpu_sums_work_in_a_process_forked_after_the_worker_threads_started():
+    import multiprocessing
+
+    f, g = _many_reflections()
+    kept = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        want = float(shells(f, g, n_shells=3).r_factor.sum())  # the pool's threads now exist in this process
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_shells_in_child, args=(f, g, queue))  # inherited, not pickled
+        child.start()
+        child.join(60)
+        alive = child.is_alive()
+        if alive:
+            child.kill()
+        assert not alive, "shells hung in a forked child"
+        assert queue.get(timeout=5) == want
+    finally:
+        torch.set_num_threads(kept)
+
+
 def test_crossings_interpolate_between_shell_centres():
     f = some_set()
     table = shells(f, f, n_shells=4, binning="width")
