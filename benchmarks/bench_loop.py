@@ -31,6 +31,9 @@ compiles, apart), the host time of a step (``host_ms``: ``perf_counter`` around 
 which returns once its work is queued; on a GPU the step's time is that when the host is the bound) beside the sum of its parts each timed alone on the same inputs (splat forward +
 map loss + backward, planarity forward + backward, the optimiser's update; building the atoms is
 timed too but is not a part: it is what the loop adds), their ratio (issue 33's target: ≤ 1.15), the
+floor step (``floor_step``: the same step with the splat and the planarity NLL each replaced by an op of one
+allocation and one memset each way, so what torch alone costs a step of this shape; Adam cases without
+frames), the
 RMSD to the true model and the loss after every step, and the first step at which the RMSD is below
 0.1 Å. Timing: on the GPU CUDA events around each step with a synchronisation after it (so the time
 includes any host gap between launches); on the CPU ``time.perf_counter``. The host's load average
@@ -265,6 +268,8 @@ def _parts(p: dict, case: dict, leaves, timer, reps: int, step) -> dict:
     timed = [("step", step, None), ("density", density, clear), ("planarity", planarity, clear)]
     if opt is not None:
         timed.append(("optimizer", update, give_grads))
+        if not n_frames:
+            timed.append(("floor_step", _floor_step(p, case, leaves), None))
     ms: dict[str, list[float]] = {name: [] for name, _, _ in timed}
     for r in range(3 + reps):  # 3 warm-up rounds
         for name, fn, before in timed:
@@ -282,6 +287,44 @@ def _parts(p: dict, case: dict, leaves, timer, reps: int, step) -> dict:
     out["build"] = None if build is None else _build_us(build) * 1e-3  # ms, as the others
     out["sum"] = out["density"] + out["planarity"] + out["optimizer"]
     return out
+
+
+class _FloorOp(torch.autograd.Function):
+    """The least a GPU op of a step can cost: one allocation and one launch (a memset) each way."""
+
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.like = x
+        return torch.zeros(shape, dtype=x.dtype, device=x.device)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.zeros_like(ctx.like), None
+
+
+def _floor_step(p: dict, case: dict, leaves):
+    """The case's eager Adam step with the splat and the planarity NLL each replaced by :class:`_FloorOp`.
+
+    The same user code around them (building the atoms, the map loss, λ, the sum, ``backward``, ``zero_grad``
+    and Adam's update, on copies of the leaves): what torch alone costs for a step of this shape. Its time
+    against the real step's is the host time the kernels' calls add.
+    """
+    atoms, grid, target = p["atoms"], p["grid"], p["target"]
+    volume, lam = grid.voxel_volume, case["lambda"]
+    copies = [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in leaves]
+    x, b, occ, u = copies
+    opt = _optimizer("adam", copies, case["params"], case["lr"], case.get("update", "foreach"))
+    shape = tuple(target.shape)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        moved = atoms.replace(xyz=x, b_iso=b, occ=occ, u_aniso=u)
+        rho = _FloorOp.apply(moved.xyz, shape)
+        loss = ((rho - target) ** 2).sum() * volume + lam * _FloorOp.apply(x, ())
+        loss.backward()
+        opt.step()
+
+    return step
 
 
 # --------------------------------------------------------------------------- one case
@@ -634,6 +677,7 @@ def main(argv=None) -> int:
                 f" + update {pm['optimizer']:.3f}"
                 + ("" if pm["build"] is None else f" (build {pm['build'] * 1e3:.1f} µs)")
                 + f", ratio {result['step_over_parts']:.2f}"
+                + ("" if "floor_step" not in pm else f"; torch's floor step {pm['floor_step']:.3f}")
             )
         if result.get("step_over_kernels") is not None:
             line += (
