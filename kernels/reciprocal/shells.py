@@ -1,14 +1,13 @@
 """Statistics by resolution shell: errors against a reference set, R-factor, correlation and FSC.
 
 Every statistic is a ratio of sums over the reflections of a shell. A set's binning is made once and
-kept (:class:`_ShellPlan`: the reflections in shell order and each shell's bounds). On the CPU a call
-gathers the factors in shell order block by block, on torch's number of threads, computes the
-per-reflection values in float64 and sums them over each shell's runs (numpy's ``reduceat``), then
-takes the ratios per shell. On a GPU one
-Triton launch (:func:`kernels.reciprocal.triton.shell_statistics`) does all of it, one program per
-shell, with no atomics. On a GPU nothing here reads a value back to the host except
-:meth:`ShellTable.crossing` and :meth:`ShellTable.as_dict`, so a table costs no synchronisation until
-it is looked at.
+kept (:class:`_ShellPlan`: the reflections in shell order, each shell's bounds, each reflection's shell).
+On the CPU a call walks the set block by block, on torch's number of threads, computes the
+per-reflection values in float64 and adds them to their shell's sums (C++ without the GIL), then takes
+the ratios per shell. On a GPU one Triton launch (:func:`kernels.reciprocal.triton.shell_statistics`)
+does all of it, one program per shell, with no atomics. On a GPU nothing here reads a value back to the
+host except :meth:`ShellTable.crossing` and :meth:`ShellTable.as_dict`, so a table costs no
+synchronisation until it is looked at.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import dataclasses
 import itertools
 import math
 import os
+import warnings
 import weakref
 
 import numpy as np
@@ -299,21 +299,21 @@ class _ShellPlan:
     """A set's binning, made once: the reflections in shell order, and where the shells start.
 
     ``order`` (M,) int64 sorts the set by shell (stable). On a GPU ``bounds`` (S + 1,) int64 gives shell
-    i as ``order[bounds[i]:bounds[i + 1]]``. On the CPU ``blocks`` cuts the sorted set into blocks of
-    :data:`_BLOCK` reflections, each with the local starts of its runs of one shell and those shells
-    (numpy's ``reduceat`` reads them).
+    i as ``order[bounds[i]:bounds[i + 1]]``. On the CPU ``which`` (M,) int64 is each reflection's shell in
+    the set's order and ``which_sorted`` the same in shell order (``which[order]``): the sums walk the set
+    as it lies, block by block, adding each reflection to its shell's sums.
     """
 
     order: object
     count: torch.Tensor
     edges: torch.Tensor
     bounds: torch.Tensor | None = None
-    blocks: tuple = ()
-    which: np.ndarray | None = None  # each reflection's shell, in the set's order (CPU)
+    which: np.ndarray | None = None
+    which_sorted: np.ndarray | None = None
 
 
-# Reflections per block on the CPU: a block's dozen float64 temporaries (128 kB each) stay in cache, and a
-# torch op on a block (below torch's grain size, 32768 elements) runs on the calling thread.
+# Reflections per block on the CPU: a block's dozen float64 temporaries in numpy (128 kB each) stay in cache,
+# and a torch op on a block (below torch's grain size, 32768 elements) runs on the calling thread.
 _BLOCK = 1 << 14
 
 
@@ -344,15 +344,10 @@ def _make_plan(inv_d2: torch.Tensor, n_shells: int, binning: str) -> _ShellPlan:
     xp = _ops(inv_d2)
     which, edges = _shell_index(xp, _host(inv_d2), n_shells, binning)
     if xp is _NumpyOps:
+        which = which.astype(np.int64, copy=False)
         order = np.argsort(which, kind="stable")
-        ids = which[order]
-        blocks = []
-        for lo in range(0, len(ids), _BLOCK):
-            part = ids[lo : lo + _BLOCK]
-            starts = np.concatenate(([0], np.flatnonzero(part[1:] != part[:-1]) + 1))
-            blocks.append((lo, lo + len(part), starts, part[starts]))
         count = np.bincount(which, minlength=n_shells)
-        return _ShellPlan(order, _tensor(count, device), _tensor(edges, device), blocks=tuple(blocks), which=which)
+        return _ShellPlan(order, _tensor(count, device), _tensor(edges, device), which=which, which_sorted=which[order])
     order = torch.sort(which, stable=True).indices
     count = xp.counts(which, n_shells)
     bounds = torch.cat((count.new_zeros(1), torch.cumsum(count, 0)))
@@ -401,43 +396,78 @@ def _fill_rows(f: np.ndarray, reference: np.ndarray, rows: np.ndarray) -> None:
 
 
 def _sums_cpu(g: np.ndarray, r, plan: _ShellPlan, n_shells: int, ordered: bool) -> np.ndarray:
-    """(K, n_shells) float64 sums, block by block of the set in shell order (numpy); ``ordered``: ``g`` and ``r``
-    are in shell order already. K is 1 (⟨|F|²⟩'s sum) without a reference, else len(_ROWS).
+    """(K, n_shells) float64 sums of the set ``g`` (M,) against ``r`` (M,); ``ordered``: both are in shell order
+    (else in the set's order). K is 1 (⟨|F|²⟩'s sum) without a reference, else len(_ROWS).
 
-    Against a reference the blocks are shared out among ``torch.get_num_threads()`` threads (this one and
-    pool workers), each taking the next block when it is free, so a thread slowed by other work takes fewer.
-    Each block's sums land in a row of their own and the rows are added in block order: the result is the
-    same bits at any thread count.
+    Against a reference the set is walked as it lies, in blocks of :data:`_BLOCK` reflections shared out among
+    ``torch.get_num_threads()`` threads (this one and pool workers, each taking the next block when it is
+    free, so a thread slowed by other work takes fewer). A block adds each reflection's values to its shell's
+    sums in position order (C++, ``kernels.reciprocal._shells``, without the GIL; numpy where it is not
+    built), into a row of its own; the rows are added in block order: the same bits at any thread count.
     """
+    which = plan.which_sorted if ordered else plan.which
     if r is None:
-        # one value per reflection: a weighted count in the set's own order costs less than a gather
+        # one value per reflection: a weighted count
         re, im = _parts(g)
-        which = plan.which[plan.order] if ordered else plan.which
         return np.bincount(which, re * re + im * im, minlength=n_shells)[None]
-    partial = np.zeros((len(plan.blocks), len(_ROWS), n_shells))
+    m = len(which)
+    n_blocks = -(-m // _BLOCK)
+    partial = np.zeros((n_blocks, len(_ROWS), n_shells))
     next_block = itertools.count()
+    ext = _extension()
+    if ext is not None:
+        (gv, gc), (rv, rc) = _flat(g), _flat(r)
 
     def work() -> None:
-        buffer = np.empty((len(_ROWS), _BLOCK))
+        buffer = None if ext is not None else np.empty((len(_ROWS), _BLOCK))
         for i in iter(next_block.__next__, None):  # count() is consumed atomically under the GIL
-            if i >= len(plan.blocks):
+            if i >= n_blocks:
                 return
-            lo, hi, starts, shells_of_runs = plan.blocks[i]
-            idx = slice(lo, hi) if ordered else plan.order[lo:hi]
+            lo, hi = i * _BLOCK, min(m, (i + 1) * _BLOCK)
+            if ext is not None:  # the whole block in C++, without the GIL
+                ext.block_sums(gv, gc, rv, rc, which, lo, hi, partial[i])
+                continue
             rows = buffer[:, : hi - lo]
-            _fill_rows(g[idx], r[idx], rows)
-            # a block's runs are of distinct shells (it is sorted by shell), so each shell is written once
-            partial[i][:, shells_of_runs] = np.add.reduceat(rows, starts, axis=1)
+            _fill_rows(g[lo:hi], r[lo:hi], rows)
+            for c in range(len(_ROWS)):  # bincount adds in position order, as the C++ does
+                partial[i][c] = np.bincount(which[lo:hi], rows[c], minlength=n_shells)
 
-    helpers = (
-        [] if len(plan.blocks) < 2 else _POOL.submit_many(work, min(torch.get_num_threads(), len(plan.blocks)) - 1)
-    )
+    helpers = [] if n_blocks < 2 else _POOL.submit_many(work, min(torch.get_num_threads(), n_blocks) - 1)
     try:
         work()
     finally:
         for done in helpers:
             done.result()
     return partial.sum(axis=0)
+
+
+def _flat(a: np.ndarray) -> tuple[np.ndarray, int]:
+    """``a`` (M,) as the C++ sums read it: a complex array's (re, im) pairs as a float view of 2M values, or
+    real amplitudes as they are (float32 or float64, C order); and the values per reflection."""
+    if np.iscomplexobj(a):
+        return np.ascontiguousarray(a).view(a.real.dtype), 2
+    return np.ascontiguousarray(a, dtype=a.dtype if a.dtype in (np.float32, np.float64) else np.float64), 1
+
+
+_EXTENSION: list = []  # [module or None], found on first use
+
+
+def _extension():
+    """The C++ sums (``kernels.reciprocal._shells``), or None with one RuntimeWarning when it is not built
+    (numpy then computes the same sums, several times slower)."""
+    if not _EXTENSION:
+        try:
+            from kernels.reciprocal import _shells
+        except ImportError as exc:
+            warnings.warn(
+                f"kernels.reciprocal._shells is not built ({exc}); shells and fsc on the CPU run in numpy, "
+                "several times slower. Build it with `pip install -e .` or `bash scripts/build.sh`.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            _shells = None
+        _EXTENSION.append(_shells)
+    return _EXTENSION[0]
 
 
 class _HelperPool:

@@ -337,6 +337,75 @@ def test_cpu_sums_over_many_blocks_are_the_same_bits_at_any_thread_count():
         assert float(tables[0]["fsc"][i]) == pytest.approx(float(fsc_i), rel=1e-12)
 
 
+def _cpu_phase_errors(f, ref):
+    """The CPU's phase-error column with one reflection per shell: each reflection's own |Δφ| in degrees."""
+    n = len(f)
+    shells_module = importlib.import_module("kernels.reciprocal.shells")
+    each = np.arange(n, dtype=np.int64)
+    edges = torch.linspace(0.1, 1.0, n + 1, dtype=torch.float64)
+    plan = shells_module._ShellPlan(each, torch.ones(n, dtype=torch.int64), edges, which=each, which_sorted=each)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sums = shells_module._sums_cpu(f.numpy(), ref.numpy(), plan, n, ordered=False)
+    return shells_module._table(plan, sums, True).phase_error
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_cpu_phase_differences_are_atan2s_over_the_whole_circle(dtype):
+    g = torch.Generator().manual_seed(5)
+    angles = torch.cat((torch.rand(200, generator=g, dtype=torch.float64) * 2 * math.pi - math.pi,
+                        torch.tensor([0.0, math.pi, -math.pi, math.pi / 2, -math.pi / 2, 1e-9, math.pi - 1e-9])))  # fmt: skip
+    ref = torch.polar(torch.rand(len(angles), generator=g, dtype=torch.float64) + 0.5, angles.flip(0))
+    f = (ref * torch.polar(torch.full_like(angles, 1.7), angles)).to(dtype)
+    f = torch.cat((f, torch.zeros(1, dtype=dtype)))  # F = 0 against F_ref: atan2(0, 0) = 0
+    ref = torch.cat((ref, ref[:1])).to(dtype)
+    got = _cpu_phase_errors(f, ref)
+    prod = f.to(torch.complex128) * ref.to(torch.complex128).conj()
+    want = torch.rad2deg(torch.atan2(prod.imag, prod.real).abs())
+    assert_close(got[:-1], want[:-1], 1e-13)
+    assert float(got[-1]) == 0.0  # no phase without an amplitude (torch's atan2 of a −0 real part gives 180)
+
+
+def test_cpu_sums_in_cpp_are_numpys_sums_bit_for_bit_but_the_phase():
+    shells_module = importlib.import_module("kernels.reciprocal.shells")
+    assert shells_module._extension() is not None, "kernels.reciprocal._shells is not built"
+    f, g = _many_reflections()
+    real = g.f.abs()  # observed amplitudes as real F: the other layout of the reference
+    for ref in (g.f, g.f.to(torch.complex64), real, real.float()):
+        for fset in (f.f, f.f.to(torch.complex64)):
+            plan = shells_module._plan(f, 7, "volume")
+            args = (fset.numpy(), ref.numpy(), plan, 7)
+            cpp = shells_module._sums_cpu(*args, ordered=False)
+            kept = list(shells_module._EXTENSION)
+            shells_module._EXTENSION[:] = [None]  # numpy's path, as on a checkout whose C++ is not built
+            try:
+                ours = shells_module._sums_cpu(*args, ordered=False)
+            finally:
+                shells_module._EXTENSION[:] = kept
+            phase = shells_module._ROWS.index("bphase")
+            others = [c for c in range(len(shells_module._ROWS)) if c != phase]
+            assert np.array_equal(cpp[others], ours[others]), (fset.dtype, ref.dtype)
+            np.testing.assert_allclose(cpp[phase], ours[phase], rtol=1e-13)
+
+
+def test_cpu_block_sums_refuse_bad_arrays():
+    from kernels.reciprocal import _shells
+
+    f = np.zeros(8, dtype=np.float32)
+    which = np.zeros(4, dtype=np.int64)
+    out = np.zeros((10, 2))
+    _shells.block_sums(f, 2, f, 2, which, 0, 4, out)
+    with pytest.raises(ValueError, match="shell index"):
+        _shells.block_sums(f, 2, f, 2, np.array([0, 1, 2, 0]), 0, 4, out)
+    with pytest.raises(ValueError, match="lie in the set"):
+        _shells.block_sums(f, 2, f, 2, which, 0, 5, out)
+    with pytest.raises(ValueError, match="different numbers"):
+        _shells.block_sums(f, 2, f[:6], 2, which, 0, 4, out)
+    with pytest.raises(TypeError):
+        _shells.block_sums(f.astype(np.float16), 2, f, 2, which, 0, 4, out)
+    with pytest.raises(TypeError):
+        _shells.block_sums(f, 2, f, 2, which.astype(np.int32), 0, 4, out)
+
+
 def _shells_in_child(f, g, queue):
     queue.put(float(shells(f, g, n_shells=3).r_factor.sum()))
 

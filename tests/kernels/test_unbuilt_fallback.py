@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
@@ -37,6 +39,12 @@ print("WARNINGS", len(fallback))
 print("MESSAGE", fallback[0] if fallback else "")
 print("FILE", [w.filename for w in caught if "backend='auto'" in str(w.message)][:1])
 print("SUM", float(maps[0].sum()), maps[0].dtype)
+rho = maps[0].float()
+with warnings.catch_warnings(record=True) as caught:
+    tables = [kernels.fsc(rho, rho * 1.1, grid, n_shells=3) for _ in range(2)]
+built = [str(w.message) for w in caught if "_shells is not built" in str(w.message)]
+print("SHELL_WARNINGS", len(built), "|", built[0] if built else "")
+print("FSC", " ".join(f"{float(v):.12f}" for v in tables[1].fsc))
 """
 
 
@@ -64,3 +72,7 @@ def test_auto_warns_once_when_the_cpu_build_is_missing(tmp_path):
     assert "user_script.py" in lines["FILE"]  # points at the caller's line, not into the package
     total, dtype = lines["SUM"].split()
     assert float(total) > 0 and dtype == "torch.float64"  # the reference's map: it still computes
+    # shells and fsc: numpy's sums instead of the C++ ones, said once
+    count, message = lines["SHELL_WARNINGS"].split(" | ")
+    assert count == "1" and "scripts/build.sh" in message
+    assert [float(v) for v in lines["FSC"].split()] == pytest.approx([1.0, 1.0, 1.0], abs=1e-12)
