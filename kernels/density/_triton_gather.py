@@ -183,7 +183,9 @@ def _gather_bin_kernel(
         t0 += TCH
 
 
-@triton.jit(do_not_specialize=("iprep_ptr", "start_ptr", "pair_ptr", "fix_ptr", "n_atoms", "atoms_per_frame", "capacity"))
+@triton.jit(
+    do_not_specialize=("iprep_ptr", "start_ptr", "pair_ptr", "fix_ptr", "n_atoms", "atoms_per_frame", "capacity")
+)
 def _gather_fill_kernel(
     p_ptr,  # (41,) float64, the plan's constants
     iprep_ptr,  # (N, 16) int32, _gather_bin_kernel's
