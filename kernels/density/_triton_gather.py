@@ -42,7 +42,7 @@ from kernels.density._triton_kernels import (
 )
 
 # Per-atom constants the brick programs read, one row per atom (float32 and int32, 16 columns each).
-F_COLS = 16  # tx, ty, tz (sub-voxel offsets), R², amp_0..4 (occupancy included), α_0..4·log2 e
+F_COLS = 16  # tx, ty − lo_y, tz (sub-voxel offsets; y from the box's first row), R², amp_0..4 (occupancy included), α_0..4·log2 e
 I_COLS = 16  # s_x, s_y, s_z, lo_x, lo_y, lo_z, cnt_x, cnt_y, cnt_z, pairs, sb_x, sb_y, sb_z, nb_x, nb_y, nb_z
 # Larger than any atom index: the min-selection's "none left".
 _NONE = 2**31 - 1
@@ -135,7 +135,8 @@ def _gather_bin_kernel(
     n_pairs = nbx * nby * nbz
     frow = fprep_ptr + ia * 16
     tl.store(frow + 0, tx, mask=valid)
-    tl.store(frow + 1, ty, mask=valid)
+    # The scatter's row offset (off_y of _walk_setup): dy = row − off_y rounds as there.
+    tl.store(frow + 1, ty - loy.to(tl.float32), mask=valid)
     tl.store(frow + 2, tz, mask=valid)
     tl.store(frow + 3, r2max, mask=valid)
     peak = tl.zeros_like(b_iso)
@@ -289,7 +290,7 @@ def _gather_brick_kernel(
         frow = fprep_ptr + ia.to(tl.int64) * 16
         irow = iprep_ptr + ia.to(tl.int64) * 16
         tx = tl.load(frow + 0)
-        ty = tl.load(frow + 1)
+        off_y = tl.load(frow + 1)
         tz = tl.load(frow + 2)
         r2max = tl.load(frow + 3)
         amp0 = tl.load(frow + 4)
@@ -303,7 +304,6 @@ def _gather_brick_kernel(
         be3 = tl.load(frow + 12)
         be4 = tl.load(frow + 13)
         lox = tl.load(irow + 3)
-        loy = tl.load(irow + 4)
         loz = tl.load(irow + 5)
         cntx = tl.load(irow + 6)
         cnty = tl.load(irow + 7)
@@ -319,7 +319,7 @@ def _gather_brick_kernel(
             ky = 0
             while ky < cnty:
                 in_y = ky + uy < cnty
-                dy = (loy + ky + uy).to(tl.float32) - ty
+                dy = (ky + uy).to(tl.float32) - off_y
                 qy = h11 * dy * dy
                 kz = 0
                 while kz < cntz:
