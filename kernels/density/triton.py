@@ -456,17 +456,24 @@ def _gather_bound_radius(cutoff: float) -> float:
 
 @functools.lru_cache(maxsize=64)
 def _gather_plan(plan: _Plan) -> _GatherPlan:
+    """The production gather plan of ``plan``: 8×8×8 bricks on a GPU, 16×16×16 in the interpreter (which pays per
+    program and per loop trip)."""
     interpret = triton_interpreted() and plan.params.device.type != "cuda"
-    # The interpreter pays per program and per loop trip: few, large bricks there.
-    bx, by, bz = (16, 16, 16) if interpret else (8, 8, 8)
+    return _gather_plan_for(plan, (16, 16, 16) if interpret else (8, 8, 8))
+
+
+def _gather_plan_for(plan: _Plan, brick: tuple[int, int, int]) -> _GatherPlan:
+    """A gather plan of ``plan`` with bricks of ``brick`` voxels (powers of two, x, y, z)."""
+    interpret = triton_interpreted() and plan.params.device.type != "cuda"
     radius = plan.radius if not plan.per_atom else _gather_bound_radius(plan.cutoff)
     reach = [float(r * k) for r, k in zip(plan.cell.reciprocal_lengths, plan.shape)]
     per_axis = []
-    for n, brick, rc in zip(plan.shape, (bx, by, bz), reach):
+    for n, size, rc in zip(plan.shape, brick, reach):
         # _atom_box's run is at most 2·⌈R·reach⌉ + 2 voxels (+1 for float32 rounding); a run touches at most
         # ⌈(cnt − 1)/B⌉ + 1 bricks, +1 where it crosses an axis's partial last brick; never more than the axis has.
         cnt = 2 * math.ceil(radius * rc) + 3
-        per_axis.append(min(ceil_div(n, brick), ceil_div(cnt - 1, brick) + 2))
+        per_axis.append(min(ceil_div(n, size), ceil_div(cnt - 1, size) + 2))
+    bx, by, bz = brick
     return _GatherPlan(
         bx=bx,
         by=by,
@@ -476,7 +483,7 @@ def _gather_plan(plan: _Plan) -> _GatherPlan:
         block=1024 if interpret else 128,
         tch=64 if interpret else 16,
         seg=256 if interpret else 64,
-        num_warps=4,
+        num_warps=4 if bx * by * bz <= 512 else 8,
     )
 
 
@@ -490,10 +497,17 @@ def _forward_gather(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int, shape: tu
 
     One memset (the brick counts and two int64 slots) and four launches: per atom its radius, constants and
     bricks (counted per brick), the counts' cumulative sum (each brick's first slot), per atom the slots of its
-    pairs, per brick the map. ``state``: (2,) int64, [0] the fixed-point exponent (deterministic mode), [1] 1 when
-    the pair buffer overflowed (the map is then NaN). Sizes come from the plan alone: no host synchronisation.
+    pairs (:func:`_gather_bin`), per brick the map (:func:`_gather_bricks`). ``state``: (2,) int64, [0] the
+    fixed-point exponent (deterministic mode), [1] 1 when the pair buffer overflowed (the map is then NaN).
+    Sizes come from the plan alone: no host synchronisation.
     """
     g = gplan or _gather_plan(plan)
+    bins = _gather_bin(plan, g, xyz, b_iso, occ, a, b, n_frames)
+    return _gather_bricks(plan, g, bins, n_frames, shape), bins[0], bins[-1]
+
+
+def _gather_bin(plan: _Plan, g: _GatherPlan, xyz, b_iso, occ, a, b, n_frames: int):
+    """The gather's binning: (radii, fprep, iprep, starts, pairs, capacity, fixed, state), starts as the bricks read them."""
     n = xyz.shape[0]
     device = xyz.device
     fixed = torch.are_deterministic_algorithms_enabled()
@@ -509,7 +523,6 @@ def _forward_gather(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int, shape: tu
     fprep = torch.empty((n, 16), dtype=torch.float32, device=device)
     iprep = torch.empty((n, 16), dtype=torch.int32, device=device)
     pairs = torch.empty(capacity, dtype=torch.int32, device=device)
-    out = torch.empty(shape, dtype=torch.float32, device=device)
     frames = n_frames > 1
     apf = n // n_frames
     c = (g.block, g.tch, g.bx, g.by, g.bz, plan.per_atom, frames, fixed)
@@ -523,13 +536,22 @@ def _forward_gather(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int, shape: tu
         (ceil_div(n, g.block), 1, 1), (c, device.index),
         (plan.params, iprep, starts, pairs, fix, n, apf, capacity, *c), device, 4,
     )  # fmt: skip
+    return radii, fprep, iprep, starts, pairs, capacity, fixed, fix
+
+
+def _gather_bricks(plan: _Plan, g: _GatherPlan, bins: tuple, n_frames: int, shape: tuple) -> torch.Tensor:
+    """The gather's brick launch on :func:`_gather_bin`'s buffers: the map of ``shape``, every voxel written once."""
+    _radii, fprep, iprep, starts, pairs, capacity, fixed, fix = bins
+    n = fprep.shape[0]
+    device = fprep.device
+    out = torch.empty(shape, dtype=torch.float32, device=device)
     shift = _fixed_shift_of(n, n_frames) if fixed else 0
     c = (g.bx, g.by, g.bz, g.seg, plan.separable, plan.zsep, fixed)
     _gather_brick_launch(
-        (keys, 1, 1), (c, g.num_warps, device.index),
+        (n_frames * g.n_bricks, 1, 1), (c, g.num_warps, device.index),
         (plan.params, fprep, iprep, starts, pairs, fix, out, shift, capacity, *c), device, g.num_warps,
     )  # fmt: skip
-    return out, radii, fix
+    return out
 
 
 def _backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii, n_frames: int):
