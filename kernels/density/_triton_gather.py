@@ -45,7 +45,7 @@ from kernels.density._triton_kernels import (
 F_COLS = 16  # tx, ty − lo_y, tz (sub-voxel offsets; y from the box's first row), R², amp_0..4 (occupancy included), α_0..4·log2 e
 I_COLS = 16  # s_x, s_y, s_z, lo_x, lo_y, lo_z, cnt_x, cnt_y, cnt_z, pairs, sb_x, sb_y, sb_z, nb_x, nb_y, nb_z
 # Larger than any atom index: the min-selection's "none left".
-_NONE = 2**31 - 1
+_NONE = tl.constexpr(2**31 - 1)
 
 _ATOM_ARGS = ("xyz_ptr", "b_iso_ptr", "occ_ptr", "a_ptr", "b_ptr", "radius_ptr", "p_ptr")
 
