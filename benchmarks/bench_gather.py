@@ -57,7 +57,7 @@ CASES = {
     "3wip-hiB": ("3wip-hiB", SPACING),
 }
 REPS = 30
-BRICKS = ("4x8x16",)
+BRICKS = ("8x8x8w4", "8x8x16w1")
 
 
 def _with_method(method: str, fn):
@@ -92,11 +92,13 @@ def _registers() -> list[dict]:
     return rows
 
 
-def _brick_shape(text: str) -> tuple[int, int, int]:
-    parts = tuple(int(p) for p in text.lower().split("x"))
-    if len(parts) != 3 or any(p < 1 or p & (p - 1) for p in parts):
-        raise argparse.ArgumentTypeError(f"a brick is three powers of two as XxYxZ, got {text!r}")
-    return parts
+def _brick_shape(text: str) -> tuple[tuple[int, int, int], int]:
+    """``XxYxZ`` or ``XxYxZwN`` (N warps, default 1): the brick and the warps of its program."""
+    shape, _, warps = text.lower().partition("w")
+    parts = tuple(int(p) for p in shape.split("x"))
+    if len(parts) != 3 or any(p < 1 or p & (p - 1) for p in parts) or (warps and not warps.isdigit()):
+        raise argparse.ArgumentTypeError(f"a brick is three powers of two as XxYxZ[wN], got {text!r}")
+    return parts, int(warps or 1)
 
 
 def case(name: str, device: torch.device, reps: int, smoke: bool, bricks: list[str]) -> dict:
@@ -109,7 +111,7 @@ def case(name: str, device: torch.device, reps: int, smoke: bool, bricks: list[s
     g = T._gather_plan(plan)
     res: dict = {"case": name, "what": what, "atoms": len(atoms), "grid": list(grid.shape), "cell": cell.kind,
                  "spacing": 2.0 if smoke else spacing,
-                 "brick": [g.bx, g.by, g.bz], "bricks": g.n_bricks, "pairs_per_atom_bound": g.pairs_per_atom,
+                 "brick": [g.bx, g.by, g.bz], "num_warps": g.num_warps, "bricks": g.n_bricks, "pairs_per_atom_bound": g.pairs_per_atom,
                  "pair_capacity": len(atoms) * g.pairs_per_atom}  # fmt: skip
 
     def splat():
@@ -141,8 +143,7 @@ def case(name: str, device: torch.device, reps: int, smoke: bool, bricks: list[s
         "write_bound": lambda: torch.zeros_like(sc),
     }
     for text in bricks:
-        bx, by, bz = _brick_shape(text)
-        other = T._gather_plan_for(plan, (bx, by, bz))
+        other = T._gather_plan_for(plan, *_brick_shape(text))
         fns[f"gather_{text}"] = lambda other=other: T._forward_gather(plan, *inputs, 1, plan.shape, gplan=other)[0]
 
     timing = E.measure_side_by_side(fns, device, reps=reps, graph=device.type == "cuda", host=False)
@@ -189,7 +190,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--reps", type=int, default=REPS)
-    ap.add_argument("--bricks", nargs="*", default=list(BRICKS), help="other brick shapes to time, XxYxZ")
+    ap.add_argument("--bricks", nargs="*", default=list(BRICKS), help="other brick shapes to time, XxYxZ[wN] (N warps)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny inputs, few timed calls, in the interpreter")
     args = ap.parse_args(argv)

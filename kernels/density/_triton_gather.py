@@ -257,8 +257,7 @@ def _gather_brick_kernel(
     BY: tl.constexpr,
     BZ: tl.constexpr,
     SEG: tl.constexpr,  # slots per load of the min-selection
-    SEPARABLE: tl.constexpr,
-    ZSEP: tl.constexpr,
+    SEPARABLE: tl.constexpr,  # orthogonal and monoclinic: exp(−α r²) = E(x, z)·e(y); otherwise the full form
     FIXED: tl.constexpr,
 ):
     key = tl.program_id(0)
@@ -274,14 +273,17 @@ def _gather_brick_kernel(
     jx = j // (nbaz * nbay)
     begin = tl.minimum(tl.where(key > 0, tl.load(start_ptr + key - 1, mask=key > 0, other=0), 0), capacity)
     n_seg = tl.minimum(tl.load(start_ptr + key), capacity) - begin
-    gx = jx * BX + tl.arange(0, BX)[:, None, None]
-    gy = jy * BY + tl.arange(0, BY)[None, :, None]
+    # The brick as a (BY, BX, BZ) tensor, y the slowest axis: a program's lanes cover the (x, z) plane and each
+    # thread holds several rows y of the same (x, z), so the x–z factors of the separable cells (and the z
+    # factors of the hexagonal kind) are evaluated once per thread and reused down its rows.
+    gy = jy * BY + tl.arange(0, BY)[:, None, None]
+    gx = jx * BX + tl.arange(0, BX)[None, :, None]
     gz = jz * BZ + tl.arange(0, BZ)[None, None, :]
     if FIXED:
-        acc = tl.zeros((BX, BY, BZ), dtype=tl.int64)
+        acc = tl.zeros((BY, BX, BZ), dtype=tl.int64)
         scale = _fixed_scale(fix_ptr, fix_shift)
     else:
-        acc = tl.zeros((BX, BY, BZ), dtype=tl.float32)
+        acc = tl.zeros((BY, BX, BZ), dtype=tl.float32)
     last = -1
     p = 0
     while p < n_seg:
@@ -325,18 +327,13 @@ def _gather_brick_kernel(
                 while kz < cntz:
                     in_z = kz + uz < cntz
                     dz = (loz + kz + uz).to(tl.float32) - tz
-                    # The scatter's expressions (_splat_fwd_kernel), so each contribution rounds as there.
+                    # _splat_fwd_kernel's expressions (its E(x, y)·e(z) on hexagonal cells aside), so a contribution
+                    # rounds as there.
                     if SEPARABLE:
-                        qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # (BX, 1, BZ)
+                        qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz  # (1, BX, BZ)
                         e0, e1, e2, e3, e4 = _exp2_terms(amp0, amp1, amp2, amp3, amp4, be0, be1, be2, be3, be4, qxz)
                         r2 = qxz + qy
                         val = _exp2_sum(e0, e1, e2, e3, e4, be0, be1, be2, be3, be4, qy)
-                    elif ZSEP:
-                        q_lane = h22 * dz * dz  # (1, 1, BZ)
-                        e0, e1, e2, e3, e4 = _exp2_terms(amp0, amp1, amp2, amp3, amp4, be0, be1, be2, be3, be4, q_lane)
-                        qxy = h00 * dx * dx + dy * (2.0 * h01 * dx) + qy  # (BX, BY, 1)
-                        r2 = qxy + q_lane
-                        val = _exp2_sum(e0, e1, e2, e3, e4, be0, be1, be2, be3, be4, qxy)
                     else:
                         qxz = h00 * dx * dx + 2.0 * h02 * dx * dz + h22 * dz * dz
                         lin = 2.0 * (h01 * dx + h12 * dz)
