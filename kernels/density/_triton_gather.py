@@ -43,7 +43,7 @@ from kernels.density._triton_kernels import (
 
 # Per-atom constants the brick programs read, one row per atom (float32 and int32, 16 columns each).
 F_COLS = 16  # tx, ty − lo_y, tz (sub-voxel offsets; y from the box's first row), R², amp_0..4 (occupancy included), α_0..4·log2 e
-I_COLS = 16  # s_x, s_y, s_z, lo_x, lo_y, lo_z, cnt_x, cnt_y, cnt_z, pairs, sb_x, sb_y, sb_z, nb_x, nb_y, nb_z
+I_COLS = 16  # s_x, s_y, s_z, lo_x, wide (0/1), lo_z, cnt_x, cnt_y, cnt_z, pairs, sb_x, sb_y, sb_z, nb_x, nb_y, nb_z
 # Larger than any atom index: the min-selection's "none left".
 _NONE = tl.constexpr(2**31 - 1)
 
@@ -53,12 +53,13 @@ _ATOM_ARGS = ("xyz_ptr", "b_iso_ptr", "occ_ptr", "a_ptr", "b_ptr", "radius_ptr",
 @triton.jit
 def _bricks_of_run(s, cnt, n, B: tl.constexpr):
     """Bricks of ``B`` voxels (``⌈n/B⌉`` per axis) a periodic run of ``cnt`` voxels from ``s`` ∈ [0, n) touches:
-    the first brick and how many, a cyclic run, at most every brick once (0 for an empty run)."""
+    the first brick and how many, a cyclic run, at most every brick once (0 for an empty run), and whether the
+    run meets a brick twice (it wraps onto its own start: such an atom's pairs are all kept, see _pair_kept)."""
     n_b = (n + B - 1) // B
     e = s + tl.maximum(cnt, 1) - 1
     last = (e // n) * n_b + (e % n) // B  # the brick of e, counted on past the wrap
-    nb = tl.minimum(last - s // B + 1, n_b)
-    return s // B, tl.where(cnt > 0, nb, 0)
+    raw = last - s // B + 1
+    return s // B, tl.where(cnt > 0, tl.minimum(raw, n_b), 0), raw > n_b
 
 
 @triton.jit
@@ -72,6 +73,47 @@ def _pair_key(t, sbx, sby, sbz, nbx, nby, nbz, nbax, nbay, nbaz, frame):
     jy = (sby + ky) % nbay
     jz = (sbz + kz) % nbaz
     return ((frame * nbax + jx) * nbay + jy) * nbaz + jz
+
+
+@triton.jit
+def _brick_gap8(k, sb, s, c, n, nba, B: tl.constexpr):
+    """⌊8·gap⌋ (int32): the gap, in voxels, between the atom's centre and brick ``k`` of its run along one axis
+    (0 when the centre's plane crosses the brick), rounded down to 1/8 voxel.
+
+    Box offsets: the run's bricks counted on past the wrap (``sb + k``) hold box offsets [start, start + size);
+    ``c`` is the centre's box offset (float32). Single float operations only (no multiply–add a compiler could
+    fuse differently in two kernels): the binning and the fill launch must take the same decision.
+    """
+    bu = sb + k
+    q = bu // nba
+    j = bu - q * nba
+    start = q * n + j * B - s
+    size = tl.minimum(n - j * B, B)
+    gap = tl.maximum(tl.maximum(start.to(tl.float32) - c, c - (start + size - 1).to(tl.float32)), 0.0)
+    return tl.floor(gap * 8.0).to(tl.int32)
+
+
+@triton.jit
+def _pair_kept(
+    t, nbx, nby, nbz, sbx, sby, sbz, sx, sy, sz, cx, cy, cz, wide, r2lim, lam, nx, ny, nz, nbax, nbay, nbaz,
+    BX: tl.constexpr, BY: tl.constexpr, BZ: tl.constexpr,
+):  # fmt: skip
+    """Whether pair ``t`` of an atom can hold a voxel inside its sphere (else it is not listed).
+
+    r² = dᵀ·H·d ≥ λ_min(H)·|d|² ≥ ``lam``·Σ gap², the gaps rounded down (so the bound stays below the truth) and
+    summed as integers; a pair is dropped only when that bound reaches ``r2lim`` = R² widened by 0.1 % (far
+    above the float32 rounding of the brick's own r²), so no voxel with r² < R² is lost. ``wide`` atoms (a run
+    that meets a brick twice) keep every pair. About a third of a box's bricks lie outside its sphere.
+    """
+    kz = t % nbz
+    r = t // nbz
+    ky = r % nby
+    kx = r // nby
+    gx = _brick_gap8(kx, sbx, sx, cx, nx, nbax, BX)
+    gy = _brick_gap8(ky, sby, sy, cy, ny, nbay, BY)
+    gz = _brick_gap8(kz, sbz, sz, cz, nz, nbaz, BZ)
+    s2 = gx * gx + gy * gy + gz * gz  # (8·gap)², exact in int32 for any grid below 2·10⁴ voxels an axis
+    return wide | (s2.to(tl.float32) * lam < r2lim)
 
 
 @triton.jit
@@ -89,7 +131,16 @@ def _load_pair_geometry(iprep_ptr, ia, valid):
 
 
 @triton.jit(
-    do_not_specialize=(*_ATOM_ARGS, "fprep_ptr", "iprep_ptr", "count_ptr", "fix_ptr", "n_atoms", "atoms_per_frame"),
+    do_not_specialize=(
+        *_ATOM_ARGS,
+        "fprep_ptr",
+        "iprep_ptr",
+        "count_ptr",
+        "fix_ptr",
+        "n_atoms",
+        "atoms_per_frame",
+        "lam",
+    ),
     do_not_specialize_on_alignment=_ATOM_ARGS,
 )
 def _gather_bin_kernel(
@@ -106,6 +157,7 @@ def _gather_bin_kernel(
     fix_ptr,  # (2,) int64, zero-filled: [0] atomic max of the fixed-point exponents (FIXED)
     n_atoms,
     atoms_per_frame,  # atoms of one frame (read when FRAMES)
+    lam,  # float32: λ_min of the voxel-unit metric over 64 (a lower bound; _pair_kept)
     BLOCK: tl.constexpr,  # atoms per program
     TCH: tl.constexpr,  # pairs per atom per loop trip
     BX: tl.constexpr,
@@ -129,9 +181,10 @@ def _gather_bin_kernel(
     sx = _wrap(bx + lox, nx)
     sy = _wrap(by + loy, ny)
     sz = _wrap(bz + loz, nz)
-    sbx, nbx = _bricks_of_run(sx, cntx, nx, BX)
-    sby, nby = _bricks_of_run(sy, cnty, ny, BY)
-    sbz, nbz = _bricks_of_run(sz, cntz, nz, BZ)
+    sbx, nbx, wx = _bricks_of_run(sx, cntx, nx, BX)
+    sby, nby, wy = _bricks_of_run(sy, cnty, ny, BY)
+    sbz, nbz, wz = _bricks_of_run(sz, cntz, nz, BZ)
+    wide = wx | wy | wz
     n_pairs = nbx * nby * nbz
     frow = fprep_ptr + ia * 16
     tl.store(frow + 0, tx, mask=valid)
@@ -151,7 +204,7 @@ def _gather_bin_kernel(
     tl.store(irow + 1, sy, mask=valid)
     tl.store(irow + 2, sz, mask=valid)
     tl.store(irow + 3, lox, mask=valid)
-    tl.store(irow + 4, loy, mask=valid)
+    tl.store(irow + 4, wide.to(tl.int32), mask=valid)
     tl.store(irow + 5, loz, mask=valid)
     tl.store(irow + 6, cntx, mask=valid)
     tl.store(irow + 7, cnty, mask=valid)
@@ -171,21 +224,40 @@ def _gather_bin_kernel(
     nbay = (ny + BY - 1) // BY
     nbaz = (nz + BZ - 1) // BZ
     n_pairs = tl.where(valid, n_pairs, 0)
+    # The centre's box offsets as the fill launch forms them from fprep and iprep (the same float32 values).
+    cx = (tx - lox.to(tl.float32))[:, None]
+    cy = (ty - loy.to(tl.float32))[:, None]
+    cz = (tz - loz.to(tl.float32))[:, None]
+    r2lim = (r2max * 1.001)[:, None]
+    nbx = tl.maximum(nbx, 1)[:, None]
+    nby = tl.maximum(nby, 1)[:, None]
+    nbz = tl.maximum(nbz, 1)[:, None]
     top = tl.max(n_pairs, axis=0)
     t0 = 0
     while t0 < top:
         t = t0 + tl.arange(0, TCH)[None, :]
         m = t < n_pairs[:, None]
-        key = _pair_key(
-            t, sbx[:, None], sby[:, None], sbz[:, None], tl.maximum(nbx, 1)[:, None], tl.maximum(nby, 1)[:, None],
-            tl.maximum(nbz, 1)[:, None], nbax, nbay, nbaz, frame[:, None],
+        key = _pair_key(t, sbx[:, None], sby[:, None], sbz[:, None], nbx, nby, nbz, nbax, nbay, nbaz, frame[:, None])
+        m = m & _pair_kept(
+            t, nbx, nby, nbz, sbx[:, None], sby[:, None], sbz[:, None], sx[:, None], sy[:, None], sz[:, None], cx, cy,
+            cz, wide[:, None], r2lim, lam, nx, ny, nz, nbax, nbay, nbaz, BX, BY, BZ,
         )  # fmt: skip
         tl.atomic_add(count_ptr + key + 1, 1, mask=m, sem="relaxed")
         t0 += TCH
 
 
 @triton.jit(
-    do_not_specialize=("iprep_ptr", "start_ptr", "pair_ptr", "fix_ptr", "n_atoms", "atoms_per_frame", "capacity")
+    do_not_specialize=(
+        "iprep_ptr",
+        "start_ptr",
+        "pair_ptr",
+        "fix_ptr",
+        "n_atoms",
+        "atoms_per_frame",
+        "capacity",
+        "lam",
+        "fprep_ptr",
+    )
 )
 def _gather_fill_kernel(
     p_ptr,  # (41,) float64, the plan's constants
@@ -196,6 +268,8 @@ def _gather_fill_kernel(
     n_atoms,
     atoms_per_frame,
     capacity,
+    lam,  # as for _gather_bin_kernel
+    fprep_ptr,  # (N, 16) float32, _gather_bin_kernel's
     BLOCK: tl.constexpr,
     TCH: tl.constexpr,
     BX: tl.constexpr,
@@ -213,6 +287,16 @@ def _gather_fill_kernel(
     nbaz = (nz + BZ - 1) // BZ
     sbx, sby, sbz, nbx, nby, nbz, n_pairs = _load_pair_geometry(iprep_ptr, ia, valid)
     frame = ia // atoms_per_frame if FRAMES else ia * 0
+    irow = iprep_ptr + ia * 16
+    frow = fprep_ptr + ia * 16
+    sx = tl.load(irow + 0, mask=valid, other=0)[:, None]
+    sy = tl.load(irow + 1, mask=valid, other=0)[:, None]
+    sz = tl.load(irow + 2, mask=valid, other=0)[:, None]
+    wide = tl.load(irow + 4, mask=valid, other=0)[:, None] != 0
+    cx = (tl.load(frow + 0, mask=valid, other=0.0) - tl.load(irow + 3, mask=valid, other=0).to(tl.float32))[:, None]
+    cy = tl.load(frow + 1, mask=valid, other=0.0)[:, None]
+    cz = (tl.load(frow + 2, mask=valid, other=0.0) - tl.load(irow + 5, mask=valid, other=0).to(tl.float32))[:, None]
+    r2lim = (tl.load(frow + 3, mask=valid, other=0.0) * 1.001)[:, None]
     top = tl.max(n_pairs, axis=0)
     t0 = 0
     while t0 < top:
@@ -221,6 +305,10 @@ def _gather_fill_kernel(
         key = _pair_key(
             t, sbx[:, None], sby[:, None], sbz[:, None], nbx[:, None], nby[:, None], nbz[:, None], nbax, nbay, nbaz,
             frame[:, None],
+        )  # fmt: skip
+        m = m & _pair_kept(
+            t, nbx[:, None], nby[:, None], nbz[:, None], sbx[:, None], sby[:, None], sbz[:, None], sx, sy, sz, cx, cy,
+            cz, wide, r2lim, lam, nx, ny, nz, nbax, nbay, nbaz, BX, BY, BZ,
         )  # fmt: skip
         slot = tl.atomic_add(start_ptr + key, 1, mask=m, sem="relaxed")
         fits = slot < capacity

@@ -442,6 +442,9 @@ class _GatherPlan:
     tch: int  # pairs per atom per loop trip of the per-atom launches
     seg: int  # slots per load of the brick program's min-selection
     num_warps: int  # brick program
+    # λ_min of the voxel-unit metric over 64, rounded down: the binning drops a pair whose brick lies outside the
+    # atom's sphere by r² ≥ λ_min·|d|² (d in voxels; the kernels sum (8·gap)² as integers).
+    lam: float
 
 
 @functools.lru_cache(maxsize=8)
@@ -489,7 +492,16 @@ def _gather_plan_for(plan: _Plan, brick: tuple[int, int, int], num_warps: int) -
         tch=64 if interpret else 16,
         seg=256 if interpret else 128,  # covers most bricks' lists (3WIP at 0.67 Å: 24 a brick on average, 180 at most)
         num_warps=num_warps,
+        lam=_metric_floor(plan),
     )
+
+
+def _metric_floor(plan: _Plan) -> float:
+    """λ_min(H)/64 (H = the voxel-unit metric), made a float32 a little below the truth (a lower bound)."""
+    n = torch.tensor(plan.shape, dtype=torch.float64)
+    h = plan.cell.metric.to(torch.float64) / (n[:, None] * n[None, :])
+    lam = float(torch.linalg.eigvalsh(h).min()) / 64.0 * (1.0 - 1e-4)
+    return float(torch.tensor(lam, dtype=torch.float32)) if lam > 0 else 0.0
 
 
 _gather_bin_launch = FastLauncher(_gather_bin_kernel)
@@ -533,13 +545,13 @@ def _gather_bin(plan: _Plan, g: _GatherPlan, xyz, b_iso, occ, a, b, n_frames: in
     c = (g.block, g.tch, g.bx, g.by, g.bz, plan.per_atom, frames, fixed)
     _gather_bin_launch(
         (ceil_div(n, g.block), 1, 1), (c, xyz.dtype, device.index),
-        (xyz, b_iso, occ, a, b, radii, plan.params, fprep, iprep, counts, fix, n, apf, *c), device, 4,
+        (xyz, b_iso, occ, a, b, radii, plan.params, fprep, iprep, counts, fix, n, apf, g.lam, *c), device, 4,
     )  # fmt: skip
     starts = counts.cumsum_(0)  # brick k's first slot at k (counts of k were added at k + 1)
     c = (g.block, g.tch, g.bx, g.by, g.bz, frames)
     _gather_fill_launch(
         (ceil_div(n, g.block), 1, 1), (c, device.index),
-        (plan.params, iprep, starts, pairs, fix, n, apf, capacity, *c), device, 4,
+        (plan.params, iprep, starts, pairs, fix, n, apf, capacity, g.lam, fprep, *c), device, 4,
     )  # fmt: skip
     return radii, fprep, iprep, starts, pairs, capacity, fixed, fix
 

@@ -250,6 +250,27 @@ def test_gather_overflow_sets_flag_and_map_is_nan():
     assert int(state[1]) == 0 and torch.isfinite(out).all()
 
 
+def test_gather_binning_lists_only_bricks_the_sphere_can_reach():
+    # Bricks of a box that its sphere cannot reach are not listed (the maps above show none that it reaches is
+    # lost); each listed brick is counted exactly once, and the segments tile the listed pairs.
+    cell = Cell.from_parameters(*CELLS["monoclinic"])
+    atoms = synthetic(cell, MIXED, seed=16)
+    grid = GridSpec.for_spacing(cell, 0.6)
+    plan, inputs = _inputs(atoms, grid)
+    g = T._gather_plan(plan)
+    _radii, _fprep, iprep, starts, pairs, _cap, _fixed, state = T._gather_bin(plan, g, *inputs, 1)
+    listed, enumerated = int(starts[-1]), int(iprep[:, 9].sum())
+    assert int(state[1]) == 0
+    assert 0 < listed < enumerated, (listed, enumerated)
+    lengths = torch.diff(torch.cat([starts.new_zeros(1), starts[:-1]]))
+    assert int(lengths.sum()) == listed and int(lengths.min()) >= 0
+    got = pairs[:listed].long()
+    assert int(got.min()) >= 0 and int(got.max()) < len(atoms)
+    for k in range(0, g.n_bricks, 7):  # each atom at most once a brick
+        seg = pairs[int(starts[k - 1]) if k else 0 : int(starts[k])]
+        assert len(set(seg.tolist())) == len(seg), k
+
+
 def test_gather_pair_bound_covers_the_bound_atom():
     # The per-atom buffer bound holds the widest atom it is sized for (U at B = 250 Å²), wherever it sits.
     cell = Cell.from_parameters(*CELLS["monoclinic"])
@@ -371,7 +392,7 @@ _SM90_SCRIPT = textwrap.dedent(
     types = {"xyz_ptr": "*fp32", "b_iso_ptr": "*fp32", "occ_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32",
              "radius_ptr": "*fp32", "p_ptr": "*fp64", "fprep_ptr": "*fp32", "iprep_ptr": "*i32", "count_ptr": "*i32",
              "start_ptr": "*i32", "pair_ptr": "*i32", "fix_ptr": "*i64", "out_ptr": "*fp32", "n_atoms": "i32",
-             "atoms_per_frame": "i32", "capacity": "i32", "fix_shift": "i32"}
+             "atoms_per_frame": "i32", "capacity": "i32", "fix_shift": "i32", "lam": "fp32"}
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     bx, by, bz, warps = 8, 4, 16, 1  # the production GPU plan's (T._gather_plan)
     cases = []
