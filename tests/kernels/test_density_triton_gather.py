@@ -217,6 +217,19 @@ def test_gather_bitwise_over_calls_and_order_is_atom_index():
     assert not torch.equal(permuted, first), "too sparse a case: float sums in either order agree"
 
 
+def test_gather_long_segments_take_the_chunked_selection():
+    # A brick's list longer than SEG slots is walked by the chunked min-selection instead of the one held in
+    # registers: the same atoms in the same order, so the same map bit for bit.
+    atoms, grid = _dense_atoms()
+    plan, _ = _inputs(atoms, grid)
+    g = T._gather_plan(plan)
+    short = dataclasses.replace(g, seg=4)
+    bins = T._gather_bin(plan, g, *_inputs(atoms, grid)[1], 1)
+    starts = bins[3]
+    assert int(torch.diff(torch.cat([starts.new_zeros(1), starts[:-1]])).max()) > 3 * short.seg
+    assert torch.equal(_gather(atoms, grid, gplan=short)[0], _gather(atoms, grid)[0])
+
+
 def test_gather_deterministic_mode_bitwise_under_permutation():
     atoms, grid = _dense_atoms()
     perm = torch.randperm(len(atoms), generator=torch.Generator().manual_seed(1)).tolist()
