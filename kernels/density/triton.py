@@ -67,6 +67,11 @@ Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was
   independent of the atoms' order: a first launch finds each atom's radius and a bound of its
   contributions (the scale, on the device), the splat adds, a last launch converts to float32
   (docs/kernels.md, "Determinism"). The backwards have no atomics either way.
+- An opt-in second isotropic forward, a binned gather (``kernels.density._triton_gather``): the map cut into
+  bricks, each atom's pairs with the bricks its sphere reaches counted and placed by integer atomics (a
+  counting sort, sizes from the plan), one program per brick summing its atoms in ascending index in registers
+  and writing each voxel once (int64 fixed point in deterministic mode). ``KERNELS_TRITON_FORWARD`` chooses it
+  (docs/kernels.md, "Choosing the forward"); the scatter above is the default.
 - Host side (an eager call is host time, not GPU time): every plan constant is in one float64
   device tensor, the forward is one memset and one launch, the backward one launch, and after a
   plan's first call its compiled kernels are launched directly (:class:`kernels._launch.FastLauncher`).
