@@ -406,9 +406,14 @@ def _gather_brick_kernel(
         cnty = tl.load(irow + 7)
         cntz = tl.load(irow + 8)
         # Box step of each lane's first periodic image; further images are n apart (a box wider than the cell).
-        ux = _wrap(gx - tl.load(irow + 0), nx)
-        uy = _wrap(gy - tl.load(irow + 1), ny)
-        uz = _wrap(gz - tl.load(irow + 2), nz)
+        # (g − s) ∈ (−n, n) for the lanes inside the grid (g, s ∈ [0, n)): one select wraps it (an integer modulo
+        # is ~20 instructions a lane). Lanes past the grid's end (a partial brick) are never stored.
+        ux = gx - tl.load(irow + 0)
+        uy = gy - tl.load(irow + 1)
+        uz = gz - tl.load(irow + 2)
+        ux = tl.where(ux < 0, ux + nx, ux)
+        uy = tl.where(uy < 0, uy + ny, uy)
+        uz = tl.where(uz < 0, uz + nz, uz)
         kx = 0
         while kx < cntx:  # images n apart: one trip per axis unless the box is wider than the cell
             in_x = kx + ux < cntx
