@@ -46,6 +46,9 @@
 #              map, shells, FSC; targets 1 ms each) and on the host's CPU at 2 threads, and the CUDA tests of
 #              tests/kernels/test_reciprocal.py
 #   streamvjp  issue 37's second pass: bench_stream_vjp.py (backward alone against recomputing the forward)
+#   gather     issue 49: tests/kernels/test_density_triton_gather.py on CUDA, the isotropic deterministic CUDA tests
+#              with every forward through the gather (KERNELS_TRITON_FORWARD=gather), then bench_gather.py (scatter,
+#              deterministic scatter, gather and its parts, the zeros_like write bound); needs no C++ build (BUILD=0)
 #   loopcheck  issue 33's GPU check, about 3 minutes after the C++ build (which takes 1.5 more on the H200
 #              host the first time): the CUDA tests that reduce-overhead replays
 #              (planarity, a fitting step, tricubic) match eager, then bench_loop.py on 1aki and
@@ -54,7 +57,7 @@
 # Files are named <op>_<gpu>_<date> (GPU parts) and <op>_<gpu>host_<date> (CPU parts), <gpu> from
 # nvidia-smi (h100, h200, a100, ... or "gpu"). device.txt records the GPU, CPU and versions.
 # BUILD=0 skips building the C++ modules in place, for parts that run only the GPU paths (stream,
-# stream2, peers, streamvjp: no module of theirs imports them).
+# stream2, peers, streamvjp, gather: no module of theirs imports them).
 set -o pipefail
 DIR="${1:?usage: bash benchmarks/run_gpu.sh DIR}"
 PARTS="${PARTS:-tests density planarity tricubic workbench cpu}"
@@ -165,6 +168,17 @@ if has determinism; then
     timeout 420 python3 benchmarks/bench_eager.py "${peers[@]}" --parts density --deterministic \
         --out "$DIR/eager_deterministic_cuda_${gpu}_$day.json" > "$DIR/eager_deterministic_cuda_${gpu}_$day.log" 2>&1
     summary+=("eager deterministic rc=$?")
+fi
+if has gather; then
+    timeout 300 python3 -m pytest tests/kernels/test_density_triton_gather.py -q -p no:cacheprovider -o addopts="-ra" \
+        > "$DIR/tests_gather_${gpu}_$day.log" 2>&1
+    summary+=("gather tests rc=$?: $(tail -n 1 "$DIR/tests_gather_${gpu}_$day.log")")
+    KERNELS_TRITON_FORWARD=gather timeout 300 python3 -m pytest tests/kernels/test_density_deterministic.py -q \
+        -p no:cacheprovider -k "gpu_isotropic or gpu_frames_ten_calls_bitwise[iso] or gpu_ensemble" -o addopts="-ra" \
+        > "$DIR/tests_gather_deterministic_${gpu}_$day.log" 2>&1
+    summary+=("gather deterministic tests rc=$?: $(tail -n 1 "$DIR/tests_gather_deterministic_${gpu}_$day.log")")
+    timeout 240 python3 benchmarks/bench_gather.py --out "$DIR/gather_${gpu}_$day.json" > "$DIR/gather_${gpu}_$day.log" 2>&1
+    summary+=("gather bench rc=$?")
 fi
 if has loop; then
     timeout 540 python3 benchmarks/bench_loop.py --device cuda --modes eager \

@@ -67,6 +67,11 @@ Design (see ``docs/performance.md``, "Density on the GPU (Triton)", for what was
   independent of the atoms' order: a first launch finds each atom's radius and a bound of its
   contributions (the scale, on the device), the splat adds, a last launch converts to float32
   (docs/kernels.md, "Determinism"). The backwards have no atomics either way.
+- An opt-in second isotropic forward, a binned gather (``kernels.density._triton_gather``): the map cut into
+  bricks, each atom's pairs with the bricks its sphere reaches counted and placed by integer atomics (a
+  counting sort, sizes from the plan), one program per brick summing its atoms in ascending index in registers
+  and writing each voxel once (int64 fixed point in deterministic mode). ``KERNELS_TRITON_FORWARD`` chooses it
+  (docs/kernels.md, "Choosing the forward"); the scatter above is the default.
 - Host side (an eager call is host time, not GPU time): every plan constant is in one float64
   device tensor, the forward is one memset and one launch, the backward one launch, and after a
   plan's first call its compiled kernels are launched directly (:class:`kernels._launch.FastLauncher`).
@@ -90,6 +95,7 @@ from kernels.density._triton_aniso_kernels import (
     _aniso_fixed_scale_kernel,
     _aniso_fwd_kernel,
 )
+from kernels.density._triton_gather import _gather_bin_kernel, _gather_brick_kernel, _gather_fill_kernel
 from kernels.density._triton_kernels import (
     _fixed_scale_kernel,
     _fixed_to_float_kernel,
@@ -344,9 +350,11 @@ def _forward(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int, shape: tuple):
     With ``torch.are_deterministic_algorithms_enabled()``: the fixed-point forward instead (one memset, three
     launches; the map is the same bit for bit on every call and for any order of the atoms).
     """
+    fixed = torch.are_deterministic_algorithms_enabled()
+    if _forward_method != "scatter" and _use_gather(fixed):
+        return _forward_gather(plan, xyz, b_iso, occ, a, b, n_frames, shape)[:2]
     n = xyz.shape[0]
     size = n_frames * plan.n_voxels
-    fixed = torch.are_deterministic_algorithms_enabled()
     device = xyz.device
     if fixed:
         out, fix = _fixed_accumulators(size, device)
@@ -375,6 +383,199 @@ def _forward(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int, shape: tuple):
     if fixed:
         out = _fixed_map(out, fix, size, shift, shape)
     return out, radii
+
+
+# --------------------------------------------------------------------------- the binned gather forward
+#
+# The isotropic forward as a gather over bricks of the map (kernels.density._triton_gather: design there and in
+# docs/performance.md). Chosen per process by KERNELS_TRITON_FORWARD (docs/kernels.md, "Choosing the forward"):
+# "scatter" (the default), "gather" (every isotropic forward, the deterministic one included) or
+# "gather-deterministic" (only under torch.use_deterministic_algorithms(True)).
+
+_FORWARD_METHODS = ("scatter", "gather", "gather-deterministic")
+# B (Å²) and elements of the widest atom the pair buffer is sized for under per-atom radii: an atom wider than
+# all of them (B above 250 Å² for these) may find the buffer full; the map is then NaN everywhere (and the
+# overflow slot set), never silently short.
+_GATHER_BOUND_B = 250.0
+_GATHER_BOUND_ELEMENTS = ("C", "O", "S", "Fe", "Zn", "Se", "Hg", "U")
+
+
+def _forward_method_from_env() -> str:
+    import os
+
+    method = os.environ.get("KERNELS_TRITON_FORWARD", "scatter").strip() or "scatter"
+    if method not in _FORWARD_METHODS:
+        raise ValueError(f"KERNELS_TRITON_FORWARD must be one of {_FORWARD_METHODS}, got {method!r}")
+    return method
+
+
+_forward_method = _forward_method_from_env()
+
+
+def _set_forward_method(method: str) -> str:
+    """Route the isotropic Triton forward through ``method`` (one of ``_FORWARD_METHODS``); returns the previous one.
+
+    For A/B runs in one process (tests, benchmarks); a process's default comes from ``KERNELS_TRITON_FORWARD``.
+    """
+    global _forward_method
+    if method not in _FORWARD_METHODS:
+        raise ValueError(f"the Triton forward must be one of {_FORWARD_METHODS}, got {method!r}")
+    previous, _forward_method = _forward_method, method
+    return previous
+
+
+def _use_gather(fixed: bool) -> bool:
+    """Whether this isotropic forward takes the gather (``fixed``: deterministic mode on)."""
+    return _forward_method == "gather" or (fixed and _forward_method == "gather-deterministic")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _GatherPlan:
+    """Brick shape and launch shape of the gather forward of one :class:`_Plan` (:func:`_gather_plan`).
+
+    ``pairs_per_atom`` bounds the bricks one atom's box touches (the pair buffer holds N times it): exact for a
+    fixed radius, for per-atom radii the box of the widest atom of ``_GATHER_BOUND_ELEMENTS`` at
+    ``_GATHER_BOUND_B``. Tests and benchmarks derive others with ``dataclasses.replace``.
+    """
+
+    bx: int  # brick, x × y × z voxels (z contiguous)
+    by: int
+    bz: int
+    n_bricks: int  # bricks of one map, ⌈nx/bx⌉·⌈ny/by⌉·⌈nz/bz⌉
+    pairs_per_atom: int
+    block: int  # atoms per program of the per-atom launches
+    tch: int  # pairs per atom per loop trip of the per-atom launches
+    seg: int  # slots per load of the brick program's min-selection
+    num_warps: int  # brick program
+    # λ_min of the voxel-unit metric over 64, rounded down: the binning drops a pair whose brick lies outside the
+    # atom's sphere by r² ≥ λ_min·|d|² (d in voxels; the kernels sum (8·gap)² as integers).
+    lam: float
+
+
+@functools.lru_cache(maxsize=8)
+def _gather_bound_radius(cutoff: float) -> float:
+    """Å: the largest cutoff radius of ``_GATHER_BOUND_ELEMENTS`` at B = ``_GATHER_BOUND_B``."""
+    from kernels.crystal import it92_coefficients
+
+    a, b = it92_coefficients(list(_GATHER_BOUND_ELEMENTS))
+    bb = torch.full((len(_GATHER_BOUND_ELEMENTS),), _GATHER_BOUND_B, dtype=torch.float64)
+    return float(cutoff_radius(bb, a, b, cutoff).max())
+
+
+@functools.lru_cache(maxsize=64)
+def _gather_plan(plan: _Plan) -> _GatherPlan:
+    """The production gather plan of ``plan``.
+
+    On a GPU 8 × 4 × 16 bricks (x, y, z) on one warp: each thread then holds 4 rows y of 4 (x, z) lanes, so on
+    separable cells a voxel costs 2.5 exp2 (5 per (x, z) lane and per row, shared), against 6.25 for 8 × 8 × 8 on
+    four warps (counted in the sm_90 SASS; docs/performance.md). 16 × 16 × 16 in the interpreter, which pays per
+    program and per loop trip.
+    """
+    interpret = triton_interpreted() and plan.params.device.type != "cuda"
+    return _gather_plan_for(plan, (16, 16, 16) if interpret else (8, 4, 16), 4 if interpret else 1)
+
+
+def _gather_plan_for(plan: _Plan, brick: tuple[int, int, int], num_warps: int) -> _GatherPlan:
+    """A gather plan of ``plan`` with bricks of ``brick`` voxels (powers of two, x, y, z) on ``num_warps`` warps."""
+    interpret = triton_interpreted() and plan.params.device.type != "cuda"
+    radius = plan.radius if not plan.per_atom else _gather_bound_radius(plan.cutoff)
+    reach = [float(r * k) for r, k in zip(plan.cell.reciprocal_lengths, plan.shape)]
+    per_axis = []
+    for n, size, rc in zip(plan.shape, brick, reach):
+        # _atom_box's run is at most 2·⌈R·reach⌉ + 2 voxels (+1 for float32 rounding); a run touches at most
+        # ⌈(cnt − 1)/B⌉ + 1 bricks, +1 where it crosses an axis's partial last brick; never more than the axis has.
+        cnt = 2 * math.ceil(radius * rc) + 3
+        per_axis.append(min(ceil_div(n, size), ceil_div(cnt - 1, size) + 2))
+    bx, by, bz = brick
+    return _GatherPlan(
+        bx=bx,
+        by=by,
+        bz=bz,
+        n_bricks=ceil_div(plan.shape[0], bx) * ceil_div(plan.shape[1], by) * ceil_div(plan.shape[2], bz),
+        pairs_per_atom=math.prod(per_axis),
+        block=1024 if interpret else 128,
+        tch=64 if interpret else 16,
+        seg=256 if interpret else 128,  # covers most bricks' lists (3WIP at 0.67 Å: 24 a brick on average, 180 at most)
+        num_warps=num_warps,
+        lam=_metric_floor(plan),
+    )
+
+
+def _metric_floor(plan: _Plan) -> float:
+    """λ_min(H)/64 (H = the voxel-unit metric), made a float32 a little below the truth (a lower bound)."""
+    n = torch.tensor(plan.shape, dtype=torch.float64)
+    h = plan.cell.metric.to(torch.float64) / (n[:, None] * n[None, :])
+    lam = float(torch.linalg.eigvalsh(h).min()) / 64.0 * (1.0 - 1e-4)
+    return float(torch.tensor(lam, dtype=torch.float32)) if lam > 0 else 0.0
+
+
+_gather_bin_launch = FastLauncher(_gather_bin_kernel)
+_gather_fill_launch = FastLauncher(_gather_fill_kernel)
+_gather_brick_launch = FastLauncher(_gather_brick_kernel)
+
+
+def _forward_gather(plan: _Plan, xyz, b_iso, occ, a, b, n_frames: int, shape: tuple, gplan: _GatherPlan | None = None):
+    """The isotropic forward as a binned gather: (map, radii, state).
+
+    One memset (the brick counts and two int64 slots) and four launches: per atom its radius, constants and
+    bricks (counted per brick), the counts' cumulative sum (each brick's first slot), per atom the slots of its
+    pairs (:func:`_gather_bin`), per brick the map (:func:`_gather_bricks`). ``state``: (2,) int64, [0] the
+    fixed-point exponent (deterministic mode), [1] 1 when the pair buffer overflowed (the map is then NaN).
+    Sizes come from the plan alone: no host synchronisation.
+    """
+    g = gplan or _gather_plan(plan)
+    bins = _gather_bin(plan, g, xyz, b_iso, occ, a, b, n_frames)
+    return _gather_bricks(plan, g, bins, n_frames, shape), bins[0], bins[-1]
+
+
+def _gather_bin(plan: _Plan, g: _GatherPlan, xyz, b_iso, occ, a, b, n_frames: int):
+    """The gather's binning: (radii, fprep, iprep, starts, pairs, capacity, fixed, state), starts as the bricks read them."""
+    n = xyz.shape[0]
+    device = xyz.device
+    fixed = torch.are_deterministic_algorithms_enabled()
+    keys = n_frames * g.n_bricks
+    capacity = n * g.pairs_per_atom
+    if capacity >= 2**31 - 1 or keys >= 2**31 - 1:
+        raise ValueError(f"the gather forward's pair buffer ({capacity} slots) needs 32-bit slot indices")
+    # One zero fill: [0] exponent, [1] overflow, then the (keys + 1) int32 counts.
+    state = torch.zeros(2 + (keys + 2) // 2, dtype=torch.int64, device=device)
+    counts = state[2:].view(torch.int32)[: keys + 1]
+    fix = state[:2]
+    radii = torch.empty(n, dtype=torch.float32, device=device) if plan.per_atom else b_iso
+    fprep = torch.empty((n, 16), dtype=torch.float32, device=device)
+    iprep = torch.empty((n, 16), dtype=torch.int32, device=device)
+    pairs = torch.empty(capacity, dtype=torch.int32, device=device)
+    frames = n_frames > 1
+    apf = n // n_frames
+    c = (g.block, g.tch, g.bx, g.by, g.bz, plan.per_atom, frames, fixed)
+    _gather_bin_launch(
+        (ceil_div(n, g.block), 1, 1), (c, xyz.dtype, device.index),
+        (xyz, b_iso, occ, a, b, radii, plan.params, fprep, iprep, counts, fix, n, apf, g.lam, *c), device, 4,
+    )  # fmt: skip
+    starts = counts.cumsum_(0)  # brick k's first slot at k (counts of k were added at k + 1)
+    c = (g.block, g.tch, g.bx, g.by, g.bz, frames)
+    _gather_fill_launch(
+        (ceil_div(n, g.block), 1, 1), (c, device.index),
+        (plan.params, iprep, starts, pairs, fix, n, apf, capacity, g.lam, fprep, *c), device, 4,
+    )  # fmt: skip
+    return radii, fprep, iprep, starts, pairs, capacity, fixed, fix
+
+
+def _gather_bricks(plan: _Plan, g: _GatherPlan, bins: tuple, n_frames: int, shape: tuple) -> torch.Tensor:
+    """The gather's brick launch on :func:`_gather_bin`'s buffers: the map of ``shape``, every voxel written once."""
+    _radii, fprep, iprep, starts, pairs, capacity, fixed, fix = bins
+    n = fprep.shape[0]
+    device = fprep.device
+    out = torch.empty(shape, dtype=torch.float32, device=device)
+    shift = _fixed_shift_of(n, n_frames) if fixed else 0
+    # Hexagonal-kind cells take the full quadratic form: E(x, y)·e(z) shares nothing down a thread's rows y here
+    # and compiled to 214 registers against 112 (sm_90, 8 × 4 × 16 on one warp).
+    c = (g.bx, g.by, g.bz, g.seg, plan.separable, fixed)
+    _gather_brick_launch(
+        (n_frames * g.n_bricks, 1, 1), (c, g.num_warps, device.index),
+        (plan.params, fprep, iprep, starts, pairs, fix, out, shift, capacity, *c), device, g.num_warps,
+    )  # fmt: skip
+    return out
 
 
 def _backward(plan: _Plan, grad, xyz, b_iso, occ, a, b, radii, n_frames: int):
