@@ -471,7 +471,8 @@ def _extension():
 
 
 class _HelperPool:
-    """Worker threads for the CPU sums (numpy and torch release the GIL in the per-block work), grown on demand.
+    """Worker threads for the CPU sums (a block's C++ sums release the GIL, as do numpy's calls where it is not built),
+    grown on demand.
 
     A process forked after the threads started has none of them: the pool is made anew there (by pid).
     """
