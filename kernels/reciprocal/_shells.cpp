@@ -45,10 +45,13 @@ NB_MODULE(_shells, m) {
             if (out.shape(0) != kr::kRows) throw nb::value_error("out must have 10 rows");
             if (lo < 0 || hi < lo || hi > m) throw nb::value_error("the block [lo, hi) must lie in the set");
             const int64_t n_shells = static_cast<int64_t>(out.shape(1));
-            for (int64_t j = lo; j < hi; ++j)
-                if (which.data()[j] < 0 || which.data()[j] >= n_shells) throw nb::value_error("a shell index is out of range");
-            nb::gil_scoped_release release;
-            kr::block_sums(ff, rf, which.data(), lo, hi, n_shells, out.data());
+            bool in_range = true;
+            {
+                nb::gil_scoped_release release;  // the check too: it reads the whole block
+                for (int64_t j = lo; j < hi && in_range; ++j) in_range = which.data()[j] >= 0 && which.data()[j] < n_shells;
+                if (in_range) kr::block_sums(ff, rf, which.data(), lo, hi, n_shells, out.data());
+            }
+            if (!in_range) throw nb::value_error("a shell index is out of range");
         },
         "f"_a.noconvert(), "f_comp"_a, "reference"_a.noconvert(), "r_comp"_a, "which"_a.noconvert(), "lo"_a, "hi"_a,
         "out"_a.noconvert(),

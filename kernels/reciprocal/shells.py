@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -449,25 +450,21 @@ def _flat(a: np.ndarray) -> tuple[np.ndarray, int]:
     return np.ascontiguousarray(a, dtype=a.dtype if a.dtype in (np.float32, np.float64) else np.float64), 1
 
 
-_EXTENSION: list = []  # [module or None], found on first use
-
-
+@functools.cache
 def _extension():
     """The C++ sums (``kernels.reciprocal._shells``), or None with one RuntimeWarning when it is not built
     (numpy then computes the same sums, several times slower)."""
-    if not _EXTENSION:
-        try:
-            from kernels.reciprocal import _shells
-        except ImportError as exc:
-            warnings.warn(
-                f"kernels.reciprocal._shells is not built ({exc}); shells and fsc on the CPU run in numpy, "
-                "several times slower. Build it with `pip install -e .` or `bash scripts/build.sh`.",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-            _shells = None
-        _EXTENSION.append(_shells)
-    return _EXTENSION[0]
+    try:
+        from kernels.reciprocal import _shells
+    except ImportError as exc:
+        warnings.warn(
+            f"kernels.reciprocal._shells is not built ({exc}); shells and fsc on the CPU run in numpy, "
+            "several times slower. Build it with `pip install -e .` or `bash scripts/build.sh`.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
+    return _shells
 
 
 class _HelperPool:
